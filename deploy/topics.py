@@ -1,0 +1,177 @@
+"""Small Kafka helpers for tests and demos (confluent-kafka).
+
+Works on the embedded tansu broker and on Apache Kafka.  ``read_all`` never uses
+ListOffsets for end offsets (tansu under-reports them) and never joins a consumer group
+(slow on tansu): it assigns every partition manually and relies on partition-EOF events.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+Headers = list[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One consumed record."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers | None
+    timestamp: int  # milliseconds since the epoch, -1 if unknown
+
+
+def _wait_for_topics(admin: AdminClient, expected: Mapping[str, int | None], timeout: float) -> None:
+    """Wait until metadata shows each topic (with at least the expected partition count) or is gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=max(0.5, deadline - time.monotonic())).topics
+        pending = [
+            name for name, parts in expected.items()
+            if (parts is None and name in topics and topics[name].error is None)
+            or (parts is not None and (name not in topics or topics[name].error is not None
+                                       or len(topics[name].partitions) < parts))
+        ]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic metadata not settled after {timeout}s: {pending}")
+        time.sleep(0.05)
+
+
+def create_topics(bootstrap: str, topics: Mapping[str, int], timeout: float = 30.0,
+                  replication_factor: int = 1, config: Mapping[str, str] | None = None) -> None:
+    """Create ``{name: partitions}``; a topic that already exists is fine. Waits for metadata."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = [NewTopic(name, num_partitions=parts, replication_factor=replication_factor,
+                    config=dict(config or {})) for name, parts in topics.items()]
+    if not new:
+        return
+    for name, future in admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout).items():
+        try:
+            future.result(timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise RuntimeError(f"cannot create topic {name!r}: {exc.args[0].str()}") from exc
+    _wait_for_topics(admin, dict(topics), timeout)
+
+
+def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 30.0) -> None:
+    """Delete topics; a topic that does not exist is fine. Waits until metadata no longer shows them."""
+    names = list(names)
+    if not names:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for name, future in admin.delete_topics(names, operation_timeout=timeout, request_timeout=timeout).items():
+        try:
+            future.result(timeout=timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise RuntimeError(f"cannot delete topic {name!r}: {exc.args[0].str()}") from exc
+    _wait_for_topics(admin, dict.fromkeys(names), timeout)
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[Any], partition: int | None = None,
+            config: Mapping[str, Any] | None = None, timeout: float = 60.0) -> int:
+    """Produce records and flush; returns how many were delivered.
+
+    Each record is either a value (bytes/str/None) or a tuple ``(key, value)`` or
+    ``(key, value, headers)``. Raises RuntimeError if any delivery failed.
+    """
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 5, **(config or {})})
+    errors: list[str] = []
+    count = 0
+
+    def on_delivery(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            errors.append(err.str())
+
+    extra = {} if partition is None else {"partition": partition}
+    for rec in records:
+        if not isinstance(rec, tuple):
+            key, value, headers = None, rec, None
+        elif len(rec) in (2, 3):
+            key, value, headers = (*rec, None)[:3]
+        else:
+            raise ValueError(f"record tuples are (key, value) or (key, value, headers), got {len(rec)} items")
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery, **extra)
+                break
+            except BufferError:  # local queue full: let deliveries drain
+                producer.poll(0.1)
+        producer.poll(0)
+        count += 1
+    remaining = producer.flush(timeout)
+    if remaining:
+        raise RuntimeError(f"{remaining} of {count} records to {topic!r} not delivered within {timeout}s")
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {count} records to {topic!r} failed: {errors[0]}")
+    return count
+
+
+def partitions_of(bootstrap: str, topic: str, timeout: float = 10.0) -> Sequence[int]:
+    """Partition ids of an existing topic (raises RuntimeError if it does not exist).
+
+    Asks for all topics' metadata: a metadata request naming an unknown topic makes tansu
+    auto-create it (with 4 partitions), whatever allow.auto.create.topics says.
+    """
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout).topics.get(topic)
+    if md is None or md.error is not None or not md.partitions:
+        raise RuntimeError(f"topic {topic!r} not found: {md.error if md else 'no metadata'}")
+    return sorted(md.partitions)
+
+
+def read_all(bootstrap: str, topic: str, idle_timeout_s: float = 1.0, max_wait_s: float = 60.0,
+             config: Mapping[str, Any] | None = None) -> list[Record]:
+    """Read every record of ``topic`` from offset 0 of each partition.
+
+    Returns once every partition reported EOF and nothing new arrived for ``idle_timeout_s``;
+    raises TimeoutError after ``max_wait_s``. Records are in partition order, then offset order.
+    """
+    parts = partitions_of(bootstrap, topic)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-all-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "enable.partition.eof": True,
+                         "auto.offset.reset": "earliest", "allow.auto.create.topics": False,
+                         "fetch.wait.max.ms": 50,  # EOF at the end comes after an empty fetch wait
+                         **(config or {})})
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        out: dict[int, list[Record]] = {p: [] for p in parts}
+        at_eof: set[int] = set()
+        start = last_activity = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if at_eof == set(parts) and now - last_activity >= idle_timeout_s:
+                break
+            if now - start > max_wait_s:
+                got = sum(len(v) for v in out.values())
+                raise TimeoutError(f"read_all({topic!r}): {got} records, partitions at EOF "
+                                   f"{sorted(at_eof)} of {parts} after {max_wait_s}s")
+            for msg in consumer.consume(num_messages=10_000, timeout=0.1):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        at_eof.add(msg.partition())
+                        continue
+                    raise RuntimeError(f"read_all({topic!r}): {err.str()}")
+                at_eof.discard(msg.partition())
+                last_activity = time.monotonic()
+                out[msg.partition()].append(Record(
+                    msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                    msg.headers(), msg.timestamp()[1]))
+        return [r for p in parts for r in out[p]]
+    finally:
+        consumer.close()

@@ -1,0 +1,1 @@
+"""kazoo_leader"""

@@ -1,0 +1,83 @@
+"""Bounded input queues of one partition instance, one FIFO per input channel.
+
+Producers (channel receivers) block while the instance holds ``capacity`` batches
+in total: back-pressure travels to the sender instead of memory growing.  The
+order in which the instance consumes its channels is the orderer's business
+(:mod:`merge.orderer`); the queues keep arrival order so the no-ordering baseline
+can serve first come, first served.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable
+
+
+class QueuesClosed(Exception):
+    """Raised to a blocked producer when the queues are closed."""
+
+
+class InputQueues:
+    def __init__(self, channels: Iterable[int], capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be >= 1")
+        self.capacity = capacity
+        self._queues: dict[int, deque[list]] = {c: deque() for c in channels}
+        self._arrivals: deque[int] = deque()
+        self._size = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    @property
+    def channels(self) -> list[int]:
+        return list(self._queues)
+
+    def put(self, channel: int, elements: list) -> None:
+        """Append a batch of ``channel``; blocks while full; raises QueuesClosed once closed."""
+        with self._cond:
+            while self._size >= self.capacity and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                raise QueuesClosed()
+            self._queues[channel].append(elements)
+            self._arrivals.append(channel)
+            self._size += 1
+            self._cond.notify_all()
+
+    def take_any(self, timeout: float | None = None) -> tuple[int, list] | None:
+        """The oldest batch of any channel (arrival order), or None after ``timeout``."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._arrivals or self._closed, timeout):
+                return None
+            if not self._arrivals:
+                return None
+            channel = self._arrivals.popleft()
+            batch = self._queues[channel].popleft()
+            self._size -= 1
+            self._cond.notify_all()
+            return channel, batch
+
+    def take_from(self, channel: int, timeout: float | None = None) -> list | None:
+        """The oldest batch of ``channel``, or None after ``timeout`` (for ordered merges)."""
+        with self._cond:
+            queue = self._queues[channel]
+            if not self._cond.wait_for(lambda: queue or self._closed, timeout):
+                return None
+            if not queue:
+                return None
+            batch = queue.popleft()
+            self._arrivals.remove(channel)  # first occurrence is the oldest of this channel
+            self._size -= 1
+            self._cond.notify_all()
+            return batch
+
+    def size(self) -> int:
+        with self._cond:
+            return self._size
+
+    def close(self) -> None:
+        """Wake everybody; later puts raise QueuesClosed, takes return what is left, then None."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()

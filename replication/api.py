@@ -1,0 +1,238 @@
+"""The job builder: a small, Flink-like DataStream API that builds a logical graph.
+
+Example::
+
+    job = Job("fraud-monitor")
+    eu = job.source("payments-eu", deserializer="json", timestamp=lambda p: p["ts"])
+    us = job.source("payments-us", deserializer="json", timestamp=lambda p: p["ts"])
+    payments = eu.union(us).filter(lambda p: p["amount"] > 0)
+    payments.key_by(lambda p: p["card"]).process(FraudRule()).sink("alerts")
+    payments.key_by(lambda p: p["merchant"]).window(1000, MerchantTotals()).sink("totals")
+
+Nothing runs until the job is handed to :func:`replication.run`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from replication import serde
+from replication.functions import Aggregator, KeyedProcessFunction
+
+FORWARD = "forward"
+HASH = "hash"
+REBALANCE = "rebalance"
+
+
+class JobDefinitionError(ValueError):
+    """The job graph is not valid (raised while building or planning, before anything starts)."""
+
+
+@dataclass
+class Edge:
+    """A logical connection into a node. ``key_fn`` is set for HASH edges."""
+
+    source: Node
+    partitioning: str = FORWARD
+    key_fn: Callable[[Any], Any] | None = None
+
+
+@dataclass(eq=False)
+class Node:
+    """A logical operator."""
+
+    id: int
+    kind: str  # source | map | filter | flat_map | process | window | union | sink
+    name: str
+    parallelism: int | None
+    inputs: list[Edge] = field(default_factory=list)
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Node({self.id}, {self.kind}, {self.name!r}, p={self.parallelism})"
+
+
+_STATELESS = ("map", "filter", "flat_map")
+
+
+class Job:
+    """A dataflow graph under construction."""
+
+    def __init__(self, name: str) -> None:
+        if not name or any(c.isspace() for c in name):
+            raise JobDefinitionError(f"job name {name!r} must be non-empty and contain no spaces")
+        self.name = name
+        self.nodes: list[Node] = []
+        self._ids = itertools.count()
+        self._names: set[str] = set()
+
+    def _add(self, kind: str, name: str | None, parallelism: int | None, inputs: list[Edge], **spec: Any) -> Node:
+        if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
+            raise JobDefinitionError(f"{kind} {name!r}: parallelism must be a positive int, got {parallelism!r}")
+        node_id = next(self._ids)
+        name = name or f"{kind}-{node_id}"
+        if name in self._names:
+            raise JobDefinitionError(f"operator name {name!r} is used twice; names identify state")
+        self._names.add(name)
+        node = Node(node_id, kind, name, parallelism, inputs, spec)
+        self.nodes.append(node)
+        return node
+
+    def source(
+        self,
+        topic: str,
+        *,
+        deserializer: str | Callable[[bytes], Any] = "json",
+        timestamp: Callable[[Any], int] | None = None,
+        max_out_of_orderness_ms: int = 0,
+        starting_offsets: str = "earliest",
+        parallelism: int | None = None,
+        name: str | None = None,
+    ) -> DataStream:
+        """Read a Kafka topic.  Each source partition reads its Kafka partitions by manual
+        assignment.  ``timestamp`` extracts the event time (ms) from the deserialized
+        value (default: the Kafka record timestamp).  ``parallelism`` defaults to the
+        topic's partition count."""
+        if starting_offsets not in ("earliest", "latest"):
+            raise JobDefinitionError(f"source {topic!r}: starting_offsets must be 'earliest' or 'latest'")
+        if max_out_of_orderness_ms < 0:
+            raise JobDefinitionError(f"source {topic!r}: max_out_of_orderness_ms must be >= 0")
+        node = self._add(
+            "source", name or f"source:{topic}", parallelism, [],
+            topic=topic,
+            deserializer=serde.resolve(deserializer, serde.DESERIALIZERS, "deserializer"),
+            timestamp=timestamp,
+            max_out_of_orderness_ms=max_out_of_orderness_ms,
+            starting_offsets=starting_offsets,
+        )
+        return DataStream(self, node)
+
+    def sinks(self) -> list[Node]:
+        return [n for n in self.nodes if n.kind == "sink"]
+
+    def validate(self) -> None:
+        """Graph-level checks that need the whole graph."""
+        if not any(n.kind == "source" for n in self.nodes):
+            raise JobDefinitionError(f"job {self.name!r} has no source")
+        if not self.sinks():
+            raise JobDefinitionError(f"job {self.name!r} has no sink: its results would go nowhere")
+        consumed = {id(e.source) for n in self.nodes for e in n.inputs}
+        for node in self.nodes:
+            if node.kind != "sink" and id(node) not in consumed:
+                raise JobDefinitionError(
+                    f"operator {node.name!r} has no consumer; end the stream with .sink(topic)")
+
+
+class DataStream:
+    """A stream of values produced by one logical node."""
+
+    def __init__(self, job: Job, node: Node) -> None:
+        self.job = job
+        self.node = node
+
+    def _then(self, kind: str, name: str | None, parallelism: int | None, edge: Edge, **spec: Any) -> DataStream:
+        return DataStream(self.job, self.job._add(kind, name, parallelism, [edge], **spec))
+
+    def map(self, fn: Callable[[Any], Any], *, name: str | None = None, parallelism: int | None = None) -> DataStream:
+        """One output per input."""
+        return self._then("map", name, parallelism, Edge(self.node), fn=fn)
+
+    def filter(self, fn: Callable[[Any], bool], *, name: str | None = None, parallelism: int | None = None) -> DataStream:
+        """Keep the values for which ``fn`` is true."""
+        return self._then("filter", name, parallelism, Edge(self.node), fn=fn)
+
+    def flat_map(
+        self, fn: Callable[[Any], Iterable[Any]], *, name: str | None = None, parallelism: int | None = None
+    ) -> DataStream:
+        """Zero or more outputs per input."""
+        return self._then("flat_map", name, parallelism, Edge(self.node), fn=fn)
+
+    def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
+        """Partition by key (str, bytes, int, float, bool, None or tuples of those)."""
+        return KeyedStream(self, key_fn)
+
+    def rebalance(self) -> DataStream:
+        """Round-robin to the next operator (which then is not chained)."""
+        return _Repartitioned(self, REBALANCE)
+
+    def union(self, *others: DataStream) -> DataStream:
+        """Merge streams into one task with one input channel per upstream partition."""
+        if not others:
+            raise JobDefinitionError("union needs at least one other stream")
+        for other in others:
+            if other.job is not self.job:
+                raise JobDefinitionError("union of streams from different jobs")
+        edges = [s._edge() for s in (self, *others)]
+        return DataStream(self.job, self.job._add("union", None, None, edges))
+
+    def sink(
+        self,
+        topic: str,
+        *,
+        serializer: str | Callable[[Any], bytes] = "json",
+        key_serializer: str | Callable[[Any], bytes] | None = None,
+        name: str | None = None,
+        parallelism: int | None = None,
+    ) -> None:
+        """Write every value to a Kafka topic."""
+        self._then(
+            "sink", name or f"sink:{topic}", parallelism, self._edge(),
+            topic=topic,
+            serializer=serde.resolve(serializer, serde.SERIALIZERS, "serializer"),
+            key_serializer=None if key_serializer is None
+            else serde.resolve(key_serializer, serde.SERIALIZERS, "key serializer"),
+        )
+
+    def _edge(self) -> Edge:
+        return Edge(self.node)
+
+
+class _Repartitioned(DataStream):
+    def __init__(self, stream: DataStream, partitioning: str) -> None:
+        super().__init__(stream.job, stream.node)
+        self._partitioning = partitioning
+
+    def _edge(self) -> Edge:
+        return Edge(self.node, self._partitioning)
+
+    def _then(self, kind: str, name: str | None, parallelism: int | None, edge: Edge, **spec: Any) -> DataStream:
+        return super()._then(kind, name, parallelism, self._edge(), **spec)
+
+
+class KeyedStream:
+    """A stream partitioned by key; its operators see one key at a time with keyed state."""
+
+    def __init__(self, stream: DataStream, key_fn: Callable[[Any], Any]) -> None:
+        if not callable(key_fn):
+            raise JobDefinitionError("key_by needs a callable")
+        self.stream = stream
+        self.key_fn = key_fn
+
+    def _edge(self) -> Edge:
+        return Edge(self.stream.node, HASH, self.key_fn)
+
+    def process(
+        self, fn: KeyedProcessFunction, *, name: str | None = None, parallelism: int | None = None
+    ) -> DataStream:
+        """Run a stateful :class:`KeyedProcessFunction` per key."""
+        if not isinstance(fn, KeyedProcessFunction):
+            raise JobDefinitionError("process() needs a KeyedProcessFunction instance")
+        job = self.stream.job
+        return DataStream(job, job._add("process", name, parallelism, [self._edge()], fn=fn))
+
+    def window(
+        self, size_ms: int, aggregator: Aggregator, *, name: str | None = None, parallelism: int | None = None
+    ) -> DataStream:
+        """Tumbling event-time windows of ``size_ms``, aggregated incrementally; a window's
+        result is emitted once the watermark passes its end.  Records behind the watermark
+        go to the dead-letter topic (reason ``late``)."""
+        if not isinstance(size_ms, int) or size_ms <= 0:
+            raise JobDefinitionError(f"window size must be a positive int (ms), got {size_ms!r}")
+        if not isinstance(aggregator, Aggregator):
+            raise JobDefinitionError("window() needs an Aggregator instance")
+        job = self.stream.job
+        return DataStream(
+            job, job._add("window", name, parallelism, [self._edge()], size_ms=size_ms, aggregator=aggregator))

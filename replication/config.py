@@ -1,0 +1,544 @@
+"""Job configuration: the ``spark.replication.*`` Spark conf keys, validated before anything starts.
+
+Every key is declared exactly once, as a field of :class:`ReplicationConfig` that carries its
+:class:`Key` spec. Parsing, validation, :meth:`ReplicationConfig.to_mapping` and the generated
+reference ``docs/configuration.md`` (:func:`config_reference_markdown`) all read that declaration.
+
+Keys under ``spark.replication.kafka.`` that are not declared here pass through to confluent-kafka
+(librdkafka) clients: ``kafka.<prop>`` to producers and consumers, ``kafka.consumer.<prop>`` to
+consumers only, ``kafka.producer.<prop>`` to producers only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import logging.handlers
+import re
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+PREFIX = "spark.replication."
+KAFKA_PREFIX = PREFIX + "kafka."
+KAFKA_CONSUMER_PREFIX = KAFKA_PREFIX + "consumer."
+KAFKA_PRODUCER_PREFIX = KAFKA_PREFIX + "producer."
+
+#: The single gate for ``spark.replication.enabled=true``: set to True when active replication lands.
+REPLICATION_AVAILABLE = False
+ENABLED_UNAVAILABLE = (
+    "spark.replication.enabled=true: active replication is not available in this build yet (planned); "
+    "run with false"
+)
+
+BOOL, INT, FLOAT, STR, ENUM, DURATION = "bool", "int", "float", "str", "enum", "duration"
+
+Value = str | int | float | bool
+
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?", re.IGNORECASE)
+_UNIT_MS = {"": 1, "ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+_HOSTPORT_RE = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _hostports(value: str, chroot: bool = False) -> str | None:
+    """Problem with a ``host:port[,host:port...]`` list (optionally ``/chroot``), or None."""
+    hosts, _, _path = value.partition("/") if chroot else (value, "", "")
+    if all((m := _HOSTPORT_RE.fullmatch(h.strip())) and 0 < int(m[1]) < 65536 for h in hosts.split(",")):
+        return None
+    return "expected host:port[,host:port...]" + ("[/chroot]" if chroot else "")
+
+
+def _topic(value: str) -> str | None:
+    """Problem with a Kafka topic name, or None."""
+    if _TOPIC_RE.fullmatch(value) and value not in (".", ".."):
+        return None
+    return "expected a Kafka topic name (letters, digits, '.', '_', '-'; at most 249 characters)"
+
+
+_FORMATS = {
+    "hostports": (_hostports, "host:port list"),
+    "zkconnect": (lambda v: _hostports(v, chroot=True), "host:port list [/chroot]"),
+    "topic": (_topic, "Kafka topic name"),
+}
+_TYPE_OK = {
+    BOOL: lambda v: isinstance(v, bool),
+    INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    DURATION: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    FLOAT: lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    STR: lambda v: isinstance(v, str),
+    ENUM: lambda v: isinstance(v, str),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """Declaration of one ``spark.replication.*`` key: type, default, constraint and doc line."""
+
+    name: str
+    type: str
+    default: Any
+    doc: str
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+    pow2: bool = False
+    required: bool = False
+    fmt: str | None = None
+
+    def parse(self, raw: Value | None) -> Any:
+        """Convert a raw (usually string) value to the key's type; raise ValueError with the reason."""
+        if raw is None:
+            return None
+        text = raw.strip() if isinstance(raw, str) else None
+        if self.type == BOOL:
+            if isinstance(raw, bool):
+                return raw
+            if text is not None and text.lower() in ("true", "false"):
+                return text.lower() == "true"
+            raise ValueError("expected true or false")
+        if self.type in (STR, ENUM):
+            if text is None:
+                raise ValueError("expected a string")
+            if self.type == ENUM:
+                text = next((c for c in self.choices if c.lower() == text.lower()), text)
+            return text or None  # an empty string means unset
+        if isinstance(raw, bool):
+            raise ValueError(f"expected {'a duration' if self.type == DURATION else 'a number'}, not a bool")
+        if self.type == INT:
+            if isinstance(raw, float) and raw.is_integer():
+                return int(raw)
+            try:
+                return int(text if text is not None else raw)
+            except (TypeError, ValueError):
+                raise ValueError("expected an integer") from None
+        if self.type == FLOAT:
+            try:
+                value = float(text if text is not None else raw)
+            except (TypeError, ValueError):
+                raise ValueError("expected a number") from None
+            if value != value or value in (float("inf"), float("-inf")):
+                raise ValueError("expected a finite number")
+            return value
+        if text is None:  # DURATION given as a number: milliseconds
+            ms = float(raw)
+        elif m := _DURATION_RE.fullmatch(text):
+            ms = float(m[1]) * _UNIT_MS[(m[2] or "").lower()]
+        else:
+            raise ValueError("expected a duration such as 500 (ms), 10ms, 2s, 1m or 1h")
+        if not ms.is_integer():
+            raise ValueError("expected a whole number of milliseconds")
+        return int(ms)
+
+    def check(self, value: Any) -> str | None:
+        """The constraint this (parsed) value breaks, or None."""
+        if value is None:
+            return "is required" if self.required else None
+        if not _TYPE_OK[self.type](value):
+            return f"expected {self.type}, got {type(value).__name__}"
+        unit = " ms" if self.type == DURATION else ""
+        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
+            if self.max is None:
+                return f"must be >= {self.min}{unit}"
+            return f"must be between {self.min}{unit} and {self.max}{unit}"
+        if self.pow2 and value & (value - 1):
+            return "must be a power of two"
+        if self.choices and value not in self.choices:
+            return f"must be one of {', '.join(self.choices)}"
+        return _FORMATS[self.fmt][0](value) if self.fmt else None
+
+    def render(self, value: Any) -> str:
+        """The string form of a value, as it would be written in a Spark conf."""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        return f"{value}ms" if self.type == DURATION and isinstance(value, int) else str(value)
+
+    def constraint_text(self) -> str:
+        """A short human description of the constraint, for the docs table."""
+        unit = " ms" if self.type == DURATION else ""
+        parts = ["required"] if self.required else []
+        parts += ["power of two"] if self.pow2 else []
+        if self.min is not None:
+            parts.append(f"{self.min}..{self.max}{unit}" if self.max is not None else f">= {self.min}{unit}")
+        parts += [" / ".join(self.choices)] if self.choices else []
+        parts += [_FORMATS[self.fmt][1]] if self.fmt else []
+        return ", ".join(parts)
+
+
+def _key(suffix: str, type_: str, default: Any, doc: str, **constraint: Any) -> Any:
+    """A dataclass field declaring the key ``spark.replication.<suffix>``."""
+    spec = Key(PREFIX + suffix, type_, default, doc, **constraint)
+    if spec.required:
+        return dataclasses.field(metadata={"key": spec})
+    return dataclasses.field(default=default, metadata={"key": spec})
+
+
+#: librdkafka properties the runtime owns; pass-through of these is refused with the reason.
+OWNED_KAFKA_PROPERTIES: dict[str, str] = {
+    "bootstrap.servers": "set spark.replication.kafka.bootstrapServers instead",
+    "metadata.broker.list": "set spark.replication.kafka.bootstrapServers instead",
+    "linger.ms": "set spark.replication.sink.lingerMs instead",
+    "queue.buffering.max.ms": "set spark.replication.sink.lingerMs instead",
+    "group.id": "owned by the runtime: sources read with manual partition assignment",
+    "enable.auto.commit": "owned by the runtime: source offsets live in checkpoints, never auto-committed",
+    "auto.commit.enable": "owned by the runtime: source offsets live in checkpoints, never auto-committed",
+    "enable.auto.offset.store": "owned by the runtime: source offsets live in checkpoints",
+    "enable.partition.eof": "owned by the runtime: it decides where end-of-partition events are needed",
+    "transactional.id": "owned by the runtime: sinks are exactly-once without Kafka transactions",
+    **{
+        cb: "callbacks are installed by the runtime"
+        for cb in ("logger", "error_cb", "stats_cb", "throttle_cb", "oauth_cb", "on_delivery", "on_commit")
+    },
+}
+_OVERRIDES = (  # field, key prefix, client roles it goes to
+    ("kafka_overrides", KAFKA_PREFIX, ("producer", "consumer")),
+    ("consumer_overrides", KAFKA_CONSUMER_PREFIX, ("consumer",)),
+    ("producer_overrides", KAFKA_PRODUCER_PREFIX, ("producer",)),
+)
+_PROBE_BOOTSTRAP = "127.0.0.1:1"
+
+
+def _kafka_str(value: Any) -> str:
+    """A pass-through value as the string librdkafka expects."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReplicationConfig:
+    """Validated job configuration; constructing one (directly or from a mapping) validates it.
+
+    Duration attributes (``*_ms``) are in milliseconds. Pass-through librdkafka properties are in
+    ``kafka_overrides`` (producers and consumers), ``consumer_overrides`` and ``producer_overrides``.
+    """
+
+    enabled: bool = _key(
+        "enabled", BOOL, False,
+        "Run every stateful partition as two active replicas. Not available in this build yet: `true` is refused.",
+    )
+    kafka_bootstrap_servers: str = _key(
+        "kafka.bootstrapServers", STR, None,
+        "Kafka brokers for sources, sinks and internal topics, e.g. `127.0.0.1:9092`.",
+        required=True, fmt="hostports",
+    )
+    zookeeper_connect: str | None = _key(
+        "zookeeper.connect", STR, None,
+        "ZooKeeper connect string for leader election and membership; unset: none.",
+        fmt="zkconnect",
+    )
+    parallelism: int = _key(
+        "parallelism", INT, 2, "Default parallelism of operators that do not set their own.", min=1, max=1024,
+    )
+    workers: int = _key(
+        "workers", INT, 0,
+        "Number of long-running Spark tasks hosting partition instances; 0: one worker task per executor.",
+        min=0, max=4096,
+    )
+    channel_batch_size: int = _key(
+        "channel.batchSize", INT, 256, "Elements per network batch on a channel.", min=1, max=100_000,
+    )
+    channel_buffer_timeout_ms: int = _key(
+        "channel.bufferTimeout", DURATION, 5, "A batch that is not full is sent after this long.", min=0, max=10_000,
+    )
+    channel_queue_capacity: int = _key(
+        "channel.queueCapacity", INT, 64,
+        "Bounded input queue per partition instance, in batches; senders are back-pressured beyond it.",
+        min=1, max=100_000,
+    )
+    state_dir: str | None = _key(
+        "state.dir", STR, None,
+        "Directory for RocksDB state and checkpoints on each executor; unset: a temporary directory.",
+    )
+    state_key_groups: int = _key(
+        "state.keyGroups", INT, 32768,
+        "Number of key groups G (key group = stable hash of the key mod G), the unit of state partitioning.",
+        min=1, max=32768, pow2=True,
+    )
+    state_vnodes: int = _key(
+        "state.vnodes", INT, 256,
+        "Number of virtual nodes (key-group ranges, the unit of migration); "
+        "must be <= `state.keyGroups` and >= the largest operator parallelism.",
+        min=1, max=32768,
+    )
+    state_cache_entries: int = _key(
+        "state.cacheEntries", INT, 10_000, "Write-back state cache size per partition instance, in entries.",
+        min=1, max=10_000_000,
+    )
+    dead_letter_topic_name: str | None = _key(
+        "deadLetterTopic", STR, None,
+        "Topic receiving malformed records with the reason; unset: `<job name>.dlq`.", fmt="topic",
+    )
+    watermark_interval_ms: int = _key(
+        "watermark.interval", DURATION, 200,
+        "Sources emit a watermark when event time advanced by at least this much.", min=1, max=3_600_000,
+    )
+    stop_timeout_ms: int = _key(
+        "stopTimeout", DURATION, 10_000, "Graceful stop wait before the Spark job is cancelled.",
+        min=100, max=600_000,
+    )
+    start_timeout_ms: int = _key(
+        "startTimeout", DURATION, 120_000, "How long the driver waits for all worker tasks to register.",
+        min=1_000, max=3_600_000,
+    )
+    metrics_interval_ms: int = _key(
+        "metrics.interval", DURATION, 1_000, "How often workers report metrics to the driver.",
+        min=10, max=3_600_000,
+    )
+    sink_linger_ms: int = _key(
+        "sink.lingerMs", INT, 5, "Producer `linger.ms` for sinks, in milliseconds.", min=0, max=900_000,
+    )
+    kafka_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    consumer_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    producer_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name, _, _ in _OVERRIDES:
+            props = {str(k): _kafka_str(v) for k, v in getattr(self, name).items()}
+            object.__setattr__(self, name, types.MappingProxyType(props))
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if problems := _problems(values):
+            raise ConfigError(problems)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Value]) -> ReplicationConfig:
+        """Parse and validate the ``spark.replication.*`` entries of ``mapping`` (other keys are ignored)."""
+        values: dict[str, Any] = {attr: key.default for attr, key in _ATTRS.items()}
+        values.update({name: {} for name, _, _ in _OVERRIDES})
+        problems: list[tuple[str, str]] = []
+        failed: set[str] = set()
+        for name, raw in mapping.items():
+            if not name.startswith(PREFIX):
+                if _prefix_typo(name):
+                    problems.append((name, _unknown(name)))
+                continue
+            if name in _BY_NAME:
+                attr, key = _BY_NAME[name]
+                try:
+                    values[attr] = key.parse(raw)
+                except ValueError as e:
+                    problems.append((name, f"{name}={key.render(raw)}: {e}"))
+                    failed.add(attr)
+            elif target := _override_target(name):
+                values[target[0]][target[1]] = _kafka_str(raw)
+            else:
+                problems.append((name, _unknown(name)))
+        if problems:
+            raise ConfigError(problems + _problems(values, skip=failed))
+        return cls(**values)
+
+    @classmethod
+    def from_spark_conf(cls, conf: Any) -> ReplicationConfig:
+        """Build from a pyspark ``SparkConf`` (or anything with ``getAll()`` returning key/value pairs)."""
+        return cls.from_mapping(dict(conf.getAll()))
+
+    def to_mapping(self) -> dict[str, str]:
+        """All set keys as Spark conf strings; ``from_mapping(to_mapping())`` gives an equal config."""
+        out = {k.name: k.render(getattr(self, a)) for a, k in _ATTRS.items() if getattr(self, a) is not None}
+        for name, prefix, _ in _OVERRIDES:
+            out.update({prefix + prop: value for prop, value in getattr(self, name).items()})
+        return out
+
+    def dead_letter_topic(self, job_name: str) -> str:
+        """The dead-letter topic of job ``job_name``: the configured one, else ``<job name>.dlq``."""
+        return self.dead_letter_topic_name or f"{job_name}.dlq"
+
+    def kafka_consumer_config(self, group_id: str = "spark-replication") -> dict[str, Any]:
+        """confluent-kafka Consumer config: brokers, pass-through properties, no auto commit.
+
+        ``group_id`` only labels the client: sources use manual assignment and never commit.
+        """
+        return {
+            "bootstrap.servers": self.kafka_bootstrap_servers,
+            **self.kafka_overrides,
+            **self.consumer_overrides,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+        }
+
+    def kafka_producer_config(self) -> dict[str, Any]:
+        """confluent-kafka Producer config: brokers, pass-through properties and the sink linger."""
+        return {
+            "bootstrap.servers": self.kafka_bootstrap_servers,
+            **self.kafka_overrides,
+            **self.producer_overrides,
+            "linger.ms": self.sink_linger_ms,
+        }
+
+    def kafka_admin_config(self) -> dict[str, Any]:
+        """confluent-kafka AdminClient config: brokers and the shared pass-through properties."""
+        return {"bootstrap.servers": self.kafka_bootstrap_servers, **self.kafka_overrides}
+
+
+_ATTRS: dict[str, Key] = {f.name: f.metadata["key"] for f in dataclasses.fields(ReplicationConfig) if f.metadata}
+_BY_NAME: dict[str, tuple[str, Key]] = {k.name: (a, k) for a, k in _ATTRS.items()}
+KEYS: tuple[Key, ...] = tuple(_ATTRS.values())
+
+
+class ConfigError(ValueError):
+    """A refused configuration. ``problems`` lists every problem found, each naming its key;
+    ``key`` is the key of the first one and ``keys`` those of all."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.keys = [k for k, _ in problems]
+        self.key = self.keys[0]
+        self.problems = [p if k in p else f"{k}: {p}" for k, p in problems]
+        if len(self.problems) == 1:
+            super().__init__(self.problems[0])
+        else:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            super().__init__(f"{len(self.problems)} configuration problems:\n{lines}")
+
+
+def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str]]:
+    """Every problem of a full set of parsed values (keys in ``skip`` already failed to parse)."""
+    out: list[tuple[str, str]] = []
+    bad = set(skip)
+    for attr, key in _ATTRS.items():
+        if attr not in skip and (why := key.check(values[attr])) is not None:
+            value = values[attr]
+            out.append((key.name, f"{key.name}: {why}" if value is None else f"{key.name}={key.render(value)}: {why}"))
+            bad.add(attr)
+    # The one place replication is gated (see REPLICATION_AVAILABLE).
+    if "enabled" not in bad and values["enabled"] and not REPLICATION_AVAILABLE:
+        out.append((PREFIX + "enabled", ENABLED_UNAVAILABLE))
+    # Cross-key checks.
+    if not bad & {"state_vnodes", "state_key_groups"} and values["state_vnodes"] > values["state_key_groups"]:
+        out.append((
+            PREFIX + "state.vnodes",
+            f"{PREFIX}state.vnodes={values['state_vnodes']}: must be <= "
+            f"{PREFIX}state.keyGroups ({values['state_key_groups']})",
+        ))
+    return out + list(_kafka_problems(values))
+
+
+def _kafka_problems(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """Problems of the pass-through librdkafka properties: owned, unknown, bad value, wrong client role."""
+    for field, prefix, roles in _OVERRIDES:
+        for prop, value in values[field].items():
+            name = prefix + prop
+            if prop in OWNED_KAFKA_PROPERTIES:
+                yield name, f"{name}: cannot be set, {OWNED_KAFKA_PROPERTIES[prop]}"
+                continue
+            for role in roles:
+                error, ignored = _probe(role, prop, value)
+                if error:
+                    hint = _suggestion(name) if error.startswith("No such configuration") else None
+                    yield name, f"{name}={value}: {error}" + (f" (did you mean {hint}?)" if hint else "")
+                    break
+                if ignored and len(roles) == 1:
+                    other = KAFKA_CONSUMER_PREFIX if role == "producer" else KAFKA_PRODUCER_PREFIX
+                    yield name, f"{name}={value}: {ignored} (did you mean {other}{prop}?)"
+
+
+def _probe(role: str, prop: str, value: str) -> tuple[str | None, str | None]:
+    """Construct a throwaway confluent-kafka client with ``prop=value`` (no broker needed).
+
+    Returns (librdkafka's error, or None; its warning that the property is ignored by this role, or None).
+    """
+    import confluent_kafka
+
+    logger = logging.Logger(f"{__name__}.probe")  # unmanaged: never propagates anywhere
+    records = logging.handlers.BufferingHandler(capacity=1_000_000)
+    logger.addHandler(records)
+    conf: dict[str, Any] = {"bootstrap.servers": _PROBE_BOOTSTRAP, "logger": logger, prop: value}
+    try:
+        if role == "consumer":
+            client: Any = confluent_kafka.Consumer({**conf, "group.id": "spark-replication-config-probe"})
+        else:
+            client = confluent_kafka.Producer(conf)
+    except confluent_kafka.KafkaException as e:
+        return (e.args[0].str() if e.args and hasattr(e.args[0], "str") else str(e)), None
+    except (TypeError, ValueError) as e:
+        return str(e), None
+    try:
+        client.poll(0)  # delivers the construction-time log lines to the logger
+    finally:
+        if close := getattr(client, "close", None):
+            close()
+    for record in records.buffer:
+        message = record.getMessage()
+        if "will be ignored by this" in message:
+            return None, message.split("]: ", 1)[-1]
+    return None, None
+
+
+def _override_target(name: str) -> tuple[str, str] | None:
+    """(override field, librdkafka property) for a pass-through key, or None if it is not one."""
+    for field, prefix in (("consumer_overrides", KAFKA_CONSUMER_PREFIX), ("producer_overrides", KAFKA_PRODUCER_PREFIX),
+                          ("kafka_overrides", KAFKA_PREFIX)):
+        if name.startswith(prefix):
+            return (field, name[len(prefix):]) if len(name) > len(prefix) else None
+    return None
+
+
+def _suggestion(name: str) -> str | None:
+    """The declared key closest to ``name`` (compared case-insensitively after the prefix), if any is close."""
+    parts = name.split(".", 2)
+    suffix = parts[2].lower() if len(parts) == 3 else name.lower()
+    suffixes = {k.name[len(PREFIX):].lower(): k.name for k in KEYS}
+    match = difflib.get_close_matches(suffix, suffixes, n=1, cutoff=0.6)
+    return suffixes[match[0]] if match else None
+
+
+def _prefix_typo(name: str) -> bool:
+    """Whether ``name`` looks like a misspelt ``spark.replication.`` key (e.g. ``spark.replicaton.x``)."""
+    head = ".".join(name.split(".")[:2])
+    return name.count(".") >= 2 and difflib.SequenceMatcher(None, head.lower(), PREFIX[:-1]).ratio() >= 0.9
+
+
+def _unknown(name: str) -> str:
+    """The problem text for an unknown key, with a suggestion when one is close."""
+    hint = _suggestion(name)
+    return f"{name}: unknown key" + (f" (did you mean {hint}?)" if hint else "; see docs/configuration.md")
+
+
+def config_reference_markdown() -> str:
+    """The configuration reference (``docs/configuration.md``), generated from the declarations."""
+    rows = "\n".join(
+        f"| `{k.name}` | {'duration (ms)' if k.type == DURATION else k.type} | "
+        f"{'(required)' if k.required else '(unset)' if k.default is None else f'`{k.render(k.default)}`'} | "
+        f"{k.constraint_text()} | {k.doc} |"
+        for k in KEYS
+    )
+    owned = "\n".join(f"| `{p}` | {r} |" for p, r in OWNED_KAFKA_PROPERTIES.items())
+    return f"""# Configuration reference
+
+<!-- Generated from replication/config.py by config_reference_markdown(); do not edit by hand.
+     Regenerate with: python -m replication.config > docs/configuration.md -->
+
+A job is configured with Spark conf keys under `{PREFIX}` (for example
+`spark-submit --conf {PREFIX}parallelism=4`). Other Spark keys are ignored. The whole
+configuration is validated before anything starts: every unknown key or bad value is reported
+in one error that names each key, with a "did you mean" suggestion for misspelt keys.
+
+Values are strings in a Spark conf: booleans are `true`/`false` (any case); durations are a
+number with an optional unit `ms`, `s`, `m` or `h` (`500`, `10ms`, `2s`; no unit means
+milliseconds). An empty value for an optional key leaves it unset.
+
+| Key | Type | Default | Constraint | Description |
+|---|---|---|---|---|
+{rows}
+
+## Kafka client properties
+
+Other keys under `{KAFKA_PREFIX}` pass librdkafka properties to the confluent-kafka clients:
+
+| Key | Goes to |
+|---|---|
+| `{KAFKA_PREFIX}<property>` | producers, consumers and admin clients |
+| `{KAFKA_CONSUMER_PREFIX}<property>` | consumers only |
+| `{KAFKA_PRODUCER_PREFIX}<property>` | producers only |
+
+Each property is checked by librdkafka itself at validation time (a throwaway client is created,
+no broker is needed): an unknown property or a bad value is refused, and so is a consumer-only
+property under `{KAFKA_PRODUCER_PREFIX}` or a producer-only one under `{KAFKA_CONSUMER_PREFIX}`.
+These properties are owned by the runtime and refused:
+
+| Property | Reason |
+|---|---|
+{owned}
+"""
+
+
+if __name__ == "__main__":
+    print(config_reference_markdown(), end="")

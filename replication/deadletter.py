@@ -1,0 +1,59 @@
+"""The dead-letter topic: records that cannot be processed, with the reason.
+
+A record that fails to deserialize, whose event time cannot be extracted, that
+makes user code raise, or that arrives behind the watermark of a window, is
+written here with the reason, the operator, the source coordinates and the
+original bytes (or, past the source, the value as JSON or repr).  The job goes
+on; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback
+from typing import Any
+
+from replication.elements import Origin
+
+log = logging.getLogger(__name__)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message (at file:line in function)`` of the innermost user frame."""
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {tb[-1].filename}:{tb[-1].lineno} in {tb[-1].name})" if tb else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def payload_of(value: Any) -> bytes:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    try:
+        return json.dumps(value, sort_keys=True, default=repr).encode()
+    except (TypeError, ValueError):
+        return repr(value).encode()
+
+
+class DeadLetterWriter:
+    """Writes dead letters with a confluent-kafka producer shared by a worker."""
+
+    def __init__(self, producer: Any, topic: str, job_name: str) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.job_name = job_name
+
+    def send(self, *, reason: str, operator: str, origin: Origin | None, payload: bytes) -> None:
+        headers = [("reason", reason.encode()), ("operator", operator.encode()), ("job", self.job_name.encode())]
+        if origin is not None:
+            topic, partition, offset = origin
+            headers += [("source.topic", topic.encode()), ("source.partition", str(partition).encode()),
+                        ("source.offset", str(offset).encode())]
+        while True:
+            try:
+                self.producer.produce(self.topic, value=payload, headers=headers)
+                break
+            except BufferError:  # local queue full: serve delivery reports and retry
+                self.producer.poll(0.1)
+        self.producer.poll(0)
+        log.warning("dead letter from %s: %s (origin %s)", operator, reason, origin)

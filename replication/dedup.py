@@ -1,0 +1,58 @@
+"""Per-channel sequence check: deliver in order, drop duplicates, report gaps.
+
+DESIGN §4 rule 3: per channel the highest delivered seq ``last`` is kept; an
+element is delivered iff ``seq == last + 1``, dropped iff ``seq <= last``, and
+``seq > last + 1`` is a gap: counted and surfaced, never delivered.  Pure: no I/O,
+no threads (the caller serialises calls per channel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What to do with a batch ``[first_seq, first_seq + count)``.
+
+    ``deliver`` is the slice ``[start, stop)`` of the batch's elements to deliver
+    (empty when ``start == stop``); ``dropped`` counts duplicates; ``gap`` is the
+    number of missing seqs before the batch (then nothing is delivered).
+    """
+
+    start: int
+    stop: int
+    dropped: int
+    gap: int
+
+    @property
+    def delivers(self) -> bool:
+        return self.stop > self.start
+
+
+@dataclass
+class Dedup:
+    """Dedup state of one receiving partition instance, for all its channels."""
+
+    last: dict[int, int] = field(default_factory=dict)
+    dropped: int = 0
+    gaps: int = 0
+
+    def admit(self, channel: int, first_seq: int, count: int) -> Admission:
+        """Decide on a batch and advance ``last`` past what is delivered."""
+        last = self.last.get(channel, -1)
+        end = first_seq + count  # exclusive
+        if first_seq > last + 1:
+            self.gaps += 1
+            return Admission(0, 0, 0, first_seq - last - 1)
+        start = last + 1 - first_seq
+        if start >= count:
+            self.dropped += count
+            return Admission(count, count, count, 0)
+        self.last[channel] = end - 1
+        self.dropped += start
+        return Admission(start, count, start, 0)
+
+    def position(self, channel: int) -> int:
+        """Highest delivered seq of ``channel`` (-1 before the first element)."""
+        return self.last.get(channel, -1)

@@ -1,0 +1,292 @@
+"""Partition instances: one running copy of one partition of a task, hosted by a worker.
+
+A :class:`ProcessingInstance` receives batches on its input channels (dedup by
+seq, bounded queues), consumes them in the orderer's order, drives watermarks
+(minimum over channels) and runs its operator chain.  A :class:`SourceInstance`
+reads its Kafka partitions by manual assignment and drives the chain itself.
+Both end on a graceful drain (END on every input, or every Kafka partition read
+to its end) or on stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+
+from merge import ArrivalOrderer, InputQueues, QueuesClosed
+from replication.channels import OutputChannel
+from replication.deadletter import describe_error
+from replication.dedup import Dedup
+from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, WATERMARK
+from replication.framing import BatchHeader, decode_elements
+from replication.metrics import InstanceMetrics
+from replication.operators import Router, build_chain
+from replication.plan import PhysicalPlan, TaskSpec
+from rhino_state import RocksDBStateBackend, StateContext
+
+log = logging.getLogger(__name__)
+
+# How long the broker may hold an empty fetch.  Short, so that an idle source notices
+# new records (and a drain sees a fresh high watermark) quickly.
+FETCH_WAIT_MS = 100
+
+
+class PartitionInstance:
+    """Shared plumbing: metrics, dead letters, state, output channels, lifecycle."""
+
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, plan: PhysicalPlan) -> None:
+        self.worker = worker
+        self.cfg = worker.cfg
+        self.task = task
+        self.partition = partition
+        self.parallelism = task.parallelism
+        self.name = f"{task.name}[{partition}]"
+        self.num_key_groups = plan.num_key_groups
+        self.routing = plan.routing
+        self.metrics = InstanceMetrics()
+        self.outputs: list[OutputChannel] = []
+        self.stop_requested = threading.Event()
+        self.finished = threading.Event()
+        self.error: str | None = None
+        self._backend: RocksDBStateBackend | None = None
+        self._state_dir: Path = worker.state_root / f"t{task.id}-p{partition}"
+        self.chain: Any = None
+        self._thread: threading.Thread | None = None
+
+    # -- environment offered to operators -------------------------------------------------
+    def state_context(self, operator_name: str) -> StateContext:
+        if self._backend is None:
+            self._state_dir.mkdir(parents=True, exist_ok=True)
+            self._backend = RocksDBStateBackend(str(self._state_dir), cache_max_entries=self.cfg.state_cache_entries)
+        return StateContext(self._backend, operator_name, self.num_key_groups)
+
+    def dead_letter(self, *, reason: str, operator: str, origin: Any, payload: bytes) -> None:
+        self.metrics.dead_lettered += 1
+        self.worker.dead_letters.send(reason=reason, operator=operator, origin=origin, payload=payload)
+
+    def sink_producer(self) -> Any:
+        return self.worker.sink_producer
+
+    def flush_producer(self, producer: Any) -> None:
+        remaining = producer.flush(self.cfg.stop_timeout_ms / 1000)
+        if remaining:
+            raise RuntimeError(f"{self.name}: {remaining} output records not acknowledged by Kafka")
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def build(self, outputs: list[tuple[Any, list[OutputChannel]]]) -> None:
+        for _, chans in outputs:
+            self.outputs.extend(chans)
+        tail = Router(self.name, self, outputs) if outputs else None
+        self.chain = build_chain(self.task.chain, self, tail)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name=f"inst-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            if self.run():
+                self.chain.on_watermark(MAX_WATERMARK)
+                self.chain.on_end()
+                for ch in self.outputs:
+                    if not ch.close(timeout=self.cfg.stop_timeout_ms / 1000):
+                        raise RuntimeError(f"channel {ch.spec.id} could not deliver its last batches")
+            else:
+                for ch in self.outputs:
+                    ch.abort()
+        except Exception as exc:  # noqa: BLE001 - reported to the driver
+            self.error = f"{self.name}: {describe_error(exc)}"
+            log.exception("instance %s failed", self.name)
+            for ch in self.outputs:
+                ch.abort()
+        finally:
+            self.close_state()
+            self.metrics.finished = True
+            self.finished.set()
+
+    def run(self) -> bool:
+        """The instance's loop.  True when it ended by draining, False when stopped."""
+        raise NotImplementedError
+
+    def request_stop(self) -> None:
+        self.stop_requested.set()
+
+    def close_state(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+        shutil.rmtree(self._state_dir, ignore_errors=True)
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self.finished.wait(timeout)
+
+
+class ProcessingInstance(PartitionInstance):
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, plan: PhysicalPlan) -> None:
+        super().__init__(worker, task, partition, plan)
+        self.channels = [c.id for c in plan.input_channels(task.id, partition)]
+        self.queues = InputQueues(self.channels, self.cfg.channel_queue_capacity)
+        self.orderer = ArrivalOrderer(self.queues)
+        self.dedup = Dedup()
+        self._dedup_lock = threading.Lock()
+        self._channel_locks = {c: threading.Lock() for c in self.channels}
+
+    def deliver(self, header: BatchHeader, payload: bytes) -> None:
+        """Called by receiver threads: dedup, then enqueue (blocking = back-pressure)."""
+        lock = self._channel_locks.get(header.channel)
+        if lock is None:
+            raise ValueError(f"{self.name}: channel {header.channel} is not an input of this instance")
+        with lock:
+            with self._dedup_lock:
+                adm = self.dedup.admit(header.channel, header.first_seq, header.count)
+                self.metrics.dedup_dropped = self.dedup.dropped
+                self.metrics.gaps = self.dedup.gaps
+            if adm.gap:
+                log.error("%s: gap of %d seqs on channel %d before seq %d (not delivered)",
+                          self.name, adm.gap, header.channel, header.first_seq)
+                return
+            if not adm.delivers:
+                return
+            elements = decode_elements(payload, header)
+            try:
+                self.queues.put(header.channel, elements[adm.start:adm.stop])
+            except QueuesClosed:
+                pass
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        self.queues.close()
+
+    def run(self) -> bool:
+        chain = self.chain
+        metrics = self.metrics
+        channel_wm = {c: MIN_WATERMARK for c in self.channels}
+        open_channels = set(self.channels)
+        current_wm = MIN_WATERMARK
+        while open_channels:
+            if self.stop_requested.is_set():
+                return False
+            item = self.orderer.next_batch(0.2)
+            metrics.queue_batches = self.queues.size()
+            if item is None:
+                continue
+            channel, elements = item
+            for el in elements:
+                kind = el[0]
+                if kind == DATA:
+                    metrics.records_in += 1
+                    chain.process(el)
+                    continue
+                if kind == WATERMARK:
+                    if el[1] <= channel_wm[channel]:
+                        continue
+                    channel_wm[channel] = el[1]
+                elif kind == END:
+                    channel_wm[channel] = MAX_WATERMARK
+                    open_channels.discard(channel)
+                new_wm = min(channel_wm.values())
+                if new_wm > current_wm:
+                    current_wm = metrics.watermark = new_wm
+                    if new_wm < MAX_WATERMARK:
+                        chain.on_watermark(new_wm)
+        return True
+
+
+class SourceInstance(PartitionInstance):
+    """Reads assigned Kafka partitions; emits watermarks at deterministic record positions."""
+
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, plan: PhysicalPlan) -> None:
+        super().__init__(worker, task, partition, plan)
+        spec = task.head.spec
+        self.topic: str = spec["topic"]
+        self.kafka_partitions: list[int] = plan.source_partitions[task.id][partition]
+        self.deserializer = spec["deserializer"]
+        self.timestamp_fn = spec["timestamp"]
+        self.out_of_orderness = spec["max_out_of_orderness_ms"]
+        self.starting_offsets = spec["starting_offsets"]
+        self.drain_requested_at: float | None = None
+
+    def request_drain(self) -> None:
+        if self.drain_requested_at is None:
+            self.drain_requested_at = time.monotonic()
+
+    def _consumer(self) -> Consumer:
+        # a group id is required by librdkafka; offsets are never committed (manual assignment)
+        conf = self.cfg.kafka_consumer_config(
+            group_id=f"replication-{self.worker.job_name}-{self.task.id}-{self.partition}")
+        conf.setdefault("fetch.wait.max.ms", FETCH_WAIT_MS)
+        self._fetch_wait_ms = int(conf["fetch.wait.max.ms"])
+        consumer = Consumer(conf)
+        start = OFFSET_BEGINNING if self.starting_offsets == "earliest" else OFFSET_END
+        consumer.assign([TopicPartition(self.topic, k, start) for k in self.kafka_partitions])
+        return consumer
+
+    def _drained(self, consumer: Consumer, next_offset: dict[int, int]) -> bool:
+        """Every partition consumed up to the high watermark of a fetch made after the
+        drain request (ListOffsets is not trusted: see DESIGN §10)."""
+        grace = 2 * self._fetch_wait_ms / 1000 + 0.3
+        if self.drain_requested_at is None or time.monotonic() - self.drain_requested_at < grace:
+            return False
+        for k in self.kafka_partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, k), cached=True)
+            if high < 0:
+                return False  # no fetch response yet
+            if next_offset.get(k, low) < high:
+                return False
+        return True
+
+    def run(self) -> bool:
+        chain, metrics = self.chain, self.metrics
+        topic, deser, ts_fn = self.topic, self.deserializer, self.timestamp_fn
+        interval = self.cfg.watermark_interval_ms
+        max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
+        next_offset: dict[int, int] = {}
+        emitted_wm = MIN_WATERMARK
+        consumer = self._consumer()
+        try:
+            while not self.stop_requested.is_set():
+                messages = consumer.consume(num_messages=self.cfg.channel_batch_size, timeout=0.05)
+                for msg in messages:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            continue
+                        if err.fatal():
+                            raise RuntimeError(f"Kafka consumer fatal error: {err}")
+                        log.warning("%s: consumer error: %s", self.name, err)
+                        continue
+                    k, off, raw = msg.partition(), msg.offset(), msg.value()
+                    next_offset[k] = off + 1
+                    origin = (topic, k, off)
+                    ingest = time.time()
+                    metrics.records_in += 1
+                    try:
+                        value = deser(raw)
+                    except Exception as exc:  # noqa: BLE001
+                        self.dead_letter(reason="deserialize: " + describe_error(exc), operator=self.task.head.name,
+                                         origin=origin, payload=raw or b"")
+                        continue
+                    try:
+                        ts = int(ts_fn(value)) if ts_fn is not None else msg.timestamp()[1]
+                    except Exception as exc:  # noqa: BLE001
+                        self.dead_letter(reason="timestamp: " + describe_error(exc), operator=self.task.head.name,
+                                         origin=origin, payload=raw or b"")
+                        continue
+                    chain.process((DATA, value, None, ts, ingest, origin))
+                    if ts > max_ts[k]:
+                        max_ts[k] = ts
+                        wm = min(max_ts.values()) - self.out_of_orderness
+                        if wm >= emitted_wm + interval or (emitted_wm == MIN_WATERMARK and wm > MIN_WATERMARK // 2):
+                            emitted_wm = metrics.watermark = wm
+                            chain.on_watermark(wm)
+                if not messages and self._drained(consumer, next_offset):
+                    return True
+            return False
+        finally:
+            consumer.close()

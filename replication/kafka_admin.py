@@ -1,0 +1,45 @@
+"""Topic metadata and creation for the driver (confluent-kafka AdminClient)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+class KafkaUnavailable(RuntimeError):
+    """The brokers could not be reached or did not answer in time."""
+
+
+def topic_partitions(admin: AdminClient, topics: Iterable[str], timeout: float = 10.0) -> dict[str, int]:
+    """Partition counts of the existing ``topics`` (missing ones are absent from the result)."""
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException as err:
+        raise KafkaUnavailable(f"cannot read Kafka metadata: {err}") from err
+    wanted = set(topics)
+    return {name: len(t.partitions) for name, t in md.topics.items() if name in wanted and t.error is None}
+
+
+def ensure_topics(admin: AdminClient, topics: Mapping[str, int], timeout: float = 10.0) -> list[str]:
+    """Create the topics of ``topics`` (name -> partitions) that do not exist yet; returns the created ones."""
+    existing = topic_partitions(admin, topics, timeout)
+    missing = [NewTopic(name, num_partitions=n, replication_factor=-1) for name, n in topics.items()
+               if name not in existing]
+    if not missing:
+        return []
+    created = []
+    for name, fut in admin.create_topics(missing, operation_timeout=timeout).items():
+        try:
+            fut.result(timeout)
+            created.append(name)
+        except KafkaException as err:
+            if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    return created
+
+
+def admin_client(conf: Mapping[str, Any]) -> AdminClient:
+    return AdminClient(dict(conf))

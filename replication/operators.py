@@ -1,0 +1,275 @@
+"""Runtime operators of a task chain.
+
+Each operator receives data elements through ``process`` and control through
+``on_watermark`` / ``on_end``, and pushes results to ``next``.  The tail of a
+chain is a :class:`Router` (network outputs) or a :class:`SinkOperator`.  A user
+function that raises sends its record to the dead-letter topic and the chain goes
+on with the next record.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from typing import Any
+
+from replication.deadletter import describe_error, payload_of
+from replication.elements import DATA, END_ELEMENT, watermark
+from replication.functions import ProcessContext, RuntimeContext
+from rhino_state import encode_key, key_group
+
+
+class Operator:
+    next: Operator
+
+    def __init__(self, name: str, env: Any) -> None:
+        self.name = name
+        self.env = env  # the hosting instance: metrics, dead letters, state
+
+    def process(self, rec: tuple) -> None:
+        raise NotImplementedError
+
+    def on_watermark(self, wm: int) -> None:
+        self.next.on_watermark(wm)
+
+    def on_end(self) -> None:
+        self.next.on_end()
+
+    def dead_letter(self, rec: tuple, reason: str) -> None:
+        self.env.dead_letter(reason=reason, operator=self.name, origin=rec[5], payload=payload_of(rec[1]))
+
+
+class MapOperator(Operator):
+    def __init__(self, name: str, env: Any, fn: Callable) -> None:
+        super().__init__(name, env)
+        self.fn = fn
+
+    def process(self, rec: tuple) -> None:
+        try:
+            value = self.fn(rec[1])
+        except Exception as exc:  # noqa: BLE001 - user code
+            self.dead_letter(rec, describe_error(exc))
+            return
+        self.next.process((DATA, value, rec[2], rec[3], rec[4], rec[5]))
+
+
+class FilterOperator(MapOperator):
+    def process(self, rec: tuple) -> None:
+        try:
+            keep = self.fn(rec[1])
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(rec, describe_error(exc))
+            return
+        if keep:
+            self.next.process(rec)
+
+
+class FlatMapOperator(MapOperator):
+    def process(self, rec: tuple) -> None:
+        try:
+            values = list(self.fn(rec[1]) or ())
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(rec, describe_error(exc))
+            return
+        for value in values:
+            self.next.process((DATA, value, rec[2], rec[3], rec[4], rec[5]))
+
+
+class ProcessOperator(Operator):
+    """Runs a KeyedProcessFunction with keyed state."""
+
+    def __init__(self, name: str, env: Any, fn: Any) -> None:
+        super().__init__(name, env)
+        self.fn = fn
+        self.state = env.state_context(name)
+        self.ctx = ProcessContext()
+        fn.open(RuntimeContext(self.state, name, env.partition, env.parallelism))
+
+    def process(self, rec: tuple) -> None:
+        key = rec[2]
+        self.state.set_current_key(key)
+        ctx = self.ctx
+        ctx.key, ctx.timestamp = key, rec[3]
+        try:
+            outputs = list(self.fn.process(rec[1], ctx) or ())
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(rec, describe_error(exc))
+            return
+        for value in outputs:
+            self.next.process((DATA, value, key, rec[3], rec[4], rec[5]))
+
+    def on_watermark(self, wm: int) -> None:
+        self.ctx.watermark = wm
+        self.next.on_watermark(wm)
+
+    def on_end(self) -> None:
+        self.fn.close()
+        self.next.on_end()
+
+
+class WindowOperator(Operator):
+    """Tumbling event-time windows with an incremental aggregator.
+
+    Accumulators live in keyed map state (window start -> (acc, newest ingest time));
+    the fire index (window end -> keys) is kept in memory and fired in the
+    deterministic order (end, encoded key) when the watermark passes a window end.
+    """
+
+    def __init__(self, name: str, env: Any, size_ms: int, aggregator: Any) -> None:
+        super().__init__(name, env)
+        self.size = size_ms
+        self.agg = aggregator
+        self.state = env.state_context(name)
+        self.windows = self.state.map_state("windows")
+        self.pending: dict[int, dict[bytes, Any]] = {}
+        self.watermark = -(2**63)
+
+    def process(self, rec: tuple) -> None:
+        ts, key = rec[3], rec[2]
+        start = ts - ts % self.size
+        end = start + self.size
+        if end <= self.watermark:
+            self.env.metrics.late_records += 1
+            self.dead_letter(rec, f"late: event time {ts} is behind the watermark {self.watermark} "
+                                  f"(window [{start}, {end}) already fired)")
+            return
+        self.state.set_current_key(key)
+        entry = self.windows.get(start)
+        try:
+            acc = self.agg.add(self.agg.create() if entry is None else entry[0], rec[1])
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(rec, describe_error(exc))
+            return
+        self.windows.put(start, (acc, max(rec[4], entry[1]) if entry else rec[4]))
+        self.pending.setdefault(end, {})[encode_key(key)] = key
+
+    def on_watermark(self, wm: int) -> None:
+        if wm <= self.watermark:
+            return
+        self.watermark = wm
+        for end in sorted(e for e in self.pending if e <= wm):
+            keys = self.pending.pop(end)
+            start = end - self.size
+            for kb in sorted(keys):
+                key = keys[kb]
+                self.state.set_current_key(key)
+                acc, ingest = self.windows.get(start)
+                self.windows.remove(start)
+                try:
+                    value = self.agg.result(key, start, end, acc)
+                except Exception as exc:  # noqa: BLE001
+                    self.env.dead_letter(reason=describe_error(exc), operator=self.name, origin=None,
+                                         payload=payload_of({"key": key, "start": start, "acc": acc}))
+                    continue
+                self.next.process((DATA, value, key, end - 1, ingest, None))
+        self.next.on_watermark(wm)
+
+
+class SinkOperator(Operator):
+    """Produces every value to a Kafka topic; records end-to-end latency."""
+
+    def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
+        super().__init__(name, env)
+        self.topic = topic
+        self.serializer = serializer
+        self.key_serializer = key_serializer
+        self.producer = env.sink_producer()
+
+    def process(self, rec: tuple) -> None:
+        try:
+            value = self.serializer(rec[1])
+            key = self.key_serializer(rec[2]) if self.key_serializer is not None else None
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(rec, "serialize: " + describe_error(exc))
+            return
+        now = time.time()
+        headers = [("ingest_ts", repr(rec[4]).encode()), ("sink_ts", repr(now).encode())]
+        while True:
+            try:
+                self.producer.produce(self.topic, value=value, key=key, headers=headers)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+        metrics = self.env.metrics
+        metrics.records_out += 1
+        metrics.latency.record(now - rec[4])
+
+    def on_watermark(self, wm: int) -> None:
+        pass
+
+    def on_end(self) -> None:
+        self.env.flush_producer(self.producer)
+
+
+class Router(Operator):
+    """Tail of a chain with network outputs: picks the channel of every output edge."""
+
+    def __init__(self, name: str, env: Any, edges: list[tuple[Any, list]]) -> None:
+        super().__init__(name, env)
+        # per output edge: (OutputEdge, [OutputChannel by destination partition], round-robin counter)
+        self.edges = [[edge, chans, 0] for edge, chans in edges]
+        self.num_key_groups = env.num_key_groups
+        self.routing = env.routing
+
+    def process(self, rec: tuple) -> None:
+        for slot in self.edges:
+            edge, chans = slot[0], slot[1]
+            if edge.partitioning == "hash":
+                try:
+                    key = edge.key_fn(rec[1])
+                    kg = key_group(encode_key(key), self.num_key_groups)
+                except Exception as exc:  # noqa: BLE001
+                    self.dead_letter(rec, "key_by: " + describe_error(exc))
+                    continue
+                part = self.routing[edge.dst_task].partition_of_key_group(kg, self.num_key_groups)
+                chans[part].emit((DATA, rec[1], key, rec[3], rec[4], rec[5]))
+            elif edge.partitioning == "forward":
+                chans[0].emit(rec)
+            else:
+                chans[slot[2] % len(chans)].emit(rec)
+                slot[2] += 1
+        self.env.metrics.records_out += 1
+
+    def on_watermark(self, wm: int) -> None:
+        element = watermark(wm)
+        for _, chans, _ in self.edges:
+            for ch in chans:
+                ch.emit(element)
+
+    def on_end(self) -> None:
+        for _, chans, _ in self.edges:
+            for ch in chans:
+                ch.emit(END_ELEMENT)
+
+
+def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:
+    """Instantiate the operators of ``nodes`` (a task's chain, source excluded) in front of ``tail``."""
+    ops: list[Operator] = []
+    for node in nodes:
+        kind, spec = node.kind, node.spec
+        if kind == "map":
+            ops.append(MapOperator(node.name, env, spec["fn"]))
+        elif kind == "filter":
+            ops.append(FilterOperator(node.name, env, spec["fn"]))
+        elif kind == "flat_map":
+            ops.append(FlatMapOperator(node.name, env, spec["fn"]))
+        elif kind == "process":
+            # one copy of the user's object per instance: a worker may host several partitions
+            ops.append(ProcessOperator(node.name, env, copy.deepcopy(spec["fn"])))
+        elif kind == "window":
+            ops.append(WindowOperator(node.name, env, spec["size_ms"], copy.deepcopy(spec["aggregator"])))
+        elif kind == "sink":
+            ops.append(SinkOperator(node.name, env, spec["topic"], spec["serializer"], spec["key_serializer"]))
+        elif kind in ("union", "source"):
+            continue  # a union is its input channels; the source drives the chain
+        else:
+            raise ValueError(f"unknown operator kind {kind!r}")
+    if tail is not None:
+        ops.append(tail)
+    if not ops:
+        raise ValueError("empty chain")
+    for a, b in zip(ops, ops[1:], strict=False):
+        a.next = b
+    return ops[0]

@@ -1,0 +1,217 @@
+"""Physical planning: chain operators into tasks, number the channels, place instances.
+
+Like Flink, a stateless operator is chained to its single upstream when the edge
+is a forward edge of equal parallelism and that upstream feeds nobody else.
+Sources, unions and keyed operators start a task.  A *channel* is the FIFO
+stream from one upstream partition to one downstream partition over one edge;
+channel ids are global integers fixed by the plan, so both ends (and, later, both
+replicas of each end) agree on them.
+
+Instances (task, partition) are placed on *workers*: long-running Spark tasks
+that host many instances each, so the executor count does not grow with the
+partition count (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError, Node
+from rhino_state import RoutingTable
+
+Instance = tuple[int, int]  # (task id, partition)
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    id: int
+    edge_id: int
+    src_task: int
+    src_partition: int
+    dst_task: int
+    dst_partition: int
+
+
+@dataclass
+class InputEdge:
+    edge_id: int
+    src_task: int
+    partitioning: str
+
+
+@dataclass
+class OutputEdge:
+    edge_id: int
+    dst_task: int
+    partitioning: str
+    key_fn: Any
+    dst_parallelism: int
+
+
+@dataclass
+class TaskSpec:
+    id: int
+    name: str
+    parallelism: int
+    chain: list[Node]
+    inputs: list[InputEdge] = field(default_factory=list)
+    outputs: list[OutputEdge] = field(default_factory=list)
+
+    @property
+    def head(self) -> Node:
+        return self.chain[0]
+
+    @property
+    def is_source(self) -> bool:
+        return self.head.kind == "source"
+
+    @property
+    def keyed(self) -> bool:
+        return any(n.kind in ("process", "window") for n in self.chain)
+
+
+@dataclass
+class PhysicalPlan:
+    job_name: str
+    tasks: list[TaskSpec]
+    channels: list[ChannelSpec]
+    num_key_groups: int
+    routing: dict[int, RoutingTable]  # keyed task id -> vnode routing table
+    source_partitions: dict[int, dict[int, list[int]]]  # source task -> partition -> Kafka partitions
+
+    def task(self, task_id: int) -> TaskSpec:
+        return self.tasks[task_id]
+
+    def instances(self) -> list[Instance]:
+        return [(t.id, p) for t in self.tasks for p in range(t.parallelism)]
+
+    def input_channels(self, task_id: int, partition: int) -> list[ChannelSpec]:
+        return [c for c in self.channels if c.dst_task == task_id and c.dst_partition == partition]
+
+    def output_channels(self, task_id: int, partition: int, edge_id: int) -> list[ChannelSpec]:
+        """Channels of one output edge from ``(task_id, partition)``, ordered by destination partition."""
+        chans = [c for c in self.channels
+                 if c.src_task == task_id and c.src_partition == partition and c.edge_id == edge_id]
+        return sorted(chans, key=lambda c: c.dst_partition)
+
+    def describe(self) -> str:
+        lines = [f"job {self.job_name}: {len(self.tasks)} tasks, {len(self.instances())} instances, "
+                 f"{len(self.channels)} channels"]
+        for t in self.tasks:
+            ops = " -> ".join(n.name for n in t.chain)
+            ins = ", ".join(f"{self.tasks[i.src_task].name}[{i.partitioning}]" for i in t.inputs) or "kafka"
+            lines.append(f"  task {t.id} {t.name!r} x{t.parallelism}: {ops}  (inputs: {ins})")
+        return "\n".join(lines)
+
+
+def _resolve_parallelism(job: Job, default: int, topic_partitions: Mapping[str, int]) -> dict[int, int]:
+    par: dict[int, int] = {}
+    for node in job.nodes:  # nodes are created in topological order
+        if node.kind == "source":
+            topic = node.spec["topic"]
+            if topic not in topic_partitions:
+                raise JobDefinitionError(f"source {node.name!r}: topic {topic!r} does not exist")
+            available = topic_partitions[topic]
+            p = node.parallelism or available
+            if p > available:
+                raise JobDefinitionError(
+                    f"source {node.name!r}: parallelism {p} > {available} partitions of topic {topic!r}")
+        elif node.parallelism is not None:
+            p = node.parallelism
+        elif node.kind in ("process", "window"):
+            p = default
+        elif node.kind == "union":
+            p = max(par[e.source.id] for e in node.inputs)
+        else:  # stateless and sinks follow their input
+            p = par[node.inputs[0].source.id]
+        par[node.id] = p
+    return par
+
+
+def plan_job(
+    job: Job,
+    *,
+    default_parallelism: int,
+    num_key_groups: int,
+    num_vnodes: int,
+    topic_partitions: Mapping[str, int],
+) -> PhysicalPlan:
+    """Turn the logical graph into tasks and channels.  Raises JobDefinitionError."""
+    job.validate()
+    par = _resolve_parallelism(job, default_parallelism, topic_partitions)
+    consumers: dict[int, list[Node]] = {n.id: [] for n in job.nodes}
+    for node in job.nodes:
+        for e in node.inputs:
+            consumers[e.source.id].append(node)
+
+    def chains_to_upstream(node: Node) -> bool:
+        if node.kind in ("source", "union", "process", "window") or len(node.inputs) != 1:
+            return False
+        edge = node.inputs[0]
+        return (edge.partitioning == FORWARD and par[edge.source.id] == par[node.id]
+                and len(consumers[edge.source.id]) == 1)
+
+    task_of: dict[int, int] = {}
+    tasks: list[TaskSpec] = []
+    for node in job.nodes:
+        if chains_to_upstream(node):
+            t = tasks[task_of[node.inputs[0].source.id]]
+            t.chain.append(node)
+        else:
+            t = TaskSpec(len(tasks), node.name, par[node.id], [node])
+            tasks.append(t)
+        task_of[node.id] = t.id
+
+    channels: list[ChannelSpec] = []
+    edge_ids = iter(range(1 << 30))
+    for t in tasks:
+        for edge in t.head.inputs:
+            src = tasks[task_of[edge.source.id]]
+            if src.chain[-1] is not edge.source:
+                raise JobDefinitionError(f"internal: {edge.source.name} is not the tail of its task")
+            partitioning = edge.partitioning
+            if partitioning == FORWARD and src.parallelism != t.parallelism:
+                partitioning = REBALANCE
+            eid = next(edge_ids)
+            t.inputs.append(InputEdge(eid, src.id, partitioning))
+            src.outputs.append(OutputEdge(eid, t.id, partitioning, edge.key_fn, t.parallelism))
+            for sp in range(src.parallelism):
+                dsts = [sp] if partitioning == FORWARD else range(t.parallelism)
+                for dp in dsts:
+                    channels.append(ChannelSpec(len(channels), eid, src.id, sp, t.id, dp))
+
+    routing = {}
+    for t in tasks:
+        if any(i.partitioning == HASH for i in t.inputs):
+            if t.parallelism > num_vnodes:
+                raise JobDefinitionError(
+                    f"task {t.name!r}: parallelism {t.parallelism} exceeds spark.replication.state.vnodes={num_vnodes}")
+            routing[t.id] = RoutingTable.uniform(num_vnodes, t.parallelism)
+    for t in tasks:
+        for n in t.chain[1:]:
+            if n.kind in ("process", "window"):
+                raise JobDefinitionError(f"internal: keyed operator {n.name} chained")
+
+    source_partitions: dict[int, dict[int, list[int]]] = {}
+    for t in tasks:
+        if t.is_source:
+            n = topic_partitions[t.head.spec["topic"]]
+            source_partitions[t.id] = {p: [k for k in range(n) if k % t.parallelism == p]
+                                       for p in range(t.parallelism)}
+    return PhysicalPlan(job.name, tasks, channels, num_key_groups, routing, source_partitions)
+
+
+def place(plan: PhysicalPlan, num_workers: int) -> dict[Instance, int]:
+    """Spread instances over workers round robin (instances of one task on distinct workers
+    as far as the worker count allows)."""
+    if num_workers < 1:
+        raise ValueError("need at least one worker")
+    placement: dict[Instance, int] = {}
+    i = 0
+    for t in plan.tasks:
+        for p in range(t.parallelism):
+            placement[(t.id, p)] = i % num_workers
+            i += 1
+    return placement

@@ -1,0 +1,250 @@
+"""Embedded RocksDB keyed-state backend with a write-back cache.
+
+One ``RocksDBStateBackend`` (one RocksDB, raw bytes, default column family
+only) per hosted partition instance. A physical key is the 2-byte big-endian
+key group followed by the caller's ``rest`` bytes, so the key groups of a vnode
+form one contiguous key range.
+
+Caching: writes and deletes go to a dirty map (a delete is a tombstone) that
+``flush()`` writes with one ``WriteBatch``; it is flushed automatically when it
+holds more than ``cache_max_entries`` keys. Reads look at the dirty map, then at
+a bounded LRU read cache of clean values (and known-absent keys), then at
+RocksDB. All writes must go through this object while it is open (it holds the
+RocksDB lock), which keeps the read cache coherent. Flush points do not change
+the logical content, so ``digest()`` only depends on what was written.
+
+Iteration (``iter_prefix``, ``iter_key_groups``) merges the dirty map with
+RocksDB in key order. It reads RocksDB in short chunks, each with its own
+short-lived iterator, so an abandoned generator never keeps the database open
+after ``close()``. Writes made while a generator is suspended may or may not be
+seen by it; every key is yielded at most once, in ascending order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from bisect import bisect_left, insort
+from collections import OrderedDict
+from collections.abc import Iterator
+from heapq import merge
+
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch
+
+__all__ = ["RocksDBStateBackend", "StateBackendClosedError"]
+
+_ITER_CHUNK = 512
+
+
+class StateBackendClosedError(RuntimeError):
+    """Raised when a closed state backend is used."""
+
+
+def _kg_prefix(key_group: int) -> bytes:
+    try:
+        return key_group.to_bytes(2, "big")
+    except (OverflowError, AttributeError):
+        raise ValueError(f"key_group must be an int in [0, 65536), got {key_group!r}") from None
+
+
+def _successor(prefix: bytes) -> bytes | None:
+    """Smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes((stripped[-1] + 1,))
+
+
+class RocksDBStateBackend:
+    """Keyed state of one partition instance in an embedded RocksDB."""
+
+    def __init__(self, path: str | os.PathLike[str], cache_max_entries: int = 10_000) -> None:
+        if cache_max_entries < 0:
+            raise ValueError(f"cache_max_entries must be >= 0, got {cache_max_entries!r}")
+        self.path = os.fspath(path)
+        self.cache_max_entries = cache_max_entries
+        os.makedirs(self.path, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self._db: Rdict | None = Rdict(self.path, options)
+        self._dirty: dict[bytes, bytes | None] = {}  # None is a tombstone
+        self._dirty_sorted: list[bytes] | None = None  # built on the first iteration after a flush
+        self._clean: OrderedDict[bytes, bytes | None] = OrderedDict()  # None: known absent
+        self._stats = dict.fromkeys(("reads", "writes", "cache_hits", "flushes", "bytes_written"), 0)
+
+    # ------------------------------------------------------------------ point access
+
+    def get(self, key_group: int, rest: bytes) -> bytes | None:
+        """Value stored under (key_group, rest), or None."""
+        db = self._open_db()
+        key = _kg_prefix(key_group) + rest
+        self._stats["reads"] += 1
+        if key in self._dirty:
+            self._stats["cache_hits"] += 1
+            return self._dirty[key]
+        if key in self._clean:
+            self._stats["cache_hits"] += 1
+            self._clean.move_to_end(key)
+            return self._clean[key]
+        value = db.get(key)
+        self._remember_clean(key, value)
+        return value
+
+    def put(self, key_group: int, rest: bytes, value: bytes) -> None:
+        """Store ``value`` under (key_group, rest)."""
+        if not isinstance(value, bytes):
+            raise TypeError(f"state values must be bytes, got {type(value).__qualname__}")
+        self._write(_kg_prefix(key_group) + rest, value)
+
+    def delete(self, key_group: int, rest: bytes) -> None:
+        """Remove (key_group, rest); a no-op if absent."""
+        self._write(_kg_prefix(key_group) + rest, None)
+
+    def _write(self, key: bytes, value: bytes | None) -> None:
+        self._open_db()
+        self._stats["writes"] += 1
+        if key not in self._dirty and self._dirty_sorted is not None:
+            insort(self._dirty_sorted, key)
+        self._dirty[key] = value
+        self._clean.pop(key, None)
+        if len(self._dirty) > self.cache_max_entries:
+            self.flush()
+
+    def _remember_clean(self, key: bytes, value: bytes | None) -> None:
+        if self.cache_max_entries == 0:
+            return
+        self._clean[key] = value
+        while len(self._clean) > self.cache_max_entries:
+            self._clean.popitem(last=False)
+
+    # ------------------------------------------------------------------ iteration
+
+    def iter_prefix(self, key_group: int, prefix: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """``(rest, value)`` of live keys in ``key_group`` whose rest starts with ``prefix``, in key order."""
+        lower = _kg_prefix(key_group) + prefix
+        return ((key[2:], value) for key, value in self._iter_range(lower, _successor(lower)))
+
+    def iter_key_groups(self, key_groups: range) -> Iterator[tuple[int, bytes, bytes]]:
+        """``(key_group, rest, value)`` of every live key in ``key_groups``, in key order."""
+        if key_groups.step != 1:
+            raise ValueError(f"key_groups must be a contiguous range (step 1), got {key_groups!r}")
+        if not key_groups:
+            return iter(())
+        lower = _kg_prefix(key_groups.start)
+        upper = None if key_groups.stop >= 1 << 16 else _kg_prefix(key_groups.stop)
+        return (
+            (int.from_bytes(key[:2], "big"), key[2:], value) for key, value in self._iter_range(lower, upper)
+        )
+
+    def _iter_range(self, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """Live (physical key, value) pairs in [lower, upper), dirty entries merged over RocksDB."""
+        self._open_db()
+        sorted_dirty = self._sorted_dirty_keys()
+        start = bisect_left(sorted_dirty, lower)
+        stop = len(sorted_dirty) if upper is None else bisect_left(sorted_dirty, upper, start)
+        dirty = [(key, 0, self._dirty[key]) for key in sorted_dirty[start:stop]]
+        stored = ((key, 1, value) for key, value in self._db_range(lower, upper))
+        last = None
+        for key, _, value in merge(dirty, stored):  # dirty (0) sorts before stored (1) on equal keys
+            if key != last:
+                last = key
+                if value is not None:
+                    yield key, value
+
+    def _db_range(self, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """RocksDB content of [lower, upper), read in chunks with short-lived iterators."""
+        seek = lower
+        while True:
+            db = self._open_db()
+            read_opt = ReadOptions()
+            if upper is not None:
+                read_opt.set_iterate_upper_bound(upper)
+            it = db.iter(read_opt)
+            it.seek(seek)
+            chunk = []
+            while it.valid() and len(chunk) < _ITER_CHUNK:
+                chunk.append((it.key(), it.value()))
+                it.next()
+            del it  # release the RocksDB iterator before yielding
+            yield from chunk
+            if len(chunk) < _ITER_CHUNK:
+                return
+            seek = chunk[-1][0] + b"\x00"
+
+    def _sorted_dirty_keys(self) -> list[bytes]:
+        if self._dirty_sorted is None:
+            self._dirty_sorted = sorted(self._dirty)
+        return self._dirty_sorted
+
+    # ------------------------------------------------------------------ maintenance
+
+    @property
+    def dirty_count(self) -> int:
+        """Number of written keys not yet flushed to RocksDB."""
+        return len(self._dirty)
+
+    def flush(self) -> None:
+        """Write all dirty entries to RocksDB in one WriteBatch."""
+        db = self._open_db()
+        if not self._dirty:
+            return
+        batch = WriteBatch(raw_mode=True)
+        written = 0
+        for key, value in self._dirty.items():
+            if value is None:
+                batch.delete(key)
+                written += len(key)
+            else:
+                batch.put(key, value)
+                written += len(key) + len(value)
+        db.write(batch)
+        self._stats["flushes"] += 1
+        self._stats["bytes_written"] += written
+        dirty, self._dirty, self._dirty_sorted = self._dirty, {}, None
+        for key, value in dirty.items():
+            self._remember_clean(key, value)
+
+    def digest(self) -> str:
+        """Hex digest of all live (key, value) pairs in key order, unflushed writes included."""
+        hasher = hashlib.blake2b(digest_size=32)
+        for key, value in self._iter_range(b"", None):
+            hasher.update(len(key).to_bytes(4, "big"))
+            hasher.update(key)
+            hasher.update(len(value).to_bytes(4, "big"))
+            hasher.update(value)
+        return hasher.hexdigest()
+
+    def stats(self) -> dict[str, int]:
+        """Counters: reads, writes, cache_hits, flushes, bytes_written, plus dirty and cached sizes."""
+        return {**self._stats, "dirty": len(self._dirty), "cached": len(self._clean)}
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._db is None
+
+    def close(self) -> None:
+        """Flush and close RocksDB; closing twice is a no-op."""
+        if self._db is None:
+            return
+        try:
+            self.flush()
+        finally:
+            db, self._db = self._db, None
+            self._clean.clear()
+            db.close()
+
+    def __enter__(self) -> RocksDBStateBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _open_db(self) -> Rdict:
+        if self._db is None:
+            raise StateBackendClosedError(f"state backend at {self.path!r} is closed")
+        return self._db
+
+    def __repr__(self) -> str:
+        state = "closed" if self._db is None else f"dirty={len(self._dirty)}"
+        return f"RocksDBStateBackend({self.path!r}, {state})"

@@ -1,0 +1,234 @@
+"""Tests of replication.spark_cluster: session, executor identity, warm-up, executor kill.
+
+The integration tests share one ``local-cluster[3,1,512]`` session (module
+scope); the executor-kill test runs last because it changes the executor set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from replication import spark_cluster as scl
+
+N_EXECUTORS = 3
+MASTER = f"local-cluster[{N_EXECUTORS},1,512]"
+
+
+# --------------------------------------------------------------------------- unit tests (no Spark)
+
+
+def test_parse_local_cluster() -> None:
+    assert scl.parse_local_cluster("local-cluster[3,1,512]") == (3, 1, 512)
+    assert scl.parse_local_cluster(" local-cluster[ 2 , 2 , 1024 ] ") == (2, 2, 1024)
+    assert scl.parse_local_cluster("local[2]") is None
+    assert scl.parse_local_cluster("spark://h:7077") is None
+
+
+def test_default_conf_local_cluster() -> None:
+    conf = scl.default_conf(MASTER, "x")
+    assert conf["spark.executor.memory"] == "512m"
+    assert conf["spark.driver.host"] == "127.0.0.1"
+    assert int(conf["spark.task.maxFailures"]) >= 10
+    assert conf["spark.scheduler.mode"] == "FAIR"
+    remote = scl.default_conf("spark://h:7077", "x")
+    assert "spark.driver.host" not in remote and "spark.executor.memory" not in remote
+
+
+def test_not_an_executor_on_driver() -> None:
+    assert scl.current_executor_id() is None
+    assert scl.current_executor_jvm_pid() is None
+
+
+def test_local_advertise_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    assert scl.local_advertise_host("127.0.0.1") == "127.0.0.1"
+    monkeypatch.setenv("SPARK_LOCAL_IP", "10.1.2.3")
+    assert scl.local_advertise_host("127.0.0.1") == "10.1.2.3"
+
+
+def test_executor_cmdline_parsing() -> None:
+    argv = [
+        "/usr/bin/java",
+        "-cp",
+        "x",
+        "org.apache.spark.executor.CoarseGrainedExecutorBackend",
+        "--driver-url",
+        "spark://CoarseGrainedScheduler@127.0.0.1:1",
+        "--executor-id",
+        "7",
+        "--hostname",
+        "10.0.0.5",
+        "--cores",
+        "1",
+        "--app-id",
+        "app-1",
+    ]
+    ep = scl._parse_executor_cmdline(42, argv)
+    assert ep == scl.ExecutorProcess("7", 42, "10.0.0.5", "app-1")
+    assert scl._parse_executor_cmdline(42, ["python", "-m", "pyspark.daemon"]) is None
+
+
+# --------------------------------------------------------------------------- integration
+
+
+def _gateway_pid() -> int | None:
+    """Pid of the driver JVM (``SparkSubmit``) this Python process launched, if any."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    return None if proc is None else int(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def sc() -> Iterator[Any]:
+    t0 = time.monotonic()
+    spark = scl.build_session(MASTER, app_name="test-spark-cluster")
+    print(f"\nbuild_session: {time.monotonic() - t0:.1f}s")
+    ctx = spark.sparkContext
+    app_id = ctx.applicationId
+    driver_jvm = _gateway_pid()
+    try:
+        yield ctx
+    finally:
+        scl.stop_session(spark)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and scl.executor_jvm_pids(app_id):
+            time.sleep(0.2)
+        assert scl.executor_jvm_pids(app_id) == {}, "executor JVMs left behind"
+        if driver_jvm is not None:
+            assert not Path(f"/proc/{driver_jvm}").exists(), "driver JVM left behind"
+
+
+@pytest.mark.integration
+def test_three_distinct_executors(sc: Any) -> None:
+    ids = scl.executor_ids(sc)
+    assert len(ids) == N_EXECUTORS
+    assert len(set(ids)) == N_EXECUTORS
+    assert "driver" not in ids
+    assert sorted(scl.executor_jvm_pids(sc)) == sorted(ids)
+
+
+@pytest.mark.integration
+def test_warm_up_covers_all_executors(sc: Any) -> None:
+    t0 = time.monotonic()
+    info = scl.warm_up(sc)
+    print(f"\nwarm_up: {time.monotonic() - t0:.2f}s {info}")
+    ids = scl.executor_ids(sc)
+    assert sorted(info) == sorted(ids)
+    assert len({w.python_pid for w in info.values()}) == N_EXECUTORS
+    jvm = scl.executor_jvm_pids(sc)
+    for eid, w in info.items():
+        assert w.executor_id == eid
+        assert w.jvm_pid == jvm[eid]
+        assert w.host == "127.0.0.1"
+
+
+def _identify(_: int) -> tuple[str | None, int | None, int]:
+    time.sleep(1.0)  # keep the slot so that the three tasks run side by side
+    return scl.current_executor_id(), scl.current_executor_jvm_pid(), os.getpid()
+
+
+@pytest.mark.integration
+def test_current_executor_id_inside_tasks(sc: Any) -> None:
+    rows = sc.parallelize(range(N_EXECUTORS), N_EXECUTORS).map(_identify).collect()
+    ids = [r[0] for r in rows]
+    assert sorted(ids) == sorted(scl.executor_ids(sc))
+    jvm = scl.executor_jvm_pids(sc)
+    for eid, jvm_pid, _pid in rows:
+        assert jvm_pid == jvm[eid]
+
+
+@pytest.mark.integration
+def test_executor_work_dir(sc: Any) -> None:
+    eid = scl.executor_ids(sc)[0]
+    d = scl.executor_work_dir(sc, eid)
+    assert (d / "stderr").is_file(), d
+    assert "CoarseGrainedExecutorBackend" in (d / "stderr").read_text(errors="replace")
+
+
+def _looping_task(index: int, out_dir: str, seconds: float) -> dict[str, Any]:
+    """Announce where it runs, loop for ``seconds`` and return the loop count."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    attempt = tc.attemptNumber() if tc is not None else -1
+    info = {"index": index, "eid": scl.current_executor_id(), "pid": os.getpid(), "attempt": attempt}
+    Path(out_dir, f"{index}-{attempt}.json").write_text(json.dumps(info))
+    start = time.time()
+    count = 0
+    while time.time() - start < seconds:
+        count += 1
+        time.sleep(0.01)
+    return {**info, "count": count, "start": start, "end": time.time()}
+
+
+@pytest.mark.integration
+def test_kill_executor_masks_nothing_else(sc: Any, tmp_path: Path) -> None:
+    """SIGKILL one executor while a 3-task job runs: the driver notices, the others keep running."""
+    before = scl.executor_ids(sc)
+    seconds = 8.0
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        sc.setJobGroup("kill-test", "kill test", interruptOnCancel=True)
+        try:
+            rdd = sc.parallelize(range(N_EXECUTORS), N_EXECUTORS)
+            result["rows"] = rdd.map(lambda i: _looping_task(i, str(tmp_path), seconds)).collect()
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            result["error"] = e
+
+    job = threading.Thread(target=run, daemon=True)
+    job.start()
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*-0.json"))) < N_EXECUTORS:
+        assert time.monotonic() < deadline, "tasks did not start"
+        time.sleep(0.05)
+    started = {
+        json.loads(p.read_text())["index"]: json.loads(p.read_text()) for p in tmp_path.glob("*-0.json")
+    }
+    victim_index = 0
+    victim = started[victim_index]["eid"]
+
+    t_kill = time.monotonic()
+    pid = scl.kill_executor(sc, victim)
+    assert pid > 0
+    gone_after = new_after = None
+    while time.monotonic() - t_kill < 60 and (gone_after is None or new_after is None):
+        ids = scl.executor_ids(sc)
+        if gone_after is None and victim not in ids:
+            gone_after = time.monotonic() - t_kill
+        if new_after is None and set(ids) - set(before):
+            new_after = time.monotonic() - t_kill
+        time.sleep(0.02)
+    job.join(timeout=120)
+    assert not job.is_alive(), "job did not finish"
+    assert "error" not in result, result.get("error")
+    after = scl.executor_ids(sc)
+    print(
+        f"\nkilled executor {victim} (pid {pid}): removed from the driver's list after "
+        f"{gone_after}s, replacement registered after {new_after}s; executors {before} -> {after}"
+    )
+    assert gone_after is not None and gone_after < 10, "driver did not notice the dead executor"
+    assert new_after is not None, "local-cluster started no replacement executor"
+    assert victim not in after and len(after) == N_EXECUTORS
+
+    rows = {r["index"]: r for r in result["rows"]}
+    retried = rows[victim_index]
+    assert retried["attempt"] >= 1 and retried["eid"] != victim
+    for i in range(N_EXECUTORS):
+        if i == victim_index:
+            continue
+        r = rows[i]
+        # the survivors ran once, uninterrupted, in the same Python process, for the full loop
+        assert r["attempt"] == 0 and r["pid"] == started[i]["pid"] and r["eid"] == started[i]["eid"]
+        assert r["end"] - r["start"] >= seconds
+        assert r["count"] > seconds * 20
+    print(f"retried task: {retried}")
