@@ -1,1 +1,15 @@
-"""replication"""
+"""Active replication for stateful stream processing on Apache Spark.
+
+The public API: build a :class:`Job`, hand it to :func:`run`, get a :class:`JobHandle`.
+"""
+
+from replication.api import DataStream, Job, JobDefinitionError, KeyedStream
+from replication.config import ConfigError, ReplicationConfig
+from replication.driver import JobFailedError, JobHandle, JobResult, run
+from replication.functions import Aggregator, KeyedProcessFunction, ProcessContext, RuntimeContext
+
+__all__ = [
+    "Aggregator", "ConfigError", "DataStream", "Job", "JobDefinitionError", "JobFailedError", "JobHandle",
+    "JobResult", "KeyedProcessFunction", "KeyedStream", "ProcessContext", "ReplicationConfig", "RuntimeContext",
+    "run",
+]

@@ -3,7 +3,9 @@
 A record that fails to deserialize, whose event time cannot be extracted, that
 makes user code raise, or that arrives behind the watermark of a window, is
 written here with the reason, the operator, the source coordinates and the
-original bytes (or, past the source, the value as JSON or repr).  The job goes
+original bytes as read from Kafka.  Past the source the original bytes are no
+longer at hand: the value is written as JSON (or repr), the ``payload`` header
+says which, and the source coordinates lead to the original record.  The job goes
 on; nothing is dropped silently.
 """
 
@@ -26,13 +28,14 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def payload_of(value: Any) -> bytes:
+def payload_of(value: Any) -> tuple[bytes, str]:
+    """A value past the source as bytes, and how it was encoded (``bytes``, ``json`` or ``repr``)."""
     if isinstance(value, (bytes, bytearray)):
-        return bytes(value)
+        return bytes(value), "bytes"
     try:
-        return json.dumps(value, sort_keys=True, default=repr).encode()
+        return json.dumps(value, sort_keys=True).encode(), "json"
     except (TypeError, ValueError):
-        return repr(value).encode()
+        return repr(value).encode(), "repr"
 
 
 class DeadLetterWriter:
@@ -43,8 +46,12 @@ class DeadLetterWriter:
         self.topic = topic
         self.job_name = job_name
 
-    def send(self, *, reason: str, operator: str, origin: Origin | None, payload: bytes) -> None:
-        headers = [("reason", reason.encode()), ("operator", operator.encode()), ("job", self.job_name.encode())]
+    def send(self, *, reason: str, operator: str, origin: Origin | None, payload: bytes,
+             payload_kind: str = "original") -> None:
+        """``payload_kind`` is ``original`` for the record's bytes as read from Kafka, else how
+        the in-flight value was encoded (see :func:`payload_of`)."""
+        headers = [("reason", reason.encode()), ("operator", operator.encode()), ("job", self.job_name.encode()),
+                   ("payload", payload_kind.encode())]
         if origin is not None:
             topic, partition, offset = origin
             headers += [("source.topic", topic.encode()), ("source.partition", str(partition).encode()),

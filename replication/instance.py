@@ -66,9 +66,11 @@ class PartitionInstance:
             self._backend = RocksDBStateBackend(str(self._state_dir), cache_max_entries=self.cfg.state_cache_entries)
         return StateContext(self._backend, operator_name, self.num_key_groups)
 
-    def dead_letter(self, *, reason: str, operator: str, origin: Any, payload: bytes) -> None:
+    def dead_letter(self, *, reason: str, operator: str, origin: Any, payload: bytes,
+                    payload_kind: str = "original") -> None:
         self.metrics.dead_lettered += 1
-        self.worker.dead_letters.send(reason=reason, operator=operator, origin=origin, payload=payload)
+        self.worker.dead_letters.send(reason=reason, operator=operator, origin=origin, payload=payload,
+                                      payload_kind=payload_kind)
 
     def sink_producer(self) -> Any:
         return self.worker.sink_producer

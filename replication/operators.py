@@ -37,7 +37,8 @@ class Operator:
         self.next.on_end()
 
     def dead_letter(self, rec: tuple, reason: str) -> None:
-        self.env.dead_letter(reason=reason, operator=self.name, origin=rec[5], payload=payload_of(rec[1]))
+        payload, kind = payload_of(rec[1])
+        self.env.dead_letter(reason=reason, operator=self.name, origin=rec[5], payload=payload, payload_kind=kind)
 
 
 class MapOperator(Operator):
@@ -159,8 +160,9 @@ class WindowOperator(Operator):
                 try:
                     value = self.agg.result(key, start, end, acc)
                 except Exception as exc:  # noqa: BLE001
+                    payload, kind = payload_of({"key": key, "start": start, "acc": acc})
                     self.env.dead_letter(reason=describe_error(exc), operator=self.name, origin=None,
-                                         payload=payload_of({"key": key, "start": start, "acc": acc}))
+                                         payload=payload, payload_kind=kind)
                     continue
                 self.next.process((DATA, value, key, end - 1, ingest, None))
         self.next.on_watermark(wm)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,8 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import cloudpickle
 
 from replication import spark_cluster as scl
+
+# Executors cannot import this test module: ship its task functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 N_EXECUTORS = 3
 MASTER = f"local-cluster[{N_EXECUTORS},1,512]"
@@ -189,6 +194,7 @@ def test_kill_executor_masks_nothing_else(sc: Any, tmp_path: Path) -> None:
     job.start()
     deadline = time.monotonic() + 60
     while len(list(tmp_path.glob("*-0.json"))) < N_EXECUTORS:
+        assert "error" not in result, result["error"]
         assert time.monotonic() < deadline, "tasks did not start"
         time.sleep(0.05)
     started = {

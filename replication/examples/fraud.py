@@ -161,3 +161,17 @@ def reference(payments_by_region: Iterable[list[dict]]) -> tuple[list[dict], lis
 def canonical(records: Iterable[dict]) -> list[str]:
     """Order-independent form for comparing outputs as multisets."""
     return sorted(json.dumps(r, sort_keys=True) for r in records)
+
+
+def generate(gen: PaymentGenerator, n: int, start_ts: int, step_ms: int) -> tuple[list[tuple], list[dict], int]:
+    """``n`` records at event times ``start_ts + i * step_ms``: (Kafka records (key, value),
+    the valid-JSON payments in order, the number of deliberately bad records)."""
+    records, payments, bad = [], [], 0
+    for i in range(n):
+        key, value, p = gen.next(start_ts + i * step_ms)
+        records.append((key.encode(), value))
+        if p is None:
+            bad += 1
+        else:
+            payments.append(p)
+    return records, payments, bad

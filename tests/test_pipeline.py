@@ -1,0 +1,106 @@
+"""End to end on real executors: a stateful job with a window and a union, checked record by record.
+
+Runs against the session's local-cluster Spark (3 executor JVMs) and the embedded
+ZooKeeper + broker.  The output topics must equal a reference computed in plain
+Python from the same input: nothing missing, nothing extra.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from deploy.topics import create_topics, produce, read_all
+from replication import ConfigError, run
+from replication.examples.fraud import PaymentGenerator, Topics, build_job, canonical, generate, reference
+
+pytestmark = pytest.mark.integration
+
+
+def _conf(stack, **extra):
+    return {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
+            "spark.replication.channel.bufferTimeout": "5ms", **extra}
+
+
+def _values(bootstrap, topic):
+    return [json.loads(r.value) for r in read_all(bootstrap, topic, idle_timeout_s=1.0)]
+
+
+def test_stateful_window_union_job_matches_reference(stack, spark, topic_prefix):
+    topics = Topics.with_prefix(topic_prefix)
+    create_topics(stack.bootstrap_servers, {topics.eu: 2, topics.us: 2})
+    eu, us = PaymentGenerator("eu", cards=60, merchants=15), PaymentGenerator("us", cards=60, merchants=15)
+    # event time advances 7 ms per record and region: ~35 one-second windows per merchant over the run
+    first_eu, pay_eu, _ = generate(eu, 2500, start_ts=1_700_000_000_000, step_ms=7)
+    first_us, pay_us, _ = generate(us, 2500, start_ts=1_700_000_000_003, step_ms=7)
+    produce(stack.bootstrap_servers, topics.eu, first_eu)
+    produce(stack.bootstrap_servers, topics.us, first_us)
+
+    handle = run(build_job(topics, name=f"{topic_prefix}fraud"), spark=spark, conf=_conf(stack))
+    # more input while the job runs: it is a streaming job, not a batch
+    more_eu, pay_eu2, _ = generate(eu, 2500, start_ts=1_700_000_017_500, step_ms=7)
+    more_us, pay_us2, _ = generate(us, 2500, start_ts=1_700_000_017_503, step_ms=7)
+    writers = [threading.Thread(target=produce, args=(stack.bootstrap_servers, t, recs))
+               for t, recs in ((topics.eu, more_eu), (topics.us, more_us))]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    result = handle.drain(timeout=300)
+
+    expected_alerts, expected_totals = reference([pay_eu + pay_eu2, pay_us + pay_us2])
+    alerts = _values(stack.bootstrap_servers, topics.alerts)
+    totals = _values(stack.bootstrap_servers, topics.totals)
+    assert len(expected_alerts) > 50 and len(expected_totals) > 300  # the check is not vacuous
+    assert canonical(alerts) == canonical(expected_alerts)
+    assert canonical(totals) == canonical(expected_totals)
+    assert result.status == "finished"
+    assert result.metrics.dead_lettered == 0 and result.metrics.gaps == 0
+    # placement really spread the instances over 3 executor processes
+    assert len({w.executor for w in result.workers.values()}) == 3
+
+
+def test_malformed_records_go_to_dead_letter_topic_and_rest_is_exact(stack, spark, topic_prefix):
+    topics = Topics.with_prefix(topic_prefix)
+    create_topics(stack.bootstrap_servers, {topics.eu: 2, topics.us: 2})
+    eu = PaymentGenerator("eu", cards=30, merchants=8, bad_every=50)
+    us = PaymentGenerator("us", cards=30, merchants=8)
+    recs_eu, pay_eu, bad = generate(eu, 1500, start_ts=1_700_000_000_000, step_ms=5)
+    recs_us, pay_us, _ = generate(us, 800, start_ts=1_700_000_000_001, step_ms=9)
+    produce(stack.bootstrap_servers, topics.eu, recs_eu)
+    produce(stack.bootstrap_servers, topics.us, recs_us)
+    job = build_job(topics, name=f"{topic_prefix}fraud")
+    result = run(job, spark=spark, conf=_conf(stack)).drain(timeout=300)
+
+    expected_alerts, expected_totals = reference([pay_eu, pay_us])
+    assert canonical(_values(stack.bootstrap_servers, topics.alerts)) == canonical(expected_alerts)
+    assert canonical(_values(stack.bootstrap_servers, topics.totals)) == canonical(expected_totals)
+    dead = read_all(stack.bootstrap_servers, f"{job.name}.dlq", idle_timeout_s=1.0)
+    assert bad == 30 and len(dead) == bad == result.metrics.dead_lettered
+    reasons = [dict(d.headers)["reason"].decode() for d in dead]
+    assert sum(r.startswith("deserialize: JSONDecodeError") for r in reasons) == 15
+    assert sum(r.startswith("TypeError") for r in reasons) == 15  # the filter raised on a string amount
+    inputs = {(r.partition, r.offset): r.value for r in read_all(stack.bootstrap_servers, topics.eu)}
+    for d in dead:  # the source coordinates point at the original record
+        h = {k: v.decode() for k, v in d.headers}
+        assert h["source.topic"] == topics.eu
+        original = inputs[(int(h["source.partition"]), int(h["source.offset"]))]
+        if h["payload"] == "original":  # failed at the source: the bytes as read
+            assert h["reason"].startswith("deserialize:") and d.value == original
+        else:  # failed in user code downstream: the value as JSON
+            assert h["payload"] == "json" and json.loads(d.value) == json.loads(original)
+
+
+def test_bad_config_is_refused_before_anything_starts(stack, spark, topic_prefix):
+    topics = Topics.with_prefix(topic_prefix)
+    job = build_job(topics, name=f"{topic_prefix}fraud")
+    jobs_before = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
+    with pytest.raises(ConfigError) as err:
+        run(job, spark=spark, conf=_conf(stack, **{"spark.replication.channel.batchSize": "0",
+                                                   "spark.replication.paralelism": "2"}))
+    message = str(err.value)
+    assert "spark.replication.channel.batchSize" in message
+    assert "spark.replication.paralelism" in message and "spark.replication.parallelism" in message
+    assert spark.sparkContext.statusTracker().getJobIdsForGroup(None) == jobs_before
