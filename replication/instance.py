@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # How long the broker may hold an empty fetch.  Short, so that an idle source notices
 # new records (and a drain sees a fresh high watermark) quickly.
-FETCH_WAIT_MS = 100
+FETCH_WAIT_MS = 10
 
 
 class PartitionInstance:
@@ -247,13 +247,15 @@ class SourceInstance(PartitionInstance):
         chain, metrics = self.chain, self.metrics
         topic, deser, ts_fn = self.topic, self.deserializer, self.timestamp_fn
         interval = self.cfg.watermark_interval_ms
+        batch = self.cfg.channel_batch_size
         max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
         next_offset: dict[int, int] = {}
         emitted_wm = MIN_WATERMARK
         consumer = self._consumer()
         try:
             while not self.stop_requested.is_set():
-                messages = consumer.consume(num_messages=self.cfg.channel_batch_size, timeout=0.05)
+                # take what is there without waiting for a full batch; block only when idle
+                messages = consumer.consume(num_messages=batch, timeout=0) or consumer.consume(1, timeout=0.05)
                 for msg in messages:
                     err = msg.error()
                     if err is not None:

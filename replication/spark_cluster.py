@@ -170,9 +170,17 @@ def build_session(
     ``SPARK_LOCAL_IP`` defaults to 127.0.0.1 so driver, Workers and executors
     all advertise the loopback address instead of the first interface.
     """
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    active = SparkContext._active_spark_context
+    if active is not None:
+        log.warning(
+            "a SparkContext (%s, %s) is already running: build_session returns it and static "
+            "settings (master, executors, environment) are not applied",
+            active.master,
+            active.applicationId,
+        )
     merged = default_conf(master, app_name)
     merged.update(conf or {})
     master = merged["spark.master"]

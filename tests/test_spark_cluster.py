@@ -159,6 +159,15 @@ def test_executor_work_dir(sc: Any) -> None:
     assert "CoarseGrainedExecutorBackend" in (d / "stderr").read_text(errors="replace")
 
 
+def _alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except OSError:
+        return False
+
+
 def _looping_task(index: int, out_dir: str, seconds: float) -> dict[str, Any]:
     """Announce where it runs, loop for ``seconds`` and return the loop count."""
     from pyspark import TaskContext
@@ -206,13 +215,16 @@ def test_kill_executor_masks_nothing_else(sc: Any, tmp_path: Path) -> None:
     t_kill = time.monotonic()
     pid = scl.kill_executor(sc, victim)
     assert pid > 0
-    gone_after = new_after = None
-    while time.monotonic() - t_kill < 60 and (gone_after is None or new_after is None):
+    victim_python = started[victim_index]["pid"]
+    gone_after = new_after = python_gone_after = None
+    while time.monotonic() - t_kill < 60 and None in (gone_after, new_after, python_gone_after):
         ids = scl.executor_ids(sc)
         if gone_after is None and victim not in ids:
             gone_after = time.monotonic() - t_kill
         if new_after is None and set(ids) - set(before):
             new_after = time.monotonic() - t_kill
+        if python_gone_after is None and not _alive(victim_python):
+            python_gone_after = time.monotonic() - t_kill
         time.sleep(0.02)
     job.join(timeout=120)
     assert not job.is_alive(), "job did not finish"
@@ -220,8 +232,11 @@ def test_kill_executor_masks_nothing_else(sc: Any, tmp_path: Path) -> None:
     after = scl.executor_ids(sc)
     print(
         f"\nkilled executor {victim} (pid {pid}): removed from the driver's list after "
-        f"{gone_after}s, replacement registered after {new_after}s; executors {before} -> {after}"
+        f"{gone_after}s, replacement registered after {new_after}s; executors {before} -> {after}; "
+        f"its Python task process died after {python_gone_after}s"
     )
+    # the orphaned Python worker must not outlive its JVM (pyspark.daemon SIGHUPs its group on EOF)
+    assert python_gone_after is not None and python_gone_after < 10
     assert gone_after is not None and gone_after < 10, "driver did not notice the dead executor"
     assert new_after is not None, "local-cluster started no replacement executor"
     assert victim not in after and len(after) == N_EXECUTORS

@@ -1,9 +1,10 @@
 """The demo job: card-payment monitoring with keyed state, a window and a two-input union.
 
 Two regional payment topics are unioned; invalid amounts are filtered out; per
-card a stateful rule raises alerts (a large amount against the card's running
-average, a country change within a minute); per merchant a one-second tumbling
-window totals the payments.  :func:`reference` computes the exact expected output
+card a stateful rule decides on every payment and lists the alerts it raises (a
+large amount against the card's running average, a country change within a
+minute, a new merchant for an established card); per merchant a one-second
+tumbling window totals the payments.  :func:`reference` computes the exact expected output
 in plain Python from the same input, so a run can be checked record by record.
 """
 
@@ -27,12 +28,12 @@ COUNTRY_HOP_MS = 60_000
 class Topics:
     eu: str
     us: str
-    alerts: str
+    decisions: str
     totals: str
 
     @classmethod
     def with_prefix(cls, prefix: str) -> Topics:
-        return cls(f"{prefix}payments-eu", f"{prefix}payments-us", f"{prefix}alerts", f"{prefix}merchant-totals")
+        return cls(f"{prefix}payments-eu", f"{prefix}payments-us", f"{prefix}decisions", f"{prefix}merchant-totals")
 
 
 def is_valid(payment: dict) -> bool:
@@ -47,12 +48,12 @@ class FraudRule(KeyedProcessFunction):
         self.merchants = ctx.map_state("merchants")
 
     def process(self, p: dict, ctx: ProcessContext) -> Iterable[dict]:
-        return fraud_step(p, self.profile.value(), self.merchants.get(p["merchant"], 0),
-                          self.profile.update, lambda n: self.merchants.put(p["merchant"], n))
+        yield fraud_step(p, self.profile.value(), self.merchants.get(p["merchant"], 0),
+                         self.profile.update, lambda n: self.merchants.put(p["merchant"], n))
 
 
-def fraud_step(p: dict, profile: dict | None, merchant_count: int, set_profile: Any, set_merchant: Any) -> list[dict]:
-    """One step of the rule, shared by the operator and the reference."""
+def fraud_step(p: dict, profile: dict | None, merchant_count: int, set_profile: Any, set_merchant: Any) -> dict:
+    """One step of the rule, shared by the operator and the reference: the decision on ``p``."""
     alerts = []
     if profile is not None:
         if profile["count"] >= 3 and p["amount"] > 5 * profile["total"] / profile["count"]:
@@ -60,12 +61,12 @@ def fraud_step(p: dict, profile: dict | None, merchant_count: int, set_profile: 
         if p["country"] != profile["country"] and p["ts"] - profile["ts"] < COUNTRY_HOP_MS:
             alerts.append({"card": p["card"], "rule": "country-hop", "txn": p["id"],
                            "from": profile["country"], "to": p["country"]})
-        if merchant_count == 0 and profile["count"] >= 10:
+        if merchant_count == 0 and profile["count"] >= 40:
             alerts.append({"card": p["card"], "rule": "new-merchant", "txn": p["id"], "merchant": p["merchant"]})
     count, total = (profile["count"], profile["total"]) if profile else (0, 0)
     set_profile({"count": count + 1, "total": total + p["amount"], "country": p["country"], "ts": p["ts"]})
     set_merchant(merchant_count + 1)
-    return alerts
+    return {"txn": p["id"], "card": p["card"], "amount": p["amount"], "ts": p["ts"], "alerts": alerts}
 
 
 class MerchantTotals(Aggregator):
@@ -86,7 +87,7 @@ def build_job(topics: Topics, name: str = "fraud-monitor", parallelism: int | No
     payments = eu.union(us).filter(is_valid, name="valid-amount")
     (payments.key_by(lambda p: p["card"])
      .process(FraudRule(), name="fraud-rule", parallelism=parallelism)
-     .sink(topics.alerts, serializer="json", key_serializer="str"))
+     .sink(topics.decisions, serializer="json", key_serializer="str"))
     (payments.key_by(lambda p: p["merchant"])
      .window(WINDOW_MS, MerchantTotals(), name="merchant-totals", parallelism=parallelism)
      .sink(topics.totals, serializer="json", key_serializer="str"))
@@ -134,7 +135,7 @@ class PaymentGenerator:
 
 
 def reference(payments_by_region: Iterable[list[dict]]) -> tuple[list[dict], list[dict]]:
-    """Expected (alerts, merchant totals) for payments given per region in production order.
+    """Expected (decisions, merchant totals) for payments given per region in production order.
 
     Each card lives in one region and (keyed by card) in one Kafka partition, so its
     payments reach the rule in production order: the reference replays them in that order.
@@ -142,20 +143,20 @@ def reference(payments_by_region: Iterable[list[dict]]) -> tuple[list[dict], lis
     profiles: dict[str, dict] = {}
     merchants: dict[tuple[str, str], int] = defaultdict(int)
     windows: dict[tuple[str, int], list[int]] = {}
-    alerts: list[dict] = []
+    decisions: list[dict] = []
     agg = MerchantTotals()
     for payments in payments_by_region:
         for p in payments:
             if not is_valid(p):
                 continue
-            alerts += fraud_step(p, profiles.get(p["card"]), merchants[(p["card"], p["merchant"])],
+            decisions.append(fraud_step(p, profiles.get(p["card"]), merchants[(p["card"], p["merchant"])],
                                  lambda v, c=p["card"]: profiles.__setitem__(c, v),
-                                 lambda n, k=(p["card"], p["merchant"]): merchants.__setitem__(k, n))
+                                        lambda n, k=(p["card"], p["merchant"]): merchants.__setitem__(k, n)))
             start = p["ts"] - p["ts"] % WINDOW_MS
             key = (p["merchant"], start)
             windows[key] = agg.add(windows.get(key, agg.create()), p)
     totals = [agg.result(m, s, s + WINDOW_MS, acc) for (m, s), acc in windows.items()]
-    return alerts, totals
+    return decisions, totals
 
 
 def canonical(records: Iterable[dict]) -> list[str]:
