@@ -76,6 +76,8 @@ class Job:
         name = name or f"{kind}-{node_id}"
         if name in self._names:
             raise JobDefinitionError(f"operator name {name!r} is used twice; names identify state")
+        if kind in ("process", "window") and "/" in name:  # the name is the state namespace (StateContext uid)
+            raise JobDefinitionError(f"{kind} operator name {name!r} must not contain '/'")
         self._names.add(name)
         node = Node(node_id, kind, name, parallelism, inputs, spec)
         self.nodes.append(node)

@@ -216,6 +216,7 @@ class Router(Operator):
         self.routing = env.routing
 
     def process(self, rec: tuple) -> None:
+        sent = False
         for slot in self.edges:
             edge, chans = slot[0], slot[1]
             if edge.partitioning == "hash":
@@ -232,7 +233,9 @@ class Router(Operator):
             else:
                 chans[slot[2] % len(chans)].emit(rec)
                 slot[2] += 1
-        self.env.metrics.records_out += 1
+            sent = True
+        if sent:
+            self.env.metrics.records_out += 1
 
     def on_watermark(self, wm: int) -> None:
         element = watermark(wm)

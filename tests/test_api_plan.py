@@ -75,6 +75,21 @@ def test_operator_names_must_be_unique():
         m.sink("out")
 
 
+@pytest.mark.parametrize("kind", ["process", "window"])
+def test_keyed_operator_names_must_not_contain_a_slash(kind):
+    # the name is the keyed-state namespace, which cannot hold '/': refuse it while building,
+    # not when the executor opens the state
+    _, src = _simple_job()
+    keyed = src.key_by(_ident)
+    make = (lambda n: keyed.process(Count(), name=n)) if kind == "process" else (
+        lambda n: keyed.window(10, Sum(), name=n))
+    with pytest.raises(JobDefinitionError, match=f"{kind} operator name 'a/b' must not contain '/'"):
+        make("a/b")
+    assert make("a-b").node.name == "a-b"
+    # stateless operators have no state namespace; this also shows the refused name was not reserved
+    assert src.map(_ident, name="a/b").node.name == "a/b"
+
+
 def test_two_sources_of_one_topic_need_distinct_names():
     job = Job("j")
     job.source("t")
