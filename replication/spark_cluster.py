@@ -136,7 +136,9 @@ def _shadow_spark_home(root: Path) -> Path:
         if entry.name == "work":
             continue
         link = home / entry.name
-        if not link.exists() and not link.is_symlink():
+        if link.is_symlink() and Path(os.readlink(link)) != entry:
+            link.unlink(missing_ok=True)  # stale: the venv moved or PySpark was reinstalled
+        if not link.is_symlink():
             try:
                 link.symlink_to(entry)
             except FileExistsError:  # another process won the race

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
@@ -10,15 +9,26 @@ import pytest
 pytest_plugins = ["deploy.pytest_plugin"]
 
 
-@pytest.fixture(scope="session")
-def spark():
-    """A local-cluster Spark with 3 executor JVMs (one task slot each), shared by all tests."""
-    from replication.spark_cluster import build_session
+EXECUTORS = 3
 
-    session = build_session(os.environ.get("REPLICATION_TEST_MASTER", "local-cluster[3,1,512]"),
-                            app_name="replication-tests")
+
+@pytest.fixture(scope="session")
+def _spark_session():
+    from replication.spark_cluster import build_session, stop_session
+
+    session = build_session(f"local-cluster[{EXECUTORS},1,512]", app_name="replication-tests")
     yield session
-    session.stop()
+    stop_session(session)  # the driver JVM too, so nothing is left running
+
+
+@pytest.fixture
+def spark(_spark_session):
+    """A local-cluster Spark with 3 executor JVMs (one task slot each), shared by all tests.
+    Each test gets it with all 3 executors registered (a kill test leaves a replacement)."""
+    from replication.spark_cluster import wait_for_executors
+
+    wait_for_executors(_spark_session.sparkContext, EXECUTORS, timeout=60)
+    return _spark_session
 
 
 @pytest.fixture
