@@ -16,28 +16,37 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from replication.api import Job, JobDefinitionError
 from replication.config import ConfigError, ReplicationConfig, config_reference_markdown
 from replication.kafka_admin import KafkaUnavailable
 
 
-def _load_job(spec: str) -> Job:
+def _load_job(spec: str) -> tuple[Job, ModuleType]:
     module_name, sep, attr = spec.partition(":")
     if not sep:
         raise JobDefinitionError(f"expected MODULE:FACTORY, got {spec!r}")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        module = importlib.import_module(module_name)
+        factory = getattr(module, attr)
     except (ImportError, AttributeError) as err:
         raise JobDefinitionError(f"cannot load {spec!r}: {err}") from err
     job = factory() if callable(factory) and not isinstance(factory, Job) else factory
     if not isinstance(job, Job):
         raise JobDefinitionError(f"{spec!r} did not return a replication.Job (got {type(job).__name__})")
-    return job
+    return job, module
+
+
+def _ship_module(sc: Any, module: ModuleType) -> None:
+    """Send a single-file job module to the executors (like --py-files), unless it is installed."""
+    path = getattr(module, "__file__", None)
+    if path and Path(path).name != "__init__.py" and "site-packages" not in Path(path).parts:
+        sc.addPyFile(path)
 
 
 def _conf_pairs(pairs: Sequence[str]) -> dict[str, str]:
@@ -62,27 +71,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     conf = _conf_pairs(args.conf)
     ReplicationConfig.from_mapping(conf)  # refuse a bad config before Spark starts
-    job = _load_job(args.job)
+    job, module = _load_job(args.job)
     spark = build_session(args.master, app_name=job.name, conf=conf)
     try:
+        _ship_module(spark.sparkContext, module)
         handle = run(job, spark=spark, conf=conf)
-        stop = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         print(handle.plan.describe(), flush=True)
-        stop.wait(args.drain_after) if args.drain_after else None
-        while handle.running and not stop.is_set() and not args.drain_after:
-            stop.wait(1.0)
-        if args.drain_after and not stop.is_set():
-            result = handle.drain()
-        elif handle.running:
-            print("stopping (graceful)...", flush=True)
-            result = handle.stop()
-        else:
-            result = handle.wait()
-        m = result.metrics
-        print(f"job {job.name} {result.status} after {result.duration_s:.1f}s: {m.records_in:,} records in, "
-              f"{m.dead_lettered} dead-lettered")
+        print(f"job {job.name} {handle.serve(args.drain_after).summary()}", flush=True)
         return 0
     finally:
         stop_session(spark)
@@ -92,7 +87,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from replication.driver import prepare
 
     cfg = ReplicationConfig.from_mapping(_conf_pairs(args.conf))
-    print(prepare(_load_job(args.job), cfg).describe())
+    print(prepare(_load_job(args.job)[0], cfg).describe())
     return 0
 
 

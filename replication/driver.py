@@ -9,6 +9,7 @@ aggregates the workers' metrics and carries the drain/stop commands.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 import uuid
@@ -126,6 +127,18 @@ class JobResult:
     failure: str | None = None
     duration_s: float = 0.0
     workers: dict[int, WorkerInfo] = field(default_factory=dict)
+    records_read: int = 0  # from Kafka, by the sources
+    records_written: int = 0  # to Kafka, by the sinks
+
+    def summary(self) -> str:
+        return (f"{self.status} after {self.duration_s:.1f}s: {self.records_read:,} records read, "
+                f"{self.records_written:,} written, {self.metrics.dead_lettered:,} dead-lettered")
+
+
+def _role_metrics(plan: PhysicalPlan, snapshot: dict[str, InstanceMetrics], kind: str) -> InstanceMetrics:
+    """Aggregate of the instances whose task contains an operator of ``kind`` (source or sink)."""
+    names = {t.name for t in plan.tasks if any(n.kind == kind for n in t.chain)}
+    return aggregate({k: v for k, v in snapshot.items() if k.rsplit("[", 1)[0] in names})
 
 
 class JobHandle:
@@ -170,10 +183,12 @@ class JobHandle:
         return aggregate(self.master.snapshot())
 
     def sink_metrics(self) -> InstanceMetrics:
-        """Metrics of the instances that host sinks (their latency is end-to-end)."""
-        sink_tasks = {t.name for t in self.plan.tasks if any(n.kind == "sink" for n in t.chain)}
-        snap = self.master.snapshot()
-        return aggregate({k: v for k, v in snap.items() if k.rsplit("[", 1)[0] in sink_tasks})
+        """Metrics of the instances that host sinks (records_out: written; latency: end to end)."""
+        return _role_metrics(self.plan, self.master.snapshot(), "sink")
+
+    def source_metrics(self) -> InstanceMetrics:
+        """Metrics of the source instances (records_in: records read from Kafka)."""
+        return _role_metrics(self.plan, self.master.snapshot(), "source")
 
     def placement_table(self) -> str:
         """Which instance runs in which worker on which executor."""
@@ -202,6 +217,19 @@ class JobHandle:
             self._sc.cancelJobGroup(self._group)
         return self.wait(30)
 
+    def serve(self, drain_after_s: float = 0.0) -> JobResult:
+        """Block like a service: until SIGINT/SIGTERM (then a graceful stop), until the job ends
+        by itself, or, with ``drain_after_s``, drain after that many seconds.  Main thread only."""
+        signalled = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: signalled.set())
+        deadline = time.monotonic() + drain_after_s if drain_after_s else None
+        while self.running and not signalled.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
+                return self.drain()
+            signalled.wait(0.2)
+        return self.stop() if self.running else self.wait()
+
     def wait(self, timeout: float | None = None) -> JobResult:
         """Wait for the end; raises TimeoutError or JobFailedError."""
         if not self._done.wait(timeout):
@@ -212,8 +240,10 @@ class JobHandle:
             status = "failed" if (m.failure or self._spark_error) else (
                 "stopped" if m.command == "stop" else "finished")
             failure = m.failure or (f"Spark job failed: {self._spark_error}" if self._spark_error else None)
-            self._result = JobResult(status, aggregate(m.snapshot()), m.snapshot(), failure,
-                                     time.monotonic() - self._started, dict(m.workers))
+            snap = m.snapshot()
+            self._result = JobResult(status, aggregate(snap), snap, failure, time.monotonic() - self._started,
+                                     dict(m.workers), _role_metrics(self.plan, snap, "source").records_in,
+                                     _role_metrics(self.plan, snap, "sink").records_out)
         if self._result.status == "failed":
             raise JobFailedError(self._result.failure)
         return self._result
