@@ -20,7 +20,7 @@ from typing import Any
 from replication import rpc
 from replication.api import Job
 from replication.config import PREFIX, ReplicationConfig
-from replication.kafka_admin import admin_client, ensure_topics, topic_partitions
+from replication.kafka_admin import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import Instance, PhysicalPlan, place, plan_job
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
@@ -256,6 +256,11 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
     partitions = topic_partitions(admin, sources)
     plan = plan_job(job, default_parallelism=cfg.parallelism, num_key_groups=cfg.state_key_groups,
                     num_vnodes=cfg.state_vnodes, topic_partitions=partitions)
+    for task in plan.tasks:
+        if task.is_source and task.head.spec["starting_offsets"] == "latest":
+            plan.source_start_offsets[task.id] = end_offsets_by_fetch(
+                cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start"), task.head.spec["topic"],
+                range(partitions[task.head.spec["topic"]]))
     wanted = {n.spec["topic"]: plan.task(_task_of(plan, n)).parallelism for n in job.sinks()}
     wanted[cfg.dead_letter_topic(job.name)] = 1
     created = ensure_topics(admin, wanted)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
 from replication.channels import OutputChannel
@@ -211,7 +211,7 @@ class SourceInstance(PartitionInstance):
         self.deserializer = spec["deserializer"]
         self.timestamp_fn = spec["timestamp"]
         self.out_of_orderness = spec["max_out_of_orderness_ms"]
-        self.starting_offsets = spec["starting_offsets"]
+        self.start_offsets = plan.source_start_offsets.get(task.id, {})
         self.drain_requested_at: float | None = None
 
     def request_drain(self) -> None:
@@ -225,8 +225,8 @@ class SourceInstance(PartitionInstance):
         conf.setdefault("fetch.wait.max.ms", FETCH_WAIT_MS)
         self._fetch_wait_ms = int(conf["fetch.wait.max.ms"])
         consumer = Consumer(conf)
-        start = OFFSET_BEGINNING if self.starting_offsets == "earliest" else OFFSET_END
-        consumer.assign([TopicPartition(self.topic, k, start) for k in self.kafka_partitions])
+        consumer.assign([TopicPartition(self.topic, k, self.start_offsets.get(k, OFFSET_BEGINNING))
+                         for k in self.kafka_partitions])
         return consumer
 
     def _drained(self, consumer: Consumer, next_offset: dict[int, int]) -> bool:
@@ -249,7 +249,7 @@ class SourceInstance(PartitionInstance):
         interval = self.cfg.watermark_interval_ms
         batch = self.cfg.channel_batch_size
         max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
-        next_offset: dict[int, int] = {}
+        next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         emitted_wm = MIN_WATERMARK
         consumer = self._consumer()
         try:

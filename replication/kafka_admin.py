@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -43,3 +44,29 @@ def ensure_topics(admin: AdminClient, topics: Mapping[str, int], timeout: float 
 
 def admin_client(conf: Mapping[str, Any]) -> AdminClient:
     return AdminClient(dict(conf))
+
+
+def end_offsets_by_fetch(consumer_conf: Mapping[str, Any], topic: str, partitions: Iterable[int],
+                         timeout: float = 10.0) -> dict[int, int]:
+    """The current end offset of each partition, read from the high watermark of a real fetch.
+
+    Not from ListOffsets: the embedded broker under-reports it (DESIGN §10), and
+    librdkafka's OFFSET_END goes through ListOffsets too.
+    """
+    parts = list(partitions)
+    consumer = Consumer({**consumer_conf, "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+    try:
+        consumer.assign([TopicPartition(topic, k, OFFSET_BEGINNING) for k in parts])
+        deadline = time.monotonic() + timeout
+        ends: dict[int, int] = {}
+        while len(ends) < len(parts):
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"no fetch response for {topic} partitions {sorted(set(parts) - set(ends))}")
+            consumer.consume(num_messages=1, timeout=0.05)
+            for k in parts:
+                high = consumer.get_watermark_offsets(TopicPartition(topic, k), cached=True)[1]
+                if high >= 0:
+                    ends[k] = high
+        return ends
+    finally:
+        consumer.close()

@@ -80,6 +80,9 @@ class PhysicalPlan:
     num_key_groups: int
     routing: dict[int, RoutingTable]  # keyed task id -> vnode routing table
     source_partitions: dict[int, dict[int, list[int]]]  # source task -> partition -> Kafka partitions
+    # source task -> Kafka partition -> first offset to read, resolved once by the driver so that
+    # every copy of a source partition starts at the same record (absent: from the beginning)
+    source_start_offsets: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def task(self, task_id: int) -> TaskSpec:
         return self.tasks[task_id]
