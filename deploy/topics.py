@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+
+from replication.kafka_io import ensure_topics, produce_blocking, wait_for_topics
 
 Headers = list[tuple[str, bytes | None]]
 
@@ -32,39 +34,10 @@ class Record:
     timestamp: int  # milliseconds since the epoch, -1 if unknown
 
 
-def _wait_for_topics(admin: AdminClient, expected: Mapping[str, int | None], timeout: float) -> None:
-    """Wait until metadata shows each topic (with at least the expected partition count) or is gone."""
-    deadline = time.monotonic() + timeout
-    while True:
-        topics = admin.list_topics(timeout=max(0.5, deadline - time.monotonic())).topics
-        pending = [
-            name for name, parts in expected.items()
-            if (parts is None and name in topics and topics[name].error is None)
-            or (parts is not None and (name not in topics or topics[name].error is not None
-                                       or len(topics[name].partitions) < parts))
-        ]
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"topic metadata not settled after {timeout}s: {pending}")
-        time.sleep(0.05)
-
-
 def create_topics(bootstrap: str, topics: Mapping[str, int], timeout: float = 30.0,
                   replication_factor: int = 1, config: Mapping[str, str] | None = None) -> None:
     """Create ``{name: partitions}``; a topic that already exists is fine. Waits for metadata."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    new = [NewTopic(name, num_partitions=parts, replication_factor=replication_factor,
-                    config=dict(config or {})) for name, parts in topics.items()]
-    if not new:
-        return
-    for name, future in admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout).items():
-        try:
-            future.result(timeout=timeout)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise RuntimeError(f"cannot create topic {name!r}: {exc.args[0].str()}") from exc
-    _wait_for_topics(admin, dict(topics), timeout)
+    ensure_topics(AdminClient({"bootstrap.servers": bootstrap}), topics, timeout, replication_factor, config)
 
 
 def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 30.0) -> None:
@@ -79,7 +52,7 @@ def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 30.0) -
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise RuntimeError(f"cannot delete topic {name!r}: {exc.args[0].str()}") from exc
-    _wait_for_topics(admin, dict.fromkeys(names), timeout)
+    wait_for_topics(admin, dict.fromkeys(names), timeout)
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[Any], partition: int | None = None,
@@ -106,13 +79,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[Any], partition: int |
             key, value, headers = (*rec, None)[:3]
         else:
             raise ValueError(f"record tuples are (key, value) or (key, value, headers), got {len(rec)} items")
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery, **extra)
-                break
-            except BufferError:  # local queue full: let deliveries drain
-                producer.poll(0.1)
-        producer.poll(0)
+        produce_blocking(producer, topic, value=value, key=key, headers=headers, on_delivery=on_delivery, **extra)
         count += 1
     remaining = producer.flush(timeout)
     if remaining:

@@ -17,6 +17,7 @@ import traceback
 from typing import Any
 
 from replication.elements import Origin
+from replication.kafka_io import produce_blocking
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,5 @@ class DeadLetterWriter:
             topic, partition, offset = origin
             headers += [("source.topic", topic.encode()), ("source.partition", str(partition).encode()),
                         ("source.offset", str(offset).encode())]
-        while True:
-            try:
-                self.producer.produce(self.topic, value=payload, headers=headers)
-                break
-            except BufferError:  # local queue full: serve delivery reports and retry
-                self.producer.poll(0.1)
-        self.producer.poll(0)
+        produce_blocking(self.producer, self.topic, value=payload, headers=headers)
         log.warning("dead letter from %s: %s (origin %s)", operator, reason, origin)

@@ -20,7 +20,7 @@ from typing import Any
 from replication import rpc
 from replication.api import Job
 from replication.config import PREFIX, ReplicationConfig
-from replication.kafka_admin import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
+from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import Instance, PhysicalPlan, place, plan_job
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up

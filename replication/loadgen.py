@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from replication.kafka_io import produce_blocking
 from replication.progress import StatusLine, bar
 
 MakeRecord = Callable[[int], tuple[bytes | None, bytes, Any]]
@@ -66,13 +67,7 @@ def generate_load(
         topic, make = streams[i % len(streams)]
         ts = last_ts[topic] = max(last_ts[topic], int(time.time() * 1000))
         key, value, parsed = make(ts)
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        producer.poll(0)
+        produce_blocking(producer, topic, value=value, key=key, on_delivery=on_delivery)
         result.produced += 1
         if parsed is None:
             result.malformed += 1

@@ -17,6 +17,7 @@ from typing import Any
 from replication.deadletter import describe_error, payload_of
 from replication.elements import DATA, END_ELEMENT, watermark
 from replication.functions import ProcessContext, RuntimeContext
+from replication.kafka_io import produce_blocking
 from rhino_state import encode_key, key_group
 
 
@@ -187,13 +188,7 @@ class SinkOperator(Operator):
             return
         now = time.time()
         headers = [("ingest_ts", repr(rec[4]).encode()), ("sink_ts", repr(now).encode())]
-        while True:
-            try:
-                self.producer.produce(self.topic, value=value, key=key, headers=headers)
-                break
-            except BufferError:
-                self.producer.poll(0.05)
-        self.producer.poll(0)
+        produce_blocking(self.producer, self.topic, value=value, key=key, headers=headers)
         metrics = self.env.metrics
         metrics.records_out += 1
         metrics.latency.record(now - rec[4])

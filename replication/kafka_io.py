@@ -1,0 +1,109 @@
+"""Kafka I/O shared by the runtime, the tools and the tests (confluent-kafka).
+
+Works on Apache Kafka and on the embedded broker: end offsets come from a fetch,
+never from ListOffsets (DESIGN §10), and metadata requests never name a topic
+(the embedded broker auto-creates topics named in a metadata request).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+class KafkaUnavailable(RuntimeError):
+    """The brokers could not be reached or did not answer in time."""
+
+
+def topic_partitions(admin: AdminClient, topics: Iterable[str], timeout: float = 10.0) -> dict[str, int]:
+    """Partition counts of the existing ``topics`` (missing ones are absent from the result)."""
+    try:
+        md = admin.list_topics(timeout=timeout)
+    except KafkaException as err:
+        raise KafkaUnavailable(f"cannot read Kafka metadata: {err}") from err
+    wanted = set(topics)
+    return {name: len(t.partitions) for name, t in md.topics.items() if name in wanted and t.error is None}
+
+
+def ensure_topics(admin: AdminClient, topics: Mapping[str, int], timeout: float = 10.0,
+                  replication_factor: int = -1, config: Mapping[str, str] | None = None) -> list[str]:
+    """Create the topics of ``topics`` (name -> partitions) that do not exist yet and wait until
+    metadata shows them all; returns the created ones."""
+    existing = topic_partitions(admin, topics, timeout)
+    missing = [NewTopic(name, num_partitions=n, replication_factor=replication_factor, config=dict(config or {}))
+               for name, n in topics.items() if name not in existing]
+    created = []
+    if missing:
+        for name, fut in admin.create_topics(missing, operation_timeout=timeout, request_timeout=timeout).items():
+            try:
+                fut.result(timeout)
+                created.append(name)
+            except KafkaException as err:
+                if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise KafkaUnavailable(f"cannot create topic {name!r}: {err.args[0].str()}") from err
+    wait_for_topics(admin, dict(topics), timeout)
+    return created
+
+
+def wait_for_topics(admin: AdminClient, expected: Mapping[str, int | None], timeout: float) -> None:
+    """Wait until metadata shows each topic (with at least the expected partition count), or,
+    for an expected count of None, no longer shows it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=max(0.5, deadline - time.monotonic())).topics
+        pending = [
+            name for name, parts in expected.items()
+            if (parts is None and name in topics and topics[name].error is None)
+            or (parts is not None and (name not in topics or topics[name].error is not None
+                                       or len(topics[name].partitions) < parts))
+        ]
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic metadata not settled after {timeout}s: {pending}")
+        time.sleep(0.05)
+
+
+def produce_blocking(producer: Producer, topic: str, **kwargs: Any) -> None:
+    """``producer.produce`` that waits (serving delivery reports) while the local queue is full."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            break
+        except BufferError:
+            producer.poll(0.05)
+    producer.poll(0)
+
+
+def admin_client(conf: Mapping[str, Any]) -> AdminClient:
+    return AdminClient(dict(conf))
+
+
+def end_offsets_by_fetch(consumer_conf: Mapping[str, Any], topic: str, partitions: Iterable[int],
+                         timeout: float = 10.0) -> dict[int, int]:
+    """The current end offset of each partition, read from the high watermark of a real fetch.
+
+    Not from ListOffsets: the embedded broker under-reports it (DESIGN §10), and
+    librdkafka's OFFSET_END goes through ListOffsets too.
+    """
+    parts = list(partitions)
+    consumer = Consumer({**consumer_conf, "enable.auto.commit": False, "fetch.wait.max.ms": 10})
+    try:
+        consumer.assign([TopicPartition(topic, k, OFFSET_BEGINNING) for k in parts])
+        deadline = time.monotonic() + timeout
+        ends: dict[int, int] = {}
+        while len(ends) < len(parts):
+            if time.monotonic() > deadline:
+                raise KafkaUnavailable(f"no fetch response for {topic} partitions {sorted(set(parts) - set(ends))}")
+            consumer.consume(num_messages=1, timeout=0.05)
+            for k in parts:
+                high = consumer.get_watermark_offsets(TopicPartition(topic, k), cached=True)[1]
+                if high >= 0:
+                    ends[k] = high
+        return ends
+    finally:
+        consumer.close()
