@@ -1,0 +1,139 @@
+"""The fraud workload under load, verified and measured: shared by the demo and the benchmarks.
+
+:func:`run_fraud_workload` starts the job of :mod:`replication.examples.fraud` on a
+running Spark, drives it with the load generator, drains it, compares every
+output record with the plain-Python reference, and collects per-record
+latencies from the sink's headers (DESIGN §11: one clock, sink time minus
+source ingest time).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from deploy.topics import create_topics, read_all
+from replication.driver import JobHandle, JobResult, run
+from replication.examples.fraud import PaymentGenerator, Topics, build_job, canonical, reference
+from replication.loadgen import LoadResult, generate_load
+from replication.progress import StatusLine
+
+
+@dataclass
+class Check:
+    name: str
+    got: int
+    expected: int
+    exact: bool
+
+
+@dataclass
+class Sample:
+    """One output record's clocks (seconds since the epoch)."""
+
+    produced: float  # event time = wall clock at the load generator
+    ingest: float  # source read it
+    sink: float  # sink wrote it
+
+
+@dataclass
+class WorkloadReport:
+    load: LoadResult
+    result: JobResult
+    handle: JobHandle
+    checks: list[Check]
+    samples: list[Sample]
+    decisions: int = 0
+    alerts: int = 0
+    window_totals: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return all(c.exact for c in self.checks) and self.result.status == "finished"
+
+    def steady(self, warm_up_s: float) -> list[Sample]:
+        """Samples after the first ``warm_up_s`` seconds of the run."""
+        if not self.samples:
+            return []
+        start = min(s.ingest for s in self.samples)
+        return [s for s in self.samples if s.ingest - start >= warm_up_s]
+
+    @property
+    def throughput(self) -> float:
+        """Output records per second between the first ingest and the last sink write."""
+        if not self.samples:
+            return 0.0
+        span = max(s.sink for s in self.samples) - min(s.ingest for s in self.samples)
+        return len(self.samples) / max(span, 1e-9)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank q-quantile (0 < q <= 1) of ``values``; 0 when empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
+
+
+def run_fraud_workload(
+    bootstrap: str,
+    spark: Any,
+    *,
+    rate: float,
+    duration_s: float,
+    partitions: int = 2,
+    bad_every: int = 200,
+    conf: dict[str, str] | None = None,
+    status: StatusLine | None = None,
+    say: Callable[[str], None] = lambda _: None,
+) -> WorkloadReport:
+    """Run the fraud job for ``duration_s`` at ``rate`` events/s, drain it, verify, measure."""
+    stamp = f"{int(time.time() * 1000) % 10**10}"
+    topics = Topics.with_prefix(f"w{stamp}-")
+    create_topics(bootstrap, {topics.eu: partitions, topics.us: partitions})
+    job = build_job(topics, name=f"fraud-monitor-{stamp}")
+    handle = run(job, spark=spark, conf={"spark.replication.kafka.bootstrapServers": bootstrap, **(conf or {})})
+    say(handle.plan.describe())
+    deadline = time.monotonic() + 120
+    while handle.master.started_at is None and handle.running and time.monotonic() < deadline:
+        time.sleep(0.1)
+    say("   placement:\n" + handle.placement_table())
+
+    def make(gen: PaymentGenerator):
+        def f(ts: int):
+            key, value, parsed = gen.next(ts)
+            return key.encode(), value, parsed
+        return f
+
+    def job_status() -> str:
+        m = handle.sink_metrics()
+        return f"job: {m.records_out:,} out, p99 {m.latency.percentile(0.99) * 1000:.0f} ms"
+
+    say(f"== load: {rate:.0f} events/s for {duration_s:.0f}s into {topics.eu}, {topics.us}")
+    load = generate_load(bootstrap, [(topics.eu, make(PaymentGenerator("eu", bad_every=bad_every))),
+                                     (topics.us, make(PaymentGenerator("us", bad_every=bad_every)))],
+                         rate=rate, duration_s=duration_s, status=status, extra_status=job_status)
+    say("== draining: sources read to the end, windows flush, the job finishes")
+    result = handle.drain(timeout=300)
+
+    say("== verifying the output against a plain-Python reference")
+    decisions_raw = read_all(bootstrap, topics.decisions)
+    decisions = [json.loads(r.value) for r in decisions_raw]
+    totals = [json.loads(r.value) for r in read_all(bootstrap, topics.totals)]
+    dead = read_all(bootstrap, f"{job.name}.dlq")
+    exp_decisions, exp_totals = reference([load.parsed[topics.eu], load.parsed[topics.us]])
+    checks = [
+        Check("decisions", len(decisions), len(exp_decisions), canonical(decisions) == canonical(exp_decisions)),
+        Check("window totals", len(totals), len(exp_totals), canonical(totals) == canonical(exp_totals)),
+        Check("dead letters", len(dead), load.malformed, len(dead) == load.malformed),
+    ]
+    samples = []
+    for r, d in zip(decisions_raw, decisions, strict=True):
+        h = {k: float(v) for k, v in r.headers}
+        samples.append(Sample(d["ts"] / 1000, h["ingest_ts"], h["sink_ts"]))
+    return WorkloadReport(load, result, handle, checks, samples, decisions=len(decisions),
+                          alerts=sum(bool(d["alerts"]) for d in decisions), window_totals=len(totals))
