@@ -38,7 +38,8 @@ def test_stateful_window_union_job_matches_reference(stack, spark, topic_prefix)
     produce(stack.bootstrap_servers, topics.eu, first_eu)
     produce(stack.bootstrap_servers, topics.us, first_us)
 
-    handle = run(build_job(topics, name=f"{topic_prefix}fraud"), spark=spark, conf=_conf(stack))
+    # 8 partitions per keyed operator: 22 instances hosted by 3 workers on 3 executors
+    handle = run(build_job(topics, name=f"{topic_prefix}fraud", parallelism=8), spark=spark, conf=_conf(stack))
     # more input while the job runs: it is a streaming job, not a batch
     more_eu, pay_eu2, _ = generate(eu, 2500, start_ts=1_700_000_017_500, step_ms=7)
     more_us, pay_us2, _ = generate(us, 2500, start_ts=1_700_000_017_503, step_ms=7)
@@ -59,7 +60,8 @@ def test_stateful_window_union_job_matches_reference(stack, spark, topic_prefix)
     assert canonical(totals) == canonical(expected_totals)
     assert result.status == "finished"
     assert result.metrics.dead_lettered == 0 and result.metrics.gaps == 0
-    # placement really spread the instances over 3 executor processes
+    # the 22 instances really ran in 3 workers on 3 distinct executor processes
+    assert len(handle.placement) == 22 and len(result.per_instance) == 22
     assert len({w.executor for w in result.workers.values()}) == 3
 
 
