@@ -38,6 +38,7 @@ class Edge:
     source: Node
     partitioning: str = FORWARD
     key_fn: Callable[[Any], Any] | None = None
+    chain: bool = True  # False: the consuming operator starts a new task
 
 
 @dataclass(eq=False)
@@ -152,13 +153,23 @@ class DataStream:
         """Zero or more outputs per input."""
         return self._then("flat_map", name, parallelism, Edge(self.node), fn=fn)
 
-    def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
-        """Partition by key (str, bytes, int, float, bool, None or tuples of those)."""
-        return KeyedStream(self, key_fn)
+    def key_by(self, key_fn: Callable[[Any], Any], *, prepartitioned: bool = False) -> KeyedStream:
+        """Partition by key (str, bytes, int, float, bool, None or tuples of those).
+
+        ``prepartitioned=True``: the stream is already partitioned by this key (for example a
+        Kafka topic keyed by it, one Kafka partition per source partition), so records stay in
+        their partition (a forward edge, one input channel per keyed partition) and the keyed
+        operator needs the same parallelism as its input."""
+        return KeyedStream(self, key_fn, prepartitioned)
 
     def rebalance(self) -> DataStream:
         """Round-robin to the next operator (which then is not chained)."""
         return _Repartitioned(self, REBALANCE)
+
+    def new_task(self) -> DataStream:
+        """The next operator starts a new task instead of being chained to this one
+        (forward edge: each partition feeds the same partition of the next task)."""
+        return _Repartitioned(self, FORWARD, chain=False)
 
     def union(self, *others: DataStream) -> DataStream:
         """Merge streams into one task with one input channel per upstream partition."""
@@ -193,12 +204,13 @@ class DataStream:
 
 
 class _Repartitioned(DataStream):
-    def __init__(self, stream: DataStream, partitioning: str) -> None:
+    def __init__(self, stream: DataStream, partitioning: str, chain: bool = True) -> None:
         super().__init__(stream.job, stream.node)
         self._partitioning = partitioning
+        self._chain = chain
 
     def _edge(self) -> Edge:
-        return Edge(self.node, self._partitioning)
+        return Edge(self.node, self._partitioning, chain=self._chain)
 
     def _then(self, kind: str, name: str | None, parallelism: int | None, edge: Edge, **spec: Any) -> DataStream:
         return super()._then(kind, name, parallelism, self._edge(), **spec)
@@ -207,14 +219,15 @@ class _Repartitioned(DataStream):
 class KeyedStream:
     """A stream partitioned by key; its operators see one key at a time with keyed state."""
 
-    def __init__(self, stream: DataStream, key_fn: Callable[[Any], Any]) -> None:
+    def __init__(self, stream: DataStream, key_fn: Callable[[Any], Any], prepartitioned: bool = False) -> None:
         if not callable(key_fn):
             raise JobDefinitionError("key_by needs a callable")
         self.stream = stream
         self.key_fn = key_fn
+        self.prepartitioned = prepartitioned
 
     def _edge(self) -> Edge:
-        return Edge(self.stream.node, HASH, self.key_fn)
+        return Edge(self.stream.node, FORWARD if self.prepartitioned else HASH, self.key_fn)
 
     def process(
         self, fn: KeyedProcessFunction, *, name: str | None = None, parallelism: int | None = None

@@ -1,11 +1,17 @@
-"""Output channels: batching, seq stamping, bounded buffering and delivery.
+"""Output channels: batching, seq stamping, bounded buffering, delivery to every replica.
 
-The instance thread calls :meth:`OutputChannel.emit`; a sender thread per channel
-seals a batch when it is full or after the buffer timeout, stamps it with the
-next seq, frames it and hands it to the transport (a gRPC peer, or the local
-worker for instances in the same process).  At most ``max_ready`` sealed batches
-wait for the sender; beyond that ``emit`` blocks: back-pressure reaches the
-producing operator instead of memory growing.
+The instance thread calls :meth:`OutputChannel.emit`.  A batch is sealed when it
+is full or after the buffer timeout, stamped with the next seq and framed once.
+Each *transport* (one per replica of the destination partition: duplicate
+sending, DESIGN §4 rule 1; one when replication is off) has its own sender
+thread and its own position in the shared list of sealed batches, so a slow or
+dead replica does not hold the other one back.
+
+Back-pressure follows the fastest live replica: ``emit`` blocks while even the
+fastest has ``max_ready`` batches waiting.  A replica whose transport fails, or
+that falls ``lag_limit`` batches behind, is cut off (logged); it will see a gap
+if it comes back, and gaps are never delivered.  When no replica is left the
+channel fails.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -24,23 +30,24 @@ from replication.rpc import Peer, is_retryable
 
 log = logging.getLogger(__name__)
 
-Transport = Callable[[bytes], None]
+Transport = Callable[[bytes], object]
 
 
 class ChannelClosed(Exception):
-    """The channel was closed while a caller was blocked on it."""
+    """The channel was closed, or lost every destination replica, while a caller used it."""
 
 
-def remote_transport(peer: Peer, stop: threading.Event, retry_s: float = 0.05) -> Transport:
-    """Push over gRPC, retrying transport failures until ``stop`` is set."""
+def remote_transport(peer: Peer, give_up: Callable[[], bool], call_timeout_s: float = 10.0,
+                     retry_s: float = 0.05) -> Transport:
+    """Push over gRPC, retrying transport failures until ``give_up()`` says the peer is gone."""
 
     def send(payload: bytes) -> None:
         while True:
             try:
-                peer.call_bytes("Push", payload, timeout=30)
+                peer.call_bytes("Push", payload, timeout=call_timeout_s)
                 return
             except grpc.RpcError as err:
-                if not is_retryable(err) or stop.is_set():
+                if not is_retryable(err) or give_up():
                     raise
                 time.sleep(retry_s)
 
@@ -51,43 +58,57 @@ class OutputChannel:
     def __init__(
         self,
         spec: ChannelSpec,
-        transport: Transport,
+        transports: Transport | Sequence[Transport],
         *,
         batch_size: int,
         buffer_timeout_s: float,
         max_ready: int = 2,
+        lag_limit: int = 1024,
         first_seq: int = 0,
     ) -> None:
         self.spec = spec
-        self._transport = transport
+        self._transports = [transports] if callable(transports) else list(transports)
+        if not self._transports:
+            raise ValueError("a channel needs at least one transport")
         self._batch_size = batch_size
         self._timeout = buffer_timeout_s
         self._max_ready = max_ready
-        self._next_seq = first_seq
+        self._lag_limit = max(lag_limit, max_ready)
+        self._next_seq = first_seq  # seq of the first element of the open batch
         self._current: list = []
         self._current_started = 0.0
-        self._ready: deque[tuple[int, list]] = deque()
-        self._sending = False
+        self._sealed: deque[int] = deque()  # first seqs of sealed batches not yet sent by every live replica
+        self._batches: dict[int, tuple[bytes, int]] = {}  # first seq -> (framed payload, count)
+        n = len(self._transports)
+        self._pos = [first_seq] * n  # per replica: the next seq it must send
+        self._alive = [True] * n
         self._closed = False
-        self._error: BaseException | None = None
         self._cond = threading.Condition()
-        self.batches_sent = 0
-        self.elements_sent = 0
-        self._thread = threading.Thread(target=self._run, name=f"send-ch{spec.id}", daemon=True)
-        self._thread.start()
+        self.batches_sent = [0] * n
+        self.elements_sent = [0] * n
+        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"send-ch{spec.id}-r{i}", daemon=True)
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
 
+    # -- emitting side ----------------------------------------------------------------------
     @property
     def next_seq(self) -> int:
         """The seq the next emitted element will get."""
         with self._cond:
             return self._next_seq + len(self._current)
 
-    def emit(self, element: tuple) -> None:
-        """Append an element; blocks while ``max_ready`` sealed batches wait."""
+    @property
+    def live_replicas(self) -> list[int]:
         with self._cond:
-            while len(self._ready) >= self._max_ready and not self._closed:
+            return [i for i, a in enumerate(self._alive) if a]
+
+    def emit(self, element: tuple) -> None:
+        """Append an element; blocks while the fastest live replica has ``max_ready`` batches waiting."""
+        with self._cond:
+            while self._backlog() >= self._max_ready and not self._closed and any(self._alive):
                 self._cond.wait()
-            self._raise_if_failed()
+            self._raise_if_unusable()
             if not self._current:
                 self._current_started = time.monotonic()
             self._current.append(element)
@@ -96,76 +117,111 @@ class OutputChannel:
             self._cond.notify_all()
 
     def flush(self) -> None:
-        """Seal the open batch now (it is sent as soon as the sender is free)."""
+        """Seal the open batch now (it leaves as soon as a sender is free)."""
         with self._cond:
             if self._current:
                 self._seal()
                 self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> bool:
-        """Flush, wait until everything is sent (or ``timeout``), stop the sender.
-        Returns True if everything was delivered."""
+        """Flush, wait until every live replica got everything (or ``timeout``), stop the senders.
+        True if at least one replica received everything."""
         self.flush()
         with self._cond:
-            done = self._cond.wait_for(lambda: (not self._ready and not self._sending) or self._error, timeout)
+            done = self._cond.wait_for(
+                lambda: all(p == self._next_seq for p, a in zip(self._pos, self._alive, strict=True) if a)
+                or not any(self._alive), timeout)
+            delivered = bool(done) and any(self._alive)
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout=1.0)
-        return bool(done) and self._error is None
+        for t in self._threads:
+            t.join(timeout=1.0)
+        return delivered
 
     def abort(self) -> None:
         """Stop without delivering what is buffered."""
         with self._cond:
             self._closed = True
-            self._ready.clear()
+            self._sealed.clear()
+            self._batches.clear()
             self._current = []
             self._cond.notify_all()
 
+    def cut_off(self, replica: int, reason: str) -> None:
+        """Stop sending to ``replica`` (declared dead by the driver, failed, or too far behind)."""
+        with self._cond:
+            self._cut_off(replica, reason)
+
+    # -- internals (caller holds the condition) ----------------------------------------------
+    def _cut_off(self, replica: int, reason: str) -> None:
+        if self._alive[replica]:
+            self._alive[replica] = False
+            log.warning("channel %d: replica %d of %d[%d] cut off: %s", self.spec.id, replica, self.spec.dst_task,
+                        self.spec.dst_partition, reason)
+            self._trim()
+            self._cond.notify_all()
+
+    def _backlog(self) -> int:
+        """Sealed batches the fastest live replica has not sent yet (cuts off laggards)."""
+        pending = {i: sum(1 for s in self._sealed if s >= self._pos[i]) for i, a in enumerate(self._alive) if a}
+        if not pending:
+            return 0
+        fastest = min(pending.values())
+        for i, n in pending.items():
+            if n - fastest > self._lag_limit:
+                self._cut_off(i, f"{n - fastest} batches behind the other replica")
+        return fastest
+
     def _seal(self) -> None:
         batch, self._current = self._current, []
-        self._ready.append((self._next_seq, batch))
+        spec = self.spec
+        payload = framing.encode_batch(spec.dst_task, spec.dst_partition, spec.id, self._next_seq, batch)
+        self._batches[self._next_seq] = (payload, len(batch))
+        self._sealed.append(self._next_seq)
         self._next_seq += len(batch)
 
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise ChannelClosed(f"channel {self.spec.id} failed: {self._error}") from self._error
+    def _trim(self) -> None:
+        live = [p for p, a in zip(self._pos, self._alive, strict=True) if a]
+        low = min(live) if live else self._next_seq
+        while self._sealed and self._sealed[0] + self._batches[self._sealed[0]][1] <= low:
+            del self._batches[self._sealed.popleft()]
+
+    def _raise_if_unusable(self) -> None:
         if self._closed:
             raise ChannelClosed(f"channel {self.spec.id} is closed")
+        if not any(self._alive):
+            raise ChannelClosed(f"channel {self.spec.id}: every replica of partition {self.spec.dst_partition} "
+                                f"of task {self.spec.dst_task} is lost")
 
-    def _run(self) -> None:
-        spec = self.spec
+    def _run(self, i: int) -> None:
+        transport = self._transports[i]
         while True:
             with self._cond:
-                while not self._closed:
-                    if self._ready:
+                while True:
+                    if self._closed or not self._alive[i]:
+                        return
+                    if self._pos[i] in self._batches:
                         break
                     if self._current:
                         remaining = self._current_started + self._timeout - time.monotonic()
                         if remaining <= 0:
                             self._seal()
-                            break
+                            self._cond.notify_all()
+                            continue
                         self._cond.wait(remaining)
                     else:
                         self._cond.wait()
-                if self._closed and not self._ready:
-                    return
-                if not self._ready:
-                    continue
-                first_seq, batch = self._ready[0]
-                self._sending = True
+                first_seq = self._pos[i]
+                payload, count = self._batches[first_seq]
             try:
-                payload = framing.encode_batch(spec.dst_task, spec.dst_partition, spec.id, first_seq, batch)
-                self._transport(payload)
-            except BaseException as err:  # noqa: BLE001 - surfaced to the emitting thread
-                log.error("channel %s: send failed: %s", spec.id, err)
+                transport(payload)
+            except BaseException as err:  # noqa: BLE001 - the replica is cut off, the others go on
                 with self._cond:
-                    self._error = err
-                    self._sending = False
-                    self._cond.notify_all()
+                    self._cut_off(i, f"send failed: {err}")
                 return
             with self._cond:
-                self._ready.popleft()
-                self._sending = False
-                self.batches_sent += 1
-                self.elements_sent += len(batch)
+                self._pos[i] = first_seq + count
+                self.batches_sent[i] += 1
+                self.elements_sent[i] += count
+                self._trim()
                 self._cond.notify_all()

@@ -5,6 +5,8 @@
   replication plan MODULE:FACTORY --conf spark.replication.kafka.bootstrapServers=HOST:PORT
   replication config                       # the configuration reference
   replication stack start|stop|status|health [--run-dir D]
+  replication replicas JOB [--json]        # where a running job's replicas run
+  replication kill JOB REPLICA --action kill-executor|pause-executor|resume-executor|kill-python
 
 ``MODULE:FACTORY`` names a function returning a :class:`replication.Job`.
 Errors in configuration or job definition are printed as one clear message
@@ -22,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from replication import chaos
 from replication.api import Job, JobDefinitionError
 from replication.config import ConfigError, ReplicationConfig, config_reference_markdown
 from replication.kafka_io import KafkaUnavailable
@@ -62,7 +65,8 @@ def _conf_pairs(pairs: Sequence[str]) -> dict[str, str]:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from replication.demo import DemoOptions, main
 
-    return main(DemoOptions(rate=args.rate, duration_s=args.duration, executors=args.executors))
+    return main(DemoOptions(rate=args.rate, duration_s=args.duration, executors=args.executors,
+                            replicated=not args.no_replication, victim=args.kill))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -104,6 +108,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--rate", type=float, default=1500.0, help="events per second (default 1500)")
     d.add_argument("--duration", type=float, default=20.0, help="seconds of load (default 20)")
     d.add_argument("--executors", type=int, default=3, help="executor JVMs (default 3)")
+    d.add_argument("--kill", default="fraud-rule[0]r0", metavar="REPLICA",
+                   help="replica whose executor is killed halfway (default fraud-rule[0]r0)")
+    d.add_argument("--no-replication", action="store_true",
+                   help="run the two-region job with a union and a window, without replication or kill")
     d.set_defaults(fn=_cmd_demo)
     r = sub.add_parser("run", help="run a job until Ctrl-C (graceful stop) or --drain-after")
     r.add_argument("job", help="MODULE:FACTORY returning a replication.Job")
@@ -122,6 +130,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["start", "stop", "status", "health"])
     s.add_argument("--run-dir")
     s.set_defaults(fn=_cmd_stack)
+    chaos.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
     return p
 
 

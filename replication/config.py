@@ -25,12 +25,6 @@ KAFKA_PREFIX = PREFIX + "kafka."
 KAFKA_CONSUMER_PREFIX = KAFKA_PREFIX + "consumer."
 KAFKA_PRODUCER_PREFIX = KAFKA_PREFIX + "producer."
 
-#: The single gate for ``spark.replication.enabled=true``: set to True when active replication lands.
-REPLICATION_AVAILABLE = False
-ENABLED_UNAVAILABLE = (
-    "spark.replication.enabled=true: active replication is not available in this build yet (planned); "
-    "run with false"
-)
 
 BOOL, INT, FLOAT, STR, ENUM, DURATION = "bool", "int", "float", "str", "enum", "duration"
 
@@ -185,7 +179,7 @@ OWNED_KAFKA_PROPERTIES: dict[str, str] = {
     "auto.commit.enable": "owned by the runtime: source offsets live in checkpoints, never auto-committed",
     "enable.auto.offset.store": "owned by the runtime: source offsets live in checkpoints",
     "enable.partition.eof": "owned by the runtime: it decides where end-of-partition events are needed",
-    "transactional.id": "owned by the runtime: sinks are exactly-once without Kafka transactions",
+    "transactional.id": "owned by the runtime: one transactional id per sink partition fences zombie writers",
     **{
         cb: "callbacks are installed by the runtime"
         for cb in ("logger", "error_cb", "stats_cb", "throttle_cb", "oauth_cb", "on_delivery", "on_commit")
@@ -214,7 +208,24 @@ class ReplicationConfig:
 
     enabled: bool = _key(
         "enabled", BOOL, False,
-        "Run every stateful partition as two active replicas. Not available in this build yet: `true` is refused.",
+        "Run every partition of every task (sources and sinks included) as two active replicas on two "
+        "different executors, so that an executor failure is masked.",
+    )
+    mode: str = _key(
+        "mode", ENUM, "unordered",
+        "How a replicated task orders its input channels. `unordered`: first come, first served: fast, "
+        "deterministic only for tasks with one input channel (a warning names the others).",
+        choices=("unordered",),
+    )
+    heartbeat_interval_ms: int = _key(
+        "heartbeatInterval", DURATION, 200, "How often workers report liveness and progress to the driver.",
+        min=10, max=60_000,
+    )
+    failure_timeout_ms: int = _key(
+        "failureTimeout", DURATION, 2_000,
+        "A worker silent for this long (a hung executor) is declared dead; its replicas are cut off and "
+        "fenced, and the surviving replicas carry on. An executor that exits is noticed at once.",
+        min=100, max=600_000,
     )
     kafka_bootstrap_servers: str = _key(
         "kafka.bootstrapServers", STR, None,
@@ -398,9 +409,6 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
             value = values[attr]
             out.append((key.name, f"{key.name}: {why}" if value is None else f"{key.name}={key.render(value)}: {why}"))
             bad.add(attr)
-    # The one place replication is gated (see REPLICATION_AVAILABLE).
-    if "enabled" not in bad and values["enabled"] and not REPLICATION_AVAILABLE:
-        out.append((PREFIX + "enabled", ENABLED_UNAVAILABLE))
     # Cross-key checks.
     if not bad & {"state_vnodes", "state_key_groups"} and values["state_vnodes"] > values["state_key_groups"]:
         out.append((

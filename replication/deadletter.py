@@ -57,5 +57,7 @@ class DeadLetterWriter:
             topic, partition, offset = origin
             headers += [("source.topic", topic.encode()), ("source.partition", str(partition).encode()),
                         ("source.offset", str(offset).encode())]
-        produce_blocking(self.producer, self.topic, value=payload, headers=headers)
+        # the key identifies the record: with replication each live replica writes its dead letters
+        key = f"{operator}/{origin[0]}/{origin[1]}/{origin[2]}".encode() if origin is not None else None
+        produce_blocking(self.producer, self.topic, key=key, value=payload, headers=headers)
         log.warning("dead letter from %s: %s (origin %s)", operator, reason, origin)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from deploy.stack import EmbeddedStack, require_java17
+from replication.chaos import kill_executor, locate
+from replication.plan import replica_name
 from replication.progress import StatusLine
 from replication.spark_cluster import build_session, executor_ids, executor_jvm_pids, stop_session
 from replication.workload import percentile, run_fraud_workload
@@ -27,6 +30,18 @@ class DemoOptions:
     executors: int = 3
     partitions: int = 2
     bad_every: int = 200
+    replicated: bool = True  # False: the union + window job without replication
+    victim: str = "fraud-rule[0]r0"  # the replica whose executor is killed halfway (replicated only)
+
+
+def kill_replica_executor(handle: Any, replica: str) -> str:
+    """SIGKILL the executor hosting ``replica`` with the kill tooling; describe what died."""
+    target = locate(replica, job=handle.job.name)
+    kill_executor(target)
+    names = [replica_name(handle.plan.task(t).name, p, r)
+             for (t, p, r), w in sorted(handle.placement.items()) if w == target.worker]
+    return (f"SIGKILLed executor {target.executor} (JVM pid {target.jvm_pid}), worker {target.worker}, "
+            f"hosting {', '.join(names)}")
 
 
 def python_processes_under(root_pids: list[int]) -> list[int]:
@@ -76,9 +91,11 @@ def main(opts: DemoOptions) -> int:
 def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float) -> int:
     sc = spark.sparkContext
     print(f"   {len(executor_ids(sc))} executors registered in {spark_start_s:.1f}s")
-    print("== planning and starting the job")
+    print("== planning and starting the job" + (" (spark.replication.enabled=true)" if opts.replicated else ""))
+    fault = (lambda handle: kill_replica_executor(handle, opts.victim)) if opts.replicated else None
     rep = run_fraud_workload(stack.bootstrap_servers, spark, rate=opts.rate, duration_s=opts.duration_s,
-                             partitions=opts.partitions, bad_every=opts.bad_every, status=out, say=print)
+                             partitions=opts.partitions, bad_every=opts.bad_every, replicated=opts.replicated,
+                             fault=fault, fault_at_s=opts.duration_s / 2, status=out, say=print)
     for c in rep.checks:
         print(f"   {c.name:14s} {c.got:7,d} records, expected {c.expected:7,d}: "
               f"{'exact match' if c.exact else 'MISMATCH'}")
@@ -89,15 +106,32 @@ def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float)
     pythons = python_processes_under(list(jvms.values()))
     m = rep.result.metrics
     ms = 1000
+    if rep.fault_at is not None:
+        print("\n== what happened around the kill")
+        for ts, text in rep.result.events:
+            print(f"   {ts - rep.fault_at:+6.2f}s  {text}")
+        print("   per-second p99 latency (source->sink) around the kill:")
+        for sec, count, p99 in rep.per_second(origin=rep.fault_at):
+            if -5 <= sec <= 8:
+                mark = "  <- kill" if sec == 0 else ""
+                print(f"   {sec:+3d}s {count:5d} records  p99 {p99 * ms:7.1f} ms  {'#' * min(60, int(p99 * ms / 5))}{mark}")
     print("\n== summary")
     print(f"   events in     {rep.load.produced:,} ({rep.load.malformed} malformed on purpose), "
-          f"out: {rep.decisions:,} decisions ({rep.alerts:,} with alerts) + {rep.window_totals:,} window totals")
+          f"out: {rep.decisions:,} decisions ({rep.alerts:,} with alerts)"
+          + (f" + {rep.window_totals:,} window totals" if not opts.replicated else ""))
     print(f"   throughput    {rep.throughput:,.0f} events/s through the job (offered {rep.load.rate:,.0f}/s)")
     print(f"   latency       (after {WARM_UP_S:.0f}s warm-up) source->sink p50 {percentile(pipeline, .5) * ms:.1f} ms, "
           f"p99 {percentile(pipeline, .99) * ms:.1f} ms; produced->sink p50 {percentile(e2e, .5) * ms:.1f} ms, "
           f"p99 {percentile(e2e, .99) * ms:.1f} ms")
-    print(f"   dead-lettered {m.dead_lettered} (sequence gaps {m.gaps}, late records {m.late_records})")
+    distinct_dead = next(c.got for c in rep.checks if c.name == "dead letters")
+    print(f"   dead-lettered {distinct_dead} records"
+          + (f" ({m.dead_lettered} writes: every live replica writes its own)" if opts.replicated else "")
+          + f"; sequence gaps {m.gaps}, late records {m.late_records}")
     print(f"   cluster       {len(jvms)} executor JVMs, {len(pythons)} Python worker processes, "
-          f"{len(rep.result.workers)} workers hosting {len(rep.handle.placement)} partition instances")
-    print(f"   result        {'EXACT: no record missing, none extra' if rep.exact else 'FAILED'}")
+          f"{len(rep.result.workers)} workers hosting {len(rep.handle.placement)} "
+          f"{'replicas' if opts.replicated else 'partition instances'}")
+    if rep.fault:
+        print(f"   fault         {rep.fault}")
+    verdict = "EXACT: no record missing, none extra" + (" (the kill was masked)" if rep.fault else "")
+    print(f"   result        {verdict if rep.exact else 'FAILED'}")
     return 0 if rep.exact else 1

@@ -9,11 +9,12 @@ aggregates the workers' metrics and carries the drain/stop commands.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +23,17 @@ from replication.api import Job
 from replication.config import PREFIX, ReplicationConfig
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
-from replication.plan import Instance, PhysicalPlan, place, plan_job
+from replication.plan import (
+    Instance,
+    PhysicalPlan,
+    ReplicaId,
+    check_replicable,
+    place,
+    plan_job,
+    replica_name,
+)
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
+from replication.status import write_status
 from replication.worker import WorkerBootstrap, run_worker
 
 log = logging.getLogger(__name__)
@@ -39,80 +49,226 @@ class WorkerInfo:
     attempt: int
     executor: str | None
     address: str
+    python_pid: int | None = None
+    last_seen: float = 0.0
+    standby: bool = False  # relaunched after its executor died: hosts nothing (no state to restore yet)
 
 
 class JobMaster:
-    """Control plane state; its methods are the gRPC handlers (called from rpc threads)."""
+    """Control plane state; its methods are the gRPC handlers (called from rpc threads).
 
-    def __init__(self, num_workers: int, start_timeout_s: float) -> None:
+    It also watches liveness: a worker whose executor left the cluster, or that was silent
+    for ``spark.replication.failureTimeout``, is declared dead.  With replication its replicas
+    are cut off, the other replicas carry on, and a sink partition whose writer was there
+    gets the other replica as writer with a higher epoch; without replication the job fails.
+    """
+
+    def __init__(self, plan: PhysicalPlan, placement: dict[ReplicaId, int], num_workers: int,
+                 cfg: ReplicationConfig, job_name: str = "", app_id: str = "",
+                 executor_ids: Callable[[], list[str]] | None = None) -> None:
+        self.plan = plan
+        self.placement = placement
         self.num_workers = num_workers
-        self.start_timeout_s = start_timeout_s
+        self.replicated = plan.replicas > 1
+        self.start_timeout_s = cfg.start_timeout_ms / 1000
+        self.failure_timeout_s = cfg.failure_timeout_ms / 1000
+        self.job_name = job_name
+        self.app_id = app_id
+        self._executor_ids = executor_ids
         self.workers: dict[int, WorkerInfo] = {}
+        self.dead: dict[int, str] = {}  # worker -> why its replicas are lost
         self.command = "run"
         self.metrics: dict[str, InstanceMetrics] = {}
         self.reports: dict[int, dict] = {}
         self.failure: str | None = None
         self.started_at: float | None = None
+        self.events: list[tuple[float, str]] = []
+        # sink partition -> [writer replica, epoch, committed seq, committed offset]
+        self.sinks: dict[Instance, list[int]] = {
+            (t.id, p): [0, 0, -1, -1] for t in plan.tasks if any(n.kind == "sink" for n in t.chain)
+            for p in range(t.parallelism)}
         self._cond = threading.Condition()
+        self._closed = threading.Event()
+        self._status_dirty = True
+
+    # -- state changes (caller holds the condition unless noted) ---------------------------------
+    def event(self, text: str) -> None:
+        log.warning("%s", text)
+        self.events.append((time.time(), text))
+        self._status_dirty = True
 
     def fail(self, reason: str) -> None:
         with self._cond:
-            if self.failure is None:
-                self.failure = reason
-                log.error("job failed: %s", reason)
-            self.command = "stop"
-            self._cond.notify_all()
+            self._fail(reason)
+
+    def _fail(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+            self.event(f"job failed: {reason}")
+        self.command = "stop"
+        self._cond.notify_all()
 
     def set_command(self, command: str) -> None:
         with self._cond:
             if self.command != "stop":
                 self.command = command
 
+    def _replica_label(self, t: int, p: int, r: int) -> str:
+        return replica_name(self.plan.task(t).name, p, r)
+
+    def _declare_dead(self, w: int, reason: str) -> None:
+        if w in self.dead or w in self.reports:
+            return
+        self.dead[w] = reason
+        info = self.workers.get(w)
+        self.event(f"worker {w} (executor {info.executor if info else '?'}) declared dead: {reason}")
+        if not self.replicated:
+            self._fail(f"worker {w} lost ({reason}); without spark.replication.enabled the job cannot mask "
+                       "the failure (and rollback recovery needs Rhino checkpoints, not yet available)")
+            return
+        for (t, p, r), ww in self.placement.items():
+            if ww != w:
+                continue
+            other = self.placement[(t, p, 1 - r)]
+            if other in self.dead:
+                self._fail(f"both replicas of {self._replica_label(t, p, 0)[:-2]} are lost "
+                           f"(workers {w} and {other}); rollback recovery needs Rhino checkpoints")
+                return
+            role = self.sinks.get((t, p))
+            if role is not None and role[0] == r:
+                role[0], role[1] = 1 - r, role[1] + 1
+                self.event(f"sink {self._replica_label(t, p, 1 - r)} takes over writing (epoch {role[1]})")
+        self._cond.notify_all()
+
+    def _sink_roles(self) -> dict[Instance, tuple[int, int, int, int]]:
+        return {key: tuple(role) for key, role in self.sinks.items()}
+
+    # -- handlers ---------------------------------------------------------------------------------
     def register(self, req: dict) -> dict:
         w, attempt = req["worker"], req["attempt"]
         with self._cond:
-            if attempt > 0 or w in self.workers:
-                reason = (f"worker {w} was relaunched by Spark (attempt {attempt}) after its executor was lost; "
-                          "without spark.replication.enabled the job cannot mask the failure")
-                self.failure = self.failure or reason
-                self.command = "stop"
-                self._cond.notify_all()
-                return {"status": "abort", "reason": reason}
-            self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"])
+            if w in self.workers:  # Spark relaunched it after its executor was lost
+                self._declare_dead(w, f"relaunched by Spark (attempt {attempt})")
+                if not self.replicated or self.failure:
+                    return {"status": "abort", "reason": self.failure or "job failed"}
+                self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"], req.get("python_pid"),
+                                             time.monotonic(), standby=True)
+                self.event(f"worker {w} relaunched on executor {req['executor']} as a standby: its replicas' "
+                           "state is lost (restoring it needs Rhino checkpoints); the other replicas carry on")
+                return {"status": "standby", "reason": "state of the lost replicas cannot be restored yet"}
+            self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"], req.get("python_pid"),
+                                         time.monotonic())
             log.info("worker %d registered from executor %s at %s", w, req["executor"], req["address"])
+            self._status_dirty = True
             self._cond.notify_all()
-            ok = self._cond.wait_for(lambda: len(self.workers) == self.num_workers or self.failure,
+            ok = self._cond.wait_for(lambda: len(self.workers) >= self.num_workers or self.failure,
                                      self.start_timeout_s)
             if self.failure:
                 return {"status": "abort", "reason": self.failure}
             if not ok:
-                reason = (f"only {len(self.workers)} of {self.num_workers} workers registered within "
-                          f"spark.replication.startTimeout; are there {self.num_workers} free task slots?")
-                self.failure = reason
-                self.command = "stop"
-                return {"status": "abort", "reason": reason}
+                self._fail(f"only {len(self.workers)} of {self.num_workers} workers registered within "
+                           f"spark.replication.startTimeout; are there {self.num_workers} free task slots?")
+                return {"status": "abort", "reason": self.failure}
+            executors = [i.executor for i in self.workers.values()]
+            if self.replicated and len(set(executors)) < len(executors):
+                self._fail(f"two workers share an executor ({executors}): replicas would not be apart; "
+                           "run executors with one task slot each (spark.executor.cores = spark.task.cpus)")
+                return {"status": "abort", "reason": self.failure}
             if self.started_at is None:
                 self.started_at = time.monotonic()
-            return {"status": "ok", "addresses": {i: info.address for i, info in self.workers.items()}}
+            self.workers[w].last_seen = time.monotonic()
+            return {"status": "ok", "addresses": {i: info.address for i, info in self.workers.items()},
+                    "dead": list(self.dead), "sinks": self._sink_roles()}
 
     def heartbeat(self, req: dict) -> dict:
+        w, attempt = req["worker"], req["attempt"]
         with self._cond:
-            self.metrics.update(req["metrics"])
+            info = self.workers.get(w)
+            if info is None or info.attempt != attempt or (w in self.dead and not info.standby):
+                return {"command": "evicted"}  # declared dead while unresponsive, or an old attempt
+            info.last_seen = time.monotonic()
+            self.metrics.update(req.get("metrics", {}))
+            self._sink_progress(req.get("sinks", {}))
             command = self.command
         if req.get("errors"):
             self.fail("; ".join(req["errors"]))
             command = "stop"
-        return {"command": command}
+        return {"command": command, "dead": list(self.dead), "sinks": self._sink_roles()}
+
+    def _sink_progress(self, progress: dict) -> None:
+        for key, (seq, offset) in progress.items():
+            role = self.sinks.get(key)
+            if role is not None:
+                role[2], role[3] = max(role[2], seq), max(role[3], offset)
 
     def finished(self, req: dict) -> dict:
+        w = req["worker"]
         with self._cond:
+            info = self.workers.get(w)
+            current = info is not None and info.attempt == req["attempt"]
             self.metrics.update(req.get("metrics", {}))
-            self.reports[req["worker"]] = req
+            if current and req.get("status") != "evicted":
+                self._sink_progress(req.get("sinks", {}))
+                self.reports[w] = req
             if req.get("status") == "failed":
-                self.failure = self.failure or "; ".join(req.get("errors", []))
-                self.command = "stop"
+                self._fail("; ".join(req.get("errors", [])))
+            self._status_dirty = True
             self._cond.notify_all()
         return {}
+
+    # -- watching ---------------------------------------------------------------------------------
+    def all_done(self) -> bool:
+        """Every worker has reported its end, or is dead with no relaunch running."""
+        with self._cond:
+            return all(w in self.reports or (w in self.dead and not self.workers[w].standby)
+                       for w in range(self.num_workers) if w in self.workers) and len(self.workers) > 0
+
+    def monitor(self, period_s: float = 0.1) -> None:
+        """Liveness loop (a driver thread) until :meth:`close`."""
+        while not self._closed.wait(period_s):
+            try:
+                alive_executors = set(self._executor_ids()) if self._executor_ids else None
+            except Exception as err:  # noqa: BLE001 - the SparkContext may be stopping
+                log.debug("executor list unavailable: %s", err)
+                alive_executors = None
+            with self._cond:
+                if self.started_at is not None:
+                    now = time.monotonic()
+                    for w, info in list(self.workers.items()):
+                        if w in self.dead or w in self.reports or info.standby:
+                            continue
+                        if alive_executors is not None and info.executor not in alive_executors:
+                            self._declare_dead(w, f"executor {info.executor} left the cluster")
+                        elif now - info.last_seen > self.failure_timeout_s:
+                            self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
+                if self._status_dirty:
+                    self._status_dirty = False
+                    self._write_status()
+
+    def close(self, state: str) -> None:
+        self._closed.set()
+        with self._cond:
+            self._write_status(state)
+
+    def _write_status(self, state: str = "running") -> None:
+        if not self.job_name:
+            return
+        status = {
+            "job": self.job_name, "app_id": self.app_id, "driver_pid": os.getpid(), "updated": time.time(),
+            "state": state,
+            "workers": {str(w): {"executor": i.executor, "address": i.address, "python_pid": i.python_pid,
+                                 "attempt": i.attempt, "alive": w not in self.dead or i.standby,
+                                 "standby": i.standby} for w, i in self.workers.items()},
+            "replicas": {self._replica_label(t, p, r): {"task": t, "partition": p, "replica": r, "worker": w}
+                         for (t, p, r), w in self.placement.items()},
+            "sinks": {self._replica_label(t, p, role[0]): {"epoch": role[1], "committed_seq": role[2]}
+                      for (t, p), role in self.sinks.items()},
+            "events": [{"time": ts, "text": text} for ts, text in self.events[-50:]],
+        }
+        try:
+            write_status(self.job_name, status)
+        except OSError as err:
+            log.warning("cannot write the job status file: %s", err)
 
     def snapshot(self) -> dict[str, InstanceMetrics]:
         with self._cond:
@@ -128,11 +284,22 @@ class JobResult:
     duration_s: float = 0.0
     workers: dict[int, WorkerInfo] = field(default_factory=dict)
     records_read: int = 0  # from Kafka, by the sources
-    records_written: int = 0  # to Kafka, by the sinks
+    records_written: int = 0  # output records (counted once, whatever the replication)
+    events: list[tuple[float, str]] = field(default_factory=list)  # failovers, standbys, failures
 
     def summary(self) -> str:
         return (f"{self.status} after {self.duration_s:.1f}s: {self.records_read:,} records read, "
                 f"{self.records_written:,} written, {self.metrics.dead_lettered:,} dead-lettered")
+
+
+def _source_records(plan: PhysicalPlan, snapshot: dict[str, InstanceMetrics]) -> int:
+    """Records read from Kafka, once per source partition (the replica that read the most)."""
+    best: dict[str, int] = {}
+    for name, m in snapshot.items():
+        part = name.rsplit("r", 1)[0]
+        if part.rsplit("[", 1)[0] in {t.name for t in plan.tasks if t.is_source}:
+            best[part] = max(best.get(part, 0), m.records_in)
+    return sum(best.values())
 
 
 def _role_metrics(plan: PhysicalPlan, snapshot: dict[str, InstanceMetrics], kind: str) -> InstanceMetrics:
@@ -144,7 +311,7 @@ def _role_metrics(plan: PhysicalPlan, snapshot: dict[str, InstanceMetrics], kind
 class JobHandle:
     """A running job: watch it, drain it, stop it."""
 
-    def __init__(self, job: Job, cfg: ReplicationConfig, plan: PhysicalPlan, placement: dict[Instance, int],
+    def __init__(self, job: Job, cfg: ReplicationConfig, plan: PhysicalPlan, placement: dict[ReplicaId, int],
                  master: JobMaster, server: Any, sc: Any, group: str) -> None:
         self.job, self.cfg, self.plan, self.placement = job, cfg, plan, placement
         self.master = master
@@ -191,13 +358,16 @@ class JobHandle:
         return _role_metrics(self.plan, self.master.snapshot(), "source")
 
     def placement_table(self) -> str:
-        """Which instance runs in which worker on which executor."""
+        """Which replica runs in which worker on which executor (and which workers are dead)."""
         lines = []
         workers = self.master.workers
-        for w in range(len(workers) or max(self.placement.values()) + 1):
+        for w in range(max(self.placement.values()) + 1):
             info = workers.get(w)
             where = f"executor {info.executor} at {info.address}" if info else "not registered"
-            names = [f"{self.plan.task(t).name}[{p}]" for (t, p), ww in sorted(self.placement.items()) if ww == w]
+            if w in self.master.dead:
+                where += f", DEAD ({self.master.dead[w]})" + (" -> standby" if info and info.standby else "")
+            names = [replica_name(self.plan.task(t).name, p, r)
+                     for (t, p, r), ww in sorted(self.placement.items()) if ww == w]
             lines.append(f"  worker {w} ({where}): {', '.join(names)}")
         return "\n".join(lines)
 
@@ -230,9 +400,23 @@ class JobHandle:
             signalled.wait(0.2)
         return self.stop() if self.running else self.wait()
 
+    def _wait_done(self, timeout: float | None) -> bool:
+        """The Spark job ended, or every worker ended (a relaunched task still waiting for an
+        executor is then cancelled)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._done.wait(0.2):
+            if self.master.all_done() and not self._done.wait(2.0):
+                log.info("every worker ended; cancelling the Spark job's pending task relaunches")
+                self._sc.cancelJobGroup(self._group)
+                self._done.wait(10)
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+
     def wait(self, timeout: float | None = None) -> JobResult:
         """Wait for the end; raises TimeoutError or JobFailedError."""
-        if not self._done.wait(timeout):
+        if not self._wait_done(timeout):
             raise TimeoutError(f"job {self.job.name} still running after {timeout}s")
         if self._result is None:
             self._server.stop(grace=1.0)
@@ -242,8 +426,10 @@ class JobHandle:
             failure = m.failure or (f"Spark job failed: {self._spark_error}" if self._spark_error else None)
             snap = m.snapshot()
             self._result = JobResult(status, aggregate(snap), snap, failure, time.monotonic() - self._started,
-                                     dict(m.workers), _role_metrics(self.plan, snap, "source").records_in,
-                                     _role_metrics(self.plan, snap, "sink").records_out)
+                                     dict(m.workers), _source_records(self.plan, snap),
+                                     _role_metrics(self.plan, snap, "sink").records_out // self.plan.replicas,
+                                     list(m.events))
+            m.close(status)
         if self._result.status == "failed":
             raise JobFailedError(self._result.failure)
         return self._result
@@ -261,11 +447,19 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
             plan.source_start_offsets[task.id] = end_offsets_by_fetch(
                 cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start"), task.head.spec["topic"],
                 range(partitions[task.head.spec["topic"]]))
+    if cfg.enabled:
+        plan.replicas = 2
+        check_replicable(plan, partitions)
+        multi = [t.name for t in plan.multi_input_tasks()]
+        log.warning("spark.replication.mode=%s: input channels are consumed first come, first served%s", cfg.mode,
+                    f"; tasks with several input channels ({', '.join(multi)}) may diverge between their "
+                    "replicas and produce wrong output" if multi else "")
     wanted = {n.spec["topic"]: plan.task(_task_of(plan, n)).parallelism for n in job.sinks()}
     wanted[cfg.dead_letter_topic(job.name)] = 1
     created = ensure_topics(admin, wanted)
     if created:
         log.info("created topics %s", ", ".join(created))
+    plan.sink_topic_partitions = topic_partitions(admin, [n.spec["topic"] for n in job.sinks()])
     return plan
 
 
@@ -293,7 +487,8 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     warm = warm_up(sc)
     num_workers = cfg.workers or len(executor_ids(sc))
     placement = place(plan, num_workers)
-    master = JobMaster(num_workers, cfg.start_timeout_ms / 1000)
+    master = JobMaster(plan, placement, num_workers, cfg, job.name, sc.applicationId, lambda: executor_ids(sc))
+    threading.Thread(target=master.monitor, name=f"monitor-{job.name}", daemon=True).start()
     server, port = rpc.serve({"Register": rpc.pickled(master.register), "Heartbeat": rpc.pickled(master.heartbeat),
                               "Finished": rpc.pickled(master.finished)}, max_workers=num_workers * 2 + 8)
     address = f"{driver_advertise_host(sc)}:{port}"

@@ -27,7 +27,7 @@ from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, WATERM
 from replication.framing import BatchHeader, decode_elements
 from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain
-from replication.plan import PhysicalPlan, TaskSpec
+from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from rhino_state import RocksDBStateBackend, StateContext
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,19 @@ FETCH_WAIT_MS = 10
 class PartitionInstance:
     """Shared plumbing: metrics, dead letters, state, output channels, lifecycle."""
 
-    def __init__(self, worker: Any, task: TaskSpec, partition: int, plan: PhysicalPlan) -> None:
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan) -> None:
         self.worker = worker
         self.cfg = worker.cfg
         self.task = task
         self.partition = partition
+        self.replica = replica
+        self.replicated = plan.replicas > 1
         self.parallelism = task.parallelism
-        self.name = f"{task.name}[{partition}]"
+        self.name = replica_name(task.name, partition, replica)
+        self.sink_id = f"{worker.boot.run_id}:{task.id}:{partition}"
+        self._sink_partitions = plan.sink_topic_partitions
+        self.sinks: list[Any] = []
+        self.pending_control: tuple | None = None  # sink role from the job master, set by the worker
         self.num_key_groups = plan.num_key_groups
         self.routing = plan.routing
         self.metrics = InstanceMetrics()
@@ -75,6 +81,25 @@ class PartitionInstance:
     def sink_producer(self) -> Any:
         return self.worker.sink_producer
 
+    def sink_partition(self, topic: str) -> int:
+        """The output partition of this sink partition (replicated sinks write one partition each)."""
+        return self.partition % self._sink_partitions[topic]
+
+    def register_sink(self, sink: Any) -> None:
+        self.sinks.append(sink)
+
+    def poll_control(self) -> None:
+        """Apply the latest sink role from the job master (instance thread only)."""
+        control, self.pending_control = self.pending_control, None
+        if control is not None:
+            for sink in self.sinks:
+                sink.control(*control)
+
+    def idle(self) -> None:
+        """Called by the instance loop between batches: commit what is due."""
+        for sink in self.sinks:
+            sink.on_idle()
+
     def flush_producer(self, producer: Any) -> None:
         remaining = producer.flush(self.cfg.stop_timeout_ms / 1000)
         if remaining:
@@ -93,9 +118,12 @@ class PartitionInstance:
 
     def _main(self) -> None:
         try:
+            self.poll_control()
             if self.run():
                 self.chain.on_watermark(MAX_WATERMARK)
                 self.chain.on_end()
+                if self._backend is not None:
+                    self.metrics.state_digest = self._backend.digest()
                 for ch in self.outputs:
                     if not ch.close(timeout=self.cfg.stop_timeout_ms / 1000):
                         raise RuntimeError(f"channel {ch.spec.id} could not deliver its last batches")
@@ -130,8 +158,8 @@ class PartitionInstance:
 
 
 class ProcessingInstance(PartitionInstance):
-    def __init__(self, worker: Any, task: TaskSpec, partition: int, plan: PhysicalPlan) -> None:
-        super().__init__(worker, task, partition, plan)
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan) -> None:
+        super().__init__(worker, task, partition, replica, plan)
         self.channels = [c.id for c in plan.input_channels(task.id, partition)]
         self.queues = InputQueues(self.channels, self.cfg.channel_queue_capacity)
         self.orderer = ArrivalOrderer(self.queues)
@@ -171,12 +199,16 @@ class ProcessingInstance(PartitionInstance):
         channel_wm = {c: MIN_WATERMARK for c in self.channels}
         open_channels = set(self.channels)
         current_wm = MIN_WATERMARK
+        wait_s = 0.2 if not self.sinks else min(0.2, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001)
         while open_channels:
             if self.stop_requested.is_set():
                 return False
-            item = self.orderer.next_batch(0.2)
+            if self.pending_control is not None:
+                self.poll_control()
+            item = self.orderer.next_batch(wait_s)
             metrics.queue_batches = self.queues.size()
             if item is None:
+                self.idle()
                 continue
             channel, elements = item
             for el in elements:
@@ -203,8 +235,8 @@ class ProcessingInstance(PartitionInstance):
 class SourceInstance(PartitionInstance):
     """Reads assigned Kafka partitions; emits watermarks at deterministic record positions."""
 
-    def __init__(self, worker: Any, task: TaskSpec, partition: int, plan: PhysicalPlan) -> None:
-        super().__init__(worker, task, partition, plan)
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan) -> None:
+        super().__init__(worker, task, partition, replica, plan)
         spec = task.head.spec
         self.topic: str = spec["topic"]
         self.kafka_partitions: list[int] = plan.source_partitions[task.id][partition]
@@ -248,6 +280,7 @@ class SourceInstance(PartitionInstance):
         topic, deser, ts_fn = self.topic, self.deserializer, self.timestamp_fn
         interval = self.cfg.watermark_interval_ms
         batch = self.cfg.channel_batch_size
+        idle_s = min(0.05, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001) if self.sinks else 0.05
         max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
         next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         emitted_wm = MIN_WATERMARK
@@ -255,7 +288,11 @@ class SourceInstance(PartitionInstance):
         try:
             while not self.stop_requested.is_set():
                 # take what is there without waiting for a full batch; block only when idle
-                messages = consumer.consume(num_messages=batch, timeout=0) or consumer.consume(1, timeout=0.05)
+                if self.pending_control is not None:
+                    self.poll_control()
+                messages = consumer.consume(num_messages=batch, timeout=0) or consumer.consume(1, timeout=idle_s)
+                if not messages:
+                    self.idle()
                 for msg in messages:
                     err = msg.error()
                     if err is not None:

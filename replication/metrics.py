@@ -61,6 +61,10 @@ class InstanceMetrics:
     queue_batches: int = 0
     watermark: int = 0
     finished: bool = False
+    role: str = ""  # sinks of replicated jobs: writer | standby
+    sink_committed_seq: int = -1
+    sink_committed_offset: int = -1
+    state_digest: str = ""  # of the keyed state when the instance ended (replicas must agree)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 

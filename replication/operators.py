@@ -224,7 +224,15 @@ class Router(Operator):
                 part = self.routing[edge.dst_task].partition_of_key_group(kg, self.num_key_groups)
                 chans[part].emit((DATA, rec[1], key, rec[3], rec[4], rec[5]))
             elif edge.partitioning == "forward":
-                chans[0].emit(rec)
+                if edge.key_fn is None:
+                    chans[0].emit(rec)
+                else:  # a prepartitioned key_by: same partition, key attached for the keyed operator
+                    try:
+                        key = edge.key_fn(rec[1])
+                    except Exception as exc:  # noqa: BLE001
+                        self.dead_letter(rec, "key_by: " + describe_error(exc))
+                        continue
+                    chans[0].emit((DATA, rec[1], key, rec[3], rec[4], rec[5]))
             else:
                 chans[slot[2] % len(chans)].emit(rec)
                 slot[2] += 1
@@ -261,7 +269,13 @@ def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:
         elif kind == "window":
             ops.append(WindowOperator(node.name, env, spec["size_ms"], copy.deepcopy(spec["aggregator"])))
         elif kind == "sink":
-            ops.append(SinkOperator(node.name, env, spec["topic"], spec["serializer"], spec["key_serializer"]))
+            if getattr(env, "replicated", False):
+                from replication.sink import ExactlyOnceSink  # imports this module
+
+                cls: type[Operator] = ExactlyOnceSink
+            else:
+                cls = SinkOperator
+            ops.append(cls(node.name, env, spec["topic"], spec["serializer"], spec["key_serializer"]))
         elif kind in ("union", "source"):
             continue  # a union is its input channels; the source drives the chain
         else:

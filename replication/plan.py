@@ -22,6 +22,12 @@ from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError, N
 from rhino_state import RoutingTable
 
 Instance = tuple[int, int]  # (task id, partition)
+ReplicaId = tuple[int, int, int]  # (task id, partition, replica)
+
+
+def replica_name(task_name: str, partition: int, replica: int) -> str:
+    """How a replica is named in metrics, logs and the kill tooling: ``task[partition]r<replica>``."""
+    return f"{task_name}[{partition}]r{replica}"
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,13 @@ class PhysicalPlan:
     # source task -> Kafka partition -> first offset to read, resolved once by the driver so that
     # every copy of a source partition starts at the same record (absent: from the beginning)
     source_start_offsets: dict[int, dict[int, int]] = field(default_factory=dict)
+    replicas: int = 1  # copies of every partition: 2 with spark.replication.enabled
+    sink_topic_partitions: dict[str, int] = field(default_factory=dict)  # set by the driver
+
+    def multi_input_tasks(self) -> list[TaskSpec]:
+        """Tasks whose partitions have more than one input channel (their input order is not
+        deterministic without an ordering mode)."""
+        return [t for t in self.tasks if any(len(self.input_channels(t.id, p)) > 1 for p in range(t.parallelism))]
 
     def task(self, task_id: int) -> TaskSpec:
         return self.tasks[task_id]
@@ -124,7 +137,8 @@ def _resolve_parallelism(job: Job, default: int, topic_partitions: Mapping[str, 
         elif node.parallelism is not None:
             p = node.parallelism
         elif node.kind in ("process", "window"):
-            p = default
+            edge = node.inputs[0]  # prepartitioned (forward) keyed input: stay with the input
+            p = par[edge.source.id] if edge.partitioning == FORWARD else default
         elif node.kind == "union":
             p = max(par[e.source.id] for e in node.inputs)
         else:  # stateless and sinks follow their input
@@ -153,7 +167,7 @@ def plan_job(
         if node.kind in ("source", "union", "process", "window") or len(node.inputs) != 1:
             return False
         edge = node.inputs[0]
-        return (edge.partitioning == FORWARD and par[edge.source.id] == par[node.id]
+        return (edge.partitioning == FORWARD and edge.chain and par[edge.source.id] == par[node.id]
                 and len(consumers[edge.source.id]) == 1)
 
     task_of: dict[int, int] = {}
@@ -176,6 +190,10 @@ def plan_job(
                 raise JobDefinitionError(f"internal: {edge.source.name} is not the tail of its task")
             partitioning = edge.partitioning
             if partitioning == FORWARD and src.parallelism != t.parallelism:
+                if edge.key_fn is not None:
+                    raise JobDefinitionError(
+                        f"{t.name!r}: key_by(prepartitioned=True) needs the parallelism of its input "
+                        f"{src.name!r} ({src.parallelism}), got {t.parallelism}")
                 partitioning = REBALANCE
             eid = next(edge_ids)
             t.inputs.append(InputEdge(eid, src.id, partitioning))
@@ -206,15 +224,33 @@ def plan_job(
     return PhysicalPlan(job.name, tasks, channels, num_key_groups, routing, source_partitions)
 
 
-def place(plan: PhysicalPlan, num_workers: int) -> dict[Instance, int]:
-    """Spread instances over workers round robin (instances of one task on distinct workers
-    as far as the worker count allows)."""
-    if num_workers < 1:
-        raise ValueError("need at least one worker")
-    placement: dict[Instance, int] = {}
+def place(plan: PhysicalPlan, num_workers: int) -> dict[ReplicaId, int]:
+    """Spread replicas over workers round robin: partition ``i`` (counted over all tasks) has
+    replica ``r`` on worker ``(i + r) mod W``, so the replicas of a partition are never on the
+    same worker, and the partitions of one task are on distinct workers as far as W allows."""
+    if num_workers < plan.replicas:
+        raise JobDefinitionError(
+            f"placement needs at least {plan.replicas} worker(s) (executors) for {plan.replicas} replica(s) "
+            f"per partition, got {num_workers}")
+    placement: dict[ReplicaId, int] = {}
     i = 0
     for t in plan.tasks:
         for p in range(t.parallelism):
-            placement[(t.id, p)] = i % num_workers
+            for r in range(plan.replicas):
+                placement[(t.id, p, r)] = (i + r) % num_workers
             i += 1
     return placement
+
+
+def check_replicable(plan: PhysicalPlan, topic_partitions: Mapping[str, int]) -> None:
+    """With replication, both replicas of a source partition must emit the identical sequence:
+    each source partition reads exactly one Kafka partition (interleaving several is not
+    deterministic)."""
+    for t in plan.tasks:
+        if t.is_source:
+            topic = t.head.spec["topic"]
+            if t.parallelism != topic_partitions[topic]:
+                raise JobDefinitionError(
+                    f"source {t.name!r}: with spark.replication.enabled its parallelism must equal the "
+                    f"{topic_partitions[topic]} partitions of topic {topic!r} (got {t.parallelism}), so that "
+                    "both replicas read the same records in the same order")

@@ -1,15 +1,22 @@
-"""A worker: one long-running Spark task that hosts many partition instances.
+"""A worker: one long-running Spark task that hosts many partition instances (replicas).
 
 The driver starts one Spark job whose tasks are workers (DESIGN §3: the executor
 count must not grow with the partition count).  A worker starts its gRPC server,
 registers with the job master in the driver, learns every worker's address,
-builds its instances and their channels, then heartbeats metrics to the driver
-and obeys its commands (drain, stop) until all its instances have finished.
+builds its replicas and their channels (each output channel sends to every
+replica of the destination partition), then heartbeats to the driver: liveness,
+sink progress and metrics up, commands, dead workers and sink roles down.
+
+A worker relaunched by Spark after its executor died comes back as a *standby*:
+its replicas' state is gone (restoring it needs Rhino checkpoints), so it holds
+its slot and idles until the job ends.  A worker that the driver declared dead
+while it was hung is *evicted* when it wakes up: it stops at once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -26,7 +33,7 @@ from replication.channels import OutputChannel, remote_transport
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
-from replication.plan import Instance, PhysicalPlan
+from replication.plan import Instance, PhysicalPlan, ReplicaId
 from replication.spark_cluster import current_executor_id, local_advertise_host
 
 log = logging.getLogger(__name__)
@@ -39,7 +46,7 @@ class WorkerBootstrap:
     job_name: str
     run_id: str
     plan: PhysicalPlan
-    placement: dict[Instance, int]
+    placement: dict[ReplicaId, int]
     cfg: ReplicationConfig
     master_address: str
     num_workers: int
@@ -61,12 +68,17 @@ class Worker:
         self.plan = boot.plan
         base = Path(self.cfg.state_dir or Path(tempfile.gettempdir()) / "replication-state")
         self.state_root = base / boot.job_name / boot.run_id / f"w{index}-a{attempt}"
-        self.instances: dict[Instance, PartitionInstance] = {}
+        self.instances: dict[Instance, PartitionInstance] = {}  # one replica per partition at most
         self._ready = threading.Event()
         self._peers: dict[str, rpc.Peer] = {}
-        self._stop_sending = threading.Event()
+        self._stopping = threading.Event()
+        self.dead_workers: set[int] = set()
+        self._transports_to: dict[int, list[tuple[OutputChannel, int]]] = {}  # worker -> (channel, replica)
         self.producer: Producer | None = None
         self.dead_letters: DeadLetterWriter | None = None
+
+    def _report(self, status: str, **extra: Any) -> dict[str, Any]:
+        return {"worker": self.index, "attempt": self.attempt, "status": status, **extra}
 
     # -- receiving ------------------------------------------------------------------------
     def _push(self, payload: bytes) -> bytes:
@@ -75,13 +87,14 @@ class Worker:
         header = framing.decode_header(payload)
         inst = self.instances.get((header.task, header.partition))
         if not isinstance(inst, ProcessingInstance):
-            raise ValueError(f"worker {self.index} hosts no instance ({header.task}, {header.partition})")
+            raise ValueError(f"worker {self.index} hosts no replica of ({header.task}, {header.partition})")
         inst.deliver(header, payload)
         return b""
 
     def _inbound_calls(self) -> int:
-        mine = {i for i, w in self.boot.placement.items() if w == self.index}
-        return sum(1 for c in self.plan.channels if (c.dst_task, c.dst_partition) in mine)
+        """Concurrent pushes this worker may receive: one per (sender replica, channel) to its replicas."""
+        mine = {(t, p) for (t, p, _), w in self.boot.placement.items() if w == self.index}
+        return sum(self.plan.replicas for c in self.plan.channels if (c.dst_task, c.dst_partition) in mine)
 
     # -- building -------------------------------------------------------------------------
     @property
@@ -94,24 +107,27 @@ class Worker:
         conf.update({"enable.idempotence": True, "acks": "all"})
         self.producer = Producer(conf)
         self.dead_letters = DeadLetterWriter(self.producer, self.cfg.dead_letter_topic(self.job_name), self.job_name)
-        plan, cfg = self.plan, self.cfg
-        for (task_id, part), w in sorted(self.boot.placement.items()):
-            if w != self.index:
-                continue
-            task = plan.task(task_id)
-            cls = SourceInstance if task.is_source else ProcessingInstance
-            self.instances[(task_id, part)] = cls(self, task, part, plan)
+        plan, cfg, placement = self.plan, self.cfg, self.boot.placement
+        for (task_id, part, replica), w in sorted(placement.items()):
+            if w == self.index:
+                task = plan.task(task_id)
+                cls = SourceInstance if task.is_source else ProcessingInstance
+                self.instances[(task_id, part)] = cls(self, task, part, replica, plan)
         for (task_id, part), inst in self.instances.items():
             outputs = []
             for edge in inst.task.outputs:
                 chans = []
                 for spec in plan.output_channels(task_id, part, edge.edge_id):
-                    dst_worker = self.boot.placement[(spec.dst_task, spec.dst_partition)]
-                    transport = self._push if dst_worker == self.index else remote_transport(
-                        self._peer(addresses[dst_worker]), self._stop_sending)
-                    chans.append(OutputChannel(spec, transport,
-                                               batch_size=cfg.channel_batch_size,
-                                               buffer_timeout_s=cfg.channel_buffer_timeout_ms / 1000))
+                    targets = [placement[(spec.dst_task, spec.dst_partition, r)] for r in range(plan.replicas)]
+                    transports = [self._push if w == self.index else remote_transport(
+                        self._peer(addresses[w]), lambda w=w: w in self.dead_workers or self._stopping.is_set())
+                        for w in targets]
+                    ch = OutputChannel(spec, transports, batch_size=cfg.channel_batch_size,
+                                       buffer_timeout_s=cfg.channel_buffer_timeout_ms / 1000,
+                                       max_ready=2 if plan.replicas == 1 else 8)
+                    for r, w in enumerate(targets):
+                        self._transports_to.setdefault(w, []).append((ch, r))
+                    chans.append(ch)
                 outputs.append((edge, chans))
             inst.build(outputs)
 
@@ -120,37 +136,55 @@ class Worker:
             self._peers[address] = rpc.Peer(address)
         return self._peers[address]
 
+    def _apply(self, reply: dict) -> None:
+        """Dead workers and sink roles from the job master."""
+        for w in set(reply.get("dead", ())) - self.dead_workers:
+            self.dead_workers.add(w)
+            for ch, r in self._transports_to.get(w, ()):
+                ch.cut_off(r, f"worker {w} declared dead by the driver")
+        for (task_id, part), role in reply.get("sinks", {}).items():
+            inst = self.instances.get((task_id, part))
+            if inst is not None and inst.sinks:
+                inst.pending_control = role
+
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         server, port = rpc.serve({"Push": self._push}, max_workers=self._inbound_calls() + 8)
         master = rpc.Peer(self.boot.master_address)
         master_host = self.boot.master_address.rsplit(":", 1)[0]
-        report: dict[str, Any] = {"worker": self.index, "attempt": self.attempt, "status": "aborted"}
+        report = self._report("aborted")
         try:
             reply = master.call("Register", {
                 "worker": self.index, "attempt": self.attempt, "executor": current_executor_id(),
-                "address": f"{local_advertise_host(master_host)}:{port}",
+                "address": f"{local_advertise_host(master_host)}:{port}", "python_pid": os.getpid(),
             }, timeout=self.cfg.start_timeout_ms / 1000)
+            if reply["status"] == "standby":
+                log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply["reason"])
+                report = self._idle(master)
+                return report
             if reply["status"] != "ok":
                 report["reason"] = reply.get("reason", "")
                 return report
             self._build(reply["addresses"])
+            self._apply(reply)
             self._ready.set()
             for inst in self.instances.values():
                 inst.start()
             report = self._serve(master)
             return report
         finally:
-            self._stop_sending.set()
+            self._stopping.set()
+            evicted = report.get("status") == "evicted"
             for inst in self.instances.values():
                 inst.request_stop()
             for inst in self.instances.values():
                 inst.join(5)
-            if self.producer is not None:
+            if self.producer is not None and not evicted:
                 self.producer.flush(self.cfg.stop_timeout_ms / 1000)
             server.stop(grace=1.0)
             try:
-                master.call("Finished", {**report, "metrics": self._metrics()}, timeout=5)
+                master.call("Finished", {**report, "metrics": self._metrics(), "sinks": self._sink_progress()},
+                            timeout=5)
             except grpc.RpcError as err:
                 log.warning("could not report the end to the driver: %s", err)
             for peer in [*self._peers.values(), master]:
@@ -160,35 +194,65 @@ class Worker:
     def _metrics(self) -> dict[str, Any]:
         return {inst.name: inst.metrics for inst in self.instances.values()}
 
+    def _sink_progress(self) -> dict[Instance, tuple[int, int]]:
+        return {key: (inst.metrics.sink_committed_seq, inst.metrics.sink_committed_offset)
+                for key, inst in self.instances.items() if inst.sinks}
+
+    def _heartbeat(self, master: rpc.Peer, with_metrics: bool) -> dict | None:
+        req: dict[str, Any] = {"worker": self.index, "attempt": self.attempt, "sinks": self._sink_progress(),
+                               "errors": [inst.error for inst in self.instances.values() if inst.error]}
+        if with_metrics:
+            req["metrics"] = self._metrics()
+        try:
+            return master.call("Heartbeat", req, timeout=5)
+        except grpc.RpcError as err:
+            log.warning("heartbeat failed: %s", err.code())
+            return None
+
     def _serve(self, master: rpc.Peer) -> dict[str, Any]:
-        """Heartbeat until every instance finished or the driver says stop."""
-        interval = self.cfg.metrics_interval_ms / 1000
+        """Heartbeat until every instance finished or the driver says stop (or evicts us)."""
+        interval = self.cfg.heartbeat_interval_ms / 1000
+        metrics_every = self.cfg.metrics_interval_ms / 1000
+        next_metrics = 0.0
         unreachable_since: float | None = None
         while True:
-            errors = [inst.error for inst in self.instances.values() if inst.error]
             done = all(inst.finished.is_set() for inst in self.instances.values())
             if self.producer is not None:
                 self.producer.poll(0)
-            try:
-                reply = master.call("Heartbeat", {"worker": self.index, "attempt": self.attempt,
-                                                  "metrics": self._metrics(), "errors": errors}, timeout=5)
-                unreachable_since = None
-            except grpc.RpcError as err:
-                now = time.monotonic()
+            now = time.monotonic()
+            reply = self._heartbeat(master, with_metrics=done or now >= next_metrics)
+            if now >= next_metrics:
+                next_metrics = now + metrics_every
+            if reply is None:
                 unreachable_since = unreachable_since or now
                 if now - unreachable_since > self.cfg.stop_timeout_ms / 1000:
-                    log.error("driver unreachable for too long (%s): stopping", err.code())
-                    return {"worker": self.index, "attempt": self.attempt, "status": "driver-lost"}
-                reply = {"command": "run"}
-            command = reply["command"]
+                    log.error("driver unreachable for too long: stopping")
+                    return self._report("driver-lost")
+                time.sleep(interval)
+                continue
+            unreachable_since = None
+            self._apply(reply)
+            errors = [inst.error for inst in self.instances.values() if inst.error]
             if errors:
-                return {"worker": self.index, "attempt": self.attempt, "status": "failed", "errors": errors}
+                return self._report("failed", errors=errors)
+            command = reply["command"]
+            if command == "evicted":
+                log.error("worker %d was declared dead while it was unresponsive: stopping at once", self.index)
+                return self._report("evicted")
             if command == "drain":
                 for inst in self.instances.values():
                     if isinstance(inst, SourceInstance):
                         inst.request_drain()
             elif command == "stop":
-                return {"worker": self.index, "attempt": self.attempt, "status": "stopped"}
+                return self._report("stopped")
             if done:
-                return {"worker": self.index, "attempt": self.attempt, "status": "finished"}
+                return self._report("finished")
             time.sleep(interval)
+
+    def _idle(self, master: rpc.Peer) -> dict[str, Any]:
+        """A standby holds its slot until the job ends."""
+        while True:
+            reply = self._heartbeat(master, with_metrics=False)
+            if reply is not None and reply["command"] in ("drain", "stop", "evicted"):
+                return self._report("standby")
+            time.sleep(self.cfg.heartbeat_interval_ms / 1000)

@@ -10,6 +10,7 @@ source ingest time).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,14 @@ from typing import Any
 
 from deploy.topics import create_topics, read_all
 from replication.driver import JobHandle, JobResult, run
-from replication.examples.fraud import PaymentGenerator, Topics, build_job, canonical, reference
+from replication.examples.fraud import (
+    PaymentGenerator,
+    Topics,
+    build_job,
+    build_replicated_job,
+    canonical,
+    reference,
+)
 from replication.loadgen import LoadResult, generate_load
 from replication.progress import StatusLine
 
@@ -49,7 +57,19 @@ class WorkloadReport:
     decisions: int = 0
     alerts: int = 0
     window_totals: int = 0
+    fault_at: float | None = None  # wall clock of the injected fault
+    fault: str = ""  # what it did
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def per_second(self, origin: float | None = None) -> list[tuple[int, int, float]]:
+        """(second since ``origin`` (default: the first ingest), records, p99 seconds), by ingest time."""
+        if not self.samples:
+            return []
+        origin = min(s.ingest for s in self.samples) if origin is None else origin
+        by_second: dict[int, list[float]] = {}
+        for s in self.samples:
+            by_second.setdefault(int((s.ingest - origin) // 1), []).append(s.sink - s.ingest)
+        return [(sec, len(v), percentile(v, 0.99)) for sec, v in sorted(by_second.items())]
 
     @property
     def exact(self) -> bool:
@@ -88,20 +108,35 @@ def run_fraud_workload(
     partitions: int = 2,
     bad_every: int = 200,
     conf: dict[str, str] | None = None,
+    replicated: bool = False,
+    fault: Callable[[JobHandle], str] | None = None,
+    fault_at_s: float = 0.0,
     status: StatusLine | None = None,
     say: Callable[[str], None] = lambda _: None,
 ) -> WorkloadReport:
-    """Run the fraud job for ``duration_s`` at ``rate`` events/s, drain it, verify, measure."""
+    """Run the fraud job for ``duration_s`` at ``rate`` events/s, drain it, verify, measure.
+
+    ``replicated``: the single-input variant with ``spark.replication.enabled`` (two regions
+    and the window need an ordering mode).  ``fault(handle)`` is called ``fault_at_s`` into
+    the load and returns a description of what it did."""
     stamp = f"{int(time.time() * 1000) % 10**10}"
     topics = Topics.with_prefix(f"w{stamp}-")
-    create_topics(bootstrap, {topics.eu: partitions, topics.us: partitions})
-    job = build_job(topics, name=f"fraud-monitor-{stamp}")
-    handle = run(job, spark=spark, conf={"spark.replication.kafka.bootstrapServers": bootstrap, **(conf or {})})
+    conf = {"spark.replication.kafka.bootstrapServers": bootstrap, **(conf or {})}
+    if replicated:
+        create_topics(bootstrap, {topics.eu: partitions})
+        job = build_replicated_job(topics.eu, topics.decisions, name=f"fraud-replicated-{stamp}")
+        conf["spark.replication.enabled"] = "true"
+        regions = [topics.eu]
+    else:
+        create_topics(bootstrap, {topics.eu: partitions, topics.us: partitions})
+        job = build_job(topics, name=f"fraud-monitor-{stamp}")
+        regions = [topics.eu, topics.us]
+    handle = run(job, spark=spark, conf=conf)
     say(handle.plan.describe())
     deadline = time.monotonic() + 120
     while handle.master.started_at is None and handle.running and time.monotonic() < deadline:
         time.sleep(0.1)
-    say("   placement:\n" + handle.placement_table())
+    say("   placement (replica -> worker -> executor):\n" + handle.placement_table())
 
     def make(gen: PaymentGenerator):
         def f(ts: int):
@@ -111,29 +146,45 @@ def run_fraud_workload(
 
     def job_status() -> str:
         m = handle.sink_metrics()
-        return f"job: {m.records_out:,} out, p99 {m.latency.percentile(0.99) * 1000:.0f} ms"
+        return f"job: {m.records_out // handle.plan.replicas:,} out, p99 {m.latency.percentile(0.99) * 1000:.0f} ms"
 
-    say(f"== load: {rate:.0f} events/s for {duration_s:.0f}s into {topics.eu}, {topics.us}")
-    load = generate_load(bootstrap, [(topics.eu, make(PaymentGenerator("eu", bad_every=bad_every))),
-                                     (topics.us, make(PaymentGenerator("us", bad_every=bad_every)))],
+    injected: dict[str, Any] = {}
+    timer = None
+    if fault is not None:
+        def inject() -> None:
+            injected["at"] = time.time()
+            injected["what"] = fault(handle)
+        timer = threading.Timer(fault_at_s, inject)
+
+    say(f"== load: {rate:.0f} events/s for {duration_s:.0f}s into {', '.join(regions)}")
+    if timer is not None:
+        timer.start()
+    load = generate_load(bootstrap, [(t, make(PaymentGenerator(t.rsplit("-", 1)[-1], bad_every=bad_every)))
+                                     for t in regions],
                          rate=rate, duration_s=duration_s, status=status, extra_status=job_status)
+    if timer is not None:
+        timer.join()
+        say(f"== fault at {fault_at_s:.0f}s: {injected.get('what', '?')}")
     say("== draining: sources read to the end, windows flush, the job finishes")
     result = handle.drain(timeout=300)
 
     say("== verifying the output against a plain-Python reference")
     decisions_raw = read_all(bootstrap, topics.decisions)
     decisions = [json.loads(r.value) for r in decisions_raw]
-    totals = [json.loads(r.value) for r in read_all(bootstrap, topics.totals)]
     dead = read_all(bootstrap, f"{job.name}.dlq")
-    exp_decisions, exp_totals = reference([load.parsed[topics.eu], load.parsed[topics.us]])
-    checks = [
-        Check("decisions", len(decisions), len(exp_decisions), canonical(decisions) == canonical(exp_decisions)),
-        Check("window totals", len(totals), len(exp_totals), canonical(totals) == canonical(exp_totals)),
-        Check("dead letters", len(dead), load.malformed, len(dead) == load.malformed),
-    ]
+    exp_decisions, exp_totals = reference([load.parsed[t] for t in regions])
+    checks = [Check("decisions", len(decisions), len(exp_decisions), canonical(decisions) == canonical(exp_decisions))]
+    totals: list = []
+    if not replicated:
+        totals = [json.loads(r.value) for r in read_all(bootstrap, topics.totals)]
+        checks.append(Check("window totals", len(totals), len(exp_totals), canonical(totals) == canonical(exp_totals)))
+    # with replication every live replica writes its dead letters (keyed by source coordinates)
+    distinct_dead = {(dict(r.headers).get("source.partition"), dict(r.headers).get("source.offset")) for r in dead}
+    checks.append(Check("dead letters", len(distinct_dead), load.malformed, len(distinct_dead) == load.malformed))
     samples = []
     for r, d in zip(decisions_raw, decisions, strict=True):
-        h = {k: float(v) for k, v in r.headers}
+        h = {k: float(v) for k, v in r.headers if k in ("ingest_ts", "sink_ts")}
         samples.append(Sample(d["ts"] / 1000, h["ingest_ts"], h["sink_ts"]))
     return WorkloadReport(load, result, handle, checks, samples, decisions=len(decisions),
-                          alerts=sum(bool(d["alerts"]) for d in decisions), window_totals=len(totals))
+                          alerts=sum(bool(d["alerts"]) for d in decisions), window_totals=len(totals),
+                          fault_at=injected.get("at"), fault=injected.get("what", ""))

@@ -521,13 +521,13 @@ def test_describe_lists_every_task():
 def test_place_spreads_instances_evenly(workers, plan_args):
     plan = _fraud_plan(**plan_args)
     placement = place(plan, workers)
-    assert sorted(placement) == sorted(plan.instances())
+    assert sorted(placement) == sorted((t, p, 0) for t, p in plan.instances())
     assert set(placement.values()) <= set(range(workers))
     load = Counter(placement.values())
     counts = [load.get(w, 0) for w in range(workers)]
     assert max(counts) - min(counts) <= 1
     for t in plan.tasks:
-        on = [placement[(t.id, p)] for p in range(t.parallelism)]
+        on = [placement[(t.id, p, 0)] for p in range(t.parallelism)]
         if workers >= t.parallelism:
             assert len(set(on)) == t.parallelism, (t.name, on)
         else:  # as spread as the worker count allows
@@ -542,11 +542,25 @@ def test_place_eight_stateful_partitions_on_three_workers():
     plan = _plan(job, {"in": 1})
     placement = place(plan, 3)
     assert sorted(Counter(placement.values()).values()) == [3, 3, 3]
-    stateful = [placement[(1, p)] for p in range(8)]
+    stateful = [placement[(1, p, 0)] for p in range(8)]
     assert sorted(Counter(stateful).values()) == [2, 3, 3]
     assert all(stateful[p] != stateful[p + 1] for p in range(7))  # neighbours never share a worker
 
 
 def test_place_needs_a_worker():
-    with pytest.raises(ValueError, match="at least one worker"):
+    with pytest.raises(JobDefinitionError, match="at least 1 worker"):
         place(_fraud_plan(), 0)
+
+
+def test_place_keeps_the_two_replicas_of_every_partition_apart():
+    job, src = _simple_job()
+    src.key_by(_ident).process(Count(), name="c", parallelism=8).sink("out")
+    plan = _plan(job, {"in": 1})
+    plan.replicas = 2
+    placement = place(plan, 3)
+    assert len(placement) == 2 * len(plan.instances())
+    for t, p in plan.instances():
+        assert placement[(t, p, 0)] != placement[(t, p, 1)]
+    assert sorted(Counter(placement.values()).values()) == [6, 6, 6]  # 18 replicas on 3 workers
+    with pytest.raises(JobDefinitionError, match="at least 2 worker"):
+        place(plan, 1)

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from replication.config import (
-    ENABLED_UNAVAILABLE,
     KEYS,
     PREFIX,
     ConfigError,
@@ -44,7 +43,7 @@ def test_prefix_and_defaults() -> None:
     assert c.dead_letter_topic("orders") == "orders.dlq"
     assert cfg(deadLetterTopic="bad-records").dead_letter_topic("orders") == "bad-records"
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 18
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 21
 
 
 def test_other_keys_ignored_and_values_typed() -> None:
@@ -160,14 +159,14 @@ def test_all_problems_collected_in_one_error() -> None:
         PREFIX + "paralelism": "3",
         PREFIX + "workers": "many",
         PREFIX + "channel.batchSize": "0",
-        PREFIX + "enabled": "true",
+        PREFIX + "mode": "kazoo",
         PREFIX + "kafka.producer.no.such.property": "1",
     })
     assert err.keys == [
         PREFIX + "paralelism",
-        PREFIX + "workers",
+        PREFIX + "workers",  # failed to parse: reported first
+        PREFIX + "mode",
         PREFIX + "channel.batchSize",
-        PREFIX + "enabled",
         PREFIX + "kafka.producer.no.such.property",
     ]
     message = str(err)
@@ -184,16 +183,12 @@ def test_cross_key_vnodes_le_key_groups() -> None:
     assert refused({PREFIX + "state.keyGroups": "63", PREFIX + "state.vnodes": "128"}).keys == [PREFIX + "state.keyGroups"]
 
 
-def test_enabled_true_refused() -> None:
+def test_enabled_true_accepted_and_mode_validated() -> None:
     for raw in ("true", "True", True):
-        err = refused({PREFIX + "enabled": raw})
-        assert err.key == PREFIX + "enabled"
-        assert str(err) == ENABLED_UNAVAILABLE == (
-            "spark.replication.enabled=true: active replication is not available in this build yet (planned); "
-            "run with false"
-        )
-    with pytest.raises(ConfigError, match="not available in this build"):
-        ReplicationConfig(kafka_bootstrap_servers="h:1", enabled=True)
+        assert cfg(enabled=raw).enabled is True
+    assert cfg().mode == "unordered"
+    err = refused({PREFIX + "enabled": "true", PREFIX + "mode": "liverobin"})
+    assert err.keys == [PREFIX + "mode"] and "must be one of unordered" in str(err)
 
 
 def test_direct_construction_validates() -> None:

@@ -75,7 +75,7 @@ def test_executor_kill_without_replication_fails_the_job_clearly(stack, spark, t
     victim = handle.master.workers[0].executor
     assert victim in executor_ids(spark.sparkContext)
     kill_executor(spark.sparkContext, victim)
-    with pytest.raises(JobFailedError, match="relaunched.*spark.replication.enabled"):
+    with pytest.raises(JobFailedError, match="lost.*spark.replication.enabled"):
         handle.wait(timeout=120)
     assert spark.sparkContext.statusTracker().getActiveJobsIds() == []
 

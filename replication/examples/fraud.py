@@ -176,3 +176,21 @@ def generate(gen: PaymentGenerator, n: int, start_ts: int, step_ms: int) -> tupl
         else:
             payments.append(p)
     return records, payments, bad
+
+
+def build_replicated_job(payments_topic: str, decisions_topic: str, name: str = "fraud-replicated") -> Job:
+    """The single-input variant for replication without an ordering mode: every task has one
+    input channel per partition, so both replicas see the same order.
+
+    The payments topic is keyed by card, so ``key_by(card, prepartitioned=True)`` keeps each
+    card in its source partition (no shuffle); the sink is a task of its own so that its
+    replicas can fail independently of the rule's.
+    """
+    job = Job(name)
+    (job.source(payments_topic, deserializer="json", timestamp=lambda p: p["ts"])
+     .filter(is_valid, name="valid-amount")
+     .key_by(lambda p: p["card"], prepartitioned=True)
+     .process(FraudRule(), name="fraud-rule")
+     .new_task()
+     .sink(decisions_topic, serializer="json", key_serializer="str", name="decisions-sink"))
+    return job
