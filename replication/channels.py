@@ -82,6 +82,8 @@ class OutputChannel:
         n = len(self._transports)
         self._pos = [first_seq] * n  # per replica: the next seq it must send
         self._alive = [True] * n
+        self._retired = [False] * n  # the replica finished (had END): it needs nothing more
+        self._unsent = [0] * n  # per replica: sealed batches it has not sent yet
         self._closed = False
         self._cond = threading.Condition()
         self.batches_sent = [0] * n
@@ -109,6 +111,8 @@ class OutputChannel:
             while self._backlog() >= self._max_ready and not self._closed and any(self._alive):
                 self._cond.wait()
             self._raise_if_unusable()
+            if not any(self._alive):
+                return  # every destination replica finished: what is left are duplicates
             if not self._current:
                 self._current_started = time.monotonic()
             self._current.append(element)
@@ -125,17 +129,17 @@ class OutputChannel:
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush, wait until every live replica got everything (or ``timeout``), stop the senders.
-        True if at least one replica received everything."""
+        True if at least one replica received everything (or finished, see :meth:`retire`)."""
         self.flush()
         with self._cond:
-            done = self._cond.wait_for(
+            self._cond.wait_for(
                 lambda: all(p == self._next_seq for p, a in zip(self._pos, self._alive, strict=True) if a)
                 or not any(self._alive), timeout)
-            delivered = bool(done) and any(self._alive)
+            delivered = any(self._retired) or any(p == self._next_seq for p in self._pos)
             self._closed = True
             self._cond.notify_all()
-        for t in self._threads:
-            t.join(timeout=1.0)
+        for t in self._threads:  # a sender stuck in a transport call is left to finish on its own
+            t.join(timeout=0.05)
         return delivered
 
     def abort(self) -> None:
@@ -152,6 +156,16 @@ class OutputChannel:
         with self._cond:
             self._cut_off(replica, reason)
 
+    def retire(self, replica: int) -> None:
+        """Stop sending to ``replica`` because it finished: it received END on this channel (from
+        either upstream replica), so it has everything; this counts as delivered."""
+        with self._cond:
+            if self._alive[replica]:
+                self._retired[replica] = True
+                self._alive[replica] = False
+                self._trim()
+                self._cond.notify_all()
+
     # -- internals (caller holds the condition) ----------------------------------------------
     def _cut_off(self, replica: int, reason: str) -> None:
         if self._alive[replica]:
@@ -163,13 +177,13 @@ class OutputChannel:
 
     def _backlog(self) -> int:
         """Sealed batches the fastest live replica has not sent yet (cuts off laggards)."""
-        pending = {i: sum(1 for s in self._sealed if s >= self._pos[i]) for i, a in enumerate(self._alive) if a}
-        if not pending:
+        live = [i for i, a in enumerate(self._alive) if a]
+        if not live:
             return 0
-        fastest = min(pending.values())
-        for i, n in pending.items():
-            if n - fastest > self._lag_limit:
-                self._cut_off(i, f"{n - fastest} batches behind the other replica")
+        fastest = min(self._unsent[i] for i in live)
+        for i in live:
+            if self._unsent[i] - fastest > self._lag_limit:
+                self._cut_off(i, f"{self._unsent[i] - fastest} batches behind the other replica")
         return fastest
 
     def _seal(self) -> None:
@@ -179,6 +193,8 @@ class OutputChannel:
         self._batches[self._next_seq] = (payload, len(batch))
         self._sealed.append(self._next_seq)
         self._next_seq += len(batch)
+        for i in range(len(self._unsent)):
+            self._unsent[i] += 1
 
     def _trim(self) -> None:
         live = [p for p, a in zip(self._pos, self._alive, strict=True) if a]
@@ -189,7 +205,7 @@ class OutputChannel:
     def _raise_if_unusable(self) -> None:
         if self._closed:
             raise ChannelClosed(f"channel {self.spec.id} is closed")
-        if not any(self._alive):
+        if not any(self._alive) and not any(self._retired):
             raise ChannelClosed(f"channel {self.spec.id}: every replica of partition {self.spec.dst_partition} "
                                 f"of task {self.spec.dst_task} is lost")
 
@@ -217,10 +233,12 @@ class OutputChannel:
                 transport(payload)
             except BaseException as err:  # noqa: BLE001 - the replica is cut off, the others go on
                 with self._cond:
-                    self._cut_off(i, f"send failed: {err}")
+                    if not self._retired[i]:
+                        self._cut_off(i, f"send failed: {err}")
                 return
             with self._cond:
                 self._pos[i] = first_seq + count
+                self._unsent[i] -= 1
                 self.batches_sent[i] += 1
                 self.elements_sent[i] += count
                 self._trim()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -100,6 +101,7 @@ class ReplicaRow:
     jvm_pid: int | None
     alive: bool
     note: str
+    metrics: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # as last reported to the driver
 
 
 # --------------------------------------------------------------------------- /proc
@@ -569,21 +571,23 @@ def list_replicas(job: str | None = None, *, status: Mapping[str, Any] | None = 
             index=_int_or_none(entry.get("replica")), worker=worker,
             attempt=None if w is None else _int_or_none(w.get("attempt")), executor=executor,
             address=None if w is None else w.get("address"), python_pid=python_pid, jvm_pid=jvm_pid,
-            alive=alive, note=note,
+            alive=alive, note=note, metrics=status.get("metrics", {}).get(name, {}),
         ))
     return rows
 
 
 def format_table(rows: Sequence[ReplicaRow]) -> str:
     """The rows of :func:`list_replicas` as an aligned text table."""
-    header = ["REPLICA", "WORKER", "ATTEMPT", "EXECUTOR", "JVM PID", "PYTHON PID", "ADDRESS", "ALIVE"]
+    header = ["REPLICA", "WORKER", "ATTEMPT", "EXECUTOR", "JVM PID", "PYTHON PID", "IN", "OUT", "DEDUP DROPS",
+              "GAPS", "QUEUE", "P99 MS", "ROLE", "ALIVE"]
 
     def cell(v: Any) -> str:
         return "-" if v is None else str(v)
 
     lines = [header] + [
         [r.replica, cell(r.worker), cell(r.attempt), cell(r.executor), cell(r.jvm_pid), cell(r.python_pid),
-         cell(r.address), ("yes" if r.alive else "no") + (f" ({r.note})" if r.note else "")]
+         *(cell(r.metrics.get(k)) for k in ("in", "out", "dedup_dropped", "gaps", "queue", "p99_ms")),
+         r.metrics.get("role") or "-", ("yes" if r.alive else "no") + (f" ({r.note})" if r.note else "")]
         for r in rows
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

@@ -90,6 +90,7 @@ class JobMaster:
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self._status_dirty = True
+        self._status_written = 0.0
 
     # -- state changes (caller holds the condition unless noted) ---------------------------------
     def event(self, text: str) -> None:
@@ -187,13 +188,16 @@ class JobMaster:
             if info is None or info.attempt != attempt or (w in self.dead and not info.standby):
                 return {"command": "evicted"}  # declared dead while unresponsive, or an old attempt
             info.last_seen = time.monotonic()
-            self.metrics.update(req.get("metrics", {}))
+            if "metrics" in req:
+                self.metrics.update(req["metrics"])
+                self._status_dirty = True
             self._sink_progress(req.get("sinks", {}))
-            command = self.command
+            reply = {"command": self.command, "dead": list(self.dead), "sinks": self._sink_roles(),
+                     "finished": [w for w, r in self.reports.items() if r.get("status") == "finished"]}
         if req.get("errors"):
             self.fail("; ".join(req["errors"]))
-            command = "stop"
-        return {"command": command, "dead": list(self.dead), "sinks": self._sink_roles()}
+            reply["command"] = "stop"
+        return reply
 
     def _sink_progress(self, progress: dict) -> None:
         for key, (seq, offset) in progress.items():
@@ -241,8 +245,9 @@ class JobMaster:
                             self._declare_dead(w, f"executor {info.executor} left the cluster")
                         elif now - info.last_seen > self.failure_timeout_s:
                             self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
-                if self._status_dirty:
+                if self._status_dirty and time.monotonic() - self._status_written >= 0.5:
                     self._status_dirty = False
+                    self._status_written = time.monotonic()
                     self._write_status()
 
     def close(self, state: str) -> None:
@@ -264,6 +269,11 @@ class JobMaster:
             "sinks": {self._replica_label(t, p, role[0]): {"epoch": role[1], "committed_seq": role[2]}
                       for (t, p), role in self.sinks.items()},
             "events": [{"time": ts, "text": text} for ts, text in self.events[-50:]],
+            "metrics": {name: {"in": m.records_in, "out": m.records_out, "dedup_dropped": m.dedup_dropped,
+                               "gaps": m.gaps, "queue": m.queue_batches, "dead_lettered": m.dead_lettered,
+                               "p50_ms": round(m.latency.percentile(0.5) * 1000, 1),
+                               "p99_ms": round(m.latency.percentile(0.99) * 1000, 1),
+                               "role": m.role, "finished": m.finished} for name, m in self.metrics.items()},
         }
         try:
             write_status(self.job_name, status)

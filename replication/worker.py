@@ -73,6 +73,7 @@ class Worker:
         self._peers: dict[str, rpc.Peer] = {}
         self._stopping = threading.Event()
         self.dead_workers: set[int] = set()
+        self.finished_workers: set[int] = set()
         self._transports_to: dict[int, list[tuple[OutputChannel, int]]] = {}  # worker -> (channel, replica)
         self.producer: Producer | None = None
         self.dead_letters: DeadLetterWriter | None = None
@@ -120,7 +121,8 @@ class Worker:
                 for spec in plan.output_channels(task_id, part, edge.edge_id):
                     targets = [placement[(spec.dst_task, spec.dst_partition, r)] for r in range(plan.replicas)]
                     transports = [self._push if w == self.index else remote_transport(
-                        self._peer(addresses[w]), lambda w=w: w in self.dead_workers or self._stopping.is_set())
+                        self._peer(addresses[w]),
+                        lambda w=w: w in self.dead_workers or w in self.finished_workers or self._stopping.is_set())
                         for w in targets]
                     ch = OutputChannel(spec, transports, batch_size=cfg.channel_batch_size,
                                        buffer_timeout_s=cfg.channel_buffer_timeout_ms / 1000,
@@ -142,6 +144,10 @@ class Worker:
             self.dead_workers.add(w)
             for ch, r in self._transports_to.get(w, ()):
                 ch.cut_off(r, f"worker {w} declared dead by the driver")
+        for w in set(reply.get("finished", ())) - self.finished_workers:
+            self.finished_workers.add(w)
+            for ch, r in self._transports_to.get(w, ()):
+                ch.retire(r)
         for (task_id, part), role in reply.get("sinks", {}).items():
             inst = self.instances.get((task_id, part))
             if inst is not None and inst.sinks:

@@ -463,8 +463,13 @@ def test_list_replicas(fake: FakeExecutor) -> None:
     assert (rows[2].alive, rows[2].note, rows[2].jvm_pid) == (False, "declared dead", None)
     table = chaos.format_table(rows).splitlines()
     assert table[0].split()[:4] == ["REPLICA", "WORKER", "ATTEMPT", "EXECUTOR"]
+    # no metrics reported yet: dashes
     assert table[1].split() == ["rule[0]r0", "0", "0", "7", str(fake.jvm), str(fake.worker),
-                                "127.0.0.1:4567", "yes"]
+                                "-", "-", "-", "-", "-", "-", "-", "yes"]
+    st["metrics"] = {"rule[0]r0": {"in": 120, "out": 118, "dedup_dropped": 120, "gaps": 0, "queue": 3,
+                                   "p99_ms": 12.5, "role": "writer"}}
+    row = chaos.format_table(chaos.list_replicas(status=st)).splitlines()[1].split()
+    assert row[6:] == ["120", "118", "120", "0", "3", "12.5", "writer", "yes"]
     assert "no (not registered)" in table[2]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
 import threading
 import time
@@ -21,8 +22,9 @@ from pyspark import cloudpickle
 
 from deploy.topics import create_topics, produce, read_all
 from replication import Job, KeyedProcessFunction, run
-from replication.chaos import kill_executor, locate, pause_executor, resume_executor
+from replication.chaos import kill_executor, kill_python, locate, pause_executor, resume_executor
 from replication.examples.fraud import PaymentGenerator, build_replicated_job, canonical, generate, reference
+from replication.status import read_status
 
 pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
@@ -74,6 +76,15 @@ def _run_with_fault(stack, spark, prefix, victim: str, fault):
 
 def _kill(job: str, replica: str) -> None:
     kill_executor(locate(replica, job=job))
+
+
+def test_python_worker_kill_is_masked(stack, spark, topic_prefix):
+    """Only the Python worker hosting a replica dies (its executor JVM lives on): the driver
+    notices the silent worker or its relaunch, and the output stays exact."""
+    result, got, expected, _ = _run_with_fault(stack, spark, topic_prefix, "fraud-rule[0]r1",
+                                               lambda job, replica: kill_python(locate(replica, job=job)))
+    assert canonical(got) == canonical(expected)
+    assert any("declared dead" in text for _, text in result.events), result.events
 
 
 @pytest.mark.parametrize("victim", ["source:{p}payments[0]r1", "fraud-rule[1]r0", "decisions-sink[0]r0"],
@@ -143,3 +154,42 @@ def test_unordered_mode_diverges_on_a_two_input_task(stack, spark, topic_prefix,
     assert any("may diverge" in r.getMessage() and "union" in r.getMessage() for r in caplog.records)
     d0, d1 = result.per_instance["hash[0]r0"].state_digest, result.per_instance["hash[0]r1"].state_digest
     assert d0 and d1 and d0 != d1
+
+
+def test_eight_partitions_on_three_executors_with_live_replica_metrics(stack, spark, topic_prefix):
+    """24 partitions (three tasks x 8) as 48 replicas on 3 executors, replicas apart; while the job
+    runs, `replication replicas JOB` shows every replica with its counters."""
+    src, out = f"{topic_prefix}payments", f"{topic_prefix}decisions"
+    create_topics(stack.bootstrap_servers, {src: 8})
+    recs, payments, _ = generate(PaymentGenerator("eu", cards=120), 4000, start_ts=1_700_000_000_000, step_ms=3)
+    produce(stack.bootstrap_servers, src, recs)
+    job = build_replicated_job(src, out, name=f"{topic_prefix}fraud8")
+    handle = run(job, spark=spark, conf=_conf(stack))
+    _started(handle)
+    assert len(handle.placement) == 48
+    executor_of = {w: info.executor for w, info in handle.master.workers.items()}
+    assert len(set(executor_of.values())) == 3
+    for (t, p, r), w in handle.placement.items():
+        if r == 0:
+            assert executor_of[w] != executor_of[handle.placement[(t, p, 1)]]
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        metrics = read_status(job.name).get("metrics", {})
+        if sum(metrics.get(f"fraud-rule[{p}]r{r}", {}).get("in", 0) for p in range(8) for r in (0, 1)) >= 2 * 3900:
+            break
+        time.sleep(0.5)
+    cli = subprocess.run([sys.executable, "-m", "replication.cli", "replicas", job.name],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    rows = {line.split()[0]: line.split() for line in cli.stdout.splitlines() if "[" in line.split()[0]}
+    assert len(rows) == 48
+    header = next(line.split() for line in cli.stdout.splitlines() if line.startswith("REPLICA"))
+    col = header.index("IN") - 2  # "JVM PID" and "PYTHON PID" are two words each in the header
+    assert sum(int(rows[f"fraud-rule[{p}]r{r}"][col]) for p in range(8) for r in (0, 1)) >= 2 * 3900
+    assert handle.running
+
+    result = handle.drain(timeout=300)
+    got = [json.loads(r.value) for r in read_all(stack.bootstrap_servers, out)]
+    assert canonical(got) == canonical(reference([payments])[0])
+    assert result.records_written == len(got)
