@@ -14,15 +14,13 @@ exact is reported as such).  Writes ``summary.csv`` (one row per rate),
 from __future__ import annotations
 
 import argparse
-import csv
-import platform
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from replication.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session  # noqa: E402
@@ -72,23 +70,12 @@ def main() -> int:
                                      "p99_ms": percentile(by_second[sec], .99) * MS})
         finally:
             stop_session(spark)
-    _write_csv(out / "summary.csv", rows)
-    _write_csv(out / "timeline.csv", timeline)
+    write_csv(out / "summary.csv", rows)
+    write_csv(out / "timeline.csv", timeline)
     _plot(out, rows, timeline)
-    (out / "machine.txt").write_text(
-        f"{platform.platform()}, {platform.processor() or platform.machine()}, python {platform.python_version()}, "
-        f"cores {__import__('os').cpu_count()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-        f"command: {' '.join(sys.argv)}\n")
+    write_machine(out)
     print(f"wrote {out}/summary.csv, timeline.csv, latency_vs_rate.png, timeline.png")
     return 0 if all(r["exact"] for r in rows) else 1
-
-
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()})
 
 
 def _plot(out: Path, rows: list[dict], timeline: list[dict]) -> None:

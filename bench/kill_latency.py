@@ -12,15 +12,13 @@ worst after, seconds above 2x the steady p99, failover events) and ``kill_latenc
 from __future__ import annotations
 
 import argparse
-import csv
-import platform
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from replication.demo import kill_replica_executor  # noqa: E402
 from replication.progress import StatusLine  # noqa: E402
@@ -69,15 +67,10 @@ def main() -> int:
                                         for k, v in row.items() if k != "events"), flush=True)
         finally:
             stop_session(spark)
-    for name, rows in (("timeline.csv", timeline), ("summary.csv", summary)):
-        with (out / name).open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+    write_csv(out / "timeline.csv", timeline)
+    write_csv(out / "summary.csv", summary)
     _plot(out, timeline, summary)
-    (out / "machine.txt").write_text(f"{platform.platform()}, python {platform.python_version()}, cores "
-                                     f"{__import__('os').cpu_count()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
-                                     f"command: {' '.join(sys.argv)}\n")
+    write_machine(out)
     print(f"wrote {out}/timeline.csv, summary.csv, kill_latency.png")
     return 0 if all(r["exact"] for r in summary) else 1
 

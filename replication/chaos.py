@@ -35,10 +35,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from replication import procfs
 from replication.status import list_status_jobs, read_status
 
 #: the main class of a standalone / local-cluster executor JVM
@@ -104,62 +105,15 @@ class ReplicaRow:
     metrics: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # as last reported to the driver
 
 
-# --------------------------------------------------------------------------- /proc
+# --------------------------------------------------------------------------- /proc (replication.procfs)
 
-
-def _cmdline(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        raw = f.read()
-    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-
-
-def _stat(pid: int) -> tuple[str, str, int]:
-    """``(comm, state, ppid)`` of a process, from ``/proc/<pid>/stat``."""
-    with open(f"/proc/{pid}/stat") as f:
-        data = f.read()
-    head, _, tail = data.rpartition(")")
-    fields = tail.split()
-    return head.partition("(")[2], fields[0], int(fields[1])
-
-
-def _state(pid: int) -> str | None:
-    """The one-letter process state (R, S, T, Z, ...), None if there is no such process."""
-    try:
-        return _stat(pid)[1]
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    """True if ``pid`` runs (or is stopped); zombies count as dead."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return _state(pid) not in (None, "Z", "X")
-
-
-def _arg(argv: list[str], name: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
+_cmdline, _stat, _state, _alive, _arg, _pids = (procfs.cmdline, procfs.stat, procfs.state, procfs.alive,
+                                                  procfs.arg, procfs.pids)
+_is_python, descendants = procfs.is_python, procfs.descendants
 
 
 def _is_executor_cmdline(argv: list[str]) -> bool:
     return any(a.endswith("." + EXECUTOR_BACKEND) for a in argv)
-
-
-def _pids() -> Iterator[int]:
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            yield int(name)
 
 
 def executor_jvms(app_id: str) -> dict[str, list[int]]:
@@ -178,60 +132,8 @@ def executor_jvms(app_id: str) -> dict[str, list[int]]:
     return found
 
 
-def _process_tree() -> dict[int, list[int]]:
-    """Parent pid -> child pids, for all processes (zombies excluded)."""
-    children: dict[int, list[int]] = {}
-    for pid in _pids():
-        try:
-            _, state, ppid = _stat(pid)
-        except (OSError, ValueError, IndexError):
-            continue
-        if state not in ("Z", "X"):
-            children.setdefault(ppid, []).append(pid)
-    return children
-
-
-def descendants(root: int) -> list[int]:
-    """All live descendants of ``root`` (not ``root`` itself), parents before children."""
-    tree = _process_tree()
-    out: list[int] = []
-    frontier = [root]
-    while frontier:
-        nxt: list[int] = []
-        for pid in frontier:
-            for child in sorted(tree.get(pid, ())):
-                if child not in out:
-                    out.append(child)
-                    nxt.append(child)
-        frontier = nxt
-    return out
-
-
 def _is_descendant(pid: int, root: int) -> bool:
-    cur = pid
-    for _ in range(_MAX_DEPTH):
-        try:
-            cur = _stat(cur)[2]
-        except (OSError, ValueError, IndexError):
-            return False
-        if cur == root:
-            return True
-        if cur <= 1:
-            return False
-    return False
-
-
-def _is_python(pid: int) -> bool:
-    try:
-        comm = _stat(pid)[0]
-    except (OSError, ValueError, IndexError):
-        return False
-    if comm.startswith("python"):
-        return True
-    with contextlib.suppress(OSError):
-        if os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python"):
-            return True
-    return False
+    return root in procfs.ancestors(pid, _MAX_DEPTH)
 
 
 # --------------------------------------------------------------------------- safety checks

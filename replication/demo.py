@@ -8,12 +8,12 @@ plain-Python reference and prints a summary.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from deploy.stack import EmbeddedStack, require_java17
+from replication import procfs
 from replication.chaos import kill_executor, locate
 from replication.plan import replica_name
 from replication.progress import StatusLine
@@ -46,30 +46,7 @@ def kill_replica_executor(handle: Any, replica: str) -> str:
 
 def python_processes_under(root_pids: list[int]) -> list[int]:
     """Python processes descending from ``root_pids`` (the executors' Python workers and daemons)."""
-    parents: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                fields = dict(line.split(":", 1) for line in f if ":" in line)
-            parents[int(entry)] = int(fields["PPid"].strip())
-            names[int(entry)] = fields["Name"].strip()
-        except (OSError, KeyError, ValueError):
-            continue
-    roots = set(root_pids)
-
-    def under(pid: int) -> bool:
-        seen = 0
-        while pid > 1 and seen < 64:
-            pid = parents.get(pid, 0)
-            if pid in roots:
-                return True
-            seen += 1
-        return False
-
-    return sorted(p for p, n in names.items() if n.startswith("python") and under(p))
+    return sorted({p for root in root_pids for p in procfs.descendants(root) if procfs.is_python(p)})
 
 
 def main(opts: DemoOptions) -> int:

@@ -493,6 +493,11 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
         spark = SparkSession.builder.getOrCreate()
     sc = spark.sparkContext
     cfg = resolve_config(sc, conf)
+    max_failures = int(sc.getConf().get("spark.task.maxFailures", "4"))
+    if max_failures < 10:
+        log.warning("spark.task.maxFailures=%d: Spark aborts the whole job (every worker) when one worker "
+                    "task has failed that often (each executor loss counts); set it to 100 or more",
+                    max_failures)
     plan = prepare(job, cfg)
     warm = warm_up(sc)
     num_workers = cfg.workers or len(executor_ids(sc))

@@ -169,32 +169,46 @@ class WindowOperator(Operator):
         self.next.on_watermark(wm)
 
 
-class SinkOperator(Operator):
-    """Produces every value to a Kafka topic; records end-to-end latency."""
+class SinkBase(Operator):
+    """Serializes records for a Kafka topic; the subclasses decide how they are written."""
 
     def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
         super().__init__(name, env)
         self.topic = topic
         self.serializer = serializer
         self.key_serializer = key_serializer
-        self.producer = env.sink_producer()
 
-    def process(self, rec: tuple) -> None:
+    def serialize(self, rec: tuple) -> tuple[bytes, bytes | None] | None:
+        """``(value, key)`` bytes, or None after sending the record to the dead-letter topic."""
         try:
             value = self.serializer(rec[1])
             key = self.key_serializer(rec[2]) if self.key_serializer is not None else None
         except Exception as exc:  # noqa: BLE001
             self.dead_letter(rec, "serialize: " + describe_error(exc))
-            return
-        now = time.time()
-        headers = [("ingest_ts", repr(rec[4]).encode()), ("sink_ts", repr(now).encode())]
-        produce_blocking(self.producer, self.topic, value=value, key=key, headers=headers)
-        metrics = self.env.metrics
-        metrics.records_out += 1
-        metrics.latency.record(now - rec[4])
+            return None
+        return value, key
 
     def on_watermark(self, wm: int) -> None:
         pass
+
+
+class SinkOperator(SinkBase):
+    """Produces every value to a Kafka topic (no replication); records end-to-end latency."""
+
+    def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
+        super().__init__(name, env, topic, serializer, key_serializer)
+        self.producer = env.sink_producer()
+
+    def process(self, rec: tuple) -> None:
+        out = self.serialize(rec)
+        if out is None:
+            return
+        now = time.time()
+        headers = [("ingest_ts", repr(rec[4]).encode()), ("sink_ts", repr(now).encode())]
+        produce_blocking(self.producer, self.topic, value=out[0], key=out[1], headers=headers)
+        metrics = self.env.metrics
+        metrics.records_out += 1
+        metrics.latency.record(now - rec[4])
 
     def on_end(self) -> None:
         self.env.flush_producer(self.producer)

@@ -28,9 +28,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from replication.deadletter import describe_error
 from replication.kafka_io import produce_blocking
-from replication.operators import Operator
+from replication.operators import SinkBase
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +67,9 @@ def max_written_seq(consumer_conf: dict, topic: str, partition: int, sink_id: st
         consumer.close()
 
 
-class ExactlyOnceSink(Operator):
+class ExactlyOnceSink(SinkBase):
     def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
-        super().__init__(name, env)
-        self.topic = topic
-        self.serializer = serializer
-        self.key_serializer = key_serializer
+        super().__init__(name, env, topic, serializer, key_serializer)
         self.sink_id = env.sink_id
         self.kafka_partition = env.sink_partition(topic)
         self.seq = -1  # last output seq assigned
@@ -92,12 +88,10 @@ class ExactlyOnceSink(Operator):
 
     # -- records ------------------------------------------------------------------------
     def process(self, rec: tuple) -> None:
-        try:
-            value = self.serializer(rec[1])
-            key = self.key_serializer(rec[2]) if self.key_serializer is not None else None
-        except Exception as exc:  # noqa: BLE001
-            self.dead_letter(rec, "serialize: " + describe_error(exc))
+        out = self.serialize(rec)
+        if out is None:
             return
+        value, key = out
         self.seq += 1
         entry = (self.seq, value, key, [("rsink", self.sink_id.encode()), ("rseq", str(self.seq).encode()),
                                         ("ingest_ts", repr(rec[4]).encode())])
@@ -106,9 +100,6 @@ class ExactlyOnceSink(Operator):
         if self.writer:
             self._write(entry, rec[4])
             self._maybe_commit()
-
-    def on_watermark(self, wm: int) -> None:
-        pass
 
     def on_idle(self) -> None:
         if self.writer:

@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from replication import procfs
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -335,56 +337,23 @@ _ident_pid: int | None = None
 _ident: ExecutorProcess | None = None
 
 
-def _read_cmdline(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        raw = f.read()
-    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-
-
-def _read_status(pid: int) -> dict[str, str]:
-    out: dict[str, str] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            out[k] = v.strip()
-    return out
-
-
-def _arg(argv: list[str], name: str) -> str | None:
-    for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def _parse_executor_cmdline(pid: int, argv: list[str]) -> ExecutorProcess | None:
     if not any(a.endswith(_EXECUTOR_BACKEND_SUFFIX) and "." in a for a in argv):
         return None
-    eid = _arg(argv, "--executor-id")
+    eid = procfs.arg(argv, "--executor-id")
     if eid is None:
         return None
-    return ExecutorProcess(eid, pid, _arg(argv, "--hostname"), _arg(argv, "--app-id"))
+    return ExecutorProcess(eid, pid, procfs.arg(argv, "--hostname"), procfs.arg(argv, "--app-id"))
 
 
 def _find_executor_ancestor() -> ExecutorProcess | None:
-    pid = os.getpid()
-    for _ in range(_MAX_ANCESTRY):
+    for ppid in procfs.ancestors(os.getpid(), _MAX_ANCESTRY):
         try:
-            status = _read_status(pid)
-            ppid = int(status.get("PPid", "0"))
-        except (OSError, ValueError):
-            return None
-        if ppid <= 0:
-            return None
-        try:
-            found = _parse_executor_cmdline(ppid, _read_cmdline(ppid))
+            found = _parse_executor_cmdline(ppid, procfs.cmdline(ppid))
         except OSError:
             return None
         if found is not None:
             return found
-        pid = ppid
     return None
 
 
@@ -421,19 +390,13 @@ def executor_jvm_pids(app: SparkContext | str) -> dict[str, int]:
     """
     app_id = app if isinstance(app, str) else app.applicationId
     out: dict[str, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        pid = int(name)
+    for pid in procfs.pids():
         try:
-            ep = _parse_executor_cmdline(pid, _read_cmdline(pid))
-            if ep is None or ep.app_id != app_id:
-                continue
-            if _read_status(pid).get("State", "").startswith(("Z", "X")):
-                continue  # dead, not yet reaped
-        except (OSError, ValueError):
+            ep = _parse_executor_cmdline(pid, procfs.cmdline(pid))
+        except OSError:
             continue
-        out[ep.executor_id] = pid
+        if ep is not None and ep.app_id == app_id and procfs.alive(pid):
+            out[ep.executor_id] = pid
     return out
 
 
