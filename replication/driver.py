@@ -177,6 +177,8 @@ class JobMaster:
                 return {"status": "abort", "reason": self.failure}
             if self.started_at is None:
                 self.started_at = time.monotonic()
+                self._write_status()  # now, so the kill tooling can find the replicas at once
+                self._cond.notify_all()
             self.workers[w].last_seen = time.monotonic()
             return {"status": "ok", "addresses": {i: info.address for i, info in self.workers.items()},
                     "dead": list(self.dead), "sinks": self._sink_roles()}
@@ -354,6 +356,17 @@ class JobHandle:
     @property
     def running(self) -> bool:
         return not self._done.is_set()
+
+    def wait_started(self, timeout: float | None = None) -> None:
+        """Block until every worker has registered and the replicas run (or raise)."""
+        timeout = self.cfg.start_timeout_ms / 1000 if timeout is None else timeout
+        with self.master._cond:
+            self.master._cond.wait_for(lambda: self.master.started_at is not None or self.master.failure
+                                       or not self.running, timeout)
+        if self.master.started_at is None:
+            if self.master.failure or not self.running:
+                self.wait(30)  # raises JobFailedError with the reason
+            raise TimeoutError(f"job {self.job.name}: workers did not register within {timeout}s")
 
     def metrics(self) -> InstanceMetrics:
         """Metrics summed over all instances, as last reported."""

@@ -133,9 +133,7 @@ def run_fraud_workload(
         regions = [topics.eu, topics.us]
     handle = run(job, spark=spark, conf=conf)
     say(handle.plan.describe())
-    deadline = time.monotonic() + 120
-    while handle.master.started_at is None and handle.running and time.monotonic() < deadline:
-        time.sleep(0.1)
+    handle.wait_started()
     say("   placement (replica -> worker -> executor):\n" + handle.placement_table())
 
     def make(gen: PaymentGenerator):

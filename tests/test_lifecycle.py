@@ -26,13 +26,6 @@ def _conf(stack):
     return {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers}
 
 
-def _wait_started(handle, timeout=120):
-    deadline = time.monotonic() + timeout
-    while handle.master.started_at is None and handle.running and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert handle.master.started_at is not None, "workers did not register"
-
-
 def _trickle(stack, topic, gen, stop: threading.Event):
     """Keep producing a little while the test runs, so the job is busy when it is stopped or killed."""
     ts = 1_700_000_000_000
@@ -46,7 +39,7 @@ def test_stop_is_graceful_and_leaves_no_spark_job(stack, spark, topic_prefix):
     topics = Topics.with_prefix(topic_prefix)
     create_topics(stack.bootstrap_servers, {topics.eu: 2, topics.us: 2})
     handle = run(build_job(topics, name=f"{topic_prefix}fraud"), spark=spark, conf=_conf(stack))
-    _wait_started(handle)
+    handle.wait_started(120)
     stop = threading.Event()
     feeder = threading.Thread(target=_trickle, args=(stack, topics.eu, PaymentGenerator("eu"), stop))
     feeder.start()
@@ -71,7 +64,7 @@ def test_executor_kill_without_replication_fails_the_job_clearly(stack, spark, t
     topics = Topics.with_prefix(topic_prefix)
     create_topics(stack.bootstrap_servers, {topics.eu: 2, topics.us: 2})
     handle = run(build_job(topics, name=f"{topic_prefix}fraud"), spark=spark, conf=_conf(stack))
-    _wait_started(handle)
+    handle.wait_started(120)
     victim = handle.master.workers[0].executor
     assert victim in executor_ids(spark.sparkContext)
     kill_executor(spark.sparkContext, victim)

@@ -36,13 +36,6 @@ def _conf(stack):
     return {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, **REPLICATED}
 
 
-def _started(handle, timeout=120):
-    deadline = time.monotonic() + timeout
-    while handle.master.started_at is None and handle.running and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert handle.master.started_at is not None
-
-
 def _run_with_fault(stack, spark, prefix, victim: str, fault):
     """Feed 6,000 payments over ~6 s, apply ``fault(job name, victim replica)`` after ~2 s,
     drain, and return (result, output decisions, expected decisions, handle)."""
@@ -50,7 +43,7 @@ def _run_with_fault(stack, spark, prefix, victim: str, fault):
     create_topics(stack.bootstrap_servers, {src: 2})
     job = build_replicated_job(src, out, name=f"{prefix}fraud")
     handle = run(job, spark=spark, conf=_conf(stack))
-    _started(handle)
+    handle.wait_started(120)
     gen = PaymentGenerator("eu", cards=80, merchants=20)
     payments: list[dict] = []
 
@@ -165,7 +158,7 @@ def test_eight_partitions_on_three_executors_with_live_replica_metrics(stack, sp
     produce(stack.bootstrap_servers, src, recs)
     job = build_replicated_job(src, out, name=f"{topic_prefix}fraud8")
     handle = run(job, spark=spark, conf=_conf(stack))
-    _started(handle)
+    handle.wait_started(120)
     assert len(handle.placement) == 48
     executor_of = {w: info.executor for w, info in handle.master.workers.items()}
     assert len(set(executor_of.values())) == 3
