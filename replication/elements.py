@@ -11,6 +11,7 @@ of the tuple, it is implied by the element's position in its batch.
   ``(topic, partition, offset)`` or None for derived records (window results).
 * ``(WATERMARK, ts)``: event time has reached ``ts`` on this channel.
 * ``(END,)``: the channel is finished (graceful drain).
+* ``(PULSE, h)``: LiveRobin heartbeat number ``h`` (delimits consumption cycles).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 DATA = 0
 WATERMARK = 1
 END = 2
+PULSE = 3
 
 MAX_WATERMARK = 2**63 - 1
 MIN_WATERMARK = -(2**63)
@@ -38,3 +40,8 @@ def watermark(ts: int) -> tuple:
 
 
 END_ELEMENT = (END,)
+
+
+def pulse(h: int) -> tuple:
+    """Build a LiveRobin heartbeat element."""
+    return (PULSE, h)
