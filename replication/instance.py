@@ -187,7 +187,7 @@ class ProcessingInstance(PartitionInstance):
             try:
                 self.queues.put(header.channel, elements[adm.start:adm.stop])
             except QueuesClosed:
-                pass
+                pass  # the instance is stopping: it consumes nothing more
 
     def request_stop(self) -> None:
         super().request_stop()
