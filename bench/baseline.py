@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import write_csv, write_machine  # noqa: E402
+from bench.common import format_row, write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from replication.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session  # noqa: E402
@@ -59,15 +59,9 @@ def main() -> int:
                        "p999_ms": percentile(lat, .999) * MS, "max_ms": max(lat, default=0) * MS,
                        "e2e_p50_ms": percentile(e2e, .5) * MS, "e2e_p99_ms": percentile(e2e, .99) * MS}
                 rows.append(row)
-                print("   " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                                        for k, v in row.items()), flush=True)
-                start = min(s.ingest for s in rep.samples)
-                by_second: dict[int, list[float]] = {}
-                for s in rep.samples:
-                    by_second.setdefault(int(s.ingest - start), []).append(s.sink - s.ingest)
-                for sec in sorted(by_second):
-                    timeline.append({"offered_rate": rate, "second": sec, "count": len(by_second[sec]),
-                                     "p99_ms": percentile(by_second[sec], .99) * MS})
+                print("   " + format_row(row), flush=True)
+                for sec, count, p99 in rep.per_second():
+                    timeline.append({"offered_rate": rate, "second": sec, "count": count, "p99_ms": p99 * MS})
         finally:
             stop_session(spark)
     write_csv(out / "summary.csv", rows)

@@ -25,3 +25,8 @@ def write_machine(out: Path) -> None:
         f"{platform.platform()}, {platform.processor() or platform.machine()}, python {platform.python_version()}, "
         f"cores {os.cpu_count()}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
         f"command: {' '.join(sys.argv)}\n")
+
+
+def format_row(row: dict, skip: tuple[str, ...] = ()) -> str:
+    """A result row as ``key=value, ...`` (floats with one decimal) for the progress log."""
+    return ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in skip)

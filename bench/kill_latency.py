@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import write_csv, write_machine  # noqa: E402
+from bench.common import format_row, write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from replication.demo import kill_replica_executor  # noqa: E402
 from replication.progress import StatusLine  # noqa: E402
@@ -50,11 +50,9 @@ def main() -> int:
                                          fault_at_s=args.duration / 2, status=StatusLine())
                 assert rep.fault_at is not None
                 rows = rep.per_second(origin=rep.fault_at)
-                by_sec = {sec: [s.sink - s.ingest for s in rep.samples if int((s.ingest - rep.fault_at) // 1) == sec]
-                          for sec, _, _ in rows}
-                for sec, count, p99 in rows:
-                    timeline.append({"victim": victim, "second": sec, "count": count, "p99_ms": p99 * MS,
-                                     "p50_ms": percentile(by_sec[sec], .5) * MS})
+                for sec, lat in rep.by_second(origin=rep.fault_at).items():
+                    timeline.append({"victim": victim, "second": sec, "count": len(lat),
+                                     "p99_ms": percentile(lat, .99) * MS, "p50_ms": percentile(lat, .5) * MS})
                 before = [s.sink - s.ingest for s in rep.samples if -8 <= s.ingest - rep.fault_at < -1]
                 steady_p99 = percentile(before, .99)
                 after = [(sec, p99) for sec, _, p99 in rows if 0 <= sec <= 10]
@@ -63,8 +61,7 @@ def main() -> int:
                        "seconds_above_2x": sum(1 for _, p in after if p > 2 * steady_p99),
                        "events": " | ".join(f"{t - rep.fault_at:+.2f}s {e}" for t, e in rep.result.events)}
                 summary.append(row)
-                print("   " + ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
-                                        for k, v in row.items() if k != "events"), flush=True)
+                print("   " + format_row(row, skip=("events",)), flush=True)
         finally:
             stop_session(spark)
     write_csv(out / "timeline.csv", timeline)

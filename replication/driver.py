@@ -132,7 +132,7 @@ class JobMaster:
                 continue
             other = self.placement[(t, p, 1 - r)]
             if other in self.dead:
-                self._fail(f"both replicas of {self._replica_label(t, p, 0)[:-2]} are lost "
+                self._fail(f"both replicas of {self.plan.task(t).name}[{p}] are lost "
                            f"(workers {w} and {other}); rollback recovery needs Rhino checkpoints")
                 return
             role = self.sinks.get((t, p))
@@ -306,10 +306,11 @@ class JobResult:
 
 def _source_records(plan: PhysicalPlan, snapshot: dict[str, InstanceMetrics]) -> int:
     """Records read from Kafka, once per source partition (the replica that read the most)."""
+    sources = {t.name for t in plan.tasks if t.is_source}
     best: dict[str, int] = {}
     for name, m in snapshot.items():
         part = name.rsplit("r", 1)[0]
-        if part.rsplit("[", 1)[0] in {t.name for t in plan.tasks if t.is_source}:
+        if part.rsplit("[", 1)[0] in sources:
             best[part] = max(best.get(part, 0), m.records_in)
     return sum(best.values())
 

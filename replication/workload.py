@@ -61,15 +61,19 @@ class WorkloadReport:
     fault: str = ""  # what it did
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def per_second(self, origin: float | None = None) -> list[tuple[int, int, float]]:
-        """(second since ``origin`` (default: the first ingest), records, p99 seconds), by ingest time."""
+    def by_second(self, origin: float | None = None) -> dict[int, list[float]]:
+        """Source->sink latencies (s) grouped by ingest second since ``origin`` (default: the first ingest)."""
         if not self.samples:
-            return []
+            return {}
         origin = min(s.ingest for s in self.samples) if origin is None else origin
-        by_second: dict[int, list[float]] = {}
+        groups: dict[int, list[float]] = {}
         for s in self.samples:
-            by_second.setdefault(int((s.ingest - origin) // 1), []).append(s.sink - s.ingest)
-        return [(sec, len(v), percentile(v, 0.99)) for sec, v in sorted(by_second.items())]
+            groups.setdefault(int((s.ingest - origin) // 1), []).append(s.sink - s.ingest)
+        return dict(sorted(groups.items()))
+
+    def per_second(self, origin: float | None = None) -> list[tuple[int, int, float]]:
+        """(second since ``origin``, records, p99 seconds), by ingest time (see :meth:`by_second`)."""
+        return [(sec, len(v), percentile(v, 0.99)) for sec, v in self.by_second(origin).items()]
 
     @property
     def exact(self) -> bool:
