@@ -1,0 +1,452 @@
+"""KaZoo's order records and the two pure state machines around the order log (DESIGN §5).
+
+This module owns what goes into the order log and what every replica does with it:
+
+* :class:`Order`: one record of the single-partition order log, ``(epoch, seq, entries)``;
+  ``entries`` are runs ``(channel, count)`` ("consume the next ``count`` elements of
+  ``channel``"); empty entries make an epoch-start (fence) record.
+* :class:`OrderApplier`: every replica, the leader too, consumes its input channels only as the
+  records it reads back from the log say.  Which records count is decided from the log alone:
+  a record whose epoch is below the highest epoch seen is ignored (stale leader), a record of a
+  higher epoch is accepted and makes that epoch current, and within an epoch only a ``seq``
+  strictly above the last accepted one is accepted (so a re-published record is harmless).
+* :class:`OrderProposer`: the leader's side.  It publishes a fence for its epoch, orders nothing
+  until its own applier has accepted that fence, then orders, per channel, only the elements no
+  accepted record covers yet, following the interleaving in which they arrived here.
+
+Where the original KaZoo (paper 004, §IV) was fragile, and what this design does instead:
+
+* It ordered from a FIFO of local arrivals, so after a failover the new leader could order an
+  element the old leader had already ordered (consumed twice) or skip one (never consumed).
+  Here coverage is counted per channel from the accepted log records: once the new leader's
+  fence is accepted, every later accepted record is one of its own orders until a higher epoch
+  appears (and then it is deposed): older epochs are ignored from then on by everyone.  So
+  ``received - covered`` is exactly what nobody ordered, and each order extends every channel's
+  covered prefix without gap or overlap, whatever the leader saw arrive and when.
+* It had no notion of epoch, so a leader that lost its ZooKeeper session could keep publishing
+  next to its successor.  Here every record carries the leader's epoch; a stale leader's record
+  is applied by all replicas if it lands before the successor's fence (the successor then counts
+  it as covered) and ignored by all if it lands after.
+* A deposed leader does not kill itself: seeing a higher epoch in the log (or :meth:`resign`)
+  turns its proposer into a follower's; its applier never stops.
+
+Epochs must be unique per leadership (issued by the election, e.g. from a ZooKeeper counter):
+two leaders never share one.  No I/O, no threads, no clock: time is passed in as ``now``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+# Element kinds (first tuple field).  Only END matters here; they are the runtime's
+# (replication.elements, pinned by a test): kazoo_leader does not import the runtime.
+DATA = 0
+WATERMARK = 1
+END = 2
+PULSE = 3
+
+_VERSION = 1
+_HEADER = struct.Struct(">BqqI")  # version, epoch, seq, number of entries
+_ENTRY = struct.Struct(">qI")  # channel, count
+
+
+class OrderLogCorrupt(Exception):
+    """An accepted order names an unknown channel or elements past a channel's END.
+
+    The proposer never produces such an order; seeing one means the log or the runtime is broken,
+    and every replica reading the same log raises at the same record.
+    """
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class Order:
+    """One order log record: ``entries`` are runs ``(channel, count)``; empty entries = fence."""
+
+    epoch: int
+    seq: int
+    entries: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.epoch) or self.epoch < 0:
+            raise ValueError(f"order epoch must be an int >= 0, got {self.epoch!r}")
+        if not _is_int(self.seq) or self.seq < 0:
+            raise ValueError(f"order seq must be an int >= 0, got {self.seq!r}")
+        entries = tuple(tuple(e) for e in self.entries)
+        for e in entries:
+            if len(e) != 2 or not _is_int(e[0]) or not _is_int(e[1]) or e[1] < 1:
+                raise ValueError(f"order entry must be (channel, count >= 1), got {e!r}")
+        object.__setattr__(self, "entries", entries)
+
+    @property
+    def is_fence(self) -> bool:
+        """True for an epoch-start record (orders nothing)."""
+        return not self.entries
+
+    @property
+    def size(self) -> int:
+        """Number of elements the record orders."""
+        return sum(n for _, n in self.entries)
+
+    def encode(self) -> bytes:
+        """Compact binary form: a 21-byte header and 12 bytes per run."""
+        try:
+            return _HEADER.pack(_VERSION, self.epoch, self.seq, len(self.entries)) + b"".join(
+                _ENTRY.pack(c, n) for c, n in self.entries
+            )
+        except struct.error as exc:
+            raise ValueError(f"order {self} does not fit the record format: {exc}") from None
+
+    @classmethod
+    def decode(cls, data: bytes) -> Order:
+        """Parse :meth:`encode`'s output; ValueError on anything else."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ValueError(f"order record must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) < _HEADER.size:
+            raise ValueError(f"order record too short: {len(data)} bytes, header is {_HEADER.size}")
+        version, epoch, seq, n = _HEADER.unpack_from(data)
+        if version != _VERSION:
+            raise ValueError(f"unknown order record version {version} (expected {_VERSION})")
+        expected = _HEADER.size + n * _ENTRY.size
+        if len(data) != expected:
+            raise ValueError(f"order record is {len(data)} bytes, {n} entries need {expected}")
+        entries = tuple(_ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size) for i in range(n))
+        try:
+            return cls(epoch, seq, entries)
+        except ValueError as exc:
+            raise ValueError(f"malformed order record: {exc}") from None
+
+
+class OrderApplier:
+    """Consumes the input channels in the order the accepted log records give (every replica)."""
+
+    def __init__(self, channels: Iterable[int]) -> None:
+        self.channels: list[int] = sorted(set(channels))
+        if not self.channels:
+            raise ValueError("an order applier needs at least one input channel")
+        self._queues: dict[int, deque[tuple]] = {c: deque() for c in self.channels}
+        self._received = dict.fromkeys(self.channels, 0)
+        self._covered = dict.fromkeys(self.channels, 0)
+        self._applied = dict.fromkeys(self.channels, 0)
+        self._end_at: dict[int, int] = {}  # channel -> number of elements including its END
+        self._ended: set[int] = set()  # channels whose END was applied
+        self._runs: deque[list[int]] = deque()  # [channel, remaining] of accepted orders, log order
+        self.epoch: int | None = None  # highest (= current) epoch seen in the log
+        self.last_seq = -1  # seq of the last accepted record
+        self.accepted = 0
+        self.ignored = 0
+
+    # -- input ---------------------------------------------------------------------------
+    def push(self, channel: int, elements: Sequence[tuple]) -> None:
+        """Elements of ``channel`` in its FIFO order (already deduplicated)."""
+        if channel not in self._queues:
+            raise KeyError(f"channel {channel} is not an input of this applier")
+        if not elements:
+            return
+        if channel in self._end_at:
+            raise ValueError(f"channel {channel} got elements after its END")
+        for i, element in enumerate(elements):
+            if element[0] == END:
+                if i != len(elements) - 1:
+                    raise ValueError(f"channel {channel} got elements after its END")
+                end_at = self._received[channel] + len(elements)
+                if self._covered[channel] > end_at:
+                    raise OrderLogCorrupt(
+                        f"orders cover {self._covered[channel]} elements of channel {channel}, "
+                        f"which ends after {end_at}"
+                    )
+                self._end_at[channel] = end_at
+        self._queues[channel].extend(elements)
+        self._received[channel] += len(elements)
+
+    def on_record(self, order: Order) -> bool:
+        """A record read back from the order log, in log order; returns whether it was accepted."""
+        if self.epoch is not None and order.epoch < self.epoch:
+            self.ignored += 1  # a stale leader's record
+            return False
+        if order.epoch == self.epoch and order.seq <= self.last_seq:
+            self.ignored += 1  # a duplicate (re-published) or out-of-sequence record
+            return False
+        self._check(order)
+        self.epoch = order.epoch
+        self.last_seq = order.seq
+        self.accepted += 1
+        for channel, count in order.entries:
+            self._covered[channel] += count
+            if self._runs and self._runs[-1][0] == channel:
+                self._runs[-1][1] += count
+            else:
+                self._runs.append([channel, count])
+        return True
+
+    def _check(self, order: Order) -> None:
+        extra: dict[int, int] = {}
+        for channel, count in order.entries:
+            if channel not in self._covered:
+                raise OrderLogCorrupt(f"order {order.epoch}/{order.seq} names unknown channel {channel}")
+            extra[channel] = extra.get(channel, 0) + count
+        for channel, count in extra.items():
+            end_at = self._end_at.get(channel)
+            if end_at is not None and self._covered[channel] + count > end_at:
+                raise OrderLogCorrupt(
+                    f"order {order.epoch}/{order.seq} names elements of channel {channel} past its END "
+                    f"(covered {self._covered[channel]} + {count} > {end_at})"
+                )
+
+    # -- output --------------------------------------------------------------------------
+    def pull(self, limit: int | None = None) -> list[tuple[int, tuple]]:
+        """Every ``(channel, element)`` consumable now by the accepted orders (at most ``limit``)."""
+        out: list[tuple[int, tuple]] = []
+        runs = self._runs
+        while runs and (limit is None or len(out) < limit):
+            run = runs[0]
+            channel = run[0]
+            queue = self._queues[channel]
+            take = min(run[1], len(queue))
+            if limit is not None:
+                take = min(take, limit - len(out))
+            if take == 0:
+                break  # blocked on this channel
+            for _ in range(take):
+                element = queue.popleft()
+                if element[0] == END:
+                    self._ended.add(channel)
+                out.append((channel, element))
+            self._applied[channel] += take
+            run[1] -= take
+            if run[1] == 0:
+                runs.popleft()
+        return out
+
+    @property
+    def blocked_on(self) -> int | None:
+        """The channel whose next element the current order waits for, else None."""
+        if self._runs and not self._queues[self._runs[0][0]]:
+            return self._runs[0][0]
+        return None
+
+    @property
+    def finished(self) -> bool:
+        """Every channel delivered its END through an applied order."""
+        return len(self._ended) == len(self.channels)
+
+    @property
+    def received(self) -> dict[int, int]:
+        """Per channel, elements pushed so far."""
+        return dict(self._received)
+
+    @property
+    def covered(self) -> dict[int, int]:
+        """Per channel, elements named by all accepted orders (applied or not)."""
+        return dict(self._covered)
+
+    @property
+    def applied(self) -> dict[int, int]:
+        """Per channel, elements consumed through orders."""
+        return dict(self._applied)
+
+    @property
+    def backlog(self) -> int:
+        """Elements covered by accepted orders and not yet consumed."""
+        return sum(n for _, n in self._runs)
+
+    # cheap per-channel reads for the proposer (no dict copies)
+    def _received_of(self, channel: int) -> int:
+        return self._received[channel]
+
+    def _covered_of(self, channel: int) -> int:
+        return self._covered[channel]
+
+
+_FOLLOWER, _FENCING, _LEADING = "follower", "fencing", "leading"
+
+
+class OrderProposer:
+    """The leader's side of KaZoo for one replica; it observes that replica's :class:`OrderApplier`.
+
+    Call :meth:`on_arrival` for every push (leader or not, so a new leader knows the interleaving
+    it saw), and pass every log record to the applier first and then to :meth:`on_record` (the
+    other way round is safe too: in-flight and fence state are read from the applier).
+    """
+
+    def __init__(
+        self,
+        applier: OrderApplier,
+        max_batch: int = 1000,
+        min_batch: int = 1,
+        idle_timeout_s: float = 0.002,
+    ) -> None:
+        if max_batch < 1 or min_batch < 1:
+            raise ValueError("max_batch and min_batch must be >= 1")
+        if min_batch > max_batch:
+            raise ValueError(f"min_batch {min_batch} exceeds max_batch {max_batch}")
+        if idle_timeout_s < 0:
+            raise ValueError("idle_timeout_s must be >= 0")
+        self.applier = applier
+        self.max_batch = max_batch
+        self.min_batch = min_batch
+        self.idle_timeout_s = idle_timeout_s
+        self.epoch: int | None = None  # our epoch while leader
+        self._state = _FOLLOWER
+        self._in_flight: Order | None = None
+        self._last_seq = -1  # seq of the last record we produced in this epoch
+        self._arrived = dict.fromkeys(applier.channels, 0)
+        # per channel, arrival runs [lo, hi, time, arrival number, channel], oldest first
+        self._runs: dict[int, deque[list]] = {c: deque() for c in applier.channels}
+        self._arrival_no = 0
+        self.deposed_by: int | None = None  # the higher epoch that deposed us, if any
+
+    # -- leadership ------------------------------------------------------------------------
+    @property
+    def is_leader(self) -> bool:
+        """Elected (fencing or ordering)."""
+        return self._state != _FOLLOWER
+
+    @property
+    def ordering(self) -> bool:
+        """Our fence is accepted: :meth:`next_order` may return orders."""
+        self._sync()
+        return self._state == _LEADING
+
+    @property
+    def in_flight(self) -> Order | None:
+        """The record published and not yet read back (re-publish it if its produce failed)."""
+        self._sync()
+        return self._in_flight
+
+    def become_leader(self, epoch: int) -> Order:
+        """Elected with ``epoch``: returns the fence record to publish first."""
+        current = self.applier.epoch
+        if current is not None and epoch <= current:
+            raise ValueError(f"epoch {epoch} is not above the log's epoch {current}; its fence would be ignored")
+        if self.epoch is not None and epoch <= self.epoch:
+            raise ValueError(f"epoch {epoch} is not above our previous epoch {self.epoch}")
+        fence = Order(epoch, self.applier.last_seq + 1)
+        self.epoch = epoch
+        self._state = _FENCING
+        self._in_flight = fence
+        self._last_seq = fence.seq
+        self.deposed_by = None
+        return fence
+
+    def resign(self) -> None:
+        """Leadership lost: become a follower; no order of the old epoch is returned after this."""
+        self._state = _FOLLOWER
+        self._in_flight = None
+
+    def on_record(self, order: Order) -> None:
+        """A log record (the same ones the applier sees): a higher epoch deposes us."""
+        if self._state != _FOLLOWER and self.epoch is not None and order.epoch > self.epoch:
+            self.deposed_by = order.epoch
+            self.resign()
+        self._sync()
+
+    def _sync(self) -> None:
+        a = self.applier
+        if self._state != _FOLLOWER and a.epoch is not None and a.epoch > self.epoch:
+            self.deposed_by = a.epoch
+            self.resign()
+        if self._in_flight is not None and a.epoch == self.epoch and a.last_seq >= self._in_flight.seq:
+            self._in_flight = None  # our record is back and accepted: coverage includes it
+            self._state = _LEADING
+        self._trim()
+
+    # -- arrivals ----------------------------------------------------------------------------
+    def on_arrival(self, channel: int, count: int, now: float) -> None:
+        """``count`` elements of ``channel`` were pushed to this replica at time ``now``."""
+        if channel not in self._runs:
+            raise KeyError(f"channel {channel} is not an input of this proposer")
+        if count <= 0:
+            return
+        lo = self._arrived[channel]
+        self._arrived[channel] = lo + count
+        self._runs[channel].append([lo, lo + count, now, self._arrival_no, channel])
+        self._arrival_no += 1
+        self._trim_channel(channel)
+
+    def _trim(self) -> None:
+        for channel in self._runs:
+            self._trim_channel(channel)
+
+    def _trim_channel(self, channel: int) -> None:
+        runs = self._runs[channel]
+        covered = self.applier._covered_of(channel)
+        while runs and runs[0][1] <= covered:
+            runs.popleft()
+
+    def _orderable(self, channel: int) -> tuple[int, int]:
+        """[frontier, end) of the elements of ``channel`` that nobody ordered and that we hold."""
+        frontier = self.applier._covered_of(channel)
+        end = min(self._arrived[channel], self.applier._received_of(channel))
+        return frontier, max(frontier, end)
+
+    # -- ordering ----------------------------------------------------------------------------
+    def uncovered(self) -> int:
+        """Elements received here that no accepted record covers (none is in flight when it matters)."""
+        return sum(hi - lo for lo, hi in map(self._orderable, self._runs))
+
+    def _oldest(self) -> float | None:
+        oldest = None
+        for channel, runs in self._runs.items():
+            lo, hi = self._orderable(channel)
+            if runs and lo < hi and (oldest is None or runs[0][2] < oldest):
+                oldest = runs[0][2]
+        return oldest
+
+    def wake_at(self) -> float | None:
+        """When :meth:`next_order` will return an order if nothing else happens (None: not by time)."""
+        self._sync()
+        if self._state != _LEADING or self._in_flight is not None:
+            return None
+        oldest = self._oldest()
+        if oldest is None:
+            return None
+        return oldest if self.uncovered() >= self.min_batch else oldest + self.idle_timeout_s
+
+    def next_order(self, now: float) -> Order | None:
+        """The next order to publish, or None (not ordering, one in flight, or nothing due yet).
+
+        Due when uncovered elements reach ``min_batch`` or the oldest has waited ``idle_timeout_s``;
+        it names everything uncovered in arrival order (merged runs), at most ``max_batch`` elements.
+        """
+        self._sync()
+        if self._state != _LEADING or self._in_flight is not None:
+            return None
+        total = self.uncovered()
+        if total == 0:
+            return None
+        if total < self.min_batch and now - self._oldest() < self.idle_timeout_s:
+            return None
+        frontier: dict[int, int] = {}
+        limit: dict[int, int] = {}
+        for channel in self._runs:
+            frontier[channel], limit[channel] = self._orderable(channel)
+        entries: list[list[int]] = []
+        budget = self.max_batch
+        merged = heapq.merge(*self._runs.values(), key=lambda run: run[3])
+        for lo, hi, _, _, channel in merged:
+            if budget == 0:
+                break
+            start, stop = max(lo, frontier[channel]), min(hi, limit[channel])
+            if start >= stop:
+                continue
+            assert start == frontier[channel], "arrival runs of a channel must be contiguous"
+            take = min(stop - start, budget)
+            frontier[channel] += take
+            budget -= take
+            if entries and entries[-1][0] == channel:
+                entries[-1][1] += take
+            else:
+                entries.append([channel, take])
+        self._last_seq += 1
+        order = Order(self.epoch, self._last_seq, tuple((c, n) for c, n in entries))
+        self._in_flight = order
+        return order
