@@ -1,9 +1,14 @@
-"""LiveRobin: leaderless deterministic merge of input channels (paper 004, Algorithm 1).
+"""LiveRobin: leaderless deterministic ordering of input channels (paper 004, Algorithm 1).
 
-So far the merge itself (:class:`LiveRobinMerge`); the heartbeat generator, pulse placement
-at the sources and the wiring into the runtime are the rest of the LiveRobin issue.
+* :mod:`liverobin.merge`: the merge itself, a pure state machine;
+* :mod:`liverobin.heartbeats`: the heartbeat log rules and deterministic pulse placement at
+  replicated sources (pure);
+* :mod:`liverobin.orderer`: the merge as a partition instance's orderer;
+* :mod:`liverobin.generator`: the heartbeat generator (a driver thread; Kafka I/O).
 """
 
+from liverobin.heartbeats import PulseLog, PulsePlacer, PulseRecord, next_pulse
 from liverobin.merge import LiveRobinMerge, Step
+from liverobin.orderer import LiveRobinOrderer
 
-__all__ = ["LiveRobinMerge", "Step"]
+__all__ = ["LiveRobinMerge", "LiveRobinOrderer", "PulseLog", "PulsePlacer", "PulseRecord", "Step", "next_pulse"]

@@ -14,8 +14,9 @@ from merge.queues import InputQueues
 
 
 class Orderer(Protocol):
-    def next_batch(self, timeout: float) -> tuple[int, list] | None:
-        """The next ``(channel, elements)`` to process, or None if nothing within ``timeout``."""
+    def next_runs(self, timeout: float) -> list[tuple[int, list]]:
+        """The next elements to process, as runs ``(channel, elements)`` in consumption order;
+        empty if nothing came within ``timeout``."""
         ...
 
 
@@ -25,5 +26,6 @@ class ArrivalOrderer:
     def __init__(self, queues: InputQueues) -> None:
         self.queues = queues
 
-    def next_batch(self, timeout: float) -> tuple[int, list] | None:
-        return self.queues.take_any(timeout)
+    def next_runs(self, timeout: float) -> list[tuple[int, list]]:
+        item = self.queues.take_any(timeout)
+        return [item] if item is not None else []

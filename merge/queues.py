@@ -1,7 +1,10 @@
 """Bounded input queues of one partition instance, one FIFO per input channel.
 
 Producers (channel receivers) block while the instance holds ``capacity`` batches
-in total: back-pressure travels to the sender instead of memory growing.  The
+in total (or, with ``per_channel``, while their own channel holds ``capacity``):
+back-pressure travels to the sender instead of memory growing.  Ordered merges need
+the per-channel bound: a merge waiting for one channel must never find that channel
+blocked behind a total filled by the others.  The
 order in which the instance consumes its channels is the orderer's business
 (:mod:`merge.orderer`); the queues keep arrival order so the no-ordering baseline
 can serve first come, first served.
@@ -19,10 +22,11 @@ class QueuesClosed(Exception):
 
 
 class InputQueues:
-    def __init__(self, channels: Iterable[int], capacity: int) -> None:
+    def __init__(self, channels: Iterable[int], capacity: int, per_channel: bool = False) -> None:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self.capacity = capacity
+        self.per_channel = per_channel
         self._queues: dict[int, deque[list]] = {c: deque() for c in channels}
         self._arrivals: deque[int] = deque()
         self._size = 0
@@ -36,11 +40,12 @@ class InputQueues:
     def put(self, channel: int, elements: list) -> None:
         """Append a batch of ``channel``; blocks while full; raises QueuesClosed once closed."""
         with self._cond:
-            while self._size >= self.capacity and not self._closed:
+            queue = self._queues[channel]
+            while (len(queue) if self.per_channel else self._size) >= self.capacity and not self._closed:
                 self._cond.wait()
             if self._closed:
                 raise QueuesClosed()
-            self._queues[channel].append(elements)
+            queue.append(elements)
             self._arrivals.append(channel)
             self._size += 1
             self._cond.notify_all()

@@ -213,9 +213,28 @@ class ReplicationConfig:
     )
     mode: str = _key(
         "mode", ENUM, "unordered",
-        "How a replicated task orders its input channels. `unordered`: first come, first served: fast, "
-        "deterministic only for tasks with one input channel (a warning names the others).",
-        choices=("unordered",),
+        "How a task orders its input channels. `unordered`: first come, first served: fast, deterministic "
+        "only for tasks with one input channel (a warning names the others). `liverobin`: a leaderless "
+        "deterministic merge driven by heartbeat pulses (paper 004, Algorithm 1): both replicas of every "
+        "task consume their inputs in the same order, a replica failure causes no pause; records wait for "
+        "the next pulse (about half `liverobin.heartbeatPeriod` plus a Kafka round trip).",
+        choices=("unordered", "liverobin"),
+    )
+    liverobin_heartbeat_period_ms: int = _key(
+        "liverobin.heartbeatPeriod", DURATION, 10,
+        "How often the heartbeat generator in the driver appends a pulse to the heartbeat log "
+        "(`liverobin` mode). Shorter: lower latency, more control traffic.", min=1, max=10_000,
+    )
+    liverobin_max_pulse_step: int = _key(
+        "liverobin.maxPulseStep", INT, 1_000,
+        "At most this many records of a source partition between two pulses (`liverobin` mode): a backlog "
+        "is cut into bounded merge cycles, so no input queue has to hold more than one cycle.",
+        min=1, max=10_000_000,
+    )
+    liverobin_heartbeat_topic: str | None = _key(
+        "liverobin.heartbeatTopic", STR, None,
+        "The heartbeat log (one partition; `liverobin` mode); unset: `_replication.<job name>.heartbeats`.",
+        fmt="topic",
     )
     heartbeat_interval_ms: int = _key(
         "heartbeatInterval", DURATION, 200, "How often workers report liveness and progress to the driver.",
@@ -352,6 +371,10 @@ class ReplicationConfig:
     def dead_letter_topic(self, job_name: str) -> str:
         """The dead-letter topic of job ``job_name``: the configured one, else ``<job name>.dlq``."""
         return self.dead_letter_topic_name or f"{job_name}.dlq"
+
+    def heartbeat_topic(self, job_name: str) -> str:
+        """The LiveRobin heartbeat log of job ``job_name``."""
+        return self.liverobin_heartbeat_topic or f"_replication.{job_name}.heartbeats"
 
     def kafka_consumer_config(self, group_id: str = "spark-replication") -> dict[str, Any]:
         """confluent-kafka Consumer config: brokers, pass-through properties, no auto commit.

@@ -31,6 +31,7 @@ class DemoOptions:
     partitions: int = 2
     bad_every: int = 200
     replicated: bool = True  # False: the union + window job without replication
+    mode: str = "unordered"  # liverobin: the union + window job, replicated, deterministic merge
     victim: str = "fraud-rule[0]r0"  # the replica whose executor is killed halfway (replicated only)
 
 
@@ -68,10 +69,11 @@ def main(opts: DemoOptions) -> int:
 def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float) -> int:
     sc = spark.sparkContext
     print(f"   {len(executor_ids(sc))} executors registered in {spark_start_s:.1f}s")
-    print("== planning and starting the job" + (" (spark.replication.enabled=true)" if opts.replicated else ""))
+    print("== planning and starting the job" + (f" (spark.replication.enabled=true, mode={opts.mode})"
+                                                 if opts.replicated else ""))
     fault = (lambda handle: kill_replica_executor(handle, opts.victim)) if opts.replicated else None
     rep = run_fraud_workload(stack.bootstrap_servers, spark, rate=opts.rate, duration_s=opts.duration_s,
-                             partitions=opts.partitions, bad_every=opts.bad_every, replicated=opts.replicated,
+                             partitions=opts.partitions, bad_every=opts.bad_every, replicated=opts.replicated, mode=opts.mode,
                              fault=fault, fault_at_s=opts.duration_s / 2, status=out, say=print)
     for c in rep.checks:
         print(f"   {c.name:14s} {c.got:7,d} records, expected {c.expected:7,d}: "
@@ -95,7 +97,7 @@ def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float)
     print("\n== summary")
     print(f"   events in     {rep.load.produced:,} ({rep.load.malformed} malformed on purpose), "
           f"out: {rep.decisions:,} decisions ({rep.alerts:,} with alerts)"
-          + (f" + {rep.window_totals:,} window totals" if not opts.replicated else ""))
+          + (f" + {rep.window_totals:,} window totals" if rep.window_totals else ""))
     print(f"   throughput    {rep.throughput:,.0f} events/s through the job (offered {rep.load.rate:,.0f}/s)")
     print(f"   latency       (after {WARM_UP_S:.0f}s warm-up) source->sink p50 {percentile(pipeline, .5) * ms:.1f} ms, "
           f"p99 {percentile(pipeline, .99) * ms:.1f} ms; produced->sink p50 {percentile(e2e, .5) * ms:.1f} ms, "

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
 from replication.api import Job
 from replication.config import PREFIX, ReplicationConfig
@@ -335,6 +336,37 @@ class JobHandle:
         self._spark_error: BaseException | None = None
         self._result: JobResult | None = None
         self._started = time.monotonic()
+        self.pulse_generators: list[HeartbeatGenerator] = []
+        if plan.heartbeat_log is not None:
+            self.start_pulse_generator()
+
+    # -- LiveRobin heartbeat generators ----------------------------------------------------
+    def start_pulse_generator(self) -> HeartbeatGenerator:
+        """Start one more heartbeat generator in this driver (LiveRobin); several may run at once
+        and one may be killed and restarted at any time: the log decides which pulses count."""
+        if self.plan.heartbeat_log is None:
+            raise RuntimeError("heartbeat generators only exist with spark.replication.mode=liverobin")
+        cfg = self.cfg
+        gen = HeartbeatGenerator(
+            name=f"g{len(self.pulse_generators) + 1}", heartbeat_log=self.plan.heartbeat_log,
+            sources=self.plan.source_topics(),
+            starts={t.head.spec["topic"]: self.plan.source_start_offsets.get(t.id, {})
+                    for t in self.plan.tasks if t.is_source},
+            period_s=cfg.liverobin_heartbeat_period_ms / 1000, max_step=cfg.liverobin_max_pulse_step,
+            consumer_conf=cfg.kafka_consumer_config(group_id=f"replication-{self.job.name}-pulses"),
+            producer_conf=cfg.kafka_producer_config())
+        self.pulse_generators.append(gen.start())
+        self.master.event(f"heartbeat generator {gen.name} started")
+        return gen
+
+    def kill_pulse_generators(self) -> list[str]:
+        """Stop every running heartbeat generator at once, without a final pulse (a crash for the
+        log); the sources hold their records until a generator runs again.  Returns their names."""
+        killed = [g for g in self.pulse_generators if g.alive]
+        for gen in killed:
+            gen.kill()
+            self.master.event(f"heartbeat generator {gen.name} killed")
+        return [g.name for g in killed]
 
     # started by run()
     def _run_spark_job(self, boot: WorkerBootstrap) -> None:
@@ -398,6 +430,10 @@ class JobHandle:
     def drain(self, timeout: float | None = None) -> JobResult:
         """Let the sources read to the current end of their partitions, flush every window,
         and wait for the job to finish."""
+        if self.plan.heartbeat_log is not None:
+            gens = [g for g in self.pulse_generators if g.alive] or [self.start_pulse_generator()]
+            for gen in gens:  # the sources end right after the final pulse, read from the log
+                gen.finish(grace_s=2 * FETCH_WAIT_MS / 1000 + 0.3)
         self.master.set_command("drain")
         return self.wait(timeout)
 
@@ -405,6 +441,7 @@ class JobHandle:
         """Stop now (application-level signal first; the Spark job is cancelled if the
         workers do not end within ``timeout``, default spark.replication.stopTimeout)."""
         self.master.set_command("stop")
+        self.kill_pulse_generators()
         wait_s = self.cfg.stop_timeout_ms / 1000 if timeout is None else timeout
         if not self._done.wait(wait_s):
             log.warning("workers did not stop within %.1fs: cancelling the Spark job", wait_s)
@@ -444,6 +481,8 @@ class JobHandle:
             raise TimeoutError(f"job {self.job.name} still running after {timeout}s")
         if self._result is None:
             self._server.stop(grace=1.0)
+            for gen in self.pulse_generators:
+                gen.kill()
             m = self.master
             status = "failed" if (m.failure or self._spark_error) else (
                 "stopped" if m.command == "stop" else "finished")
@@ -473,7 +512,14 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
                 range(partitions[task.head.spec["topic"]]))
     if cfg.enabled:
         plan.replicas = 2
+    if cfg.enabled or cfg.mode == "liverobin":
         check_replicable(plan, partitions)
+    if cfg.mode == "liverobin":
+        topic = cfg.heartbeat_topic(job.name)
+        ensure_topics(admin, {topic: 1})
+        start = end_offsets_by_fetch(cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start"), topic, [0])
+        plan.heartbeat_log = (topic, start[0])
+    elif cfg.enabled:
         multi = [t.name for t in plan.multi_input_tasks()]
         log.warning("spark.replication.mode=%s: input channels are consumed first come, first served%s", cfg.mode,
                     f"; tasks with several input channels ({', '.join(multi)}) may diverge between their "

@@ -19,11 +19,13 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from liverobin import LiveRobinOrderer, PulsePlacer
+from liverobin.heartbeats import PULSE_ITEM
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
 from replication.channels import OutputChannel
 from replication.deadletter import describe_error
 from replication.dedup import Dedup
-from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, WATERMARK
+from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
 from replication.framing import BatchHeader, decode_elements
 from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain
@@ -32,6 +34,8 @@ from rhino_state import RocksDBStateBackend, StateContext
 
 log = logging.getLogger(__name__)
 
+# LiveRobin: how long an idle source waits for the next pulse before polling Kafka again.
+PULSE_WAIT_S = 0.005
 # How long the broker may hold an empty fetch.  Short, so that an idle source notices
 # new records (and a drain sees a fresh high watermark) quickly.
 FETCH_WAIT_MS = 10
@@ -161,8 +165,13 @@ class ProcessingInstance(PartitionInstance):
     def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan) -> None:
         super().__init__(worker, task, partition, replica, plan)
         self.channels = [c.id for c in plan.input_channels(task.id, partition)]
-        self.queues = InputQueues(self.channels, self.cfg.channel_queue_capacity)
-        self.orderer = ArrivalOrderer(self.queues)
+        capacity = self.cfg.channel_queue_capacity
+        if self.cfg.mode == "liverobin":
+            self.queues = InputQueues(self.channels, max(4, capacity // len(self.channels)), per_channel=True)
+            self.orderer: Any = LiveRobinOrderer(self.queues)
+        else:
+            self.queues = InputQueues(self.channels, capacity)
+            self.orderer = ArrivalOrderer(self.queues)
         self.dedup = Dedup()
         self._dedup_lock = threading.Lock()
         self._channel_locks = {c: threading.Lock() for c in self.channels}
@@ -194,42 +203,50 @@ class ProcessingInstance(PartitionInstance):
         self.queues.close()
 
     def run(self) -> bool:
-        chain = self.chain
-        metrics = self.metrics
-        channel_wm = {c: MIN_WATERMARK for c in self.channels}
-        open_channels = set(self.channels)
-        current_wm = MIN_WATERMARK
+        self._channel_wm = {c: MIN_WATERMARK for c in self.channels}
+        self._open_channels = set(self.channels)
+        self._current_wm = MIN_WATERMARK
+        self._forwarded_pulse = 0
         wait_s = 0.2 if not self.sinks else min(0.2, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001)
-        while open_channels:
+        while self._open_channels:
             if self.stop_requested.is_set():
                 return False
             if self.pending_control is not None:
                 self.poll_control()
-            item = self.orderer.next_batch(wait_s)
-            metrics.queue_batches = self.queues.size()
-            if item is None:
+            runs = self.orderer.next_runs(wait_s)
+            self.metrics.queue_batches = self.queues.size()
+            if not runs:
                 self.idle()
-                continue
-            channel, elements = item
-            for el in elements:
-                kind = el[0]
-                if kind == DATA:
-                    metrics.records_in += 1
-                    chain.process(el)
-                    continue
-                if kind == WATERMARK:
-                    if el[1] <= channel_wm[channel]:
-                        continue
-                    channel_wm[channel] = el[1]
-                elif kind == END:
-                    channel_wm[channel] = MAX_WATERMARK
-                    open_channels.discard(channel)
-                new_wm = min(channel_wm.values())
-                if new_wm > current_wm:
-                    current_wm = metrics.watermark = new_wm
-                    if new_wm < MAX_WATERMARK:
-                        chain.on_watermark(new_wm)
+            for channel, elements in runs:
+                self._consume(channel, elements)
         return True
+
+    def _consume(self, channel: int, elements: list) -> None:
+        """Run ``elements`` of ``channel`` through the chain; watermarks: the minimum over channels."""
+        chain, metrics, channel_wm = self.chain, self.metrics, self._channel_wm
+        for el in elements:
+            kind = el[0]
+            if kind == DATA:
+                metrics.records_in += 1
+                chain.process(el)
+                continue
+            if kind == PULSE:
+                if el[1] > self._forwarded_pulse:  # first seen: forward in place (LiveRobin)
+                    self._forwarded_pulse = metrics.pulse = el[1]
+                    chain.on_pulse(el[1])
+                continue
+            if kind == WATERMARK:
+                if el[1] <= channel_wm[channel]:
+                    continue
+                channel_wm[channel] = el[1]
+            elif kind == END:
+                channel_wm[channel] = MAX_WATERMARK
+                self._open_channels.discard(channel)
+            new_wm = min(channel_wm.values())
+            if new_wm > self._current_wm:
+                self._current_wm = metrics.watermark = new_wm
+                if new_wm < MAX_WATERMARK:
+                    chain.on_watermark(new_wm)
 
 
 class SourceInstance(PartitionInstance):
@@ -245,8 +262,13 @@ class SourceInstance(PartitionInstance):
         self.out_of_orderness = spec["max_out_of_orderness_ms"]
         self.start_offsets = plan.source_start_offsets.get(task.id, {})
         self.drain_requested_at: float | None = None
+        # LiveRobin: the counted pulses of the heartbeat log, from the worker's reader (END follows the
+        # final pulse)
+        self._pulses = worker.pulse_reader().subscribe() if self.cfg.mode == "liverobin" else None
+        self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
 
     def request_drain(self) -> None:
+        """Read to the current end and finish (LiveRobin: the final pulse of the log decides)."""
         if self.drain_requested_at is None:
             self.drain_requested_at = time.monotonic()
 
@@ -276,21 +298,24 @@ class SourceInstance(PartitionInstance):
         return True
 
     def run(self) -> bool:
-        chain, metrics = self.chain, self.metrics
-        topic, deser, ts_fn = self.topic, self.deserializer, self.timestamp_fn
-        interval = self.cfg.watermark_interval_ms
+        self._max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
+        self._emitted_wm = MIN_WATERMARK
+        self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         batch = self.cfg.channel_batch_size
         idle_s = min(0.05, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001) if self.sinks else 0.05
-        max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
-        next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
-        emitted_wm = MIN_WATERMARK
         consumer = self._consumer()
+        placer = self._pulse_placer()
         try:
             while not self.stop_requested.is_set():
                 # take what is there without waiting for a full batch; block only when idle
                 if self.pending_control is not None:
                     self.poll_control()
-                messages = consumer.consume(num_messages=batch, timeout=0) or consumer.consume(1, timeout=idle_s)
+                messages = consumer.consume(num_messages=batch, timeout=0)
+                if placer is None:
+                    messages = messages or consumer.consume(1, timeout=idle_s)
+                else:  # idle: wait for a pulse, not for a record (records wait for pulses anyway)
+                    for record in self._pulses.take(0 if messages else PULSE_WAIT_S):
+                        placer.add_pulse(record)
                 if not messages:
                     self.idle()
                 for msg in messages:
@@ -302,32 +327,82 @@ class SourceInstance(PartitionInstance):
                             raise RuntimeError(f"Kafka consumer fatal error: {err}")
                         log.warning("%s: consumer error: %s", self.name, err)
                         continue
-                    k, off, raw = msg.partition(), msg.offset(), msg.value()
-                    next_offset[k] = off + 1
-                    origin = (topic, k, off)
-                    ingest = time.time()
-                    metrics.records_in += 1
-                    try:
-                        value = deser(raw)
-                    except Exception as exc:  # noqa: BLE001
-                        self.dead_letter(reason="deserialize: " + describe_error(exc), operator=self.task.head.name,
-                                         origin=origin, payload=raw or b"")
-                        continue
-                    try:
-                        ts = int(ts_fn(value)) if ts_fn is not None else msg.timestamp()[1]
-                    except Exception as exc:  # noqa: BLE001
-                        self.dead_letter(reason="timestamp: " + describe_error(exc), operator=self.task.head.name,
-                                         origin=origin, payload=raw or b"")
-                        continue
-                    chain.process((DATA, value, None, ts, ingest, origin))
-                    if ts > max_ts[k]:
-                        max_ts[k] = ts
-                        wm = min(max_ts.values()) - self.out_of_orderness
-                        if wm >= emitted_wm + interval or (emitted_wm == MIN_WATERMARK and wm > MIN_WATERMARK // 2):
-                            emitted_wm = metrics.watermark = wm
-                            chain.on_watermark(wm)
-                if not messages and self._drained(consumer, next_offset):
+                    if placer is None:
+                        self._emit(msg, time.time())
+                    else:
+                        placer.add_record(msg.offset(), (msg, time.time()))
+                if placer is not None:
+                    if self._place(placer, consumer):
+                        return True
+                elif not messages and self._drained(consumer, self._next_offset):
                     return True
             return False
         finally:
             consumer.close()
+
+    def _emit(self, msg: Any, ingest: float) -> None:
+        """One Kafka record into the chain (or the dead-letter topic); watermarks follow record
+        positions, so both replicas of the partition emit them at the same places."""
+        metrics = self.metrics
+        k, off, raw = msg.partition(), msg.offset(), msg.value()
+        self._next_offset[k] = off + 1
+        origin = (self.topic, k, off)
+        metrics.records_in += 1
+        try:
+            value = self.deserializer(raw)
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(reason="deserialize: " + describe_error(exc), operator=self.task.head.name,
+                             origin=origin, payload=raw or b"")
+            return
+        try:
+            ts = int(self.timestamp_fn(value)) if self.timestamp_fn is not None else msg.timestamp()[1]
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(reason="timestamp: " + describe_error(exc), operator=self.task.head.name,
+                             origin=origin, payload=raw or b"")
+            return
+        self.chain.process((DATA, value, None, ts, ingest, origin))
+        if ts > self._max_ts[k]:
+            self._max_ts[k] = ts
+            wm = min(self._max_ts.values()) - self.out_of_orderness
+            emitted = self._emitted_wm
+            if wm >= emitted + self.cfg.watermark_interval_ms or (emitted == MIN_WATERMARK and wm > MIN_WATERMARK // 2):
+                self._emitted_wm = metrics.watermark = wm
+                self.chain.on_watermark(wm)
+
+    # -- LiveRobin: pulses at positions read from the heartbeat log ---------------------------
+    def _pulse_placer(self) -> PulsePlacer | None:
+        if self._pulses is None:
+            return None
+        if len(self.kafka_partitions) != 1:
+            raise RuntimeError(f"{self.name}: LiveRobin needs one Kafka partition per source partition")
+        k = self.kafka_partitions[0]
+        self._paused = False
+        return PulsePlacer(self.topic, k, fetched_to=self.start_offsets.get(k, 0))
+
+    def _place(self, placer: PulsePlacer, consumer: Consumer) -> bool:
+        """Emit what the pulses known so far allow; True once the final pulse is out (drained)."""
+        tp = TopicPartition(self.topic, placer.partition)
+        pos = consumer.position([tp])[0].offset
+        if pos >= 0:
+            placer.fetched(pos)  # also past transaction markers, which are never returned as records
+        elif placer.partition not in self._next_offset:
+            low = consumer.get_watermark_offsets(tp, cached=True)[0]
+            if low >= 0:
+                placer.fetched(low)  # nothing below the low watermark exists
+        for kind, item in placer.take():
+            if kind == PULSE_ITEM:
+                h, final = item
+                self.metrics.pulse = h
+                self.chain.on_pulse(h)
+                if final:
+                    return True
+            else:
+                self._emit(*item)
+        # the records held wait for a pulse beyond them; the heartbeat log is never paused
+        if placer.held > self._hold_limit and not self._paused:
+            consumer.pause([tp])
+            self._paused = True
+        elif self._paused and placer.held < self._hold_limit // 2:
+            consumer.resume([tp])
+            self._paused = False
+        return False

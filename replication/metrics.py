@@ -60,6 +60,7 @@ class InstanceMetrics:
     gaps: int = 0
     queue_batches: int = 0
     watermark: int = 0
+    pulse: int = 0  # LiveRobin: the highest pulse this instance has emitted or consumed
     finished: bool = False
     role: str = ""  # sinks of replicated jobs: writer | standby
     sink_committed_seq: int = -1

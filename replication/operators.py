@@ -1,7 +1,9 @@
 """Runtime operators of a task chain.
 
 Each operator receives data elements through ``process`` and control through
-``on_watermark`` / ``on_end``, and pushes results to ``next``.  The tail of a
+``on_watermark`` / ``on_pulse`` / ``on_end``, and pushes results to ``next``.  LiveRobin
+pulses pass through every operator unchanged, at their position among the records
+(first-seen forwarding keeps multi-stage graphs live).  The tail of a
 chain is a :class:`Router` (network outputs) or a :class:`SinkOperator`.  A user
 function that raises sends its record to the dead-letter topic and the chain goes
 on with the next record.
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from replication.deadletter import describe_error, payload_of
-from replication.elements import DATA, END_ELEMENT, watermark
+from replication.elements import DATA, END_ELEMENT, pulse, watermark
 from replication.functions import ProcessContext, RuntimeContext
 from replication.kafka_io import produce_blocking
 from rhino_state import encode_key, key_group
@@ -33,6 +35,9 @@ class Operator:
 
     def on_watermark(self, wm: int) -> None:
         self.next.on_watermark(wm)
+
+    def on_pulse(self, h: int) -> None:
+        self.next.on_pulse(h)
 
     def on_end(self) -> None:
         self.next.on_end()
@@ -191,6 +196,9 @@ class SinkBase(Operator):
     def on_watermark(self, wm: int) -> None:
         pass
 
+    def on_pulse(self, h: int) -> None:
+        pass
+
 
 class SinkOperator(SinkBase):
     """Produces every value to a Kafka topic (no replication); records end-to-end latency."""
@@ -259,6 +267,12 @@ class Router(Operator):
         for _, chans, _ in self.edges:
             for ch in chans:
                 ch.emit(element)
+
+    def on_pulse(self, h: int) -> None:
+        element = pulse(h)
+        for _, chans, _ in self.edges:
+            for ch in chans:
+                ch.emit(element)  # no flush: pulses ride in the data batches (tiny batches fill queues)
 
     def on_end(self) -> None:
         for _, chans, _ in self.edges:

@@ -91,6 +91,18 @@ class PhysicalPlan:
     source_start_offsets: dict[int, dict[int, int]] = field(default_factory=dict)
     replicas: int = 1  # copies of every partition: 2 with spark.replication.enabled
     sink_topic_partitions: dict[str, int] = field(default_factory=dict)  # set by the driver
+    # LiveRobin: the heartbeat log (topic, first offset of this run), set by the driver; sources
+    # read it from there, so both replicas of a source partition count the same pulses
+    heartbeat_log: tuple[str, int] | None = None
+
+    def source_topics(self) -> dict[str, list[int]]:
+        """Every source topic with the Kafka partitions the job reads of it."""
+        out: dict[str, list[int]] = {}
+        for t in self.tasks:
+            if t.is_source:
+                parts = out.setdefault(t.head.spec["topic"], [])
+                parts.extend(k for ks in self.source_partitions[t.id].values() for k in ks)
+        return {topic: sorted(set(parts)) for topic, parts in out.items()}
 
     def multi_input_tasks(self) -> list[TaskSpec]:
         """Tasks whose partitions have more than one input channel (their input order is not
@@ -243,14 +255,14 @@ def place(plan: PhysicalPlan, num_workers: int) -> dict[ReplicaId, int]:
 
 
 def check_replicable(plan: PhysicalPlan, topic_partitions: Mapping[str, int]) -> None:
-    """With replication, both replicas of a source partition must emit the identical sequence:
-    each source partition reads exactly one Kafka partition (interleaving several is not
-    deterministic)."""
+    """With replication (and with LiveRobin's pulse placement), both replicas of a source partition
+    must emit the identical sequence: each source partition reads exactly one Kafka partition
+    (interleaving several is not deterministic)."""
     for t in plan.tasks:
         if t.is_source:
             topic = t.head.spec["topic"]
             if t.parallelism != topic_partitions[topic]:
                 raise JobDefinitionError(
-                    f"source {t.name!r}: with spark.replication.enabled its parallelism must equal the "
+                    f"source {t.name!r}: with spark.replication.enabled or mode=liverobin its parallelism must equal the "
                     f"{topic_partitions[topic]} partitions of topic {topic!r} (got {t.parallelism}), so that "
                     "both replicas read the same records in the same order")

@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 from confluent_kafka import Producer
 
+from liverobin.reader import PulseReader
 from replication import framing, rpc
 from replication.channels import OutputChannel, remote_transport
 from replication.config import ReplicationConfig
@@ -77,6 +78,15 @@ class Worker:
         self._transports_to: dict[int, list[tuple[OutputChannel, int]]] = {}  # worker -> (channel, replica)
         self.producer: Producer | None = None
         self.dead_letters: DeadLetterWriter | None = None
+        self._pulse_reader: PulseReader | None = None
+
+    def pulse_reader(self) -> PulseReader:
+        """The worker's reader of the LiveRobin heartbeat log (shared by its source replicas)."""
+        if self._pulse_reader is None:
+            assert self.plan.heartbeat_log is not None
+            self._pulse_reader = PulseReader(self.plan.heartbeat_log, self.cfg.kafka_consumer_config(
+                group_id=f"replication-{self.job_name}-pulses-w{self.index}"))
+        return self._pulse_reader
 
     def _report(self, status: str, **extra: Any) -> dict[str, Any]:
         return {"worker": self.index, "attempt": self.attempt, "status": status, **extra}
@@ -174,6 +184,8 @@ class Worker:
             self._build(reply["addresses"])
             self._apply(reply)
             self._ready.set()
+            if self._pulse_reader is not None:
+                self._pulse_reader.start()
             for inst in self.instances.values():
                 inst.start()
             report = self._serve(master)
@@ -185,6 +197,8 @@ class Worker:
                 inst.request_stop()
             for inst in self.instances.values():
                 inst.join(5)
+            if self._pulse_reader is not None:
+                self._pulse_reader.close()
             if self.producer is not None and not evicted:
                 self.producer.flush(self.cfg.stop_timeout_ms / 1000)
             server.stop(grace=1.0)

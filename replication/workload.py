@@ -113,6 +113,7 @@ def run_fraud_workload(
     bad_every: int = 200,
     conf: dict[str, str] | None = None,
     replicated: bool = False,
+    mode: str = "unordered",
     fault: Callable[[JobHandle], str] | None = None,
     fault_at_s: float = 0.0,
     status: StatusLine | None = None,
@@ -120,16 +121,20 @@ def run_fraud_workload(
 ) -> WorkloadReport:
     """Run the fraud job for ``duration_s`` at ``rate`` events/s, drain it, verify, measure.
 
-    ``replicated``: the single-input variant with ``spark.replication.enabled`` (two regions
-    and the window need an ordering mode).  ``fault(handle)`` is called ``fault_at_s`` into
+    ``replicated``: with ``spark.replication.enabled``; in ``mode`` ``unordered`` that is the
+    single-input variant (the two regions' union and the window need an ordering mode), with
+    ``liverobin`` the full two-region job.  ``fault(handle)`` is called ``fault_at_s`` into
     the load and returns a description of what it did."""
     stamp = f"{int(time.time() * 1000) % 10**10}"
     topics = Topics.with_prefix(f"w{stamp}-")
     conf = {"spark.replication.kafka.bootstrapServers": bootstrap, **(conf or {})}
+    single_input = replicated and mode == "unordered"
     if replicated:
+        conf["spark.replication.enabled"] = "true"
+        conf["spark.replication.mode"] = mode
+    if single_input:
         create_topics(bootstrap, {topics.eu: partitions})
         job = build_replicated_job(topics.eu, topics.decisions, name=f"fraud-replicated-{stamp}")
-        conf["spark.replication.enabled"] = "true"
         regions = [topics.eu]
     else:
         create_topics(bootstrap, {topics.eu: partitions, topics.us: partitions})
@@ -177,7 +182,7 @@ def run_fraud_workload(
     exp_decisions, exp_totals = reference([load.parsed[t] for t in regions])
     checks = [Check("decisions", len(decisions), len(exp_decisions), canonical(decisions) == canonical(exp_decisions))]
     totals: list = []
-    if not replicated:
+    if not single_input:
         totals = [json.loads(r.value) for r in read_all(bootstrap, topics.totals)]
         checks.append(Check("window totals", len(totals), len(exp_totals), canonical(totals) == canonical(exp_totals)))
     # with replication every live replica writes its dead letters (keyed by source coordinates)

@@ -61,28 +61,50 @@ def test_dedup_never_delivers_a_seq_twice_or_out_of_order(batches):
     assert delivered == list(range(len(delivered)))
 
 
+def _put_in_thread(q: InputQueues, channel: int, batch: list) -> tuple[threading.Thread, threading.Event]:
+    """Put from another thread; the event is set once the put returned."""
+    done = threading.Event()
+
+    def producer():
+        q.put(channel, batch)
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    return t, done
+
+
 def test_queues_block_when_full_and_serve_in_arrival_order():
     q = InputQueues([1, 2], capacity=2)
     q.put(2, ["a"])
     q.put(1, ["b"])
-    blocked = threading.Event()
-
-    def producer():
-        q.put(2, ["c"])
-        blocked.set()
-
-    t = threading.Thread(target=producer)
-    t.start()
+    t, blocked = _put_in_thread(q, 2, ["c"])
     assert not blocked.wait(0.2), "put must block while the queues are full"
     orderer = ArrivalOrderer(q)
-    assert orderer.next_batch(1) == (2, ["a"])
+    assert orderer.next_runs(1) == [(2, ["a"])]
     assert blocked.wait(2)
     assert q.take_from(2, 1) == ["c"]  # a per-channel take skips other channels
-    assert orderer.next_batch(1) == (1, ["b"])
-    assert orderer.next_batch(0.05) is None
+    assert orderer.next_runs(1) == [(1, ["b"])]
+    assert orderer.next_runs(0.05) == []
     q.close()
     with pytest.raises(QueuesClosed):
         q.put(1, ["d"])
+    t.join()
+
+
+def test_per_channel_queues_never_block_a_channel_behind_the_others():
+    """An ordered merge waits for one channel: that channel's sender must get through even
+    when another channel has filled its share."""
+    q = InputQueues([1, 2], capacity=2, per_channel=True)
+    q.put(1, ["a"])
+    q.put(1, ["b"])
+    q.put(2, ["x"])  # would block with a total capacity of 2
+    t, blocked = _put_in_thread(q, 1, ["c"])
+    assert not blocked.wait(0.2), "channel 1 is full: its put must block"
+    assert q.take_from(2, 1) == ["x"]
+    assert not blocked.wait(0.1), "room on channel 2 does not unblock channel 1"
+    assert q.take_from(1, 1) == ["a"]
+    assert blocked.wait(2)
     t.join()
 
 

@@ -42,8 +42,11 @@ def test_prefix_and_defaults() -> None:
     assert (c.start_timeout_ms, c.metrics_interval_ms, c.sink_linger_ms) == (120_000, 1_000, 5)
     assert c.dead_letter_topic("orders") == "orders.dlq"
     assert cfg(deadLetterTopic="bad-records").dead_letter_topic("orders") == "bad-records"
+    assert (c.mode, c.liverobin_heartbeat_period_ms, c.liverobin_max_pulse_step) == ("unordered", 10, 1_000)
+    assert c.heartbeat_topic("orders") == "_replication.orders.heartbeats"
+    assert cfg(mode="liverobin", **{"liverobin.heartbeatPeriod": "50ms"}).liverobin_heartbeat_period_ms == 50
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 21
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 24
 
 
 def test_other_keys_ignored_and_values_typed() -> None:
@@ -187,8 +190,9 @@ def test_enabled_true_accepted_and_mode_validated() -> None:
     for raw in ("true", "True", True):
         assert cfg(enabled=raw).enabled is True
     assert cfg().mode == "unordered"
-    err = refused({PREFIX + "enabled": "true", PREFIX + "mode": "liverobin"})
-    assert err.keys == [PREFIX + "mode"] and "must be one of unordered" in str(err)
+    assert cfg(enabled="true", mode="liverobin").mode == "liverobin"
+    err = refused({PREFIX + "enabled": "true", PREFIX + "mode": "fifo"})
+    assert err.keys == [PREFIX + "mode"] and "must be one of unordered, liverobin" in str(err)
 
 
 def test_direct_construction_validates() -> None:

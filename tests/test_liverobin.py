@@ -133,3 +133,48 @@ def test_outputs_so_far_are_always_a_prefix_of_the_final_order(seqs, rnd):
         m.push(channel, chunk)
         steps += [(s.channel, s.element, s.forward) for s in m.pull(limit=rnd.randint(0, 3))]
         assert steps == final[:len(steps)]
+
+
+# -- Algorithm 1 edge cases (issue 5) -------------------------------------------------------
+def test_an_empty_channel_blocks_the_merge_until_its_pulse_arrives():
+    m = LiveRobinMerge([0, 1])
+    m.push(0, [d("a1"), d("a2"), pulse(1), d("a3")])
+    assert [s.element for s in m.pull()] == [d("a1")] and m.blocked_on == 1  # channel 1's turn
+    m.push(1, [pulse(1)])  # an idle upstream: only heartbeats
+    # its pulse ends its cycle; channel 0 finishes the cycle alone, then the merge waits for 1 again
+    assert [s.element for s in m.pull()] == [pulse(1), d("a2"), pulse(1)] and m.blocked_on == 1
+
+
+def test_a_channel_carrying_only_heartbeats_never_holds_the_others_back_longer_than_a_cycle():
+    m = LiveRobinMerge([0, 1])
+    busy = [d(f"b{i}") for i in range(50)]
+    out = run(m, [(0, busy[:25] + [pulse(1)] + busy[25:] + [pulse(2)]), (1, [pulse(1), pulse(2)])])
+    assert [e for _, e, _ in out if e[0] == DATA] == busy
+    assert [(c, e) for c, e, f in out if f] == [(1, pulse(1)), (1, pulse(2))]
+
+
+def test_many_channels_and_very_unbalanced_rates():
+    channels = list(range(16))
+    m = LiveRobinMerge(channels)
+    sequences = {c: [d(f"{c}:{i}") for i in range(1000 if c == 0 else c % 3)] + [pulse(1)] for c in channels}
+    order = list(channels)
+    random.Random(7).shuffle(order)
+    out = run(m, [(c, sequences[c]) for c in order])
+    assert len(out) == sum(len(s) for s in sequences.values())
+    # within the cycle: round robin over all channels while each has data, then channel 0 alone
+    firsts = [e[1] for _, e, _ in out[:3]]
+    assert firsts == ["0:0", "1:0", "2:0"]
+    assert [e[1] for _, e, _ in out[-10:-1]] == [f"0:{i}" for i in range(991, 1000)]
+
+
+def test_a_channel_that_stops_stalls_the_merge_until_it_resumes_or_ends():
+    m = LiveRobinMerge([0, 1])
+    m.push(0, [d("a1"), pulse(1), d("a2"), pulse(2)])
+    m.push(1, [d("b1"), pulse(1)])
+    out = m.pull()
+    assert [s.element for s in out] == [d("a1"), d("b1"), pulse(1), pulse(1), d("a2")]
+    assert m.blocked_on == 1  # channel 1 stopped sending: its turn comes, the merge waits
+    m.push(0, [d("a3")])
+    assert m.pull() == []
+    m.push(1, [END_ELEMENT])  # it ends: the others carry on alone
+    assert [s.element for s in m.pull()] == [END_ELEMENT, pulse(2), d("a3")]

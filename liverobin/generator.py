@@ -1,0 +1,180 @@
+"""The heartbeat generator: a driver thread appending pulses to the heartbeat log.
+
+Every period it reads the end offset of every source partition (the high watermark of its own
+fetches: never ListOffsets, DESIGN §10) and appends the next :class:`PulseRecord` with an
+idempotent ``acks=all`` producer.  The rules that make it safe to kill, restart or run twice
+are in :mod:`liverobin.heartbeats` and depend on the log alone:
+
+* before its first pulse a generator reads the log to its end and continues after the largest
+  ``h`` there (a restart never starts over at 1);
+* it reads the log back and builds on what counted, whoever wrote it (plus its own few pulses
+  still in flight); when two generators write the same ``h`` the first record wins for every
+  reader and the loser simply goes on after it;
+* while no source partition grows it writes a pulse only once a second: with every record
+  already placed before the last pulse, no merge waits for another one;
+* on a drain it writes one *final* pulse at the end offsets seen after the drain request; the
+  sources end right after it, at the same position on both replicas.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+
+from liverobin.heartbeats import Offsets, PulseLog, PulseRecord, next_pulse
+
+log = logging.getLogger(__name__)
+
+# Pulses written but not read back yet; the next one builds on the last of them (readers raise
+# any offset that would go back, so building ahead of the log is safe).
+MAX_IN_FLIGHT = 4
+# A pulse not read back within this long is taken as lost (the next one supersedes it).
+IN_FLIGHT_TIMEOUT_S = 2.0
+# While no source partition grows, a pulse would place nothing new (every record is already
+# before the last one, so no merge waits for it): only this often then, to show liveness.
+IDLE_PULSE_EVERY_S = 1.0
+# The fetch long-poll: bounds how stale the end offsets of an idle partition can be.
+FETCH_WAIT_MS = 5
+
+
+class HeartbeatGenerator:
+    """Writes pulses every ``period_s`` to ``heartbeat_log = (topic, first offset of this run)``
+    for the partitions of ``sources`` (topic -> partitions); ``starts`` are the sources' first
+    offsets where the driver resolved them (the low watermark is used for the others)."""
+
+    def __init__(self, *, name: str, heartbeat_log: tuple[str, int], sources: Mapping[str, list[int]],
+                 starts: Offsets, period_s: float, max_step: int, consumer_conf: Mapping[str, Any],
+                 producer_conf: Mapping[str, Any]) -> None:
+        self.name = name
+        self.topic, self.log_start = heartbeat_log
+        self.sources = {t: list(ks) for t, ks in sources.items()}
+        self.starts = {t: dict(ks) for t, ks in starts.items()}
+        self.period_s = period_s
+        self.max_step = max_step
+        self._consumer_conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
+        self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
+        self.pulses = PulseLog()
+        self.written = 0  # records this generator produced
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._finish_at: float | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- control (any thread) ---------------------------------------------------------------
+    def start(self) -> HeartbeatGenerator:
+        self._thread = threading.Thread(target=self._main, name=f"pulses-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def kill(self, timeout: float = 5.0) -> None:
+        """Stop at once, without a final pulse (a crash, as far as the log can tell)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def finish(self, grace_s: float) -> None:
+        """Write the final pulse at the end offsets seen ``grace_s`` from now (a drain)."""
+        if self._finish_at is None:
+            self._finish_at = time.monotonic() + grace_s
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def done(self) -> bool:
+        """The log holds a final pulse (written by this generator or another)."""
+        return self.pulses.final
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # noqa: BLE001 - reported through .error and the driver's log
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.exception("heartbeat generator %s failed", self.name)
+
+    def _run(self) -> None:
+        consumer = Consumer(self._consumer_conf)
+        producer = Producer(self._producer_conf)
+        hb = TopicPartition(self.topic, 0)
+        source_tps = [TopicPartition(t, k) for t, ks in self.sources.items() for k in ks]
+        # the sources are read from their end only for the high watermarks the fetches carry
+        consumer.assign([TopicPartition(self.topic, 0, self.log_start)]
+                        + [TopicPartition(tp.topic, tp.partition, OFFSET_END) for tp in source_tps])
+        log_next = self.log_start
+        in_flight: list[tuple[PulseRecord, float]] = []  # written, not read back: (record, when)
+        next_tick = time.monotonic()
+        last_write = 0.0
+        try:
+            while not self._stop.is_set() and not self.pulses.final:
+                wait = max(0.0, min(next_tick - time.monotonic(), 0.05))
+                for msg in consumer.consume(num_messages=1000, timeout=wait):
+                    if msg.error() is not None or msg.topic() != self.topic:
+                        continue
+                    log_next = msg.offset() + 1
+                    try:
+                        record = PulseRecord.decode(msg.value())
+                    except ValueError as exc:
+                        log.error("heartbeat log offset %d skipped: %s", msg.offset(), exc)
+                        continue
+                    self.pulses.accept(record)
+                    # ours came back (counted, or beaten by another generator's record of that h)
+                    in_flight = [(r, t) for r, t in in_flight if r.h > record.h]
+                producer.poll(0)
+                now = time.monotonic()
+                if now < next_tick:
+                    continue
+                in_flight = [(r, t) for r, t in in_flight if now - t < IN_FLIGHT_TIMEOUT_S]
+                if len(in_flight) >= MAX_IN_FLIGHT:
+                    continue
+                log_end = consumer.get_watermark_offsets(hb, cached=True)[1]
+                if log_end < 0 or log_next < log_end:
+                    continue  # read the log to its end first: continue after its largest h
+                ends = self._ends(consumer, source_tps)
+                if ends is None:
+                    continue
+                finishing = self._finish_at is not None and now >= self._finish_at
+                if finishing and in_flight:
+                    continue  # the final pulse builds on everything written before it
+                base = self.pulses
+                if in_flight:
+                    base = copy.deepcopy(self.pulses)
+                    for r, _ in in_flight:
+                        base.accept(r)
+                record, behind = next_pulse(base, ends, self.max_step, starts=self.starts,
+                                            final=finishing, generator=self.name)
+                if (not record.final and record.offsets == base.offsets and now - last_write < IDLE_PULSE_EVERY_S):
+                    next_tick = max(next_tick + self.period_s, now)
+                    continue
+                last_write = now
+                producer.produce(self.topic, value=record.encode(), key=str(record.h).encode(), partition=0,
+                                 on_delivery=_report_failure)
+                self.written += 1
+                in_flight.append((record, now))
+                next_tick = now if behind or finishing else max(next_tick + self.period_s, now)
+            producer.flush(5)
+        finally:
+            consumer.close()
+
+    def _ends(self, consumer: Consumer, tps: list[TopicPartition]) -> dict[str, dict[int, int]] | None:
+        """End offset of every source partition from the last fetch; None until all are known."""
+        ends: dict[str, dict[int, int]] = {}
+        for tp in tps:
+            low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high < 0:
+                return None
+            self.starts.setdefault(tp.topic, {}).setdefault(tp.partition, low)
+            ends.setdefault(tp.topic, {})[tp.partition] = high
+        return ends
+
+
+def _report_failure(err: Any, msg: Any) -> None:
+    if err is not None:
+        log.warning("heartbeat record not written: %s (the next pulse supersedes it)", err)

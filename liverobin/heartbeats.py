@@ -1,0 +1,168 @@
+"""The heartbeat log and deterministic pulse placement at replicated sources (pure).
+
+LiveRobin needs pulse ``h`` at the *same position* of both replicas of a source partition,
+although the two replicas read Kafka at their own pace.  The position comes from a log that
+both read (DESIGN §5): a generator appends :class:`PulseRecord` ``(h, {topic: {partition:
+offset}})`` to a single-partition heartbeat topic, and a source replica emits pulse ``h`` right
+after its record at ``offset - 1`` (before the record at ``offset``).
+
+:class:`PulseLog` says which records count, from the log alone, so every reader agrees:
+
+* the first record of each ``h`` wins: a record counts only if its ``h`` exceeds every counted
+  one (several generators may run; a late or duplicate record is ignored by everybody);
+* offsets never go back: a record's offset is raised to the previous pulse's (a lagging
+  generator cannot reorder pulses and records), and a partition it omits keeps its offset;
+* a *final* record ends the log: sources emit it, then end (a graceful drain at a position
+  both replicas agree on, whatever their timing).
+
+:class:`PulsePlacer` is one source replica's side: it holds back a record until a counted
+pulse lies beyond it (only then is it known that no pulse comes first), so the output order
+of records and pulses is a function of the log and the partition, nothing else.  The price is
+latency: a record waits for the next pulse (about half a period plus a log round trip).
+
+:func:`next_pulse` is the generator's rule: the next ``h`` after the largest in the log (a
+restarted generator never starts over), offsets at the partitions' ends but at most
+``max_step`` records past the previous pulse, so that a backlog is cut into bounded cycles.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Offsets = Mapping[str, Mapping[int, int]]  # topic -> partition -> offset
+
+
+@dataclass(frozen=True)
+class PulseRecord:
+    """One heartbeat-log record: pulse ``h`` goes before the record at each offset."""
+
+    h: int
+    offsets: Offsets
+    final: bool = False
+    generator: str = ""  # who wrote it (diagnostics only; never affects placement)
+
+    def encode(self) -> bytes:
+        body: dict[str, Any] = {"h": self.h, "o": {t: {str(k): o for k, o in parts.items()}
+                                                    for t, parts in self.offsets.items()}}
+        if self.final:
+            body["final"] = True
+        if self.generator:
+            body["g"] = self.generator
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(raw: bytes | None) -> PulseRecord:
+        try:
+            body = json.loads(raw or b"")
+            h = body["h"]
+            offsets = {str(t): {int(k): int(o) for k, o in parts.items()} for t, parts in body["o"].items()}
+            if not isinstance(h, int) or h < 1:
+                raise ValueError(f"h must be a positive integer, got {h!r}")
+            return PulseRecord(h, offsets, bool(body.get("final", False)), str(body.get("g", "")))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed heartbeat record {(raw or b'')[:80]!r}: {exc}") from exc
+
+
+class PulseLog:
+    """The counted pulses of a heartbeat log, fed its records in log order."""
+
+    def __init__(self) -> None:
+        self.last_h = 0
+        self.offsets: dict[str, dict[int, int]] = {}
+        self.final = False
+        self.ignored = 0
+
+    def accept(self, record: PulseRecord) -> PulseRecord | None:
+        """The record as it counts (offsets raised to the previous pulse's), or None if it does not."""
+        if self.final or record.h <= self.last_h:
+            self.ignored += 1
+            return None
+        merged = {t: dict(parts) for t, parts in self.offsets.items()}
+        for topic, parts in record.offsets.items():
+            known = merged.setdefault(topic, {})
+            for k, off in parts.items():
+                known[k] = max(off, known.get(k, off))
+        self.last_h, self.offsets, self.final = record.h, merged, record.final
+        return PulseRecord(record.h, {t: dict(p) for t, p in merged.items()}, record.final, record.generator)
+
+
+def next_pulse(log: PulseLog, ends: Offsets, max_step: int, *, starts: Offsets | None = None,
+               final: bool = False, generator: str = "") -> tuple[PulseRecord, bool]:
+    """The generator's next record after what ``log`` has counted, and whether it is still behind
+    ``ends`` (then the next one is due at once).  ``starts``: where the sources begin, for
+    partitions no pulse has named yet.  A final record is only made once caught up."""
+    behind = False
+    offsets: dict[str, dict[int, int]] = {}
+    for topic, parts in ends.items():
+        prev = {**(starts or {}).get(topic, {}), **log.offsets.get(topic, {})}
+        out = offsets[topic] = {}
+        for k, end in parts.items():
+            if k not in prev:
+                out[k] = end
+                continue
+            target = max(prev[k], end)
+            if target - prev[k] > max_step:
+                target = prev[k] + max_step
+                behind = True
+            out[k] = target
+    return PulseRecord(log.last_h + 1, offsets, final and not behind, generator), behind
+
+
+PULSE_ITEM = "pulse"
+RECORD_ITEM = "record"
+
+
+@dataclass
+class PulsePlacer:
+    """Orders the records of one source partition and the counted pulses of the log.
+
+    ``fetched_to``: every record below this offset has been added (records are added in
+    offset order; :meth:`fetched` also moves it, e.g. past transaction markers or to the low
+    watermark of an empty partition).
+    """
+
+    topic: str
+    partition: int
+    fetched_to: int = 0
+    _pulses: deque[tuple[int, int, bool]] = field(default_factory=deque)  # (h, offset, final)
+    _records: deque[tuple[int, Any]] = field(default_factory=deque)  # (offset, item)
+    ended: bool = False
+
+    def add_pulse(self, record: PulseRecord) -> None:
+        """A counted record (from :meth:`PulseLog.accept`)."""
+        off = record.offsets.get(self.topic, {}).get(self.partition)
+        if off is None:
+            off = self._pulses[-1][1] if self._pulses else 0
+        self._pulses.append((record.h, off, record.final))
+
+    def add_record(self, offset: int, item: Any) -> None:
+        self._records.append((offset, item))
+        self.fetched(offset + 1)
+
+    def fetched(self, position: int) -> None:
+        if position > self.fetched_to:
+            self.fetched_to = position
+
+    @property
+    def held(self) -> int:
+        """Records waiting for a pulse beyond them."""
+        return len(self._records)
+
+    def take(self) -> Iterable[tuple[str, Any]]:
+        """What can be emitted now, in order: ``("record", item)`` and ``("pulse", (h, final))``;
+        nothing after a final pulse."""
+        pulses, records = self._pulses, self._records
+        while pulses and not self.ended:
+            h, off, final = pulses[0]
+            if records and records[0][0] < off:
+                yield RECORD_ITEM, records.popleft()[1]
+            elif records or self.fetched_to >= off:
+                pulses.popleft()
+                self.ended = final
+                yield PULSE_ITEM, (h, final)
+            else:
+                return  # records below the pulse's offset are still to be fetched

@@ -1,0 +1,111 @@
+"""One reader of the heartbeat log per worker process, shared by its source replicas.
+
+A consumer per source replica would make the broker answer one fetch per pulse per replica
+(hundreds per second at a 10 ms period); one per worker is enough, because what counts in
+the log is decided by the log alone (:class:`liverobin.heartbeats.PulseLog`): every reader,
+in this worker or another, hands out the same counted pulses in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from liverobin.heartbeats import PulseLog, PulseRecord
+
+log = logging.getLogger(__name__)
+
+FETCH_WAIT_MS = 5
+
+
+class PulseSubscription:
+    """The counted pulses for one source replica, in log order."""
+
+    def __init__(self, reader: PulseReader) -> None:
+        self._reader = reader
+        self._items: deque[PulseRecord] = deque()
+
+    def take(self, timeout: float) -> list[PulseRecord]:
+        """Every pulse not taken yet; waits up to ``timeout`` for one if there is none."""
+        cond = self._reader._cond
+        with cond:
+            if not self._items and timeout > 0:
+                cond.wait_for(lambda: self._items or self._reader.error is not None, timeout)
+            if self._reader.error is not None:
+                raise RuntimeError(f"heartbeat log reader failed: {self._reader.error}")
+            items = list(self._items)
+            self._items.clear()
+            return items
+
+
+class PulseReader:
+    def __init__(self, heartbeat_log: tuple[str, int], consumer_conf: Mapping[str, Any]) -> None:
+        self.topic, self.start_offset = heartbeat_log
+        self._conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
+        self._subs: list[PulseSubscription] = []
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.pulses = PulseLog()
+        self.error: str | None = None
+
+    def subscribe(self) -> PulseSubscription:
+        """A subscription from the log's first record of this run (before :meth:`start` only)."""
+        if self._thread is not None:
+            raise RuntimeError("subscribe before the reader starts: a late subscriber would miss pulses")
+        sub = PulseSubscription(self)
+        self._subs.append(sub)
+        return sub
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name="pulse-reader", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _main(self) -> None:
+        try:
+            consumer = Consumer(self._conf)
+        except Exception as exc:  # noqa: BLE001 - surfaced to every source through take()
+            self._fail(exc)
+            return
+        try:
+            consumer.assign([TopicPartition(self.topic, 0, self.start_offset)])
+            while not self._stop.is_set():
+                counted = []
+                for msg in consumer.consume(num_messages=500, timeout=0.1):
+                    if msg.error() is not None:
+                        if msg.error().fatal():
+                            raise RuntimeError(f"Kafka consumer fatal error: {msg.error()}")
+                        continue
+                    try:
+                        record = PulseRecord.decode(msg.value())
+                    except ValueError as exc:  # every reader skips the same record
+                        log.error("heartbeat log offset %d skipped: %s", msg.offset(), exc)
+                        continue
+                    accepted = self.pulses.accept(record)
+                    if accepted is not None:
+                        counted.append(accepted)
+                if counted:
+                    with self._cond:
+                        for sub in self._subs:
+                            sub._items.extend(counted)
+                        self._cond.notify_all()
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+        finally:
+            consumer.close()
+
+    def _fail(self, exc: BaseException) -> None:
+        log.exception("heartbeat log reader failed")
+        with self._cond:
+            self.error = f"{type(exc).__name__}: {exc}"
+            self._cond.notify_all()

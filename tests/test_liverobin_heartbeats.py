@@ -1,0 +1,133 @@
+"""LiveRobin's heartbeat log rules and pulse placement at replicated sources (pure)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from liverobin import LiveRobinOrderer, PulseLog, PulsePlacer, PulseRecord, next_pulse
+from merge import InputQueues
+from replication.elements import DATA, END_ELEMENT, pulse
+
+T = "payments"
+
+
+def rec(h: int, offset: int | None, final: bool = False) -> PulseRecord:
+    return PulseRecord(h, {T: {0: offset}} if offset is not None else {}, final)
+
+
+def test_record_round_trip_and_malformed_records():
+    r = PulseRecord(7, {T: {0: 12, 1: 30}, "b": {0: 0}}, final=True, generator="g2")
+    assert PulseRecord.decode(r.encode()) == r
+    for bad in (b"", b"{", b'{"h": 0, "o": {}}', b'{"h": "x", "o": {}}', b'{"o": {}}', b'{"h": 3, "o": []}', None):
+        with pytest.raises(ValueError, match="malformed heartbeat record"):
+            PulseRecord.decode(bad)
+
+
+def test_first_record_of_each_h_wins_and_offsets_never_go_back():
+    log = PulseLog()
+    assert log.accept(rec(1, 10)).offsets == {T: {0: 10}}
+    assert log.accept(rec(1, 50)) is None  # a second generator's h=1: ignored by every reader
+    assert log.accept(rec(3, 5)).offsets == {T: {0: 10}}  # a lagging generator: raised to 10
+    assert log.accept(rec(2, 99)) is None  # h went back
+    assert log.accept(PulseRecord(4, {"other": {0: 1}})).offsets == {T: {0: 10}, "other": {0: 1}}
+    assert log.accept(rec(5, 20, final=True)).final
+    assert log.accept(rec(6, 30)) is None and log.last_h == 5  # nothing counts after the final pulse
+    assert log.ignored == 3
+
+
+def test_next_pulse_continues_after_the_largest_h_and_cuts_a_backlog_into_steps():
+    log = PulseLog()
+    r, behind = next_pulse(log, {T: {0: 2500}}, max_step=1000, starts={T: {0: 0}})
+    assert (r.h, r.offsets, behind) == (1, {T: {0: 1000}}, True)
+    log.accept(r)
+    log.accept(rec(5, 1000))  # another generator got further in h
+    r, behind = next_pulse(log, {T: {0: 2500}}, max_step=1000, final=True)
+    assert (r.h, r.offsets[T][0], behind, r.final) == (6, 2000, True, False)  # not final while behind
+    log.accept(r)
+    r, behind = next_pulse(log, {T: {0: 2500}}, max_step=1000, final=True)
+    assert (r.offsets[T][0], behind, r.final) == (2500, False, True)
+    r, _ = next_pulse(log, {T: {0: 1500}}, max_step=1000)  # a stale end offset never moves back
+    assert r.offsets[T][0] == 2000
+
+
+def test_placer_holds_records_until_a_pulse_lies_beyond_them():
+    p = PulsePlacer(T, 0)
+    p.add_record(0, "r0")
+    p.add_record(1, "r1")
+    assert list(p.take()) == [] and p.held == 2  # no pulse known: r1 might have one before it
+    p.add_pulse(rec(1, 1))
+    assert list(p.take()) == [("record", "r0"), ("pulse", (1, False))] and p.held == 1
+    p.add_pulse(rec(2, 3))
+    assert list(p.take()) == [("record", "r1")]  # offset 2 not fetched yet: pulse 2 waits
+    p.fetched(3)  # offset 2 was a transaction marker: nothing below 3 is missing
+    assert list(p.take()) == [("pulse", (2, False))]
+    p.add_pulse(rec(3, 3, final=True))
+    p.add_pulse(rec(4, 3))
+    assert list(p.take()) == [("pulse", (3, True))] and p.ended  # nothing after the final pulse
+
+
+def test_placer_of_an_idle_partition_emits_every_pulse():
+    p = PulsePlacer(T, 0, fetched_to=40)
+    for h in range(1, 4):
+        p.add_pulse(rec(h, 40))
+    assert list(p.take()) == [("pulse", (1, False)), ("pulse", (2, False)), ("pulse", (3, False))]
+
+
+@st.composite
+def partition_and_log(draw):
+    n = draw(st.integers(0, 60))
+    offsets = sorted(draw(st.sets(st.integers(0, 200), min_size=n, max_size=n)))  # gaps: markers
+    end = (offsets[-1] + 1) if offsets else 0
+    log = []
+    for h in range(1, draw(st.integers(1, 12)) + 1):
+        log.append(PulseRecord(draw(st.integers(1, h + 2)), {T: {0: draw(st.integers(0, end))}}))
+    return offsets, log, end
+
+
+def _place(offsets, log, end, rnd: random.Random) -> list:
+    """One replica: records and log records interleaved at random, random fetch positions."""
+    placer, counted, out = PulsePlacer(T, 0), PulseLog(), []
+    recs, logq = list(offsets), list(log)
+    while recs or logq:
+        if recs and (not logq or rnd.random() < 0.5):
+            placer.add_record(recs[0], recs[0])
+            recs.pop(0)
+        else:
+            c = counted.accept(logq.pop(0))
+            if c is not None:
+                placer.add_pulse(c)
+        out += placer.take()
+    placer.fetched(end)
+    return out + list(placer.take())
+
+
+@settings(max_examples=300, deadline=None)
+@given(partition_and_log(), st.randoms(use_true_random=False), st.randoms(use_true_random=False))
+def test_both_replicas_place_every_pulse_at_the_same_position(case, rnd_a, rnd_b):
+    offsets, log, end = case
+    a, b = _place(offsets, log, end, rnd_a), _place(offsets, log, end, rnd_b)
+    assert a == b
+    # and at the right place: pulse h right after the records below its (counted) offset
+    counted = PulseLog()
+    for r in log:
+        c = counted.accept(r)
+        if c is not None:
+            i = a.index(("pulse", (c.h, False)))
+            assert {x for k, x in a[:i] if k == "record"} == {o for o in offsets if o < c.offsets[T][0]}
+
+
+def test_orderer_feeds_the_merge_from_per_channel_queues():
+    with pytest.raises(ValueError, match="per-channel"):
+        LiveRobinOrderer(InputQueues([0, 1], 4))
+    q = InputQueues([0, 1], 4, per_channel=True)
+    o = LiveRobinOrderer(q)
+    q.put(1, [(DATA, "b1"), pulse(1)])
+    assert o.next_runs(0.01) == []  # channel 0's turn: nothing consumed out of order
+    q.put(0, [(DATA, "a1"), (DATA, "a2"), pulse(1), END_ELEMENT])
+    runs = o.next_runs(0.01)  # round robin per element; then channel 1's turn again (END waits)
+    assert runs == [(0, [(DATA, "a1")]), (1, [(DATA, "b1")]), (0, [(DATA, "a2")]), (1, [pulse(1)]), (0, [pulse(1)])]
+    assert o.gen == 1 and q.size() == 0 and o.merge.blocked_on == 1
