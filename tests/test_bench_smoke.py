@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO))
 from bench.common import format_row, write_csv, write_machine  # noqa: E402
 
 
-@pytest.mark.parametrize("script", ["bench/baseline.py", "bench/kill_latency.py"])
+@pytest.mark.parametrize("script", ["bench/baseline.py", "bench/kill_latency.py", "bench/liverobin.py"])
 def test_benchmark_command_parses_its_arguments(script):
     proc = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True,
                           timeout=120)
