@@ -186,7 +186,7 @@ def run_fraud_workload(
         totals = [json.loads(r.value) for r in read_all(bootstrap, topics.totals)]
         checks.append(Check("window totals", len(totals), len(exp_totals), canonical(totals) == canonical(exp_totals)))
     # with replication every live replica writes its dead letters (keyed by source coordinates)
-    distinct_dead = {(dict(r.headers).get("source.partition"), dict(r.headers).get("source.offset")) for r in dead}
+    distinct_dead = {tuple(dict(r.headers).get(f"source.{k}") for k in ("topic", "partition", "offset")) for r in dead}
     checks.append(Check("dead letters", len(distinct_dead), load.malformed, len(distinct_dead) == load.malformed))
     samples = []
     for r, d in zip(decisions_raw, decisions, strict=True):
