@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import struct
 
+import interleavings
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -425,19 +426,7 @@ def channel_sequences(draw):
 
 
 def schedule(seqs: dict[int, list], rnd: random.Random) -> list[tuple[int, list]]:
-    """Each channel cut into random batches, interleaved randomly, each channel's order kept."""
-    chunks = {c: [] for c in seqs}
-    for c, seq in seqs.items():
-        i = 0
-        while i < len(seq):
-            j = i + rnd.randint(1, 3)
-            chunks[c].append(seq[i:j])
-            i = j
-    out = []
-    while any(chunks.values()):
-        c = rnd.choice([c for c, v in chunks.items() if v])
-        out.append((c, chunks[c].pop(0)))
-    return out
+    return interleavings.schedule(seqs, rnd, max_batch=3)
 
 
 class Cluster:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import interleavings
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -78,20 +79,7 @@ def channel_sequences(draw):
 
 
 def schedule(seqs: dict[int, list], rnd: random.Random) -> list[tuple[int, list]]:
-    """Cut each channel's sequence into random batches and interleave them randomly, keeping
-    each channel's order (what two replicas see differently)."""
-    chunks = {c: [] for c in seqs}
-    for c, seq in seqs.items():
-        i = 0
-        while i < len(seq):
-            j = i + rnd.randint(1, 4)
-            chunks[c].append(seq[i:j])
-            i = j
-    out = []
-    while any(chunks.values()):
-        c = rnd.choice([c for c, v in chunks.items() if v])
-        out.append((c, chunks[c].pop(0)))
-    return out
+    return interleavings.schedule(seqs, rnd, max_batch=4)
 
 
 @settings(max_examples=300, deadline=None)
