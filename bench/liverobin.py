@@ -46,7 +46,7 @@ from replication.examples.ordered import ChainReport, build_ordered_job, make_ev
 from replication.loadgen import LoadResult, generate_load  # noqa: E402
 from replication.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
-from replication.workload import Sample, WorkloadReport, percentile  # noqa: E402
+from replication.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 
 MS = 1000.0
 KEYS = 30  # hash chains (keys) per run
@@ -84,9 +84,9 @@ class OrderedRun:
     events: list[tuple[float, str]] = field(default_factory=list)
 
     @property
-    def report(self) -> WorkloadReport:
-        """The samples in a :class:`WorkloadReport`, for its per-second and warm-up helpers."""
-        return WorkloadReport(self.load, None, None, [], self.samples)  # type: ignore[arg-type]
+    def report(self) -> Latencies:
+        """The samples with the per-second and warm-up helpers."""
+        return Latencies(self.samples)
 
     @property
     def exact(self) -> bool:
@@ -171,10 +171,8 @@ def run_ordered(bootstrap: str, spark: Any, config: Config, *, pipeline: int, ra
     raw = read_all(bootstrap, out)
     outputs, samples = [], []
     for r in raw:
-        rec = json.loads(r.value)
-        outputs.append(rec)
-        h = {k: float(v) for k, v in r.headers if k in ("ingest_ts", "sink_ts")}
-        samples.append(Sample(0.0, h["ingest_ts"], h["sink_ts"]))
+        outputs.append(json.loads(r.value))
+        samples.append(sample_of(r))
     event_ids = load.parsed[topic_a] + load.parsed[topic_b]
     status.done()
     return OrderedRun(config, pipeline, load, samples, verify_chains(outputs, event_ids), failure,

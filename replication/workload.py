@@ -47,19 +47,10 @@ class Sample:
     sink: float  # sink wrote it
 
 
-@dataclass
-class WorkloadReport:
-    load: LoadResult
-    result: JobResult
-    handle: JobHandle
-    checks: list[Check]
+class SampleStats:
+    """Latency statistics over ``self.samples`` (for :class:`WorkloadReport` and :class:`Latencies`)."""
+
     samples: list[Sample]
-    decisions: int = 0
-    alerts: int = 0
-    window_totals: int = 0
-    fault_at: float | None = None  # wall clock of the injected fault
-    fault: str = ""  # what it did
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def by_second(self, origin: float | None = None) -> dict[int, list[float]]:
         """Source->sink latencies (s) grouped by ingest second since ``origin`` (default: the first ingest)."""
@@ -75,10 +66,6 @@ class WorkloadReport:
         """(second since ``origin``, records, p99 seconds), by ingest time (see :meth:`by_second`)."""
         return [(sec, len(v), percentile(v, 0.99)) for sec, v in self.by_second(origin).items()]
 
-    @property
-    def exact(self) -> bool:
-        return all(c.exact for c in self.checks) and self.result.status == "finished"
-
     def steady(self, warm_up_s: float) -> list[Sample]:
         """Samples after the first ``warm_up_s`` seconds of the run."""
         if not self.samples:
@@ -93,6 +80,38 @@ class WorkloadReport:
             return 0.0
         span = max(s.sink for s in self.samples) - min(s.ingest for s in self.samples)
         return len(self.samples) / max(span, 1e-9)
+
+
+@dataclass
+class Latencies(SampleStats):
+    """Samples of a run that is not a :class:`WorkloadReport` (e.g. a benchmark's own job)."""
+
+    samples: list[Sample]
+
+
+@dataclass
+class WorkloadReport(SampleStats):
+    load: LoadResult
+    result: JobResult
+    handle: JobHandle
+    checks: list[Check]
+    samples: list[Sample]
+    decisions: int = 0
+    alerts: int = 0
+    window_totals: int = 0
+    fault_at: float | None = None  # wall clock of the injected fault
+    fault: str = ""  # what it did
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return all(c.exact for c in self.checks) and self.result.status == "finished"
+
+
+def sample_of(record: Any, produced: float = 0.0) -> Sample:
+    """The clocks of one output record, from the ``ingest_ts`` / ``sink_ts`` headers every sink writes."""
+    h = {k: float(v) for k, v in record.headers if k in ("ingest_ts", "sink_ts")}
+    return Sample(produced, h["ingest_ts"], h["sink_ts"])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -188,10 +207,7 @@ def run_fraud_workload(
     # with replication every live replica writes its dead letters (keyed by source coordinates)
     distinct_dead = {tuple(dict(r.headers).get(f"source.{k}") for k in ("topic", "partition", "offset")) for r in dead}
     checks.append(Check("dead letters", len(distinct_dead), load.malformed, len(distinct_dead) == load.malformed))
-    samples = []
-    for r, d in zip(decisions_raw, decisions, strict=True):
-        h = {k: float(v) for k, v in r.headers if k in ("ingest_ts", "sink_ts")}
-        samples.append(Sample(d["ts"] / 1000, h["ingest_ts"], h["sink_ts"]))
+    samples = [sample_of(r, d["ts"] / 1000) for r, d in zip(decisions_raw, decisions, strict=True)]
     return WorkloadReport(load, result, handle, checks, samples, decisions=len(decisions),
                           alerts=sum(bool(d["alerts"]) for d in decisions), window_totals=len(totals),
                           fault_at=injected.get("at"), fault=injected.get("what", ""))

@@ -35,11 +35,10 @@ def test_csv_and_machine_record(tmp_path):
 
 
 def test_format_row_and_per_second_grouping():
-    from replication.workload import Sample, WorkloadReport
+    from replication.workload import Latencies, Sample
 
     assert format_row({"rate": 500.0, "exact": True, "events": "x"}, skip=("events",)) == "rate=500.0, exact=True"
-    rep = WorkloadReport(None, None, None, [], [Sample(0, 10.0, 10.010), Sample(0, 10.5, 10.530),
-                                                 Sample(0, 12.2, 12.205)])
+    rep = Latencies([Sample(0, 10.0, 10.010), Sample(0, 10.5, 10.530), Sample(0, 12.2, 12.205)])
     assert rep.by_second() == {0: [pytest.approx(0.010), pytest.approx(0.030)], 2: [pytest.approx(0.005)]}
     assert [(s, n) for s, n, _ in rep.per_second(origin=11.0)] == [(-1, 2), (1, 1)]
     assert rep.per_second()[0][2] == pytest.approx(0.030)
