@@ -28,6 +28,7 @@ from typing import Any
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
 from liverobin.heartbeats import Offsets, PulseLog, PulseRecord, next_pulse
+from replication.kafka_io import consume_ready
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class HeartbeatGenerator:
         try:
             while not self._stop.is_set() and not self.pulses.final:
                 wait = max(0.0, min(next_tick - time.monotonic(), 0.05))
-                for msg in consumer.consume(num_messages=1000, timeout=wait):
+                for msg in consume_ready(consumer, 1000, wait):
                     if msg.error() is not None or msg.topic() != self.topic:
                         continue
                     log_next = msg.offset() + 1

@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from liverobin.heartbeats import PulseLog, PulseRecord
+from replication.kafka_io import consume_ready
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class PulseReader:
             consumer.assign([TopicPartition(self.topic, 0, self.start_offset)])
             while not self._stop.is_set():
                 counted = []
-                for msg in consumer.consume(num_messages=500, timeout=0.1):
+                for msg in consume_ready(consumer, 500, 0.1):
                     if msg.error() is not None:
                         if msg.error().fatal():
                             raise RuntimeError(f"Kafka consumer fatal error: {msg.error()}")

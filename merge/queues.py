@@ -31,6 +31,7 @@ class InputQueues:
         self._arrivals: deque[int] = deque()
         self._size = 0
         self._closed = False
+        self._woken = False
         self._cond = threading.Condition()
 
     @property
@@ -76,6 +77,26 @@ class InputQueues:
             self._size -= 1
             self._cond.notify_all()
             return batch
+
+    def wait(self, channels: Iterable[int] | None, timeout: float) -> None:
+        """Until a batch of one of ``channels`` (None: any) is queued, :meth:`wake` is called or the
+        queues close, at most ``timeout``: lets an orderer that also waits for other events (order
+        records, leadership) sleep on one condition."""
+        with self._cond:
+            queues = list(self._queues.values()) if channels is None else [self._queues[c] for c in channels]
+            self._cond.wait_for(lambda: self._woken or self._closed or any(queues), timeout)
+            self._woken = False
+
+    def wake(self) -> None:
+        """Wake the consumer blocked in :meth:`wait` (from any thread); a wake while nobody waits is
+        kept for the next :meth:`wait`."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def size(self) -> int:
         with self._cond:

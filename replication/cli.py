@@ -110,9 +110,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--executors", type=int, default=3, help="executor JVMs (default 3)")
     d.add_argument("--kill", default="fraud-rule[0]r0", metavar="REPLICA",
                    help="replica whose executor is killed halfway (default fraud-rule[0]r0)")
-    d.add_argument("--mode", choices=["unordered", "liverobin"], default="unordered",
-                   help="unordered (default): the single-input job; liverobin: the two-region job with a "
-                        "union and a window, replicated, ordered by LiveRobin")
+    d.add_argument("--mode", choices=["unordered", "liverobin", "kazoo"], default="unordered",
+                   help="unordered (default): the single-input job; liverobin / kazoo: the two-region job "
+                        "with a union and a window, replicated, ordered by LiveRobin / by KaZoo leaders")
     d.add_argument("--no-replication", action="store_true",
                    help="run the two-region job with a union and a window, without replication or kill")
     d.set_defaults(fn=_cmd_demo)

@@ -217,8 +217,12 @@ class ReplicationConfig:
         "only for tasks with one input channel (a warning names the others). `liverobin`: a leaderless "
         "deterministic merge driven by heartbeat pulses (paper 004, Algorithm 1): both replicas of every "
         "task consume their inputs in the same order, a replica failure causes no pause; records wait for "
-        "the next pulse (about half `liverobin.heartbeatPeriod` plus a Kafka round trip).",
-        choices=("unordered", "liverobin"),
+        "the next pulse (about half `liverobin.heartbeatPeriod` plus a Kafka round trip). `kazoo`: per "
+        "partition with several input channels, a leader elected in ZooKeeper writes the consumption order "
+        "to a Kafka order log that both replicas follow (needs `zookeeper.connect`); a leader failure "
+        "pauses that partition until a new leader takes over (about `kazoo.sessionTimeout`, or at once "
+        "when the driver sees the executor leave).",
+        choices=("unordered", "liverobin", "kazoo"),
     )
     liverobin_heartbeat_period_ms: int = _key(
         "liverobin.heartbeatPeriod", DURATION, 10,
@@ -235,6 +239,26 @@ class ReplicationConfig:
         "liverobin.heartbeatTopic", STR, None,
         "The heartbeat log (one partition; `liverobin` mode); unset: `_replication.<job name>.heartbeats`.",
         fmt="topic",
+    )
+    kazoo_session_timeout_ms: int = _key(
+        "kazoo.sessionTimeout", DURATION, 2_000,
+        "ZooKeeper session timeout of each worker (`kazoo` mode): a leader whose executor hangs or loses "
+        "ZooKeeper for this long is replaced (the server may round it into its own min/max, 2 to 20 ticks).",
+        min=100, max=600_000,
+    )
+    kazoo_max_batch: int = _key(
+        "kazoo.maxBatch", INT, 1_000,
+        "At most this many elements per order record (`kazoo` mode). One record is in flight per partition; "
+        "the next one orders everything that arrived meanwhile, up to this cap.", min=1, max=1_000_000,
+    )
+    kazoo_min_batch: int = _key(
+        "kazoo.minBatch", INT, 1,
+        "An order is written as soon as this many elements are unordered (`kazoo` mode), or when the "
+        "oldest has waited `kazoo.idleTimeout`.", min=1, max=1_000_000,
+    )
+    kazoo_idle_timeout_ms: int = _key(
+        "kazoo.idleTimeout", DURATION, 2,
+        "How long an unordered element may wait for `kazoo.minBatch` to fill (`kazoo` mode).", min=0, max=10_000,
     )
     heartbeat_interval_ms: int = _key(
         "heartbeatInterval", DURATION, 200, "How often workers report liveness and progress to the driver.",
@@ -376,6 +400,10 @@ class ReplicationConfig:
         """The LiveRobin heartbeat log of job ``job_name``."""
         return self.liverobin_heartbeat_topic or f"_replication.{job_name}.heartbeats"
 
+    def order_topic(self, job_name: str, task_id: int, partition: int) -> str:
+        """The KaZoo order log of one partition of job ``job_name`` (one Kafka partition)."""
+        return f"_replication.{job_name}.orders.t{task_id}p{partition}"
+
     def kafka_consumer_config(self, group_id: str = "spark-replication") -> dict[str, Any]:
         """confluent-kafka Consumer config: brokers, pass-through properties, no auto commit.
 
@@ -438,6 +466,15 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
             PREFIX + "state.vnodes",
             f"{PREFIX}state.vnodes={values['state_vnodes']}: must be <= "
             f"{PREFIX}state.keyGroups ({values['state_key_groups']})",
+        ))
+    if values["mode"] == "kazoo" and not values["zookeeper_connect"] and "zookeeper_connect" not in bad:
+        out.append((PREFIX + "zookeeper.connect",
+                     f"{PREFIX}zookeeper.connect: required by {PREFIX}mode=kazoo (leader election)"))
+    if not bad & {"kazoo_min_batch", "kazoo_max_batch"} and values["kazoo_min_batch"] > values["kazoo_max_batch"]:
+        out.append((
+            PREFIX + "kazoo.minBatch",
+            f"{PREFIX}kazoo.minBatch={values['kazoo_min_batch']}: must be <= "
+            f"{PREFIX}kazoo.maxBatch ({values['kazoo_max_batch']})",
         ))
     return out + list(_kafka_problems(values))
 

@@ -74,7 +74,8 @@ def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float)
     fault = (lambda handle: kill_replica_executor(handle, opts.victim)) if opts.replicated else None
     rep = run_fraud_workload(stack.bootstrap_servers, spark, rate=opts.rate, duration_s=opts.duration_s,
                              partitions=opts.partitions, bad_every=opts.bad_every, replicated=opts.replicated, mode=opts.mode,
-                             fault=fault, fault_at_s=opts.duration_s / 2, status=out, say=print)
+                             fault=fault, fault_at_s=opts.duration_s / 2, status=out, say=print,
+                             conf={"spark.replication.zookeeper.connect": stack.zookeeper_connect})
     for c in rep.checks:
         print(f"   {c.name:14s} {c.got:7,d} records, expected {c.expected:7,d}: "
               f"{'exact match' if c.exact else 'MISMATCH'}")

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kazoo_leader.election import delete_tree, evict
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
 from replication.api import Job
@@ -35,7 +36,7 @@ from replication.plan import (
 )
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
 from replication.status import write_status
-from replication.worker import WorkerBootstrap, run_worker
+from replication.worker import WorkerBootstrap, election_identity, run_worker
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,8 @@ class JobMaster:
         self._closed = threading.Event()
         self._status_dirty = True
         self._status_written = 0.0
+        # called (each in a thread of its own, outside the lock) with a worker declared dead
+        self.on_dead: list[Callable[[int], None]] = []
 
     # -- state changes (caller holds the condition unless noted) ---------------------------------
     def event(self, text: str) -> None:
@@ -124,6 +127,8 @@ class JobMaster:
         self.dead[w] = reason
         info = self.workers.get(w)
         self.event(f"worker {w} (executor {info.executor if info else '?'}) declared dead: {reason}")
+        for hook in self.on_dead:
+            threading.Thread(target=hook, args=(w,), name=f"on-dead-w{w}", daemon=True).start()
         if not self.replicated:
             self._fail(f"worker {w} lost ({reason}); without spark.replication.enabled the job cannot mask "
                        "the failure (and rollback recovery needs Rhino checkpoints, not yet available)")
@@ -322,11 +327,52 @@ def _role_metrics(plan: PhysicalPlan, snapshot: dict[str, InstanceMetrics], kind
     return aggregate({k: v for k, v in snapshot.items() if k.rsplit("[", 1)[0] in names})
 
 
+class ElectionJanitor:
+    """The driver's ZooKeeper session for KaZoo: when a worker is declared dead it deletes that
+    worker's election nodes, so the partitions it led fail over at once instead of after the
+    ZooKeeper session timeout (safe even if the worker is only hung: it can no longer publish
+    under a current epoch), and at the end it removes the run's election tree."""
+
+    def __init__(self, connect: str, root: str, master: JobMaster) -> None:
+        from kazoo.client import KazooClient
+
+        self.root = root
+        self._master = master
+        self._client = KazooClient(hosts=connect, timeout=10)
+        try:
+            self._client.start(timeout=15)
+        except Exception as exc:  # noqa: BLE001 - a clear message instead of kazoo's timeout
+            self._client.close()
+            raise RuntimeError(f"cannot reach ZooKeeper at {connect} (spark.replication.zookeeper.connect): "
+                               f"{exc}") from None
+        master.on_dead.append(self.evict)
+
+    def evict(self, worker: int) -> None:
+        try:
+            removed = evict(self._client, self.root, election_identity(worker))
+        except Exception as exc:  # noqa: BLE001 - the session timeout still fails it over
+            log.warning("could not evict worker %d from its elections: %s", worker, exc)
+            return
+        if removed:
+            with self._master._cond:
+                self._master.event(f"worker {worker} removed from {len(removed)} leader election(s): "
+                                   "its leaderships fail over now")
+
+    def close(self) -> None:
+        try:
+            delete_tree(self._client, self.root)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not remove %s from ZooKeeper: %s", self.root, exc)
+        self._client.stop()
+        self._client.close()
+
+
 class JobHandle:
     """A running job: watch it, drain it, stop it."""
 
     def __init__(self, job: Job, cfg: ReplicationConfig, plan: PhysicalPlan, placement: dict[ReplicaId, int],
-                 master: JobMaster, server: Any, sc: Any, group: str) -> None:
+                 master: JobMaster, server: Any, sc: Any, group: str,
+                 elections: ElectionJanitor | None = None) -> None:
         self.job, self.cfg, self.plan, self.placement = job, cfg, plan, placement
         self.master = master
         self._server = server
@@ -336,6 +382,7 @@ class JobHandle:
         self._spark_error: BaseException | None = None
         self._result: JobResult | None = None
         self._started = time.monotonic()
+        self._elections = elections
         self.pulse_generators: list[HeartbeatGenerator] = []
         if plan.heartbeat_log is not None:
             self.start_pulse_generator()
@@ -493,6 +540,8 @@ class JobHandle:
                                      _role_metrics(self.plan, snap, "sink").records_out // self.plan.replicas,
                                      list(m.events))
             m.close(status)
+            if self._elections is not None:
+                self._elections.close()
         if self._result.status == "failed":
             raise JobFailedError(self._result.failure)
         return self._result
@@ -512,13 +561,20 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
                 range(partitions[task.head.spec["topic"]]))
     if cfg.enabled:
         plan.replicas = 2
-    if cfg.enabled or cfg.mode == "liverobin":
+    if cfg.enabled or cfg.mode != "unordered":
         check_replicable(plan, partitions)
+    start_conf = cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start")
     if cfg.mode == "liverobin":
         topic = cfg.heartbeat_topic(job.name)
         ensure_topics(admin, {topic: 1})
-        start = end_offsets_by_fetch(cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start"), topic, [0])
-        plan.heartbeat_log = (topic, start[0])
+        plan.heartbeat_log = (topic, end_offsets_by_fetch(start_conf, topic, [0])[0])
+    elif cfg.mode == "kazoo":
+        # each run follows its order logs from their current end: orders of an earlier run of the
+        # job (and their epochs) are not this run's
+        topics = {inst: cfg.order_topic(job.name, *inst) for inst in plan.multi_input_partitions()}
+        ensure_topics(admin, dict.fromkeys(topics.values(), 1))
+        plan.order_logs = {inst: (topic, end_offsets_by_fetch(start_conf, topic, [0])[0])
+                           for inst, topic in topics.items()}
     elif cfg.enabled:
         multi = [t.name for t in plan.multi_input_tasks()]
         log.warning("spark.replication.mode=%s: input channels are consumed first come, first served%s", cfg.mode,
@@ -563,13 +619,15 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     num_workers = cfg.workers or len(executor_ids(sc))
     placement = place(plan, num_workers)
     master = JobMaster(plan, placement, num_workers, cfg, job.name, sc.applicationId, lambda: executor_ids(sc))
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    election_root = f"/replication/{job.name}/{run_id}" if plan.order_logs else None
+    elections = ElectionJanitor(cfg.zookeeper_connect, election_root, master) if election_root else None
     threading.Thread(target=master.monitor, name=f"monitor-{job.name}", daemon=True).start()
     server, port = rpc.serve({"Register": rpc.pickled(master.register), "Heartbeat": rpc.pickled(master.heartbeat),
                               "Finished": rpc.pickled(master.finished)}, max_workers=num_workers * 2 + 8)
     address = f"{driver_advertise_host(sc)}:{port}"
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    boot = WorkerBootstrap(job.name, run_id, plan, placement, cfg, address, num_workers)
-    handle = JobHandle(job, cfg, plan, placement, master, server, sc, f"replication-{job.name}-{run_id}")
+    boot = WorkerBootstrap(job.name, run_id, plan, placement, cfg, address, num_workers, election_root)
+    handle = JobHandle(job, cfg, plan, placement, master, server, sc, f"replication-{job.name}-{run_id}", elections)
     log.info("%s\nwarm executors: %s; %d workers; job master at %s", plan.describe(), sorted(warm), num_workers,
              address)
     threading.Thread(target=handle._run_spark_job, args=(boot,), name=f"spark-job-{job.name}", daemon=True).start()

@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from kazoo_leader.orderer import KazooOrderer
 from liverobin import LiveRobinOrderer, PulsePlacer
 from liverobin.heartbeats import PULSE_ITEM
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
@@ -166,15 +167,31 @@ class ProcessingInstance(PartitionInstance):
         super().__init__(worker, task, partition, replica, plan)
         self.channels = [c.id for c in plan.input_channels(task.id, partition)]
         capacity = self.cfg.channel_queue_capacity
-        if self.cfg.mode == "liverobin":
+        order_log = plan.order_logs.get((task.id, partition)) if self.cfg.mode == "kazoo" else None
+        self._candidate: Any = None
+        if self.cfg.mode == "liverobin" or order_log is not None:
             self.queues = InputQueues(self.channels, max(4, capacity // len(self.channels)), per_channel=True)
-            self.orderer: Any = LiveRobinOrderer(self.queues)
+            self.orderer: Any = LiveRobinOrderer(self.queues) if order_log is None else self._kazoo(order_log)
         else:
             self.queues = InputQueues(self.channels, capacity)
             self.orderer = ArrivalOrderer(self.queues)
         self.dedup = Dedup()
         self._dedup_lock = threading.Lock()
         self._channel_locks = {c: threading.Lock() for c in self.channels}
+
+    def _kazoo(self, order_log: tuple[str, int]) -> KazooOrderer:
+        """KaZoo: this partition's order log through the worker's reader/writer, its election in
+        the worker's ZooKeeper session (entered when the instance starts)."""
+        cfg, publish = self.cfg, None
+        orderer = KazooOrderer(
+            self.queues, lambda order: publish(order), max_batch=cfg.kazoo_max_batch, min_batch=cfg.kazoo_min_batch,
+            idle_timeout_s=cfg.kazoo_idle_timeout_ms / 1000,
+            hold_limit=max(4 * cfg.channel_batch_size, 2 * cfg.kazoo_max_batch), name=self.name)
+        publish = self.worker.order_log().register(*order_log, on_records=orderer.on_records,
+                                                   on_failed=orderer.on_publish_failed, on_error=orderer.on_error)
+        self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
+        self.worker.election()
+        return orderer
 
     def deliver(self, header: BatchHeader, payload: bytes) -> None:
         """Called by receiver threads: dedup, then enqueue (blocking = back-pressure)."""
@@ -203,6 +220,20 @@ class ProcessingInstance(PartitionInstance):
         self.queues.close()
 
     def run(self) -> bool:
+        kazoo = self.orderer if isinstance(self.orderer, KazooOrderer) else None
+        if kazoo is not None:
+            self._candidate = self.worker.election().candidate(self._election_path, kazoo.on_leadership)
+        drained = False
+        try:
+            drained = self._run(kazoo)
+            return drained
+        finally:
+            # a replica that consumed everything keeps its leadership until the worker ends: all is
+            # ordered, and handing it over would only make the other replica write a useless fence
+            if self._candidate is not None and not drained:
+                self._candidate.withdraw()
+
+    def _run(self, kazoo: KazooOrderer | None) -> bool:
         self._channel_wm = {c: MIN_WATERMARK for c in self.channels}
         self._open_channels = set(self.channels)
         self._current_wm = MIN_WATERMARK
@@ -215,11 +246,19 @@ class ProcessingInstance(PartitionInstance):
                 self.poll_control()
             runs = self.orderer.next_runs(wait_s)
             self.metrics.queue_batches = self.queues.size()
+            if kazoo is not None:
+                self._kazoo_metrics(kazoo)
             if not runs:
                 self.idle()
             for channel, elements in runs:
                 self._consume(channel, elements)
         return True
+
+    def _kazoo_metrics(self, kazoo: KazooOrderer) -> None:
+        m = self.metrics
+        m.leader, m.orders_accepted, m.orders_published = kazoo.is_leader, kazoo.applier.accepted, kazoo.published
+        m.order_epoch = -1 if kazoo.epoch is None else kazoo.epoch
+        m.elected_at, m.first_order_at = kazoo.elected_at, kazoo.first_order_at
 
     def _consume(self, channel: int, elements: list) -> None:
         """Run ``elements`` of ``channel`` through the chain; watermarks: the minimum over channels."""

@@ -79,6 +79,16 @@ def produce_blocking(producer: Producer, topic: str, **kwargs: Any) -> None:
     producer.poll(0)
 
 
+def consume_ready(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
+    """The messages available now (at most ``max_messages``), waiting up to ``timeout`` only for
+    the first.  ``Consumer.consume`` itself waits out its whole timeout unless ``max_messages``
+    arrive, which adds the timeout to the latency of every control record read with it."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(num_messages=max_messages - 1, timeout=0)] if max_messages > 1 else [first]
+
+
 def admin_client(conf: Mapping[str, Any]) -> AdminClient:
     return AdminClient(dict(conf))
 

@@ -61,6 +61,13 @@ class InstanceMetrics:
     queue_batches: int = 0
     watermark: int = 0
     pulse: int = 0  # LiveRobin: the highest pulse this instance has emitted or consumed
+    # KaZoo (partitions with an order log): leadership and the log's progress as seen here
+    leader: bool = False
+    order_epoch: int = -1  # the log's current leader epoch
+    orders_accepted: int = 0  # order records applied (fences included)
+    orders_published: int = 0  # by this replica, as leader
+    elected_at: float = 0.0  # wall time this replica last became leader
+    first_order_at: float = 0.0  # wall time the first order of that leadership was read back
     finished: bool = False
     role: str = ""  # sinks of replicated jobs: writer | standby
     sink_committed_seq: int = -1

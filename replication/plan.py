@@ -94,6 +94,9 @@ class PhysicalPlan:
     # LiveRobin: the heartbeat log (topic, first offset of this run), set by the driver; sources
     # read it from there, so both replicas of a source partition count the same pulses
     heartbeat_log: tuple[str, int] | None = None
+    # KaZoo: the order log (topic, first offset of this run) of every partition with several input
+    # channels, set by the driver; both replicas follow it from there
+    order_logs: dict[Instance, tuple[str, int]] = field(default_factory=dict)
 
     def source_topics(self) -> dict[str, list[int]]:
         """Every source topic with the Kafka partitions the job reads of it."""
@@ -108,6 +111,10 @@ class PhysicalPlan:
         """Tasks whose partitions have more than one input channel (their input order is not
         deterministic without an ordering mode)."""
         return [t for t in self.tasks if any(len(self.input_channels(t.id, p)) > 1 for p in range(t.parallelism))]
+
+    def multi_input_partitions(self) -> list[Instance]:
+        """Partitions with more than one input channel (the ones KaZoo orders)."""
+        return [(t.id, p) for t in self.tasks for p in range(t.parallelism) if len(self.input_channels(t.id, p)) > 1]
 
     def task(self, task_id: int) -> TaskSpec:
         return self.tasks[task_id]
@@ -263,6 +270,6 @@ def check_replicable(plan: PhysicalPlan, topic_partitions: Mapping[str, int]) ->
             topic = t.head.spec["topic"]
             if t.parallelism != topic_partitions[topic]:
                 raise JobDefinitionError(
-                    f"source {t.name!r}: with spark.replication.enabled or mode=liverobin its parallelism must equal the "
+                    f"source {t.name!r}: with spark.replication.enabled or an ordering mode its parallelism must equal the "
                     f"{topic_partitions[topic]} partitions of topic {topic!r} (got {t.parallelism}), so that "
                     "both replicas read the same records in the same order")

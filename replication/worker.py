@@ -28,6 +28,8 @@ from typing import Any
 import grpc
 from confluent_kafka import Producer
 
+from kazoo_leader.election import ElectionClient
+from kazoo_leader.order_log import OrderLog
 from liverobin.reader import PulseReader
 from replication import framing, rpc
 from replication.channels import OutputChannel, remote_transport
@@ -51,6 +53,12 @@ class WorkerBootstrap:
     cfg: ReplicationConfig
     master_address: str
     num_workers: int
+    election_root: str | None = None  # KaZoo: this run's ZooKeeper path; a partition's election below it
+
+
+def election_identity(worker: int) -> str:
+    """What a worker's election nodes hold: the driver evicts a dead worker's nodes by it."""
+    return f"w{worker}"
 
 
 def run_worker(boot: WorkerBootstrap, index: int, attempt: int) -> dict[str, Any]:
@@ -79,6 +87,8 @@ class Worker:
         self.producer: Producer | None = None
         self.dead_letters: DeadLetterWriter | None = None
         self._pulse_reader: PulseReader | None = None
+        self._order_log: OrderLog | None = None
+        self._election: ElectionClient | None = None
 
     def pulse_reader(self) -> PulseReader:
         """The worker's reader of the LiveRobin heartbeat log (shared by its source replicas)."""
@@ -87,6 +97,22 @@ class Worker:
             self._pulse_reader = PulseReader(self.plan.heartbeat_log, self.cfg.kafka_consumer_config(
                 group_id=f"replication-{self.job_name}-pulses-w{self.index}"))
         return self._pulse_reader
+
+    def order_log(self) -> OrderLog:
+        """The worker's reader and writer of its replicas' KaZoo order topics."""
+        if self._order_log is None:
+            self._order_log = OrderLog(
+                self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}"),
+                self.cfg.kafka_producer_config(), name=f"w{self.index}")
+        return self._order_log
+
+    def election(self) -> ElectionClient:
+        """The worker's ZooKeeper session for its replicas' KaZoo elections (started before them)."""
+        if self._election is None:
+            assert self.cfg.zookeeper_connect is not None
+            self._election = ElectionClient(self.cfg.zookeeper_connect, self.cfg.kazoo_session_timeout_ms / 1000,
+                                            identity=election_identity(self.index))
+        return self._election
 
     def _report(self, status: str, **extra: Any) -> dict[str, Any]:
         return {"worker": self.index, "attempt": self.attempt, "status": status, **extra}
@@ -186,6 +212,10 @@ class Worker:
             self._ready.set()
             if self._pulse_reader is not None:
                 self._pulse_reader.start()
+            if self._order_log is not None:
+                self._order_log.start()
+            if self._election is not None:
+                self._election.start(timeout_s=self.cfg.start_timeout_ms / 1000)
             for inst in self.instances.values():
                 inst.start()
             report = self._serve(master)
@@ -199,6 +229,10 @@ class Worker:
                 inst.join(5)
             if self._pulse_reader is not None:
                 self._pulse_reader.close()
+            if self._election is not None:
+                self._election.close()
+            if self._order_log is not None:
+                self._order_log.close()
             if self.producer is not None and not evicted:
                 self.producer.flush(self.cfg.stop_timeout_ms / 1000)
             server.stop(grace=1.0)

@@ -142,7 +142,8 @@ def run_fraud_workload(
 
     ``replicated``: with ``spark.replication.enabled``; in ``mode`` ``unordered`` that is the
     single-input variant (the two regions' union and the window need an ordering mode), with
-    ``liverobin`` the full two-region job.  ``fault(handle)`` is called ``fault_at_s`` into
+    ``liverobin`` or ``kazoo`` the full two-region job (``kazoo`` needs
+    ``spark.replication.zookeeper.connect`` in ``conf``).  ``fault(handle)`` is called ``fault_at_s`` into
     the load and returns a description of what it did."""
     stamp = f"{int(time.time() * 1000) % 10**10}"
     topics = Topics.with_prefix(f"w{stamp}-")

@@ -46,7 +46,7 @@ def test_prefix_and_defaults() -> None:
     assert c.heartbeat_topic("orders") == "_replication.orders.heartbeats"
     assert cfg(mode="liverobin", **{"liverobin.heartbeatPeriod": "50ms"}).liverobin_heartbeat_period_ms == 50
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 24
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 28
 
 
 def test_other_keys_ignored_and_values_typed() -> None:
@@ -162,7 +162,7 @@ def test_all_problems_collected_in_one_error() -> None:
         PREFIX + "paralelism": "3",
         PREFIX + "workers": "many",
         PREFIX + "channel.batchSize": "0",
-        PREFIX + "mode": "kazoo",
+        PREFIX + "mode": "fifo",
         PREFIX + "kafka.producer.no.such.property": "1",
     })
     assert err.keys == [
@@ -192,7 +192,7 @@ def test_enabled_true_accepted_and_mode_validated() -> None:
     assert cfg().mode == "unordered"
     assert cfg(enabled="true", mode="liverobin").mode == "liverobin"
     err = refused({PREFIX + "enabled": "true", PREFIX + "mode": "fifo"})
-    assert err.keys == [PREFIX + "mode"] and "must be one of unordered, liverobin" in str(err)
+    assert err.keys == [PREFIX + "mode"] and "must be one of unordered, liverobin, kazoo" in str(err)
 
 
 def test_direct_construction_validates() -> None:
@@ -311,3 +311,14 @@ def test_generated_docs_up_to_date() -> None:
     )
     text = config_reference_markdown()
     assert all(f"`{k.name}`" in text for k in KEYS)
+
+
+def test_kazoo_needs_zookeeper_and_batch_bounds() -> None:
+    err = refused({PREFIX + "enabled": "true", PREFIX + "mode": "kazoo"})
+    assert err.keys == [PREFIX + "zookeeper.connect"] and "required by spark.replication.mode=kazoo" in str(err)
+    c = cfg(enabled="true", mode="kazoo", zookeeper__connect="127.0.0.1:2181")
+    assert (c.kazoo_session_timeout_ms, c.kazoo_max_batch, c.kazoo_min_batch, c.kazoo_idle_timeout_ms) == (
+        2_000, 1_000, 1, 2)
+    err = refused({PREFIX + "mode": "kazoo", PREFIX + "zookeeper.connect": "127.0.0.1:2181",
+                   PREFIX + "kazoo.minBatch": "50", PREFIX + "kazoo.maxBatch": "10"})
+    assert str(err) == "spark.replication.kazoo.minBatch=50: must be <= spark.replication.kazoo.maxBatch (10)"

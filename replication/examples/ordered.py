@@ -85,21 +85,25 @@ class ChainReport:
     duplicated: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)  # keys whose chain does not link up
+    reordered: list[str] = field(default_factory=list)  # keys whose events of one source changed order
 
     @property
     def exact(self) -> bool:
-        return not (self.missing or self.duplicated or self.unexpected or self.broken)
+        return not (self.missing or self.duplicated or self.unexpected or self.broken or self.reordered)
 
     def __str__(self) -> str:
         if self.exact:
             return f"EXACT: {self.records} records, {self.keys} keys, every chain links up"
         return (f"{self.records} records: missing {self.missing[:5]} ({len(self.missing)}), duplicated "
                 f"{self.duplicated[:5]} ({len(self.duplicated)}), unexpected {len(self.unexpected)}, "
-                f"broken chains {self.broken[:5]} ({len(self.broken)})")
+                f"broken chains {self.broken[:5]} ({len(self.broken)}), reordered {self.reordered[:5]} "
+                f"({len(self.reordered)})")
 
 
 def verify_chains(outputs: Iterable[dict], event_ids: Iterable[str]) -> ChainReport:
-    """Exactly once (each event id once) and one consistent order per key (the chain links up)."""
+    """Exactly once (each event id once), one consistent order per key (the chain links up), and
+    in it each source's events of the key in the order they were produced (a key's events of one
+    topic are in one Kafka partition, read in order, sent over one FIFO channel)."""
     expected = set(event_ids)
     report = ChainReport()
     by_key: dict[str, list[dict]] = {}
@@ -121,6 +125,13 @@ def verify_chains(outputs: Iterable[dict], event_ids: Iterable[str]) -> ChainRep
                 report.broken.append(key)
                 break
             prev = rec["h"]
+        last: dict[str, int] = {}
+        for rec in recs:
+            source, _, index = rec["id"].rpartition("-")
+            if int(index) < last.get(source, -1):
+                report.reordered.append(key)
+                break
+            last[source] = int(index)
     return report
 
 

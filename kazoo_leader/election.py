@@ -1,0 +1,535 @@
+"""ZooKeeper leader election per replicated partition: the I/O edge of KaZoo (DESIGN §5).
+
+One :class:`ElectionClient` per process (worker) holds one ZooKeeper session; each replica it
+hosts joins the election of its partition with :meth:`ElectionClient.candidate`.  A candidate
+creates an ephemeral sequential node ``<path>/n_<seq>`` holding the client's identity (e.g.
+``"w3"``); the candidate with the lowest ``seq`` among the children leads, and its **epoch is that
+``seq``**.  A follower watches only its immediate predecessor (no herd effect) and its own node.
+
+Why epochs are unique and increase from one leadership to the next: sequence numbers under one
+parent only grow, so each node has its own number and a lower number never reappears once gone.
+A node leads at most once: a candidate that stops leading for any reason deletes that node and
+re-enters with a new, higher one.  When candidate A starts leading with ``a``, every node with a
+lower number has gone (``sync`` + ``get_children`` after A's own create sees every node created
+before A's), so a leadership that starts after A's has a number created after ``a``, i.e. higher.
+This holds for one lifetime of the parent node: a job run must not delete and reuse its election
+path while candidates of that run may still be around (:func:`delete_tree` is for job end).
+
+Leadership ends when the connection is SUSPENDED or LOST (a leader that cannot be sure it still
+holds its node stops at once: its session may expire and a successor lead while it is cut off),
+when its node is deleted by someone else (:func:`evict`, the driver declaring a worker dead), on
+:meth:`Candidate.withdraw` and on :meth:`ElectionClient.close`.  A stale leader is harmless to
+the order log because its epoch is lower than its successor's (see :mod:`kazoo_leader.orders`);
+what this module guarantees is that it never leads again under the old epoch.
+
+Threads: kazoo's listener and watch callbacks only enqueue work.  One thread per client runs
+the election logic (ZooKeeper calls) and delivers every ``on_change`` callback, never while
+holding a lock.  A slow ``on_change`` therefore delays the election handling of the other
+candidates of the same client (not kazoo's own threads): keep callbacks short.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections import deque
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent
+from kazoo.retry import KazooRetry
+
+log = logging.getLogger(__name__)
+
+PREFIX = "n_"
+_NODE = re.compile(re.escape(PREFIX) + r"(\d+)$")
+
+
+class _Interrupted(Exception):
+    """A ZooKeeper call was abandoned because the connection dropped (or the client closes)."""
+
+
+# Errors after which the connection state listener is bound to report SUSPENDED/LOST and then
+# CONNECTED again, which re-runs the election: a check that hits one of them just gives up.
+_CONNECTION_ERRORS = (_Interrupted, ConnectionLoss, SessionExpiredError, ConnectionClosedError)
+
+
+def _seq(name: str) -> int | None:
+    m = _NODE.match(name)
+    return int(m.group(1)) if m else None
+
+
+class Candidate:
+    """One replica of one partition in the election at :attr:`path` (see :meth:`ElectionClient.candidate`)."""
+
+    def __init__(self, client: ElectionClient, path: str, on_change: Callable[[int | None], None]) -> None:
+        self.path = path
+        self._client = client
+        self._on_change = on_change
+        # Written on the client's loop thread only.
+        self._node: str | None = None  # our current node (full path)
+        self._uncertain = False  # a create may have landed without us learning the node's name
+        self._withdrawn = False
+        # Read by `epoch` from any thread.  Grant writes _epoch last, depose clears it first.
+        self._epoch: int | None = None
+        self._lead_node: str | None = None
+        self._lead_gen = -1
+        self._deleted: set[str] = set()  # own nodes a watch saw deleted (kazoo's thread adds)
+
+    @property
+    def epoch(self) -> int | None:
+        """The current epoch while this candidate leads, else None.
+
+        Turns None as soon as kazoo reports a connection problem or the deletion of the node,
+        possibly before ``on_change(None)`` has been delivered.
+        """
+        epoch = self._epoch
+        if (
+            epoch is None
+            or self._lead_gen != self._client._suspensions
+            or self._lead_node in self._deleted
+        ):
+            return None
+        return epoch
+
+    def withdraw(self) -> None:
+        """Leave the election: delete the node; ``on_change(None)`` first if this candidate led.
+
+        From another thread, returns once that is done (and the callback delivered); from inside
+        an ``on_change`` callback, it is done at once and the callback follows after it returns.
+        """
+        self._client._run_on_loop(lambda: self._client._withdraw(self, "withdrawn"))
+
+    def _watch(self, event: WatchedEvent) -> None:
+        # kazoo's callback thread: record, enqueue, never block.
+        if event.type == EventType.DELETED and event.path == self._node:
+            self._deleted.add(event.path)
+        self._client._submit(lambda: self._client._check(self))
+
+    def __repr__(self) -> str:
+        return f"Candidate({self.path!r}, identity={self._client.identity!r}, epoch={self._epoch})"
+
+
+class ElectionClient:
+    """One ZooKeeper session per process (worker); many candidates share it."""
+
+    def __init__(self, connect: str, session_timeout_s: float, identity: str) -> None:
+        if not identity:
+            raise ValueError("identity must be a non-empty string")
+        self.connect = connect
+        self.identity = identity
+        self._data = identity.encode()
+        self._zk = KazooClient(
+            hosts=connect,
+            timeout=session_timeout_s,
+            # Reconnect quickly after a blip; kazoo's default backoff grows up to an hour.
+            connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
+        )
+        self._lock = threading.Lock()  # guards _candidates and _closed; never held during callbacks
+        self._candidates: dict[str, Candidate] = {}
+        self._closed = False
+        self._ended = False  # the loop's stop sentinel is queued: nothing else will run there
+        self._started = False
+        # Incremented by kazoo's thread on every SUSPENDED/LOST: a leadership granted under an
+        # older value is void (see Candidate.epoch), and a pending call is abandoned.
+        self._suspensions = 0
+        self._wake: threading.Event | None = None  # set to abandon the ZooKeeper call in progress
+        self._stopping = False
+        self._orphans: set[str] = set()  # nodes of ours to delete once connected (loop thread)
+        self._notes: deque[Callable[[], None]] = deque()  # callbacks to deliver (loop thread)
+        self._queue: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=f"election-{identity}", daemon=True)
+
+    @property
+    def kazoo(self) -> KazooClient:
+        """The underlying session, e.g. to :func:`evict` or :func:`delete_tree` with it."""
+        return self._zk
+
+    def start(self, timeout_s: float = 15) -> None:
+        """Connect to ZooKeeper and start the election thread; RuntimeError if unreachable."""
+        if self._started:
+            raise RuntimeError("ElectionClient already started")
+        self._started = True
+        self._zk.add_listener(self._on_state)
+        try:
+            self._zk.start(timeout=timeout_s)
+        except KazooTimeoutError:
+            self._closed = True
+            self._stop_session()  # it keeps retrying in the background otherwise
+            raise RuntimeError(
+                f"ZooKeeper at {self.connect!r} unreachable: no session within {timeout_s:g} s"
+            ) from None
+        self._thread.start()
+
+    def candidate(self, path: str, on_change: Callable[[int | None], None]) -> Candidate:
+        """Join the election at ``path`` (e.g. ``/job/<run>/election/p3``); returns at once.
+
+        ``on_change(epoch)`` is called when this candidate becomes leader, ``on_change(None)``
+        when it stops; the calls strictly alternate, starting with an epoch.  One candidate per
+        path per client.
+        """
+        if not path.startswith("/") or path.endswith("/"):
+            raise ValueError(f"election path must be absolute without a trailing '/': {path!r}")
+        with self._lock:
+            if not self._started or self._closed:
+                raise RuntimeError("ElectionClient is not running (start() it, and not after close())")
+            if path in self._candidates:
+                raise ValueError(f"{self.identity} already has a candidate at {path}")
+            cand = Candidate(self, path, on_change)
+            self._candidates[path] = cand
+        self._submit(lambda: self._check(cand))
+        return cand
+
+    def close(self) -> None:
+        """Withdraw all candidates (``on_change(None)`` for a leader), end the session, stop.
+
+        The session ends (so every node of this client goes away at once) after the callbacks
+        have been delivered.  Returns when all is done, unless called from a callback.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if not self._thread.is_alive():
+            self._stop_session()
+            return
+        self._stopping = True  # abandon a ZooKeeper call in progress, skip queued checks
+        wake = self._wake
+        if wake is not None:
+            wake.set()
+        self._run_on_loop(self._shutdown)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # -- kazoo's threads ------------------------------------------------------------------
+
+    def _on_state(self, state: str) -> None:
+        if state != KazooState.CONNECTED:
+            self._suspensions += 1  # only kazoo's connection thread writes it
+            wake = self._wake
+            if wake is not None:
+                wake.set()
+        self._submit(lambda: self._handle_state(state))
+
+    def _submit(self, work: Callable[[], None]) -> None:
+        self._queue.put(work)
+
+    # -- the loop thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            work = self._queue.get()
+            if work is None:
+                break
+            try:
+                work()
+            except Exception:
+                log.exception("election %s: internal error", self.identity)
+            self._deliver()
+        self._deliver()
+        self._stop_session()
+
+    def _stop_session(self) -> None:
+        self._zk.remove_listener(self._on_state)
+        self._zk.stop()
+        self._zk.close()
+
+    def _deliver(self) -> None:
+        # Callbacks run here, after the work that decided them, so a callback that calls back
+        # into us (withdraw) only queues its own notification: callbacks never nest.
+        while self._notes:
+            note = self._notes.popleft()
+            try:
+                note()
+            except Exception:
+                log.exception("election %s: on_change callback raised", self.identity)
+
+    def _run_on_loop(self, work: Callable[[], None]) -> None:
+        if threading.current_thread() is self._thread:
+            work()
+            return
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                work()
+            finally:
+                self._notes.append(done.set)  # after the callbacks `work` queued
+
+        with self._lock:
+            if self._ended:
+                return
+            self._submit(run)
+        done.wait()
+
+    def _shutdown(self) -> None:
+        self._stopping = True
+        with self._lock:
+            cands = list(self._candidates.values())
+        for cand in cands:
+            # No deletes: stopping the session right after removes every node at once.
+            cand._withdrawn = True
+            self._depose(cand, "client closed")
+        with self._lock:
+            self._candidates.clear()
+            self._ended = True
+            self._submit(None)
+
+    def _op(self, result: Any, gen: int) -> Any:
+        """Wait for an async ZooKeeper call, giving up if the connection drops meanwhile.
+
+        A plain synchronous call made while disconnected waits for the reconnection (or the
+        session expiry), which would hold up the deposition of every candidate of this client.
+        """
+        done = threading.Event()
+        result.rawlink(lambda _r: done.set())
+        self._wake = done
+        try:
+            if self._suspensions != gen or self._stopping:
+                raise _Interrupted()
+            done.wait()
+            if not result.ready():
+                raise _Interrupted()
+            return result.get()
+        finally:
+            self._wake = None
+
+    def _usable(self) -> int | None:
+        """The current suspension count if connected and running, else None (the caller waits
+        for the next CONNECTED, which re-runs everything)."""
+        gen = self._suspensions
+        if self._stopping or self._zk.state != KazooState.CONNECTED:
+            return None
+        return gen
+
+    def _handle_state(self, state: str) -> None:
+        with self._lock:
+            cands = list(self._candidates.values())
+        if state == KazooState.CONNECTED:
+            log.debug("election %s: connected", self.identity)
+            self._reap()
+            for cand in cands:
+                self._check(cand)
+            return
+        reason = "connection suspended" if state == KazooState.SUSPENDED else "session lost"
+        for cand in cands:
+            self._depose(cand, reason)
+            if state == KazooState.LOST:  # the session's nodes are gone with it
+                cand._node = None
+                cand._uncertain = False
+        if state == KazooState.LOST:
+            self._orphans.clear()
+
+    def _reap(self) -> None:
+        """Delete nodes of ours that must not take part any more (old leader nodes, withdrawn)."""
+        gen = self._usable()
+        if gen is None:
+            return
+        for node in sorted(self._orphans):
+            try:
+                self._op(self._zk.delete_async(node), gen)
+            except NoNodeError:
+                pass
+            except _CONNECTION_ERRORS:
+                return
+            self._orphans.discard(node)
+
+    def _depose(self, cand: Candidate, reason: str) -> None:
+        """Stop leading (if leading): the node is never used again."""
+        epoch = cand._epoch
+        if epoch is None:
+            return
+        cand._epoch = None
+        if cand._node is not None:
+            self._orphans.add(cand._node)
+            cand._node = None
+        log.info("election %s: %s stops leading, epoch %d (%s)", cand.path, self.identity, epoch, reason)
+        self._notes.append(lambda: cand._on_change(None))
+
+    def _grant(self, cand: Candidate, gen: int, node: str, epoch: int) -> None:
+        if cand._epoch is not None or gen != self._suspensions:
+            return  # already leading, or suspended since: the next CONNECTED checks again
+        cand._lead_node = node
+        cand._lead_gen = gen
+        cand._epoch = epoch
+        log.info("election %s: %s leads, epoch %d", cand.path, self.identity, epoch)
+        self._notes.append(lambda: cand._on_change(epoch))
+
+    def _withdraw(self, cand: Candidate, reason: str) -> None:
+        if cand._withdrawn:
+            return
+        cand._withdrawn = True
+        with self._lock:
+            if self._candidates.get(cand.path) is cand:
+                del self._candidates[cand.path]
+        self._depose(cand, reason)
+        if cand._node is not None:
+            self._orphans.add(cand._node)
+            cand._node = None
+        self._reap()
+
+    def _create(self, cand: Candidate, gen: int) -> str:
+        if cand._uncertain:
+            self._drop_duplicates(cand, gen)
+        try:
+            node = self._op(
+                self._zk.create_async(
+                    f"{cand.path}/{PREFIX}", self._data, ephemeral=True, sequence=True, makepath=True
+                ),
+                gen,
+            )
+        except _CONNECTION_ERRORS:
+            cand._uncertain = True
+            raise
+        cand._uncertain = False
+        return node
+
+    def _drop_duplicates(self, cand: Candidate, gen: int) -> None:
+        """After a create whose outcome we missed: delete the node it may have made.
+
+        Such a node holds our identity and is owned by our session; we run one candidate per
+        path, so any such node that is not the current one is a leftover.
+        """
+        client_id = self._zk.client_id
+        if client_id is None:
+            raise _Interrupted()
+        try:
+            children = self._op(self._zk.get_children_async(cand.path), gen)
+        except NoNodeError:
+            return
+        for name in children:
+            full = f"{cand.path}/{name}"
+            if _seq(name) is None or full == cand._node:
+                continue
+            try:
+                data, stat = self._op(self._zk.get_async(full), gen)
+                if data == self._data and stat.ephemeralOwner == client_id[0]:
+                    log.info("election %s: %s deletes a duplicate node %s", cand.path, self.identity, name)
+                    self._op(self._zk.delete_async(full), gen)
+            except NoNodeError:
+                pass
+
+    def _check(self, cand: Candidate) -> None:
+        """(Re)evaluate one candidate: enter if needed, lead if lowest, else watch the predecessor."""
+        if cand._withdrawn:
+            return
+        gen = self._usable()
+        if gen is None:
+            return
+        try:
+            self._reap()
+            while True:
+                if cand._node is None:
+                    cand._node = self._create(cand, gen)
+                node = cand._node
+                name = node.rsplit("/", 1)[1]
+                self._op(self._zk.sync_async(cand.path), gen)
+                try:
+                    children = self._op(self._zk.get_children_async(cand.path), gen)
+                except NoNodeError:
+                    children = []
+                ranked = sorted((s, n) for n in children if (s := _seq(n)) is not None)
+                names = [n for _, n in ranked]
+                if name not in names:
+                    # Deleted by someone else (evict): out, and back in with a new node.
+                    self._depose(cand, "node deleted")
+                    cand._node = None
+                    continue
+                index = names.index(name)
+                # Watch our own node in every role, so an eviction is noticed at once.
+                if self._op(self._zk.exists_async(node, watch=cand._watch), gen) is None:
+                    continue
+                if index == 0:
+                    self._grant(cand, gen, node, ranked[0][0])
+                    return
+                if cand._epoch is not None:  # cannot happen: lower numbers never reappear
+                    log.error("election %s: a node below the leader's appeared: %s", cand.path, names)
+                    self._depose(cand, "a lower node appeared")
+                    continue
+                pred = f"{cand.path}/{names[index - 1]}"
+                if self._op(self._zk.exists_async(pred, watch=cand._watch), gen) is not None:
+                    return
+                # The predecessor went away between get_children and exists: look again.
+        except _CONNECTION_ERRORS:
+            # The next CONNECTED re-runs this check (after a SUSPENDED/LOST deposed a leader).
+            log.debug("election %s: check interrupted by a connection problem", cand.path)
+
+
+def _kazoo(client: KazooClient | ElectionClient) -> KazooClient:
+    return client.kazoo if isinstance(client, ElectionClient) else client
+
+
+def evict(connect_or_client: KazooClient | ElectionClient | str, root: str, identity: str) -> list[str]:
+    """Delete every candidate node under ``root`` (any depth) whose data is ``identity``.
+
+    The driver calls this when it declares a worker dead, so the worker's leaderships fail over
+    at once instead of after its session timeout.  A live worker notices, stops leading and
+    re-enters with a higher epoch.  Accepts a started client (preferred) or a connect string.
+    Returns the deleted node paths.
+    """
+    if isinstance(connect_or_client, str):
+        zk = KazooClient(hosts=connect_or_client)
+        try:
+            zk.start(timeout=15)
+        except KazooTimeoutError:
+            zk.stop()
+            zk.close()
+            raise RuntimeError(f"ZooKeeper at {connect_or_client!r} unreachable") from None
+        try:
+            return evict(zk, root, identity)
+        finally:
+            zk.stop()
+            zk.close()
+    zk = _kazoo(connect_or_client)
+    data = identity.encode()
+    deleted: list[str] = []
+    pending = [root.rstrip("/") or "/"]
+    while pending:
+        path = pending.pop()
+        try:
+            children = zk.retry(zk.get_children, path)
+        except NoNodeError:
+            continue
+        for name in sorted(children):
+            full = f"{path.rstrip('/')}/{name}"
+            try:
+                value, stat = zk.retry(zk.get, full)
+            except NoNodeError:
+                continue
+            if _seq(name) is not None and stat.ephemeralOwner != 0 and stat.numChildren == 0:
+                if value == data:
+                    try:
+                        zk.retry(zk.delete, full, version=stat.version)
+                        deleted.append(full)
+                    except NoNodeError:
+                        pass
+            elif stat.numChildren > 0:
+                pending.append(full)
+    if deleted:
+        log.info("evicted %s from %d election(s) under %s: %s", identity, len(deleted), root, deleted)
+    return deleted
+
+
+def delete_tree(client: KazooClient | ElectionClient, root: str) -> None:
+    """Remove a job run's election subtree at job end (no error if it is already gone)."""
+    zk = _kazoo(client)
+    for attempt in range(5):
+        try:
+            zk.retry(zk.delete, root, recursive=True)
+            return
+        except NoNodeError:
+            return
+        except NotEmptyError:  # a candidate entered meanwhile; it should be withdrawn by now
+            if attempt == 4:
+                raise
