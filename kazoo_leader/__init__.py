@@ -1,9 +1,12 @@
 """KaZoo: leader-based ordering of a replicated partition's input channels (DESIGN §5, paper 004 §IV).
 
-So far the pure part (:mod:`kazoo_leader.orders`): the order log record (:class:`Order`), the
-applier every replica runs on what it reads back from the log (:class:`OrderApplier`) and the
-leader's proposer (:class:`OrderProposer`).  ZooKeeper election and the Kafka order topic are
-the rest of the KaZoo issue.
+* :mod:`kazoo_leader.orders`: the order log record (:class:`Order`), the applier every replica
+  runs on what it reads back from the log (:class:`OrderApplier`) and the leader's proposer
+  (:class:`OrderProposer`); pure, property-tested;
+* :mod:`kazoo_leader.orderer`: both fed from a partition instance's input queues and an inbox;
+* :mod:`kazoo_leader.order_log`: the Kafka edge (one reader and writer of order topics per worker);
+* :mod:`kazoo_leader.election`: the ZooKeeper edge (one session per worker, epochs from
+  sequential nodes, eviction of a dead worker by the driver).
 """
 
 from kazoo_leader.orders import Order, OrderApplier, OrderLogCorrupt, OrderProposer

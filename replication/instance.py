@@ -183,8 +183,15 @@ class ProcessingInstance(PartitionInstance):
         """KaZoo: this partition's order log through the worker's reader/writer, its election in
         the worker's ZooKeeper session (entered when the instance starts)."""
         cfg, publish = self.cfg, None
+
+        def publish_while_leader(order: Any) -> None:
+            # the election drops the epoch the moment ZooKeeper is in doubt, before its callback
+            # reaches the orderer: nothing goes out under an epoch that may have been superseded
+            if self._candidate is not None and self._candidate.epoch == order.epoch:
+                publish(order)
+
         orderer = KazooOrderer(
-            self.queues, lambda order: publish(order), max_batch=cfg.kazoo_max_batch, min_batch=cfg.kazoo_min_batch,
+            self.queues, publish_while_leader, max_batch=cfg.kazoo_max_batch, min_batch=cfg.kazoo_min_batch,
             idle_timeout_s=cfg.kazoo_idle_timeout_ms / 1000,
             hold_limit=max(4 * cfg.channel_batch_size, 2 * cfg.kazoo_max_batch), name=self.name)
         publish = self.worker.order_log().register(*order_log, on_records=orderer.on_records,
