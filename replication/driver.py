@@ -223,7 +223,10 @@ class JobMaster:
                 self._sink_progress(req.get("sinks", {}))
                 self.reports[w] = req
             if req.get("status") == "failed":
-                self._fail("; ".join(req.get("errors", [])))
+                if w in self.dead:  # its replicas were cut off already: what broke there is no failure
+                    self.event(f"worker {w}, declared dead before, reported: {'; '.join(req.get('errors', []))}")
+                else:
+                    self._fail("; ".join(req.get("errors", [])))
             self._status_dirty = True
             self._cond.notify_all()
         return {}

@@ -285,14 +285,14 @@ class Worker:
                 time.sleep(interval)
                 continue
             unreachable_since = None
+            if reply["command"] == "evicted":
+                log.error("worker %d was declared dead while it was unresponsive: stopping at once", self.index)
+                return self._report("evicted")
             self._apply(reply)
             errors = [inst.error for inst in self.instances.values() if inst.error]
             if errors:
                 return self._report("failed", errors=errors)
             command = reply["command"]
-            if command == "evicted":
-                log.error("worker %d was declared dead while it was unresponsive: stopping at once", self.index)
-                return self._report("evicted")
             if command == "drain":
                 for inst in self.instances.values():
                     if isinstance(inst, SourceInstance):

@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from deploy.topics import create_topics, produce, read_all
 from kazoo_leader.orders import Order
 from replication import run
-from replication.chaos import kill_executor, locate
+from replication.chaos import kill_executor, locate, pause_executor, resume_executor
 from replication.examples.ordered import build_ordered_job, make_events, verify_chains
 from replication.kafka_io import produce_blocking
 
@@ -123,9 +123,9 @@ def _feed(stack, a, b, ids, rounds=40, per_round=100):
         time.sleep(0.1)
 
 
-def _run_under_load(stack, spark, name, victim_of=None):
+def _run_under_load(stack, spark, name, victim_of=None, fault=kill_executor):
     """The ordered job under about 4 s of live input; ``victim_of(handle)`` names the replica whose
-    executor is SIGKILLed 1.5 s in.  Returns (handle, result, outputs, ids, victim)."""
+    executor gets ``fault`` (SIGKILL) 1.5 s in.  Returns (handle, result, outputs, ids, victim)."""
     a, b = f"{name}a", f"{name}b"
     create_topics(stack.bootstrap_servers, {a: 2, b: 2})
     job = build_ordered_job(a, b, f"{name}out", name=name)
@@ -138,7 +138,7 @@ def _run_under_load(stack, spark, name, victim_of=None):
     if victim_of is not None:
         time.sleep(1.5)
         victim = victim_of(handle)
-        kill_executor(locate(victim, job=job.name))
+        fault(locate(victim, job=job.name))
     feeder.join()
     result = handle.drain(timeout=300)
     outputs = [json.loads(r.value) for r in read_all(stack.bootstrap_servers, f"{name}out")]
@@ -202,3 +202,26 @@ def test_output_equals_the_failure_free_run_per_key(stack, spark, topic_prefix):
         outputs.append(got)
     assert _per_key_ids(outputs[0]) == _per_key_ids(outputs[1])
     assert Counter(r["key"] for r in outputs[0]) == Counter(r["key"] for r in outputs[1])
+
+
+def test_hung_leader_is_replaced_and_never_orders_again(stack, spark, topic_prefix):
+    """SIGSTOP the executor of chain[0]'s leader for 5 s (beyond the session and failure timeouts),
+    then SIGCONT it: the other replica leads with a higher epoch meanwhile; the woken worker is
+    evicted, and no record of the old epoch counts after the new fence.  Output exact."""
+    def hang(target):
+        pause_executor(target)
+        threading.Timer(5.0, lambda: resume_executor(target)).start()
+
+    handle, result, outputs, ids, victim = _run_under_load(
+        stack, spark, f"{topic_prefix}kzhung", lambda h: _leader_of(h, "chain[0]"), fault=hang)
+    report = verify_chains(outputs, ids)
+    assert report.exact, report
+    texts = [t for _, t in result.events]
+    assert any("silent for" in t for t in texts), texts  # (its session expired first: nothing to evict)
+    survivor = result.per_instance[_other(victim)]
+    assert survivor.leader and survivor.finished
+    orders = _order_log(stack, handle, partition=0)
+    fences = [i for i, o in enumerate(orders) if o.is_fence]
+    assert len(fences) >= 2
+    # the woken worker re-entered the election behind the new leader: it never led again
+    assert orders[fences[-1]].epoch == survivor.order_epoch == max(o.epoch for o in orders)
