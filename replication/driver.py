@@ -383,6 +383,7 @@ class JobHandle:
         self._group = group
         self._done = threading.Event()
         self._spark_error: BaseException | None = None
+        self._cancelled_after_end = False  # we cancelled a relaunch nobody needs: not a failure
         self._result: JobResult | None = None
         self._started = time.monotonic()
         self._elections = elections
@@ -518,6 +519,7 @@ class JobHandle:
         while not self._done.wait(0.2):
             if self.master.all_done() and not self._done.wait(2.0):
                 log.info("every worker ended; cancelling the Spark job's pending task relaunches")
+                self._cancelled_after_end = True
                 self._sc.cancelJobGroup(self._group)
                 self._done.wait(10)
                 return True
@@ -534,6 +536,10 @@ class JobHandle:
             for gen in self.pulse_generators:
                 gen.kill()
             m = self.master
+            if self._cancelled_after_end and self._spark_error is not None:
+                log.info("Spark job ended by our cancel after every worker ended: %s",
+                         str(self._spark_error).splitlines()[0])
+                self._spark_error = None
             status = "failed" if (m.failure or self._spark_error) else (
                 "stopped" if m.command == "stop" else "finished")
             failure = m.failure or (f"Spark job failed: {self._spark_error}" if self._spark_error else None)
