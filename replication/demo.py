@@ -88,7 +88,7 @@ def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float)
     ms = 1000
     if rep.fault_at is not None:
         print("\n== what happened around the kill")
-        for ts, text in rep.result.events:
+        for ts, text in sorted(rep.result.events + _leaderships_since(rep.result.per_instance, rep.fault_at)):
             print(f"   {ts - rep.fault_at:+6.2f}s  {text}")
         print("   per-second p99 latency (source->sink) around the kill:")
         for sec, count, p99 in rep.per_second(origin=rep.fault_at):
@@ -115,3 +115,14 @@ def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float)
     verdict = "EXACT: no record missing, none extra" + (" (the kill was masked)" if rep.fault else "")
     print(f"   result        {verdict if rep.exact else 'FAILED'}")
     return 0 if rep.exact else 1
+
+
+def _leaderships_since(per_instance: dict, since: float) -> list[tuple[float, str]]:
+    """KaZoo leaderships that began after ``since``, as timeline entries (from the final metrics)."""
+    out = []
+    for name, m in per_instance.items():
+        if m.elected_at > since:
+            out.append((m.elected_at, f"{name} leads its partition's order log (epoch {m.order_epoch})"))
+            if m.first_order_at:
+                out.append((m.first_order_at, f"{name}: its first order is back, the partition consumes again"))
+    return out
