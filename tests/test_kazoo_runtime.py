@@ -10,20 +10,18 @@ break the chains in the output; :func:`verify_chains` checks that from the outpu
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
 
 import pytest
-from confluent_kafka import Producer
 
-from deploy.topics import create_topics, produce, read_all
+from deploy.topics import read_all
 from kazoo_leader.orders import Order
 from replication import run
 from replication.chaos import kill_executor, locate, pause_executor, resume_executor
-from replication.examples.ordered import build_ordered_job, make_events, verify_chains
-from replication.kafka_io import produce_blocking
+from replication.examples.ordered import build_ordered_job, verify_chains
+from tests.ordered_runs import feed, preproduce, read_output, replicas_agree, source_topics
 
 pytestmark = pytest.mark.integration
 
@@ -34,19 +32,6 @@ KAZOO = {"spark.replication.enabled": "true", "spark.replication.mode": "kazoo",
 def _conf(stack, **extra):
     return {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
             "spark.replication.zookeeper.connect": stack.zookeeper_connect, **KAZOO, **extra}
-
-
-def _replicas_agree(result, handle, task="chain"):
-    """Digest equality of both replicas of every partition whose two replicas survived."""
-    tid = next(t.id for t in handle.plan.tasks if t.name == task)
-    compared = 0
-    for p in range(handle.plan.task(tid).parallelism):
-        if any(handle.placement[(tid, p, r)] in handle.master.dead for r in (0, 1)):
-            continue
-        d0, d1 = (result.per_instance[f"{task}[{p}]r{r}"].state_digest for r in (0, 1))
-        assert d0 and d0 == d1, f"{task}[{p}]: replicas diverged"
-        compared += 1
-    return compared
 
 
 def _leader_of(handle, partition: str, timeout: float = 30) -> str:
@@ -68,35 +53,26 @@ def _order_log(stack, handle, task="chain", partition=0) -> list[Order]:
 
 
 def _per_key_ids(outputs):
-    return {key: sorted(ids) for key, ids in _group(outputs).items()}
-
-
-def _group(outputs):
     out: dict[str, list[str]] = {}
     for rec in outputs:
         out.setdefault(rec["key"], []).append(rec["id"])
-    return out
+    return {key: sorted(ids) for key, ids in out.items()}
 
 
-def test_order_logs_are_per_partition_and_replicas_agree(stack, spark, topic_prefix):
+def test_order_logs_are_per_partition_andreplicas_agree(stack, spark, topic_prefix):
     """Failure-free: every multi-input partition (chain and sink) has its own order log and one
     leader; both replicas of every partition end in the same state; the output is exact."""
-    a, b = f"{topic_prefix}a", f"{topic_prefix}b"
-    create_topics(stack.bootstrap_servers, {a: 2, b: 2})
-    events = make_events("a", 3000, keys=40, start_ts=1_700_000_000_000) + \
-        make_events("b", 3000, keys=40, start_ts=1_700_000_000_000, step_ms=2)
-    produce(stack.bootstrap_servers, a, events[:3000])
-    produce(stack.bootstrap_servers, b, events[3000:])
+    a, b = source_topics(stack, topic_prefix)
+    ids = preproduce(stack, a, b, 3000)
     job = build_ordered_job(a, b, f"{topic_prefix}out", name=f"{topic_prefix}kz")
     handle = run(job, spark=spark, conf=_conf(stack))
     result = handle.drain(timeout=300)
-    report = verify_chains([json.loads(r.value) for r in read_all(stack.bootstrap_servers, f"{topic_prefix}out")],
-                           [json.loads(v)["id"] for _, v in events])
+    report = verify_chains(read_output(stack, f"{topic_prefix}out"), ids)
     assert report.exact, report
     # the union (channels from source-a and source-b) and the keyed chain (from both union partitions)
     names = {handle.plan.task(t).name for t, _ in handle.plan.order_logs}
     assert names == {"union-2", "chain"} and len(handle.plan.order_logs) == 4
-    assert _replicas_agree(result, handle) == 2
+    assert replicas_agree(result, handle) == 2
     for p in (0, 1):
         leaders = [r for r in (0, 1) if result.per_instance[f"chain[{p}]r{r}"].orders_published]
         assert len(leaders) == 1, f"chain[{p}]: one replica orders in a failure-free run"
@@ -108,31 +84,15 @@ def test_order_logs_are_per_partition_and_replicas_agree(stack, spark, topic_pre
     assert result.metrics.gaps == 0
 
 
-def _feed(stack, a, b, ids, rounds=40, per_round=100):
-    """About 4 s of input, topic b at half the rate of topic a."""
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 2})
-    ts = 1_700_000_000_000
-    for i in range(rounds):
-        ea = make_events("a", per_round, keys=30, start_ts=ts, first=i * per_round)
-        eb = make_events("b", per_round // 2, keys=30, start_ts=ts, first=i * per_round // 2, step_ms=2)
-        for topic, recs in ((a, ea), (b, eb)):
-            for key, value in recs:
-                produce_blocking(producer, topic, key=key, value=value)
-        producer.flush(30)
-        ids.extend(json.loads(v)["id"] for _, v in ea + eb)
-        time.sleep(0.1)
-
-
 def _run_under_load(stack, spark, name, victim_of=None, fault=kill_executor):
     """The ordered job under about 4 s of live input; ``victim_of(handle)`` names the replica whose
     executor gets ``fault`` (SIGKILL) 1.5 s in.  Returns (handle, result, outputs, ids, victim)."""
-    a, b = f"{name}a", f"{name}b"
-    create_topics(stack.bootstrap_servers, {a: 2, b: 2})
+    a, b = source_topics(stack, name)
     job = build_ordered_job(a, b, f"{name}out", name=name)
     handle = run(job, spark=spark, conf=_conf(stack))
     handle.wait_started(120)
     ids: list[str] = []
-    feeder = threading.Thread(target=_feed, args=(stack, a, b, ids))
+    feeder = threading.Thread(target=feed, args=(stack, a, b, ids))
     feeder.start()
     victim = None
     if victim_of is not None:
@@ -141,7 +101,7 @@ def _run_under_load(stack, spark, name, victim_of=None, fault=kill_executor):
         fault(locate(victim, job=job.name))
     feeder.join()
     result = handle.drain(timeout=300)
-    outputs = [json.loads(r.value) for r in read_all(stack.bootstrap_servers, f"{name}out")]
+    outputs = read_output(stack, f"{name}out")
     return handle, result, outputs, ids, victim
 
 
@@ -160,7 +120,7 @@ def test_executor_kill_of_a_leader_or_follower_is_masked(stack, spark, topic_pre
     report = verify_chains(outputs, ids)
     assert report.exact, report
     assert sum("declared dead" in text for _, text in result.events) == 1, result.events
-    _replicas_agree(result, handle)
+    replicas_agree(result, handle)
     survivor = result.per_instance[_other(victim)]
     orders = _order_log(stack, handle, partition=0)
     epochs = [o.epoch for o in orders if o.is_fence]
@@ -175,13 +135,8 @@ def test_executor_kill_of_a_leader_or_follower_is_masked(stack, spark, topic_pre
 def test_output_equals_the_failure_free_run_per_key(stack, spark, topic_prefix):
     """Same input twice, once with the leader's executor killed: the same events reach every key
     (which interleaving of the two topics a key sees is the leader's choice in each run)."""
-    a, b = f"{topic_prefix}a", f"{topic_prefix}b"
-    create_topics(stack.bootstrap_servers, {a: 2, b: 2})
-    events = make_events("a", 5000, keys=40, start_ts=1_700_000_000_000) + \
-        make_events("b", 5000, keys=40, start_ts=1_700_000_000_000, step_ms=2)
-    produce(stack.bootstrap_servers, a, events[:5000])
-    produce(stack.bootstrap_servers, b, events[5000:])
-    ids = [json.loads(v)["id"] for _, v in events]
+    a, b = source_topics(stack, topic_prefix)
+    ids = preproduce(stack, a, b, 5000)
     outputs = []
     for attempt, kill in enumerate([False, True]):
         out = f"{topic_prefix}out{attempt}"
@@ -196,7 +151,7 @@ def test_output_equals_the_failure_free_run_per_key(stack, spark, topic_prefix):
             assert handle.sink_metrics().records_out // 2 < len(ids), "finished before the kill"
             kill_executor(locate(victim, job=job.name))
         handle.drain(timeout=300)
-        got = [json.loads(r.value) for r in read_all(stack.bootstrap_servers, out)]
+        got = read_output(stack, out)
         report = verify_chains(got, ids)
         assert report.exact, report
         outputs.append(got)

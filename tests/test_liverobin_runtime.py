@@ -13,13 +13,13 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Producer
 
-from deploy.topics import create_topics, produce, read_all
+from deploy.topics import read_all
 from replication import run
 from replication.chaos import kill_executor, locate
-from replication.examples.ordered import build_ordered_job, chain_heads, make_events, verify_chains
-from replication.kafka_io import end_offsets_by_fetch, produce_blocking
+from replication.examples.ordered import build_ordered_job, chain_heads, verify_chains
+from replication.kafka_io import end_offsets_by_fetch
+from tests.ordered_runs import feed, preproduce, read_output, replicas_agree, source_topics
 
 pytestmark = pytest.mark.integration
 
@@ -31,25 +31,6 @@ def _conf(stack, **extra):
     return {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, **LIVEROBIN, **extra}
 
 
-def _topics(stack, prefix):
-    a, b = f"{prefix}a", f"{prefix}b"
-    create_topics(stack.bootstrap_servers, {a: 2, b: 2})
-    return a, b
-
-
-def _replicas_agree(result, handle, task="chain"):
-    """Digest equality of both replicas of every partition whose two replicas survived."""
-    tid = next(t.id for t in handle.plan.tasks if t.name == task)
-    compared = 0
-    for p in range(handle.plan.task(tid).parallelism):
-        if any(handle.placement[(tid, p, r)] in handle.master.dead for r in (0, 1)):
-            continue
-        d0, d1 = (result.per_instance[f"{task}[{p}]r{r}"].state_digest for r in (0, 1))
-        assert d0 and d0 == d1, f"{task}[{p}]: replicas diverged"
-        compared += 1
-    return compared
-
-
 def _sink_written(handle) -> int:
     return handle.sink_metrics().records_out // 2
 
@@ -58,12 +39,8 @@ def test_replicas_agree_and_a_kill_does_not_change_the_output(stack, spark, topi
     """Pre-produced input: pulse positions depend on the log alone, so two runs consume in the
     same order.  Run 1 is failure-free; run 2 SIGKILLs the executor of a chain replica mid-run.
     Both runs' outputs are exact chains, both replicas agree, and run 2's output equals run 1's."""
-    a, b = _topics(stack, topic_prefix)
-    events = make_events("a", 6000, keys=40, start_ts=1_700_000_000_000) + \
-        make_events("b", 6000, keys=40, start_ts=1_700_000_000_000, step_ms=2)
-    produce(stack.bootstrap_servers, a, events[:6000])
-    produce(stack.bootstrap_servers, b, events[6000:])
-    ids = [json.loads(v)["id"] for _, v in events]
+    a, b = source_topics(stack, topic_prefix)
+    ids = preproduce(stack, a, b, 6000)
 
     outputs = []
     for attempt, victim in enumerate([None, "chain[0]r0"]):
@@ -78,10 +55,10 @@ def test_replicas_agree_and_a_kill_does_not_change_the_output(stack, spark, topi
             assert _sink_written(handle) < len(ids), "the job finished before the kill: make it longer"
             kill_executor(locate(victim, job=job.name))
         result = handle.drain(timeout=300)
-        got = [json.loads(r.value) for r in read_all(stack.bootstrap_servers, out)]
+        got = read_output(stack, out)
         report = verify_chains(got, ids)
         assert report.exact, report
-        assert _replicas_agree(result, handle) >= (2 if victim is None else 1)
+        assert replicas_agree(result, handle) >= (2 if victim is None else 1)
         assert result.metrics.gaps == 0
         if victim:
             assert sum("declared dead" in text for _, text in result.events) == 1, result.events
@@ -91,36 +68,17 @@ def test_replicas_agree_and_a_kill_does_not_change_the_output(stack, spark, topi
     assert chain_heads(outputs[0]) == chain_heads(outputs[1])
 
 
-def _feed(stack, a, b, ids, rounds=40, per_round=100):
-    """About 4 s of input, topic b at half the rate of topic a."""
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 2})
-    ts = 1_700_000_000_000
-    for i in range(rounds):
-        ea = make_events("a", per_round, keys=30, start_ts=ts, first=i * per_round)
-        eb = make_events("b", per_round // 2, keys=30, start_ts=ts, first=i * per_round // 2, step_ms=2)
-        for topic, recs in ((a, ea), (b, eb)):
-            for key, value in recs:
-                produce_blocking(producer, topic, key=key, value=value)
-        producer.flush(30)
-        ids.extend(json.loads(v)["id"] for _, v in ea + eb)
-        time.sleep(0.1)
-
-
 def _start_under_load(stack, spark, name):
     """The ordered job on topics ``<name>a``/``<name>b``, output ``<name>out``, with a feeder thread
     producing about 4 s of input; returns (job, handle, the fed event ids, the feeder)."""
-    a, b = _topics(stack, name)
+    a, b = source_topics(stack, name)
     job = build_ordered_job(a, b, f"{name}out", name=name)
     handle = run(job, spark=spark, conf=_conf(stack))
     handle.wait_started(120)
     ids: list[str] = []
-    feeder = threading.Thread(target=_feed, args=(stack, a, b, ids))
+    feeder = threading.Thread(target=feed, args=(stack, a, b, ids))
     feeder.start()
     return job, handle, ids, feeder
-
-
-def _output(stack, job):
-    return [json.loads(r.value) for r in read_all(stack.bootstrap_servers, f"{job.name}out")]
 
 
 @pytest.mark.parametrize("victim", ["chain-sink[0]r0", "source-a[1]r1"], ids=["sink-writer", "source-replica"])
@@ -133,10 +91,10 @@ def test_executor_kill_under_live_load_is_masked(stack, spark, topic_prefix, vic
     kill_executor(locate(victim, job=job.name))
     feeder.join()
     result = handle.drain(timeout=300)
-    report = verify_chains(_output(stack, job), ids)
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
     assert report.exact, report
     assert any("takes over writing" in text for _, text in result.events), result.events
-    _replicas_agree(result, handle)
+    replicas_agree(result, handle)
 
 
 def test_generator_kill_and_restart_resumes_without_divergence(stack, spark, topic_prefix):
@@ -157,9 +115,9 @@ def test_generator_kill_and_restart_resumes_without_divergence(stack, spark, top
     feeder.join()
     third.kill()
     result = handle.drain(timeout=300)
-    report = verify_chains(_output(stack, job), ids)
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
     assert report.exact, report
-    assert _replicas_agree(result, handle) == 2
+    assert replicas_agree(result, handle) == 2
     assert second.pulses.last_h > last_h and second.done
     # the restarted generators continued the numbering: no h went back
     topic, start = handle.plan.heartbeat_log

@@ -1,0 +1,63 @@
+"""The order-sensitive two-topic job on the session's stack, for the ordering modes' runtime tests:
+its input (pre-produced or fed live), its output, and replica agreement."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from confluent_kafka import Producer
+
+from deploy.topics import create_topics, produce, read_all
+from replication.examples.ordered import make_events
+from replication.kafka_io import produce_blocking
+
+START_TS = 1_700_000_000_000
+
+
+def source_topics(stack, prefix: str) -> tuple[str, str]:
+    """Topics ``<prefix>a`` and ``<prefix>b``, two partitions each."""
+    a, b = f"{prefix}a", f"{prefix}b"
+    create_topics(stack.bootstrap_servers, {a: 2, b: 2})
+    return a, b
+
+
+def preproduce(stack, a: str, b: str, per_topic: int) -> list[str]:
+    """``per_topic`` events into each topic before the job starts; returns their ids."""
+    events = make_events("a", per_topic, keys=40, start_ts=START_TS) + \
+        make_events("b", per_topic, keys=40, start_ts=START_TS, step_ms=2)
+    produce(stack.bootstrap_servers, a, events[:per_topic])
+    produce(stack.bootstrap_servers, b, events[per_topic:])
+    return [json.loads(v)["id"] for _, v in events]
+
+
+def feed(stack, a: str, b: str, ids: list[str], rounds: int = 40, per_round: int = 100) -> None:
+    """About 4 s of live input, topic b at half the rate of topic a; appends the ids to ``ids``."""
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 2})
+    for i in range(rounds):
+        ea = make_events("a", per_round, keys=30, start_ts=START_TS, first=i * per_round)
+        eb = make_events("b", per_round // 2, keys=30, start_ts=START_TS, first=i * per_round // 2, step_ms=2)
+        for topic, recs in ((a, ea), (b, eb)):
+            for key, value in recs:
+                produce_blocking(producer, topic, key=key, value=value)
+        producer.flush(30)
+        ids.extend(json.loads(v)["id"] for _, v in ea + eb)
+        time.sleep(0.1)
+
+
+def read_output(stack, topic: str) -> list[dict]:
+    return [json.loads(r.value) for r in read_all(stack.bootstrap_servers, topic)]
+
+
+def replicas_agree(result, handle, task: str = "chain") -> int:
+    """Digest equality of both replicas of every partition whose two replicas survived; returns
+    how many partitions were compared."""
+    tid = next(t.id for t in handle.plan.tasks if t.name == task)
+    compared = 0
+    for p in range(handle.plan.task(tid).parallelism):
+        if any(handle.placement[(tid, p, r)] in handle.master.dead for r in (0, 1)):
+            continue
+        d0, d1 = (result.per_instance[f"{task}[{p}]r{r}"].state_digest for r in (0, 1))
+        assert d0 and d0 == d1, f"{task}[{p}]: replicas diverged"
+        compared += 1
+    return compared
