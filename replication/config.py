@@ -461,22 +461,18 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
             out.append((key.name, f"{key.name}: {why}" if value is None else f"{key.name}={key.render(value)}: {why}"))
             bad.add(attr)
     # Cross-key checks.
-    if not bad & {"state_vnodes", "state_key_groups"} and values["state_vnodes"] > values["state_key_groups"]:
-        out.append((
-            PREFIX + "state.vnodes",
-            f"{PREFIX}state.vnodes={values['state_vnodes']}: must be <= "
-            f"{PREFIX}state.keyGroups ({values['state_key_groups']})",
-        ))
+    for small, large in _AT_MOST:
+        if not bad & {small, large} and values[small] > values[large]:
+            name, limit = _ATTRS[small].name, _ATTRS[large].name
+            out.append((name, f"{name}={values[small]}: must be <= {limit} ({values[large]})"))
     if values["mode"] == "kazoo" and not values["zookeeper_connect"] and "zookeeper_connect" not in bad:
         out.append((PREFIX + "zookeeper.connect",
                      f"{PREFIX}zookeeper.connect: required by {PREFIX}mode=kazoo (leader election)"))
-    if not bad & {"kazoo_min_batch", "kazoo_max_batch"} and values["kazoo_min_batch"] > values["kazoo_max_batch"]:
-        out.append((
-            PREFIX + "kazoo.minBatch",
-            f"{PREFIX}kazoo.minBatch={values['kazoo_min_batch']}: must be <= "
-            f"{PREFIX}kazoo.maxBatch ({values['kazoo_max_batch']})",
-        ))
     return out + list(_kafka_problems(values))
+
+
+#: Cross-key bounds (attribute, attribute it must not exceed).
+_AT_MOST = (("state_vnodes", "state_key_groups"), ("kazoo_min_batch", "kazoo_max_batch"))
 
 
 def _kafka_problems(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
