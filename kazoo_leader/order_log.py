@@ -52,8 +52,6 @@ class OrderLog:
         self._producer: Producer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.error: str | None = None
-        self.records_read = 0
 
     def register(
         self,
@@ -70,10 +68,6 @@ class OrderLog:
             raise ValueError(f"order topic {topic} registered twice")
         self._topics[topic] = _Topic(topic, start_offset, on_records, on_failed, on_error)
         return lambda order: self._publish(topic, order)
-
-    @property
-    def started(self) -> bool:
-        return bool(self._threads)
 
     def start(self) -> None:
         if not self._topics:
@@ -134,7 +128,6 @@ class OrderLog:
                         continue
                     batches.setdefault(msg.topic(), []).append(order)
                 for topic, orders in batches.items():
-                    self.records_read += len(orders)
                     self._topics[topic].on_records(orders)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -143,6 +136,5 @@ class OrderLog:
 
     def _fail(self, exc: BaseException) -> None:
         log.exception("%s: order log reader failed", self.name)
-        self.error = f"{type(exc).__name__}: {exc}"
         for topic in self._topics.values():
-            topic.on_error(self.error)
+            topic.on_error(f"{type(exc).__name__}: {exc}")

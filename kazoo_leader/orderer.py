@@ -63,11 +63,9 @@ class KazooOrderer:
         self._lock = threading.Lock()
         self._pushed = 0
         self._pulled = 0
-        self.error: str | None = None
         # observable progress (copied into the instance's metrics)
         self.published = 0
         self.republished = 0
-        self.leaderships = 0
         self.elected_at = 0.0  # wall time of the last election of this replica
         self.first_order_at = 0.0  # wall time its first order of that leadership was read back
 
@@ -149,7 +147,6 @@ class KazooOrderer:
                     self.republished += 1
                     self._publish(order)
             else:
-                self.error = item[1]
                 raise RuntimeError(f"order log: {item[1]}")
 
     def _apply_records(self, orders: list[Order]) -> None:
@@ -172,7 +169,6 @@ class KazooOrderer:
             fence = proposer.become_leader(epoch)
         except ValueError as exc:  # the election's epochs only grow: the log belongs to something else
             raise RuntimeError(f"{self.name}: elected with epoch {epoch}, but {exc}") from None
-        self.leaderships += 1
         self.elected_at, self.first_order_at = self._wall(), 0.0
         log.info("%s: leader with epoch %d (log epoch %s, %d elements unordered)", self.name, epoch,
                  self.applier.epoch, proposer.uncovered())
