@@ -4,12 +4,14 @@ its input (pre-produced or fed live), its output, and replica agreement."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 from confluent_kafka import Producer
 
 from deploy.topics import create_topics, produce, read_all
-from replication.examples.ordered import make_events
+from replication import run
+from replication.examples.ordered import build_ordered_job, make_events
 from replication.kafka_io import produce_blocking
 
 START_TS = 1_700_000_000_000
@@ -43,6 +45,19 @@ def feed(stack, a: str, b: str, ids: list[str], rounds: int = 40, per_round: int
         producer.flush(30)
         ids.extend(json.loads(v)["id"] for _, v in ea + eb)
         time.sleep(0.1)
+
+
+def start_under_load(stack, spark, name: str, conf: dict):
+    """The ordered job on topics ``<name>a``/``<name>b``, output ``<name>out``, with a feeder thread
+    producing about 4 s of input; returns (job, handle, the fed event ids, the feeder)."""
+    a, b = source_topics(stack, name)
+    job = build_ordered_job(a, b, f"{name}out", name=name)
+    handle = run(job, spark=spark, conf=conf)
+    handle.wait_started(120)
+    ids: list[str] = []
+    feeder = threading.Thread(target=feed, args=(stack, a, b, ids))
+    feeder.start()
+    return job, handle, ids, feeder
 
 
 def read_output(stack, topic: str) -> list[dict]:

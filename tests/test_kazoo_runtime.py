@@ -21,7 +21,7 @@ from kazoo_leader.orders import Order
 from replication import run
 from replication.chaos import kill_executor, locate, pause_executor, resume_executor
 from replication.examples.ordered import build_ordered_job, verify_chains
-from tests.ordered_runs import feed, preproduce, read_output, replicas_agree, source_topics
+from tests.ordered_runs import preproduce, read_output, replicas_agree, source_topics, start_under_load
 
 pytestmark = pytest.mark.integration
 
@@ -87,13 +87,7 @@ def test_order_logs_are_per_partition_andreplicas_agree(stack, spark, topic_pref
 def _run_under_load(stack, spark, name, victim_of=None, fault=kill_executor):
     """The ordered job under about 4 s of live input; ``victim_of(handle)`` names the replica whose
     executor gets ``fault`` (SIGKILL) 1.5 s in.  Returns (handle, result, outputs, ids, victim)."""
-    a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name)
-    handle = run(job, spark=spark, conf=_conf(stack))
-    handle.wait_started(120)
-    ids: list[str] = []
-    feeder = threading.Thread(target=feed, args=(stack, a, b, ids))
-    feeder.start()
+    job, handle, ids, feeder = start_under_load(stack, spark, name, _conf(stack))
     victim = None
     if victim_of is not None:
         time.sleep(1.5)

@@ -9,7 +9,6 @@ failover would break the chains in the output.
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
@@ -19,7 +18,7 @@ from replication import run
 from replication.chaos import kill_executor, locate
 from replication.examples.ordered import build_ordered_job, chain_heads, verify_chains
 from replication.kafka_io import end_offsets_by_fetch
-from tests.ordered_runs import feed, preproduce, read_output, replicas_agree, source_topics
+from tests.ordered_runs import preproduce, read_output, replicas_agree, source_topics, start_under_load
 
 pytestmark = pytest.mark.integration
 
@@ -68,25 +67,12 @@ def test_replicas_agree_and_a_kill_does_not_change_the_output(stack, spark, topi
     assert chain_heads(outputs[0]) == chain_heads(outputs[1])
 
 
-def _start_under_load(stack, spark, name):
-    """The ordered job on topics ``<name>a``/``<name>b``, output ``<name>out``, with a feeder thread
-    producing about 4 s of input; returns (job, handle, the fed event ids, the feeder)."""
-    a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name)
-    handle = run(job, spark=spark, conf=_conf(stack))
-    handle.wait_started(120)
-    ids: list[str] = []
-    feeder = threading.Thread(target=feed, args=(stack, a, b, ids))
-    feeder.start()
-    return job, handle, ids, feeder
-
-
 @pytest.mark.parametrize("victim", ["chain-sink[0]r0", "source-a[1]r1"], ids=["sink-writer", "source-replica"])
 def test_executor_kill_under_live_load_is_masked(stack, spark, topic_prefix, victim):
     """Input produced while the job runs; the executor of a replica dies (with it the other
     replicas it hosts, a sink writer among them): the survivors carry on, a standby sink
     replica takes over writing, and every chain still links up (the replicas agreed)."""
-    job, handle, ids, feeder = _start_under_load(stack, spark, f"{topic_prefix}lrkill")
+    job, handle, ids, feeder = start_under_load(stack, spark, f"{topic_prefix}lrkill", _conf(stack))
     time.sleep(1.5)
     kill_executor(locate(victim, job=job.name))
     feeder.join()
@@ -101,7 +87,7 @@ def test_generator_kill_and_restart_resumes_without_divergence(stack, spark, top
     """The heartbeat generator dies: sources hold their records (no pulse says where they go),
     then a new generator continues after the largest pulse in the log, a second one runs beside
     it for a while, and the job catches up: exact chains, replicas agree."""
-    job, handle, ids, feeder = _start_under_load(stack, spark, f"{topic_prefix}lrgen")
+    job, handle, ids, feeder = start_under_load(stack, spark, f"{topic_prefix}lrgen", _conf(stack))
     time.sleep(1.0)
     first = handle.pulse_generators[0]
     assert handle.kill_pulse_generators() == ["g1"]
