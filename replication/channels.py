@@ -12,6 +12,11 @@ fastest has ``max_ready`` batches waiting.  A replica whose transport fails, or
 that falls ``lag_limit`` batches behind, is cut off (logged); it will see a gap
 if it comes back, and gaps are never delivered.  When no replica is left the
 channel fails.
+
+Upstream backup (Rhino, DESIGN §6): with ``retain=True`` the channel keeps every
+sealed batch from :meth:`release`'s position on (the destination's last completed
+checkpoint), at most ``backup_limit`` batches, so that a replica of the destination
+restored from that checkpoint can :meth:`rejoin` and be replayed what it lost.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ Transport = Callable[[bytes], object]
 
 class ChannelClosed(Exception):
     """The channel was closed, or lost every destination replica, while a caller used it."""
+
+
+class BackupTrimmed(Exception):
+    """A rejoining replica needs seqs the channel no longer holds."""
 
 
 def remote_transport(peer: Peer, give_up: Callable[[], bool], call_timeout_s: float = 10.0,
@@ -65,6 +74,8 @@ class OutputChannel:
         max_ready: int = 2,
         lag_limit: int = 1024,
         first_seq: int = 0,
+        retain: bool = False,
+        backup_limit: int = 4096,
     ) -> None:
         self.spec = spec
         self._transports = [transports] if callable(transports) else list(transports)
@@ -84,14 +95,22 @@ class OutputChannel:
         self._alive = [True] * n
         self._retired = [False] * n  # the replica finished (had END): it needs nothing more
         self._unsent = [0] * n  # per replica: sealed batches it has not sent yet
+        self._gen = [0] * n  # per replica: bumped by rejoin, so a stale sender thread stops
+        # upstream backup: sealed batches from this seq on are kept for a restored replica (None: off)
+        self._retain_from: int | None = first_seq if retain else None
+        self._backup_limit = backup_limit
+        self.backup_overflows = 0
         self._closed = False
         self._cond = threading.Condition()
         self.batches_sent = [0] * n
         self.elements_sent = [0] * n
-        self._threads = [threading.Thread(target=self._run, args=(i,), name=f"send-ch{spec.id}-r{i}", daemon=True)
-                         for i in range(n)]
-        for t in self._threads:
-            t.start()
+        self._threads = [self._sender(i) for i in range(n)]
+
+    def _sender(self, i: int) -> threading.Thread:
+        thread = threading.Thread(target=self._run, args=(i, self._gen[i]), name=f"send-ch{self.spec.id}-r{i}",
+                                  daemon=True)
+        thread.start()
+        return thread
 
     # -- emitting side ----------------------------------------------------------------------
     @property
@@ -166,6 +185,46 @@ class OutputChannel:
                 self._trim()
                 self._cond.notify_all()
 
+    def release(self, seq: int) -> None:
+        """The destination checkpointed everything below ``seq``: the backup may drop it."""
+        with self._cond:
+            if self._retain_from is not None and seq > self._retain_from:
+                self._retain_from = seq
+                self._trim()
+
+    @property
+    def backup_from(self) -> int | None:
+        """The lowest seq a rejoining replica can be replayed from (None: no backup kept)."""
+        with self._cond:
+            if self._retain_from is None:
+                return None
+            return self._sealed[0] if self._sealed else self._next_seq
+
+    def rejoin(self, replica: int, transport: Transport, from_seq: int) -> None:
+        """Send to ``replica`` again (restored from a checkpoint at a new place), starting with the
+        batch that holds ``from_seq``; raises BackupTrimmed if that is no longer held."""
+        with self._cond:
+            if self._closed:
+                raise ChannelClosed(f"channel {self.spec.id} is closed")
+            if from_seq >= self._next_seq:
+                pos = self._next_seq
+            else:
+                held = [s for s in self._sealed if s <= from_seq]
+                if not held:
+                    raise BackupTrimmed(f"channel {self.spec.id}: replica {replica} needs seq {from_seq}, the "
+                                        f"backup starts at {self._sealed[0] if self._sealed else self._next_seq}")
+                pos = held[-1]
+            self._gen[replica] += 1  # a sender still stuck in a call to the old place must not move pos
+            self._transports[replica] = transport
+            self._pos[replica] = pos
+            self._alive[replica] = True
+            self._retired[replica] = False
+            self._unsent[replica] = sum(1 for s in self._sealed if s >= pos)
+            log.info("channel %d: replica %d of %d[%d] rejoins at seq %d (%d batches to replay)", self.spec.id,
+                     replica, self.spec.dst_task, self.spec.dst_partition, pos, self._unsent[replica])
+            self._threads.append(self._sender(replica))
+            self._cond.notify_all()
+
     # -- internals (caller holds the condition) ----------------------------------------------
     def _cut_off(self, replica: int, reason: str) -> None:
         if self._alive[replica]:
@@ -199,6 +258,18 @@ class OutputChannel:
     def _trim(self) -> None:
         live = [p for p, a in zip(self._pos, self._alive, strict=True) if a]
         low = min(live) if live else self._next_seq
+        if self._retain_from is not None:
+            sent = low
+            low = min(low, self._retain_from)
+            if len(self._sealed) > self._backup_limit:  # keep memory bounded: give up the oldest backup
+                over = self._sealed[len(self._sealed) - self._backup_limit]
+                if over > low:
+                    self.backup_overflows += 1
+                    if self.backup_overflows == 1:
+                        log.warning("channel %d: upstream backup beyond %d batches: dropping its oldest "
+                                    "(the destination's checkpoints do not complete)", self.spec.id,
+                                    self._backup_limit)
+                    low = self._retain_from = min(over, sent)
         while self._sealed and self._sealed[0] + self._batches[self._sealed[0]][1] <= low:
             del self._batches[self._sealed.popleft()]
 
@@ -209,12 +280,12 @@ class OutputChannel:
             raise ChannelClosed(f"channel {self.spec.id}: every replica of partition {self.spec.dst_partition} "
                                 f"of task {self.spec.dst_task} is lost")
 
-    def _run(self, i: int) -> None:
+    def _run(self, i: int, gen: int) -> None:
         transport = self._transports[i]
         while True:
             with self._cond:
                 while True:
-                    if self._closed or not self._alive[i]:
+                    if self._closed or not self._alive[i] or self._gen[i] != gen:
                         return
                     if self._pos[i] in self._batches:
                         break
@@ -233,10 +304,12 @@ class OutputChannel:
                 transport(payload)
             except BaseException as err:  # noqa: BLE001 - the replica is cut off, the others go on
                 with self._cond:
-                    if not self._retired[i]:
+                    if not self._retired[i] and self._gen[i] == gen:
                         self._cut_off(i, f"send failed: {err}")
                 return
             with self._cond:
+                if self._gen[i] != gen:
+                    return
                 self._pos[i] = first_seq + count
                 self._unsent[i] -= 1
                 self.batches_sent[i] += 1

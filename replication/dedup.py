@@ -53,6 +53,10 @@ class Dedup:
         self.dropped += start
         return Admission(start, count, start, 0)
 
+    def resume(self, channel: int, next_seq: int) -> None:
+        """Expect ``next_seq`` next on ``channel`` (a replica restored from a checkpoint)."""
+        self.last[channel] = next_seq - 1
+
     def position(self, channel: int) -> int:
         """Highest delivered seq of ``channel`` (-1 before the first element)."""
         return self.last.get(channel, -1)
