@@ -18,11 +18,38 @@ RocksDB in key order. It reads RocksDB in short chunks, each with its own
 short-lived iterator, so an abandoned generator never keeps the database open
 after ``close()``. Writes made while a generator is suspended may or may not be
 seen by it; every key is yielded at most once, in ascending order.
+
+Incremental checkpoints (Rhino, DESIGN §6): after a first checkpoint the backend
+tracks the set of physical keys written (put or delete) since the last one,
+independently of cache flushes. ``checkpoint()`` flushes and writes a payload
+file (``rhino_state.increments``) with the final value or tombstone of every
+changed key, or, for the first checkpoint or with ``full=True``, every live key.
+The meta's ``digest`` is the commutative content digest described in
+``rhino_state.increments``, kept up to date in O(changed keys): the first write
+of a key in an interval remembers the hash of its value at the last checkpoint
+(from the read cache, else read from RocksDB with one multi-get per flush,
+before the batch overwrites it). ``digest()`` computes the same digest by a full
+scan. Keys are not tracked before the first checkpoint (it is full anyway). A
+key written back to its checkpoint-time value, or deleted while absent, is still
+shipped (as its value or a tombstone).
+
+Measured cost (CPython, 64-byte values, shared machine, so rough): the first
+write of a key in an interval adds ~1 us (one BLAKE2b) when the old value is in
+the read cache (read-modify-write) and ~2-3 us when the flush has to read it
+(blind writes); a delta checkpoint of 1,000 changed keys takes ~10 ms, a full
+snapshot of 10^5 keys ~140 ms, and a full-scan ``digest()`` of them ~110 ms.
+
+Checkpoint marker: a checkpoint also stores ``(checkpoint id, digest)`` under
+the reserved 1-byte key ``b"\\x00"`` (physical keys are at least 2 bytes long,
+so it never collides and no iteration reaches it). The first flush that changes
+the content after a checkpoint deletes it in the same WriteBatch. Opening a
+database with a marker (e.g. one restored from a replica store) therefore
+resumes the chain at that checkpoint; without one, the next checkpoint is full.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 from bisect import bisect_left, insort
 from collections import OrderedDict
@@ -31,9 +58,42 @@ from heapq import merge
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
+from rhino_state.increments import (
+    DIGEST_MODULUS,
+    IncrementMeta,
+    IncrementWriter,
+    Instance,
+    digest_hex,
+    digest_value,
+    pair_hash,
+)
+
 __all__ = ["RocksDBStateBackend", "StateBackendClosedError"]
 
 _ITER_CHUNK = 512
+_MULTI_GET_CHUNK = 1024
+MARKER_KEY = b"\x00"  # reserved: the last checkpoint, valid while the content has not changed since
+_FIRST_KEY = b"\x00\x00"  # smallest physical key
+
+
+def encode_marker(checkpoint_id: int, digest: str) -> bytes:
+    """Value of the checkpoint marker key: the database holds the content of this checkpoint."""
+    return json.dumps({"checkpoint_id": checkpoint_id, "digest": digest}).encode()
+
+
+def decode_marker(raw: bytes | None) -> tuple[int, str] | None:
+    """``(checkpoint_id, digest)`` of a marker value, or None if absent or unreadable."""
+    if raw is None:
+        return None
+    try:
+        marker = json.loads(raw)
+        checkpoint_id, digest = marker["checkpoint_id"], marker["digest"]
+        digest_value(digest)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(checkpoint_id, int):
+        return None
+    return checkpoint_id, digest
 
 
 class StateBackendClosedError(RuntimeError):
@@ -58,7 +118,14 @@ def _successor(prefix: bytes) -> bytes | None:
 class RocksDBStateBackend:
     """Keyed state of one partition instance in an embedded RocksDB."""
 
-    def __init__(self, path: str | os.PathLike[str], cache_max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        cache_max_entries: int = 10_000,
+        *,
+        instance: Instance | None = None,
+    ) -> None:
+        """Open (or create) the database at ``path``; ``instance`` is recorded in checkpoint metas."""
         if cache_max_entries < 0:
             raise ValueError(f"cache_max_entries must be >= 0, got {cache_max_entries!r}")
         self.path = os.fspath(path)
@@ -71,6 +138,18 @@ class RocksDBStateBackend:
         self._dirty_sorted: list[bytes] | None = None  # built on the first iteration after a flush
         self._clean: OrderedDict[bytes, bytes | None] = OrderedDict()  # None: known absent
         self._stats = dict.fromkeys(("reads", "writes", "cache_hits", "flushes", "bytes_written"), 0)
+        self.instance = instance
+        # Checkpoint chain. _changed is None when there is no previous checkpoint to delta against.
+        self._last_checkpoint: int | None = None
+        self._checkpoint_digest = 0  # content digest at _last_checkpoint
+        self._changed: set[bytes] | None = None
+        self._base_pending: set[bytes] = set()  # changed keys whose checkpoint-time value is not hashed yet
+        self._base_sum = 0  # sum of pair hashes of the changed keys' values at _last_checkpoint
+        self._marker_valid = False  # the marker in RocksDB describes the current content
+        marker = decode_marker(self._db.get(MARKER_KEY))
+        if marker is not None:
+            self._start_chain(marker[0], digest_value(marker[1]))
+            self._marker_valid = True
 
     # ------------------------------------------------------------------ point access
 
@@ -103,6 +182,16 @@ class RocksDBStateBackend:
     def _write(self, key: bytes, value: bytes | None) -> None:
         self._open_db()
         self._stats["writes"] += 1
+        changed = self._changed
+        if changed is not None and key not in changed:
+            # First write since the checkpoint (so not dirty): remember the checkpoint-time value's hash.
+            changed.add(key)
+            if key in self._clean:
+                old = self._clean[key]
+                if old is not None:
+                    self._base_sum += pair_hash(key, old)
+            else:
+                self._base_pending.add(key)
         if key not in self._dirty and self._dirty_sorted is not None:
             insort(self._dirty_sorted, key)
         self._dirty[key] = value
@@ -188,7 +277,17 @@ class RocksDBStateBackend:
         db = self._open_db()
         if not self._dirty:
             return
+        if self._base_pending:
+            pending = list(self._base_pending)
+            for start in range(0, len(pending), _MULTI_GET_CHUNK):
+                keys = pending[start : start + _MULTI_GET_CHUNK]
+                for key, old in zip(keys, db.get(keys), strict=True):
+                    if old is not None:
+                        self._base_sum += pair_hash(key, old)
+            self._base_pending.clear()
         batch = WriteBatch(raw_mode=True)
+        if self._marker_valid:
+            batch.delete(MARKER_KEY)
         written = 0
         for key, value in self._dirty.items():
             if value is None:
@@ -198,6 +297,7 @@ class RocksDBStateBackend:
                 batch.put(key, value)
                 written += len(key) + len(value)
         db.write(batch)
+        self._marker_valid = False
         self._stats["flushes"] += 1
         self._stats["bytes_written"] += written
         dirty, self._dirty, self._dirty_sorted = self._dirty, {}, None
@@ -205,14 +305,88 @@ class RocksDBStateBackend:
             self._remember_clean(key, value)
 
     def digest(self) -> str:
-        """Hex digest of all live (key, value) pairs in key order, unflushed writes included."""
-        hasher = hashlib.blake2b(digest_size=32)
-        for key, value in self._iter_range(b"", None):
-            hasher.update(len(key).to_bytes(4, "big"))
-            hasher.update(key)
-            hasher.update(len(value).to_bytes(4, "big"))
-            hasher.update(value)
-        return hasher.hexdigest()
+        """Content digest of all live pairs, unflushed writes included, by a full scan (O(state)).
+
+        The same function as ``IncrementMeta.digest`` (see ``rhino_state.increments``).
+        """
+        total = 0
+        for key, value in self._iter_range(_FIRST_KEY, None):
+            total += pair_hash(key, value)
+        return digest_hex(total)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def last_checkpoint_id(self) -> int | None:
+        """Id of the checkpoint the next delta applies to; None: the next checkpoint is full."""
+        return self._last_checkpoint
+
+    @property
+    def changed_count(self) -> int | None:
+        """Keys put or deleted since the last checkpoint; None if there is none (all is new)."""
+        return None if self._changed is None else len(self._changed)
+
+    def checkpoint(
+        self,
+        checkpoint_id: int,
+        path: str | os.PathLike[str],
+        *,
+        runtime: bytes = b"",
+        full: bool = False,
+    ) -> IncrementMeta:
+        """Flush and write the increment since the last checkpoint to ``path``; returns its meta.
+
+        A delta holds the final value (or a tombstone) of each key written since the last
+        checkpoint; with ``full`` or without a previous checkpoint it is a full snapshot of every
+        live key (``previous_id`` None). Checkpoint ids must increase. Cost: O(changed keys) for a
+        delta (one multi-get per 1024 changed keys), O(state) for a full snapshot.
+        """
+        db = self._open_db()
+        if self.instance is None:
+            raise ValueError("construct the backend with instance=(task, partition) to take checkpoints")
+        if not isinstance(checkpoint_id, int) or checkpoint_id < 0:
+            raise ValueError(f"checkpoint_id must be a non-negative int, got {checkpoint_id!r}")
+        if self._last_checkpoint is not None and checkpoint_id <= self._last_checkpoint:
+            raise ValueError(f"checkpoint ids must increase: {checkpoint_id} after {self._last_checkpoint}")
+        self.flush()
+        previous = None if full or self._changed is None else self._last_checkpoint
+        with IncrementWriter(path, full=previous is None) as writer:
+            if previous is None:
+                total = 0
+                for key, value in self._db_range(_FIRST_KEY, None):
+                    writer.add(key, value)
+                    total += pair_hash(key, value)
+            else:
+                assert self._changed is not None and not self._base_pending
+                total = self._checkpoint_digest - self._base_sum
+                keys = sorted(self._changed)
+                for start in range(0, len(keys), _MULTI_GET_CHUNK):
+                    chunk = keys[start : start + _MULTI_GET_CHUNK]
+                    for key, value in zip(chunk, db.get(chunk), strict=True):
+                        writer.add(key, value)
+                        if value is not None:
+                            total += pair_hash(key, value)
+        digest = digest_hex(total)
+        db.put(MARKER_KEY, encode_marker(checkpoint_id, digest))
+        self._marker_valid = True
+        self._start_chain(checkpoint_id, total)
+        return IncrementMeta(
+            instance=self.instance,
+            checkpoint_id=checkpoint_id,
+            previous_id=previous,
+            digest=digest,
+            changed_keys=writer.records,
+            bytes_changed=writer.bytes_changed,
+            bytes_shipped=writer.bytes_shipped,
+            runtime=runtime,
+        )
+
+    def _start_chain(self, checkpoint_id: int, digest: int) -> None:
+        self._last_checkpoint = checkpoint_id
+        self._checkpoint_digest = digest % DIGEST_MODULUS
+        self._changed = set()
+        self._base_pending = set()
+        self._base_sum = 0
 
     def stats(self) -> dict[str, int]:
         """Counters: reads, writes, cache_hits, flushes, bytes_written, plus dirty and cached sizes."""

@@ -1,0 +1,497 @@
+"""Replica-group side of Rhino incremental checkpoints (DESIGN §6).
+
+One :class:`ReplicaStore` per worker process keeps, for every partition instance it backs up,
+a *standby* RocksDB to which the instance's increments are applied in order, plus the newest
+*completed* checkpoint as a RocksDB checkpoint directory (hard links to the standby's SST files).
+
+Layout under ``root``, one directory per instance ``t{task}-p{partition}``::
+
+    standby-{id}/   the standby database (a new one per full snapshot; id of that snapshot)
+    snap-{id}/      RocksDB checkpoint of the standby at checkpoint ``id``: the completed one, or
+                    a pending one taken when an uncompleted id was about to be overwritten
+    inc-{id}.bin    payload files applied after the newest completed checkpoint (for forwarding)
+
+Every applied increment is checked against its meta: the payload's framing and checksum, and the
+content digest of the standby after applying (computed in O(changed keys), see
+``rhino_state.increments``); a delta is verified before anything is written, so a bad payload
+leaves the standby untouched. The standby carries the backend's checkpoint marker, so a restored
+directory opens as a ``RocksDBStateBackend`` that continues the chain at the restored id.
+
+Bookkeeping (metas, runtime bytes) lives in memory for the process's lifetime; a new store on the
+same root removes the instance directories a previous process left there.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from rocksdict import AccessType, Checkpoint, Options, Rdict, ReadOptions, WriteBatch
+
+from rhino_state.backend import MARKER_KEY, encode_marker
+from rhino_state.increments import (
+    IncrementFormatError,
+    IncrementMeta,
+    IncrementReader,
+    IncrementWriter,
+    Instance,
+    apply_increment,
+    combine_digest,
+    digest_hex,
+    digest_value,
+    pair_hash,
+)
+
+__all__ = [
+    "IncrementDigestError",
+    "IncrementGapError",
+    "NoCompletedCheckpointError",
+    "ReplicaStore",
+    "ReplicaStoreClosedError",
+]
+
+_INSTANCE_DIR = re.compile(r"t\d+-p\d+")
+_MULTI_GET_CHUNK = 1024
+_WRITE_BATCH_BYTES = 4 << 20
+# RocksDB never modifies these after writing them (it only creates and unlinks them), so a
+# restore may hard-link them; everything else (CURRENT, MANIFEST, WAL, OPTIONS, rocksdict's
+# config) may be rewritten or appended in place by the opener and is copied.
+_IMMUTABLE_SUFFIXES = (".sst", ".blob")
+
+
+class IncrementGapError(RuntimeError):
+    """A delta does not apply to the standby's last applied checkpoint."""
+
+
+class IncrementDigestError(RuntimeError):
+    """The state after applying an increment does not have the digest its meta announces."""
+
+
+class NoCompletedCheckpointError(LookupError):
+    """The instance has no completed checkpoint in this store."""
+
+
+class ReplicaStoreClosedError(RuntimeError):
+    """The replica store was closed."""
+
+
+def _options() -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    return options
+
+
+def link_db(source: str, target: str) -> None:
+    """Materialise the closed RocksDB directory ``source`` at ``target`` (absent or empty).
+
+    SST and blob files are hard-linked (copied only if ``target`` is on another file system);
+    the small mutable files are copied, so opening ``target`` never changes ``source``.
+    """
+    os.makedirs(target, exist_ok=True)
+    if os.listdir(target):
+        raise FileExistsError(f"restore target {target!r} is not empty")
+    try:
+        for name in os.listdir(source):
+            src, dst = os.path.join(source, name), os.path.join(target, name)
+            if name.endswith(_IMMUTABLE_SUFFIXES):
+                try:
+                    os.link(src, dst)
+                except OSError as exc:
+                    if exc.errno != errno.EXDEV:
+                        raise
+                    shutil.copy2(src, dst)
+            else:
+                shutil.copy2(src, dst)
+    except BaseException:
+        for name in os.listdir(target):
+            os.unlink(os.path.join(target, name))
+        raise
+
+
+@dataclass(eq=False)
+class _Instance:
+    instance: Instance
+    dir: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dropped: bool = False
+    db: Rdict | None = None  # the standby
+    standby_dir: str | None = None
+    last: IncrementMeta | None = None  # last applied increment: the standby's content
+    completed: IncrementMeta | None = None
+    completed_dir: str | None = None
+    metas: dict[int, IncrementMeta] = field(default_factory=dict)  # applied after `completed`
+    payloads: dict[int, str] = field(default_factory=dict)
+    snapshots: dict[int, str] = field(default_factory=dict)  # pending (uncompleted) snapshots
+
+    def close_db(self) -> None:
+        if self.db is not None:
+            db, self.db = self.db, None
+            db.close()
+
+    def discard_standby(self) -> None:
+        self.close_db()
+        if self.standby_dir is not None:
+            shutil.rmtree(self.standby_dir, ignore_errors=True)
+        self.standby_dir = None
+        self.last = None
+
+
+class ReplicaStore:
+    """Standby copies and completed checkpoints of many partition instances (thread safe)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.fspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        for name in os.listdir(self.root):
+            if _INSTANCE_DIR.fullmatch(name):
+                shutil.rmtree(os.path.join(self.root, name))
+        self._lock = threading.Lock()
+        self._instances: dict[Instance, _Instance] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ locking
+
+    @contextmanager
+    def _locked(self, instance: Instance, *, create: bool) -> Iterator[_Instance | None]:
+        """The instance's state with its lock held (None if unknown and not ``create``)."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise ReplicaStoreClosedError(f"replica store at {self.root!r} is closed")
+                inst = self._instances.get(instance)
+                if inst is None and create:
+                    task, partition = instance
+                    inst = _Instance(instance, os.path.join(self.root, f"t{int(task)}-p{int(partition)}"))
+                    os.makedirs(inst.dir, exist_ok=True)
+                    self._instances[instance] = inst
+            if inst is None:
+                yield None
+                return
+            with inst.lock:
+                if inst.dropped or self._closed:
+                    continue  # dropped or closed while we waited: look again
+                yield inst
+                return
+
+    # ------------------------------------------------------------------ applying increments
+
+    def apply(self, meta: IncrementMeta, payload_path: str | os.PathLike[str]) -> None:
+        """Apply one increment to the standby of ``meta.instance`` and keep its meta and payload.
+
+        A full snapshot replaces the standby content; a delta must follow the last applied
+        checkpoint (``IncrementGapError`` otherwise); an id at or below the last applied one is a
+        no-op. The payload is linked (or copied) into the store, so the caller may delete its file.
+        """
+        if not meta.full and meta.previous_id >= meta.checkpoint_id:
+            raise ValueError(f"delta {meta.checkpoint_id} cannot follow checkpoint {meta.previous_id}")
+        with self._locked(meta.instance, create=True) as inst:
+            assert inst is not None
+            if inst.last is not None and meta.checkpoint_id <= inst.last.checkpoint_id:
+                return
+            if not meta.full:
+                last_id = None if inst.last is None else inst.last.checkpoint_id
+                if meta.previous_id != last_id:
+                    raise IncrementGapError(
+                        f"instance {meta.instance}: delta {meta.checkpoint_id} follows checkpoint "
+                        f"{meta.previous_id}, but the last applied checkpoint is {last_id}"
+                        + (" (a full snapshot is needed)" if last_id is None else "")
+                    )
+            payload = os.path.join(inst.dir, f"inc-{meta.checkpoint_id}.bin")
+            _link_or_copy(os.fspath(payload_path), payload)
+            try:
+                self._keep_uncompleted_snapshot(inst)
+                if meta.full:
+                    self._apply_full(inst, meta, payload)
+                else:
+                    self._apply_delta(inst, meta, payload)
+            except BaseException:
+                os.unlink(payload)
+                raise
+            inst.metas[meta.checkpoint_id] = meta
+            inst.payloads[meta.checkpoint_id] = payload
+
+    def _keep_uncompleted_snapshot(self, inst: _Instance) -> None:
+        """Before the standby moves past an uncompleted checkpoint, snapshot it for ``complete``."""
+        last = inst.last
+        if last is None or last.checkpoint_id in inst.snapshots:
+            return
+        if inst.completed is not None and inst.completed.checkpoint_id == last.checkpoint_id:
+            return
+        inst.snapshots[last.checkpoint_id] = self._snapshot(inst, last.checkpoint_id)
+
+    def _apply_full(self, inst: _Instance, meta: IncrementMeta, payload: str) -> None:
+        standby_dir = os.path.join(inst.dir, f"standby-{meta.checkpoint_id}")
+        shutil.rmtree(standby_dir, ignore_errors=True)
+        db = Rdict(standby_dir, _options())
+        try:
+            reader = IncrementReader(payload)
+            with reader:
+                if not reader.full:
+                    raise IncrementFormatError(f"{payload}: the meta says full, the payload is a delta")
+                total = 0
+                batch: list[tuple[bytes, bytes | None]] = []
+                batch_bytes = 0
+                for key, value in reader:
+                    assert value is not None
+                    total += pair_hash(key, value)
+                    batch.append((key, value))
+                    batch_bytes += len(key) + len(value)
+                    if batch_bytes >= _WRITE_BATCH_BYTES:
+                        _write_records(db, batch)
+                        batch, batch_bytes = [], 0
+                _write_records(db, batch)
+            _check_digest(meta, digest_hex(total))
+            db.put(MARKER_KEY, encode_marker(meta.checkpoint_id, meta.digest))
+        except BaseException:
+            db.close()
+            shutil.rmtree(standby_dir, ignore_errors=True)
+            raise
+        inst.discard_standby()
+        inst.db, inst.standby_dir, inst.last = db, standby_dir, meta
+
+    def _apply_delta(self, inst: _Instance, meta: IncrementMeta, payload: str) -> None:
+        db, last = inst.db, inst.last
+        assert db is not None and last is not None
+        # Pass 1, read only: checksum, and the digest the standby will have.
+        removed: list[int] = []
+        added: list[int] = []
+        reader = IncrementReader(payload)
+        with reader:
+            if reader.full:
+                raise IncrementFormatError(f"{payload}: the meta says delta, the payload is a full snapshot")
+            chunk: list[bytes] = []
+            for key, value in reader:
+                chunk.append(key)
+                if value is not None:
+                    added.append(pair_hash(key, value))
+                if len(chunk) >= _MULTI_GET_CHUNK:
+                    removed.extend(_old_hashes(db, chunk))
+                    chunk = []
+            removed.extend(_old_hashes(db, chunk))
+        _check_digest(meta, digest_hex(combine_digest(digest_value(last.digest), removed, added)))
+        # Pass 2: write. A failure here leaves a partial standby, which is discarded.
+        try:
+            apply_increment(db, payload, verify=False)
+            db.put(MARKER_KEY, encode_marker(meta.checkpoint_id, meta.digest))
+        except BaseException:
+            inst.discard_standby()
+            raise
+        inst.last = meta
+
+    # ------------------------------------------------------------------ completed checkpoints
+
+    def complete(self, instance: Instance, checkpoint_id: int) -> None:
+        """Mark an applied checkpoint completed: snapshot it (hard links) and drop older state.
+
+        Keeps only the newest completed snapshot, plus the metas and payloads applied after it.
+        Completing an id at or below the latest completed one is a no-op.
+        """
+        with self._locked(instance, create=False) as inst:
+            if inst is None:
+                raise ValueError(f"instance {instance} has no increments in this store")
+            if inst.completed is not None and checkpoint_id <= inst.completed.checkpoint_id:
+                return
+            meta = inst.metas.get(checkpoint_id)
+            if meta is None:
+                raise ValueError(f"instance {instance}: checkpoint {checkpoint_id} was not applied here")
+            if checkpoint_id in inst.snapshots:
+                snap = inst.snapshots.pop(checkpoint_id)
+            elif inst.last is not None and inst.last.checkpoint_id == checkpoint_id:
+                snap = self._snapshot(inst, checkpoint_id)
+            else:
+                raise ValueError(
+                    f"instance {instance}: the state of checkpoint {checkpoint_id} is no longer available"
+                )
+            if inst.completed_dir is not None:
+                shutil.rmtree(inst.completed_dir, ignore_errors=True)
+            inst.completed, inst.completed_dir = meta, snap
+            for old in [i for i in inst.snapshots if i < checkpoint_id]:
+                shutil.rmtree(inst.snapshots.pop(old), ignore_errors=True)
+            for old in [i for i in inst.payloads if i <= checkpoint_id]:
+                _unlink_quietly(inst.payloads.pop(old))
+            for old in [i for i in inst.metas if i < checkpoint_id]:
+                del inst.metas[old]
+
+    def _snapshot(self, inst: _Instance, checkpoint_id: int) -> str:
+        """A RocksDB checkpoint (hard-linked) of the standby, which is at ``checkpoint_id``."""
+        assert inst.db is not None and inst.last is not None and inst.last.checkpoint_id == checkpoint_id
+        snap = os.path.join(inst.dir, f"snap-{checkpoint_id}")
+        tmp = snap + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(snap, ignore_errors=True)
+        try:
+            Checkpoint(inst.db).create_checkpoint(tmp)
+            os.rename(tmp, snap)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return snap
+
+    def latest_completed(self, instance: Instance) -> IncrementMeta | None:
+        """Meta of the newest completed checkpoint of ``instance``, if any."""
+        with self._locked(instance, create=False) as inst:
+            return None if inst is None else inst.completed
+
+    def last_applied(self, instance: Instance) -> IncrementMeta | None:
+        """Meta of the increment the standby of ``instance`` is at, if any."""
+        with self._locked(instance, create=False) as inst:
+            return None if inst is None else inst.last
+
+    def pending(self, instance: Instance) -> list[tuple[IncrementMeta, str]]:
+        """``(meta, payload path)`` of the increments applied after the newest completed checkpoint,
+        in id order (paths stay valid until a later ``complete``)."""
+        with self._locked(instance, create=False) as inst:
+            if inst is None:
+                return []
+            return [(inst.metas[i], inst.payloads[i]) for i in sorted(inst.payloads)]
+
+    def restore(self, instance: Instance, target_dir: str | os.PathLike[str]) -> IncrementMeta:
+        """Materialise the newest completed checkpoint at ``target_dir`` (absent or empty).
+
+        SST files are hard-linked; CURRENT, MANIFEST, WAL, OPTIONS and rocksdict's config file are
+        copied because the opener may rewrite them in place. ``RocksDBStateBackend(target_dir)``
+        then opens exactly that content and continues the checkpoint chain at its id. The standby
+        is not affected.
+        """
+        with self._locked(instance, create=False) as inst:
+            if inst is None or inst.completed is None or inst.completed_dir is None:
+                raise NoCompletedCheckpointError(f"instance {instance} has no completed checkpoint here")
+            link_db(inst.completed_dir, os.fspath(target_dir))
+            return inst.completed
+
+    def export_full(self, instance: Instance, path: str | os.PathLike[str]) -> IncrementMeta:
+        """Write the newest completed checkpoint as a full increment payload at ``path``.
+
+        For a restoring process on another machine: it ``apply``s the returned meta and payload to
+        its own store, then ``complete``s and ``restore``s. Streams; the instance is only locked
+        while the snapshot is hard-linked to a private directory.
+        """
+        with self._locked(instance, create=False) as inst:
+            if inst is None or inst.completed is None or inst.completed_dir is None:
+                raise NoCompletedCheckpointError(f"instance {instance} has no completed checkpoint here")
+            completed = inst.completed
+            private = os.path.join(inst.dir, f"export-{uuid.uuid4().hex}")
+            link_db(inst.completed_dir, private)
+        try:
+            db = Rdict(private, _options(), access_type=AccessType.read_only())
+            try:
+                total = 0
+                with IncrementWriter(path, full=True) as writer:
+                    it = db.iter(ReadOptions())
+                    it.seek(b"\x00\x00")
+                    while it.valid():
+                        key, value = it.key(), it.value()
+                        writer.add(key, value)
+                        total += pair_hash(key, value)
+                        it.next()
+                    del it
+                if digest_hex(total) != completed.digest:
+                    _unlink_quietly(os.fspath(path))
+                    raise IncrementDigestError(
+                        f"instance {instance}: snapshot {completed.checkpoint_id} has digest "
+                        f"{digest_hex(total)}, its meta says {completed.digest}"
+                    )
+            finally:
+                db.close()
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+        return IncrementMeta(
+            instance=completed.instance,
+            checkpoint_id=completed.checkpoint_id,
+            previous_id=None,
+            digest=completed.digest,
+            changed_keys=writer.records,
+            bytes_changed=writer.bytes_changed,
+            bytes_shipped=writer.bytes_shipped,
+            runtime=completed.runtime,
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def instances(self) -> list[Instance]:
+        """Instances with state in this store."""
+        with self._lock:
+            return sorted(self._instances)
+
+    def drop(self, instance: Instance) -> None:
+        """Delete everything of ``instance`` (a no-op if unknown)."""
+        with self._locked(instance, create=False) as inst:
+            if inst is None:
+                return
+            inst.dropped = True
+            inst.close_db()
+            with self._lock:
+                del self._instances[instance]
+            shutil.rmtree(inst.dir, ignore_errors=True)
+
+    def close(self) -> None:
+        """Close every standby database (files stay on disk); closing twice is a no-op."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            instances = list(self._instances.values())
+        for inst in instances:
+            with inst.lock:
+                inst.close_db()
+
+    def __enter__(self) -> ReplicaStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ReplicaStore({self.root!r}, instances={len(self._instances)})"
+
+
+def _check_digest(meta: IncrementMeta, digest: str) -> None:
+    if digest != meta.digest:
+        raise IncrementDigestError(
+            f"instance {meta.instance}: checkpoint {meta.checkpoint_id} yields digest {digest}, "
+            f"its meta says {meta.digest}"
+        )
+
+
+def _old_hashes(db: Rdict, keys: list[bytes]) -> Iterator[int]:
+    if not keys:
+        return
+    for key, old in zip(keys, db.get(keys), strict=True):
+        if old is not None:
+            yield pair_hash(key, old)
+
+
+def _write_records(db: Rdict, records: list[tuple[bytes, bytes | None]]) -> None:
+    if not records:
+        return
+    batch = WriteBatch(raw_mode=True)
+    for key, value in records:
+        if value is None:
+            batch.delete(key)
+        else:
+            batch.put(key, value)
+    db.write(batch)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    tmp = target + ".tmp"
+    _unlink_quietly(tmp)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
