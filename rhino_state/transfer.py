@@ -1,0 +1,676 @@
+"""The gRPC edge of chain replication (DESIGN §6): ships increments along replica chains.
+
+Three pieces, all over :mod:`replication.rpc` raw-bytes unary calls:
+
+* :func:`send_increment` ships one increment (meta + payload file) to one chain member as
+  a sequence of ``IncrementChunk`` calls of at most ``chunk_size`` payload bytes.  Each call
+  carries a header (transfer id, offset, last flag); the last one also carries the meta, the
+  chain, the receiver's position, the total size and a SHA-256 of the payload.  Any failure
+  restarts the whole transfer under a fresh transfer id (the receiver drops stale partials).
+* :class:`IncrementService` is the member side (``handlers()`` merges into a worker's
+  ``rpc.serve`` dict).  It spools chunks to ``spool_dir``, verifies size and checksum, runs
+  the :class:`~rhino_state.chain.ChainMember` machine, calls ``store_apply`` (synchronously,
+  in the gRPC handler thread) and answers the upstream only once the increment is stored.
+  Forwarding to the successor and acking to the origin are queued on a per-destination
+  sender thread, so a slow or dead successor never holds a gRPC handler thread: each queued
+  job has a deadline (``forward_timeout`` from when it was queued), retries UNAVAILABLE /
+  DEADLINE_EXCEEDED until then, and on giving up sends a *nack* to the origin so it resends
+  at once instead of waiting for its ack timeout.  Per destination the queue is FIFO, so a
+  member forwards an instance's increments in the order it stored them.
+* :class:`ChainShipper` is the origin side: one thread per worker driving a
+  :class:`~rhino_state.chain.ChainOrigin` per instance.  It sends increments to chain heads
+  one at a time (round-robin over instances, in order within an instance), bounded by each
+  origin's flow-control window; receives acks and nacks on its ``IncrementAck`` handler
+  (the tail acks straight to the origin); fails an increment whose ack does not arrive
+  within ``ack_timeout``; retries failures with exponential backoff; and calls
+  ``on_completed(meta)`` in checkpoint order and ``on_released(payload)`` (default: delete the
+  file) for payloads it no longer needs.
+
+Member ids in chains are the workers' advertised ``host:port`` addresses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import re
+import shutil
+import struct
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from replication import rpc
+from rhino_state.chain import (
+    DEFAULT_MAX_BYTES_IN_FLIGHT,
+    Ack,
+    ChainMember,
+    ChainOrigin,
+    Forward,
+    Outcome,
+    Reject,
+    Send,
+    Store,
+)
+from rhino_state.increments import IncrementMeta
+
+__all__ = [
+    "ACK_METHOD",
+    "CHUNK_METHOD",
+    "CHUNK_SIZE",
+    "ChainShipper",
+    "IncrementService",
+    "TransferRejected",
+    "send_increment",
+]
+
+log = logging.getLogger(__name__)
+
+Instance = tuple[int, int]
+StoreApply = Callable[[IncrementMeta, Path], None]
+
+CHUNK_METHOD = "IncrementChunk"
+ACK_METHOD = "IncrementAck"
+CHUNK_SIZE = 4 * 1024 * 1024
+_HEAD = struct.Struct(">I")
+_TID = re.compile(r"[0-9a-f]{32}")
+
+
+class TransferRejected(Exception):
+    """The receiving member refused the increment (``reason``); ``missing_base``: it holds nothing
+    for the instance, so only a full snapshot can be stored there."""
+
+    def __init__(self, reason: str, missing_base: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.missing_base = missing_base
+
+
+def _encode(header: dict[str, Any], data: bytes = b"") -> bytes:
+    head = pickle.dumps(header, protocol=5)
+    return _HEAD.pack(len(head)) + head + data
+
+
+def _decode(request: bytes) -> tuple[dict[str, Any], memoryview]:
+    view = memoryview(request)
+    (n,) = _HEAD.unpack_from(view)
+    return pickle.loads(view[_HEAD.size:_HEAD.size + n]), view[_HEAD.size + n:]
+
+
+def _reply(ok: bool, error: str = "", missing_base: bool = False) -> bytes:
+    return pickle.dumps({"ok": ok, "error": error, "missing_base": missing_base}, protocol=5)
+
+
+def send_increment(
+    peer: rpc.Peer,
+    meta: IncrementMeta,
+    payload: Path,
+    chain: Sequence[str],
+    position: int,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    timeout: float = 30.0,
+) -> None:
+    """Ship ``meta`` and the ``payload`` file to ``chain[position]`` (reached through ``peer``).
+
+    Returns once that member stored the increment.  Raises :class:`TransferRejected` if it
+    refused, ``grpc.RpcError`` on transport failures (``timeout`` applies per chunk call) and
+    ``OSError`` if the payload cannot be read.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    tid = uuid.uuid4().hex
+    digest = hashlib.sha256()
+    offset = 0
+    with open(payload, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        while True:
+            data = f.read(min(chunk_size, size - offset)) if offset < size else b""
+            digest.update(data)
+            last = not data or offset + len(data) >= size
+            header: dict[str, Any] = {"tid": tid, "offset": offset, "last": last}
+            if last:
+                header.update(meta=meta, chain=tuple(chain), position=position,
+                              size=offset + len(data), sha256=digest.hexdigest())
+            reply = pickle.loads(peer.call_bytes(CHUNK_METHOD, _encode(header, data), timeout=timeout))
+            if not reply["ok"]:
+                raise TransferRejected(reply["error"], reply.get("missing_base", False))
+            offset += len(data)
+            if last:
+                return
+
+
+def _retrying(deadline: float, call_timeout: float, stop: threading.Event, fn: Callable[[float], None]) -> None:
+    """Run ``fn(timeout)``, retrying retryable gRPC errors with backoff until ``deadline`` or ``stop``."""
+    backoff = 0.05
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            fn(max(0.1, min(call_timeout, remaining)))
+            return
+        except grpc.RpcError as e:
+            if not rpc.is_retryable(e) or time.monotonic() + backoff >= deadline or stop.wait(backoff):
+                raise
+        backoff = min(backoff * 2, 1.0)
+
+
+# -- member side ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Partial:
+    path: Path
+    digest: Any
+    size: int = 0
+    touched: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Job:
+    deadline: float
+    forward: Forward | None = None
+    payload: Path | None = None  # forward: the spooled file, deleted once the job is done
+    message: dict[str, Any] | None = None  # ack / nack to an origin
+
+
+class _Outbox:
+    """A FIFO of jobs to one destination, run by its own thread."""
+
+    def __init__(self, service: IncrementService, address: str) -> None:
+        self.address = address
+        self.peer = rpc.Peer(address)
+        self._service = service
+        self._jobs: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self.stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"increment-out-{address}", daemon=True)
+        self._thread.start()
+
+    def put(self, job: _Job) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._jobs or self.stopping.is_set())
+                if self.stopping.is_set():
+                    break
+                job = self._jobs.popleft()
+            try:
+                self._service._run_job(self, job)
+            except Exception:
+                log.exception("increment job to %s failed", self.address)
+        for job in self._jobs:
+            if job.payload is not None:
+                job.payload.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._cond:
+            self.stopping.set()
+            self._cond.notify()
+        self._thread.join(timeout=10)
+        self.peer.close()
+
+
+class IncrementService:
+    """Receives increments for the chains this worker is a member of, stores and forwards them.
+
+    ``store_apply(meta, path)`` stores one increment; it may read, copy, hard-link or move
+    ``path`` (it gets its own hard link of the spooled file) and must raise if it could not
+    store it.  ``spool_dir`` belongs to the service: leftovers are deleted on :meth:`start`.
+    ``stored`` seeds the last stored checkpoint per instance (e.g. from the replica store).
+    """
+
+    def __init__(
+        self,
+        store_apply: StoreApply,
+        spool_dir: str | Path,
+        *,
+        stored: Mapping[Instance, int] | None = None,
+        chunk_size: int = CHUNK_SIZE,
+        call_timeout: float = 30.0,
+        forward_timeout: float = 30.0,
+        spool_ttl: float = 600.0,
+    ) -> None:
+        self._store_apply = store_apply
+        self.spool_dir = Path(spool_dir)
+        self._stored = dict(stored or {})
+        self.chunk_size = chunk_size
+        self.call_timeout = call_timeout
+        self.forward_timeout = forward_timeout
+        self.spool_ttl = spool_ttl
+        self._lock = threading.Lock()
+        self._member: ChainMember | None = None
+        self._partials: dict[str, _Partial] = {}
+        self._outboxes: dict[str, _Outbox] = {}
+        self._closed = False
+
+    @property
+    def member(self) -> ChainMember | None:
+        return self._member
+
+    def handlers(self) -> dict[str, rpc.BytesHandler]:
+        """The handlers to merge into the worker's ``rpc.serve`` dict."""
+        return {CHUNK_METHOD: self._on_chunk}
+
+    def start(self, self_id: str) -> None:
+        """Accept increments as ``self_id`` (this worker's address as chains name it)."""
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        for p in self.spool_dir.iterdir():
+            if p.suffix in (".part", ".store"):
+                p.unlink(missing_ok=True)
+        with self._lock:
+            self._member = ChainMember(self_id, self._stored)
+
+    def close(self) -> None:
+        """Stop the sender threads (queued forwards are dropped: origins resend them)."""
+        with self._lock:
+            self._closed = True
+            outboxes, self._outboxes = list(self._outboxes.values()), {}
+        for box in outboxes:
+            box.close()
+
+    # -- receiving -------------------------------------------------------------------------
+    def _on_chunk(self, request: bytes) -> bytes:
+        try:
+            header, data = _decode(request)
+            return self._chunk(header, data)
+        except Exception as e:
+            log.exception("increment chunk failed")
+            return _reply(False, f"{type(e).__name__}: {e}")
+
+    def _chunk(self, header: dict[str, Any], data: memoryview) -> bytes:
+        tid, offset = header["tid"], header["offset"]
+        if not isinstance(tid, str) or not _TID.fullmatch(tid):
+            return _reply(False, f"bad transfer id {tid!r}")
+        with self._lock:
+            if self._member is None or self._closed:
+                return _reply(False, "increment service not running")
+            if offset == 0:
+                self._sweep()
+                partial = self._partials[tid] = _Partial(self.spool_dir / f"{tid}.part", hashlib.sha256())
+                partial.path.write_bytes(b"")
+            else:
+                partial = self._partials.get(tid)
+                if partial is None or partial.size != offset:
+                    return _reply(False, f"transfer {tid}: unexpected chunk at offset {offset}")
+        # chunks of one transfer arrive one at a time (the sender waits for each reply)
+        with open(partial.path, "ab") as f:
+            f.write(data)
+        partial.digest.update(data)
+        partial.size += len(data)
+        partial.touched = time.monotonic()
+        if not header["last"]:
+            return _reply(True)
+        with self._lock:
+            self._partials.pop(tid, None)
+        if partial.size != header["size"] or partial.digest.hexdigest() != header["sha256"]:
+            partial.path.unlink(missing_ok=True)
+            return _reply(False, f"transfer {tid}: size or checksum mismatch "
+                                 f"({partial.size} bytes received, {header['size']} sent)")
+        return self._complete(header["meta"], tuple(header["chain"]), header["position"], partial.path)
+
+    def _complete(self, meta: IncrementMeta, chain: tuple[str, ...], position: int, path: Path) -> bytes:
+        with self._lock:
+            assert self._member is not None
+            action = self._member.on_increment(meta, chain, position)[0]
+        if isinstance(action, Store):
+            link = path.with_suffix(".store")
+            try:
+                _link_or_copy(path, link)
+                self._store_apply(meta, link)
+            except Exception as e:
+                log.exception("storing checkpoint %d of %s failed", meta.checkpoint_id, meta.instance)
+                with self._lock:
+                    action = self._member.on_store_failed(meta, f"{type(e).__name__}: {e}")[0]
+            else:
+                with self._lock:
+                    action = self._member.on_stored(meta, chain, position)[0]
+            finally:
+                link.unlink(missing_ok=True)
+        if isinstance(action, Reject):
+            path.unlink(missing_ok=True)
+            return _reply(False, action.reason, action.missing_base)
+        deadline = time.monotonic() + self.forward_timeout
+        if isinstance(action, Forward):
+            self._enqueue(action.to, _Job(deadline, forward=action, payload=path))
+        else:
+            assert isinstance(action, Ack)
+            path.unlink(missing_ok=True)
+            self._enqueue(action.to, _Job(deadline, message={
+                "instance": action.instance, "checkpoint_id": action.checkpoint_id, "from": action.from_member}))
+        return _reply(True)
+
+    def _sweep(self) -> None:
+        """Drop partial transfers abandoned by their senders (called with the lock held)."""
+        now = time.monotonic()
+        for tid, partial in list(self._partials.items()):
+            if now - partial.touched > self.spool_ttl:
+                del self._partials[tid]
+                partial.path.unlink(missing_ok=True)
+
+    # -- sending ---------------------------------------------------------------------------
+    def _enqueue(self, address: str, job: _Job) -> None:
+        with self._lock:
+            box = self._outboxes.get(address)
+            if box is None and not self._closed:
+                box = self._outboxes[address] = _Outbox(self, address)
+        if box is not None:
+            box.put(job)
+        elif job.payload is not None:  # closing: the origin resends what never got through
+            job.payload.unlink(missing_ok=True)
+
+    def _run_job(self, box: _Outbox, job: _Job) -> None:
+        if job.forward is not None:
+            self._run_forward(box, job)
+            return
+        assert job.message is not None
+        try:
+            _retrying(job.deadline, self.call_timeout, box.stopping, lambda t: box.peer.call_bytes(
+                ACK_METHOD, pickle.dumps(job.message, protocol=5), timeout=t))
+        except grpc.RpcError as e:
+            log.warning("could not deliver %s to origin %s: %s", job.message, box.address, e.code())
+
+    def _run_forward(self, box: _Outbox, job: _Job) -> None:
+        fwd, path, peer = job.forward, job.payload, box.peer
+        assert fwd is not None and path is not None
+        reason, missing_base = "", False
+        try:
+            if time.monotonic() >= job.deadline:
+                reason = "forward deadline passed before it could start"
+            else:
+                _retrying(job.deadline, self.call_timeout, box.stopping, lambda t: send_increment(
+                    peer, fwd.meta, path, fwd.chain, fwd.position, chunk_size=self.chunk_size, timeout=t))
+        except TransferRejected as e:
+            reason, missing_base = f"rejected by {fwd.to}: {e.reason}", e.missing_base
+        except grpc.RpcError as e:
+            reason = f"forward to {fwd.to} failed: {e.code()}"
+        except OSError as e:
+            reason = f"forward to {fwd.to} failed: {e}"
+        finally:
+            path.unlink(missing_ok=True)
+        if reason:
+            log.warning("checkpoint %d of %s: %s", fwd.meta.checkpoint_id, fwd.meta.instance, reason)
+            self._enqueue(fwd.chain[0], _Job(time.monotonic() + self.forward_timeout, message={
+                "instance": fwd.meta.instance, "checkpoint_id": fwd.meta.checkpoint_id,
+                "from": fwd.chain[fwd.position - 1], "nack": reason, "missing_base": missing_base}))
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+# -- origin side ----------------------------------------------------------------------------
+
+
+def _delete_payload(ref: Any) -> None:
+    Path(ref).unlink(missing_ok=True)
+
+
+class ChainShipper:
+    """The origin side on one worker: ships its instances' increments along their replica chains.
+
+    Call :meth:`set_group` for an instance before offering its increments; :meth:`offer`
+    hands the payload file over to the shipper, which releases it (``on_released``, default:
+    delete it) once completed, dropped or refused.  ``on_completed(meta)`` runs on the shipper
+    thread, in checkpoint order per instance.  Increments still pending at :meth:`close` are
+    not released.
+    """
+
+    def __init__(
+        self,
+        *,
+        on_completed: Callable[[IncrementMeta], None] | None = None,
+        on_released: Callable[[Any], None] | None = None,
+        chunk_size: int = CHUNK_SIZE,
+        call_timeout: float = 30.0,
+        ack_timeout: float = 60.0,
+        retry_backoff: tuple[float, float] = (0.05, 2.0),
+        max_in_flight: int = 2,
+        max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT,
+        max_pending: int = 16,
+    ) -> None:
+        self.on_completed = on_completed
+        self.on_released = on_released or _delete_payload
+        self.chunk_size = chunk_size
+        self.call_timeout = call_timeout
+        self.ack_timeout = ack_timeout
+        self.retry_backoff = retry_backoff
+        self._window = {"max_in_flight": max_in_flight, "max_bytes_in_flight": max_bytes_in_flight,
+                        "max_pending": max_pending}
+        self.address: str | None = None
+        self._cond = threading.Condition()
+        self._origins: dict[Instance, ChainOrigin] = {}
+        self._sent_at: dict[tuple[Instance, int], float] = {}
+        self._retry_at: dict[Instance, float] = {}
+        self._backoff: dict[Instance, float] = {}
+        self._failures: dict[Instance, int] = {}
+        self._outputs: deque[tuple[str, Any]] = deque()
+        self._peers: dict[str, rpc.Peer] = {}
+        self._turn = 0
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def handlers(self) -> dict[str, rpc.BytesHandler]:
+        """The handlers to merge into the worker's ``rpc.serve`` dict."""
+        return {ACK_METHOD: self._on_ack}
+
+    def start(self, address: str) -> None:
+        """Start shipping; ``address`` is this worker's address, to which tails send acks."""
+        self.address = address
+        self._thread = threading.Thread(target=self._run, name="chain-shipper", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for peer in self._peers.values():
+            peer.close()
+
+    # -- the owner's interface -------------------------------------------------------------
+    def set_group(self, instance: Instance, group: Sequence[str], *, completed_id: int | None = None) -> None:
+        """Set (or first register) ``instance``'s replica group, in chain order.
+
+        ``completed_id`` only matters on registration: the checkpoint the group already holds.
+        """
+        with self._cond:
+            origin = self._origins.get(instance)
+            if origin is None:
+                self._origins[instance] = ChainOrigin(instance, group, completed_id=completed_id, **self._window)
+            else:
+                outcome = origin.set_group(group)
+                if outcome.accepted:
+                    log.info("replica group of %s is now %s: %s", instance, list(group), outcome.reason)
+                self._emit(outcome)
+            self._retry_at.pop(instance, None)
+            self._cond.notify_all()
+
+    def remove_instance(self, instance: Instance) -> None:
+        """Stop replicating ``instance``; its pending payloads are released."""
+        with self._cond:
+            origin = self._origins.pop(instance, None)
+            if origin is not None:
+                self._emit(origin.abandon())
+
+    def offer(self, meta: IncrementMeta, payload: Path) -> bool:
+        """Queue an increment for shipping; False if refused (a delta while a full snapshot is needed).
+
+        The shipper owns ``payload`` from now on.  Raises KeyError before :meth:`set_group`.
+        """
+        with self._cond:
+            origin = self._origins.get(meta.instance)
+            if origin is None:
+                raise KeyError(f"no replica group set for {meta.instance}")
+            outcome = origin.offer(meta, payload)
+            if outcome.reason:
+                log.info("checkpoint %d of %s: %s", meta.checkpoint_id, meta.instance, outcome.reason)
+            self._emit(outcome)
+            return outcome.accepted
+
+    def needs_full(self, instance: Instance) -> bool:
+        """True when the next increment offered for ``instance`` must be a full snapshot."""
+        with self._cond:
+            return self._origins[instance].needs_full
+
+    def completed_id(self, instance: Instance) -> int | None:
+        with self._cond:
+            return self._origins[instance].completed_id
+
+    def wait_completed(self, instance: Instance, checkpoint_id: int, timeout: float) -> bool:
+        """Wait until ``checkpoint_id`` of ``instance`` (or a later one) completed."""
+        def done() -> bool:
+            origin = self._origins.get(instance)
+            completed = origin.completed_id if origin is not None else None
+            return self._stopped or (completed is not None and completed >= checkpoint_id)
+
+        with self._cond:
+            return self._cond.wait_for(done, timeout) and not self._stopped
+
+    def status(self) -> dict[Instance, dict[str, Any]]:
+        """Per instance: group, completed id, in flight, queued, needs_full, failures, last failure."""
+        with self._cond:
+            return {inst: {"group": o.group, "completed_id": o.completed_id, "in_flight": o.in_flight,
+                           "queued": o.queued, "needs_full": o.needs_full, "can_complete": o.can_complete,
+                           "failures": self._failures.get(inst, 0), "last_failure": o.last_failure}
+                    for inst, o in self._origins.items()}
+
+    # -- the shipper thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                self._expire_acks(now)
+                send = self._next_send(now)
+                outputs = list(self._outputs)
+                self._outputs.clear()
+                if send is None and not outputs:
+                    self._cond.wait(self._idle_time(now))
+                    continue
+            self._deliver(outputs)
+            if send is not None:
+                self._ship(send)
+
+    def _next_send(self, now: float) -> Send | None:
+        instances = list(self._origins)
+        for i in range(len(instances)):
+            instance = instances[(self._turn + i) % len(instances)]
+            if self._retry_at.get(instance, 0.0) > now:
+                continue
+            origin = self._origins[instance]
+            sendable = origin.sendable()
+            if sendable:
+                self._turn = (self._turn + i + 1) % len(instances)
+                origin.on_sent(sendable[0].checkpoint_id)
+                return sendable[0]
+        return None
+
+    def _idle_time(self, now: float) -> float:
+        wakeups = [t + self.ack_timeout for t in self._sent_at.values()]
+        wakeups += [t for t in self._retry_at.values() if t > now]
+        return max(0.0, min([now + 1.0, *wakeups]) - now)
+
+    def _expire_acks(self, now: float) -> None:
+        for (instance, cid), sent in list(self._sent_at.items()):
+            origin = self._origins.get(instance)
+            if origin is None or cid not in origin.in_flight_ids:
+                del self._sent_at[(instance, cid)]
+            elif now - sent > self.ack_timeout:
+                del self._sent_at[(instance, cid)]
+                self._fail(instance, cid, f"no ack within {self.ack_timeout:g}s")
+
+    def _ship(self, send: Send) -> None:
+        key = (send.instance, send.checkpoint_id)
+        failure, missing_base = "", False
+        try:
+            send_increment(self._peer(send.to), send.meta, Path(send.payload_ref), (self.address, *send.group), 1,
+                           chunk_size=self.chunk_size, timeout=self.call_timeout)
+        except TransferRejected as e:
+            failure, missing_base = f"rejected by {send.to}: {e.reason}", e.missing_base
+        except grpc.RpcError as e:
+            failure = f"send to {send.to} failed: {e.code()}"
+        except Exception as e:
+            log.exception("shipping checkpoint %d of %s failed", send.checkpoint_id, send.instance)
+            failure = f"send to {send.to} failed: {type(e).__name__}: {e}"
+        with self._cond:
+            origin = self._origins.get(send.instance)
+            if failure:
+                self._fail(send.instance, send.checkpoint_id, failure, missing_base=missing_base)
+            elif origin is not None and send.checkpoint_id in origin.in_flight_ids:
+                self._sent_at[key] = time.monotonic()
+
+    def _fail(self, instance: Instance, checkpoint_id: int, reason: str, *, missing_base: bool = False) -> None:
+        """Called with the lock held."""
+        origin = self._origins.get(instance)
+        if origin is None:
+            return
+        outcome = origin.on_failure(checkpoint_id, reason, missing_base=missing_base)
+        if not outcome.accepted:
+            return
+        self._failures[instance] = self._failures.get(instance, 0) + 1
+        low, high = self.retry_backoff
+        first = instance not in self._backoff  # the backoff grows until an ack resets it
+        backoff = self._backoff[instance] = min(high, self._backoff.get(instance, low / 2) * 2)
+        self._retry_at[instance] = time.monotonic() + backoff
+        log.log(logging.WARNING if first else logging.DEBUG, "checkpoint %d of %s: %s (retrying in %.2fs)",
+                checkpoint_id, instance, reason, backoff)
+        self._emit(outcome)
+
+    def _emit(self, outcome: Outcome) -> None:
+        """Queue an outcome's callbacks for the shipper thread (called with the lock held)."""
+        self._outputs.extend(("completed", m) for m in outcome.completed)
+        self._outputs.extend(("released", r) for r in outcome.released)
+        self._cond.notify_all()
+
+    def _deliver(self, outputs: list[tuple[str, Any]]) -> None:
+        for kind, item in outputs:
+            try:
+                if kind == "completed":
+                    if self.on_completed is not None:
+                        self.on_completed(item)
+                else:
+                    self.on_released(item)
+            except Exception:
+                log.exception("%s callback failed for %r", kind, item)
+
+    def _peer(self, address: str) -> rpc.Peer:
+        peer = self._peers.get(address)
+        if peer is None:
+            peer = self._peers[address] = rpc.Peer(address)
+        return peer
+
+    def _on_ack(self, request: bytes) -> bytes:
+        msg = pickle.loads(request)
+        instance, cid, sender = tuple(msg["instance"]), msg["checkpoint_id"], msg["from"]
+        with self._cond:
+            origin = self._origins.get(instance)
+            if origin is None:
+                return _reply(False, f"unknown instance {instance}")
+            if "nack" in msg:
+                if sender in origin.group:
+                    self._fail(instance, cid, f"{sender}: {msg['nack']}", missing_base=msg.get("missing_base", False))
+                return _reply(True)
+            outcome = origin.on_ack(cid, sender)
+            if outcome.accepted:
+                self._backoff.pop(instance, None)
+                self._emit(outcome)
+        return _reply(True)
