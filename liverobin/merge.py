@@ -18,6 +18,12 @@ first one of its cycle must leave the active set too.  We follow the text.
 Not in the paper, for a graceful drain: END closes a channel for good (it leaves the channel
 set); the merge is finished when every channel has ended.
 
+Checkpoints (Rhino): with ``checkpoint_every`` N, the merge's state right after forwarding pulse
+``h`` (N divides ``h``) is kept in ``states`` until the runtime takes it (:meth:`take_state`): the
+runtime consumes steps later than the merge makes them, and a checkpoint at ``h`` must record
+the merge as it was at ``h``.  :meth:`restore` starts a merge from such a state, with empty
+queues (the channels are replayed from the checkpoint's positions).
+
 No I/O, no threads, no clock: the runtime feeds it and acts on the steps it returns.
 """
 
@@ -42,8 +48,11 @@ class Step:
     forward: bool = False
 
 
+MergeState = tuple[tuple[int, ...], tuple[int, ...], int, int]  # open, active, next, gen
+
+
 class LiveRobinMerge:
-    def __init__(self, channels: Iterable[int]) -> None:
+    def __init__(self, channels: Iterable[int], checkpoint_every: int = 0) -> None:
         self.channels: list[int] = sorted(set(channels))
         if not self.channels:
             raise ValueError("a merge needs at least one input channel")
@@ -52,6 +61,25 @@ class LiveRobinMerge:
         self.next: int = self.channels[0]
         self.gen = 0  # highest pulse seen
         self._queues: dict[int, deque[tuple]] = {c: deque() for c in self.channels}
+        self.checkpoint_every = checkpoint_every
+        self.states: dict[int, MergeState] = {}
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def state(self) -> MergeState:
+        """The merge's state (without the queued elements)."""
+        return tuple(sorted(self.open)), tuple(sorted(self.active)), self.next, self.gen
+
+    def take_state(self, h: int) -> MergeState:
+        """The state right after pulse ``h`` was forwarded (``checkpoint_every`` divides ``h``)."""
+        return self.states.pop(h)
+
+    def restore(self, state: MergeState) -> None:
+        """Continue from ``state``; whatever was queued is dropped (it will be replayed)."""
+        open_, active, self.next, self.gen = state
+        self.open, self.active = set(open_), set(active)
+        for queue in self._queues.values():
+            queue.clear()
+        self.states.clear()
 
     # -- input ---------------------------------------------------------------------------
     def push(self, channel: int, elements: Sequence[tuple]) -> None:
@@ -93,6 +121,8 @@ class LiveRobinMerge:
             self.open.discard(channel)
             self._leave_cycle(channel)
         self._advance(channel)
+        if forward and self.checkpoint_every and element[1] % self.checkpoint_every == 0:
+            self.states[element[1]] = self.state()
         return Step(channel, element, forward)
 
     def _leave_cycle(self, channel: int) -> None:

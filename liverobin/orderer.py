@@ -16,11 +16,11 @@ PULL_LIMIT = 1024
 
 
 class LiveRobinOrderer:
-    def __init__(self, queues: InputQueues) -> None:
+    def __init__(self, queues: InputQueues, checkpoint_every: int = 0) -> None:
         if not queues.per_channel:
             raise ValueError("LiveRobin needs per-channel input queues (InputQueues(per_channel=True))")
         self.queues = queues
-        self.merge = LiveRobinMerge(queues.channels)
+        self.merge = LiveRobinMerge(queues.channels, checkpoint_every)
 
     @property
     def gen(self) -> int:
