@@ -260,6 +260,29 @@ class ReplicationConfig:
         "kazoo.idleTimeout", DURATION, 2,
         "How long an unordered element may wait for `kazoo.minBatch` to fill (`kazoo` mode).", min=0, max=10_000,
     )
+    rhino_enabled: bool = _key(
+        "rhino.enabled", BOOL, False,
+        "Take Rhino incremental checkpoints at deterministic positions (every `rhino.checkpointEvery` "
+        "pulses; `liverobin` mode for now) and replicate them to a replica group of other executors; "
+        "upstreams keep a backup of what a partition consumed since its last completed checkpoint.",
+    )
+    rhino_replicas: int = _key(
+        "rhino.replicas", INT, 1,
+        "Executors in each partition's replica group (holders of its checkpoints, other than those "
+        "running its live replicas); increments travel along them as a chain.", min=1, max=16,
+    )
+    rhino_checkpoint_every: int = _key(
+        "rhino.checkpointEvery", INT, 100,
+        "Checkpoint every this many pulses (`liverobin` mode: 100 at the default 10 ms period is about "
+        "one checkpoint a second). Both replicas checkpoint at the same pulse, so their digests must be "
+        "equal; a mismatch is reported as a divergence.", min=1, max=1_000_000,
+    )
+    rhino_backup_limit: int = _key(
+        "rhino.backupLimit", INT, 4_096,
+        "Upstream backup per output channel, in batches: what a restored replica is replayed from. "
+        "Beyond it the oldest batches are dropped (and logged), which only matters when checkpoints "
+        "stop completing.", min=16, max=10_000_000,
+    )
     heartbeat_interval_ms: int = _key(
         "heartbeatInterval", DURATION, 200, "How often workers report liveness and progress to the driver.",
         min=10, max=60_000,
@@ -468,6 +491,10 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
     if values["mode"] == "kazoo" and not values["zookeeper_connect"] and "zookeeper_connect" not in bad:
         out.append((PREFIX + "zookeeper.connect",
                      f"{PREFIX}zookeeper.connect: required by {PREFIX}mode=kazoo (leader election)"))
+    if values["rhino_enabled"] and values["mode"] != "liverobin" and "mode" not in bad:
+        out.append((PREFIX + "rhino.enabled",
+                    f"{PREFIX}rhino.enabled=true: checkpoints are only taken in {PREFIX}mode=liverobin so far "
+                    f"(got {values['mode']})"))
     return out + list(_kafka_problems(values))
 
 

@@ -37,6 +37,7 @@ from replication.plan import (
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
 from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, run_worker
+from rhino_state.manager import ReplicationManager
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class WorkerInfo:
     address: str
     python_pid: int | None = None
     last_seen: float = 0.0
-    standby: bool = False  # relaunched after its executor died: hosts nothing (no state to restore yet)
+    standby: bool = False  # relaunched after its executor died: hosts none of its replicas
 
 
 class JobMaster:
@@ -78,7 +79,8 @@ class JobMaster:
         self.app_id = app_id
         self._executor_ids = executor_ids
         self.workers: dict[int, WorkerInfo] = {}
-        self.dead: dict[int, str] = {}  # worker -> why its replicas are lost
+        self.dead: dict[int, str] = {}  # worker -> why its replicas are lost (until Spark relaunches it)
+        self.lost: set[ReplicaId] = set()  # replicas whose worker died and that were not restored
         self.command = "run"
         self.metrics: dict[str, InstanceMetrics] = {}
         self.reports: dict[int, dict] = {}
@@ -95,6 +97,17 @@ class JobMaster:
         self._status_written = 0.0
         # called (each in a thread of its own, outside the lock) with a worker declared dead
         self.on_dead: list[Callable[[int], None]] = []
+        # Rhino: replica groups and completed checkpoints; digests of the checkpoints replicas took
+        self.rhino = ReplicationManager(dict(placement), num_workers, cfg.rhino_replicas) if cfg.rhino_enabled \
+            else None
+        self._digests: dict[tuple[int, int, int], tuple[int, str]] = {}  # (task, part, id) -> (replica, digest)
+        self.checkpoints_compared = 0
+        self.divergences: list[str] = []
+        # restored replicas: where they run now and where their upstreams replay from
+        self.moves: dict[ReplicaId, tuple[int, str, dict[int, int]]] = {}
+        self.recoveries: list[dict[str, Any]] = []  # one per restored replica, with its timings
+        self._catching_up: dict[ReplicaId, dict[str, Any]] = {}
+        self._peers: dict[str, rpc.Peer] = {}
 
     # -- state changes (caller holds the condition unless noted) ---------------------------------
     def event(self, text: str) -> None:
@@ -129,6 +142,15 @@ class JobMaster:
         self.event(f"worker {w} (executor {info.executor if info else '?'}) declared dead: {reason}")
         for hook in self.on_dead:
             threading.Thread(target=hook, args=(w,), name=f"on-dead-w{w}", daemon=True).start()
+        if self.rhino is not None:
+            lost, regrouped = self.rhino.worker_dead(w)
+            for (t, p), group in regrouped.items():
+                self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
+            if self.replicated:
+                dead_at = time.time()
+                for replica in lost:
+                    threading.Thread(target=self._restore, args=(replica, dead_at), name=f"restore-{replica}",
+                                     daemon=True).start()
         if not self.replicated:
             self._fail(f"worker {w} lost ({reason}); without spark.replication.enabled the job cannot mask "
                        "the failure (and rollback recovery needs Rhino checkpoints, not yet available)")
@@ -136,8 +158,9 @@ class JobMaster:
         for (t, p, r), ww in self.placement.items():
             if ww != w:
                 continue
+            self.lost.add((t, p, r))
             other = self.placement[(t, p, 1 - r)]
-            if other in self.dead:
+            if (t, p, 1 - r) in self.lost:
                 self._fail(f"both replicas of {self.plan.task(t).name}[{p}] are lost "
                            f"(workers {w} and {other}); rollback recovery needs Rhino checkpoints")
                 return
@@ -160,9 +183,18 @@ class JobMaster:
                     return {"status": "abort", "reason": self.failure or "job failed"}
                 self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"], req.get("python_pid"),
                                              time.monotonic(), standby=True)
-                self.event(f"worker {w} relaunched on executor {req['executor']} as a standby: its replicas' "
-                           "state is lost (restoring it needs Rhino checkpoints); the other replicas carry on")
-                return {"status": "standby", "reason": "state of the lost replicas cannot be restored yet"}
+                if self.rhino is not None:  # it can hold checkpoints and host restored replicas: alive again
+                    del self.dead[w]
+                self.event(f"worker {w} relaunched on executor {req['executor']} as a standby: " + (
+                    "it joins replica groups and can host restored replicas" if self.rhino is not None else
+                    "its replicas' state is lost (restoring it needs spark.replication.rhino.enabled); the other "
+                    "replicas carry on"))
+                if self.rhino is not None:
+                    for (t, p), group in self.rhino.worker_alive(w).items():
+                        self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
+                return {"status": "standby", "reason": "state of the lost replicas cannot be restored yet",
+                        "addresses": {i: info.address for i, info in self.workers.items()},
+                        "dead": list(self.dead), "sinks": self._sink_roles()}
             self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"], req.get("python_pid"),
                                          time.monotonic())
             log.info("worker %d registered from executor %s at %s", w, req["executor"], req["address"])
@@ -199,13 +231,105 @@ class JobMaster:
             if "metrics" in req:
                 self.metrics.update(req["metrics"])
                 self._status_dirty = True
+                if self._catching_up:
+                    self._check_caught_up()
             self._sink_progress(req.get("sinks", {}))
             reply = {"command": self.command, "dead": list(self.dead), "sinks": self._sink_roles(),
                      "finished": [w for w, r in self.reports.items() if r.get("status") == "finished"]}
+            if self.rhino is not None:
+                self._checkpoint_reports(req.get("checkpoints", {}))
+                reply["rhino"] = self._rhino_view()
         if req.get("errors"):
             self.fail("; ".join(req["errors"]))
             reply["command"] = "stop"
         return reply
+
+    # -- Rhino checkpoints (caller holds the condition) ----------------------------------------
+    def _checkpoint_reports(self, report: dict) -> None:
+        """Digests of the checkpoints a worker's replicas took (the two replicas of a partition must
+        agree) and the checkpoints its shippers saw completed."""
+        assert self.rhino is not None
+        for t, p, r, cid, digest in report.get("taken", ()):
+            other = self._digests.pop((t, p, cid), None)
+            if other is None:
+                self._digests[(t, p, cid)] = (r, digest)
+                if len(self._digests) > 10_000:  # a replica that never reports its twin: forget the oldest
+                    del self._digests[next(iter(self._digests))]
+            elif other[0] != r:
+                self.checkpoints_compared += 1
+                if other[1] != digest:
+                    text = (f"DIVERGENCE: checkpoint {cid} of {self.plan.task(t).name}[{p}]: replica {other[0]} "
+                            f"has state digest {other[1][:16]}, replica {r} has {digest[:16]}")
+                    self.divergences.append(text)
+                    self.event(text)
+        for t, p, cid, positions, digest in report.get("completed", ()):
+            self.rhino.checkpoint_completed((t, p), cid, positions, digest)
+
+    def _restore(self, replica: ReplicaId, dead_at: float) -> None:
+        """Restore a lost replica on a worker holding its partition's latest completed checkpoint
+        (its own thread); the upstreams then replay to it from their backups."""
+        assert self.rhino is not None
+        t, p, r = replica
+        name = self._replica_label(t, p, r)
+        with self._cond:
+            if self.failure or self.command == "stop":
+                return
+            host = self.rhino.restore_host(replica)
+            cp = self.rhino.completed.get((t, p))
+            if host is None or cp is None or host not in self.workers:
+                self.event(f"{name} cannot be restored: no live worker holds a completed checkpoint of it; "
+                           "its partition runs on one replica")
+                return
+            address = self.workers[host].address
+            req = {"replica": replica, "checkpoint_id": cp.checkpoint_id, "placement": dict(self.placement),
+                   "sinks": self._sink_roles(), "addresses": {w: i.address for w, i in self.workers.items()}}
+        peer = self._peers.setdefault(address, rpc.Peer(address))
+        try:
+            reply = peer.call("Restore", req, timeout=120)
+        except Exception as exc:  # noqa: BLE001 - reported; the partition keeps running on one replica
+            with self._cond:
+                self.event(f"restoring {name} on worker {host} failed: {exc}")
+            return
+        with self._cond:
+            self.placement[replica] = host
+            self.lost.discard(replica)
+            for (tt, pp), group in self.rhino.replica_moved(replica, host).items():
+                self.event(f"replica group of {self.plan.task(tt).name}[{pp}] is now workers {group}")
+            self.moves[replica] = (host, address, reply["positions"])
+            sibling = self.metrics.get(self._replica_label(t, p, 1 - r))
+            now = time.time()
+            self._catching_up[replica] = {
+                "replica": name, "worker": host, "checkpoint_id": reply["checkpoint_id"],
+                "failed_at": dead_at, "restored_at": now, "load_s": reply["load_s"],
+                "restore_s": reply["restore_s"], "target_pulse": max(reply["pulse"], sibling.pulse if sibling else 0)}
+            self.event(f"{name} restored on worker {host} from checkpoint {reply['checkpoint_id']} in "
+                       f"{reply['restore_s']:.3f}s ({now - dead_at:.2f}s after the failure); its upstreams replay "
+                       "from their backups")
+            self._status_dirty = True
+
+    def _check_caught_up(self) -> None:
+        """A restored replica that reached the pulse its twin had at the restore: two replicas again."""
+        for replica, rec in list(self._catching_up.items()):
+            m = self.metrics.get(rec["replica"])
+            if m is not None and m.restored_from >= 0 and m.pulse >= rec["target_pulse"]:
+                del self._catching_up[replica]
+                now = time.time()
+                rec.update(caught_up_at=now, recovery_s=now - rec["failed_at"])
+                self.recoveries.append(rec)
+                self.event(f"{rec['replica']} caught up: two live replicas again, {rec['recovery_s']:.2f}s after "
+                           "the failure")
+
+    def _rhino_view(self) -> dict:
+        """What workers need: groups (addresses, chain order), completed checkpoints, shippers."""
+        assert self.rhino is not None
+        addresses = {w: i.address for w, i in self.workers.items()}
+        groups = {inst: [addresses[w] for w in g if w in addresses] for inst, g in self.rhino.groups.items()}
+        completed = {inst: (cp.checkpoint_id, cp.positions) for inst, cp in self.rhino.completed.items()}
+        shippers = {}
+        for (t, p, r), w in sorted(self.rhino.placement.items()):
+            if w not in self.dead and (t, p) not in shippers:
+                shippers[(t, p)] = r
+        return {"groups": groups, "completed": completed, "shippers": shippers, "moves": dict(self.moves)}
 
     def _sink_progress(self, progress: dict) -> None:
         for key, (seq, offset) in progress.items():
@@ -250,7 +374,7 @@ class JobMaster:
                 if self.started_at is not None:
                     now = time.monotonic()
                     for w, info in list(self.workers.items()):
-                        if w in self.dead or w in self.reports or info.standby:
+                        if w in self.dead or w in self.reports or (info.standby and self.rhino is None):
                             continue
                         if alive_executors is not None and info.executor not in alive_executors:
                             self._declare_dead(w, f"executor {info.executor} left the cluster")
@@ -307,6 +431,9 @@ class JobResult:
     records_read: int = 0  # from Kafka, by the sources
     records_written: int = 0  # output records (counted once, whatever the replication)
     events: list[tuple[float, str]] = field(default_factory=list)  # failovers, standbys, failures
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # restored replicas, with timings
+    checkpoints_compared: int = 0  # checkpoints whose two replicas' digests were compared
+    divergences: list[str] = field(default_factory=list)  # checkpoints whose replicas disagreed
 
     def summary(self) -> str:
         return (f"{self.status} after {self.duration_s:.1f}s: {self.records_read:,} records read, "
@@ -464,6 +591,12 @@ class JobHandle:
         """Metrics of the source instances (records_in: records read from Kafka)."""
         return _role_metrics(self.plan, self.master.snapshot(), "source")
 
+    def recoveries(self) -> list[dict[str, Any]]:
+        """Replicas restored from Rhino checkpoints that caught up (two live replicas again), with
+        their timings: failed_at, restored_at, caught_up_at (wall clock), load_s, recovery_s."""
+        with self.master._cond:
+            return [dict(r) for r in self.master.recoveries]
+
     def placement_table(self) -> str:
         """Which replica runs in which worker on which executor (and which workers are dead)."""
         lines = []
@@ -547,7 +680,8 @@ class JobHandle:
             self._result = JobResult(status, aggregate(snap), snap, failure, time.monotonic() - self._started,
                                      dict(m.workers), _source_records(self.plan, snap),
                                      _role_metrics(self.plan, snap, "sink").records_out // self.plan.replicas,
-                                     list(m.events))
+                                     list(m.events), list(m.recoveries), m.checkpoints_compared,
+                                     list(m.divergences))
             m.close(status)
             if self._elections is not None:
                 self._elections.close()

@@ -11,6 +11,7 @@ to its end) or on stop.
 from __future__ import annotations
 
 import logging
+import pickle
 import shutil
 import threading
 import time
@@ -29,7 +30,7 @@ from replication.dedup import Dedup
 from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
 from replication.framing import BatchHeader, decode_elements
 from replication.metrics import InstanceMetrics
-from replication.operators import Router, build_chain
+from replication.operators import Router, build_chain, chain_operators
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from rhino_state import RocksDBStateBackend, StateContext
 
@@ -69,13 +70,52 @@ class PartitionInstance:
         self._state_dir: Path = worker.state_root / f"t{task.id}-p{partition}"
         self.chain: Any = None
         self._thread: threading.Thread | None = None
+        # Rhino: checkpoint every N pulses (0: off); a restored replica starts from ``restored``
+        self.checkpoint_every = self.cfg.rhino_checkpoint_every if self.cfg.rhino_enabled else 0
+        self.restored: Any = None  # IncrementMeta of the checkpoint this replica was restored from
+        self._restored_runtime: dict[str, Any] | None = None
 
     # -- environment offered to operators -------------------------------------------------
-    def state_context(self, operator_name: str) -> StateContext:
+    def state_backend(self) -> RocksDBStateBackend:
         if self._backend is None:
             self._state_dir.mkdir(parents=True, exist_ok=True)
-            self._backend = RocksDBStateBackend(str(self._state_dir), cache_max_entries=self.cfg.state_cache_entries)
-        return StateContext(self._backend, operator_name, self.num_key_groups)
+            self._backend = RocksDBStateBackend(str(self._state_dir), cache_max_entries=self.cfg.state_cache_entries,
+                                                instance=(self.task.id, self.partition))
+        return self._backend
+
+    def state_context(self, operator_name: str) -> StateContext:
+        return StateContext(self.state_backend(), operator_name, self.num_key_groups)
+
+    # -- Rhino checkpoints ----------------------------------------------------------------
+    def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
+        """Before :meth:`build`: run on the restored RocksDB at ``state_dir`` and continue from
+        ``meta``'s runtime state.  Returns that runtime state (the worker needs the output seqs)."""
+        self.restored = meta
+        self._state_dir = state_dir
+        self._restored_runtime = pickle.loads(meta.runtime)
+        self.metrics.restored_from = meta.checkpoint_id
+        return self._restored_runtime
+
+    def _restore_operators(self) -> None:
+        rt = self._restored_runtime
+        if rt is not None:
+            for op, snap in zip(chain_operators(self.chain), rt["operators"], strict=True):
+                op.restore(snap)
+
+    def take_checkpoint(self, checkpoint_id: int, runtime: dict[str, Any]) -> None:
+        """Checkpoint the state as it is now, at a position both replicas share; the runtime
+        state (positions, orderer, operators, output seqs) rides along."""
+        started = time.perf_counter()
+        runtime["operators"] = [op.snapshot() for op in chain_operators(self.chain)]
+        runtime["outputs"] = {ch.spec.id: ch.next_seq for ch in self.outputs}
+        meta = self.worker.checkpoints.take(self, checkpoint_id, pickle.dumps(runtime, protocol=5),
+                                            runtime.get("positions", {}))
+        m = self.metrics
+        m.checkpoints_taken += 1
+        m.checkpoint_id, m.checkpoint_digest = checkpoint_id, meta.digest
+        m.checkpoint_bytes_changed += meta.bytes_changed
+        m.checkpoint_bytes_shipped += meta.bytes_shipped
+        m.checkpoint_ms = (time.perf_counter() - started) * 1000
 
     def dead_letter(self, *, reason: str, operator: str, origin: Any, payload: bytes,
                     payload_kind: str = "original") -> None:
@@ -116,6 +156,7 @@ class PartitionInstance:
             self.outputs.extend(chans)
         tail = Router(self.name, self, outputs) if outputs else None
         self.chain = build_chain(self.task.chain, self, tail)
+        self._restore_operators()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._main, name=f"inst-{self.name}", daemon=True)
@@ -127,8 +168,8 @@ class PartitionInstance:
             if self.run():
                 self.chain.on_watermark(MAX_WATERMARK)
                 self.chain.on_end()
-                if self._backend is not None:
-                    self.metrics.state_digest = self._backend.digest()
+                if self._backend is not None or self.restored is not None:
+                    self.metrics.state_digest = self.state_backend().digest()
                 for ch in self.outputs:
                     if not ch.close(timeout=self.cfg.stop_timeout_ms / 1000):
                         raise RuntimeError(f"channel {ch.spec.id} could not deliver its last batches")
@@ -171,13 +212,31 @@ class ProcessingInstance(PartitionInstance):
         self._candidate: Any = None
         if self.cfg.mode == "liverobin" or order_log is not None:
             self.queues = InputQueues(self.channels, max(4, capacity // len(self.channels)), per_channel=True)
-            self.orderer: Any = LiveRobinOrderer(self.queues) if order_log is None else self._kazoo(order_log)
+            self.orderer: Any = (LiveRobinOrderer(self.queues, self.checkpoint_every) if order_log is None
+                                 else self._kazoo(order_log))
         else:
             self.queues = InputQueues(self.channels, capacity)
             self.orderer = ArrivalOrderer(self.queues)
         self.dedup = Dedup()
         self._dedup_lock = threading.Lock()
         self._channel_locks = {c: threading.Lock() for c in self.channels}
+        self._consumed = dict.fromkeys(self.channels, 0)  # per channel: elements consumed (= next seq)
+        self._channel_wm = {c: MIN_WATERMARK for c in self.channels}
+        self._open_channels = set(self.channels)
+        self._current_wm = MIN_WATERMARK
+        self._forwarded_pulse = 0
+
+    def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
+        rt = super().restore_from(meta, state_dir)
+        for channel, position in rt["positions"].items():
+            self.dedup.resume(channel, position)  # the upstreams replay from here
+        self._consumed = dict(rt["positions"])
+        self._channel_wm = dict(rt["channel_wm"])
+        self._open_channels = set(rt["open"])
+        self._current_wm = self.metrics.watermark = rt["current_wm"]
+        self._forwarded_pulse = self.metrics.pulse = rt["pulse"]
+        self.orderer.merge.restore(rt["orderer"])
+        return rt
 
     def _kazoo(self, order_log: tuple[str, int]) -> KazooOrderer:
         """KaZoo: this partition's order log through the worker's reader/writer, its election in
@@ -241,10 +300,6 @@ class ProcessingInstance(PartitionInstance):
                 self._candidate.withdraw()
 
     def _run(self, kazoo: KazooOrderer | None) -> bool:
-        self._channel_wm = {c: MIN_WATERMARK for c in self.channels}
-        self._open_channels = set(self.channels)
-        self._current_wm = MIN_WATERMARK
-        self._forwarded_pulse = 0
         wait_s = 0.2 if not self.sinks else min(0.2, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001)
         while self._open_channels:
             if self.stop_requested.is_set():
@@ -270,16 +325,19 @@ class ProcessingInstance(PartitionInstance):
     def _consume(self, channel: int, elements: list) -> None:
         """Run ``elements`` of ``channel`` through the chain; watermarks: the minimum over channels."""
         chain, metrics, channel_wm = self.chain, self.metrics, self._channel_wm
-        for el in elements:
+        for i, el in enumerate(elements):
             kind = el[0]
             if kind == DATA:
                 metrics.records_in += 1
                 chain.process(el)
                 continue
             if kind == PULSE:
-                if el[1] > self._forwarded_pulse:  # first seen: forward in place (LiveRobin)
-                    self._forwarded_pulse = metrics.pulse = el[1]
-                    chain.on_pulse(el[1])
+                h = el[1]
+                if h > self._forwarded_pulse:  # first seen: forward in place (LiveRobin)
+                    self._forwarded_pulse = metrics.pulse = h
+                    chain.on_pulse(h)
+                    if self.checkpoint_every and h % self.checkpoint_every == 0:
+                        self._checkpoint_at_pulse(h, channel, i + 1)
                 continue
             if kind == WATERMARK:
                 if el[1] <= channel_wm[channel]:
@@ -293,12 +351,22 @@ class ProcessingInstance(PartitionInstance):
                 self._current_wm = metrics.watermark = new_wm
                 if new_wm < MAX_WATERMARK:
                     chain.on_watermark(new_wm)
+        self._consumed[channel] += len(elements)
+
+    def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:
+        """Checkpoint right after pulse ``h``: both replicas consumed the same prefix by then."""
+        positions = dict(self._consumed)
+        positions[channel] += consumed_in_run
+        self.take_checkpoint(h, {
+            "positions": positions, "channel_wm": dict(self._channel_wm), "open": sorted(self._open_channels),
+            "current_wm": self._current_wm, "pulse": h, "orderer": self.orderer.merge.take_state(h)})
 
 
 class SourceInstance(PartitionInstance):
     """Reads assigned Kafka partitions; emits watermarks at deterministic record positions."""
 
-    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan) -> None:
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan,
+                 restoring: bool = False) -> None:
         super().__init__(worker, task, partition, replica, plan)
         spec = task.head.spec
         self.topic: str = spec["topic"]
@@ -310,8 +378,29 @@ class SourceInstance(PartitionInstance):
         self.drain_requested_at: float | None = None
         # LiveRobin: the counted pulses of the heartbeat log, from the worker's reader (END follows the
         # final pulse)
-        self._pulses = worker.pulse_reader().subscribe() if self.cfg.mode == "liverobin" else None
+        # (a restored replica subscribes to a reader of its own: the shared one started long ago)
+        self._pulses = worker.pulse_reader().subscribe() if self.cfg.mode == "liverobin" and not restoring \
+            else None
+        self._max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
+        self._emitted_wm = MIN_WATERMARK
+        self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
+        self._after_pulse = 0  # a restored replica: pulses up to this one are behind it
         self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
+
+    def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
+        rt = super().restore_from(meta, state_dir)
+        self.start_offsets = {**self.start_offsets, **rt["offsets"]}
+        self._next_offset = dict(rt["offsets"])
+        self._max_ts = dict(rt["max_ts"])
+        self._emitted_wm = self.metrics.watermark = rt["emitted_wm"]
+        self._after_pulse = self.metrics.pulse = rt["pulse"]
+        # the worker's shared reader started long ago: read the log again, from this run's start
+        # (what counts is decided by the log alone, so the same pulses come out)
+        if self.cfg.mode == "liverobin":
+            reader = self.worker.own_pulse_reader()
+            self._pulses = reader.subscribe()
+            reader.start()
+        return rt
 
     def request_drain(self) -> None:
         """Read to the current end and finish (LiveRobin: the final pulse of the log decides)."""
@@ -344,9 +433,6 @@ class SourceInstance(PartitionInstance):
         return True
 
     def run(self) -> bool:
-        self._max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
-        self._emitted_wm = MIN_WATERMARK
-        self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         batch = self.cfg.channel_batch_size
         idle_s = min(0.05, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001) if self.sinks else 0.05
         consumer = self._consumer()
@@ -361,7 +447,8 @@ class SourceInstance(PartitionInstance):
                     messages = messages or consumer.consume(1, timeout=idle_s)
                 else:  # idle: wait for a pulse, not for a record (records wait for pulses anyway)
                     for record in self._pulses.take(0 if messages else PULSE_WAIT_S):
-                        placer.add_pulse(record)
+                        if record.h > self._after_pulse:
+                            placer.add_pulse(record)
                 if not messages:
                     self.idle()
                 for msg in messages:
@@ -440,6 +527,11 @@ class SourceInstance(PartitionInstance):
                 h, final = item
                 self.metrics.pulse = h
                 self.chain.on_pulse(h)
+                if self.checkpoint_every and h % self.checkpoint_every == 0:
+                    # every record before the pulse is out, none after it: where a restore resumes
+                    # (a partition with no record read yet restarts where this run started)
+                    self.take_checkpoint(h, {"offsets": dict(self._next_offset), "max_ts": dict(self._max_ts),
+                                             "emitted_wm": self._emitted_wm, "pulse": h})
                 if final:
                     return True
             else:

@@ -73,6 +73,14 @@ class InstanceMetrics:
     sink_committed_seq: int = -1
     sink_committed_offset: int = -1
     state_digest: str = ""  # of the keyed state when the instance ended (replicas must agree)
+    # Rhino: the latest checkpoint this replica took, and the completed one its group holds
+    checkpoints_taken: int = 0
+    checkpoint_id: int = -1
+    checkpoint_digest: str = ""
+    checkpoint_ms: float = 0.0  # time the instance thread spent on its latest checkpoint
+    checkpoint_bytes_changed: int = 0  # summed over the checkpoints taken
+    checkpoint_bytes_shipped: int = 0
+    restored_from: int = -1  # the checkpoint this replica was restored from (-1: original)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 

@@ -42,6 +42,13 @@ class Operator:
     def on_end(self) -> None:
         self.next.on_end()
 
+    def snapshot(self) -> Any:
+        """What this operator keeps outside keyed state, for a checkpoint (picklable); None: nothing."""
+        return None
+
+    def restore(self, snapshot: Any) -> None:
+        """Take back what :meth:`snapshot` returned (a replica restored from a checkpoint)."""
+
     def dead_letter(self, rec: tuple, reason: str) -> None:
         payload, kind = payload_of(rec[1])
         self.env.dead_letter(reason=reason, operator=self.name, origin=rec[5], payload=payload, payload_kind=kind)
@@ -110,6 +117,12 @@ class ProcessOperator(Operator):
         self.ctx.watermark = wm
         self.next.on_watermark(wm)
 
+    def snapshot(self) -> Any:
+        return self.ctx.watermark
+
+    def restore(self, snapshot: Any) -> None:
+        self.ctx.watermark = snapshot
+
     def on_end(self) -> None:
         self.fn.close()
         self.next.on_end()
@@ -172,6 +185,12 @@ class WindowOperator(Operator):
                     continue
                 self.next.process((DATA, value, key, end - 1, ingest, None))
         self.next.on_watermark(wm)
+
+    def snapshot(self) -> Any:
+        return self.watermark, {end: dict(keys) for end, keys in self.pending.items()}
+
+    def restore(self, snapshot: Any) -> None:
+        self.watermark, self.pending = snapshot
 
 
 class SinkBase(Operator):
@@ -278,6 +297,21 @@ class Router(Operator):
         for _, chans, _ in self.edges:
             for ch in chans:
                 ch.emit(END_ELEMENT)
+
+    def snapshot(self) -> Any:
+        return [slot[2] for slot in self.edges]
+
+    def restore(self, snapshot: Any) -> None:
+        for slot, counter in zip(self.edges, snapshot, strict=True):
+            slot[2] = counter
+
+
+def chain_operators(head: Operator) -> list[Operator]:
+    """The operators of a chain, head first."""
+    ops = [head]
+    while (nxt := getattr(ops[-1], "next", None)) is not None:
+        ops.append(nxt)
+    return ops
 
 
 def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:

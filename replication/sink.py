@@ -151,6 +151,12 @@ class ExactlyOnceSink(SinkBase):
         self.producer = None
         self.env.metrics.role = "standby"
 
+    def snapshot(self) -> Any:
+        return self.seq
+
+    def restore(self, snapshot: Any) -> None:
+        self.seq = snapshot  # records after it are produced again, with the same seqs
+
     # -- roles (called by the instance thread with the master's view) ---------------------------
     def control(self, writer_replica: int, epoch: int, committed_seq: int, committed_offset: int) -> None:
         if epoch < self.epoch:

@@ -8,9 +8,11 @@ replica of the destination partition), then heartbeats to the driver: liveness,
 sink progress and metrics up, commands, dead workers and sink roles down.
 
 A worker relaunched by Spark after its executor died comes back as a *standby*:
-its replicas' state is gone (restoring it needs Rhino checkpoints), so it holds
-its slot and idles until the job ends.  A worker that the driver declared dead
-while it was hung is *evicted* when it wakes up: it stops at once.
+it holds its slot (and, with Rhino checkpoints, joins replica groups) until the
+job ends.  With Rhino checkpoints the lost replicas are restored on the workers
+holding their checkpoints (:meth:`Worker.restore`), and the upstreams replay to
+them from their backups.  A worker that the driver declared dead while it was
+hung is *evicted* when it wakes up: it stops at once.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kazoo_leader.order_log import OrderLog
 from liverobin.reader import PulseReader
 from replication import framing, rpc
 from replication.channels import OutputChannel, remote_transport
+from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
@@ -87,8 +90,13 @@ class Worker:
         self.producer: Producer | None = None
         self.dead_letters: DeadLetterWriter | None = None
         self._pulse_reader: PulseReader | None = None
+        self._own_pulse_readers: list[PulseReader] = []
         self._order_log: OrderLog | None = None
         self._election: ElectionClient | None = None
+        self._addresses: dict[int, str] = {}
+        self._moves_applied: dict[ReplicaId, int] = {}  # restored replicas: where upstreams send now
+        self._lock = threading.Lock()
+        self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
 
     def pulse_reader(self) -> PulseReader:
         """The worker's reader of the LiveRobin heartbeat log (shared by its source replicas)."""
@@ -97,6 +105,15 @@ class Worker:
             self._pulse_reader = PulseReader(self.plan.heartbeat_log, self.cfg.kafka_consumer_config(
                 group_id=f"replication-{self.job_name}-pulses-w{self.index}"))
         return self._pulse_reader
+
+    def own_pulse_reader(self) -> PulseReader:
+        """A reader of the heartbeat log from this run's start, for one restored source (it
+        subscribes, then starts it)."""
+        assert self.plan.heartbeat_log is not None
+        reader = PulseReader(self.plan.heartbeat_log, self.cfg.kafka_consumer_config(
+            group_id=f"replication-{self.job_name}-pulses-w{self.index}-{len(self._own_pulse_readers)}"))
+        self._own_pulse_readers.append(reader)
+        return reader
 
     def order_log(self) -> OrderLog:
         """The worker's reader and writer of its replicas' KaZoo order topics."""
@@ -129,8 +146,9 @@ class Worker:
         return b""
 
     def _inbound_calls(self) -> int:
-        """Concurrent pushes this worker may receive: one per (sender replica, channel) to its replicas."""
-        mine = {(t, p) for (t, p, _), w in self.boot.placement.items() if w == self.index}
+        """Concurrent pushes this worker may receive: one per (sender replica, channel) to its replicas
+        (with Rhino, to any replica: restored replicas may come here)."""
+        mine = {(t, p) for (t, p, _), w in self.boot.placement.items() if w == self.index or self.checkpoints}
         return sum(self.plan.replicas for c in self.plan.channels if (c.dst_task, c.dst_partition) in mine)
 
     # -- building -------------------------------------------------------------------------
@@ -139,35 +157,101 @@ class Worker:
         assert self.producer is not None
         return self.producer
 
-    def _build(self, addresses: dict[int, str]) -> None:
+    def _build_host(self, addresses: dict[int, str]) -> None:
+        """What every hosted replica shares: the producer, the dead-letter writer, the addresses."""
         conf = self.cfg.kafka_producer_config()
         conf.update({"enable.idempotence": True, "acks": "all"})
         self.producer = Producer(conf)
         self.dead_letters = DeadLetterWriter(self.producer, self.cfg.dead_letter_topic(self.job_name), self.job_name)
-        plan, cfg, placement = self.plan, self.cfg, self.boot.placement
-        for (task_id, part, replica), w in sorted(placement.items()):
+        self._addresses = dict(addresses)
+
+    def _build(self, addresses: dict[int, str]) -> None:
+        self._build_host(addresses)
+        for (task_id, part, replica), w in sorted(self.boot.placement.items()):
             if w == self.index:
-                task = plan.task(task_id)
-                cls = SourceInstance if task.is_source else ProcessingInstance
-                self.instances[(task_id, part)] = cls(self, task, part, replica, plan)
-        for (task_id, part), inst in self.instances.items():
-            outputs = []
-            for edge in inst.task.outputs:
-                chans = []
-                for spec in plan.output_channels(task_id, part, edge.edge_id):
-                    targets = [placement[(spec.dst_task, spec.dst_partition, r)] for r in range(plan.replicas)]
-                    transports = [self._push if w == self.index else remote_transport(
-                        self._peer(addresses[w]),
-                        lambda w=w: w in self.dead_workers or w in self.finished_workers or self._stopping.is_set())
-                        for w in targets]
-                    ch = OutputChannel(spec, transports, batch_size=cfg.channel_batch_size,
-                                       buffer_timeout_s=cfg.channel_buffer_timeout_ms / 1000,
-                                       max_ready=2 if plan.replicas == 1 else 8)
+                self.instances[(task_id, part)] = self._instance(task_id, part, replica)
+        for inst in self.instances.values():
+            inst.build(self._outputs(inst, self.boot.placement, {}))
+
+    def _instance(self, task_id: int, part: int, replica: int, restoring: bool = False) -> PartitionInstance:
+        task = self.plan.task(task_id)
+        if task.is_source:
+            return SourceInstance(self, task, part, replica, self.plan, restoring=restoring)
+        return ProcessingInstance(self, task, part, replica, self.plan)
+
+    def _transport(self, w: int) -> Any:
+        if w == self.index:
+            return self._push
+        return remote_transport(
+            self._peer(self._addresses[w]),
+            lambda w=w: w in self.dead_workers or w in self.finished_workers or self._stopping.is_set())
+
+    def _outputs(self, inst: PartitionInstance, placement: dict[ReplicaId, int],
+                 first_seqs: dict[int, int]) -> list[tuple[Any, list[OutputChannel]]]:
+        """The output channels of ``inst``, each to every replica of its destination partition."""
+        plan, cfg = self.plan, self.cfg
+        outputs = []
+        for edge in inst.task.outputs:
+            chans = []
+            for spec in plan.output_channels(inst.task.id, inst.partition, edge.edge_id):
+                targets = [placement[(spec.dst_task, spec.dst_partition, r)] for r in range(plan.replicas)]
+                ch = OutputChannel(spec, [self._transport(w) for w in targets], batch_size=cfg.channel_batch_size,
+                                   buffer_timeout_s=cfg.channel_buffer_timeout_ms / 1000,
+                                   max_ready=2 if plan.replicas == 1 else 8, first_seq=first_seqs.get(spec.id, 0),
+                                   retain=cfg.rhino_enabled, backup_limit=cfg.rhino_backup_limit)
+                with self._lock:
                     for r, w in enumerate(targets):
                         self._transports_to.setdefault(w, []).append((ch, r))
                     chans.append(ch)
-                outputs.append((edge, chans))
-            inst.build(outputs)
+            outputs.append((edge, chans))
+        return outputs
+
+    # -- Rhino: restoring a lost replica here, and replaying to replicas restored elsewhere -------
+    def restore(self, req: dict) -> dict:
+        """Run the lost replica ``req["replica"]`` here, from the latest completed checkpoint this
+        worker holds (hard links, no transfer); its upstreams replay from the returned positions."""
+        assert self.checkpoints is not None
+        if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
+            raise RuntimeError(f"worker {self.index} not ready")
+        task_id, part, replica = req["replica"]
+        if (task_id, part) in self.instances:
+            raise RuntimeError(f"worker {self.index} already runs a replica of {(task_id, part)}")
+        started = time.monotonic()
+        self._addresses.update(req.get("addresses", {}))
+        inst = self._instance(task_id, part, replica, restoring=True)
+        target = self.state_root / f"t{task_id}-p{part}-restored"
+        meta = self.checkpoints.restore((task_id, part), target, req.get("checkpoint_id"))
+        loaded = time.monotonic()
+        runtime = inst.restore_from(meta, target)
+        inst.build(self._outputs(inst, req["placement"], runtime["outputs"]))
+        self._apply_roles(req.get("sinks", {}), inst)
+        self.instances[(task_id, part)] = inst
+        inst.start()
+        log.warning("restored %s from checkpoint %d in %.3fs (state load %.3fs)", inst.name, meta.checkpoint_id,
+                    time.monotonic() - started, loaded - started)
+        return {"checkpoint_id": meta.checkpoint_id, "positions": runtime.get("positions", {}),
+                "load_s": loaded - started, "restore_s": time.monotonic() - started, "pulse": runtime["pulse"]}
+
+    def _apply_moves(self, moves: dict) -> None:
+        """Replicas restored on other workers: send to them there, replaying from their checkpoint."""
+        for (task_id, part, replica), (w, address, positions) in moves.items():
+            if self._moves_applied.get((task_id, part, replica)) == w:
+                continue
+            self._moves_applied[(task_id, part, replica)] = w
+            self._addresses[w] = address
+            self.dead_workers.discard(w)  # relaunched: a replica lives there now
+            for inst in list(self.instances.values()):
+                for ch in inst.outputs:
+                    spec = ch.spec
+                    if (spec.dst_task, spec.dst_partition) == (task_id, part):
+                        try:
+                            ch.rejoin(replica, self._transport(w), positions.get(spec.id, 0))
+                        except Exception as exc:  # noqa: BLE001 - that replica will see a gap, logged there
+                            log.error("channel %d cannot replay to the restored replica %s: %s", spec.id,
+                                      (task_id, part, replica), exc)
+                            continue
+                        with self._lock:
+                            self._transports_to.setdefault(w, []).append((ch, replica))
 
     def _peer(self, address: str) -> rpc.Peer:
         if address not in self._peers:
@@ -184,25 +268,45 @@ class Worker:
             self.finished_workers.add(w)
             for ch, r in self._transports_to.get(w, ()):
                 ch.retire(r)
-        for (task_id, part), role in reply.get("sinks", {}).items():
-            inst = self.instances.get((task_id, part))
-            if inst is not None and inst.sinks:
-                inst.pending_control = role
+        for inst in list(self.instances.values()):
+            self._apply_roles(reply.get("sinks", {}), inst)
+        if self.checkpoints is not None and "rhino" in reply:
+            self._apply_moves(reply["rhino"].get("moves", {}))
+            self.checkpoints.apply_view(reply["rhino"])
+
+    @staticmethod
+    def _apply_roles(sinks: dict, inst: PartitionInstance) -> None:
+        role = sinks.get((inst.task.id, inst.partition))
+        if role is not None and inst.sinks:
+            inst.pending_control = role
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        server, port = rpc.serve({"Push": self._push}, max_workers=self._inbound_calls() + 8)
+        handlers = {"Push": self._push}
+        if self.checkpoints is not None:
+            handlers.update(self.checkpoints.handlers())
+            handlers["Restore"] = rpc.pickled(self.restore)
+        server, port = rpc.serve(handlers, max_workers=self._inbound_calls() + 16)
         master = rpc.Peer(self.boot.master_address)
         master_host = self.boot.master_address.rsplit(":", 1)[0]
         report = self._report("aborted")
         try:
+            address = f"{local_advertise_host(master_host)}:{port}"
+            if self.checkpoints is not None:
+                self.checkpoints.start(address)
             reply = master.call("Register", {
                 "worker": self.index, "attempt": self.attempt, "executor": current_executor_id(),
-                "address": f"{local_advertise_host(master_host)}:{port}", "python_pid": os.getpid(),
+                "address": address, "python_pid": os.getpid(),
             }, timeout=self.cfg.start_timeout_ms / 1000)
             if reply["status"] == "standby":
                 log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply["reason"])
-                report = self._idle(master)
+                if self.checkpoints is None:
+                    report = self._idle(master)
+                    return report
+                self._build_host(reply["addresses"])  # it may host restored replicas
+                self._apply(reply)
+                self._ready.set()
+                report = self._serve(master)
                 return report
             if reply["status"] != "ok":
                 report["reason"] = reply.get("reason", "")
@@ -220,6 +324,9 @@ class Worker:
                 inst.start()
             report = self._serve(master)
             return report
+        except Exception:
+            log.exception("worker %d failed", self.index)
+            raise
         finally:
             self._stopping.set()
             evicted = report.get("status") == "evicted"
@@ -227,8 +334,10 @@ class Worker:
                 inst.request_stop()
             for inst in self.instances.values():
                 inst.join(5)
-            if self._pulse_reader is not None:
-                self._pulse_reader.close()
+            for reader in [*self._own_pulse_readers, *([self._pulse_reader] if self._pulse_reader else [])]:
+                reader.close()
+            if self.checkpoints is not None:
+                self.checkpoints.close()
             if self._election is not None:
                 self._election.close()
             if self._order_log is not None:
@@ -255,6 +364,8 @@ class Worker:
     def _heartbeat(self, master: rpc.Peer, with_metrics: bool) -> dict | None:
         req: dict[str, Any] = {"worker": self.index, "attempt": self.attempt, "sinks": self._sink_progress(),
                                "errors": [inst.error for inst in self.instances.values() if inst.error]}
+        if self.checkpoints is not None:
+            req["checkpoints"] = self.checkpoints.report()
         if with_metrics:
             req["metrics"] = self._metrics()
         try:
@@ -270,7 +381,8 @@ class Worker:
         next_metrics = 0.0
         unreachable_since: float | None = None
         while True:
-            done = all(inst.finished.is_set() for inst in self.instances.values())
+            # (a standby hosts nothing until a replica is restored here)
+            done = bool(self.instances) and all(inst.finished.is_set() for inst in list(self.instances.values()))
             if self.producer is not None:
                 self.producer.poll(0)
             now = time.monotonic()
@@ -301,6 +413,8 @@ class Worker:
                 return self._report("stopped")
             if done:
                 return self._report("finished")
+            if command == "drain" and not self.instances:
+                return self._report("standby")
             time.sleep(interval)
 
     def _idle(self, master: rpc.Peer) -> dict[str, Any]:
@@ -309,4 +423,6 @@ class Worker:
             reply = self._heartbeat(master, with_metrics=False)
             if reply is not None and reply["command"] in ("drain", "stop", "evicted"):
                 return self._report("standby")
+            if reply is not None and self.checkpoints is not None and "rhino" in reply:
+                self.checkpoints.apply_view(reply["rhino"])
             time.sleep(self.cfg.heartbeat_interval_ms / 1000)

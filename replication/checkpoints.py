@@ -1,0 +1,145 @@
+"""A worker's Rhino checkpoint runtime (DESIGN §6): the I/O around ``rhino_state``'s pieces.
+
+As an *origin*, it turns the checkpoints its replicas take into increments: the shipper replica
+of a partition (the driver names it: the lowest live replica) offers them to its replica
+group's chain; the other replica only reports its digest (the driver compares the two).  A
+replica that takes over shipping from a dead twin starts with a full snapshot.
+
+As a *replica-group member*, it stores the increments of other partitions in a
+:class:`~rhino_state.replica_store.ReplicaStore` (standby copies) and restores a lost replica
+from there by hard links.
+
+As an *upstream*, it trims its output channels' backups to the positions of the destinations'
+completed checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rhino_state.increments import IncrementMeta
+from rhino_state.replica_store import ReplicaStore
+from rhino_state.transfer import ChainShipper, IncrementService
+
+log = logging.getLogger(__name__)
+
+Instance = tuple[int, int]
+
+
+class WorkerCheckpoints:
+    def __init__(self, worker: Any, root: Path) -> None:
+        self.worker = worker
+        self.root = root
+        self.store = ReplicaStore(root / "store")
+        self.service = IncrementService(self.store.apply, root / "spool")
+        self.shipper = ChainShipper(on_completed=self._on_completed)
+        self._lock = threading.Lock()
+        self._taken: list[tuple[int, int, int, int, str]] = []  # (task, part, replica, id, digest)
+        self._completed: list[tuple[int, int, int, dict[int, int], str]] = []
+        self._positions: dict[tuple[Instance, int], dict[int, int]] = {}
+        self._shipping: set[Instance] = set()
+        self._full_next: set[Instance] = set()  # took over shipping: the next checkpoint is a full one
+        self._known_completed: dict[Instance, int] = {}
+
+    def handlers(self) -> dict[str, Any]:
+        return {**self.service.handlers(), **self.shipper.handlers()}
+
+    def start(self, address: str) -> None:
+        self.service.start(address)
+        self.shipper.start(address)
+
+    def close(self) -> None:
+        self.shipper.close()
+        self.service.close()
+        self.store.close()
+
+    # -- origin ------------------------------------------------------------------------------
+    def take(self, inst: Any, checkpoint_id: int, runtime: bytes,
+             positions: Mapping[int, int]) -> IncrementMeta:
+        """Checkpoint ``inst``'s state now; ship it or keep it."""
+        key: Instance = (inst.task.id, inst.partition)
+        out = self.root / "out" / f"t{key[0]}p{key[1]}"
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{checkpoint_id}.inc"
+        with self._lock:
+            shipping = key in self._shipping
+            full = shipping and (key in self._full_next or self.shipper.needs_full(key))
+            if full:
+                self._full_next.discard(key)
+        meta = inst.state_backend().checkpoint(checkpoint_id, path, runtime=runtime, full=full)
+        with self._lock:
+            self._taken.append((*key, inst.replica, checkpoint_id, meta.digest))
+            self._positions[(key, checkpoint_id)] = dict(positions)
+        if not shipping:  # the twin ships; this one only reports its digest
+            path.unlink(missing_ok=True)
+            return meta
+        try:
+            offered = self.shipper.offer(meta, path)
+        except ValueError as exc:  # out of sequence (e.g. just took over shipping): start over
+            log.warning("%s: checkpoint %d not shipped (%s): the next one is a full snapshot", inst.name,
+                        checkpoint_id, exc)
+            offered = False
+            with self._lock:
+                self._full_next.add(key)
+        if not offered:
+            path.unlink(missing_ok=True)
+        return meta
+
+    def _on_completed(self, meta: IncrementMeta) -> None:
+        with self._lock:
+            positions = self._positions.pop((meta.instance, meta.checkpoint_id), {})
+            for old in [k for k in self._positions if k[0] == meta.instance and k[1] < meta.checkpoint_id]:
+                del self._positions[old]
+            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest))
+
+    def report(self) -> dict[str, list]:
+        """Checkpoints taken and completed since the last report (for the driver's heartbeat)."""
+        with self._lock:
+            taken, self._taken = self._taken, []
+            completed, self._completed = self._completed, []
+        return {"taken": taken, "completed": completed}
+
+    # -- the driver's view ---------------------------------------------------------------------
+    def apply_view(self, view: Mapping[str, Any]) -> None:
+        """Groups, shippers and completed checkpoints from the driver (each heartbeat)."""
+        completed: Mapping[Instance, tuple[int, Mapping[int, int]]] = view.get("completed", {})
+        for key, inst in list(self.worker.instances.items()):
+            if view.get("shippers", {}).get(key) == inst.replica:
+                self._ship(key, view["groups"].get(key, []), completed.get(key, (None, {}))[0])
+            for ch in inst.outputs:
+                done = completed.get((ch.spec.dst_task, ch.spec.dst_partition))
+                if done is not None and ch.spec.id in done[1]:
+                    ch.release(done[1][ch.spec.id])
+        for key, (cid, _) in completed.items():
+            if self._known_completed.get(key, -1) >= cid:
+                continue
+            self._known_completed[key] = cid
+            if self.store.last_applied(key) is not None:
+                try:
+                    self.store.complete(key, cid)
+                except Exception as exc:  # noqa: BLE001 - the standby may lag; the next completion fixes it
+                    log.debug("complete %s at %d: %s", key, cid, exc)
+
+    def _ship(self, key: Instance, group: list[str], completed_id: int | None) -> None:
+        with self._lock:
+            if key not in self._shipping:
+                # the first shipper, or a takeover from a dead one: what the group holds is a
+                # checkpoint this replica's own chain of deltas does not continue
+                self._shipping.add(key)
+                self._full_next.add(key)
+        self.shipper.set_group(key, group, completed_id=completed_id)
+
+    # -- member: restore ------------------------------------------------------------------------
+    def restore(self, key: Instance, target: Path, checkpoint_id: int | None = None) -> IncrementMeta:
+        """Materialise the latest completed checkpoint of ``key`` at ``target`` (hard links)."""
+        if checkpoint_id is not None:
+            latest = self.store.latest_completed(key)
+            if latest is None or latest.checkpoint_id < checkpoint_id:
+                self.store.complete(key, checkpoint_id)
+        shutil.rmtree(target, ignore_errors=True)
+        return self.store.restore(key, target)

@@ -1,0 +1,87 @@
+"""Rhino checkpoints on real executors, the real broker and the heartbeat log (LiveRobin mode).
+
+A lost replica is restored on the worker holding its partition's latest completed checkpoint and
+its upstreams replay to it from their backups; killing the *other, original* replica afterwards
+must still leave exact output, which shows the restored replica's state was right.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from replication.chaos import kill_executor, locate
+from replication.examples.ordered import verify_chains
+from tests.ordered_runs import feed, read_output, source_topics
+
+pytestmark = pytest.mark.integration
+
+
+def _conf(stack, **extra):
+    return {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
+            "spark.replication.enabled": "true", "spark.replication.mode": "liverobin",
+            "spark.replication.rhino.enabled": "true", "spark.replication.rhino.checkpointEvery": "20",
+            **extra}
+
+
+def _wait(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _lost_with(handle, replica: str) -> int:
+    """How many replicas share the worker of ``replica`` (all are lost when it dies)."""
+    master = handle.master
+    w = next(w for (t, p, r), w in master.placement.items() if master._replica_label(t, p, r) == replica)
+    return sum(1 for ww in master.placement.values() if ww == w)
+
+
+def _every_checkpoint_held_by_a_live_worker(handle) -> bool:
+    rhino = handle.master.rhino
+    return all((cp := rhino.completed.get(inst)) is not None and cp.holders - rhino.dead
+               and cp.holders - rhino.replica_workers(inst) for inst in rhino.instances())
+
+
+def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition(stack, spark, topic_prefix):
+    from replication import run
+    from replication.examples.ordered import build_ordered_job
+
+    name = f"{topic_prefix}rhino"
+    a, b = source_topics(stack, name)
+    job = build_ordered_job(a, b, f"{name}out", name=name)
+    handle = run(job, spark=spark, conf=_conf(stack))
+    handle.wait_started(120)
+    ids: list[str] = []
+    feeder = threading.Thread(target=feed, args=(stack, a, b, ids), kwargs={"rounds": 150})
+    feeder.start()
+    try:
+        _wait(lambda: _every_checkpoint_held_by_a_live_worker(handle), 30, "a completed checkpoint everywhere")
+        first = "chain[0]r0"
+        lost = _lost_with(handle, first)
+        kill_executor(locate(first, job=job.name))
+        _wait(lambda: len(handle.recoveries()) >= lost, 60, f"{lost} restored replicas to catch up")
+        # the relaunched worker joins the replica groups: wait until it holds their checkpoints
+        _wait(lambda: _every_checkpoint_held_by_a_live_worker(handle), 60, "checkpoints on the new group")
+        second = "chain[0]r1"  # the other, original replica: chain[0] now lives on its restored copy
+        lost_again = _lost_with(handle, second)
+        kill_executor(locate(second, job=job.name))
+        _wait(lambda: len(handle.recoveries()) >= lost + lost_again, 60, "the second round of restores")
+    finally:
+        feeder.join()
+    result = handle.drain(timeout=300)
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
+    assert report.exact, report
+    assert not result.divergences and result.checkpoints_compared > 0
+    restored = {r["replica"] for r in result.recoveries}
+    assert {"chain[0]r0", "chain[0]r1"} <= restored, result.recoveries
+    for rec in result.recoveries:
+        assert rec["recovery_s"] > 0 and rec["load_s"] >= 0
+    # both replicas of every partition finished with equal state, restored ones included
+    for t in handle.plan.tasks:
+        for p in range(t.parallelism):
+            digests = {result.per_instance[f"{t.name}[{p}]r{r}"].state_digest for r in (0, 1)}
+            assert len(digests) == 1, (t.name, p, digests)
