@@ -122,7 +122,7 @@ class OrderLog:
                             log.warning("%s: order log consumer: %s", self.name, err)
                         continue
                     try:
-                        order = Order.decode(msg.value())
+                        order = Order.decode(msg.value(), offset=msg.offset())
                     except ValueError as exc:  # every reader skips the same record
                         log.error("order topic %s offset %d skipped: %s", msg.topic(), msg.offset(), exc)
                         continue

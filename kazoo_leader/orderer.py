@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from kazoo_leader.orders import Order, OrderApplier, OrderProposer
+from kazoo_leader.orders import ApplierState, Order, OrderApplier, OrderProposer
 from merge.queues import InputQueues
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class KazooOrderer:
         min_batch: int = 1,
         idle_timeout_s: float = 0.002,
         hold_limit: int = 4096,
+        checkpoint_every: int = 0,
         name: str = "",
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -52,7 +53,7 @@ class KazooOrderer:
             raise ValueError("KaZoo needs per-channel input queues (InputQueues(per_channel=True))")
         self.queues = queues
         self.name = name
-        self.applier = OrderApplier(queues.channels)
+        self.applier = OrderApplier(queues.channels, checkpoint_every)
         self.proposer = OrderProposer(self.applier, max_batch=max_batch, min_batch=min_batch,
                                       idle_timeout_s=idle_timeout_s)
         self.hold_limit = max(hold_limit, max_batch)
@@ -118,6 +119,8 @@ class KazooOrderer:
             if pulled:
                 self._pulled += len(pulled)
                 return _as_runs(pulled)
+            if self.applier.checkpoint_due is not None:
+                return []  # the instance checkpoints now
             if self.queues.closed:
                 return []
             deadline = now + timeout if deadline is None else deadline
@@ -128,6 +131,12 @@ class KazooOrderer:
             if wake_at is not None:
                 remaining = min(remaining, max(wake_at - now, MIN_WAIT_S))
             self.queues.wait(self._wanted_channels(), remaining)
+
+    def restore(self, state: ApplierState) -> None:
+        """A replica restored from a Rhino checkpoint: a follower continuing after ``state``'s record
+        (its input channels are replayed from ``state.applied``, the log after ``state.offset``)."""
+        self.applier.restore(state)
+        self.proposer.restore(state.applied)
 
     def _drain_inbox(self) -> None:
         with self._lock:

@@ -40,7 +40,7 @@ import heapq
 import struct
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Element kinds (first tuple field).  Only END matters here; they are the runtime's
 # (replication.elements, pinned by a test): kazoo_leader does not import the runtime.
@@ -73,6 +73,7 @@ class Order:
     epoch: int
     seq: int
     entries: tuple[tuple[int, int], ...] = ()
+    offset: int = field(default=-1, compare=False)  # where the reader found it in the log (-1: not read)
 
     def __post_init__(self) -> None:
         if not _is_int(self.epoch) or self.epoch < 0:
@@ -105,8 +106,8 @@ class Order:
             raise ValueError(f"order {self} does not fit the record format: {exc}") from None
 
     @classmethod
-    def decode(cls, data: bytes) -> Order:
-        """Parse :meth:`encode`'s output; ValueError on anything else."""
+    def decode(cls, data: bytes, offset: int = -1) -> Order:
+        """Parse :meth:`encode`'s output (read at ``offset`` of the log); ValueError on anything else."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise ValueError(f"order record must be bytes, got {type(data).__name__}")
         data = bytes(data)
@@ -120,7 +121,7 @@ class Order:
             raise ValueError(f"order record is {len(data)} bytes, {n} entries need {expected}")
         entries = tuple(_ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size) for i in range(n))
         try:
-            return cls(epoch, seq, entries)
+            return cls(epoch, seq, entries, offset)
         except ValueError as exc:
             raise ValueError(f"malformed order record: {exc}") from None
 
@@ -128,10 +129,15 @@ class Order:
 class OrderApplier:
     """Consumes the input channels in the order the accepted log records give (every replica)."""
 
-    def __init__(self, channels: Iterable[int]) -> None:
+    def __init__(self, channels: Iterable[int], checkpoint_every: int = 0) -> None:
         self.channels: list[int] = sorted(set(channels))
         if not self.channels:
             raise ValueError("an order applier needs at least one input channel")
+        # Rhino: every checkpoint_every-th accepted record, once it and all before it are applied,
+        # pull() stops there and sets checkpoint_due to the state a restore continues from
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_due: ApplierState | None = None
+        self._records: deque[list] = deque()  # accepted, not fully applied: [number, offset, remaining]
         self._queues: dict[int, deque[tuple]] = {c: deque() for c in self.channels}
         self._received = dict.fromkeys(self.channels, 0)
         self._covered = dict.fromkeys(self.channels, 0)
@@ -179,6 +185,8 @@ class OrderApplier:
         self.epoch = order.epoch
         self.last_seq = order.seq
         self.accepted += 1
+        if self.checkpoint_every:
+            self._records.append([self.accepted, order.offset, order.size, order.epoch, order.seq])
         for channel, count in order.entries:
             self._covered[channel] += count
             if self._runs and self._runs[-1][0] == channel:
@@ -206,6 +214,10 @@ class OrderApplier:
         """Every ``(channel, element)`` consumable now by the accepted orders (at most ``limit``)."""
         out: list[tuple[int, tuple]] = []
         runs = self._runs
+        if self.checkpoint_due is not None:
+            return out  # the runtime takes the checkpoint before anything else is consumed
+        if self._records and self._complete_records():
+            return out
         while runs and (limit is None or len(out) < limit):
             run = runs[0]
             channel = run[0]
@@ -213,6 +225,8 @@ class OrderApplier:
             take = min(run[1], len(queue))
             if limit is not None:
                 take = min(take, limit - len(out))
+            if self._records:  # a merged run may span records: stop at the head record's end
+                take = min(take, self._records[0][2])
             if take == 0:
                 break  # blocked on this channel
             for _ in range(take):
@@ -224,7 +238,41 @@ class OrderApplier:
             run[1] -= take
             if run[1] == 0:
                 runs.popleft()
+            if self._records:
+                self._records[0][2] -= take
+                if self._complete_records():
+                    break
         return out
+
+    def _complete_records(self) -> bool:
+        """Pop the fully applied records in order; True if one of them is a checkpoint position."""
+        records = self._records
+        while records and records[0][2] == 0:
+            number, offset, _, epoch, seq = records.popleft()
+            if number % self.checkpoint_every == 0:
+                self.checkpoint_due = ApplierState(number, offset, epoch, seq, dict(self._applied),
+                                                   sorted(self._ended))
+                return True
+        return False
+
+    def take_checkpoint(self) -> ApplierState:
+        """The due checkpoint's state (the runtime took it); consumption goes on."""
+        state, self.checkpoint_due = self.checkpoint_due, None
+        assert state is not None
+        return state
+
+    def restore(self, state: ApplierState) -> None:
+        """Continue after ``state``'s record: the log is read again from the next offset and the
+        channels are replayed from ``state.applied``."""
+        self.epoch, self.last_seq, self.accepted = state.epoch, state.seq, state.number
+        for c in self.channels:
+            self._received[c] = self._covered[c] = self._applied[c] = state.applied.get(c, 0)
+            self._queues[c].clear()
+        self._ended = set(state.ended)
+        self._end_at = {c: self._applied[c] for c in self._ended}
+        self._runs.clear()
+        self._records.clear()
+        self.checkpoint_due = None
 
     @property
     def blocked_on(self) -> int | None:
@@ -266,6 +314,19 @@ class OrderApplier:
         return self._covered[channel]
 
 
+@dataclass(frozen=True)
+class ApplierState:
+    """Where a Rhino checkpoint of an ordered partition stands: right after the ``number``-th
+    accepted record (at ``offset`` of the order log, with ``epoch``/``seq``) was fully applied."""
+
+    number: int
+    offset: int
+    epoch: int
+    seq: int
+    applied: dict[int, int]
+    ended: list[int]
+
+
 _FOLLOWER, _FENCING, _LEADING = "follower", "fencing", "leading"
 
 
@@ -303,6 +364,12 @@ class OrderProposer:
         self._runs: dict[int, deque[list]] = {c: deque() for c in applier.channels}
         self._arrival_no = 0
         self.deposed_by: int | None = None  # the higher epoch that deposed us, if any
+
+    def restore(self, applied: dict[int, int]) -> None:
+        """A follower restored from a checkpoint: what arrived before it is ``applied``."""
+        self._arrived = {c: applied.get(c, 0) for c in self.applier.channels}
+        for runs in self._runs.values():
+            runs.clear()
 
     # -- leadership ------------------------------------------------------------------------
     @property

@@ -1,0 +1,65 @@
+"""KaZoo checkpoints (Rhino): an order applier restored from the state it had at a checkpoint
+record continues exactly like the original, reading the log again from the next offset and the
+channels from the checkpoint's positions (hypothesis over logs with leader changes)."""
+
+from __future__ import annotations
+
+import random
+
+import interleavings
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_kazoo_orders import Cluster, channel_sequences
+
+from kazoo_leader import Order, OrderApplier
+
+
+def consume(applier: OrderApplier, log: list[bytes], first: int, seqs: dict[int, list], rnd: random.Random,
+            checkpoints: list | None = None) -> list:
+    """Feed the log from index ``first`` and the channels in random chunks; the consumption order
+    (and, at every due checkpoint, its state and how much was consumed before it)."""
+    out: list = []
+    arrivals = interleavings.schedule(seqs, rnd, 3)
+    i = first
+
+    def pull() -> None:
+        while True:
+            out.extend(applier.pull())
+            if applier.checkpoint_due is None:
+                return
+            state = applier.take_checkpoint()
+            if checkpoints is not None:
+                checkpoints.append((state, len(out)))
+
+    while i < len(log) or arrivals:
+        if arrivals and (i >= len(log) or rnd.random() < 0.5):
+            applier.push(*arrivals.pop(0))
+        else:
+            applier.on_record(Order.decode(log[i], offset=i))
+            i += 1
+        pull()
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(channel_sequences(), st.integers(0, 2**32), st.integers(1, 4))
+def test_a_restored_applier_continues_like_the_original(seqs, seed, every):
+    rnd = random.Random(seed)
+    cluster = Cluster(seqs, rnd)
+    cluster.elect(0, others_resign=True)
+    for _ in range(rnd.randint(0, 200)):
+        cluster.step()
+    cluster.finish()
+    log = cluster.log
+    checkpoints: list = []
+    original = OrderApplier(seqs, checkpoint_every=every)
+    out = consume(original, log, 0, seqs, rnd, checkpoints)
+    assert original.finished and out == cluster.replicas[0].out
+    assert [s.number for s, _ in checkpoints] == [n for n in range(every, original.accepted + 1, every)]
+    for state, consumed in checkpoints:
+        restored = OrderApplier(seqs, checkpoint_every=every)
+        restored.restore(state)
+        rest = {c: seq[state.applied.get(c, 0):] for c, seq in seqs.items()}
+        again = consume(restored, log, state.offset + 1, rest, rnd)
+        assert again == out[consumed:]
+        assert restored.finished
