@@ -262,9 +262,10 @@ class ReplicationConfig:
     )
     rhino_enabled: bool = _key(
         "rhino.enabled", BOOL, False,
-        "Take Rhino incremental checkpoints at deterministic positions (every `rhino.checkpointEvery` "
-        "pulses; `liverobin` mode for now) and replicate them to a replica group of other executors; "
-        "upstreams keep a backup of what a partition consumed since its last completed checkpoint.",
+        "Take Rhino incremental checkpoints at deterministic positions and replicate them to a replica "
+        "group of other executors, so that a lost replica is restored from them; upstreams keep a backup of "
+        "what a partition consumed since its last completed checkpoint. Needs `enabled=true` and mode "
+        "`liverobin` or `kazoo`.",
     )
     rhino_replicas: int = _key(
         "rhino.replicas", INT, 1,
@@ -274,8 +275,14 @@ class ReplicationConfig:
     rhino_checkpoint_every: int = _key(
         "rhino.checkpointEvery", INT, 100,
         "Checkpoint every this many pulses (`liverobin` mode: 100 at the default 10 ms period is about "
-        "one checkpoint a second). Both replicas checkpoint at the same pulse, so their digests must be "
-        "equal; a mismatch is reported as a divergence.", min=1, max=1_000_000,
+        "one checkpoint a second) or order records (`kazoo` mode, partitions with several inputs). Both "
+        "replicas checkpoint at the same position, so their digests must be equal; a mismatch is reported "
+        "as a divergence.", min=1, max=1_000_000,
+    )
+    rhino_checkpoint_elements: int = _key(
+        "rhino.checkpointElements", INT, 10_000,
+        "`kazoo` mode: sources and tasks with one input channel (no order log) checkpoint every this many "
+        "records read or elements consumed.", min=1, max=100_000_000,
     )
     rhino_backup_limit: int = _key(
         "rhino.backupLimit", INT, 4_096,
@@ -491,10 +498,10 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
     if values["mode"] == "kazoo" and not values["zookeeper_connect"] and "zookeeper_connect" not in bad:
         out.append((PREFIX + "zookeeper.connect",
                      f"{PREFIX}zookeeper.connect: required by {PREFIX}mode=kazoo (leader election)"))
-    if values["rhino_enabled"] and values["mode"] != "liverobin" and "mode" not in bad:
+    if values["rhino_enabled"] and "mode" not in bad and (values["mode"] == "unordered" or not values["enabled"]):
         out.append((PREFIX + "rhino.enabled",
-                    f"{PREFIX}rhino.enabled=true: checkpoints are only taken in {PREFIX}mode=liverobin so far "
-                    f"(got {values['mode']})"))
+                    f"{PREFIX}rhino.enabled=true: needs {PREFIX}enabled=true and {PREFIX}mode=liverobin or kazoo "
+                    "(checkpoints are taken at pulses or orders; single-replica restore is not built yet)"))
     return out + list(_kafka_problems(values))
 
 

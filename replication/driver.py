@@ -107,6 +107,10 @@ class JobMaster:
         self.moves: dict[ReplicaId, tuple[int, str, dict[int, int]]] = {}
         self.recoveries: list[dict[str, Any]] = []  # one per restored replica, with its timings
         self._catching_up: dict[ReplicaId, dict[str, Any]] = {}
+        self._lost_at: dict[ReplicaId, float] = {}  # lost replicas not restored yet: when they were lost
+        self._restoring: set[ReplicaId] = set()
+        self._unrestorable: set[ReplicaId] = set()  # reported once: no holder of a checkpoint (yet)
+        self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
         self._peers: dict[str, rpc.Peer] = {}
 
     # -- state changes (caller holds the condition unless noted) ---------------------------------
@@ -146,11 +150,10 @@ class JobMaster:
             lost, regrouped = self.rhino.worker_dead(w)
             for (t, p), group in regrouped.items():
                 self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
-            if self.replicated:
-                dead_at = time.time()
-                for replica in lost:
-                    threading.Thread(target=self._restore, args=(replica, dead_at), name=f"restore-{replica}",
-                                     daemon=True).start()
+            now = time.time()
+            for replica in lost:
+                self._lost_at.setdefault(replica, now)
+            self._start_restores()
         if not self.replicated:
             self._fail(f"worker {w} lost ({reason}); without spark.replication.enabled the job cannot mask "
                        "the failure (and rollback recovery needs Rhino checkpoints, not yet available)")
@@ -265,32 +268,51 @@ class JobMaster:
         for t, p, cid, positions, digest in report.get("completed", ()):
             self.rhino.checkpoint_completed((t, p), cid, positions, digest)
 
-    def _restore(self, replica: ReplicaId, dead_at: float) -> None:
-        """Restore a lost replica on a worker holding its partition's latest completed checkpoint
-        (its own thread); the upstreams then replay to it from their backups."""
+    def _start_restores(self) -> None:
+        """Restore every lost replica for which a live worker holds a completed checkpoint (one
+        restore at a time per replica); the others wait for one (e.g. the relaunched worker once it
+        received its groups' next checkpoints)."""
         assert self.rhino is not None
-        t, p, r = replica
-        name = self._replica_label(t, p, r)
-        with self._cond:
-            if self.failure or self.command == "stop":
-                return
+        if not self.replicated or self.failure or self.command == "stop":
+            return
+        now = time.monotonic()
+        for replica in sorted(self._lost_at):
+            if replica in self._restoring or replica not in self.lost or self._retry_at.get(replica, 0) > now:
+                continue
             host = self.rhino.restore_host(replica)
-            cp = self.rhino.completed.get((t, p))
+            cp = self.rhino.completed.get(replica[:2])
             if host is None or cp is None or host not in self.workers:
-                self.event(f"{name} cannot be restored: no live worker holds a completed checkpoint of it; "
-                           "its partition runs on one replica")
-                return
+                if replica not in self._unrestorable:
+                    self._unrestorable.add(replica)
+                    self.event(f"{self._replica_label(*replica)} cannot be restored yet: no live worker holds a "
+                               "completed checkpoint of it; its partition runs on one replica until one does")
+                continue
+            self._restoring.add(replica)
             address = self.workers[host].address
             req = {"replica": replica, "checkpoint_id": cp.checkpoint_id, "placement": dict(self.placement),
                    "sinks": self._sink_roles(), "addresses": {w: i.address for w, i in self.workers.items()}}
+            threading.Thread(target=self._restore, args=(replica, host, address, req), name=f"restore-{replica}",
+                             daemon=True).start()
+
+    def _restore(self, replica: ReplicaId, host: int, address: str, req: dict) -> None:
+        """Restore a lost replica on ``host``, which holds its partition's latest completed
+        checkpoint (its own thread); the upstreams then replay to it from their backups."""
+        assert self.rhino is not None
+        t, p, r = replica
+        name = self._replica_label(t, p, r)
         peer = self._peers.setdefault(address, rpc.Peer(address))
         try:
             reply = peer.call("Restore", req, timeout=120)
         except Exception as exc:  # noqa: BLE001 - reported; the partition keeps running on one replica
             with self._cond:
-                self.event(f"restoring {name} on worker {host} failed: {exc}")
+                self._restoring.discard(replica)
+                self._retry_at[replica] = time.monotonic() + 2.0
+                self.event(f"restoring {name} on worker {host} failed (tried again in 2 s): {exc}")
             return
         with self._cond:
+            self._restoring.discard(replica)
+            dead_at = self._lost_at.pop(replica, time.time())
+            self._unrestorable.discard(replica)
             self.placement[replica] = host
             self.lost.discard(replica)
             for (tt, pp), group in self.rhino.replica_moved(replica, host).items():
@@ -380,6 +402,8 @@ class JobMaster:
                             self._declare_dead(w, f"executor {info.executor} left the cluster")
                         elif now - info.last_seen > self.failure_timeout_s:
                             self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
+                if self.rhino is not None and self._lost_at and not self._restoring:
+                    self._start_restores()
                 if self._status_dirty and time.monotonic() - self._status_written >= 0.5:
                     self._status_dirty = False
                     self._status_written = time.monotonic()

@@ -46,8 +46,10 @@ FETCH_WAIT_MS = 10
 class PartitionInstance:
     """Shared plumbing: metrics, dead letters, state, output channels, lifecycle."""
 
-    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan) -> None:
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan,
+                 restoring: bool = False) -> None:
         self.worker = worker
+        self.restoring = restoring  # built to be restored from a checkpoint (restore_from follows)
         self.cfg = worker.cfg
         self.task = task
         self.partition = partition
@@ -70,8 +72,12 @@ class PartitionInstance:
         self._state_dir: Path = worker.state_root / f"t{task.id}-p{partition}"
         self.chain: Any = None
         self._thread: threading.Thread | None = None
-        # Rhino: checkpoint every N pulses (0: off); a restored replica starts from ``restored``
-        self.checkpoint_every = self.cfg.rhino_checkpoint_every if self.cfg.rhino_enabled else 0
+        # Rhino: checkpoint every N pulses or orders (0: off), or (kazoo mode, no order log) every
+        # M records read or elements consumed; a restored replica starts from ``restored``
+        rhino = self.cfg.rhino_enabled
+        self.checkpoint_every = self.cfg.rhino_checkpoint_every if rhino else 0
+        ordered = self.cfg.mode == "liverobin" or (task.id, partition) in plan.order_logs
+        self.count_every = self.cfg.rhino_checkpoint_elements if rhino and not ordered else 0
         self.restored: Any = None  # IncrementMeta of the checkpoint this replica was restored from
         self._restored_runtime: dict[str, Any] | None = None
 
@@ -204,8 +210,9 @@ class PartitionInstance:
 
 
 class ProcessingInstance(PartitionInstance):
-    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan) -> None:
-        super().__init__(worker, task, partition, replica, plan)
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan,
+                 restoring: bool = False) -> None:
+        super().__init__(worker, task, partition, replica, plan, restoring)
         self.channels = [c.id for c in plan.input_channels(task.id, partition)]
         capacity = self.cfg.channel_queue_capacity
         order_log = plan.order_logs.get((task.id, partition)) if self.cfg.mode == "kazoo" else None
@@ -235,26 +242,39 @@ class ProcessingInstance(PartitionInstance):
         self._open_channels = set(rt["open"])
         self._current_wm = self.metrics.watermark = rt["current_wm"]
         self._forwarded_pulse = self.metrics.pulse = rt["pulse"]
-        self.orderer.merge.restore(rt["orderer"])
+        if isinstance(self.orderer, KazooOrderer):
+            state = rt["orderer"]
+            self.orderer.restore(state)
+            log_ = self.worker.own_order_log()  # the worker's shared reader started long ago
+            self._publish_order = log_.register(
+                self._order_log[0], state.offset + 1, on_records=self.orderer.on_records,
+                on_failed=self.orderer.on_publish_failed, on_error=self.orderer.on_error)
+            log_.start()
+        elif isinstance(self.orderer, LiveRobinOrderer):
+            self.orderer.merge.restore(rt["orderer"])
         return rt
 
     def _kazoo(self, order_log: tuple[str, int]) -> KazooOrderer:
         """KaZoo: this partition's order log through the worker's reader/writer, its election in
         the worker's ZooKeeper session (entered when the instance starts)."""
-        cfg, publish = self.cfg, None
+        cfg = self.cfg
 
         def publish_while_leader(order: Any) -> None:
             # the election drops the epoch the moment ZooKeeper is in doubt, before its callback
             # reaches the orderer: nothing goes out under an epoch that may have been superseded
             if self._candidate is not None and self._candidate.epoch == order.epoch:
-                publish(order)
+                self._publish_order(order)
 
         orderer = KazooOrderer(
             self.queues, publish_while_leader, max_batch=cfg.kazoo_max_batch, min_batch=cfg.kazoo_min_batch,
             idle_timeout_s=cfg.kazoo_idle_timeout_ms / 1000,
-            hold_limit=max(4 * cfg.channel_batch_size, 2 * cfg.kazoo_max_batch), name=self.name)
-        publish = self.worker.order_log().register(*order_log, on_records=orderer.on_records,
-                                                   on_failed=orderer.on_publish_failed, on_error=orderer.on_error)
+            hold_limit=max(4 * cfg.channel_batch_size, 2 * cfg.kazoo_max_batch),
+            checkpoint_every=self.checkpoint_every, name=self.name)
+        self._order_log = order_log
+        if not self.restoring:  # (a restored replica reads the log from its checkpoint on: restore_from)
+            self._publish_order = self.worker.order_log().register(
+                *order_log, on_records=orderer.on_records, on_failed=orderer.on_publish_failed,
+                on_error=orderer.on_error)
         self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
         self.worker.election()
         return orderer
@@ -300,6 +320,8 @@ class ProcessingInstance(PartitionInstance):
                 self._candidate.withdraw()
 
     def _run(self, kazoo: KazooOrderer | None) -> bool:
+        if self.count_every and self.restored is None:
+            self._checkpoint(0, None)  # a replica that rarely gets input still has one to restore from
         wait_s = 0.2 if not self.sinks else min(0.2, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001)
         while self._open_channels:
             if self.stop_requested.is_set():
@@ -313,8 +335,30 @@ class ProcessingInstance(PartitionInstance):
             if not runs:
                 self.idle()
             for channel, elements in runs:
-                self._consume(channel, elements)
+                if self.count_every:
+                    self._consume_counted(channel, elements)
+                else:
+                    self._consume(channel, elements)
+            if kazoo is not None and kazoo.applier.checkpoint_due is not None:
+                state = kazoo.applier.take_checkpoint()  # every element of that order record is consumed
+                self._checkpoint(state.number, state)
         return True
+
+    def _consume_counted(self, channel: int, elements: list) -> None:
+        """One input channel, no orderer state: checkpoint every ``count_every`` elements consumed."""
+        while elements:
+            done = self._consumed[channel]
+            due = (done // self.count_every + 1) * self.count_every
+            head, elements = elements[:due - done], elements[due - done:]
+            self._consume(channel, head)
+            if self._consumed[channel] == due:
+                self._checkpoint(due, None)
+
+    def _checkpoint(self, checkpoint_id: int, orderer_state: Any) -> None:
+        self.take_checkpoint(checkpoint_id, {
+            "positions": dict(self._consumed), "channel_wm": dict(self._channel_wm),
+            "open": sorted(self._open_channels), "current_wm": self._current_wm, "pulse": self._forwarded_pulse,
+            "orderer": orderer_state})
 
     def _kazoo_metrics(self, kazoo: KazooOrderer) -> None:
         m = self.metrics
@@ -355,11 +399,12 @@ class ProcessingInstance(PartitionInstance):
 
     def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:
         """Checkpoint right after pulse ``h``: both replicas consumed the same prefix by then."""
-        positions = dict(self._consumed)
-        positions[channel] += consumed_in_run
-        self.take_checkpoint(h, {
-            "positions": positions, "channel_wm": dict(self._channel_wm), "open": sorted(self._open_channels),
-            "current_wm": self._current_wm, "pulse": h, "orderer": self.orderer.merge.take_state(h)})
+        consumed = self._consumed[channel]
+        self._consumed[channel] += consumed_in_run  # (the caller adds the whole run when it is done)
+        try:
+            self._checkpoint(h, self.orderer.merge.take_state(h))
+        finally:
+            self._consumed[channel] = consumed
 
 
 class SourceInstance(PartitionInstance):
@@ -367,7 +412,7 @@ class SourceInstance(PartitionInstance):
 
     def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan,
                  restoring: bool = False) -> None:
-        super().__init__(worker, task, partition, replica, plan)
+        super().__init__(worker, task, partition, replica, plan, restoring)
         spec = task.head.spec
         self.topic: str = spec["topic"]
         self.kafka_partitions: list[int] = plan.source_partitions[task.id][partition]
@@ -385,6 +430,7 @@ class SourceInstance(PartitionInstance):
         self._emitted_wm = MIN_WATERMARK
         self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         self._after_pulse = 0  # a restored replica: pulses up to this one are behind it
+        self._read = 0  # records taken from Kafka (count-based checkpoints)
         self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
 
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
@@ -394,6 +440,7 @@ class SourceInstance(PartitionInstance):
         self._max_ts = dict(rt["max_ts"])
         self._emitted_wm = self.metrics.watermark = rt["emitted_wm"]
         self._after_pulse = self.metrics.pulse = rt["pulse"]
+        self._read = rt.get("read", 0)
         # the worker's shared reader started long ago: read the log again, from this run's start
         # (what counts is decided by the log alone, so the same pulses come out)
         if self.cfg.mode == "liverobin":
@@ -437,6 +484,8 @@ class SourceInstance(PartitionInstance):
         idle_s = min(0.05, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001) if self.sinks else 0.05
         consumer = self._consumer()
         placer = self._pulse_placer()
+        if self.count_every and self.restored is None:
+            self._source_checkpoint(0, 0)  # an idle source still has a checkpoint to restore from
         try:
             while not self.stop_requested.is_set():
                 # take what is there without waiting for a full batch; block only when idle
@@ -462,6 +511,10 @@ class SourceInstance(PartitionInstance):
                         continue
                     if placer is None:
                         self._emit(msg, time.time())
+                        if self.count_every:
+                            self._read += 1
+                            if self._read % self.count_every == 0:
+                                self._source_checkpoint(self._read, 0)
                     else:
                         placer.add_record(msg.offset(), (msg, time.time()))
                 if placer is not None:
@@ -502,6 +555,12 @@ class SourceInstance(PartitionInstance):
                 self._emitted_wm = metrics.watermark = wm
                 self.chain.on_watermark(wm)
 
+    def _source_checkpoint(self, checkpoint_id: int, pulse: int) -> None:
+        """Every record before this point is out, none after it: where a restore resumes (a Kafka
+        partition with no record read yet restarts where this run started)."""
+        self.take_checkpoint(checkpoint_id, {"offsets": dict(self._next_offset), "max_ts": dict(self._max_ts),
+                                             "emitted_wm": self._emitted_wm, "pulse": pulse, "read": self._read})
+
     # -- LiveRobin: pulses at positions read from the heartbeat log ---------------------------
     def _pulse_placer(self) -> PulsePlacer | None:
         if self._pulses is None:
@@ -529,9 +588,7 @@ class SourceInstance(PartitionInstance):
                 self.chain.on_pulse(h)
                 if self.checkpoint_every and h % self.checkpoint_every == 0:
                     # every record before the pulse is out, none after it: where a restore resumes
-                    # (a partition with no record read yet restarts where this run started)
-                    self.take_checkpoint(h, {"offsets": dict(self._next_offset), "max_ts": dict(self._max_ts),
-                                             "emitted_wm": self._emitted_wm, "pulse": h})
+                    self._source_checkpoint(h, h)
                 if final:
                     return True
             else:

@@ -91,6 +91,7 @@ class Worker:
         self.dead_letters: DeadLetterWriter | None = None
         self._pulse_reader: PulseReader | None = None
         self._own_pulse_readers: list[PulseReader] = []
+        self._own_order_logs: list[OrderLog] = []
         self._order_log: OrderLog | None = None
         self._election: ElectionClient | None = None
         self._addresses: dict[int, str] = {}
@@ -123,12 +124,24 @@ class Worker:
                 self.cfg.kafka_producer_config(), name=f"w{self.index}")
         return self._order_log
 
+    def own_order_log(self) -> OrderLog:
+        """A reader and writer of one restored replica's order topic (register, then start it): the
+        worker's shared one cannot follow a topic from a new offset once started."""
+        log_ = OrderLog(self.cfg.kafka_consumer_config(
+            group_id=f"replication-{self.job_name}-orders-w{self.index}-{len(self._own_order_logs)}"),
+            self.cfg.kafka_producer_config(), name=f"w{self.index}-restored{len(self._own_order_logs)}")
+        self._own_order_logs.append(log_)
+        return log_
+
     def election(self) -> ElectionClient:
-        """The worker's ZooKeeper session for its replicas' KaZoo elections (started before them)."""
+        """The worker's ZooKeeper session for its replicas' KaZoo elections (started before them, or
+        at once for a replica restored here while the worker runs)."""
         if self._election is None:
             assert self.cfg.zookeeper_connect is not None
             self._election = ElectionClient(self.cfg.zookeeper_connect, self.cfg.kazoo_session_timeout_ms / 1000,
                                             identity=election_identity(self.index))
+            if self._ready.is_set():
+                self._election.start(timeout_s=self.cfg.start_timeout_ms / 1000)
         return self._election
 
     def _report(self, status: str, **extra: Any) -> dict[str, Any]:
@@ -175,9 +188,8 @@ class Worker:
 
     def _instance(self, task_id: int, part: int, replica: int, restoring: bool = False) -> PartitionInstance:
         task = self.plan.task(task_id)
-        if task.is_source:
-            return SourceInstance(self, task, part, replica, self.plan, restoring=restoring)
-        return ProcessingInstance(self, task, part, replica, self.plan)
+        cls = SourceInstance if task.is_source else ProcessingInstance
+        return cls(self, task, part, replica, self.plan, restoring=restoring)
 
     def _transport(self, w: int) -> Any:
         if w == self.index:
@@ -340,8 +352,8 @@ class Worker:
                 self.checkpoints.close()
             if self._election is not None:
                 self._election.close()
-            if self._order_log is not None:
-                self._order_log.close()
+            for order_log in [*self._own_order_logs, *([self._order_log] if self._order_log else [])]:
+                order_log.close()
             if self.producer is not None and not evicted:
                 self.producer.flush(self.cfg.stop_timeout_ms / 1000)
             server.stop(grace=1.0)

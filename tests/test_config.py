@@ -46,7 +46,7 @@ def test_prefix_and_defaults() -> None:
     assert c.heartbeat_topic("orders") == "_replication.orders.heartbeats"
     assert cfg(mode="liverobin", **{"liverobin.heartbeatPeriod": "50ms"}).liverobin_heartbeat_period_ms == 50
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 32
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 33
 
 
 def test_other_keys_ignored_and_values_typed() -> None:
@@ -325,8 +325,8 @@ def test_kazoo_needs_zookeeper_and_batch_bounds() -> None:
 
 
 def test_rhino_checkpoints_need_a_mode_with_checkpoint_positions() -> None:
-    err = refused({PREFIX + "rhino.enabled": "true", PREFIX + "mode": "kazoo",
-                   PREFIX + "zookeeper.connect": "127.0.0.1:2181"})
-    assert err.key == PREFIX + "rhino.enabled" and "mode=liverobin" in str(err)
-    ok = cfg(rhino__enabled="true", mode="liverobin", rhino__checkpointEvery="50")
+    for extra in ({PREFIX + "enabled": "true"}, {PREFIX + "mode": "liverobin"}):
+        err = refused({PREFIX + "rhino.enabled": "true", **extra})
+        assert err.key == PREFIX + "rhino.enabled" and "mode=liverobin or kazoo" in str(err)
+    ok = cfg(rhino__enabled="true", enabled="true", mode="liverobin", rhino__checkpointEvery="50")
     assert (ok.rhino_enabled, ok.rhino_replicas, ok.rhino_checkpoint_every) == (True, 1, 50)

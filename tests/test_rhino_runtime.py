@@ -19,11 +19,19 @@ from tests.ordered_runs import feed, read_output, source_topics
 pytestmark = pytest.mark.integration
 
 
-def _conf(stack, **extra):
-    return {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
-            "spark.replication.enabled": "true", "spark.replication.mode": "liverobin",
-            "spark.replication.rhino.enabled": "true", "spark.replication.rhino.checkpointEvery": "20",
-            **extra}
+MODES = {
+    "liverobin": {"spark.replication.rhino.checkpointEvery": "20"},  # pulses: about 5 checkpoints a second
+    "kazoo": {"spark.replication.rhino.checkpointEvery": "50", "spark.replication.rhino.checkpointElements": "200"},
+}
+
+
+def _conf(stack, mode: str, **extra):
+    conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
+            "spark.replication.enabled": "true", "spark.replication.mode": mode,
+            "spark.replication.rhino.enabled": "true", **MODES[mode], **extra}
+    if mode == "kazoo":
+        conf["spark.replication.zookeeper.connect"] = stack.zookeeper_connect
+    return conf
 
 
 def _wait(cond, timeout: float, what: str) -> None:
@@ -46,14 +54,19 @@ def _every_checkpoint_held_by_a_live_worker(handle) -> bool:
                and cp.holders - rhino.replica_workers(inst) for inst in rhino.instances())
 
 
-def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition(stack, spark, topic_prefix):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition(stack, spark, topic_prefix,
+                                                                                mode):
+    """Kill chain[0]r0's executor (and every replica it hosts), wait until each is restored and
+    caught up and the relaunched worker holds the groups' checkpoints, then kill chain[0]r1's, the
+    other original: chain[0] now lives on its restored copy, which must have had the right state."""
     from replication import run
     from replication.examples.ordered import build_ordered_job
 
-    name = f"{topic_prefix}rhino"
+    name = f"{topic_prefix}rhino{mode[:2]}"
     a, b = source_topics(stack, name)
     job = build_ordered_job(a, b, f"{name}out", name=name)
-    handle = run(job, spark=spark, conf=_conf(stack))
+    handle = run(job, spark=spark, conf=_conf(stack, mode))
     handle.wait_started(120)
     ids: list[str] = []
     feeder = threading.Thread(target=feed, args=(stack, a, b, ids), kwargs={"rounds": 150})
