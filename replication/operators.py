@@ -128,12 +128,18 @@ class ProcessOperator(Operator):
         self.next.on_end()
 
 
+_NO_ACC = object()
+
+
 class WindowOperator(Operator):
     """Tumbling event-time windows with an incremental aggregator.
 
-    Accumulators live in keyed map state (window start -> (acc, newest ingest time));
-    the fire index (window end -> keys) is kept in memory and fired in the
-    deterministic order (end, encoded key) when the watermark passes a window end.
+    Accumulators live in keyed map state (window start -> acc); the fire index
+    (window end -> keys, with the newest ingest time of each window, for latency) is
+    kept in memory and fired in the deterministic order (end, encoded key) when the
+    watermark passes a window end.  Ingest times are stamped by whichever source
+    replica's copy arrived first, so they differ between replicas: they stay out of
+    keyed state, whose digests the replicas compare at checkpoints.
     """
 
     def __init__(self, name: str, env: Any, size_ms: int, aggregator: Any) -> None:
@@ -142,7 +148,7 @@ class WindowOperator(Operator):
         self.agg = aggregator
         self.state = env.state_context(name)
         self.windows = self.state.map_state("windows")
-        self.pending: dict[int, dict[bytes, Any]] = {}
+        self.pending: dict[int, dict[bytes, list]] = {}  # window end -> encoded key -> [key, newest ingest]
         self.watermark = -(2**63)
 
     def process(self, rec: tuple) -> None:
@@ -155,14 +161,20 @@ class WindowOperator(Operator):
                                   f"(window [{start}, {end}) already fired)")
             return
         self.state.set_current_key(key)
-        entry = self.windows.get(start)
+        acc = self.windows.get(start, _NO_ACC)
         try:
-            acc = self.agg.add(self.agg.create() if entry is None else entry[0], rec[1])
+            acc = self.agg.add(self.agg.create() if acc is _NO_ACC else acc, rec[1])
         except Exception as exc:  # noqa: BLE001
             self.dead_letter(rec, describe_error(exc))
             return
-        self.windows.put(start, (acc, max(rec[4], entry[1]) if entry else rec[4]))
-        self.pending.setdefault(end, {})[encode_key(key)] = key
+        self.windows.put(start, acc)
+        keys = self.pending.setdefault(end, {})
+        kb = encode_key(key)
+        entry = keys.get(kb)
+        if entry is None:
+            keys[kb] = [key, rec[4]]
+        elif rec[4] > entry[1]:
+            entry[1] = rec[4]
 
     def on_watermark(self, wm: int) -> None:
         if wm <= self.watermark:
@@ -172,9 +184,9 @@ class WindowOperator(Operator):
             keys = self.pending.pop(end)
             start = end - self.size
             for kb in sorted(keys):
-                key = keys[kb]
+                key, ingest = keys[kb]
                 self.state.set_current_key(key)
-                acc, ingest = self.windows.get(start)
+                acc = self.windows.get(start)
                 self.windows.remove(start)
                 try:
                     value = self.agg.result(key, start, end, acc)
@@ -187,7 +199,7 @@ class WindowOperator(Operator):
         self.next.on_watermark(wm)
 
     def snapshot(self) -> Any:
-        return self.watermark, {end: dict(keys) for end, keys in self.pending.items()}
+        return self.watermark, {end: {kb: list(e) for kb, e in keys.items()} for end, keys in self.pending.items()}
 
     def restore(self, snapshot: Any) -> None:
         self.watermark, self.pending = snapshot
