@@ -1,6 +1,6 @@
 """The ``replication`` command: run the demo, run a job, show a plan, manage the embedded stack.
 
-  replication demo [--rate R] [--duration S] [--executors N]
+  replication demo [--rate R] [--duration S] [--executors N] [--mode M] [--rhino]
   replication run MODULE:FACTORY [--master M] [--conf KEY=VALUE ...] [--drain-after S]
   replication plan MODULE:FACTORY --conf spark.replication.kafka.bootstrapServers=HOST:PORT
   replication config                       # the configuration reference
@@ -65,8 +65,13 @@ def _conf_pairs(pairs: Sequence[str]) -> dict[str, str]:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from replication.demo import DemoOptions, main
 
+    if args.rhino and (args.no_replication or args.mode == "unordered"):
+        print("error: --rhino needs --mode liverobin or --mode kazoo (checkpoints are taken at pulses or orders)",
+              file=sys.stderr)
+        return 2
     return main(DemoOptions(rate=args.rate, duration_s=args.duration, executors=args.executors,
-                            replicated=not args.no_replication, mode=args.mode, victim=args.kill))
+                            replicated=not args.no_replication, mode=args.mode, victim=args.kill,
+                            rhino=args.rhino))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -113,6 +118,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--mode", choices=["unordered", "liverobin", "kazoo"], default="unordered",
                    help="unordered (default): the single-input job; liverobin / kazoo: the two-region job "
                         "with a union and a window, replicated, ordered by LiveRobin / by KaZoo leaders")
+    d.add_argument("--rhino", action="store_true",
+                   help="with --mode liverobin or kazoo: Rhino checkpoints, so the killed executor's replicas are "
+                        "restored from them (the demo prints when each caught up)")
     d.add_argument("--no-replication", action="store_true",
                    help="run the two-region job with a union and a window, without replication or kill")
     d.set_defaults(fn=_cmd_demo)

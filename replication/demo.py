@@ -33,6 +33,7 @@ class DemoOptions:
     replicated: bool = True  # False: the union + window job without replication
     mode: str = "unordered"  # liverobin: the union + window job, replicated, deterministic merge
     victim: str = "fraud-rule[0]r0"  # the replica whose executor is killed halfway (replicated only)
+    rhino: bool = False  # Rhino checkpoints: the killed executor's replicas are restored from them
 
 
 def kill_replica_executor(handle: Any, replica: str) -> str:
@@ -75,7 +76,8 @@ def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float)
     rep = run_fraud_workload(stack.bootstrap_servers, spark, rate=opts.rate, duration_s=opts.duration_s,
                              partitions=opts.partitions, bad_every=opts.bad_every, replicated=opts.replicated, mode=opts.mode,
                              fault=fault, fault_at_s=opts.duration_s / 2, status=out, say=print,
-                             conf={"spark.replication.zookeeper.connect": stack.zookeeper_connect})
+                             conf={"spark.replication.zookeeper.connect": stack.zookeeper_connect,
+                                   **({"spark.replication.rhino.enabled": "true"} if opts.rhino else {})})
     for c in rep.checks:
         print(f"   {c.name:14s} {c.got:7,d} records, expected {c.expected:7,d}: "
               f"{'exact match' if c.exact else 'MISMATCH'}")
@@ -112,6 +114,10 @@ def _run(opts: DemoOptions, stack, spark, out: StatusLine, spark_start_s: float)
           f"{'replicas' if opts.replicated else 'partition instances'}")
     if rep.fault:
         print(f"   fault         {rep.fault}")
+    for rec in rep.result.recoveries:
+        print(f"   restored      {rec['replica']} on worker {rec['worker']} from checkpoint {rec['checkpoint_id']}: "
+              f"restore {rec['restore_s'] * ms:.0f} ms, two live replicas again {rec['recovery_s']:.2f}s after "
+              "the failure")
     verdict = "EXACT: no record missing, none extra" + (" (the kill was masked)" if rep.fault else "")
     print(f"   result        {verdict if rep.exact else 'FAILED'}")
     return 0 if rep.exact else 1
