@@ -266,7 +266,7 @@ class JobMaster:
                     self.divergences.append(text)
                     self.event(text)
         for t, p, cid, positions, digest in report.get("completed", ()):
-            self.rhino.checkpoint_completed((t, p), cid, positions, digest)
+            self.rhino.checkpoint_completed((t, p), cid, positions, digest, now=time.time())
 
     def _start_restores(self) -> None:
         """Restore every lost replica for which a live worker holds a completed checkpoint (one
@@ -428,6 +428,13 @@ class JobMaster:
             "sinks": {self._replica_label(t, p, role[0]): {"epoch": role[1], "committed_seq": role[2]}
                       for (t, p), role in self.sinks.items()},
             "events": [{"time": ts, "text": text} for ts, text in self.events[-50:]],
+            "checkpoints": {} if self.rhino is None else {
+                f"{self.plan.task(t).name}[{p}]": {
+                    "group": self.rhino.groups.get((t, p), []),
+                    **({"completed": cp.checkpoint_id, "completed_at": cp.completed_at,
+                        "holders": sorted(cp.holders)} if (cp := self.rhino.completed.get((t, p))) else {})}
+                for t, p in self.rhino.instances()},
+            "divergences": self.divergences[-10:],
             "metrics": {name: {"in": m.records_in, "out": m.records_out, "dedup_dropped": m.dedup_dropped,
                                "gaps": m.gaps, "queue": m.queue_batches, "dead_lettered": m.dead_lettered,
                                "p50_ms": round(m.latency.percentile(0.5) * 1000, 1),

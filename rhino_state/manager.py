@@ -30,6 +30,7 @@ class CompletedCheckpoint:
     positions: Mapping[int, int]  # input channel -> next seq the checkpoint still needs
     holders: frozenset[int]  # workers that hold it (the group it was shipped along)
     digest: str = ""
+    completed_at: float = 0.0  # when the driver learned of it (wall clock)
 
 
 @dataclass
@@ -79,13 +80,13 @@ class ReplicationManager:
 
     # -- events ------------------------------------------------------------------------------
     def checkpoint_completed(self, inst: Instance, checkpoint_id: int, positions: Mapping[int, int],
-                             digest: str = "") -> bool:
+                             digest: str = "", now: float = 0.0) -> bool:
         """The chain's tail acknowledged ``checkpoint_id`` of ``inst``; False if it is not newer."""
         known = self.completed.get(inst)
         if known is not None and checkpoint_id <= known.checkpoint_id:
             return False
         self.completed[inst] = CompletedCheckpoint(checkpoint_id, dict(positions),
-                                                   frozenset(self.groups.get(inst, ())), digest)
+                                                   frozenset(self.groups.get(inst, ())), digest, now)
         return True
 
     def worker_dead(self, w: int) -> tuple[list[ReplicaId], dict[Instance, list[int]]]:
@@ -96,7 +97,7 @@ class ReplicationManager:
         for inst, cp in list(self.completed.items()):
             if w in cp.holders:
                 self.completed[inst] = CompletedCheckpoint(cp.checkpoint_id, cp.positions, cp.holders - {w},
-                                                           cp.digest)
+                                                           cp.digest, cp.completed_at)
         return lost, self._regroup(self.instances())
 
     def worker_alive(self, w: int) -> dict[Instance, list[int]]:

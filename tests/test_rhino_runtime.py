@@ -14,6 +14,7 @@ import pytest
 
 from replication.chaos import kill_executor, locate
 from replication.examples.ordered import verify_chains
+from replication.status import read_status
 from tests.ordered_runs import feed, read_output, source_topics
 
 pytestmark = pytest.mark.integration
@@ -73,6 +74,8 @@ def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition
     feeder.start()
     try:
         _wait(lambda: _every_checkpoint_held_by_a_live_worker(handle), 30, "a completed checkpoint everywhere")
+        _wait(lambda: "completed" in read_status(job.name)["checkpoints"].get("chain[0]", {}), 10,
+              "the status file to show chain[0]'s completed checkpoint")
         first = "chain[0]r0"
         lost = _lost_with(handle, first)
         kill_executor(locate(first, job=job.name))
