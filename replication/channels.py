@@ -7,6 +7,12 @@ sending, DESIGN §4 rule 1; one when replication is off) has its own sender
 thread and its own position in the shared list of sealed batches, so a slow or
 dead replica does not hold the other one back.
 
+A sender that is behind sends every sealed batch waiting for its replica in one
+call (re-framed as one batch, up to ``batch_size`` elements): one call per sealed
+batch would cap a transport at 1 / (call latency) batches a second, below the rate
+at which small batches are sealed (a LiveRobin pulse every 10 ms seals one on every
+channel), and its replica would fall further and further behind.
+
 Back-pressure follows the fastest live replica: ``emit`` blocks while even the
 fastest has ``max_ready`` batches waiting.  A replica whose transport fails, or
 that falls ``lag_limit`` batches behind, is cut off (logged); it will see a gap
@@ -300,6 +306,18 @@ class OutputChannel:
                         self._cond.wait()
                 first_seq = self._pos[i]
                 payload, count = self._batches[first_seq]
+                more: list[bytes] = []  # the next sealed batches, sent with this one while it fits
+                nxt = first_seq + count
+                while nxt in self._batches and count + self._batches[nxt][1] <= self._batch_size:
+                    more.append(self._batches[nxt][0])
+                    count += self._batches[nxt][1]
+                    nxt = first_seq + count
+            if more:  # behind: one call for everything waiting (the receiver's dedup takes any range)
+                elements = []
+                for framed in (payload, *more):
+                    elements += framing.decode_elements(framed, framing.decode_header(framed))
+                spec = self.spec
+                payload = framing.encode_batch(spec.dst_task, spec.dst_partition, spec.id, first_seq, elements)
             try:
                 transport(payload)
             except BaseException as err:  # noqa: BLE001 - the replica is cut off, the others go on
@@ -311,8 +329,8 @@ class OutputChannel:
                 if self._gen[i] != gen:
                     return
                 self._pos[i] = first_seq + count
-                self._unsent[i] -= 1
-                self.batches_sent[i] += 1
+                self._unsent[i] -= 1 + len(more)
+                self.batches_sent[i] += 1 + len(more)
                 self.elements_sent[i] += count
                 self._trim()
                 self._cond.notify_all()

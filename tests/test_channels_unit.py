@@ -141,3 +141,28 @@ def test_output_channel_applies_back_pressure():
     assert time.monotonic() - start >= 0.4
     assert ch.close(5)
     assert [b[0] for _, b in sent] == list(range(6))
+
+
+def test_a_sender_that_is_behind_sends_the_waiting_batches_in_one_call():
+    """One call per sealed batch caps a transport at 1 / call latency; a sender behind its replica
+    re-frames what waits (up to batch_size elements) into one call.  Nothing is lost or reordered."""
+    spec = ChannelSpec(id=3, edge_id=0, src_task=0, src_partition=0, dst_task=1, dst_partition=0)
+    gate = threading.Event()
+    calls: list[tuple[int, int]] = []
+    got: list = []
+
+    def slow(payload: bytes) -> None:
+        gate.wait(5)
+        h = framing.decode_header(payload)
+        calls.append((h.first_seq, h.count))
+        got.extend(framing.decode_elements(payload, h))
+
+    ch = OutputChannel(spec, slow, batch_size=8, buffer_timeout_s=0.001, max_ready=100)
+    for i in range(20):
+        ch.emit(("d", i))
+        ch.flush()  # 20 sealed batches of one element (like a pulse sealing a batch every period)
+    gate.set()
+    assert ch.close(5)
+    assert got == [("d", i) for i in range(20)]
+    assert len(calls) < 20 and all(count <= 8 for _, count in calls)
+    assert [first for first, _ in calls] == sorted(first for first, _ in calls)
