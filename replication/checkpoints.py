@@ -44,6 +44,7 @@ class WorkerCheckpoints:
         self._positions: dict[tuple[Instance, int], dict[int, int]] = {}
         self._shipping: set[Instance] = set()
         self._full_next: set[Instance] = set()  # took over shipping: the next checkpoint is a full one
+        self._groups: dict[Instance, list[str]] = {}  # of the instances this worker ships
         self._known_completed: dict[Instance, int] = {}
 
     def handlers(self) -> dict[str, Any]:
@@ -60,14 +61,17 @@ class WorkerCheckpoints:
 
     # -- origin ------------------------------------------------------------------------------
     def take(self, inst: Any, checkpoint_id: int, runtime: bytes,
-             positions: Mapping[int, int]) -> IncrementMeta:
-        """Checkpoint ``inst``'s state now; ship it or keep it."""
+             positions: Mapping[int, int]) -> tuple[IncrementMeta, bool]:
+        """Checkpoint ``inst``'s state now; returns its meta and whether it was handed to the
+        shipper (only the shipping replica's are, and only while its group has members)."""
         key: Instance = (inst.task.id, inst.partition)
         out = self.root / "out" / f"t{key[0]}p{key[1]}"
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{checkpoint_id}.inc"
         with self._lock:
-            shipping = key in self._shipping
+            # an empty group takes nothing: no O(state) full snapshot for nobody (the first one
+            # after members come back is full)
+            shipping = key in self._shipping and bool(self._groups.get(key))
             full = shipping and (key in self._full_next or self.shipper.needs_full(key))
             if full:
                 self._full_next.discard(key)
@@ -75,9 +79,11 @@ class WorkerCheckpoints:
         with self._lock:
             self._taken.append((*key, inst.replica, checkpoint_id, meta.digest))
             self._positions[(key, checkpoint_id)] = dict(positions)
-        if not shipping:  # the twin ships; this one only reports its digest
+            if key in self._shipping and not shipping:
+                self._full_next.add(key)
+        if not shipping:  # the twin ships (this one only reports its digest), or nobody to ship to
             path.unlink(missing_ok=True)
-            return meta
+            return meta, False
         try:
             offered = self.shipper.offer(meta, path)
         except ValueError as exc:  # out of sequence (e.g. just took over shipping): start over
@@ -88,14 +94,16 @@ class WorkerCheckpoints:
                 self._full_next.add(key)
         if not offered:
             path.unlink(missing_ok=True)
-        return meta
+        return meta, offered
 
     def _on_completed(self, meta: IncrementMeta) -> None:
+        # the members that hold it: the chain it went along (the group may have changed since)
+        chain = list(self.shipper.status().get(meta.instance, {}).get("group", ()))
         with self._lock:
             positions = self._positions.pop((meta.instance, meta.checkpoint_id), {})
             for old in [k for k in self._positions if k[0] == meta.instance and k[1] < meta.checkpoint_id]:
                 del self._positions[old]
-            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest))
+            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, chain))
 
     def report(self) -> dict[str, list]:
         """Checkpoints taken and completed since the last report (for the driver's heartbeat)."""
@@ -111,6 +119,11 @@ class WorkerCheckpoints:
         for key, inst in list(self.worker.instances.items()):
             if view.get("shippers", {}).get(key) == inst.replica:
                 self._ship(key, view["groups"].get(key, []), completed.get(key, (None, {}))[0])
+            elif key in self._shipping:  # its twin ships again (e.g. restored): stop, or both would
+                with self._lock:
+                    self._shipping.discard(key)
+                    self._groups.pop(key, None)
+                self.shipper.remove_instance(key)
             for ch in inst.outputs:
                 done = completed.get((ch.spec.dst_task, ch.spec.dst_partition))
                 if done is not None and ch.spec.id in done[1]:
@@ -127,6 +140,7 @@ class WorkerCheckpoints:
 
     def _ship(self, key: Instance, group: list[str], completed_id: int | None) -> None:
         with self._lock:
+            self._groups[key] = list(group)
             if key not in self._shipping:
                 # the first shipper, or a takeover from a dead one: what the group holds is a
                 # checkpoint this replica's own chain of deltas does not continue

@@ -265,8 +265,10 @@ class JobMaster:
                             f"has state digest {other[1][:16]}, replica {r} has {digest[:16]}")
                     self.divergences.append(text)
                     self.event(text)
-        for t, p, cid, positions, digest in report.get("completed", ()):
-            self.rhino.checkpoint_completed((t, p), cid, positions, digest, now=time.time())
+        workers_at = {info.address: w for w, info in self.workers.items()}
+        for t, p, cid, positions, digest, chain in report.get("completed", ()):
+            holders = [workers_at[a] for a in chain if a in workers_at]
+            self.rhino.checkpoint_completed((t, p), cid, positions, digest, now=time.time(), holders=holders)
 
     def _start_restores(self) -> None:
         """Restore every lost replica for which a live worker holds a completed checkpoint (one

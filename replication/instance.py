@@ -114,13 +114,14 @@ class PartitionInstance:
         started = time.perf_counter()
         runtime["operators"] = [op.snapshot() for op in chain_operators(self.chain)]
         runtime["outputs"] = {ch.spec.id: ch.next_seq for ch in self.outputs}
-        meta = self.worker.checkpoints.take(self, checkpoint_id, pickle.dumps(runtime, protocol=5),
-                                            runtime.get("positions", {}))
+        meta, shipped = self.worker.checkpoints.take(self, checkpoint_id, pickle.dumps(runtime, protocol=5),
+                                                     runtime.get("positions", {}))
         m = self.metrics
         m.checkpoints_taken += 1
         m.checkpoint_id, m.checkpoint_digest = checkpoint_id, meta.digest
         m.checkpoint_bytes_changed += meta.bytes_changed
-        m.checkpoint_bytes_shipped += meta.bytes_shipped
+        if shipped:
+            m.checkpoint_bytes_shipped += meta.bytes_shipped
         m.checkpoint_ms = (time.perf_counter() - started) * 1000
 
     def dead_letter(self, *, reason: str, operator: str, origin: Any, payload: bytes,

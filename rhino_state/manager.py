@@ -80,13 +80,14 @@ class ReplicationManager:
 
     # -- events ------------------------------------------------------------------------------
     def checkpoint_completed(self, inst: Instance, checkpoint_id: int, positions: Mapping[int, int],
-                             digest: str = "", now: float = 0.0) -> bool:
-        """The chain's tail acknowledged ``checkpoint_id`` of ``inst``; False if it is not newer."""
+                             digest: str = "", now: float = 0.0, holders: Iterable[int] | None = None) -> bool:
+        """The chain's tail acknowledged ``checkpoint_id`` of ``inst``; ``holders``: the members of
+        the chain it went along (default: the current group).  False if it is not newer."""
         known = self.completed.get(inst)
         if known is not None and checkpoint_id <= known.checkpoint_id:
             return False
-        self.completed[inst] = CompletedCheckpoint(checkpoint_id, dict(positions),
-                                                   frozenset(self.groups.get(inst, ())), digest, now)
+        held = frozenset(self.groups.get(inst, ()) if holders is None else holders) - self.dead
+        self.completed[inst] = CompletedCheckpoint(checkpoint_id, dict(positions), held, digest, now)
         return True
 
     def worker_dead(self, w: int) -> tuple[list[ReplicaId], dict[Instance, list[int]]]:

@@ -39,3 +39,10 @@ def test_a_dead_holder_cannot_be_restored_from():
     assert m.completed[(0, 0)].holders == frozenset()
     m.worker_dead(0)
     assert m.restore_host((0, 0, 0)) is None
+
+
+def test_holders_are_the_chain_the_checkpoint_went_along_not_the_current_group():
+    m = ReplicationManager(dict(PLACEMENT), 3)
+    m.worker_dead(1)
+    m.checkpoint_completed((0, 0), 3, {}, holders=[1, 2])  # reported late, by a chain through a dead worker
+    assert m.completed[(0, 0)].holders == frozenset({2})
