@@ -33,10 +33,12 @@ def preproduce(stack, a: str, b: str, per_topic: int) -> list[str]:
     return [json.loads(v)["id"] for _, v in events]
 
 
-def feed(stack, a: str, b: str, ids: list[str], rounds: int = 40, per_round: int = 100) -> None:
-    """About 4 s of live input, topic b at half the rate of topic a; appends the ids to ``ids``."""
+def feed(stack, a: str, b: str, ids: list[str], rounds: int = 40, per_round: int = 100,
+         first_round: int = 0) -> None:
+    """About 4 s of live input, topic b at half the rate of topic a; appends the ids to ``ids``
+    (``first_round``: continue the ids of an earlier call)."""
     producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 2})
-    for i in range(rounds):
+    for i in range(first_round, first_round + rounds):
         ea = make_events("a", per_round, keys=30, start_ts=START_TS, first=i * per_round)
         eb = make_events("b", per_round // 2, keys=30, start_ts=START_TS, first=i * per_round // 2, step_ms=2)
         for topic, recs in ((a, ea), (b, eb)):
