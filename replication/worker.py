@@ -258,9 +258,12 @@ class Worker:
                     if (spec.dst_task, spec.dst_partition) == (task_id, part):
                         try:
                             ch.rejoin(replica, self._transport(w), positions.get(spec.id, 0))
-                        except Exception as exc:  # noqa: BLE001 - that replica will see a gap, logged there
-                            log.error("channel %d cannot replay to the restored replica %s: %s", spec.id,
-                                      (task_id, part, replica), exc)
+                        except Exception as exc:  # noqa: BLE001
+                            # this upstream is itself restored (its backup starts at its own checkpoint):
+                            # the other replica of this upstream partition replays what it lacks
+                            log.warning("channel %d cannot replay to the restored replica %s (%s); the other "
+                                        "replica of this upstream partition does", spec.id,
+                                        (task_id, part, replica), exc)
                             continue
                         with self._lock:
                             self._transports_to.setdefault(w, []).append((ch, replica))
