@@ -42,9 +42,8 @@ class WorkerCheckpoints:
         self._taken: list[tuple[int, int, int, int, str]] = []  # (task, part, replica, id, digest)
         self._completed: list[tuple[int, int, int, dict[int, int], str]] = []
         self._positions: dict[tuple[Instance, int], dict[int, int]] = {}
-        self._shipping: set[Instance] = set()
         self._full_next: set[Instance] = set()  # took over shipping: the next checkpoint is a full one
-        self._groups: dict[Instance, list[str]] = {}  # of the instances this worker ships
+        self._groups: dict[Instance, list[str]] = {}  # the instances this worker ships, and their groups
         self._known_completed: dict[Instance, int] = {}
 
     def handlers(self) -> dict[str, Any]:
@@ -71,7 +70,7 @@ class WorkerCheckpoints:
         with self._lock:
             # an empty group takes nothing: no O(state) full snapshot for nobody (the first one
             # after members come back is full)
-            shipping = key in self._shipping and bool(self._groups.get(key))
+            shipping = bool(self._groups.get(key))
             full = shipping and (key in self._full_next or self.shipper.needs_full(key))
             if full:
                 self._full_next.discard(key)
@@ -79,7 +78,7 @@ class WorkerCheckpoints:
         with self._lock:
             self._taken.append((*key, inst.replica, checkpoint_id, meta.digest))
             self._positions[(key, checkpoint_id)] = dict(positions)
-            if key in self._shipping and not shipping:
+            if key in self._groups and not shipping:
                 self._full_next.add(key)
         if not shipping:  # the twin ships (this one only reports its digest), or nobody to ship to
             path.unlink(missing_ok=True)
@@ -119,10 +118,9 @@ class WorkerCheckpoints:
         for key, inst in list(self.worker.instances.items()):
             if view.get("shippers", {}).get(key) == inst.replica:
                 self._ship(key, view["groups"].get(key, []), completed.get(key, (None, {}))[0])
-            elif key in self._shipping:  # its twin ships again (e.g. restored): stop, or both would
+            elif key in self._groups:  # its twin ships again (e.g. restored): stop, or both would
                 with self._lock:
-                    self._shipping.discard(key)
-                    self._groups.pop(key, None)
+                    del self._groups[key]
                 self.shipper.remove_instance(key)
             for ch in inst.outputs:
                 done = completed.get((ch.spec.dst_task, ch.spec.dst_partition))
@@ -140,12 +138,11 @@ class WorkerCheckpoints:
 
     def _ship(self, key: Instance, group: list[str], completed_id: int | None) -> None:
         with self._lock:
-            self._groups[key] = list(group)
-            if key not in self._shipping:
+            if key not in self._groups:
                 # the first shipper, or a takeover from a dead one: what the group holds is a
                 # checkpoint this replica's own chain of deltas does not continue
-                self._shipping.add(key)
                 self._full_next.add(key)
+            self._groups[key] = list(group)
         self.shipper.set_group(key, group, completed_id=completed_id)
 
     # -- member: restore ------------------------------------------------------------------------

@@ -80,7 +80,7 @@ class JobMaster:
         self._executor_ids = executor_ids
         self.workers: dict[int, WorkerInfo] = {}
         self.dead: dict[int, str] = {}  # worker -> why its replicas are lost (until Spark relaunches it)
-        self.lost: set[ReplicaId] = set()  # replicas whose worker died and that were not restored
+        self.lost: dict[ReplicaId, float] = {}  # replicas whose worker died, not restored: when (wall clock)
         self.command = "run"
         self.metrics: dict[str, InstanceMetrics] = {}
         self.reports: dict[int, dict] = {}
@@ -98,8 +98,8 @@ class JobMaster:
         # called (each in a thread of its own, outside the lock) with a worker declared dead
         self.on_dead: list[Callable[[int], None]] = []
         # Rhino: replica groups and completed checkpoints; digests of the checkpoints replicas took
-        self.rhino = ReplicationManager(dict(placement), num_workers, cfg.rhino_replicas) if cfg.rhino_enabled \
-            else None
+        # (the manager moves restored replicas in the one placement map the master and the handle share)
+        self.rhino = ReplicationManager(placement, num_workers, cfg.rhino_replicas) if cfg.rhino_enabled else None
         self._digests: dict[tuple[int, int, int], tuple[int, str]] = {}  # (task, part, id) -> (replica, digest)
         self.checkpoints_compared = 0
         self.divergences: list[str] = []
@@ -107,7 +107,6 @@ class JobMaster:
         self.moves: dict[ReplicaId, tuple[int, str, dict[int, int]]] = {}
         self.recoveries: list[dict[str, Any]] = []  # one per restored replica, with its timings
         self._catching_up: dict[ReplicaId, dict[str, Any]] = {}
-        self._lost_at: dict[ReplicaId, float] = {}  # lost replicas not restored yet: when they were lost
         self._restoring: set[ReplicaId] = set()
         self._unrestorable: set[ReplicaId] = set()  # reported once: no holder of a checkpoint (yet)
         self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
@@ -150,18 +149,15 @@ class JobMaster:
             lost, regrouped = self.rhino.worker_dead(w)
             for (t, p), group in regrouped.items():
                 self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
-            now = time.time()
-            for replica in lost:
-                self._lost_at.setdefault(replica, now)
-            self._start_restores()
         if not self.replicated:
             self._fail(f"worker {w} lost ({reason}); without spark.replication.enabled the job cannot mask "
                        "the failure (and rollback recovery needs Rhino checkpoints, not yet available)")
             return
+        now = time.time()
         for (t, p, r), ww in self.placement.items():
             if ww != w:
                 continue
-            self.lost.add((t, p, r))
+            self.lost.setdefault((t, p, r), now)
             other = self.placement[(t, p, 1 - r)]
             if (t, p, 1 - r) in self.lost:
                 self._fail(f"both replicas of {self.plan.task(t).name}[{p}] are lost "
@@ -171,6 +167,8 @@ class JobMaster:
             if role is not None and role[0] == r:
                 role[0], role[1] = 1 - r, role[1] + 1
                 self.event(f"sink {self._replica_label(t, p, 1 - r)} takes over writing (epoch {role[1]})")
+        if self.rhino is not None:
+            self._start_restores()
         self._cond.notify_all()
 
     def _sink_roles(self) -> dict[Instance, tuple[int, int, int, int]]:
@@ -278,8 +276,8 @@ class JobMaster:
         if not self.replicated or self.failure or self.command == "stop":
             return
         now = time.monotonic()
-        for replica in sorted(self._lost_at):
-            if replica in self._restoring or replica not in self.lost or self._retry_at.get(replica, 0) > now:
+        for replica in sorted(self.lost):
+            if replica in self._restoring or self._retry_at.get(replica, 0) > now:
                 continue
             host = self.rhino.restore_host(replica)
             cp = self.rhino.completed.get(replica[:2])
@@ -313,11 +311,9 @@ class JobMaster:
             return
         with self._cond:
             self._restoring.discard(replica)
-            dead_at = self._lost_at.pop(replica, time.time())
+            dead_at = self.lost.pop(replica, time.time())
             self._unrestorable.discard(replica)
-            self.placement[replica] = host
-            self.lost.discard(replica)
-            for (tt, pp), group in self.rhino.replica_moved(replica, host).items():
+            for (tt, pp), group in self.rhino.replica_moved(replica, host).items():  # moves it in placement
                 self.event(f"replica group of {self.plan.task(tt).name}[{pp}] is now workers {group}")
             self.moves[replica] = (host, address, reply["positions"])
             sibling = self.metrics.get(self._replica_label(t, p, 1 - r))
@@ -350,7 +346,7 @@ class JobMaster:
         groups = {inst: [addresses[w] for w in g if w in addresses] for inst, g in self.rhino.groups.items()}
         completed = {inst: (cp.checkpoint_id, cp.positions) for inst, cp in self.rhino.completed.items()}
         shippers = {}
-        for (t, p, r), w in sorted(self.rhino.placement.items()):
+        for (t, p, r), w in sorted(self.placement.items()):
             if w not in self.dead and (t, p) not in shippers:
                 shippers[(t, p)] = r
         return {"groups": groups, "completed": completed, "shippers": shippers, "moves": dict(self.moves)}
@@ -404,7 +400,7 @@ class JobMaster:
                             self._declare_dead(w, f"executor {info.executor} left the cluster")
                         elif now - info.last_seen > self.failure_timeout_s:
                             self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
-                if self.rhino is not None and self._lost_at and not self._restoring:
+                if self.rhino is not None and self.lost and not self._restoring:
                     self._start_restores()
                 if self._status_dirty and time.monotonic() - self._status_written >= 0.5:
                     self._status_dirty = False

@@ -355,9 +355,10 @@ class ProcessingInstance(PartitionInstance):
             if self._consumed[channel] == due:
                 self._checkpoint(due, None)
 
-    def _checkpoint(self, checkpoint_id: int, orderer_state: Any) -> None:
+    def _checkpoint(self, checkpoint_id: int, orderer_state: Any, positions: dict[int, int] | None = None) -> None:
         self.take_checkpoint(checkpoint_id, {
-            "positions": dict(self._consumed), "channel_wm": dict(self._channel_wm),
+            "positions": dict(self._consumed) if positions is None else positions,
+            "channel_wm": dict(self._channel_wm),
             "open": sorted(self._open_channels), "current_wm": self._current_wm, "pulse": self._forwarded_pulse,
             "orderer": orderer_state})
 
@@ -399,13 +400,11 @@ class ProcessingInstance(PartitionInstance):
         self._consumed[channel] += len(elements)
 
     def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:
-        """Checkpoint right after pulse ``h``: both replicas consumed the same prefix by then."""
-        consumed = self._consumed[channel]
-        self._consumed[channel] += consumed_in_run  # (the caller adds the whole run when it is done)
-        try:
-            self._checkpoint(h, self.orderer.merge.take_state(h))
-        finally:
-            self._consumed[channel] = consumed
+        """Checkpoint right after pulse ``h``: both replicas consumed the same prefix by then
+        (``_consume`` adds the run to ``_consumed`` only when it is done)."""
+        positions = dict(self._consumed)
+        positions[channel] += consumed_in_run
+        self._checkpoint(h, self.orderer.merge.take_state(h), positions)
 
 
 class SourceInstance(PartitionInstance):

@@ -161,7 +161,8 @@ class Worker:
     def _inbound_calls(self) -> int:
         """Concurrent pushes this worker may receive: one per (sender replica, channel) to its replicas
         (with Rhino, to any replica: restored replicas may come here)."""
-        mine = {(t, p) for (t, p, _), w in self.boot.placement.items() if w == self.index or self.checkpoints}
+        mine = {(t, p) for (t, p, _), w in self.boot.placement.items()
+                if w == self.index or self.checkpoints is not None}
         return sum(self.plan.replicas for c in self.plan.channels if (c.dst_task, c.dst_partition) in mine)
 
     # -- building -------------------------------------------------------------------------
@@ -438,6 +439,4 @@ class Worker:
             reply = self._heartbeat(master, with_metrics=False)
             if reply is not None and reply["command"] in ("drain", "stop", "evicted"):
                 return self._report("standby")
-            if reply is not None and self.checkpoints is not None and "rhino" in reply:
-                self.checkpoints.apply_view(reply["rhino"])
             time.sleep(self.cfg.heartbeat_interval_ms / 1000)

@@ -63,6 +63,7 @@ from rhino_state.increments import (
     IncrementMeta,
     IncrementWriter,
     Instance,
+    batch_write,
     digest_hex,
     digest_value,
     pair_hash,
@@ -288,14 +289,7 @@ class RocksDBStateBackend:
         batch = WriteBatch(raw_mode=True)
         if self._marker_valid:
             batch.delete(MARKER_KEY)
-        written = 0
-        for key, value in self._dirty.items():
-            if value is None:
-                batch.delete(key)
-                written += len(key)
-            else:
-                batch.put(key, value)
-                written += len(key) + len(value)
+        written = sum(batch_write(batch, key, value) for key, value in self._dirty.items())
         db.write(batch)
         self._marker_valid = False
         self._stats["flushes"] += 1

@@ -368,17 +368,21 @@ def apply_increment(
         return count
 
 
+def batch_write(batch: WriteBatch, key: bytes, value: bytes | None) -> int:
+    """Add a put (``value``) or a delete (``None``, a tombstone) to ``batch``; returns its bytes."""
+    if value is None:
+        batch.delete(key)
+        return len(key)
+    batch.put(key, value)
+    return len(key) + len(value)
+
+
 def _apply_to_rdict(db: Rdict, records: Iterable[tuple[bytes, bytes | None]]) -> int:
     count = 0
     batch = WriteBatch(raw_mode=True)
     batch_bytes = batch_records = 0
     for key, value in records:
-        if value is None:
-            batch.delete(key)
-            batch_bytes += len(key)
-        else:
-            batch.put(key, value)
-            batch_bytes += len(key) + len(value)
+        batch_bytes += batch_write(batch, key, value)
         count += 1
         batch_records += 1
         if batch_bytes >= _APPLY_BATCH_BYTES:
