@@ -347,7 +347,7 @@ class JobMaster:
         completed = {inst: (cp.checkpoint_id, cp.positions) for inst, cp in self.rhino.completed.items()}
         shippers = {}
         for (t, p, r), w in sorted(self.placement.items()):
-            if w not in self.dead and (t, p) not in shippers:
+            if w not in self.dead and (t, p, r) not in self.lost and (t, p) not in shippers:
                 shippers[(t, p)] = r
         return {"groups": groups, "completed": completed, "shippers": shippers, "moves": dict(self.moves)}
 

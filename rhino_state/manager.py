@@ -41,6 +41,7 @@ class ReplicationManager:
     num_workers: int
     size: int = 1
     dead: set[int] = field(default_factory=set)
+    lost: set[ReplicaId] = field(default_factory=set)  # replicas of dead workers, not restored yet
     groups: dict[Instance, list[int]] = field(default_factory=dict)
     completed: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)
 
@@ -52,8 +53,9 @@ class ReplicationManager:
         return sorted({(t, p) for t, p, _ in self.placement})
 
     def replica_workers(self, inst: Instance) -> set[int]:
-        """Workers running a live replica of ``inst``."""
-        return {w for (t, p, _), w in self.placement.items() if (t, p) == inst and w not in self.dead}
+        """Workers running a live replica of ``inst`` (a lost one still points at its relaunched worker)."""
+        return {w for (t, p, r), w in self.placement.items()
+                if (t, p) == inst and w not in self.dead and (t, p, r) not in self.lost}
 
     def _choose(self, inst: Instance, keep: Iterable[int]) -> list[int]:
         """``keep`` (in order, still eligible) plus new members up to ``size``, deterministically:
@@ -95,6 +97,7 @@ class ReplicationManager:
         snapshot from their origin next)."""
         self.dead.add(w)
         lost = sorted(r for r, ww in self.placement.items() if ww == w)
+        self.lost.update(lost)
         for inst, cp in list(self.completed.items()):
             if w in cp.holders:
                 self.completed[inst] = CompletedCheckpoint(cp.checkpoint_id, cp.positions, cp.holders - {w},
@@ -120,4 +123,5 @@ class ReplicationManager:
     def replica_moved(self, replica: ReplicaId, w: int) -> dict[Instance, list[int]]:
         """``replica`` runs on ``w`` now (restored there): its group must not contain ``w``."""
         self.placement[replica] = w
+        self.lost.discard(replica)
         return self._regroup([replica[:2]])

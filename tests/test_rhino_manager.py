@@ -46,3 +46,15 @@ def test_holders_are_the_chain_the_checkpoint_went_along_not_the_current_group()
     m.worker_dead(1)
     m.checkpoint_completed((0, 0), 3, {}, holders=[1, 2])  # reported late, by a chain through a dead worker
     assert m.completed[(0, 0)].holders == frozenset({2})
+
+
+def test_a_lost_replica_on_its_relaunched_worker_is_not_live():
+    """Spark relaunches the dead worker before the lost replica is restored: the placement still
+    names that worker, which must count as free for the group (it can hold the checkpoint)."""
+    m = ReplicationManager(dict(PLACEMENT), 3, size=2)
+    assert m.groups[(0, 0)] == [2]  # workers 0 and 1 run its replicas
+    m.worker_dead(0)
+    m.worker_alive(0)
+    assert m.replica_workers((0, 0)) == {1} and m.groups[(0, 0)] == [2, 0]
+    m.replica_moved((0, 0, 0), 2)  # restored on worker 2
+    assert m.replica_workers((0, 0)) == {1, 2} and m.groups[(0, 0)] == [0]
