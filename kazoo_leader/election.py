@@ -18,7 +18,14 @@ path while candidates of that run may still be around (:func:`delete_tree` is fo
 Leadership ends when the connection is SUSPENDED or LOST (a leader that cannot be sure it still
 holds its node stops at once: its session may expire and a successor lead while it is cut off),
 when its node is deleted by someone else (:func:`evict`, the driver declaring a worker dead), on
-:meth:`Candidate.withdraw` and on :meth:`ElectionClient.close`.  A stale leader is harmless to
+:meth:`Candidate.withdraw` and on :meth:`ElectionClient.close`.
+
+**Membership.** A client made with ``membership=<path>`` creates that persistent node at start and
+creates every candidate node in one ZooKeeper transaction with a check that the membership node
+still exists.  :func:`expel` deletes it: from then on the client can never enter any election
+again, whatever its session does.  That is what makes a worker the driver declared dead while it
+was only hung harmless: when it wakes, its session has expired and it would re-enter every
+election with a new node; if its twins have meanwhile left (their job ended), it would lead.  A stale leader is harmless to
 the order log because its epoch is lower than its successor's (see :mod:`kazoo_leader.orders`);
 what this module guarantees is that it never leads again under the old epoch.
 
@@ -58,6 +65,10 @@ _NODE = re.compile(re.escape(PREFIX) + r"(\d+)$")
 
 class _Interrupted(Exception):
     """A ZooKeeper call was abandoned because the connection dropped (or the client closes)."""
+
+
+class _Expelled(Exception):
+    """The client's membership node is gone (:func:`expel`): it must not enter any election."""
 
 
 # Errors after which the connection state listener is bound to report SUSPENDED/LOST and then
@@ -124,11 +135,16 @@ class Candidate:
 class ElectionClient:
     """One ZooKeeper session per process (worker); many candidates share it."""
 
-    def __init__(self, connect: str, session_timeout_s: float, identity: str) -> None:
+    def __init__(self, connect: str, session_timeout_s: float, identity: str,
+                 membership: str | None = None) -> None:
         if not identity:
             raise ValueError("identity must be a non-empty string")
+        if membership is not None and (not membership.startswith("/") or membership.endswith("/")):
+            raise ValueError(f"membership path must be absolute without a trailing '/': {membership!r}")
         self.connect = connect
         self.identity = identity
+        self.membership = membership
+        self._expelled = False  # the membership node was found gone (loop thread writes)
         self._data = identity.encode()
         self._zk = KazooClient(
             hosts=connect,
@@ -170,7 +186,14 @@ class ElectionClient:
             raise RuntimeError(
                 f"ZooKeeper at {self.connect!r} unreachable: no session within {timeout_s:g} s"
             ) from None
+        if self.membership is not None:
+            self._zk.ensure_path(self.membership)
         self._thread.start()
+
+    @property
+    def expelled(self) -> bool:
+        """True once this client found its membership node deleted (it enters no election any more)."""
+        return self._expelled
 
     def candidate(self, path: str, on_change: Callable[[int | None], None]) -> Candidate:
         """Join the election at ``path`` (e.g. ``/job/<run>/election/p3``); returns at once.
@@ -383,17 +406,33 @@ class ElectionClient:
         if cand._uncertain:
             self._drop_duplicates(cand, gen)
         try:
-            node = self._op(
-                self._zk.create_async(
-                    f"{cand.path}/{PREFIX}", self._data, ephemeral=True, sequence=True, makepath=True
-                ),
-                gen,
-            )
+            if self.membership is None:
+                node = self._op(
+                    self._zk.create_async(
+                        f"{cand.path}/{PREFIX}", self._data, ephemeral=True, sequence=True, makepath=True
+                    ),
+                    gen,
+                )
+            else:
+                node = self._create_as_member(cand, gen)
         except _CONNECTION_ERRORS:
             cand._uncertain = True
             raise
         cand._uncertain = False
         return node
+
+    def _create_as_member(self, cand: Candidate, gen: int) -> str:
+        """Create the candidate node only while the membership node exists (one transaction)."""
+        self._op(self._zk.ensure_path_async(cand.path), gen)
+        tx = self._zk.transaction()
+        tx.check(self.membership, -1)  # version -1: any version, but the node must exist
+        tx.create(f"{cand.path}/{PREFIX}", self._data, ephemeral=True, sequence=True)
+        check, created = self._op(tx.commit_async(), gen)
+        if isinstance(check, NoNodeError):
+            raise _Expelled()
+        if isinstance(created, Exception):
+            raise created
+        return created
 
     def _drop_duplicates(self, cand: Candidate, gen: int) -> None:
         """After a create whose outcome we missed: delete the node it may have made.
@@ -422,7 +461,7 @@ class ElectionClient:
 
     def _check(self, cand: Candidate) -> None:
         """(Re)evaluate one candidate: enter if needed, lead if lowest, else watch the predecessor."""
-        if cand._withdrawn:
+        if cand._withdrawn or self._expelled:
             return
         gen = self._usable()
         if gen is None:
@@ -464,6 +503,12 @@ class ElectionClient:
         except _CONNECTION_ERRORS:
             # The next CONNECTED re-runs this check (after a SUSPENDED/LOST deposed a leader).
             log.debug("election %s: check interrupted by a connection problem", cand.path)
+        except _Expelled:
+            if not self._expelled:
+                self._expelled = True
+                log.error("election: %s was expelled (%s is gone): it enters no election any more",
+                          self.identity, self.membership)
+            self._depose(cand, "expelled")
 
 
 def _kazoo(client: KazooClient | ElectionClient) -> KazooClient:
@@ -519,6 +564,19 @@ def evict(connect_or_client: KazooClient | ElectionClient | str, root: str, iden
     if deleted:
         log.info("evicted %s from %d election(s) under %s: %s", identity, len(deleted), root, deleted)
     return deleted
+
+
+def expel(client: KazooClient | ElectionClient, membership: str) -> bool:
+    """Delete a client's membership node: it can never enter an election again (see the module
+    docstring).  Call it before :func:`evict`, so a re-entry racing with the eviction fails.
+    Returns False if the node was gone already."""
+    zk = _kazoo(client)
+    try:
+        zk.retry(zk.delete, membership)
+    except NoNodeError:
+        return False
+    log.info("expelled the holder of %s from every election", membership)
+    return True
 
 
 def delete_tree(client: KazooClient | ElectionClient, root: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kazoo_leader.election import delete_tree, evict
+from kazoo_leader.election import delete_tree, evict, expel
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
 from replication.api import Job
@@ -36,7 +36,7 @@ from replication.plan import (
 )
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
 from replication.status import write_status
-from replication.worker import WorkerBootstrap, election_identity, run_worker
+from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
 from rhino_state.manager import ReplicationManager
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ class JobMaster:
         self._closed = threading.Event()
         self._status_dirty = True
         self._status_written = 0.0
-        # called (each in a thread of its own, outside the lock) with a worker declared dead
-        self.on_dead: list[Callable[[int], None]] = []
+        # called (each in a thread of its own, outside the lock) with a worker declared dead and its attempt
+        self.on_dead: list[Callable[[int, int], None]] = []
         # Rhino: replica groups and completed checkpoints; digests of the checkpoints replicas took
         # (the manager moves restored replicas in the one placement map the master and the handle share)
         self.rhino = ReplicationManager(placement, num_workers, cfg.rhino_replicas) if cfg.rhino_enabled else None
@@ -144,7 +144,8 @@ class JobMaster:
         info = self.workers.get(w)
         self.event(f"worker {w} (executor {info.executor if info else '?'}) declared dead: {reason}")
         for hook in self.on_dead:
-            threading.Thread(target=hook, args=(w,), name=f"on-dead-w{w}", daemon=True).start()
+            threading.Thread(target=hook, args=(w, info.attempt if info else 0), name=f"on-dead-w{w}",
+                             daemon=True).start()
         if self.rhino is not None:
             lost, regrouped = self.rhino.worker_dead(w)
             for (t, p), group in regrouped.items():
@@ -490,7 +491,8 @@ class ElectionJanitor:
     """The driver's ZooKeeper session for KaZoo: when a worker is declared dead it deletes that
     worker's election nodes, so the partitions it led fail over at once instead of after the
     ZooKeeper session timeout (safe even if the worker is only hung: it can no longer publish
-    under a current epoch), and at the end it removes the run's election tree."""
+    under a current epoch), after expelling it (deleting its membership node) so that it can never
+    enter an election again; at the end it removes the run's election tree."""
 
     def __init__(self, connect: str, root: str, master: JobMaster) -> None:
         from kazoo.client import KazooClient
@@ -506,9 +508,11 @@ class ElectionJanitor:
                                f"{exc}") from None
         master.on_dead.append(self.evict)
 
-    def evict(self, worker: int) -> None:
+    def evict(self, worker: int, attempt: int) -> None:
         try:
-            removed = evict(self._client, self.root, election_identity(worker))
+            # expelled first: a hung worker that wakes up (its session expired) cannot re-enter
+            expel(self._client, election_membership(self.root, worker, attempt))
+            removed = evict(self._client, self.root, election_identity(worker, attempt))
         except Exception as exc:  # noqa: BLE001 - the session timeout still fails it over
             log.warning("could not evict worker %d from its elections: %s", worker, exc)
             return

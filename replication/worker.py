@@ -59,9 +59,14 @@ class WorkerBootstrap:
     election_root: str | None = None  # KaZoo: this run's ZooKeeper path; a partition's election below it
 
 
-def election_identity(worker: int) -> str:
-    """What a worker's election nodes hold: the driver evicts a dead worker's nodes by it."""
-    return f"w{worker}"
+def election_identity(worker: int, attempt: int) -> str:
+    """What a worker attempt's election nodes hold: the driver evicts a dead worker's nodes by it."""
+    return f"w{worker}a{attempt}"
+
+
+def election_membership(election_root: str, worker: int, attempt: int) -> str:
+    """The node whose deletion (the driver declaring the worker dead) bars it from every election."""
+    return f"{election_root}/members/{election_identity(worker, attempt)}"
 
 
 def run_worker(boot: WorkerBootstrap, index: int, attempt: int) -> dict[str, Any]:
@@ -138,8 +143,11 @@ class Worker:
         at once for a replica restored here while the worker runs)."""
         if self._election is None:
             assert self.cfg.zookeeper_connect is not None
-            self._election = ElectionClient(self.cfg.zookeeper_connect, self.cfg.kazoo_session_timeout_ms / 1000,
-                                            identity=election_identity(self.index))
+            assert self.boot.election_root is not None
+            self._election = ElectionClient(
+                self.cfg.zookeeper_connect, self.cfg.kazoo_session_timeout_ms / 1000,
+                identity=election_identity(self.index, self.attempt),
+                membership=election_membership(self.boot.election_root, self.index, self.attempt))
             if self._ready.is_set():
                 self._election.start(timeout_s=self.cfg.start_timeout_ms / 1000)
         return self._election
@@ -346,6 +354,8 @@ class Worker:
         finally:
             self._stopping.set()
             evicted = report.get("status") == "evicted"
+            if evicted and self._election is not None:
+                self._election.close()  # first: an evicted worker leaves its elections before anything slow
             for inst in self.instances.values():
                 inst.request_stop()
             for inst in self.instances.values():

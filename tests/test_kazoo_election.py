@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 from kazoo.protocol.connection import _CONNECTION_DROP
 from kazoo.protocol.states import KazooState
 
-from kazoo_leader.election import ElectionClient, delete_tree, evict
+from kazoo_leader.election import ElectionClient, delete_tree, evict, expel
 
 pytestmark = pytest.mark.integration
 
@@ -271,6 +271,38 @@ def test_evict_deposes_at_once_and_the_evicted_comes_back(stack, zk, root, clien
     assert evict(stack.zookeeper_connect, root, "nobody") == []  # with its own short session
     assert_alternates(r1, r2)
     assert_alternates(r1_other)
+
+
+def test_expelled_client_never_enters_again_even_alone(stack, zk, root) -> None:
+    """What the driver does to a worker it declared dead while it was hung: expel, then evict.
+    When the worker wakes up its session has expired; it must not re-enter, not even where
+    nobody else is left to lead (its twins finished).  A member that was not expelled still
+    re-enters after the same expiry."""
+    path, other = f"{root}/p0", f"{root}/p1"
+    hung = ElectionClient(stack.zookeeper_connect, SESSION_S, "w1a0", membership=f"{root}/members/w1a0")
+    kept = ElectionClient(stack.zookeeper_connect, SESSION_S, "w2a0", membership=f"{root}/members/w2a0")
+    hung.start()
+    kept.start()
+    try:
+        r_hung, r_kept = Recorder(Ledger()), Recorder(Ledger())
+        a = hung.candidate(path, r_hung)
+        e1 = r_hung.wait_leader()
+        kept.candidate(other, r_kept)
+        k1 = r_kept.wait_leader()
+
+        assert expel(zk, f"{root}/members/w1a0") is True
+        assert expel(zk, f"{root}/members/w1a0") is False  # gone already
+        assert evict(zk, root, "w1a0") == [f"{path}/n_{e1:010d}"]
+        assert r_hung.wait_events(2) == [e1, None]
+        expire_session(hung, stack.zookeeper_connect)
+        expire_session(kept, stack.zookeeper_connect)
+        assert r_kept.wait_leader(after=2) > k1  # a member re-enters after its session expired
+        time.sleep(3 * SESSION_S)  # room for any re-entry of the expelled one
+        assert hung.expelled and a.epoch is None and r_hung.events == [e1, None]
+        assert count(zk, path) == 0, children_by_owner(zk, path)
+    finally:
+        hung.close()
+        kept.close()
 
 
 def test_churn_keeps_callbacks_alternating_and_epochs_increasing(zk, root, clients) -> None:
