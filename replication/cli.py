@@ -6,6 +6,7 @@
   replication config                       # the configuration reference
   replication stack start|stop|status|health [--run-dir D]
   replication replicas JOB [--json]        # where a running job's replicas run
+  replication status JOB [--json]          # a running job: replicas, roles, lag, checkpoints, failovers
   replication kill JOB REPLICA --action kill-executor|pause-executor|resume-executor|kill-python
 
 ``MODULE:FACTORY`` names a function returning a :class:`replication.Job`.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -86,6 +88,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _ship_module(spark.sparkContext, module)
         handle = run(job, spark=spark, conf=conf)
         print(handle.plan.describe(), flush=True)
+        if handle.metrics_url:
+            print(f"Prometheus metrics at {handle.metrics_url}", flush=True)
         print(f"job {job.name} {handle.serve(args.drain_after).summary()}", flush=True)
         return 0
     finally:
@@ -97,6 +101,31 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     cfg = ReplicationConfig.from_mapping(_conf_pairs(args.conf))
     print(prepare(_load_job(args.job)[0], cfg).describe())
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from replication.status import format_status, list_status_jobs, read_status
+
+    try:
+        status = read_status(args.job)
+    except FileNotFoundError as err:
+        jobs = list_status_jobs()
+        print(f"error: {err}" + (f"; jobs with a status file: {', '.join(jobs)}" if jobs else ""), file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(status, indent=1, sort_keys=True))
+        return 0
+    try:
+        text = format_status(status)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        print(f"error: malformed status file for job {args.job!r} ({type(err).__name__}: {err}); "
+              "--json prints it as it is", file=sys.stderr)
+        return 2
+    print(text)
     return 0
 
 
@@ -141,6 +170,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=["start", "stop", "status", "health"])
     s.add_argument("--run-dir")
     s.set_defaults(fn=_cmd_stack)
+    st = sub.add_parser("status", help="show a running job: where each replica runs, its role and lag, "
+                                       "checkpoints, recent failovers and recoveries")
+    st.add_argument("job", help="the job name")
+    st.add_argument("--json", action="store_true", help="print the status file the driver publishes, as it is")
+    st.set_defaults(fn=_cmd_status)
     chaos.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
     return p
 

@@ -368,6 +368,11 @@ class ReplicationConfig:
         "metrics.interval", DURATION, 1_000, "How often workers report metrics to the driver.",
         min=10, max=3_600_000,
     )
+    metrics_port: int = _key(
+        "metrics.port", INT, 0,
+        "TCP port of the driver's Prometheus endpoint (`GET /metrics`, text format 0.0.4, listening on all "
+        "interfaces); 0: no endpoint. See docs/operations.md.", min=0, max=65_535,
+    )
     sink_linger_ms: int = _key(
         "sink.lingerMs", INT, 5, "Producer `linger.ms` for sinks, in milliseconds.", min=0, max=900_000,
     )

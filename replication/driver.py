@@ -438,7 +438,19 @@ class JobMaster:
                                "gaps": m.gaps, "queue": m.queue_batches, "dead_lettered": m.dead_lettered,
                                "p50_ms": round(m.latency.percentile(0.5) * 1000, 1),
                                "p99_ms": round(m.latency.percentile(0.99) * 1000, 1),
-                               "role": m.role, "finished": m.finished} for name, m in self.metrics.items()},
+                               "role": m.role, "finished": m.finished, "leader": m.leader,
+                               "order_epoch": m.order_epoch, "pulse": m.pulse, "restored_from": m.restored_from,
+                               "checkpoint_id": m.checkpoint_id} for name, m in self.metrics.items()},
+            # for `replication status`: the task graph, lost replicas, recoveries, the metrics endpoint
+            "ordering": "kazoo" if self.plan.order_logs else "liverobin" if self.plan.heartbeat_log else "none",
+            "replicated": self.replicated, "rhino": self.rhino is not None,
+            "tasks": [{"id": t.id, "name": t.name, "parallelism": t.parallelism,
+                       "operators": [n.name for n in t.chain],
+                       "inputs": [f"{self.plan.task(i.src_task).name}[{i.partitioning}]" for i in t.inputs]}
+                      for t in self.plan.tasks],
+            "lost": sorted(self._replica_label(*replica) for replica in self.lost),
+            "recoveries": self.recoveries[-20:], "checkpoints_compared": self.checkpoints_compared,
+            "metrics_url": getattr(self, "metrics_url", None),  # set by the JobHandle that serves it
         }
         try:
             write_status(self.job_name, status)
@@ -550,6 +562,28 @@ class JobHandle:
         self.pulse_generators: list[HeartbeatGenerator] = []
         if plan.heartbeat_log is not None:
             self.start_pulse_generator()
+        self.metrics_server: Any = None  # the Prometheus endpoint (replication.prometheus.MetricsServer)
+        self.metrics_url: str | None = None
+        if cfg.metrics_port:
+            self._start_metrics_endpoint(cfg.metrics_port)
+
+    def _start_metrics_endpoint(self, port: int) -> None:
+        """Serve ``GET /metrics`` (Prometheus) on ``port`` until the job ends; a port that cannot be
+        bound is logged and recorded as an event, and the job runs without the endpoint."""
+        from replication.prometheus import MetricsServer, collect, render
+
+        try:
+            self.metrics_server = MetricsServer(lambda: render(collect(self.master)), port)
+        except OSError as err:
+            with self.master._cond:
+                self.master.event(f"no metrics endpoint: cannot listen on port {port} "
+                                  f"(spark.replication.metrics.port): {err}")
+            return
+        self.metrics_url = self.metrics_server.url(driver_advertise_host(self._sc))
+        with self.master._cond:
+            self.master.metrics_url = self.metrics_url  # type: ignore[attr-defined]  # for the status file
+            self.master._status_dirty = True
+        log.info("job %s: Prometheus metrics at %s", self.job.name, self.metrics_url)
 
     # -- LiveRobin heartbeat generators ----------------------------------------------------
     def start_pulse_generator(self) -> HeartbeatGenerator:
@@ -699,6 +733,8 @@ class JobHandle:
             raise TimeoutError(f"job {self.job.name} still running after {timeout}s")
         if self._result is None:
             self._server.stop(grace=1.0)
+            if self.metrics_server is not None:
+                self.metrics_server.close()
             for gen in self.pulse_generators:
                 gen.kill()
             m = self.master

@@ -1,4 +1,4 @@
-"""The per-job status file the driver publishes for tooling (``replication replicas``/``kill``).
+"""The per-job status file the driver publishes for tooling (``replication replicas``/``kill``/``status``).
 
 One JSON file per running job, at :func:`status_path`::
 
@@ -7,6 +7,13 @@ One JSON file per running job, at :func:`status_path`::
      "workers": {"0": {"executor": "1", "address": "127.0.0.1:4567", "python_pid": 2345,
                        "attempt": 0, "alive": true}},
      "replicas": {"fraud-rule[0]r1": {"task": 3, "partition": 0, "replica": 1, "worker": 1}}}
+
+The driver also publishes ``sinks`` (writer replica -> epoch, committed seq), ``events`` (the
+last 50), ``checkpoints`` (Rhino: per partition its group and last completed checkpoint),
+``divergences``, ``metrics`` (per replica), ``ordering``, ``replicated``, ``rhino``, ``tasks``
+(the task graph), ``lost`` (replicas lost and not restored), ``recoveries``,
+``checkpoints_compared`` and ``metrics_url``; :func:`format_status` renders it all for
+``replication status``.
 
 ``state`` is ``running``, ``finished``, ``stopped`` or ``failed``. A worker
 entry is missing until that worker registered; ``alive`` turns false once
@@ -111,3 +118,135 @@ def list_status_jobs() -> list[str]:
         return sorted(p.stem for p in status_dir().glob("*.json") if not p.name.startswith("."))
     except OSError:
         return []
+
+
+# -- `replication status JOB` ---------------------------------------------------------------------
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ago(then: Any, now: float) -> str:
+    return f"{max(0.0, now - then):.1f} s ago" if isinstance(then, (int, float)) else "?"
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+            .rstrip() for r in rows]
+
+
+def _role(name: str, m: dict[str, Any], sinks: dict[str, Any]) -> str:
+    roles = []
+    if name in sinks:  # the driver's word on who writes a sink partition
+        epoch = sinks[name].get("epoch", 0)
+        roles.append(f"writer (epoch {epoch})" if epoch else "writer")
+    elif any(w.rsplit("r", 1)[0] == name.rsplit("r", 1)[0] for w in sinks):  # its twin writes
+        roles.append("standby")
+    elif m.get("role"):
+        roles.append(str(m["role"]))
+    if m.get("leader"):
+        roles.append(f"leader (epoch {m.get('order_epoch', '?')})")
+    elif m.get("order_epoch", -1) >= 0:
+        roles.append("follower")
+    return ", ".join(roles) or "-"
+
+
+def format_status(status: dict[str, Any], now: float | None = None) -> str:
+    """``replication status``: the job's tasks, then per partition where each replica runs, its role,
+    counters and lag, the partition's last completed checkpoint and replica group, then recoveries,
+    divergences and recent events.  Fields missing from older status files are shown as ``-``."""
+    now = time.time() if now is None else now
+    workers = status.get("workers") or {}
+    metrics = status.get("metrics") or {}
+    sinks = status.get("sinks") or {}
+    lost = set(status.get("lost") or ())
+    checkpoints = status.get("checkpoints") or {}
+    driver = status.get("driver_pid")
+    driver_note = "alive" if _pid_alive(driver) else "gone" + (
+        ": this status is stale" if status.get("state") == "running" else "")
+    out = [f"job {status.get('job')}: {status.get('state')}, application {status.get('app_id')}, driver pid "
+           f"{driver} ({driver_note}), status updated {_ago(status.get('updated'), now)}"]
+    alive = sum(1 for w in workers.values() if w.get("alive", True))
+    out.append(f"ordering {status.get('ordering', '-')}, "
+               f"{'2 replicas per partition' if status.get('replicated', True) else 'not replicated'}, "
+               f"Rhino checkpoints {'on' if status.get('rhino') else 'off'}; "
+               f"workers: {alive} alive, {len(workers) - alive} dead")
+    if status.get("metrics_url"):
+        out.append(f"Prometheus metrics: {status['metrics_url']}")
+    if status.get("tasks"):
+        out.append("tasks:")
+        out += [f"  task {t['id']} {t['name']} x{t['parallelism']}: {' -> '.join(t.get('operators', []))}  "
+                f"(inputs: {', '.join(t.get('inputs') or []) or 'kafka'})" for t in status["tasks"]]
+
+    # replicas grouped by partition, in plan order
+    parts: dict[tuple[int, int], list[tuple[int, str, dict[str, Any]]]] = {}
+    for name, e in (status.get("replicas") or {}).items():
+        parts.setdefault((int(e["task"]), int(e["partition"])), []).append((int(e["replica"]), name, e))
+    with_cp = bool(status.get("rhino") or checkpoints)
+    header = ["PARTITION", "REPLICA", "WORKER", "EXECUTOR", "ROLE", "STATE", "IN", "OUT", "LAG", "QUEUE", "P99 MS"]
+    header += ["LAST CHECKPOINT", "GROUP"] if with_cp else []
+    rows = [header]
+    for (_, p), reps in sorted(parts.items()):
+        reps.sort()
+        task = reps[0][1].rsplit("[", 1)[0]
+        part = f"{task}[{p}]"
+
+        def is_lost(name: str, e: dict[str, Any]) -> bool:
+            w = workers.get(str(e.get("worker")))
+            return name in lost or (w is not None and not w.get("alive", True))
+
+        live = [(name, metrics[name]) for _, name, e in reps if not is_lost(name, e) and name in metrics]
+        pulses = any(m.get("pulse", 0) > 0 for _, m in live)
+        top = max((m.get("pulse", 0) if pulses else m.get("in", 0) for _, m in live
+                   if pulses or m.get("restored_from", -1) < 0), default=0)
+        for i, (r, name, e) in enumerate(reps):
+            m = metrics.get(name, {})
+            w = workers.get(str(e.get("worker")), {})
+            if is_lost(name, e):
+                state, lag = "LOST", "-"
+            else:
+                state = "finished" if m.get("finished") else "live" if m else "not reported"
+                if m.get("restored_from", -1) >= 0:
+                    state += f" (restored from {m['restored_from']})"
+                comparable = pulses or m.get("restored_from", -1) < 0
+                lag = f"{top - (m.get('pulse', 0) if pulses else m.get('in', 0)):,}" if m and comparable else "-"
+            row = [part if i == 0 else "", f"r{r}", str(e.get("worker", "-")), str(w.get("executor") or "-"),
+                   _role(name, m, sinks), state, f"{m['in']:,}" if "in" in m else "-",
+                   f"{m['out']:,}" if "out" in m else "-", lag, str(m.get("queue", "-")),
+                   f"{m['p99_ms']:g}" if m.get("p99_ms") else "-"]
+            if with_cp:
+                cp = checkpoints.get(part, {})
+                row += ["", ""] if i else [
+                    f"{cp['completed']} ({_ago(cp.get('completed_at'), now)})" if "completed" in cp else "none yet",
+                    ", ".join(map(str, cp.get("group", []))) or "-"]
+            rows.append(row)
+    out += ["", "ROLE: writer/standby = the sink replica writing to Kafka and its twin; leader/follower = KaZoo "
+            "ordering. LAG: how far the replica trails the furthest live replica of its partition, in "
+            "LiveRobin pulses when the job has them, else in input records ('-' for a restored replica, whose "
+            "counters restarted). QUEUE: input batches waiting." + (
+                " GROUP: the workers holding the partition's checkpoints." if with_cp else "")]
+    out += _table(rows, right={6, 7, 8, 9, 10}) if len(rows) > 1 else ["(no replicas yet)"]
+
+    out.append("")
+    recoveries = status.get("recoveries") or []
+    out.append(f"recoveries (two live replicas again): {len(recoveries)}")
+    out += [f"  {r.get('replica')} restored on worker {r.get('worker')} from checkpoint {r.get('checkpoint_id')}, "
+            f"caught up {r.get('recovery_s', 0):.2f} s after the failure ({_ago(r.get('caught_up_at'), now)})"
+            for r in recoveries[-10:]]
+    divergences = status.get("divergences") or []
+    compared = status.get("checkpoints_compared")
+    out.append(f"divergences: {len(divergences) or 'none'}"
+               + (f" ({compared:,} checkpoints compared)" if isinstance(compared, int) else ""))
+    out += [f"  {d}" for d in divergences]
+    events = status.get("events") or []
+    out.append(f"recent events (failovers, restores, failures; newest last): {'none' if not events else ''}".rstrip())
+    out += [f"  {_ago(ev.get('time'), now):>12}  {ev.get('text')}" for ev in events[-15:]]
+    return "\n".join(out)

@@ -40,13 +40,14 @@ def test_prefix_and_defaults() -> None:
     assert (c.state_key_groups, c.state_vnodes, c.state_cache_entries) == (32768, 256, 10_000)
     assert (c.channel_buffer_timeout_ms, c.watermark_interval_ms, c.stop_timeout_ms) == (5, 200, 10_000)
     assert (c.start_timeout_ms, c.metrics_interval_ms, c.sink_linger_ms) == (120_000, 1_000, 5)
+    assert c.metrics_port == 0 and cfg(metrics__port="9464").metrics_port == 9464
     assert c.dead_letter_topic("orders") == "orders.dlq"
     assert cfg(deadLetterTopic="bad-records").dead_letter_topic("orders") == "bad-records"
     assert (c.mode, c.liverobin_heartbeat_period_ms, c.liverobin_max_pulse_step) == ("unordered", 10, 1_000)
     assert c.heartbeat_topic("orders") == "_replication.orders.heartbeats"
     assert cfg(mode="liverobin", **{"liverobin.heartbeatPeriod": "50ms"}).liverobin_heartbeat_period_ms == 50
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 33
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 34
 
 
 def test_other_keys_ignored_and_values_typed() -> None:
@@ -118,6 +119,9 @@ def test_parse_float_and_enum_keys() -> None:
         ("stopTimeout", "50ms", "must be between 100 ms and 600000 ms"),
         ("startTimeout", "2h", "must be between 1000 ms"),
         ("metrics.interval", "1", "must be between 10 ms"),
+        ("metrics.port", "-1", "must be between 0 and 65535"),
+        ("metrics.port", "65536", "must be between 0 and 65535"),
+        ("metrics.port", "http", "expected an integer"),
         ("sink.lingerMs", "-1", "must be between 0 and 900000"),
         ("kafka.bootstrapServers", "localhost", "expected host:port"),
         ("kafka.bootstrapServers", "h:1,h:99999", "expected host:port"),
