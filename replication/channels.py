@@ -133,10 +133,15 @@ class OutputChannel:
     def emit(self, element: tuple) -> None:
         """Append an element; blocks while the fastest live replica has ``max_ready`` batches waiting."""
         with self._cond:
-            while self._backlog() >= self._max_ready and not self._closed and any(self._alive):
+            while not self._closed:
+                if any(self._alive):
+                    if self._backlog() < self._max_ready:
+                        break
+                elif not self._rolling_back() or len(self._sealed) < self._backup_limit:
+                    break  # (rolling back: the backup keeps it for the restored replica, up to its limit)
                 self._cond.wait()
             self._raise_if_unusable()
-            if not any(self._alive):
+            if not any(self._alive) and not self._rolling_back():
                 return  # every destination replica finished: what is left are duplicates
             if not self._current:
                 self._current_started = time.monotonic()
@@ -279,10 +284,15 @@ class OutputChannel:
         while self._sealed and self._sealed[0] + self._batches[self._sealed[0]][1] <= low:
             del self._batches[self._sealed.popleft()]
 
+    def _rolling_back(self) -> bool:
+        """Every destination replica is lost, none finished, and a backup is kept: the destination
+        is rolled back from a checkpoint and rejoins, so what is emitted meanwhile is kept."""
+        return self._retain_from is not None and not any(self._alive) and not any(self._retired)
+
     def _raise_if_unusable(self) -> None:
         if self._closed:
             raise ChannelClosed(f"channel {self.spec.id} is closed")
-        if not any(self._alive) and not any(self._retired):
+        if not any(self._alive) and not any(self._retired) and self._retain_from is None:
             raise ChannelClosed(f"channel {self.spec.id}: every replica of partition {self.spec.dst_partition} "
                                 f"of task {self.spec.dst_task} is lost")
 

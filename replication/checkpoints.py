@@ -10,7 +10,11 @@ As a *replica-group member*, it stores the increments of other partitions in a
 from there by hard links.
 
 As an *upstream*, it trims its output channels' backups to the positions of the destinations'
-completed checkpoints.
+safe checkpoints (the consistent cut a rollback restores from, see ``rhino_state.manager``).
+
+A replica rolled back to an older checkpoint regenerates checkpoints that completed before: it
+reports their digests (the driver compares them with the originals) but ships nothing until it
+is past the latest completed one.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ class WorkerCheckpoints:
         self.shipper = ChainShipper(on_completed=self._on_completed)
         self._lock = threading.Lock()
         self._taken: list[tuple[int, int, int, int, str]] = []  # (task, part, replica, id, digest)
-        self._completed: list[tuple[int, int, int, dict[int, int], str]] = []
-        self._positions: dict[tuple[Instance, int], dict[int, int]] = {}
+        self._completed: list[tuple[int, int, int, dict[int, int], str, list[str], dict[int, int]]] = []
+        # (positions, output seqs) of the checkpoints in flight
+        self._positions: dict[tuple[Instance, int], tuple[dict[int, int], dict[int, int]]] = {}
         self._full_next: set[Instance] = set()  # took over shipping: the next checkpoint is a full one
         self._groups: dict[Instance, list[str]] = {}  # the instances this worker ships, and their groups
         self._known_completed: dict[Instance, int] = {}
@@ -59,10 +64,11 @@ class WorkerCheckpoints:
         self.store.close()
 
     # -- origin ------------------------------------------------------------------------------
-    def take(self, inst: Any, checkpoint_id: int, runtime: bytes,
-             positions: Mapping[int, int]) -> tuple[IncrementMeta, bool]:
+    def take(self, inst: Any, checkpoint_id: int, runtime: bytes, positions: Mapping[int, int],
+             outputs: Mapping[int, int]) -> tuple[IncrementMeta, bool]:
         """Checkpoint ``inst``'s state now; returns its meta and whether it was handed to the
-        shipper (only the shipping replica's are, and only while its group has members)."""
+        shipper (only the shipping replica's are, only while its group has members, and not one
+        a rolled-back replica regenerates)."""
         key: Instance = (inst.task.id, inst.partition)
         out = self.root / "out" / f"t{key[0]}p{key[1]}"
         out.mkdir(parents=True, exist_ok=True)
@@ -70,15 +76,16 @@ class WorkerCheckpoints:
         with self._lock:
             # an empty group takes nothing: no O(state) full snapshot for nobody (the first one
             # after members come back is full)
-            shipping = bool(self._groups.get(key))
+            regenerated = checkpoint_id <= self._known_completed.get(key, -1)
+            shipping = bool(self._groups.get(key)) and not regenerated
             full = shipping and (key in self._full_next or self.shipper.needs_full(key))
             if full:
                 self._full_next.discard(key)
         meta = inst.state_backend().checkpoint(checkpoint_id, path, runtime=runtime, full=full)
         with self._lock:
             self._taken.append((*key, inst.replica, checkpoint_id, meta.digest))
-            self._positions[(key, checkpoint_id)] = dict(positions)
-            if key in self._groups and not shipping:
+            self._positions[(key, checkpoint_id)] = (dict(positions), dict(outputs))
+            if key in self._groups and not shipping and not regenerated:
                 self._full_next.add(key)
         if not shipping:  # the twin ships (this one only reports its digest), or nobody to ship to
             path.unlink(missing_ok=True)
@@ -99,10 +106,10 @@ class WorkerCheckpoints:
         # the members that hold it: the chain it went along (the group may have changed since)
         chain = list(self.shipper.status().get(meta.instance, {}).get("group", ()))
         with self._lock:
-            positions = self._positions.pop((meta.instance, meta.checkpoint_id), {})
+            positions, outputs = self._positions.pop((meta.instance, meta.checkpoint_id), ({}, {}))
             for old in [k for k in self._positions if k[0] == meta.instance and k[1] < meta.checkpoint_id]:
                 del self._positions[old]
-            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, chain))
+            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, chain, outputs))
 
     def report(self) -> dict[str, list]:
         """Checkpoints taken and completed since the last report (for the driver's heartbeat)."""
@@ -113,20 +120,25 @@ class WorkerCheckpoints:
 
     # -- the driver's view ---------------------------------------------------------------------
     def apply_view(self, view: Mapping[str, Any]) -> None:
-        """Groups, shippers and completed checkpoints from the driver (each heartbeat)."""
-        completed: Mapping[Instance, tuple[int, Mapping[int, int]]] = view.get("completed", {})
+        """Groups, shippers, completed checkpoints, where upstream backups may be trimmed to and
+        which snapshots members keep, from the driver (each heartbeat)."""
+        completed: Mapping[Instance, int] = view.get("completed", {})
+        trim: Mapping[Instance, Mapping[int, int]] = view.get("trim", {})
         for key, inst in list(self.worker.instances.items()):
             if view.get("shippers", {}).get(key) == inst.replica:
-                self._ship(key, view["groups"].get(key, []), completed.get(key, (None, {}))[0])
+                self._ship(key, view["groups"].get(key, []), completed.get(key))
             elif key in self._groups:  # its twin ships again (e.g. restored): stop, or both would
                 with self._lock:
                     del self._groups[key]
                 self.shipper.remove_instance(key)
             for ch in inst.outputs:
-                done = completed.get((ch.spec.dst_task, ch.spec.dst_partition))
-                if done is not None and ch.spec.id in done[1]:
-                    ch.release(done[1][ch.spec.id])
-        for key, (cid, _) in completed.items():
+                cut = trim.get((ch.spec.dst_task, ch.spec.dst_partition))
+                if cut is not None and ch.spec.id in cut:
+                    ch.release(cut[ch.spec.id])
+        for key, from_id in view.get("retain", {}).items():
+            if self.store.last_applied(key) is not None:
+                self.store.retain(key, from_id)
+        for key, cid in completed.items():
             if self._known_completed.get(key, -1) >= cid:
                 continue
             self._known_completed[key] = cid
@@ -147,10 +159,11 @@ class WorkerCheckpoints:
 
     # -- member: restore ------------------------------------------------------------------------
     def restore(self, key: Instance, target: Path, checkpoint_id: int | None = None) -> IncrementMeta:
-        """Materialise the latest completed checkpoint of ``key`` at ``target`` (hard links)."""
+        """Materialise the completed checkpoint ``checkpoint_id`` (default: the latest) of ``key``
+        at ``target`` (hard links); an older one must be kept for a rollback."""
         if checkpoint_id is not None:
             latest = self.store.latest_completed(key)
             if latest is None or latest.checkpoint_id < checkpoint_id:
                 self.store.complete(key, checkpoint_id)
         shutil.rmtree(target, ignore_errors=True)
-        return self.store.restore(key, target)
+        return self.store.restore(key, target, checkpoint_id)

@@ -115,7 +115,7 @@ class PartitionInstance:
         runtime["operators"] = [op.snapshot() for op in chain_operators(self.chain)]
         runtime["outputs"] = {ch.spec.id: ch.next_seq for ch in self.outputs}
         meta, shipped = self.worker.checkpoints.take(self, checkpoint_id, pickle.dumps(runtime, protocol=5),
-                                                     runtime.get("positions", {}))
+                                                     runtime.get("positions", {}), runtime["outputs"])
         m = self.metrics
         m.checkpoints_taken += 1
         m.checkpoint_id, m.checkpoint_digest = checkpoint_id, meta.digest

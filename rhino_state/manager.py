@@ -8,13 +8,25 @@ replica is lost, it is restored on a member holding the latest completed checkpo
 restore: hard links, no bulk transfer); that member then runs the replica, so the group gets a new
 member in its place, which needs a full snapshot first.
 
+**Rollback.** When *every* replica of an instance is lost (or its twin dies before a restored
+replica delivered what it should), restoring it from its latest checkpoint is not enough: what it had produced before that checkpoint but not yet delivered died
+with it, and a downstream that lost its replicas too may need still older output.  So the manager
+keeps each instance's completed checkpoints from its *safe* one on, where the safe checkpoints of
+all instances form a consistent cut: for every channel, the upstream's output seq at its safe
+checkpoint is at most the downstream's input position at its own.  Sinks (no downstream) are safe
+at their latest; an upstream is safe at its newest checkpoint that its downstreams' safe ones
+cover.  Upstream backups are trimmed to the safe positions (not the latest), and replica-group
+members keep every snapshot from the safe one on, so any set of instances can be rolled back to
+the cut and replayed: the restored ones regenerate, deterministically, everything their
+downstreams lack, and their upstreams' backups reach back to their positions.
+
 No I/O, no threads: the driver feeds it events and acts on what it returns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["CompletedCheckpoint", "ReplicationManager"]
 
@@ -31,6 +43,10 @@ class CompletedCheckpoint:
     holders: frozenset[int]  # workers that hold it (the group it was shipped along)
     digest: str = ""
     completed_at: float = 0.0  # when the driver learned of it (wall clock)
+    outputs: Mapping[int, int] = field(default_factory=dict)  # output channel -> next seq at the checkpoint
+
+
+Channel = tuple[int, Instance, Instance]  # (channel id, upstream instance, downstream instance)
 
 
 @dataclass
@@ -43,7 +59,13 @@ class ReplicationManager:
     dead: set[int] = field(default_factory=set)
     lost: set[ReplicaId] = field(default_factory=set)  # replicas of dead workers, not restored yet
     groups: dict[Instance, list[int]] = field(default_factory=dict)
-    completed: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)
+    completed: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)  # the latest
+    channels: list[Channel] = field(default_factory=list)  # the job graph, for the consistent cut
+    # completed checkpoints from the safe one on (ascending), the safe ones, and rollbacks in progress
+    history: dict[Instance, list[CompletedCheckpoint]] = field(default_factory=dict)
+    safe: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)
+    pinned: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)
+    pinned_by: dict[Instance, int] = field(default_factory=dict)  # the replica restored from it
 
     def __post_init__(self) -> None:
         for inst in self.instances():
@@ -82,15 +104,84 @@ class ReplicationManager:
 
     # -- events ------------------------------------------------------------------------------
     def checkpoint_completed(self, inst: Instance, checkpoint_id: int, positions: Mapping[int, int],
-                             digest: str = "", now: float = 0.0, holders: Iterable[int] | None = None) -> bool:
+                             digest: str = "", now: float = 0.0, holders: Iterable[int] | None = None,
+                             outputs: Mapping[int, int] | None = None) -> bool:
         """The chain's tail acknowledged ``checkpoint_id`` of ``inst``; ``holders``: the members of
         the chain it went along (default: the current group).  False if it is not newer."""
         known = self.completed.get(inst)
         if known is not None and checkpoint_id <= known.checkpoint_id:
             return False
         held = frozenset(self.groups.get(inst, ()) if holders is None else holders) - self.dead
-        self.completed[inst] = CompletedCheckpoint(checkpoint_id, dict(positions), held, digest, now)
+        cp = CompletedCheckpoint(checkpoint_id, dict(positions), held, digest, now, dict(outputs or {}))
+        self.completed[inst] = cp
+        self.history.setdefault(inst, []).append(cp)
+        self._recompute_safe()
         return True
+
+    def checkpoint_taken(self, replica: ReplicaId, checkpoint_id: int) -> None:
+        """``replica`` took ``checkpoint_id``: a replica restored from a pinned checkpoint that is
+        now at or past the safe one needs nothing older any more (unpinned)."""
+        inst = replica[:2]
+        pinned = self.pinned.get(inst)
+        if pinned is None or self.pinned_by.get(inst) != replica[2] or checkpoint_id <= pinned.checkpoint_id:
+            return
+        safe = self.safe.get(inst)
+        if safe is None or checkpoint_id >= safe.checkpoint_id:
+            del self.pinned[inst], self.pinned_by[inst]
+            self._recompute_safe()
+
+    def checkpoint(self, inst: Instance, checkpoint_id: int) -> CompletedCheckpoint | None:
+        """The completed checkpoint ``checkpoint_id`` of ``inst`` if it is still kept."""
+        return next((cp for cp in self.history.get(inst, ()) if cp.checkpoint_id == checkpoint_id), None)
+
+    def _recompute_safe(self) -> None:
+        """The consistent cut (see the module docstring), downstream first; the history before
+        each instance's safe checkpoint (or pinned one, while a rollback replays from it) goes."""
+        downstream: dict[Instance, list[tuple[int, Instance]]] = {}
+        for ch, up, down in self.channels:
+            downstream.setdefault(up, []).append((ch, down))
+        safe: dict[Instance, CompletedCheckpoint | None] = {}
+
+        def resolve(inst: Instance, visiting: frozenset[Instance]) -> CompletedCheckpoint | None:
+            if inst in safe:
+                return safe[inst]
+            if inst in visiting:
+                raise ValueError(f"the job graph has a cycle through {inst}")
+            limits: dict[int, int] = {}
+            for ch, down in downstream.get(inst, ()):
+                # a rollback in progress replays the downstream from its pinned checkpoint
+                cut = self.pinned.get(down) or resolve(down, visiting | {inst})
+                if cut is None:
+                    safe[inst] = None  # a downstream with no safe checkpoint: nothing is safe above it
+                    return None
+                limits[ch] = cut.positions.get(ch, 0)
+            found = None
+            for cp in reversed(self.history.get(inst, ())):
+                if all(cp.outputs.get(ch, 0) <= limit for ch, limit in limits.items()):
+                    found = cp
+                    break
+            safe[inst] = found
+            return found
+
+        for inst in self.instances():
+            cut = resolve(inst, frozenset())
+            if cut is None:
+                self.safe.pop(inst, None)
+                continue
+            self.safe[inst] = cut
+            oldest = min(cut.checkpoint_id, self.pinned[inst].checkpoint_id if inst in self.pinned else cut.checkpoint_id)
+            self.history[inst] = [cp for cp in self.history.get(inst, ()) if cp.checkpoint_id >= oldest]
+
+    def trim_positions(self, inst: Instance) -> Mapping[int, int] | None:
+        """Where the upstreams of ``inst`` may trim their backups to: the safe checkpoint's positions,
+        or the pinned one's while ``inst`` is rolled back from it (None: keep everything)."""
+        cut = self.pinned.get(inst) or self.safe.get(inst)
+        return None if cut is None else cut.positions
+
+    def retain_from(self, inst: Instance) -> int | None:
+        """The oldest checkpoint id of ``inst`` group members must keep a snapshot of."""
+        kept = self.history.get(inst)
+        return kept[0].checkpoint_id if kept else None
 
     def worker_dead(self, w: int) -> tuple[list[ReplicaId], dict[Instance, list[int]]]:
         """``w`` is gone: its replicas (to restore) and the groups that changed (they need a full
@@ -98,10 +189,18 @@ class ReplicationManager:
         self.dead.add(w)
         lost = sorted(r for r, ww in self.placement.items() if ww == w)
         self.lost.update(lost)
-        for inst, cp in list(self.completed.items()):
-            if w in cp.holders:
-                self.completed[inst] = CompletedCheckpoint(cp.checkpoint_id, cp.positions, cp.holders - {w},
-                                                           cp.digest, cp.completed_at)
+        for replica in lost:
+            self.restore_failed(replica)
+        def without(cp: CompletedCheckpoint) -> CompletedCheckpoint:
+            return replace(cp, holders=cp.holders - {w}) if w in cp.holders else cp
+
+        for inst in list(self.completed):
+            self.completed[inst] = without(self.completed[inst])
+        for inst, kept in self.history.items():
+            self.history[inst] = [without(cp) for cp in kept]
+        for table in (self.safe, self.pinned):
+            for inst in list(table):
+                table[inst] = without(table[inst])
         return lost, self._regroup(self.instances())
 
     def worker_alive(self, w: int) -> dict[Instance, list[int]]:
@@ -109,16 +208,43 @@ class ReplicationManager:
         self.dead.discard(w)
         return self._regroup(inst for inst, g in self.groups.items() if len(g) < self.size)
 
-    def restore_host(self, replica: ReplicaId) -> int | None:
-        """The live worker to restore ``replica`` on: a holder of the latest completed checkpoint
-        of its instance that runs no replica of it; None if there is none."""
+    def restore_plan(self, replica: ReplicaId) -> tuple[int, CompletedCheckpoint, bool] | None:
+        """Where and from what to restore ``replica``: ``(worker, checkpoint, rollback)``, or None
+        if no live worker that runs no replica of its instance holds the checkpoint needed.
+
+        Always the safe checkpoint (or the one a restore in progress replays from), even with a
+        live twin: a replica restored from the latest one could not give a downstream that is
+        rolled back later the output before that checkpoint, and its twin may die before it is
+        delivered.  ``rollback``: no live replica of the instance is left."""
         inst = replica[:2]
-        cp = self.completed.get(inst)
+        busy = self.replica_workers(inst)
+        rollback = not busy
+        cp = self.pinned.get(inst) or self.safe.get(inst)
         if cp is None:
             return None
-        busy = self.replica_workers(inst)
         order = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
-        return next((w for w in order if w not in self.dead and w not in busy), None)
+        host = next((w for w in order if w not in self.dead and w not in busy), None)
+        return None if host is None else (host, cp, rollback)
+
+    def restore_host(self, replica: ReplicaId) -> int | None:
+        """The live worker :meth:`restore_plan` would restore ``replica`` on (None: none yet)."""
+        plan = self.restore_plan(replica)
+        return None if plan is None else plan[0]
+
+    def restore_failed(self, replica: ReplicaId) -> None:
+        """The restore of ``replica`` failed, or the restored replica was lost before it caught
+        up: its pin goes (a retry pins again)."""
+        inst = replica[:2]
+        if self.pinned_by.get(inst) == replica[2]:
+            del self.pinned[inst], self.pinned_by[inst]
+            self._recompute_safe()
+
+    def restoring(self, replica: ReplicaId, cp: CompletedCheckpoint) -> None:
+        """``replica`` is restored from ``cp``: until it takes a checkpoint at or past the safe
+        one, upstream backups and snapshots of its instance are kept from ``cp`` on (the safe cut
+        may move past it meanwhile)."""
+        self.pinned[replica[:2]] = cp
+        self.pinned_by[replica[:2]] = replica[2]
 
     def replica_moved(self, replica: ReplicaId, w: int) -> dict[Instance, list[int]]:
         """``replica`` runs on ``w`` now (restored there): its group must not contain ``w``."""

@@ -129,6 +129,9 @@ class _Instance:
     metas: dict[int, IncrementMeta] = field(default_factory=dict)  # applied after `completed`
     payloads: dict[int, str] = field(default_factory=dict)
     snapshots: dict[int, str] = field(default_factory=dict)  # pending (uncompleted) snapshots
+    # older completed snapshots kept for a rollback (ids >= retain_from; see ReplicaStore.retain)
+    older: dict[int, tuple[IncrementMeta, str]] = field(default_factory=dict)
+    retain_from: int | None = None
 
     def close_db(self) -> None:
         if self.db is not None:
@@ -290,8 +293,9 @@ class ReplicaStore:
     def complete(self, instance: Instance, checkpoint_id: int) -> None:
         """Mark an applied checkpoint completed: snapshot it (hard links) and drop older state.
 
-        Keeps only the newest completed snapshot, plus the metas and payloads applied after it.
-        Completing an id at or below the latest completed one is a no-op.
+        Keeps the newest completed snapshot, the older ones from :meth:`retain`'s id on, and the
+        metas and payloads applied after the newest. Completing an id at or below the latest
+        completed one is a no-op.
         """
         with self._locked(instance, create=False) as inst:
             if inst is None:
@@ -309,8 +313,11 @@ class ReplicaStore:
                 raise ValueError(
                     f"instance {instance}: the state of checkpoint {checkpoint_id} is no longer available"
                 )
-            if inst.completed_dir is not None:
-                shutil.rmtree(inst.completed_dir, ignore_errors=True)
+            if inst.completed is not None and inst.completed_dir is not None:
+                if inst.retain_from is not None and inst.completed.checkpoint_id >= inst.retain_from:
+                    inst.older[inst.completed.checkpoint_id] = (inst.completed, inst.completed_dir)
+                else:
+                    shutil.rmtree(inst.completed_dir, ignore_errors=True)
             inst.completed, inst.completed_dir = meta, snap
             for old in [i for i in inst.snapshots if i < checkpoint_id]:
                 shutil.rmtree(inst.snapshots.pop(old), ignore_errors=True)
@@ -334,6 +341,22 @@ class ReplicaStore:
             raise
         return snap
 
+    def retain(self, instance: Instance, from_id: int | None) -> None:
+        """Keep completed snapshots of ``instance`` from ``from_id`` on (a rollback may restore
+        any of them); older ones are deleted now.  None: keep only the newest."""
+        with self._locked(instance, create=True) as inst:
+            assert inst is not None
+            inst.retain_from = from_id
+            for old in [i for i in inst.older if from_id is None or i < from_id]:
+                shutil.rmtree(inst.older.pop(old)[1], ignore_errors=True)
+
+    def completed_ids(self, instance: Instance) -> list[int]:
+        """Ids of the completed snapshots of ``instance`` held here, ascending."""
+        with self._locked(instance, create=False) as inst:
+            if inst is None or inst.completed is None:
+                return []
+            return sorted(inst.older) + [inst.completed.checkpoint_id]
+
     def latest_completed(self, instance: Instance) -> IncrementMeta | None:
         """Meta of the newest completed checkpoint of ``instance``, if any."""
         with self._locked(instance, create=False) as inst:
@@ -352,8 +375,10 @@ class ReplicaStore:
                 return []
             return [(inst.metas[i], inst.payloads[i]) for i in sorted(inst.payloads)]
 
-    def restore(self, instance: Instance, target_dir: str | os.PathLike[str]) -> IncrementMeta:
-        """Materialise the newest completed checkpoint at ``target_dir`` (absent or empty).
+    def restore(self, instance: Instance, target_dir: str | os.PathLike[str],
+                checkpoint_id: int | None = None) -> IncrementMeta:
+        """Materialise the newest completed checkpoint (or the kept one ``checkpoint_id``) at
+        ``target_dir`` (absent or empty).
 
         SST files are hard-linked; CURRENT, MANIFEST, WAL, OPTIONS and rocksdict's config file are
         copied because the opener may rewrite them in place. ``RocksDBStateBackend(target_dir)``
@@ -363,8 +388,15 @@ class ReplicaStore:
         with self._locked(instance, create=False) as inst:
             if inst is None or inst.completed is None or inst.completed_dir is None:
                 raise NoCompletedCheckpointError(f"instance {instance} has no completed checkpoint here")
-            link_db(inst.completed_dir, os.fspath(target_dir))
-            return inst.completed
+            meta, source = inst.completed, inst.completed_dir
+            if checkpoint_id is not None and checkpoint_id != meta.checkpoint_id:
+                if checkpoint_id not in inst.older:
+                    raise NoCompletedCheckpointError(
+                        f"instance {instance}: completed checkpoint {checkpoint_id} is not kept here "
+                        f"(kept: {sorted(inst.older) + [meta.checkpoint_id]})")
+                meta, source = inst.older[checkpoint_id]
+            link_db(source, os.fspath(target_dir))
+            return meta
 
     def export_full(self, instance: Instance, path: str | os.PathLike[str]) -> IncrementMeta:
         """Write the newest completed checkpoint as a full increment payload at ``path``.

@@ -58,3 +58,109 @@ def test_a_lost_replica_on_its_relaunched_worker_is_not_live():
     assert m.replica_workers((0, 0)) == {1} and m.groups[(0, 0)] == [2, 0]
     m.replica_moved((0, 0, 0), 2)  # restored on worker 2
     assert m.replica_workers((0, 0)) == {1, 2} and m.groups[(0, 0)] == [0]
+
+
+# a source (task 0) -> map (task 1) -> sink (task 2) chain, one partition each, channels 10 and 11
+CHAIN_PLACEMENT = {(t, 0, r): (t + r) % 3 for t in range(3) for r in range(2)}
+CHAIN = [(10, (0, 0), (1, 0)), (11, (1, 0), (2, 0))]
+
+
+def chain_manager() -> ReplicationManager:
+    return ReplicationManager(dict(CHAIN_PLACEMENT), 3, channels=list(CHAIN))
+
+
+def test_the_safe_checkpoints_form_a_consistent_cut():
+    m = chain_manager()
+    m.checkpoint_completed((0, 0), 1, {}, outputs={10: 100})
+    m.checkpoint_completed((0, 0), 2, {}, outputs={10: 200})
+    m.checkpoint_completed((1, 0), 1, {10: 150}, outputs={11: 90})
+    assert m.safe == {}  # the sink has no checkpoint: nothing is safe above it
+    m.checkpoint_completed((2, 0), 1, {11: 80})
+    # the sink is safe at its latest; the map's checkpoint 1 produced up to 90 > 80: not covered
+    assert m.safe[(2, 0)].checkpoint_id == 1 and (1, 0) not in m.safe and (0, 0) not in m.safe
+    m.checkpoint_completed((2, 0), 2, {11: 95})
+    assert m.safe[(1, 0)].checkpoint_id == 1
+    assert m.safe[(0, 0)].checkpoint_id == 1  # 200 > 150 (the map's safe position): only 100 is covered
+    assert m.trim_positions((1, 0)) == {10: 150} and m.trim_positions((0, 0)) == {}
+    m.checkpoint_completed((1, 0), 2, {10: 260}, outputs={11: 120})
+    assert m.safe[(1, 0)].checkpoint_id == 1  # 120 > 95: the map stays at 1, and so the source
+    assert m.safe[(0, 0)].checkpoint_id == 1
+    assert [cp.checkpoint_id for cp in m.history[(1, 0)]] == [1, 2]  # kept from the safe one on
+    m.checkpoint_completed((2, 0), 3, {11: 130})
+    assert m.safe[(1, 0)].checkpoint_id == 2 and m.safe[(0, 0)].checkpoint_id == 2
+    assert [cp.checkpoint_id for cp in m.history[(0, 0)]] == [2] and m.retain_from((1, 0)) == 2
+    # the cut: every channel's upstream output at its safe checkpoint <= the downstream's position
+    for ch, up, down in CHAIN:
+        assert m.safe[up].outputs[ch] <= m.safe[down].positions[ch]
+
+
+def test_losing_every_replica_rolls_back_from_the_safe_checkpoint_and_pins_it():
+    m = chain_manager()
+    m.checkpoint_completed((0, 0), 1, {}, outputs={10: 40})
+    m.checkpoint_completed((0, 0), 2, {}, outputs={10: 120})
+    m.checkpoint_completed((1, 0), 1, {10: 50}, outputs={11: 40})
+    m.checkpoint_completed((2, 0), 1, {11: 45})
+    m.checkpoint_completed((1, 0), 2, {10: 150}, outputs={11: 90})  # the latest, not covered by the sink
+    assert m.safe[(1, 0)].checkpoint_id == 1 and m.completed[(1, 0)].checkpoint_id == 2
+    group = m.groups[(1, 0)][0]
+    # one replica lost: restored from the safe checkpoint too (its twin may die before it
+    # delivered what the latest one no longer produces)
+    lost, _ = m.worker_dead(1)  # map r0 (worker 1) and source r1 (worker 1)
+    host, cp, rollback = m.restore_plan((1, 0, 0))
+    assert (host, cp.checkpoint_id, rollback) == (group, 1, False)
+    # both lost: a rollback from the safe checkpoint
+    m.worker_dead(2)
+    assert m.restore_plan((1, 0, 1)) is None or m.restore_plan((1, 0, 1))[2]
+    m.worker_alive(1)
+    m.worker_alive(2)
+    plan = m.restore_plan((1, 0, 0))
+    assert plan is not None and plan[1].checkpoint_id == 1 and plan[2] is True and plan[0] == 0
+    m.restoring((1, 0, 0), plan[1])
+    m.replica_moved((1, 0, 0), plan[0])
+    # the sink moves on; the map's safe checkpoint would now be 2, but the rollback replays from 1
+    m.checkpoint_completed((2, 0), 2, {11: 100})
+    assert m.safe[(1, 0)].checkpoint_id == 2 and m.trim_positions((1, 0)) == {10: 50}
+    assert m.safe[(0, 0)].checkpoint_id == 1  # 120 would do for the map's safe 150, not for the pinned 50
+    assert m.retain_from((1, 0)) == 1
+    # its twin waits: the only holder runs the restored replica now
+    assert m.restore_plan((1, 0, 1)) is None and 0 not in m.groups[(1, 0)]
+    # once the restored replica took a checkpoint at or past the safe one, nothing is pinned (a
+    # checkpoint of another replica, or an older one, does not count)
+    m.checkpoint_taken((1, 0, 1), 2)
+    m.checkpoint_taken((1, 0, 0), 1)
+    assert m.pinned[(1, 0)].checkpoint_id == 1
+    m.checkpoint_taken((1, 0, 0), 2)
+    assert (1, 0) not in m.pinned and m.trim_positions((1, 0)) == {10: 150}
+    # the twin is restored from the safe checkpoint once a worker that does not run the
+    # restored replica holds one (the restored replica is live: no rollback)
+    m.checkpoint_completed((1, 0), 3, {10: 200}, outputs={11: 100})
+    m.checkpoint_completed((2, 0), 3, {11: 100})
+    host, cp, rollback = m.restore_plan((1, 0, 1))
+    assert host in m.groups[(1, 0)] and cp.checkpoint_id == 3 and not rollback
+
+
+def test_no_safe_checkpoint_means_no_rollback():
+    m = chain_manager()
+    m.checkpoint_completed((1, 0), 1, {10: 50}, outputs={11: 40})  # the sink never completed one
+    m.worker_dead(1)
+    m.worker_dead(2)
+    m.worker_alive(1)
+    assert m.restore_plan((1, 0, 0)) is None and m.trim_positions((1, 0)) is None
+
+
+def test_a_failed_restore_or_a_lost_restored_replica_unpins():
+    m = chain_manager()
+    m.checkpoint_completed((1, 0), 1, {10: 50}, outputs={11: 40})
+    m.checkpoint_completed((2, 0), 1, {11: 45})
+    cp = m.safe[(1, 0)]
+    m.worker_dead(1)
+    m.restoring((1, 0, 0), cp)
+    m.restore_failed((1, 0, 1))  # not the pinning replica: nothing changes
+    assert m.pinned[(1, 0)] == cp
+    m.restore_failed((1, 0, 0))
+    assert (1, 0) not in m.pinned
+    m.restoring((1, 0, 0), cp)
+    m.replica_moved((1, 0, 0), 0)
+    m.worker_dead(0)  # the restored replica dies before it caught up
+    assert (1, 0) not in m.pinned
+

@@ -123,3 +123,79 @@ def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition
         for p in range(t.parallelism):
             digests = {result.per_instance[f"{t.name}[{p}]r{r}"].state_digest for r in (0, 1)}
             assert len(digests) == 1, (t.name, p, digests)
+
+
+def _rhino_state(handle) -> str:
+    """Per partition: safe, pinned and latest checkpoint with holders, group, lost replicas (for failures)."""
+    rhino, master = handle.master.rhino, handle.master
+    lines = [f"dead {sorted(rhino.dead)} lost {sorted(master.lost)} restoring {sorted(master._restoring)}"]
+    for inst in rhino.instances():
+        def show(cp):
+            return None if cp is None else (cp.checkpoint_id, sorted(cp.holders))
+        lines.append(f"{master.plan.task(inst[0]).name}[{inst[1]}]: safe {show(rhino.safe.get(inst))} pinned "
+                     f"{show(rhino.pinned.get(inst))} latest {show(rhino.completed.get(inst))} group "
+                     f"{rhino.groups.get(inst)} replicas on {sorted(rhino.replica_workers(inst))}")
+    return "\n".join(lines)
+
+
+def _every_safe_checkpoint_held_by_a_live_worker(handle) -> bool:
+    rhino = handle.master.rhino
+    return all((cp := rhino.safe.get(inst)) is not None and cp.holders - rhino.dead for inst in rhino.instances())
+
+
+@pytest.mark.parametrize("mode", ["liverobin", pytest.param("kazoo", marks=pytest.mark.slow)])
+def test_losing_both_replicas_rolls_the_partition_back_with_exact_output(stack, spark, topic_prefix, mode):
+    """Kill the executors of chain[0]r0 and chain[0]r1 together: every partition with both
+    replicas there is rolled back to its safe checkpoint on the third worker (the consistent cut:
+    its upstreams' backups reach back to it, and it regenerates what its downstreams lack), its
+    twin is restored later from a newer checkpoint, and the output is exact."""
+    from replication import run
+    from replication.examples.ordered import build_ordered_job
+
+    name = f"{topic_prefix}rollback{mode[:2]}"
+    a, b = source_topics(stack, name)
+    job = build_ordered_job(a, b, f"{name}out", name=name)
+    handle = run(job, spark=spark, conf=_conf(stack, mode))
+    handle.wait_started(120)
+    ids: list[str] = []
+    done = threading.Event()
+
+    def keep_feeding() -> None:
+        first = 0
+        while not done.is_set():
+            feed(stack, a, b, ids, rounds=5, first_round=first)
+            first += 5
+
+    feeder = threading.Thread(target=keep_feeding)
+    feeder.start()
+    try:
+        _wait(lambda: _every_safe_checkpoint_held_by_a_live_worker(handle), 60, "a safe checkpoint everywhere",
+              lambda: (handle.master.rhino.safe, handle.master.rhino.completed))
+        master = handle.master
+        targets = [locate(r, job=job.name) for r in ("chain[0]r0", "chain[0]r1")]
+        dead_workers = {w for (t, p, r), w in master.placement.items()
+                        if master._replica_label(t, p, r) in ("chain[0]r0", "chain[0]r1")}
+        lost = sum(1 for w in master.placement.values() if w in dead_workers)
+        both = {(t, p) for (t, p, r), w in master.placement.items()
+                if w in dead_workers and master.placement[(t, p, 1 - r)] in dead_workers}
+        for target in targets:
+            kill_executor(target)
+        _wait(lambda: len(handle.recoveries()) >= lost, 180, f"{lost} restored replicas to catch up",
+              lambda: _rhino_state(handle))
+    except BaseException:
+        done.set()
+        feeder.join()
+        handle.stop()
+        raise
+    done.set()
+    feeder.join()
+    result = handle.drain(timeout=300)
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
+    assert report.exact, report
+    assert not result.divergences and result.checkpoints_compared > 0, result.divergences
+    rolled_back = {r["replica"] for r in result.recoveries if r["rollback"]}
+    assert len(rolled_back) == len(both) >= 1, (rolled_back, both)
+    for t in handle.plan.tasks:
+        for p in range(t.parallelism):
+            digests = {result.per_instance[f"{t.name}[{p}]r{r}"].state_digest for r in (0, 1)}
+            assert len(digests) == 1, (t.name, p, digests)

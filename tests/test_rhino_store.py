@@ -166,6 +166,34 @@ def test_gc_keeps_newest_completed_and_later_increments(
     assert sorted(p.name for p in inst_dir.iterdir() if not p.name.startswith("standby")) == ["snap-4"]
 
 
+def test_retained_completed_snapshots_can_be_restored_for_a_rollback(
+    tmp_path: Path, origin: Origin, store: ReplicaStore
+) -> None:
+    inst_dir = tmp_path / "store" / "t2-p0"
+    store.retain(INSTANCE, 2)  # the driver's safe checkpoint: keep 2 and newer
+    for cid in range(1, 5):
+        origin.write(cid * 3, cid * 3 + 10, b"v%d" % cid)
+        store.apply(*origin.checkpoint(cid))
+        store.complete(INSTANCE, cid)
+    assert store.completed_ids(INSTANCE) == [2, 3, 4]
+    assert sorted(p.name for p in inst_dir.iterdir() if p.name.startswith("snap")) == ["snap-2", "snap-3", "snap-4"]
+    for cid in (2, 3, 4):
+        meta = store.restore(INSTANCE, tmp_path / f"r{cid}", cid)
+        assert meta == origin.metas[cid] and meta.runtime == b"rt%d" % cid
+        with RocksDBStateBackend(tmp_path / f"r{cid}", instance=INSTANCE) as backend:
+            assert content(backend) == origin.contents[cid] and backend.last_checkpoint_id == cid
+    with pytest.raises(NoCompletedCheckpointError, match="not kept"):
+        store.restore(INSTANCE, tmp_path / "r1", 1)
+    store.retain(INSTANCE, 4)  # the cut moved on: the older snapshots go now
+    assert store.completed_ids(INSTANCE) == [4]
+    assert sorted(p.name for p in inst_dir.iterdir() if p.name.startswith("snap")) == ["snap-4"]
+    store.retain(INSTANCE, None)
+    origin.write(0, 3, b"x")
+    store.apply(*origin.checkpoint(5))
+    store.complete(INSTANCE, 5)
+    assert store.completed_ids(INSTANCE) == [5]
+
+
 def test_restore_while_later_increments_are_applied(
     tmp_path: Path, origin: Origin, store: ReplicaStore
 ) -> None:

@@ -147,3 +147,38 @@ def test_rejoin_ahead_of_the_channel_starts_at_its_next_seq():
     wait_for(lambda: restored.delivered == list(range(110, 116)))
     assert restored.dedup.dropped == 6  # 104..109 arrived again: dropped, never a gap
     ch.close(1)
+
+
+def test_every_destination_replica_lost_keeps_the_output_for_a_rollback_then_blocks():
+    """Both replicas of the destination die (a rollback will restore it): with a backup the
+    channel keeps what is emitted, up to its limit, then blocks the emitter; the restored
+    replica rejoins and gets everything from its checkpoint on.  Without a backup it is an error."""
+    from replication.channels import ChannelClosed
+
+    a, b = Receiver(), Receiver()
+    ch = OutputChannel(SPEC, [a, b], batch_size=4, buffer_timeout_s=0.001, max_ready=100, retain=True,
+                       backup_limit=8)
+    emit(ch, 20, 0)
+    wait_for(lambda: len(a.delivered) == 20)
+    ch.release(12)  # the destination's safe checkpoint is at 12
+    ch.cut_off(0, "dead")
+    ch.cut_off(1, "dead")
+    emit(ch, 12, 20)  # kept: 3 more batches, within the limit of 8
+    blocked = threading.Thread(target=emit, args=(ch, 40, 32))
+    blocked.start()
+    time.sleep(0.3)
+    assert blocked.is_alive(), "the emitter must block once the backup is full"
+    restored = Receiver(next_seq=12)
+    ch.rejoin(0, restored, 12)
+    blocked.join(5)
+    assert not blocked.is_alive()
+    wait_for(lambda: len(restored.delivered) == 72 - 12)
+    assert restored.delivered == list(range(12, 72))
+    ch.close(1)
+
+    plain = OutputChannel(SPEC, [Receiver(), Receiver()], batch_size=4, buffer_timeout_s=0.001)
+    plain.cut_off(0, "dead")
+    plain.cut_off(1, "dead")
+    with pytest.raises(ChannelClosed, match="every replica"):
+        plain.emit(("d", 0))
+    plain.close(1)
