@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from replication.procfs import alive
+
 #: environment variable overriding the directory of status files
 STATUS_DIR_ENV = "REPLICATION_STATUS_DIR"
 
@@ -122,15 +124,7 @@ def list_status_jobs() -> list[str]:
 
 # -- `replication status JOB` ---------------------------------------------------------------------
 def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and alive(pid)
 
 
 def _ago(then: Any, now: float) -> str:
