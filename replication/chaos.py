@@ -473,7 +473,7 @@ def list_replicas(job: str | None = None, *, status: Mapping[str, Any] | None = 
             index=_int_or_none(entry.get("replica")), worker=worker,
             attempt=None if w is None else _int_or_none(w.get("attempt")), executor=executor,
             address=None if w is None else w.get("address"), python_pid=python_pid, jvm_pid=jvm_pid,
-            alive=alive, note=note, metrics=status.get("metrics", {}).get(name, {}),
+            alive=alive, note=note, metrics=(st.get("metrics") or {}).get(name, {}),
         ))
     return rows
 

@@ -274,6 +274,12 @@ def test_locate_from_status_file(fake: FakeExecutor, status_dir: Path) -> None:
         chaos.locate("rule[0]r0", job="other")
 
 
+def test_list_replicas_from_the_status_file(fake: FakeExecutor, status_dir: Path) -> None:
+    write_status("chaos-test", {**fake.status(), "metrics": {"rule[10]r0": {"in": 5}}})
+    rows = {row.replica: row for row in chaos.list_replicas("chaos-test")}
+    assert rows["rule[10]r0"].alive and rows["rule[10]r0"].metrics == {"in": 5}
+
+
 def test_locate_errors(fake: FakeExecutor) -> None:
     with pytest.raises(UnknownReplica, match=r"no replica 'nope'; known replicas: rule\[0\]r0, rule\[0\]r1, "
                                              r"rule\[10\]r0"):
