@@ -170,7 +170,7 @@ class JobMaster:
                     self._fail(f"both replicas of {name}[{p}] are lost (workers {w} and {other}); rolling it back "
                                "needs spark.replication.rhino.enabled")
                     return
-                if self.rhino.pinned.get((t, p)) is None and self.rhino.safe.get((t, p)) is None:
+                if self.rhino.restore_point((t, p)) is None:
                     self._fail(f"both replicas of {name}[{p}] are lost (workers {w} and {other}) before a "
                                "consistent set of checkpoints to roll it back to was completed")
                     return

@@ -9,8 +9,9 @@ restore: hard links, no bulk transfer); that member then runs the replica, so th
 member in its place, which needs a full snapshot first.
 
 **Rollback.** When *every* replica of an instance is lost (or its twin dies before a restored
-replica delivered what it should), restoring it from its latest checkpoint is not enough: what it had produced before that checkpoint but not yet delivered died
-with it, and a downstream that lost its replicas too may need still older output.  So the manager
+replica delivered what it should), restoring it from its latest checkpoint is not enough: what
+it had produced before that checkpoint but not yet delivered died with it, and a downstream that
+lost its replicas too may need still older output.  So the manager
 keeps each instance's completed checkpoints from its *safe* one on, where the safe checkpoints of
 all instances form a consistent cut: for every channel, the upstream's output seq at its safe
 checkpoint is at most the downstream's input position at its own.  Sinks (no downstream) are safe
@@ -66,10 +67,13 @@ class ReplicationManager:
     safe: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)
     pinned: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)
     pinned_by: dict[Instance, int] = field(default_factory=dict)  # the replica restored from it
+    _downstream: dict[Instance, list[tuple[int, Instance]]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for inst in self.instances():
             self.groups[inst] = self._choose(inst, [])
+        for ch, up, down in self.channels:
+            self._downstream.setdefault(up, []).append((ch, down))
 
     def instances(self) -> list[Instance]:
         return sorted({(t, p) for t, p, _ in self.placement})
@@ -127,8 +131,11 @@ class ReplicationManager:
             return
         safe = self.safe.get(inst)
         if safe is None or checkpoint_id >= safe.checkpoint_id:
-            del self.pinned[inst], self.pinned_by[inst]
-            self._recompute_safe()
+            self._unpin(inst)
+
+    def _unpin(self, inst: Instance) -> None:
+        del self.pinned[inst], self.pinned_by[inst]
+        self._recompute_safe()
 
     def checkpoint(self, inst: Instance, checkpoint_id: int) -> CompletedCheckpoint | None:
         """The completed checkpoint ``checkpoint_id`` of ``inst`` if it is still kept."""
@@ -137,9 +144,6 @@ class ReplicationManager:
     def _recompute_safe(self) -> None:
         """The consistent cut (see the module docstring), downstream first; the history before
         each instance's safe checkpoint (or pinned one, while a rollback replays from it) goes."""
-        downstream: dict[Instance, list[tuple[int, Instance]]] = {}
-        for ch, up, down in self.channels:
-            downstream.setdefault(up, []).append((ch, down))
         safe: dict[Instance, CompletedCheckpoint | None] = {}
 
         def resolve(inst: Instance, visiting: frozenset[Instance]) -> CompletedCheckpoint | None:
@@ -148,7 +152,7 @@ class ReplicationManager:
             if inst in visiting:
                 raise ValueError(f"the job graph has a cycle through {inst}")
             limits: dict[int, int] = {}
-            for ch, down in downstream.get(inst, ()):
+            for ch, down in self._downstream.get(inst, ()):
                 # a rollback in progress replays the downstream from its pinned checkpoint
                 cut = self.pinned.get(down) or resolve(down, visiting | {inst})
                 if cut is None:
@@ -169,13 +173,18 @@ class ReplicationManager:
                 self.safe.pop(inst, None)
                 continue
             self.safe[inst] = cut
-            oldest = min(cut.checkpoint_id, self.pinned[inst].checkpoint_id if inst in self.pinned else cut.checkpoint_id)
+            oldest = min(cut.checkpoint_id, self.restore_point(inst).checkpoint_id)
             self.history[inst] = [cp for cp in self.history.get(inst, ()) if cp.checkpoint_id >= oldest]
 
+    def restore_point(self, inst: Instance) -> CompletedCheckpoint | None:
+        """What a restore of ``inst`` starts from: the checkpoint a restore in progress is pinned
+        to, else the safe one (None: there is none yet)."""
+        return self.pinned.get(inst) or self.safe.get(inst)
+
     def trim_positions(self, inst: Instance) -> Mapping[int, int] | None:
-        """Where the upstreams of ``inst`` may trim their backups to: the safe checkpoint's positions,
-        or the pinned one's while ``inst`` is rolled back from it (None: keep everything)."""
-        cut = self.pinned.get(inst) or self.safe.get(inst)
+        """Where the upstreams of ``inst`` may trim their backups to: the positions of its restore
+        point (None: keep everything)."""
+        cut = self.restore_point(inst)
         return None if cut is None else cut.positions
 
     def retain_from(self, inst: Instance) -> int | None:
@@ -191,6 +200,7 @@ class ReplicationManager:
         self.lost.update(lost)
         for replica in lost:
             self.restore_failed(replica)
+
         def without(cp: CompletedCheckpoint) -> CompletedCheckpoint:
             return replace(cp, holders=cp.holders - {w}) if w in cp.holders else cp
 
@@ -219,25 +229,19 @@ class ReplicationManager:
         inst = replica[:2]
         busy = self.replica_workers(inst)
         rollback = not busy
-        cp = self.pinned.get(inst) or self.safe.get(inst)
+        cp = self.restore_point(inst)
         if cp is None:
             return None
         order = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
         host = next((w for w in order if w not in self.dead and w not in busy), None)
         return None if host is None else (host, cp, rollback)
 
-    def restore_host(self, replica: ReplicaId) -> int | None:
-        """The live worker :meth:`restore_plan` would restore ``replica`` on (None: none yet)."""
-        plan = self.restore_plan(replica)
-        return None if plan is None else plan[0]
-
     def restore_failed(self, replica: ReplicaId) -> None:
         """The restore of ``replica`` failed, or the restored replica was lost before it caught
         up: its pin goes (a retry pins again)."""
         inst = replica[:2]
         if self.pinned_by.get(inst) == replica[2]:
-            del self.pinned[inst], self.pinned_by[inst]
-            self._recompute_safe()
+            self._unpin(inst)
 
     def restoring(self, replica: ReplicaId, cp: CompletedCheckpoint) -> None:
         """``replica`` is restored from ``cp``: until it takes a checkpoint at or past the safe

@@ -18,12 +18,12 @@ def test_groups_avoid_the_replicas_and_are_deterministic():
 
 def test_a_lost_replica_is_restored_on_a_holder_of_the_latest_completed_checkpoint():
     m = ReplicationManager(dict(PLACEMENT), 3)
-    assert m.restore_host((0, 0, 0)) is None  # nothing completed yet
+    assert m.restore_plan((0, 0, 0)) is None  # nothing completed yet
     assert m.checkpoint_completed((0, 0), 5, {0: 10})
     assert not m.checkpoint_completed((0, 0), 4, {0: 8})  # older: ignored
     lost, changed = m.worker_dead(0)
     assert (0, 0, 0) in lost and all(m.placement[r] == 0 for r in lost)
-    assert m.restore_host((0, 0, 0)) == 2  # worker 2 holds (0, 0)'s checkpoint 5
+    assert m.restore_plan((0, 0, 0))[0] == 2  # worker 2 holds (0, 0)'s checkpoint 5
     assert m.completed[(0, 0)].positions == {0: 10}
     regrouped = m.replica_moved((0, 0, 0), 2)
     assert m.groups[(0, 0)] == [] and regrouped == {(0, 0): []}  # workers 1 and 2 run it, 0 is dead
@@ -38,7 +38,7 @@ def test_a_dead_holder_cannot_be_restored_from():
     m.worker_dead(holder)
     assert m.completed[(0, 0)].holders == frozenset()
     m.worker_dead(0)
-    assert m.restore_host((0, 0, 0)) is None
+    assert m.restore_plan((0, 0, 0)) is None
 
 
 def test_holders_are_the_chain_the_checkpoint_went_along_not_the_current_group():
