@@ -17,7 +17,8 @@ Back-pressure follows the fastest live replica: ``emit`` blocks while even the
 fastest has ``max_ready`` batches waiting.  A replica whose transport fails, or
 that falls ``lag_limit`` batches behind, is cut off (logged); it will see a gap
 if it comes back, and gaps are never delivered.  When no replica is left the
-channel fails.
+channel fails.  A replica that rejoins (below) is not cut off for lagging while it is replayed
+its backlog: that backlog is the backup, bounded by ``backup_limit``.
 
 Upstream backup (Rhino, DESIGN §6): with ``retain=True`` the channel keeps every
 sealed batch from :meth:`release`'s position on (the destination's last completed
@@ -100,6 +101,7 @@ class OutputChannel:
         self._pos = [first_seq] * n  # per replica: the next seq it must send
         self._alive = [True] * n
         self._retired = [False] * n  # the replica finished (had END): it needs nothing more
+        self._replaying = [False] * n  # rejoined, still more than lag_limit behind: not a laggard yet
         self._unsent = [0] * n  # per replica: sealed batches it has not sent yet
         self._gen = [0] * n  # per replica: bumped by rejoin, so a stale sender thread stops
         # upstream backup: sealed batches from this seq on are kept for a restored replica (None: off)
@@ -231,6 +233,7 @@ class OutputChannel:
             self._alive[replica] = True
             self._retired[replica] = False
             self._unsent[replica] = sum(1 for s in self._sealed if s >= pos)
+            self._replaying[replica] = True
             log.info("channel %d: replica %d of %d[%d] rejoins at seq %d (%d batches to replay)", self.spec.id,
                      replica, self.spec.dst_task, self.spec.dst_partition, pos, self._unsent[replica])
             self._threads.append(self._sender(replica))
@@ -252,7 +255,9 @@ class OutputChannel:
             return 0
         fastest = min(self._unsent[i] for i in live)
         for i in live:
-            if self._unsent[i] - fastest > self._lag_limit:
+            if self._unsent[i] - fastest <= self._lag_limit:
+                self._replaying[i] = False
+            elif not self._replaying[i]:
                 self._cut_off(i, f"{self._unsent[i] - fastest} batches behind the other replica")
         return fastest
 

@@ -94,6 +94,28 @@ def test_release_trims_only_what_every_live_replica_sent():
     ch.close(1)
 
 
+def test_a_rejoined_replica_further_behind_than_the_lag_limit_is_replayed_not_cut_off():
+    """Restored from an old checkpoint, a replica may be thousands of batches behind its twin:
+    it is replayed its whole backlog (held by the backup) instead of being cut off at once."""
+    a = Receiver()
+    ch = OutputChannel(SPEC, [a, Receiver(fail=True)], batch_size=1, buffer_timeout_s=0.001, max_ready=2,
+                       lag_limit=4, retain=True)
+    emit(ch, 30, 0)
+    wait_for(lambda: len(a.delivered) == 30 and 1 not in ch.live_replicas)
+    restored = Receiver()
+    slow = restored.__call__
+
+    def slowly(payload: bytes) -> None:
+        time.sleep(0.002)
+        slow(payload)
+
+    ch.rejoin(1, slowly, 0)  # 30 batches behind, the lag limit is 4
+    emit(ch, 20, 30)
+    wait_for(lambda: restored.delivered == list(range(50)))
+    assert 1 in ch.live_replicas and restored.dedup.gaps == 0
+    ch.close(1)
+
+
 def test_backup_is_bounded_and_a_too_old_position_is_refused():
     a = Receiver()
     ch = OutputChannel(SPEC, [a, Receiver(fail=True)], batch_size=1, buffer_timeout_s=0.001, max_ready=1000,
