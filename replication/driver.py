@@ -106,8 +106,10 @@ class JobMaster:
         self._digests: dict[tuple[int, int, int], tuple[int, str]] = {}  # (task, part, id) -> (replica, digest)
         self.checkpoints_compared = 0
         self.divergences: list[str] = []
-        # restored replicas: where they run now and where their upstreams replay from
-        self.moves: dict[ReplicaId, tuple[int, str, dict[int, int]]] = {}
+        # restored replicas: where they run now, where their upstreams replay from, and which restore
+        # it was (a replica restored twice on the same worker, relaunched in between, is replayed to twice)
+        self.moves: dict[ReplicaId, tuple[int, str, dict[int, int], int]] = {}
+        self._restores_done = 0
         self.recoveries: list[dict[str, Any]] = []  # one per restored replica, with its timings
         self._catching_up: dict[ReplicaId, dict[str, Any]] = {}
         self._restoring: set[ReplicaId] = set()
@@ -358,7 +360,8 @@ class JobMaster:
             self._writer_from_restored(replica)  # its twin may have died while it was restored
             for (tt, pp), group in self.rhino.replica_moved(replica, host).items():  # moves it in placement
                 self.event(f"replica group of {self.plan.task(tt).name}[{pp}] is now workers {group}")
-            self.moves[replica] = (host, address, reply["positions"])
+            self._restores_done += 1
+            self.moves[replica] = (host, address, reply["positions"], self._restores_done)
             # caught up: at the pulse its twin had (after a rollback: the furthest either replica had)
             sibling = self.metrics.get(self._replica_label(t, p, 1 - r))
             itself = self.metrics.get(self._replica_label(t, p, r)) if rollback else None

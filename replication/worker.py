@@ -100,7 +100,7 @@ class Worker:
         self._order_log: OrderLog | None = None
         self._election: ElectionClient | None = None
         self._addresses: dict[int, str] = {}
-        self._moves_applied: dict[ReplicaId, int] = {}  # restored replicas: where upstreams send now
+        self._moves_applied: dict[ReplicaId, int] = {}  # restored replicas: the restore upstreams replay to
         self._lock = threading.Lock()
         self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
 
@@ -255,10 +255,10 @@ class Worker:
 
     def _apply_moves(self, moves: dict) -> None:
         """Replicas restored on other workers: send to them there, replaying from their checkpoint."""
-        for (task_id, part, replica), (w, address, positions) in moves.items():
-            if self._moves_applied.get((task_id, part, replica)) == w:
-                continue
-            self._moves_applied[(task_id, part, replica)] = w
+        for (task_id, part, replica), (w, address, positions, restore) in moves.items():
+            if self._moves_applied.get((task_id, part, replica)) == restore:
+                continue  # (keyed by the restore, not the worker: it may be relaunched and host it again)
+            self._moves_applied[(task_id, part, replica)] = restore
             self._addresses[w] = address
             self.dead_workers.discard(w)  # relaunched: a replica lives there now
             for inst in list(self.instances.values()):
