@@ -264,8 +264,9 @@ class ReplicationConfig:
         "rhino.enabled", BOOL, False,
         "Take Rhino incremental checkpoints at deterministic positions and replicate them to a replica "
         "group of other executors, so that a lost replica is restored from them; upstreams keep a backup of "
-        "what a partition consumed since its last completed checkpoint. Needs `enabled=true` and mode "
-        "`liverobin` or `kazoo`.",
+        "what a partition consumed since its last completed checkpoint. Needs mode `liverobin` or `kazoo`. "
+        "Without `enabled=true` this is checkpoint-restart recovery (one instance per partition: a lost "
+        "partition is rolled back to its checkpoint and replayed; the passive baseline).",
     )
     rhino_replicas: int = _key(
         "rhino.replicas", INT, 1,
@@ -503,10 +504,10 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
     if values["mode"] == "kazoo" and not values["zookeeper_connect"] and "zookeeper_connect" not in bad:
         out.append((PREFIX + "zookeeper.connect",
                      f"{PREFIX}zookeeper.connect: required by {PREFIX}mode=kazoo (leader election)"))
-    if values["rhino_enabled"] and "mode" not in bad and (values["mode"] == "unordered" or not values["enabled"]):
+    if values["rhino_enabled"] and "mode" not in bad and values["mode"] == "unordered":
         out.append((PREFIX + "rhino.enabled",
-                    f"{PREFIX}rhino.enabled=true: needs {PREFIX}enabled=true and {PREFIX}mode=liverobin or kazoo "
-                    "(checkpoints are taken at pulses or orders; single-replica restore is not built yet)"))
+                    f"{PREFIX}rhino.enabled=true: needs {PREFIX}mode=liverobin or kazoo (checkpoints are taken "
+                    "at pulses or orders, the positions a restored partition and its upstreams agree on)"))
     return out + list(_kafka_problems(values))
 
 

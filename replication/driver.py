@@ -22,7 +22,7 @@ from kazoo_leader.election import delete_tree, evict, expel
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
 from replication.api import Job
-from replication.config import PREFIX, ReplicationConfig
+from replication.config import PREFIX, ConfigError, ReplicationConfig
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import (
@@ -156,27 +156,27 @@ class JobMaster:
             lost, regrouped = self.rhino.worker_dead(w)
             for (t, p), group in regrouped.items():
                 self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
-        if not self.replicated:
-            self._fail(f"worker {w} lost ({reason}); without spark.replication.enabled the job cannot mask "
-                       "the failure (and rollback recovery needs Rhino checkpoints, not yet available)")
+        if not self.replicated and self.rhino is None:
+            self._fail(f"worker {w} lost ({reason}); the job can neither mask the failure (that needs "
+                       "spark.replication.enabled) nor roll the lost partitions back (spark.replication.rhino.enabled)")
             return
         now = time.time()
         for (t, p, r), ww in self.placement.items():
             if ww != w:
                 continue
             self.lost.setdefault((t, p, r), now)
-            other = self.placement[(t, p, 1 - r)]
-            if (t, p, 1 - r) in self.lost:
+            if all((t, p, rr) in self.lost for rr in range(self.plan.replicas)):
                 name = self.plan.task(t).name
+                lost = f"both replicas of {name}[{p}] are" if self.replicated else f"{name}[{p}] (one instance) is"
                 if self.rhino is None:
-                    self._fail(f"both replicas of {name}[{p}] are lost (workers {w} and {other}); rolling it back "
-                               "needs spark.replication.rhino.enabled")
+                    self._fail(f"{lost} lost (worker {w} was the last); rolling it back needs "
+                               "spark.replication.rhino.enabled")
                     return
                 if self.rhino.restore_point((t, p)) is None:
-                    self._fail(f"both replicas of {name}[{p}] are lost (workers {w} and {other}) before a "
-                               "consistent set of checkpoints to roll it back to was completed")
+                    self._fail(f"{lost} lost (worker {w}) before a consistent set of checkpoints to roll it back "
+                               "to was completed")
                     return
-                self.event(f"both replicas of {name}[{p}] are lost: it is rolled back to its safe checkpoint")
+                self.event(f"{lost} lost: it is rolled back to its safe checkpoint")
                 continue
             role = self.sinks.get((t, p))
             if role is not None and role[0] == r:
@@ -195,7 +195,7 @@ class JobMaster:
         with self._cond:
             if w in self.workers:  # Spark relaunched it after its executor was lost
                 self._declare_dead(w, f"relaunched by Spark (attempt {attempt})")
-                if not self.replicated or self.failure:
+                if self.failure:  # (also: neither replicated nor checkpointed, so the loss failed the job)
                     return {"status": "abort", "reason": self.failure or "job failed"}
                 self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"], req.get("python_pid"),
                                              time.monotonic(), standby=True)
@@ -225,9 +225,10 @@ class JobMaster:
                            f"spark.replication.startTimeout; are there {self.num_workers} free task slots?")
                 return {"status": "abort", "reason": self.failure}
             executors = [i.executor for i in self.workers.values()]
-            if self.replicated and len(set(executors)) < len(executors):
-                self._fail(f"two workers share an executor ({executors}): replicas would not be apart; "
-                           "run executors with one task slot each (spark.executor.cores = spark.task.cpus)")
+            if (self.replicated or self.rhino is not None) and len(set(executors)) < len(executors):
+                self._fail(f"two workers share an executor ({executors}): replicas (or checkpoints and the "
+                           "partitions they are of) would not be apart; run executors with one task slot each "
+                           "(spark.executor.cores = spark.task.cpus)")
                 return {"status": "abort", "reason": self.failure}
             if self.started_at is None:
                 self.started_at = time.monotonic()
@@ -300,7 +301,7 @@ class JobMaster:
         restore at a time per replica); the others wait for one (e.g. the relaunched worker once it
         received its groups' next checkpoints)."""
         assert self.rhino is not None
-        if not self.replicated or self.failure or self.command == "stop":
+        if self.failure or self.command == "stop":
             return
         now = time.monotonic()
         for replica in sorted(self.lost):
@@ -328,10 +329,11 @@ class JobMaster:
 
     def _writer_from_restored(self, replica: ReplicaId) -> None:
         """A sink partition whose writer is lost (its twin too, or it was lost before its restore
-        finished): the replica being restored writes, with a higher epoch."""
+        finished, or it is the one being restored): the replica being restored writes, with a higher
+        epoch, so it first scans the output for what the lost writer committed."""
         t, p, r = replica
         role = self.sinks.get((t, p))
-        if role is not None and role[0] != r and (t, p, role[0]) in self.lost:
+        if role is not None and (t, p, role[0]) in self.lost:
             role[0], role[1] = r, role[1] + 1
             self.event(f"sink {self._replica_label(t, p, r)} writes once restored (epoch {role[1]})")
 
@@ -881,6 +883,10 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     plan = prepare(job, cfg)
     warm = warm_up(sc)
     num_workers = cfg.workers or len(executor_ids(sc))
+    if cfg.rhino_enabled and num_workers <= plan.replicas:
+        raise ConfigError([(PREFIX + "rhino.enabled", f"{PREFIX}rhino.enabled=true: needs at least "
+                            f"{plan.replicas + 1} executors (checkpoints are held apart from the {plan.replicas} "
+                            f"instance(s) of each partition), the cluster has {num_workers}")])
     placement = place(plan, num_workers)
     master = JobMaster(plan, placement, num_workers, cfg, job.name, sc.applicationId, lambda: executor_ids(sc))
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"

@@ -55,6 +55,9 @@ class PartitionInstance:
         self.partition = partition
         self.replica = replica
         self.replicated = plan.replicas > 1
+        # sinks number their records and write them in transactions, so that a writer taking over
+        # (another replica, or this partition restored from a checkpoint) skips what the output has
+        self.exactly_once_sink = self.replicated or self.cfg.rhino_enabled
         self.parallelism = task.parallelism
         self.name = replica_name(task.name, partition, replica)
         self.sink_id = f"{worker.boot.run_id}:{task.id}:{partition}"

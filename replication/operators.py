@@ -232,7 +232,8 @@ class SinkBase(Operator):
 
 
 class SinkOperator(SinkBase):
-    """Produces every value to a Kafka topic (no replication); records end-to-end latency."""
+    """Produces every value to a Kafka topic (no replication, no checkpoints: at most once when
+    the job fails); records end-to-end latency."""
 
     def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
         super().__init__(name, env, topic, serializer, key_serializer)
@@ -343,7 +344,7 @@ def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:
         elif kind == "window":
             ops.append(WindowOperator(node.name, env, spec["size_ms"], copy.deepcopy(spec["aggregator"])))
         elif kind == "sink":
-            if getattr(env, "replicated", False):
+            if getattr(env, "exactly_once_sink", False):
                 from replication.sink import ExactlyOnceSink  # imports this module
 
                 cls: type[Operator] = ExactlyOnceSink

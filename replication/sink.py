@@ -1,4 +1,6 @@
-"""Exactly-once sink for replicated jobs, without relying on ``read_committed``.
+"""Exactly-once sink for replicated jobs (and for checkpointed ones without replication: a
+partition restored from a checkpoint takes over as writer like a replica does), without relying
+on ``read_committed``.
 
 Both replicas of a sink partition see the same records in the same order and
 number them with the same output seq.  Only the *writer* replica (chosen by the

@@ -329,8 +329,10 @@ def test_kazoo_needs_zookeeper_and_batch_bounds() -> None:
 
 
 def test_rhino_checkpoints_need_a_mode_with_checkpoint_positions() -> None:
-    for extra in ({PREFIX + "enabled": "true"}, {PREFIX + "mode": "liverobin"}):
+    for extra in ({PREFIX + "enabled": "true"}, {}):  # unordered, replicated or not: no checkpoint positions
         err = refused({PREFIX + "rhino.enabled": "true", **extra})
         assert err.key == PREFIX + "rhino.enabled" and "mode=liverobin or kazoo" in str(err)
     ok = cfg(rhino__enabled="true", enabled="true", mode="liverobin", rhino__checkpointEvery="50")
     assert (ok.rhino_enabled, ok.rhino_replicas, ok.rhino_checkpoint_every) == (True, 1, 50)
+    passive = cfg(rhino__enabled="true", mode="liverobin")  # checkpoint-restart without replication
+    assert passive.rhino_enabled and not passive.enabled

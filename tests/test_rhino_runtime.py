@@ -27,9 +27,9 @@ MODES = {
 }
 
 
-def _conf(stack, mode: str, **extra):
+def _conf(stack, mode: str, replicated: bool = True, **extra):
     conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
-            "spark.replication.enabled": "true", "spark.replication.mode": mode,
+            "spark.replication.enabled": str(replicated).lower(), "spark.replication.mode": mode,
             "spark.replication.rhino.enabled": "true", **MODES[mode], **extra}
     if mode == "kazoo":
         conf["spark.replication.zookeeper.connect"] = stack.zookeeper_connect
@@ -57,7 +57,7 @@ def _every_checkpoint_held_by_a_live_worker(handle) -> bool:
 
 
 @contextlib.contextmanager
-def _fed_job(stack, spark, name: str, mode: str):
+def _fed_job(stack, spark, name: str, mode: str, replicated: bool = True):
     """The ordered job, fed without pause until the block ends: in kazoo mode an idle partition
     takes no checkpoint (no orders, no records), so a member joining while it is idle would get
     none.  Yields (job, handle, ids); a failure stops the job, so it does not hold the shared
@@ -67,7 +67,7 @@ def _fed_job(stack, spark, name: str, mode: str):
 
     a, b = source_topics(stack, name)
     job = build_ordered_job(a, b, f"{name}out", name=name)
-    handle = run(job, spark=spark, conf=_conf(stack, mode))
+    handle = run(job, spark=spark, conf=_conf(stack, mode, replicated))
     handle.wait_started(120)
     ids: list[str] = []
     done = threading.Event()
@@ -192,3 +192,45 @@ def test_losing_both_replicas_rolls_the_partition_back_with_exact_output(stack, 
         for p in range(t.parallelism):
             digests = {result.per_instance[f"{t.name}[{p}]r{r}"].state_digest for r in (0, 1)}
             assert len(digests) == 1, (t.name, p, digests)
+
+
+@pytest.mark.parametrize("mode", ["liverobin", pytest.param("kazoo", marks=pytest.mark.slow)])
+def test_without_replication_a_lost_partition_is_rolled_back_from_its_checkpoint(stack, spark, topic_prefix,
+                                                                                 mode):
+    """Replication off, Rhino on (checkpoint-restart, the passive baseline): killing an executor
+    loses every partition instance on it; each is rolled back to its safe checkpoint on a member
+    of its replica group, its upstreams replay from their backups and its sources from Kafka, its
+    sink skips what the lost writer committed, and the output is exact."""
+    with _fed_job(stack, spark, f"{topic_prefix}passive{mode[:2]}", mode, replicated=False) as (job, handle, ids):
+        assert not handle.master.replicated
+        _wait(lambda: _every_safe_checkpoint_held_by_a_live_worker(handle), 60, "a safe checkpoint everywhere",
+              lambda: _rhino_state(handle))
+        victim = "chain[0]r0"
+        lost = _lost_with(handle, victim)
+        kill_executor(locate(victim, job=job.name))
+        _wait(lambda: len(handle.recoveries()) >= lost, 120, f"{lost} rolled-back partitions to catch up",
+              lambda: _rhino_state(handle))
+    result = handle.drain(timeout=300)
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
+    assert report.exact, report
+    assert not result.divergences, result.divergences
+    assert victim in {rec["replica"] for rec in result.recoveries}
+    assert all(rec["rollback"] for rec in result.recoveries), result.recoveries
+    for t in handle.plan.tasks:
+        for p in range(t.parallelism):
+            assert f"{t.name}[{p}]r1" not in result.per_instance and f"{t.name}[{p}]r0" in result.per_instance
+
+
+def test_checkpoints_with_nowhere_to_keep_them_are_refused_before_start(stack, spark, topic_prefix):
+    """One worker per partition instance and no other: a replica group would be empty, so no
+    checkpoint could complete and nothing could be restored; refused, naming the key."""
+    from replication import run
+    from replication.config import ConfigError
+    from replication.examples.ordered import build_ordered_job
+
+    name = f"{topic_prefix}nogroup"
+    a, b = source_topics(stack, name)
+    job = build_ordered_job(a, b, f"{name}out", name=name)
+    with pytest.raises(ConfigError) as err:
+        run(job, spark=spark, conf=_conf(stack, "liverobin", replicated=False, **{"spark.replication.workers": "1"}))
+    assert err.value.key == "spark.replication.rhino.enabled" and "at least 2 executors" in str(err.value)
