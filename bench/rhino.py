@@ -1,5 +1,7 @@
-"""Rhino checkpoints: time from an executor kill to two live replicas again, per state size; bytes
-shipped per checkpoint vs bytes changed; the cost of checkpointing for steady-state latency.
+"""Rhino checkpoints: time from an executor kill to two live replicas again, per state size, and
+the same kill with replication off (checkpoint-restart from the same checkpoints, the passive
+baseline); bytes shipped per checkpoint vs bytes changed; the cost of checkpointing for steady-state
+latency.
 
     .venv/bin/python bench/rhino.py [--sizes 10MB,100MB] [--rate 200] [--entries 64] [--value-bytes 1000]
                                     [--checkpoint-every 100] [--steady 5] [--after 5] [--victim 'stateful[0]r0']
@@ -37,7 +39,13 @@ Everything runs on one embedded stack and one ``local-cluster[3,1,512]`` Spark, 
    hard-linked and copied are read from the member's snapshot the restore linked), *load* the hard-link restore of the
    RocksDB files (the driver's ``load_s``), *start* the rest of the restore on the worker (rebuild the
    instance, open RocksDB, rejoin the channels), *catch-up* restored -> its pulse reached its twin's (the driver's
-   "caught up"), and the total kill -> two live replicas.
+   "caught up"), and the total kill -> two live replicas.  ``--recovery-modes`` runs each size
+   ``active`` (as above) and/or ``passive``: ``spark.replication.enabled=false``, one instance per
+   partition, the victim rolled back to its safe checkpoint and replayed (catch-up: until its pulse
+   reaches the one it had).  Latency around the kill is by event time (sink - produced, the load
+   generator's clock: a rolled-back source reads records again, so their ingest time would hide the
+   stall): p99 before, the worst per-second p99 after, the *stall* (seconds of the first 30 whose p99
+   is over twice the one before) and per second in ``kill_timeline.csv`` / ``kill_latency.png``.
 2. Bytes: every checkpoint seen in the metrics (``checkpoint_bytes_changed`` / ``_shipped``, sampled at
    10 Hz; the jobs report metrics with every heartbeat, ``metrics.interval=200ms``), summed per phase
    (growth, steady, recovery, after the kill) over the replica that ships (the lowest live one), the
@@ -46,9 +54,9 @@ Everything runs on one embedded stack and one ``local-cluster[3,1,512]`` Spark, 
 3. Latency: the same job and rate with Rhino on and off (replication on in both), no kill: p50/p99/p99.9
    of sink time - ingest time over the update records once the state reached ``--latency-size``.
 
-Writes ``recovery.csv``, ``bytes.csv``, ``latency.csv``, ``checkpoints.csv`` (every checkpoint seen),
-``latency_timeline.csv`` (per-second p50/p99 of the latency runs), ``recovery.png``, ``latency.png``,
-``bytes.png`` and ``machine.txt``.
+Writes ``recovery.csv``, ``kill_timeline.csv``, ``bytes.csv``, ``latency.csv``, ``checkpoints.csv``
+(every checkpoint seen), ``latency_timeline.csv`` (per-second p50/p99 of the latency runs),
+``recovery.png``, ``kill_latency.png``, ``latency.png``, ``bytes.png`` and ``machine.txt``.
 """
 
 from __future__ import annotations
@@ -119,11 +127,11 @@ class GrowThenUpdate(KeyedProcessFunction):
             g = e["id"]
             for j in range(e["n"]):
                 self.entries.put((g, j), entry_value(g, j, self.value_bytes))
-            yield {"id": g}
+            yield {"id": g, "ts": e["ts"]}
         else:
             old = self.entries.get((e["g"], e["j"]))
             self.entries.put((e["g"], e["j"]), entry_value(e["id"], e["j"], self.value_bytes))
-            yield {"id": e["id"], "old": None if old is None else old[:8].hex()}
+            yield {"id": e["id"], "old": None if old is None else old[:8].hex(), "ts": e["ts"]}
 
 
 def build_rhino_job(topic: str, out_topic: str, name: str, value_bytes: int) -> Job:
@@ -363,9 +371,9 @@ class RunContext:
     state_dir: Path
 
 
-def job_conf(ctx: RunContext, rhino: bool) -> dict[str, str]:
+def job_conf(ctx: RunContext, rhino: bool, replicated: bool = True) -> dict[str, str]:
     conf = {"spark.replication.kafka.bootstrapServers": ctx.stack.bootstrap_servers,
-            "spark.replication.enabled": "true", "spark.replication.mode": "liverobin",
+            "spark.replication.enabled": str(replicated).lower(), "spark.replication.mode": "liverobin",
             "spark.replication.state.dir": str(ctx.state_dir),
             # metrics with every heartbeat (default: once a second): the driver's "caught up" and this
             # benchmark's checkpoint log see a replica's progress within 0.2 s
@@ -386,14 +394,14 @@ def one_line(err: BaseException) -> str:
 class Run:
     """One job run: start, feed, watch (status line), stop feeding, drain, verify."""
 
-    def __init__(self, ctx: RunContext, label: str, workload: Workload, rhino: bool) -> None:
+    def __init__(self, ctx: RunContext, label: str, workload: Workload, rhino: bool, replicated: bool = True) -> None:
         self.ctx, self.label, self.workload, self.rhino = ctx, label, workload, rhino
         stamp = f"{int(time.time() * 1000) % 10**10}"
         self.topic, self.out_topic = f"rh{stamp}-in", f"rh{stamp}-out"
         self.name = f"rhino-{re.sub(r'[^A-Za-z0-9]', '', label)}-{stamp}"
         create_topics(ctx.stack.bootstrap_servers, {self.topic: 1})
         self.handle = run(build_rhino_job(self.topic, self.out_topic, self.name, workload.value_bytes),
-                          spark=ctx.spark, conf=job_conf(ctx, rhino))
+                          spark=ctx.spark, conf=job_conf(ctx, rhino, replicated))
         try:
             self.handle.wait_started(120)
         except BaseException:
@@ -532,8 +540,9 @@ class Run:
         raw = read_all(self.ctx.stack.bootstrap_servers, self.out_topic, max_wait_s=120)
         outputs = []
         for r in raw:
-            outputs.append(json.loads(r.value))
-            self.samples.append(sample_of(r))
+            out = json.loads(r.value)
+            outputs.append(out)
+            self.samples.append(sample_of(r, produced=out.get("ts", 0) / MS))
         self.verdict = verify(outputs, self.workload, self.produced)
         self.ctx.status.done()
 
@@ -599,19 +608,23 @@ def store_snapshots(state_dir: Path, job: str, task: int) -> str:
     return " ".join(out)
 
 
-def recovery_run(ctx: RunContext, size: int) -> tuple[dict, list[dict], Run | None]:
-    """One recovery experiment (module doc, 1.); returns the recovery.csv row, the checkpoint rows
-    and the run (None if the job did not start)."""
+def recovery_run(ctx: RunContext, size: int, mode: str = "active") -> tuple[dict, list[dict], Run | None]:
+    """One recovery experiment (module doc, 1.); ``mode`` ``active``: two replicas, ``passive``: one
+    instance per partition (checkpoint-restart).  Returns the recovery.csv row (with its per-second
+    ``timeline`` around the kill), the checkpoint rows and the run (None if the job did not start)."""
     args = ctx.args
-    label = f"{size / MB:g}MB"
+    replicated = mode == "active"
+    label = f"{size / MB:g}MB" + ("" if replicated else "-passive")
+    victim = args.victim if replicated else re.sub(r"r1$", "r0", args.victim)  # the only instance
     workload = Workload(size, args.entries, args.value_bytes, args.keys)
-    row: dict[str, Any] = {"size_mb": size / MB, "state_bytes": workload.state_bytes, "grow_records": workload.n_grow,
-                           "victim": args.victim}
-    print(f"== recovery {label}: {workload.n_grow:,} grow records of {args.entries} x {args.value_bytes} B "
+    row: dict[str, Any] = {"run": label, "mode": mode, "size_mb": size / MB, "state_bytes": workload.state_bytes,
+                           "grow_records": workload.n_grow, "victim": victim}
+    print(f"== recovery {label} ({'two replicas' if replicated else 'one instance per partition: checkpoint-restart'}"
+          f"): {workload.n_grow:,} grow records of {args.entries} x {args.value_bytes} B "
           f"({workload.state_bytes / MB:,.1f} MB of state), then updates; {args.rate:.0f} records/s; "
-          f"SIGKILL the executor of {args.victim}", flush=True)
+          f"SIGKILL the executor of {victim}", flush=True)
     try:
-        r = Run(ctx, label, workload, rhino=True)
+        r = Run(ctx, label, workload, rhino=True, replicated=replicated)
     except Exception as err:  # noqa: BLE001 - recorded
         row.update(outcome=f"job did not start: {one_line(err)}", exact="no")
         return row, [], None
@@ -625,7 +638,7 @@ def recovery_run(ctx: RunContext, size: int) -> tuple[dict, list[dict], Run | No
         r.wait_for(r.every_checkpoint_on_a_live_member, 60, "a completed checkpoint of every partition")
         r.set_phase("steady")
         r.pause(args.steady)
-        target = locate(args.victim, job=r.name)
+        target = locate(victim, job=r.name)
         lost = sorted(replica_name(handle.plan.task(t).name, p, rr)
                       for (t, p, rr), w in handle.placement.items() if w == target.worker)
         row["lost"] = " ".join(lost)
@@ -638,11 +651,11 @@ def recovery_run(ctx: RunContext, size: int) -> tuple[dict, list[dict], Run | No
         row["killed"] = f"executor {target.executor} (JVM pid {target.jvm_pid}), worker {target.worker}"
 
         restored_bytes: dict[str, Any] = {}
-        victim_task = next(t.id for t in handle.plan.tasks if args.victim.startswith(t.name + "["))
+        victim_task = next(t.id for t in handle.plan.tasks if victim.startswith(t.name + "["))
 
         def watch_restore() -> None:
             """Right after the victim's restore: what its directory holds (before RocksDB rewrites it)."""
-            pattern = re.compile(rf"^{re.escape(args.victim)} restored on worker (\d+) from checkpoint (\d+) ")
+            pattern = re.compile(rf"^{re.escape(victim)} (?:restored|rolled back) on worker (\d+) from checkpoint (\d+) ")
             deadline = time.monotonic() + args.recovery_timeout
             while time.monotonic() < deadline and not restored_bytes:
                 for ts, text in list(handle.master.events):
@@ -664,10 +677,10 @@ def recovery_run(ctx: RunContext, size: int) -> tuple[dict, list[dict], Run | No
 
         r.wait_for(restored_all, args.recovery_timeout, f"{', '.join(lost)} to be restored and catch up")
         watcher.join(2)
-        if args.victim not in recs:
-            raise RunFailed(f"{args.victim} was not restored: " + "; ".join(
-                text for ts, text in handle.master.events if ts >= killed_at and args.victim in text))
-        rec = recs[args.victim]
+        if victim not in recs:
+            raise RunFailed(f"{victim} was not restored: " + "; ".join(
+                text for ts, text in handle.master.events if ts >= killed_at and victim in text))
+        rec = recs[victim]
         phases = {  # in ms (the CSV keeps 2 decimals)
             "detect_ms": rec["failed_at"] - killed_at,
             "dispatch_ms": rec["restored_at"] - rec["restore_s"] - rec["failed_at"],
@@ -686,7 +699,7 @@ def recovery_run(ctx: RunContext, size: int) -> tuple[dict, list[dict], Run | No
             linked, copied, files = restored_bytes["v"]
             row.update(linked_bytes=linked, copied_bytes=copied, restored_files=files)
         row["others"] = "; ".join(f"{name} {recs[name]['caught_up_at'] - killed_at:.2f}s" if name in recs
-                                  else f"{name} not restored" for name in lost if name != args.victim)
+                                  else f"{name} not restored" for name in lost if name != victim)
         r.set_phase("after")
         t_group = r.wait_for(r.every_checkpoint_on_a_live_member, args.group_timeout,
                              "every partition's checkpoint on a live group member again")
@@ -703,27 +716,48 @@ def recovery_run(ctx: RunContext, size: int) -> tuple[dict, list[dict], Run | No
     row["replicas_agree"] = r.replicas_agree()
     row["checkpoints_compared"] = getattr(r.result, "checkpoints_compared", "")
     if "killed_at" in row:
-        row.update(kill_latency(r.samples, row.pop("killed_at")))
+        killed_at = row.pop("killed_at")
+        row.update(kill_latency(r.samples, killed_at))
+        row["timeline"] = [{"run": label, "mode": mode, "size_mb": size / MB, **sec}
+                           for sec in kill_timeline(r.samples, killed_at)]
     row["outcome"] = r.outcome
     row["events"] = " | ".join(f"{ts - r.started:.2f}s {text}" for ts, text in handle.master.events
                                if "restored" in text or "caught up" in text or "declared dead" in text
-                               or "relaunched" in text or "takes over" in text)
+                               or "relaunched" in text or "takes over" in text
+                               or "rolled back" in text or "writes once restored" in text)
     return row, r.ckpts.rows, r
 
 
 def kill_latency(samples: list[Sample], killed_at: float) -> dict[str, Any]:
-    """p99 of the 5 s before the kill, the worst per-second p99 of the 10 s after and of the rest of the
-    run (when the relaunched worker joins the replica group and gets a full snapshot), by ingest time."""
-    before = [s.sink - s.ingest for s in samples if -6 <= s.ingest - killed_at < -1]
+    """By event time (the load generator's clock; a rolled-back source reads records again, so their
+    ingest time would hide the stall): p99 of the 5 s before the kill; per second after it, the worst
+    p99 of the first 10 s and of the rest of the run (when the relaunched worker joins the replica group
+    and gets a full snapshot); the *stall*: seconds among the first 30 whose p99 is over twice the one
+    before; and the worst latency of a record produced from 5 s before the kill on."""
+    before = [s.sink - s.produced for s in samples if -6 <= s.produced - killed_at < -1]
     seconds: dict[int, list[float]] = {}
     for s in samples:
-        if s.ingest >= killed_at:
-            seconds.setdefault(int(s.ingest - killed_at), []).append(s.sink - s.ingest)
+        if s.produced >= killed_at:
+            seconds.setdefault(int(s.produced - killed_at), []).append(s.sink - s.produced)
     p99s = {sec: percentile(v, 0.99) for sec, v in seconds.items()}
+    base = percentile(before, 0.99)
     first = max(((p, sec) for sec, p in p99s.items() if sec < 10), default=(0.0, ""))
     rest = max(((p, sec) for sec, p in p99s.items() if sec >= 10), default=(0.0, ""))
-    return {"p99_before_ms": percentile(before, 0.99) * MS, "worst_p99_10s_ms": first[0] * MS,
-            "worst_p99_10s_at": first[1], "worst_p99_later_ms": rest[0] * MS, "worst_p99_later_at": rest[1]}
+    worst = max((s.sink - s.produced for s in samples if s.produced >= killed_at - 5), default=0.0)
+    return {"p99_before_ms": base * MS, "worst_p99_10s_ms": first[0] * MS, "worst_p99_10s_at": first[1],
+            "worst_p99_later_ms": rest[0] * MS, "worst_p99_later_at": rest[1],
+            "stall_s": sum(1 for sec, p in p99s.items() if sec < 30 and p > 2 * base), "worst_ms": worst * MS}
+
+
+def kill_timeline(samples: list[Sample], killed_at: float, before_s: int = 10, after_s: int = 40) -> list[dict]:
+    """Per second of event time around the kill: records, p50, p99 and max latency (sink - produced)."""
+    seconds: dict[int, list[float]] = {}
+    for s in samples:
+        sec = int((s.produced - killed_at) // 1)
+        if -before_s <= sec < after_s:
+            seconds.setdefault(sec, []).append(s.sink - s.produced)
+    return [{"second": sec, "records": len(v), "p50_ms": percentile(v, .5) * MS, "p99_ms": percentile(v, .99) * MS,
+             "max_ms": max(v) * MS} for sec, v in sorted(seconds.items())]
 
 
 def bytes_rows(label: str, ckpt_rows: list[dict], task_prefix: str = STATEFUL + "[") -> list[dict]:
@@ -837,6 +871,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--after", type=float, default=5.0,
                     help="seconds of load after the replica group holds checkpoints again")
     ap.add_argument("--victim", default=f"{STATEFUL}[0]r0", help="the replica whose executor is killed")
+    ap.add_argument("--recovery-modes", default="active,passive",
+                    help="recovery runs per size: active (two replicas) and/or passive (replication off, "
+                         "checkpoint-restart from the same Rhino checkpoints)")
     ap.add_argument("--grow-timeout", type=float, default=900.0, help="seconds allowed to build the state")
     ap.add_argument("--recovery-timeout", type=float, default=180.0, help="seconds allowed for the recovery")
     ap.add_argument("--group-timeout", type=float, default=120.0,
@@ -855,6 +892,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.latency_modes = [m.strip() for m in args.latency_modes.split(",") if m.strip()]
     if bad := [m for m in args.latency_modes if m not in ("on", "off")]:
         ap.error(f"--latency-modes: unknown {', '.join(bad)} (on, off)")
+    args.recovery_modes = [m.strip() for m in args.recovery_modes.split(",") if m.strip()]
+    if bad := [m for m in args.recovery_modes if m not in ("active", "passive")]:
+        ap.error(f"--recovery-modes: unknown {', '.join(bad)} (active, passive)")
     if not re.fullmatch(rf"{STATEFUL}\[0\]r[01]|{SOURCE}\[0\]r[01]|{SINK}\[0\]r[01]", args.victim):
         ap.error(f"--victim: one of {STATEFUL}[0]r0/r1, {SOURCE}[0]r0/r1, {SINK}[0]r0/r1")
     return args
@@ -867,17 +907,19 @@ class Results:
     latency: list[dict] = field(default_factory=list)
     checkpoints: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)  # latency runs: per-second p50/p99
+    kill_timeline: list[dict] = field(default_factory=list)  # recovery runs: per second around the kill
 
 
 def run_benchmark(ctx: RunContext) -> Results:
     args = ctx.args
     res = Results()
     t0 = time.monotonic()
-    for size in args.sizes:
-        row, ckpts, r = recovery_run(ctx, size)
+    for size, mode in [(size, mode) for size in args.sizes for mode in args.recovery_modes]:
+        row, ckpts, r = recovery_run(ctx, size, mode)
+        res.kill_timeline += row.pop("timeline", [])
         res.recovery.append(row)
         res.checkpoints += ckpts
-        res.bytes += bytes_rows(f"{size / MB:g}MB", ckpts)
+        res.bytes += bytes_rows(row["run"], ckpts)
         print("   " + format_row(row, skip=("events", "outcome", "others", "lost", "killed")), flush=True)
         print(f"   outcome: {row['outcome']}", flush=True)
         ctx.status.update("waiting for the replacement executor")
@@ -916,14 +958,13 @@ def print_tables(res: Results) -> None:
             print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)), flush=True)
 
     if res.recovery:
-        print("== recovery of the victim (phases in ms, total and group again in s)")
-        table(res.recovery, ["size_mb", *[p for p, _ in PHASES], "total_s", "group_again_s", "linked_bytes",
-                             "copied_bytes", "exact"])
+        print("== recovery of the victim (phases in ms, total and group again in s; latency by event time)")
+        table(res.recovery, ["run", *[p for p, _ in PHASES], "total_s", "group_again_s", "linked_bytes",
+                             "copied_bytes", "p99_before_ms", "worst_p99_10s_ms", "stall_s", "worst_ms", "exact"])
         for r in res.recovery:
-            print(f"   {r['size_mb']:g} MB: {r['outcome']}" + (f"; also restored: {r['others']}" if r.get("others")
-                                                                else ""))
+            print(f"   {r['run']}: {r['outcome']}" + (f"; also restored: {r['others']}" if r.get("others") else ""))
             if r.get("snapshots_at_end"):
-                print(f"   {r['size_mb']:g} MB: completed snapshots of {STATEFUL}[0] in the replica stores (worker "
+                print(f"   {r['run']}: completed snapshots of {STATEFUL}[0] in the replica stores (worker "
                       f"dir:checkpoint id) before the kill {r.get('snapshots_before_kill')}, at the end "
                       f"{r['snapshots_at_end']}")
     if res.bytes:
@@ -939,7 +980,8 @@ def print_tables(res: Results) -> None:
 def write_results(out: Path, res: Results) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("recovery", res.recovery), ("bytes", res.bytes), ("latency", res.latency),
-                       ("checkpoints", res.checkpoints), ("latency_timeline", res.timeline)):
+                       ("checkpoints", res.checkpoints), ("latency_timeline", res.timeline),
+                       ("kill_timeline", res.kill_timeline)):
         if rows:
             keys = list(dict.fromkeys(k for r in rows for k in r))
             write_csv(out / f"{name}.csv", [{k: r.get(k, "") for k in keys} for r in rows])
@@ -965,7 +1007,8 @@ def read_results(out: Path) -> Results:
         with path.open(newline="") as f:
             return [{k: value(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
-    return Results(rows("recovery"), rows("bytes"), rows("latency"), rows("checkpoints"), rows("latency_timeline"))
+    return Results(rows("recovery"), rows("bytes"), rows("latency"), rows("checkpoints"), rows("latency_timeline"),
+                   rows("kill_timeline"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -990,13 +1033,13 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(state_dir, ignore_errors=True)
     write_results(out, res)
     print_tables(res)
-    print(f"wrote {out}/recovery.csv, bytes.csv, latency.csv, checkpoints.csv, recovery.png, latency.png, "
-          f"bytes.png in {time.monotonic() - t0:.0f}s")
-    bad = [f"recovery {r['size_mb']:g} MB" for r in res.recovery if r.get("exact") != "yes"]
+    print(f"wrote {out}/recovery.csv, kill_timeline.csv, bytes.csv, latency.csv, checkpoints.csv, recovery.png, "
+          f"kill_latency.png, latency.png, bytes.png in {time.monotonic() - t0:.0f}s")
+    bad = [f"recovery {r['run']}" for r in res.recovery if r.get("exact") != "yes"]
     bad += [f"latency rhino {r['rhino']}" for r in res.latency if r.get("exact") != "yes"]
     if bad:
         print(f"NOT EXACT: {', '.join(bad)}", flush=True)
-    problems = [f"recovery {r['size_mb']:g} MB: {r['problem']}" for r in res.recovery if r.get("problem")]
+    problems = [f"recovery {r['run']}: {r['problem']}" for r in res.recovery if r.get("problem")]
     problems += [f"latency rhino {r['rhino']}: {r['problem']}" for r in res.latency if r.get("problem")]
     if problems:
         print(f"PROBLEMS: {'; '.join(problems)}", flush=True)
@@ -1012,7 +1055,8 @@ def _plot(out: Path, res: Results) -> None:
     rows = [r for r in res.recovery if "total_s" in r]
     if rows:
         fig, ax = plt.subplots(figsize=(11, 4.8))
-        labels = [f"{r['size_mb']:g} MB" + ("" if r["exact"] == "yes" else "\n(NOT exact)") for r in rows]
+        labels = [f"{r['size_mb']:g} MB\n{r.get('mode', 'active')}" + ("" if r["exact"] == "yes" else "\n(NOT exact)")
+                  for r in rows]
         bottom = [0.0] * len(rows)
         for key, text in PHASES:
             vals = [max(float(r.get(key) or 0.0), 0.0) / MS for r in rows]
@@ -1020,13 +1064,34 @@ def _plot(out: Path, res: Results) -> None:
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         for i, r in enumerate(rows):
             ax.text(i, bottom[i], f"{r['total_s']:.2f} s", ha="center", va="bottom")
-        ax.set(ylabel="seconds from the SIGKILL", title="Rhino: kill → two live replicas, by phase "
-               "(stateful replica, local-cluster on 2 cores)")
+        ax.set(ylabel="seconds from the SIGKILL", title="Rhino: kill → two live replicas (active) or the partition "
+               "back (passive), by phase; local-cluster on 2 cores")
         ax.set_ylim(0, max(bottom) * 1.12)
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
         ax.grid(alpha=.3, axis="y")
         fig.tight_layout()
         fig.savefig(out / "recovery.png", dpi=110)
+        plt.close(fig)
+    if res.kill_timeline:
+        sizes = list(dict.fromkeys(r["size_mb"] for r in res.kill_timeline))
+        fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4.5), squeeze=False, sharey=True)
+        for ax, size in zip(axes[0], sizes, strict=True):
+            for run_label in dict.fromkeys(r["run"] for r in res.kill_timeline if r["size_mb"] == size):
+                pts = [r for r in res.kill_timeline if r["run"] == run_label]
+                mode = pts[0]["mode"]
+                ax.plot([r["second"] for r in pts], [max(r["p99_ms"], 0.1) for r in pts], ".-",
+                        label=f"{mode}: p99", color="tab:blue" if mode == "active" else "tab:red")
+                ax.plot([r["second"] for r in pts], [max(r["max_ms"], 0.1) for r in pts], ":",
+                        label=f"{mode}: max", color="tab:blue" if mode == "active" else "tab:red")
+            ax.axvline(0, color="k", linestyle="--", linewidth=1)
+            ax.set(yscale="log", xlabel="seconds since the SIGKILL (by event time)", title=f"{size:g} MB of state")
+            ax.grid(alpha=.3, which="both")
+            ax.legend(fontsize="small")
+        axes[0][0].set_ylabel("sink - produced (ms), per second")
+        fig.suptitle("Latency around the kill of the stateful partition's executor: two replicas (active) vs "
+                     "checkpoint-restart (passive)")
+        fig.tight_layout()
+        fig.savefig(out / "kill_latency.png", dpi=110)
         plt.close(fig)
     lat = [r for r in res.latency if "p99_ms" in r]
     if lat:
@@ -1048,7 +1113,7 @@ def _plot(out: Path, res: Results) -> None:
         from matplotlib.ticker import FuncFormatter
 
         fig, ax = plt.subplots(figsize=(11, 4.8))
-        kills = {f"{r['size_mb']:g}MB": r.get("kill_t_s") for r in res.recovery}
+        kills = {r.get("run", f"{r['size_mb']:g}MB"): r.get("kill_t_s") for r in res.recovery}
         for run_label in dict.fromkeys(c["run"] for c in ck):
             pts = [c for c in ck if c["run"] == run_label and c["shipper"] == "yes"]
             others = [c for c in ck if c["run"] == run_label and c["shipper"] == "no"]
