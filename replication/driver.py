@@ -208,7 +208,8 @@ class JobMaster:
                 if self.rhino is not None:
                     for (t, p), group in self.rhino.worker_alive(w).items():
                         self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
-                return {"status": "standby", "reason": "state of the lost replicas cannot be restored yet",
+                return {"status": "standby", "reason": "its replicas run elsewhere now" if self.rhino is not None
+                        else "state of the lost replicas cannot be restored (no Rhino checkpoints)",
                         "addresses": {i: info.address for i, info in self.workers.items()},
                         "dead": list(self.dead), "sinks": self._sink_roles()}
             self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"], req.get("python_pid"),
@@ -387,8 +388,8 @@ class JobMaster:
                 now = time.time()
                 rec.update(caught_up_at=now, recovery_s=now - rec["failed_at"])
                 self.recoveries.append(rec)
-                self.event(f"{rec['replica']} caught up: two live replicas again, {rec['recovery_s']:.2f}s after "
-                           "the failure")
+                again = "two live replicas again" if self.replicated else "its partition runs again"
+                self.event(f"{rec['replica']} caught up: {again}, {rec['recovery_s']:.2f}s after the failure")
 
     def _rhino_view(self) -> dict:
         """What workers need: groups (addresses, chain order), completed checkpoints, shippers."""

@@ -69,10 +69,22 @@ def election_membership(election_root: str, worker: int, attempt: int) -> str:
     return f"{election_root}/members/{election_identity(worker, attempt)}"
 
 
+class WorkerEvicted(RuntimeError):
+    """The driver declared this worker dead while it could not hear it (hung, or cut off by a
+    network partition); raised from the Spark task so that Spark runs it again, as a standby."""
+
+
 def run_worker(boot: WorkerBootstrap, index: int, attempt: int) -> dict[str, Any]:
-    """Entry point inside the Spark task; returns the worker's final report."""
+    """Entry point inside the Spark task; returns the worker's final report.  An evicted worker
+    raises :class:`WorkerEvicted` once it stopped: its replicas live elsewhere now, but the task
+    slot is healthy again, and Spark's retry registers there as a standby (it joins replica groups
+    and can host restored replicas), like a task relaunched after its executor died."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return Worker(boot, index, attempt).run()
+    report = Worker(boot, index, attempt).run()
+    if report.get("status") == "evicted":
+        raise WorkerEvicted(f"worker {index} (attempt {attempt}) was declared dead by the driver while it could "
+                            "not hear it, and stopped; Spark runs the task again as a standby")
+    return report
 
 
 class Worker:
