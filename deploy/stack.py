@@ -21,7 +21,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,10 +309,15 @@ def _stop_all_at_exit() -> None:
 
 
 class EmbeddedStack:
-    """ZooKeeper + tansu on free loopback ports, all state under one run directory."""
+    """ZooKeeper + tansu on free loopback ports, all state under one run directory.
+
+    ``zookeeper_at`` / ``kafka_at``: ``(address, argv prefix)`` to run that server elsewhere, e.g.
+    on a namespace test host (:mod:`deploy.netns`: its address and ``ip netns exec`` prefix)."""
 
     def __init__(self, run_dir: Path | None = None, zk_tick_ms: int = 200, start_timeout_s: float = 60,
-                 stop_at_exit: bool = True, grace_s: float = 10.0) -> None:
+                 stop_at_exit: bool = True, grace_s: float = 10.0,
+                 zookeeper_at: tuple[str, Sequence[str]] | None = None,
+                 kafka_at: tuple[str, Sequence[str]] | None = None) -> None:
         self.run_dir = Path(run_dir).resolve() if run_dir is not None else default_run_dir()
         self.zk_tick_ms = zk_tick_ms
         self.start_timeout_s = start_timeout_s
@@ -320,9 +325,11 @@ class EmbeddedStack:
         self.grace_s = grace_s
         self.endpoints: StackEndpoints | None = None
         self._procs: dict[str, subprocess.Popen] = {}
+        self._at = {"zookeeper": zookeeper_at or (HOST, ()), "kafka": kafka_at or (HOST, ())}
 
     # ---- start
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        argv = [*self._at[name][1], *argv]
         log = open(self.run_dir / f"{name}.log", "ab")  # the child keeps its own copy of the fd
         try:
             proc = subprocess.Popen(argv, cwd=self.run_dir, stdin=subprocess.DEVNULL, stdout=log,
@@ -345,7 +352,7 @@ class EmbeddedStack:
             "maxSessionTimeout=60000",
             f"dataDir={data_dir}",
             f"clientPort={port}",
-            f"clientPortAddress={HOST}",
+            f"clientPortAddress={self._at['zookeeper'][0]}",
             "admin.enableServer=false",
             "4lw.commands.whitelist=ruok,stat,srvr,mntr",
             "preAllocSize=4096",  # KiB; default 64 MiB txn-log preallocation is pointless here
@@ -364,7 +371,7 @@ class EmbeddedStack:
 
     def _start_kafka(self, port: int) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV_DROP}
-        url = f"tcp://{HOST}:{port}"
+        url = f"tcp://{self._at['kafka'][0]}:{port}"
         self._spawn("kafka", [
             tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
             "--storage-engine", "memory://tansu/",
@@ -382,7 +389,8 @@ class EmbeddedStack:
         try:
             self._start_zookeeper(zk_port)
             self._start_kafka(kafka_port)
-            endpoints = StackEndpoints(f"{HOST}:{kafka_port}", f"{HOST}:{zk_port}", self.run_dir, False)
+            endpoints = StackEndpoints(f"{self._at['kafka'][0]}:{kafka_port}",
+                                       f"{self._at['zookeeper'][0]}:{zk_port}", self.run_dir, False)
             (self.run_dir / ENDPOINTS_FILE).write_text(json.dumps({
                 "bootstrap_servers": endpoints.bootstrap_servers,
                 "zookeeper_connect": endpoints.zookeeper_connect,
