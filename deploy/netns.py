@@ -74,12 +74,12 @@ class TestHosts:
     def __init__(self, names: Iterable[str], subnet: str = "10.231.0", prefix: str | None = None) -> None:
         self.subnet = subnet
         self.gateway = f"{subnet}.1"  # the root namespace's address on the bridge
-        tag = prefix or f"rh{uuid.uuid4().hex[:4]}"
+        tag = self.tag = prefix or f"rh{uuid.uuid4().hex[:4]}"
+        self.names = list(names)
         self.bridge = f"{tag}br"
         self.hosts: dict[str, Host] = {}
-        for i, name in enumerate(names):
+        for i, name in enumerate(self.names):
             self.hosts[name] = Host(name, f"{tag}-{name}", f"{subnet}.{10 + i}", f"{tag}v{i}")
-        self._created: list[tuple[str, str]] = []  # what to delete: ("link"|"netns", name)
 
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
@@ -90,14 +90,11 @@ class TestHosts:
     def create(self) -> TestHosts:
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
-            self._created.append(("link", self.bridge))
             _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
             for h in self.hosts.values():
                 _ip("netns", "add", h.namespace)
-                self._created.append(("netns", h.namespace))
                 _ip("link", "add", h.link, "type", "veth", "peer", "name", "eth0", "netns", h.namespace)
-                self._created.append(("link", h.link))
                 _ip("link", "set", h.link, "master", self.bridge)
                 _ip("link", "set", h.link, "up")
                 inside = ["netns", "exec", h.namespace, "ip"]
@@ -118,10 +115,13 @@ class TestHosts:
         _ip("link", "set", self.hosts[name].link, "up")
 
     def destroy(self) -> None:
-        """Delete the namespaces and links (processes still inside keep running: stop them first)."""
-        for kind, name in reversed(self._created):
-            _ip(kind, "del", name, check=False)
-        self._created.clear()
+        """Delete the namespaces, links and bridge, whatever of them exists (also from another
+        process that made the same ``TestHosts``); processes still inside keep running: stop them
+        first."""
+        for h in self.hosts.values():
+            _ip("link", "del", h.link, check=False)  # (deleting one end of a veth deletes both)
+            _ip("netns", "del", h.namespace, check=False)
+        _ip("link", "del", self.bridge, check=False)
 
     def __enter__(self) -> TestHosts:
         return self.create()

@@ -203,7 +203,8 @@ def check_health(endpoints: StackEndpoints) -> dict[str, bool]:
 
 
 def _pid_alive(pid: int, name: str) -> bool:
-    """Process exists, is not a zombie and (on Linux) is really our ``name`` process."""
+    """Process exists, is not a zombie and (on Linux) is really our ``name`` process (its command
+    line holds the marker of ``name``, or ``name`` itself)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -216,7 +217,7 @@ def _pid_alive(pid: int, name: str) -> bool:
     try:
         if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
             return False
-        return _MARKERS[name] in (proc / "cmdline").read_bytes().decode(errors="replace")
+        return _MARKERS.get(name, name) in (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
 
