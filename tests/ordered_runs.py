@@ -3,9 +3,11 @@ its input (pre-produced or fed live), its output, and replica agreement."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 from confluent_kafka import Producer
 
@@ -47,6 +49,28 @@ def feed(stack, a: str, b: str, ids: list[str], rounds: int = 40, per_round: int
         producer.flush(30)
         ids.extend(json.loads(v)["id"] for _, v in ea + eb)
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def fed_without_pause(stack, a: str, b: str) -> Iterator[list[str]]:
+    """Feed topics ``a`` and ``b`` (as :func:`feed`, round after round) until the block ends;
+    yields the list of fed event ids, complete once the block is left."""
+    ids: list[str] = []
+    done = threading.Event()
+
+    def keep_feeding() -> None:
+        first = 0
+        while not done.is_set():
+            feed(stack, a, b, ids, rounds=5, first_round=first)
+            first += 5
+
+    feeder = threading.Thread(target=keep_feeding, name="feeder")
+    feeder.start()
+    try:
+        yield ids
+    finally:
+        done.set()
+        feeder.join()
 
 
 def start_under_load(stack, spark, name: str, conf: dict):

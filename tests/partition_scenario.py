@@ -24,7 +24,6 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -39,7 +38,7 @@ from deploy.standalone import StandaloneCluster, WorkerSpec  # noqa: E402
 from replication import run  # noqa: E402
 from replication.examples.ordered import build_ordered_job, verify_chains  # noqa: E402
 from replication.spark_cluster import build_session, stop_session  # noqa: E402
-from tests.ordered_runs import feed, read_output, source_topics  # noqa: E402
+from tests.ordered_runs import fed_without_pause, read_output, source_topics  # noqa: E402
 
 SCENARIOS = {"kazoo-leader": "kazoo", "liverobin-replica": "liverobin", "sink-writer": "liverobin"}
 
@@ -126,18 +125,7 @@ def scenario(args, mode: str, hosts: TestHosts, stack, endpoints, spark, out: di
     handle = run(job, spark=spark, conf=conf)
     handle.wait_started(120)
     master = handle.master
-    ids: list[str] = []
-    done = threading.Event()
-
-    def keep_feeding() -> None:
-        first = 0
-        while not done.is_set():
-            feed(stack, a, b, ids, rounds=5, first_round=first)
-            first += 5
-
-    feeder = threading.Thread(target=keep_feeding)
-    feeder.start()
-    try:
+    with fed_without_pause(stack, a, b) as ids:
         wait(lambda: every_safe_checkpoint_on_a_live_member(master), 90, "a safe checkpoint everywhere")
         victim, what = choose_victim(args.scenario, master)
         address = master.workers[victim].address.rsplit(":", 1)[0]
@@ -175,9 +163,6 @@ def scenario(args, mode: str, hosts: TestHosts, stack, endpoints, spark, out: di
             lambda: master.workers[victim].attempt > attempt and victim not in master.dead, 120,
             f"worker {victim} to register again as a standby") - healed_at
         time.sleep(3)  # load after the recovery, with the healed host back on the network
-    finally:
-        done.set()
-        feeder.join()
     result = handle.drain(timeout=300)
     report = verify_chains(read_output(stack, f"{name}out"), ids)
     out.update(exact=report.exact, report=str(report), records=len(ids), divergences=result.divergences,

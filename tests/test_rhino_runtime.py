@@ -8,7 +8,6 @@ must still leave exact output, which shows the restored replica's state was righ
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from replication.chaos import kill_executor, locate
 from replication.examples.ordered import verify_chains
 from replication.status import read_status
-from tests.ordered_runs import feed, read_output, source_topics
+from tests.ordered_runs import fed_without_pause, read_output, source_topics
 
 pytestmark = pytest.mark.integration
 
@@ -69,26 +68,12 @@ def _fed_job(stack, spark, name: str, mode: str, replicated: bool = True):
     job = build_ordered_job(a, b, f"{name}out", name=name)
     handle = run(job, spark=spark, conf=_conf(stack, mode, replicated))
     handle.wait_started(120)
-    ids: list[str] = []
-    done = threading.Event()
-
-    def keep_feeding() -> None:
-        first = 0
-        while not done.is_set():
-            feed(stack, a, b, ids, rounds=5, first_round=first)
-            first += 5
-
-    feeder = threading.Thread(target=keep_feeding)
-    feeder.start()
     try:
-        yield job, handle, ids
+        with fed_without_pause(stack, a, b) as ids:
+            yield job, handle, ids
     except BaseException:
-        done.set()
-        feeder.join()
         handle.stop()
         raise
-    done.set()
-    feeder.join()
 
 
 @pytest.mark.parametrize("mode", [
