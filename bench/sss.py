@@ -1,0 +1,1013 @@
+"""The baseline: Spark Structured Streaming (SSS) with checkpoint recovery, and what an executor kill costs it.
+
+    .venv/bin/python bench/sss.py [--rate 200] [--keys 64] [--duration 40] [--kill-at 15 | --no-kill]
+                                  [--kill-phase any|stateful] [--trigger-ms 100] [--locality-wait 3s]
+                                  [--out bench/results/sss]
+
+Setup.  The same keyed stateful logic as our benchmark job, written the way an SSS user would:
+
+* **Input**: a topic of ``--partitions`` (3) partitions; a feeder thread produces ``--rate`` records/s
+  of JSON ``{"id": int, "k": str, "ts": epoch ms at the producer}``, Kafka key ``k``, keys ``k0..k{n-1}``
+  round robin.
+* **Source**: Spark's Kafka connector jar is not available (no Maven), so a *Python streaming data
+  source* (``pyspark.sql.datasource.DataSourceStreamReader``, Spark 4.x, with the 4.2+ ``latestOffset
+  (start, limit)`` signature) stands in for it.  Offsets are ``{"<kafka partition>": next offset}``;
+  ``latestOffset`` (driver side, in Spark's Python source runner) reads the end offsets from a
+  long-lived consumer that fetches every partition (the embedded broker under-reports ListOffsets, so
+  end offsets come from fetches, as in the rest of the project); ``partitions(start, end)`` plans one
+  task per Kafka partition with new records; ``read`` (executor side) assigns the partition at
+  ``start`` and reads up to ``end`` exclusive with confluent-kafka.  A batch's range is written to the
+  offset log before it runs, so a re-executed task reads exactly the same records.
+* **Logic**: ``groupBy("k").applyInPandasWithState`` keeping a running count per key (state ``count
+  long``, no timeout), output mode update; every input record yields ``{"id","k","count","ts"}``
+  (records of a key sorted by id within a micro-batch).  ``applyInPandasWithState`` rather than
+  ``transformWithStateInPandas``: the state of a group travels to Python in the same Arrow batch as
+  its rows and back with its output, whereas ``transformWithStateInPandas`` reads and writes every
+  state variable through a separate per-task state server (a round trip per get/update per key),
+  which costs more on two cores for a one-number state and buys nothing here (no timers, no TTL,
+  no list/map state).
+* **State**: ``RocksDBStateStoreProvider`` with changelog checkpointing (each commit writes a
+  changelog file; snapshots are uploaded in the background: the low-latency setting, which halved
+  the commit time here); checkpoint (offset log, commit log, state) in a temp dir shared by all
+  executors (one machine); ``spark.sql.shuffle.partitions`` = number of input partitions (3 state
+  store partitions instead of 200).
+* **Sink**: ``foreachBatch``; each batch's rows are written from the executors (``foreachPartition``,
+  one cached confluent-kafka producer per Python worker, flushed at the end of each partition) to the
+  output topic with headers ``sink_ts`` (wall clock at produce, ``repr`` of float seconds),
+  ``batch_id``, and the writing task's ``partition``, ``attempt`` and ``executor``.
+* **Trigger**: processing time, ``--trigger-ms`` (default 100 ms) between micro-batch starts.  SSS runs
+  one micro-batch at a time, and here a batch (source stage, shuffle, stateful + sink stage) takes
+  1-2 s on two shared cores, so in practice the next batch starts as soon as the previous one ends
+  and the trigger interval only matters when the job is idle.
+* **Cluster**: ``local-cluster[3,1,512]`` (three executor JVMs, one core each) and the embedded
+  stack (ZooKeeper + tansu), all on the same machine as the feeder.  Spark's defaults otherwise
+  (``spark.locality.wait`` 3 s unless ``--locality-wait``; ``spark.task.maxFailures`` 100 from
+  ``replication.spark_cluster.default_conf``).
+
+Warm-up: one record per key is fed first and awaited in the output (the first micro-batch starts the
+executors' Python workers: 10-60 s depending on the machine's load); it is checked like the rest but
+left out of the latency figures, as are the first 5 s of timed feeding in the steady-state figures.
+
+Fault experiment: steady load, at ``--kill-at`` seconds the JVM of one executor is SIGKILLed
+(``replication.spark_cluster.kill_executor``): wherever the micro-batch is (``--kill-phase any``), or,
+with ``--kill-phase stateful``, as soon as after that time the stateful stage is running a task on an
+executor (that one is killed).  Feeding goes on to ``--duration``, then stops; the run waits until the
+output holds every id (or ``--drain-timeout``) and stops the query.  Latency of a record = ``sink_ts -
+ts``: it includes the broker twice, the wait for the next batch, the micro-batch and the producer
+hand-over.  Per-second p50/p99/max are binned by *produce* time relative to the kill.  "p99 before" is
+over the records *written* in the 10 s before the kill (all finished before it); the *stall* counts the
+seconds among the 30 after the kill whose p99 is above twice that, ``stall_before_kill_s`` the seconds
+before the kill above it (records in flight when it hit, which binning by produce time puts before the
+kill); *recovery* is the first second after the kill whose p99 is below 2x again
+(``recovered_for_good_s``: the second after the last one above 2x).  ``batches.csv`` has every
+micro-batch's duration (``query.recentProgress``), ``summary.csv`` the stage re-attempts of the
+query's jobs (Spark's status tracker), ``events.txt`` the kill, executor removal and registration.
+
+Limits, measured and reported rather than hidden:
+
+* **The sink is at-least-once.**  ``foreachBatch`` + a plain producer is how SSS writes to Kafka (its
+  own Kafka sink is at-least-once too).  A task killed after its first produce and before the driver
+  saw it finish is re-run from the checkpointed state and writes its rows again (same ``batch_id``,
+  ``attempt`` > 0: ``retried_writes``); a batch re-run after a driver restart would rewrite the
+  batch's whole output.  With this sink a task writes its rows in a burst at its end (``sink_write_ms``:
+  about 1 ms, at most tens of ms, out of 1-2 s per batch), so a single executor kill rarely lands in
+  that window and duplicates are rare rather than impossible.  ``duplicates`` counts ids seen more
+  than once, ``missing`` delivered ids never seen, ``wrong_counts`` output records whose count is not
+  the key's running count at that id.
+* The Python source adds a Python runner round trip per planning call and per task; the JVM Kafka
+  source would be somewhat cheaper per batch.  Everything (feeder, broker, driver, 3 executors) shares
+  the machine's two cores, as in the other benchmarks, and other work on the machine shows
+  (``load_avg_start``/``load_avg_end`` in the summary).
+* Executor loss is seen by polling the driver's executor list every 0.1 s (``executor_removed_s``);
+  the replacement executor is started by the local-cluster Worker (``executor_added_s``).
+  ``--kill-phase stateful`` reads the executors' running tasks through an internal Spark API (the
+  driver's status store, via py4j).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
+
+MS = 1000.0
+SOURCE_NAME = "sss_kafka_lite"
+INPUT_SCHEMA = "id long, k string, ts long"
+OUTPUT_SCHEMA = "id long, k string, count long, ts long"
+STATE_SCHEMA = "count long"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+BEFORE_S = 10  # "p99 before": the records written in the 10 s before the kill
+STALL_WINDOW_S = 30  # seconds after the kill examined for the stall
+STALL_FACTOR = 2.0
+
+
+# --------------------------------------------------------------------------- offsets (pure)
+
+
+def offsets_to_json(positions: Mapping[int, int]) -> dict[str, int]:
+    """``{partition: next offset}`` as a JSON-able offset dict (keys must be strings)."""
+    return {str(p): int(o) for p, o in sorted(positions.items())}
+
+
+def offsets_from_json(offsets: Mapping[str, Any]) -> dict[int, int]:
+    """The inverse of :func:`offsets_to_json`."""
+    return {int(p): int(o) for p, o in offsets.items()}
+
+
+def plan_end_offsets(start: Mapping[str, Any], available: Mapping[int, int],
+                     max_rows: int | None = None) -> dict[str, int]:
+    """End offsets of the next micro-batch: every partition up to what is ``available`` (its next
+    offset as seen by a fetch), never below ``start``; with ``max_rows``, at most that many records in
+    total, shared in proportion to each partition's backlog (largest remainders first)."""
+    begin = offsets_from_json(start)
+    for p in available:
+        begin.setdefault(p, 0)  # a partition the start does not know yet begins at 0
+    backlog = {p: max(0, int(available.get(p, o)) - o) for p, o in begin.items()}
+    total = sum(backlog.values())
+    if max_rows is None or total <= max_rows:
+        take = backlog
+    else:
+        if max_rows < 0:
+            raise ValueError(f"max_rows must be >= 0, got {max_rows}")
+        shares = {p: max_rows * n / total for p, n in backlog.items()}
+        take = {p: int(s) for p, s in shares.items()}
+        left = max_rows - sum(take.values())
+        for p in sorted(shares, key=lambda q: (-(shares[q] - take[q]), q))[:left]:
+            take[p] += 1
+    return offsets_to_json({p: o + take[p] for p, o in begin.items()})
+
+
+def plan_ranges(start: Mapping[str, Any], end: Mapping[str, Any]) -> list[tuple[int, int, int]]:
+    """``(partition, from, until)`` of every partition with records in ``[start, end)``, by partition.
+    Raises ValueError if an end offset is behind its start."""
+    begin, stop = offsets_from_json(start), offsets_from_json(end)
+    out = []
+    for p in sorted(stop):
+        s = begin.get(p, 0)
+        if stop[p] < s:
+            raise ValueError(f"partition {p}: end offset {stop[p]} is behind start {s}")
+        if stop[p] > s:
+            out.append((p, s, stop[p]))
+    return out
+
+
+# --------------------------------------------------------------------------- the source
+
+
+def _worker_cache() -> dict:
+    """A dict that lives as long as the (reused) Python worker process: a synthetic module in
+    ``sys.modules``, because this file's functions reach the executors pickled by value."""
+    import types
+
+    mod = sys.modules.get("_sss_worker_cache")
+    if mod is None:
+        mod = types.ModuleType("_sss_worker_cache")
+        mod.cache = {}  # type: ignore[attr-defined]
+        sys.modules["_sss_worker_cache"] = mod
+    return mod.cache  # type: ignore[attr-defined]
+
+
+def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
+               timeout_s: float = 60.0) -> Iterator[tuple[int, str, int]]:
+    """The records ``[start, end)`` of one partition as ``(id, k, ts)`` (runs in an executor task)."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    cache = _worker_cache()
+    consumer = cache.get(("consumer", bootstrap))
+    if consumer is None:
+        consumer = cache[("consumer", bootstrap)] = Consumer({
+            "bootstrap.servers": bootstrap, "group.id": f"sss-read-{os.getpid()}", "enable.auto.commit": False,
+            "enable.partition.eof": False, "fetch.wait.max.ms": 10, "allow.auto.create.topics": False})
+    tp = TopicPartition(topic, partition, start)
+    consumer.assign([tp])
+    nxt = start
+    deadline = time.monotonic() + timeout_s
+    try:
+        while nxt < end:
+            msgs = consumer.consume(num_messages=min(10_000, end - nxt), timeout=0.1)
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"reading {topic}[{partition}]: {err.str()}")
+                off = m.offset()
+                if off < nxt:
+                    continue
+                if off >= end:
+                    nxt = end
+                    break
+                v = json.loads(m.value())
+                yield int(v["id"]), str(v["k"]), int(v["ts"])
+                nxt = off + 1
+            if not msgs and nxt < end:
+                # an offset gap (e.g. a control record) ends the range once the position is past it
+                pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+                if pos >= end:
+                    nxt = end
+                elif time.monotonic() > deadline:
+                    raise TimeoutError(f"{topic}[{partition}]: at offset {nxt} of [{start}, {end}) "
+                                       f"after {timeout_s}s")
+    finally:
+        consumer.unassign()
+
+
+class KafkaLiteStreamReader(DataSourceStreamReader):
+    """Offsets ``{"<partition>": next offset}``; one input partition per Kafka partition with data."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.bootstrap = options["bootstrap"]
+        self.topic = options["topic"]
+        self.max_rows = int(options["maxRecordsPerBatch"]) if options.get("maxRecordsPerBatch") else None
+        self._consumer: Any = None
+        self._next: dict[int, int] = {}
+
+    def _partition_ids(self) -> list[int]:
+        from confluent_kafka.admin import AdminClient
+
+        # all topics' metadata: naming the topic would make tansu auto-create it
+        md = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=10).topics.get(self.topic)
+        if md is None or md.error is not None or not md.partitions:
+            raise RuntimeError(f"source topic {self.topic!r} not found")
+        return sorted(md.partitions)
+
+    def initialOffset(self) -> dict:
+        return offsets_to_json(dict.fromkeys(self._partition_ids(), 0))
+
+    def _available(self, start: Mapping[str, Any]) -> dict[int, int]:
+        """Next offset per partition as far as fetched so far (the fetch high watermark or the last
+        record seen + 1, whichever is higher)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        if self._consumer is None:
+            begin = offsets_from_json(start)
+            self._next = dict(begin)
+            self._consumer = Consumer({
+                "bootstrap.servers": self.bootstrap, "group.id": f"sss-offsets-{os.getpid()}",
+                "enable.auto.commit": False, "fetch.wait.max.ms": 10, "allow.auto.create.topics": False})
+            self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in begin.items()])
+        while True:
+            msgs = self._consumer.consume(num_messages=10_000, timeout=0)
+            for m in msgs:
+                if m.error() is None:
+                    p = m.partition()
+                    self._next[p] = max(self._next.get(p, 0), m.offset() + 1)
+            if len(msgs) < 10_000:
+                break
+        for p in list(self._next):
+            high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)[1]
+            if high is not None and high > self._next[p]:
+                self._next[p] = high
+        return dict(self._next)
+
+    def latestOffset(self, start: dict, limit: Any) -> dict:  # the 4.2+ signature (admission control)
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return plan_end_offsets(start, self._available(start), max_rows)
+
+    def getDefaultReadLimit(self) -> Any:
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        # plain InputPartition: partitions cross to the executors with the standard pickle, by reference
+        return [InputPartition((p, s, e)) for p, s, e in plan_ranges(start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        p, s, e = partition.value
+        return read_range(self.bootstrap, self.topic, p, s, e)
+
+    def commit(self, end: dict) -> None:
+        pass  # nothing to release: the broker keeps the data; the checkpoint is Spark's
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+class KafkaLiteDataSource(DataSource):
+    """``spark.readStream.format("sss_kafka_lite").option("bootstrap", ...).option("topic", ...)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return INPUT_SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return KafkaLiteStreamReader(self.options)
+
+
+# --------------------------------------------------------------------------- logic and sink
+
+
+def count_per_key(key: tuple, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """applyInPandasWithState function: a running count per key, one output row per input row."""
+    import numpy as np
+    import pandas as pd
+
+    frames = [f for f in pdfs if len(f)]
+    if not frames:
+        return
+    pdf = pd.concat(frames, ignore_index=True).sort_values("id", kind="stable")
+    before = int(state.get[0]) if state.exists else 0
+    n = len(pdf)
+    state.update((before + n,))
+    yield pd.DataFrame({"id": pdf["id"].to_numpy(), "k": pdf["k"].to_numpy(),
+                        "count": np.arange(before + 1, before + n + 1, dtype="int64"),
+                        "ts": pdf["ts"].to_numpy()})
+
+
+def sink_partition(rows: Iterator[Any], bootstrap: str, topic: str, batch_id: int) -> None:
+    """Write one partition of a micro-batch's output (runs in an executor task); raises unless every
+    record was acknowledged, so a failed write fails the task and Spark retries it."""
+    from confluent_kafka import Producer
+    from pyspark import TaskContext
+
+    from replication.spark_cluster import current_executor_id
+
+    cache = _worker_cache()
+    producer = cache.get(("producer", bootstrap))
+    if producer is None:
+        producer = cache[("producer", bootstrap)] = Producer({
+            "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 1, "enable.idempotence": True})
+    errors: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    ctx = TaskContext.get()
+    task = [("batch_id", str(batch_id).encode()), ("partition", str(ctx.partitionId() if ctx else -1).encode()),
+            ("attempt", str(ctx.attemptNumber() if ctx else -1).encode()),
+            ("executor", str(current_executor_id() or "?").encode())]
+    n = 0
+    for r in rows:
+        value = json.dumps({"id": r["id"], "k": r["k"], "count": r["count"], "ts": r["ts"]})
+        while True:
+            try:
+                producer.produce(topic, key=r["k"].encode(), value=value.encode(), on_delivery=on_delivery,
+                                 headers=[("sink_ts", repr(time.time()).encode()), *task])
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+        n += 1
+    remaining = producer.flush(60)
+    if remaining or errors:
+        raise RuntimeError(f"sink: {remaining} of {n} undelivered, {len(errors)} failed {errors[:1]}")
+
+
+def make_batch_writer(bootstrap: str, topic: str) -> Callable[[Any, int], None]:
+    """The ``foreachBatch`` function (runs on the driver)."""
+
+    def write_batch(df: Any, batch_id: int) -> None:
+        df.foreachPartition(lambda rows: sink_partition(rows, bootstrap, topic, batch_id))
+
+    return write_batch
+
+
+# --------------------------------------------------------------------------- metrics (pure)
+
+
+@dataclass(frozen=True)
+class OutRecord:
+    id: int
+    k: str
+    count: int
+    ts_ms: int
+    sink_ts: float
+    batch_id: int
+    partition: int = -1  # Spark partition (= state store partition) of the writing task
+    attempt: int = 0  # the writing task's attempt number (> 0: a retry)
+    executor: str = "?"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank q-quantile (as replication.workload.percentile); NaN when empty."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
+
+
+def account(produced: Mapping[int, tuple[str, int, int]], outputs: Sequence[OutRecord]) -> dict[str, Any]:
+    """Compare the output with what was produced (``id -> (k, ts_ms, expected count)``).
+
+    Latency samples use each id's *first* output copy.  Returns counts and ``first``: id -> OutRecord."""
+    copies: dict[int, list[OutRecord]] = defaultdict(list)
+    for r in outputs:
+        copies[r.id].append(r)
+    first = {i: min(rs, key=lambda r: r.sink_ts) for i, rs in copies.items()}
+    dups = {i: rs for i, rs in copies.items() if len(rs) > 1}
+    same_batch = sum(1 for rs in dups.values() if len({r.batch_id for r in rs}) == 1)
+    wrong = sum(1 for r in outputs if r.id in produced and r.count != produced[r.id][2])
+    spans: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+    for r in outputs:
+        spans[(r.batch_id, r.partition, r.attempt)].append(r.sink_ts)
+    write_ms = [(max(v) - min(v)) * MS for v in spans.values()]
+    return {
+        "records_out": len(outputs), "distinct_out": len(copies),
+        "duplicates": len(dups), "extra_copies": sum(len(rs) - 1 for rs in dups.values()),
+        "dup_ids_same_batch": same_batch, "dup_ids_across_batches": len(dups) - same_batch,
+        "dup_batches": sorted({r.batch_id for rs in dups.values() for r in rs}),
+        "missing": sum(1 for i in produced if i not in copies),
+        "unexpected": sum(1 for i in copies if i not in produced),
+        "wrong_counts": wrong,
+        "retried_writes": sorted(f"b{b}/p{p}/a{a}" for b, p, a in spans if a > 0),
+        "sink_write_ms_p50": percentile(write_ms, .5), "sink_write_ms_max": max(write_ms, default=math.nan),
+        "first": first,
+    }
+
+
+def per_second(samples: Sequence[tuple[float, float]], origin: float) -> list[dict[str, Any]]:
+    """``(produce time s, latency ms)`` samples -> rows per second of produce time relative to
+    ``origin`` (floor), with count, p50, p99 and max in ms; seconds without samples are absent."""
+    bins: dict[int, list[float]] = defaultdict(list)
+    for ts, lat in samples:
+        bins[math.floor(ts - origin)].append(lat)
+    return [{"second": s, "count": len(v), "p50_ms": percentile(v, .5), "p99_ms": percentile(v, .99),
+             "max_ms": max(v)} for s, v in sorted(bins.items())]
+
+
+def fault_stats(samples: Sequence[tuple[float, float]], timeline: Sequence[Mapping[str, Any]],
+                kill_at: float, window_s: int = STALL_WINDOW_S, factor: float = STALL_FACTOR,
+                before_s: float = BEFORE_S, not_before: float | None = None) -> dict[str, Any]:
+    """p99 before the kill, worst per-second p99 after, stall, recovery (``timeline`` relative to the kill).
+
+    * ``p99_before_ms``: p99 of the samples *written* in the ``before_s`` seconds before the kill (and
+      produced at or after ``not_before``): all finished before it, so none is affected by it, whatever
+      the latency (binning by produce time would mix in records still in flight at the kill);
+    * ``worst_p99_after_ms`` / ``worst_second``: the highest per-second p99 among seconds 0..window-1;
+    * ``stall_s``: how many of those seconds have a p99 above ``factor`` x p99 before;
+    * ``stall_before_kill_s``: seconds produced in the ``before_s`` before the kill above it (their
+      records were in flight when the kill hit);
+    * ``recovery_s``: the first second >= 0 whose p99 is back under it (None if none in the window);
+    * ``recovered_for_good_s``: 1 + the last second above it in the window (0 if none).
+    """
+    before = [lat for ts, lat in samples if kill_at - before_s <= ts + lat / MS < kill_at
+              and (not_before is None or ts >= not_before)]
+    p99_before = percentile(before, .99)
+    limit = factor * p99_before
+    after = [r for r in timeline if 0 <= r["second"] < window_s]
+    above = [r["second"] for r in after if r["p99_ms"] > limit]
+    worst = max(after, key=lambda r: r["p99_ms"], default=None)
+    recovery = next((r["second"] for r in after if r["p99_ms"] <= limit), None)
+    return {"p99_before_ms": p99_before, "before_samples": len(before),
+            "worst_p99_after_ms": worst["p99_ms"] if worst else math.nan,
+            "worst_second": worst["second"] if worst else None, "stall_s": len(above),
+            "stall_before_kill_s": sum(1 for r in timeline if -before_s <= r["second"] < 0 and r["p99_ms"] > limit),
+            "recovery_s": recovery, "recovered_for_good_s": (max(above) + 1) if above else 0}
+
+
+# --------------------------------------------------------------------------- feeder, collector
+
+
+class Feeder(threading.Thread):
+    """Produces ids 0.., keys ``k0..`` round robin, ``ts`` = wall clock ms: first ``warmup`` records at
+    once (then waits for ``go``), then ``rate`` records/s until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, keys: int, warmup: int = 0) -> None:
+        super().__init__(name="sss-feeder", daemon=True)
+        self.bootstrap, self.topic, self.rate, self.keys, self.warmup = bootstrap, topic, rate, keys, warmup
+        self.stop_event = threading.Event()
+        self.go = threading.Event()
+        self.warm_sent = threading.Event()
+        self.produced: dict[int, tuple[str, int, int]] = {}  # id -> (k, ts ms, expected count)
+        self.delivered: set[int] = set()
+        self.errors: list[str] = []
+        self.started_at = math.nan  # wall clock when the timed feeding began
+        self.stopped_at = math.nan
+        self._counts: dict[str, int] = defaultdict(int)
+
+    def _produce(self, producer: Any, i: int) -> None:
+        k = f"k{i % self.keys}"
+        self._counts[k] += 1
+        ts = int(time.time() * 1000)
+        self.produced[i] = (k, ts, self._counts[k])
+        value = json.dumps({"id": i, "k": k, "ts": ts}).encode()
+        while True:
+            try:
+                producer.produce(self.topic, key=k.encode(), value=value,
+                                 on_delivery=lambda err, _msg, i=i: self._delivered(err, i))
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def run(self) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
+                             "linger.ms": 1})
+        try:
+            for i in range(self.warmup):
+                self._produce(producer, i)
+            producer.flush(60)
+            self.warm_sent.set()
+            while not self.go.wait(0.05):
+                if self.stop_event.is_set():
+                    return
+            start = time.monotonic()
+            self.started_at = math.floor(time.time() * MS) / MS  # <= the ts of the first timed record
+            n = 0
+            while not self.stop_event.is_set():
+                due = int((time.monotonic() - start) * self.rate) + 1
+                while n < due:
+                    self._produce(producer, self.warmup + n)
+                    n += 1
+                producer.poll(0)
+                time.sleep(max(0.0, min(0.01, start + n / self.rate - time.monotonic())))
+        finally:
+            self.stopped_at = time.time()
+            left = producer.flush(60)
+            if left:
+                self.errors.append(f"{left} undelivered at the end")
+
+    def _delivered(self, err: Any, i: int) -> None:
+        if err is not None:
+            self.errors.append(str(err))
+        else:
+            self.delivered.add(i)
+
+
+class Collector(threading.Thread):
+    """Reads the output topic from offset 0 of every partition until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: Sequence[int]) -> None:
+        super().__init__(name="sss-collector", daemon=True)
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, list(partitions)
+        self.stop_event = threading.Event()
+        self.records: list[OutRecord] = []
+        self.ids: set[int] = set()
+        self.errors: list[str] = []
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"sss-collect-{os.getpid()}",
+                             "enable.auto.commit": False, "fetch.wait.max.ms": 20,
+                             "allow.auto.create.topics": False})
+        try:
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in self.partitions])
+            self.ready.set()
+            while not self.stop_event.is_set():
+                for m in consumer.consume(num_messages=5000, timeout=0.1):
+                    if m.error() is not None:
+                        self.errors.append(m.error().str())
+                        continue
+                    v = json.loads(m.value())
+                    h = {k: x.decode() for k, x in (m.headers() or [])}
+                    rec = OutRecord(int(v["id"]), str(v["k"]), int(v["count"]), int(v["ts"]),
+                                    float(h["sink_ts"]), int(h["batch_id"]), int(h.get("partition", -1)),
+                                    int(h.get("attempt", 0)), h.get("executor", "?"))
+                    self.records.append(rec)
+                    self.ids.add(rec.id)
+        finally:
+            consumer.close()
+
+
+# --------------------------------------------------------------------------- the experiment
+
+
+def _set_confs(spark: Any, confs: Mapping[str, str]) -> dict[str, str | None]:
+    old = {}
+    for k, v in confs.items():
+        old[k] = spark.conf.get(k, None)
+        spark.conf.set(k, v)
+    return old
+
+
+def _restore_confs(spark: Any, old: Mapping[str, str | None]) -> None:
+    for k, v in old.items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)
+
+
+def _progress_row(p: Mapping[str, Any]) -> dict[str, Any]:
+    from datetime import datetime
+
+    d = p.get("durationMs", {}) or {}
+    start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+    return {"batch_id": int(p["batchId"]), "start": start, "rows": int(p.get("numInputRows", 0)),
+            "trigger_ms": float(d.get("triggerExecution", math.nan)), "add_batch_ms": float(d.get("addBatch", math.nan)),
+            "latest_offset_ms": float(d.get("latestOffset", math.nan)),
+            "planning_ms": float(d.get("queryPlanning", math.nan)),
+            "wal_commit_ms": float(d.get("walCommit", math.nan)),
+            "commit_offsets_ms": float(d.get("commitOffsets", math.nan))}
+
+
+def _task_failures(sc: Any, job_group: str) -> dict[str, Any]:
+    """Failed tasks and re-attempted stages of the query's jobs (Spark's status tracker; the streaming
+    query runs its jobs in the job group named after its run id).  Counts are of each stage's last
+    attempt."""
+    tracker = sc.statusTracker()
+    failed, reattempts, jobs = 0, [], 0
+    try:
+        for jid in sorted(tracker.getJobIdsForGroup(job_group)):
+            info = tracker.getJobInfo(jid)
+            if info is None:
+                continue
+            jobs += 1
+            for sid in info.stageIds:
+                st = tracker.getStageInfo(sid)
+                if st is None:
+                    continue
+                failed += st.numFailedTasks
+                if st.currentAttemptId > 0 or st.numFailedTasks:
+                    reattempts.append(f"job{jid}/stage{sid}.{st.currentAttemptId}:{st.numFailedTasks}failed")
+    except Exception as exc:  # noqa: BLE001 - diagnostics only
+        return {"spark_jobs": jobs, "failed_tasks": -1, "stage_retries": f"unavailable: {exc}"}
+    return {"spark_jobs": jobs, "failed_tasks": failed, "stage_retries": " ".join(reattempts)}
+
+
+def _busy_executors(sc: Any) -> set[str]:
+    """Executors with a running task, from the driver's live status store (via py4j)."""
+    try:
+        seq = sc._jsc.sc().statusStore().executorList(True)
+        return {str(e.id()) for e in (seq.apply(i) for i in range(seq.length()))
+                if e.activeTasks() > 0 and str(e.id()) != "driver"}
+    except Exception:  # noqa: BLE001 - internal API: without it, any executor is taken
+        return set()
+
+
+def _wait_for_stateful_stage(sc: Any, timeout_s: float, victim: str | None) -> tuple[int | None, str | None, float]:
+    """Poll Spark's status tracker until the stateful stage of a micro-batch (the result stage, run by
+    ``foreachPartition`` from py4j, not the source's shuffle-map stage ``run at ...``) has running
+    tasks on ``victim`` (None: on any executor); returns the stage id (None on timeout), the executor
+    running one of its tasks, and the time waited."""
+    tracker = sc.statusTracker()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        for sid in tracker.getActiveStageIds():
+            st = tracker.getStageInfo(sid)
+            if st is None or st.numActiveTasks == 0 or st.name.startswith("run at"):
+                continue
+            busy = _busy_executors(sc)
+            pick = victim if victim in busy else (sorted(busy)[0] if busy and victim is None else None)
+            if pick is not None:
+                return sid, pick, time.monotonic() - t0
+        time.sleep(0.005)
+    return None, None, time.monotonic() - t0
+
+
+def _register_source(spark: Any) -> None:
+    """Register the data source; this module's code must reach the executors by value (``bench`` is
+    not an installed package) unless it is ``__main__``, which cloudpickle ships by value anyway."""
+    from pyspark import cloudpickle
+
+    mod = sys.modules[__name__]
+    if __name__ != "__main__":
+        cloudpickle.register_pickle_by_value(mod)
+    spark.dataSource.register(KafkaLiteDataSource)
+
+
+def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, duration_s: float,
+                       kill_at_s: float | None, trigger_ms: int, out_topic_prefix: str, status: Any = None,
+                       partitions: int = 3, victim: str | None = None, drain_timeout_s: float = 90.0,
+                       warmup_s: float = 5.0, warmup_timeout_s: float = 300.0,
+                       changelog_checkpointing: bool = True, kill_phase: str = "any") -> dict[str, Any]:
+    """Run the SSS job on ``spark`` against the broker at ``bootstrap``: feed ``rate`` records/s for
+    ``duration_s``, SIGKILL an executor at ``kill_at_s`` (None: no fault), drain, stop the query.
+
+    ``kill_phase``: ``"any"`` kills at ``kill_at_s`` wherever the micro-batch is; ``"stateful"`` waits
+    from there (up to 10 s) until the stateful stage's tasks are running (the state update + sink
+    stage) and kills an executor running one of them (``victim`` if given), so the kill lands inside a
+    task.
+
+    Before the timed feeding, one record per key is fed and awaited in the output (the first
+    micro-batch starts the executors' Python workers and the state stores: tens of seconds on a busy
+    machine); those records are checked like the others but left out of the latency figures, as are
+    the first ``warmup_s`` of the timed feeding in the steady-state figures.
+
+    Returns ``{"summary": dict, "timeline": [per-second rows], "batches": [micro-batch progress rows],
+    "events": [(seconds relative to the origin, text)]}``; the timeline's seconds are relative to the kill
+    (or to the start of feeding without a kill).  ``status``: anything with ``update(text)``.
+    """
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from deploy.topics import create_topics
+    from replication.spark_cluster import executor_ids, kill_executor
+
+    if rate <= 0 or duration_s <= 0 or keys <= 0 or trigger_ms <= 0:
+        raise ValueError("rate, duration, keys and trigger must be positive")
+    if kill_phase not in ("any", "stateful"):
+        raise ValueError(f"kill_phase must be 'any' or 'stateful', got {kill_phase!r}")
+    if kill_at_s is not None and not 0 < kill_at_s < duration_s:
+        raise ValueError(f"kill_at_s must be within (0, {duration_s})")
+    sc = spark.sparkContext
+    in_topic, out_topic = f"{out_topic_prefix}in", f"{out_topic_prefix}out"
+    create_topics(bootstrap, {in_topic: partitions, out_topic: partitions})
+    _register_source(spark)
+    old_confs = _set_confs(spark, {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        "spark.sql.shuffle.partitions": str(partitions),
+        "spark.sql.streaming.numRecentProgressUpdates": "100000",
+        # commit = one changelog file per batch instead of a RocksDB checkpoint uploaded every batch
+        # (the low-latency setting; snapshots are then uploaded by the maintenance thread)
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled":
+            str(changelog_checkpointing).lower(),
+    })
+    ckpt = tempfile.mkdtemp(prefix="sss-checkpoint-")
+    feeder = Feeder(bootstrap, in_topic, rate, keys, warmup=keys)
+    collector = Collector(bootstrap, out_topic, range(partitions))
+    events: list[tuple[float, str]] = []
+    batches: dict[int, dict[str, Any]] = {}
+    query = None
+    query_error = ""
+    kill_wall: float | None = None
+    victim_pid = None
+    removed_at = added_at = None
+    drained = False
+    load_start = math.nan
+    run_id = ""
+    try:
+        collector.start()
+        collector.ready.wait(30)
+        stream = (spark.readStream.format(SOURCE_NAME).option("bootstrap", bootstrap)
+                  .option("topic", in_topic).load())
+        counted = stream.groupBy("k").applyInPandasWithState(
+            count_per_key, OUTPUT_SCHEMA, STATE_SCHEMA, "Update", GroupStateTimeout.NoTimeout)
+        query = (counted.writeStream.outputMode("update").foreachBatch(make_batch_writer(bootstrap, out_topic))
+                 .trigger(processingTime=f"{trigger_ms} milliseconds")
+                 .option("checkpointLocation", ckpt).queryName(f"sss-{out_topic_prefix.strip('-')}").start())
+        feeder.start()
+        feeder.warm_sent.wait(60)
+        warm_ids = set(range(keys))
+        warm_deadline = time.monotonic() + warmup_timeout_s
+        warm_t0 = time.monotonic()
+        while not warm_ids <= collector.ids:
+            if query.exception() is not None or time.monotonic() > warm_deadline:
+                raise RuntimeError(f"SSS warm-up: {len(warm_ids & collector.ids)} of {keys} records out after "
+                                   f"{time.monotonic() - warm_t0:.0f}s ({query.exception()})")
+            if status is not None:
+                status.update(f"sss warm-up {time.monotonic() - warm_t0:5.1f}s: {len(warm_ids & collector.ids)}"
+                              f"/{keys} records out")
+            time.sleep(0.1)
+        events.append((time.time(), f"warm-up done in {time.monotonic() - warm_t0:.1f}s"))
+        run_id = str(query.runId)
+        before_ids = set(executor_ids(sc))
+        load_start = os.getloadavg()[0]
+        feeder.go.set()
+        t0 = time.monotonic()
+        feed_end = t0 + duration_s
+        drain_end = None
+        while True:
+            now = time.monotonic()
+            if query.exception() is not None or not query.isActive:
+                query_error = str(query.exception() or "query stopped")[:500]
+                events.append((time.time(), f"query terminated: {query_error[:120]}"))
+                break
+            if kill_at_s is not None and kill_wall is None and now - t0 >= kill_at_s:
+                note = ""
+                if kill_phase == "stateful":
+                    stage, busy, waited = _wait_for_stateful_stage(sc, 10.0, victim)
+                    victim = busy or victim
+                    note = (f", {waited * MS:.0f} ms after {kill_at_s:g}s: running a task of stateful stage {stage}"
+                            if stage is not None else ", no stateful task seen within 10 s")
+                victim = victim if victim is not None else executor_ids(sc)[0]
+                kill_wall = time.time()
+                victim_pid = kill_executor(sc, victim)
+                events.append((kill_wall, f"SIGKILL executor {victim} (pid {victim_pid}){note}"))
+            if kill_wall is not None and (removed_at is None or added_at is None):
+                ids = set(executor_ids(sc))
+                if removed_at is None and victim not in ids:
+                    removed_at = time.time()
+                    events.append((removed_at, f"executor {victim} removed by the driver"))
+                if added_at is None and ids - before_ids:
+                    added_at = time.time()
+                    events.append((added_at, f"executor {sorted(ids - before_ids)} registered"))
+            p = query.lastProgress
+            if p is not None:
+                batches.setdefault(int(p["batchId"]), _progress_row(p))
+            if drain_end is None and now >= feed_end:
+                feeder.stop_event.set()
+                feeder.join(90)
+                drain_end = time.monotonic() + drain_timeout_s
+                events.append((time.time(), "feeding stopped"))
+            if drain_end is not None:
+                if feeder.delivered and feeder.delivered <= collector.ids:
+                    drained = True
+                    break
+                if time.monotonic() > drain_end:
+                    events.append((time.time(), f"drain timeout after {drain_timeout_s:.0f}s"))
+                    break
+            if status is not None:
+                phase = "feeding" if drain_end is None else "draining"
+                kill = "" if kill_wall is None else f", kill +{time.time() - kill_wall:.1f}s"
+                status.update(f"sss {phase} {now - t0:5.1f}s: in {len(feeder.produced)}, out "
+                              f"{len(collector.ids)} ids / {len(collector.records)} records, batch "
+                              f"{max(batches, default=-1)}{kill}")
+            time.sleep(0.1)
+    finally:
+        feeder.stop_event.set()
+        if feeder.is_alive():
+            feeder.join(90)
+        if query is not None:
+            try:
+                for p in query.recentProgress:
+                    batches[int(p["batchId"])] = _progress_row(p)
+            except Exception as exc:  # noqa: BLE001 - the query may be gone already
+                events.append((time.time(), f"no progress: {exc}"))
+            try:
+                query.stop()
+            except Exception as exc:  # noqa: BLE001
+                events.append((time.time(), f"query.stop failed: {exc}"))
+        collector.stop_event.set()
+        collector.join(30)
+        failures = _task_failures(sc, run_id) if run_id else {}
+        _restore_confs(spark, old_confs)
+        shutil.rmtree(ckpt, ignore_errors=True)
+
+    delivered = {i: feeder.produced[i] for i in feeder.delivered}
+    acc = account(delivered, collector.records)
+    first = acc.pop("first")
+    samples = sorted((r.ts_ms / MS, r.sink_ts * MS - r.ts_ms) for r in first.values()
+                     if r.ts_ms / MS >= feeder.started_at)  # not the warm-up records
+    origin = kill_wall if kill_wall is not None else feeder.started_at
+    timeline = per_second(samples, origin)
+    produced_per_s: dict[int, int] = defaultdict(int)
+    for _k, ts, _c in delivered.values():
+        produced_per_s[math.floor(ts / MS - origin)] += 1
+    for row in timeline:
+        row["produced"] = produced_per_s.get(row["second"], 0)
+    # steady state: after the warm-up and, with a kill, written before it
+    steady = [lat for ts, lat in samples if ts - feeder.started_at >= warmup_s
+              and (kill_wall is None or ts + lat / MS < kill_wall)]
+    last_sink = max((r.sink_ts for r in collector.records), default=math.nan)
+    summary: dict[str, Any] = {
+        "kill": "none" if kill_wall is None else f"executor {victim} at {kill_at_s:g}s ({kill_phase})",
+        "rate": rate, "keys": keys, "partitions": partitions, "trigger_ms": trigger_ms,
+        "duration_s": duration_s, "records_in": len(delivered), "feed_errors": len(feeder.errors),
+        **{k: v for k, v in acc.items() if k not in ("dup_batches", "retried_writes")},
+        "dup_batches": " ".join(map(str, acc["dup_batches"])),
+        "retried_writes": " ".join(acc["retried_writes"]), **failures,
+        "drained": drained, "query_error": query_error,
+        "steady_p50_ms": percentile(steady, .5), "steady_p99_ms": percentile(steady, .99),
+        "steady_max_ms": max(steady, default=math.nan),
+        "load_avg_start": load_start, "load_avg_end": os.getloadavg()[0],
+        "throughput_per_s": len(samples) / (last_sink - feeder.started_at) if samples else 0.0,
+    }
+    if kill_wall is not None:
+        summary.update(fault_stats(samples, timeline, kill_wall, not_before=feeder.started_at + warmup_s))
+        worst = max((x for x in samples if x[0] - feeder.started_at >= warmup_s), key=lambda x: x[1], default=None)
+        summary["worst_record_ms"] = worst[1] if worst else math.nan
+        summary["worst_record_at_s"] = (worst[0] - kill_wall) if worst else math.nan
+        summary["executor_removed_s"] = (removed_at - kill_wall) if removed_at else math.nan
+        summary["executor_added_s"] = (added_at - kill_wall) if added_at else math.nan
+        summary["victim_pid"] = victim_pid
+    rows = sorted(batches.values(), key=lambda b: b["batch_id"])
+    steady_batches = [b["trigger_ms"] for b in rows if b["rows"] and b["start"] - feeder.started_at >= warmup_s
+                      and (kill_wall is None or b["start"] + b["trigger_ms"] / MS < kill_wall)]
+    for b in rows:
+        b["start_s"] = b.pop("start") - origin
+    summary["batches"] = len(rows)
+    summary["batch_p50_ms"] = percentile(steady_batches, .5)
+    if kill_wall is not None:
+        at_kill = [b for b in rows if b["start_s"] <= 0 <= b["start_s"] + b["trigger_ms"] / MS]
+        summary["batch_at_kill"] = at_kill[0]["batch_id"] if at_kill else None
+        summary["batch_at_kill_ms"] = at_kill[0]["trigger_ms"] if at_kill else math.nan
+        after = [b for b in rows if b["start_s"] >= -1]
+        summary["longest_batch_after_ms"] = max((b["trigger_ms"] for b in after), default=math.nan)
+    summary["state_store"] = f"RocksDB, changelog checkpointing {'on' if changelog_checkpointing else 'off'}"
+    summary["locality_wait"] = sc.getConf().get("spark.locality.wait", "3s (default)")
+    return {"summary": summary, "timeline": timeline, "batches": rows,
+            "events": [(t - origin, e) for t, e in events]}
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _plot(out: Path, result: Mapping[str, Any]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s, timeline, batches = result["summary"], result["timeline"], result["batches"]
+    killed = "p99_before_ms" in s
+    lo, hi = (-12, STALL_WINDOW_S + 2) if killed else (-1, int(s["duration_s"]) + 1)
+    pts = [r for r in timeline if lo <= r["second"] <= hi]
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    ax.plot([r["second"] + .5 for r in pts], [r["p99_ms"] for r in pts], marker=".", label="per-second p99")
+    ax.plot([r["second"] + .5 for r in pts], [r["max_ms"] for r in pts], marker=".", alpha=.6, label="per-second max")
+    ax.plot([r["second"] + .5 for r in pts], [r["p50_ms"] for r in pts], alpha=.6, label="per-second p50")
+    ax.set_ylim(bottom=0)
+    if killed:
+        ax.axhline(STALL_FACTOR * s["p99_before_ms"], color="grey", linestyle=":", linewidth=1,
+                   label=f"2 x p99 before ({STALL_FACTOR * s['p99_before_ms']:.0f} ms)")
+        for x in (ax, bx):
+            x.axvline(0, color="red", linestyle="--", linewidth=1)
+        ax.text(0.2, ax.get_ylim()[1] * 0.93, "SIGKILL", color="red")
+        for t, text in result["events"]:
+            if "removed" in text or "registered" in text:
+                ax.axvline(t, color="purple", linestyle=":", linewidth=1)
+                ax.text(t + .1, ax.get_ylim()[1] * 0.02, text.split(" by ")[0], color="purple", rotation=90,
+                        fontsize=7, va="bottom")
+    title = (f"Spark Structured Streaming (applyInPandasWithState, RocksDB, trigger {s['trigger_ms']} ms), "
+             f"{s['rate']:.0f} rec/s, {s['keys']} keys")
+    ax.set(ylabel="sink_ts - ts (ms), by produce second", title=title)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(alpha=.3)
+    bpts = [b for b in batches if lo <= b["start_s"] <= hi]
+    bx.bar([b["start_s"] for b in bpts], [b["trigger_ms"] for b in bpts],
+           width=[max(.05, b["trigger_ms"] / MS) for b in bpts], align="edge", alpha=.6, color="tab:green")
+    bx.set(xlabel="seconds since the kill" if killed else "seconds since the start of feeding",
+           ylabel="micro-batch (ms)")
+    bx.grid(alpha=.3)
+    fig.tight_layout()
+    path = out / ("sss_kill.png" if killed else "sss_steady.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from bench.common import format_row, write_csv, write_machine
+    from deploy.stack import EmbeddedStack, require_java17
+    from replication.progress import StatusLine
+    from replication.spark_cluster import build_session, stop_session
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rate", type=float, default=200.0, help="records/s fed (default 200)")
+    ap.add_argument("--keys", type=int, default=64)
+    ap.add_argument("--partitions", type=int, default=3, help="input/output topic partitions")
+    ap.add_argument("--duration", type=float, default=40.0, help="seconds of feeding")
+    kill = ap.add_mutually_exclusive_group()
+    kill.add_argument("--kill-at", type=float, default=15.0, help="SIGKILL an executor this many s in")
+    kill.add_argument("--no-kill", action="store_true")
+    ap.add_argument("--kill-phase", choices=("any", "stateful"), default="any",
+                    help="any: kill at --kill-at; stateful: from then, wait until the stateful stage's tasks run")
+    ap.add_argument("--victim", default=None, help="executor id to kill (default: the lowest alive)")
+    ap.add_argument("--trigger-ms", type=int, default=100)
+    ap.add_argument("--drain-timeout", type=float, default=90.0)
+    ap.add_argument("--locality-wait", default=None,
+                    help="spark.locality.wait for the session (default: Spark's 3s); a stateful task waits "
+                         "this long for the executor that last held its state store before going elsewhere")
+    ap.add_argument("--out", default=str(REPO / "bench/results/sss"))
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    require_java17()
+    kill_at = None if args.no_kill else args.kill_at
+    with EmbeddedStack() as stack:
+        conf = {} if args.locality_wait is None else {"spark.locality.wait": args.locality_wait}
+        spark = build_session("local-cluster[3,1,512]", app_name="bench-sss", conf=conf)
+        try:
+            print(f"== SSS: {args.rate:.0f} records/s, {args.keys} keys, {args.duration:.0f}s, trigger "
+                  f"{args.trigger_ms} ms, " + ("no kill" if kill_at is None else f"kill at {kill_at:.0f}s"),
+                  flush=True)
+            status = StatusLine()
+            result = run_sss_experiment(
+                stack.bootstrap_servers, spark, rate=args.rate, keys=args.keys, duration_s=args.duration,
+                kill_at_s=kill_at, trigger_ms=args.trigger_ms, out_topic_prefix=f"sss{os.getpid()}-",
+                status=status, partitions=args.partitions, victim=args.victim,
+                drain_timeout_s=args.drain_timeout, kill_phase=args.kill_phase)
+            status.done("sss: done")
+        finally:
+            stop_session(spark)
+    s = result["summary"]
+    write_csv(out / "summary.csv", [s])
+    write_csv(out / "timeline.csv", result["timeline"])
+    if result["batches"]:
+        write_csv(out / "batches.csv", result["batches"])
+    (out / "events.txt").write_text("".join(f"{t:+8.2f}s {e}\n" for t, e in result["events"]))
+    png = _plot(out, result)
+    write_machine(out)
+    print("   " + format_row(s), flush=True)
+    for t, e in result["events"]:
+        print(f"   {t:+8.2f}s {e}")
+    print(f"wrote {out}/summary.csv, timeline.csv, batches.csv, events.txt, {png.name}, machine.txt")
+    exact = s["missing"] == 0 and s["duplicates"] == 0 and s["wrong_counts"] == 0 and not s["query_error"]
+    if not exact:
+        print(f"NOT EXACT: {s['missing']} missing, {s['duplicates']} ids duplicated ({s['extra_copies']} extra "
+              f"copies), {s['wrong_counts']} wrong counts{', query failed' if s['query_error'] else ''}",
+              flush=True)
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
