@@ -2,15 +2,17 @@
 and around an executor kill.
 
     .venv/bin/python bench/ordering.py [--rate 400] [--duration 12] [--periods 5,10,50] [--pipelines 1,2,3]
-                                       [--modes off,unordered,liverobin,kazoo] [--kill-duration 20]
-                                       [--kill-modes off,unordered,liverobin,kazoo-leader,kazoo-follower]
+                                       [--modes off,passive,unordered,liverobin,kazoo] [--kill-duration 20]
+                                       [--kill-modes off,passive,unordered,liverobin,kazoo-leader,kazoo-follower]
                                        [--out bench/results/ordering]
 
 The ordered job of :mod:`replication.examples.ordered` (two topics of 2 partitions, events
 split 2:1 between them -> union -> key_by -> hash chain per key -> L-1 identity maps fed round
 robin -> exactly-once sink) at a fixed offered rate, on one embedded stack and one
 ``local-cluster[3,1,512]`` Spark for everything.  Configurations: ``off`` (no replication),
-``unordered`` (replicated, first come first served: the replicas of multi-input tasks diverge),
+``passive`` (no replication, Rhino checkpoints about every second at LiveRobin pulses of
+``--kill-period``: checkpoint-restart), ``unordered`` (replicated, first come first served: the
+replicas of multi-input tasks diverge),
 ``liverobin`` (replicated, leaderless deterministic merge) at each heartbeat period and ``kazoo``
 (replicated, a leader per multi-input partition elected in ZooKeeper writes an order log).
 
@@ -18,10 +20,13 @@ robin -> exactly-once sink) at a fixed offered rate, on one embedded stack and o
    minus ingest time (the first ``--warm-up`` seconds dropped), throughput, and whether the
    output is exact (:func:`verify_chains`: every event once, every key's chain links up).
 2. Kill: L=1 under the same load for ``--kill-duration`` seconds; at half time an executor is
-   SIGKILLed: the one hosting ``chain[0]r0`` for ``off``, ``unordered`` and ``liverobin``
+   SIGKILLed: the one hosting ``chain[0]r0`` for ``off``, ``passive`` (replication off, Rhino
+   checkpoints about every second at the pulses: checkpoint-restart), ``unordered`` and ``liverobin``
    (``--kill-period``), and for KaZoo the one hosting the replica of ``chain[0]`` that leads at
    that moment (``kazoo leader kill``) or the other one (``kazoo follower kill``).  Per-second p99
-   by ingest second relative to the kill; without replication the job fails (reported, not hidden).
+   and max by event time (sink - produced: a rolled-back partition reads its records again, so
+   ingest time would hide its stall) relative to the kill; without replication and without Rhino
+   the job fails (reported, not hidden).
    For KaZoo also the failover: from the kill to the new leader's election and to its first
    order read back, for ``chain[0]`` and the worst over every KaZoo partition the dead executor led.
 
@@ -61,34 +66,37 @@ MS = 1000.0
 KEYS = 30  # hash chains (keys) per run
 VICTIM = "chain[0]r0"  # killed in the off / unordered / liverobin kill runs
 WATCHED = "chain[0]"  # the KaZoo kill runs kill its leader's or its follower's executor
-MODES = ("off", "unordered", "liverobin", "kazoo")
-KILL_MODES = ("off", "unordered", "liverobin", "kazoo-leader", "kazoo-follower")
+MODES = ("off", "passive", "unordered", "liverobin", "kazoo")
+KILL_MODES = ("off", "passive", "unordered", "liverobin", "kazoo-leader", "kazoo-follower")
 
 
 @dataclass(frozen=True)
 class Config:
-    label: str  # off | unordered | liverobin <p>ms | kazoo | kazoo leader kill | kazoo follower kill
-    mode: str  # off | unordered | liverobin | kazoo
+    label: str  # off | passive | unordered | liverobin <p>ms | kazoo | kazoo leader kill | kazoo follower kill
+    mode: str  # off | passive | unordered | liverobin | kazoo
     period_ms: int | None = None  # liverobin only
     victim: str = VICTIM  # kill runs: a replica name, or "leader" / "follower" (of WATCHED, kazoo)
 
     @property
     def replicated(self) -> bool:
-        return self.mode != "off"
+        return self.mode not in ("off", "passive")
 
     def conf(self, stack: StackEndpoints) -> dict[str, str]:
         conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers}
         if self.replicated:
             conf["spark.replication.enabled"] = "true"
             conf["spark.replication.mode"] = self.mode
-        if self.mode == "liverobin":
+        if self.mode == "passive":  # one instance per partition, Rhino checkpoints at pulses: checkpoint-restart
+            conf.update({"spark.replication.mode": "liverobin", "spark.replication.rhino.enabled": "true",
+                         "spark.replication.rhino.checkpointEvery": str(max(1, 1000 // (self.period_ms or 10)))})
+        if self.mode in ("liverobin", "passive"):
             conf["spark.replication.liverobin.heartbeatPeriod"] = f"{self.period_ms}ms"
         if self.mode == "kazoo":
             conf["spark.replication.zookeeper.connect"] = stack.zookeeper_connect
         return conf
 
 
-def latency_configs(modes: list[str], periods: list[int]) -> list[Config]:
+def latency_configs(modes: list[str], periods: list[int], kill_period: int = 10) -> list[Config]:
     """The latency runs' configurations, in ``MODES`` order (one per period for liverobin)."""
     out: list[Config] = []
     for mode in MODES:
@@ -96,6 +104,8 @@ def latency_configs(modes: list[str], periods: list[int]) -> list[Config]:
             continue
         if mode == "liverobin":
             out += [Config(f"liverobin {p}ms", mode, p) for p in periods]
+        elif mode == "passive":  # at the kill runs' period, so its two rows compare
+            out.append(Config("passive", mode, kill_period))
         else:
             out.append(Config(mode, mode))
     return out
@@ -103,7 +113,8 @@ def latency_configs(modes: list[str], periods: list[int]) -> list[Config]:
 
 def kill_configs(modes: list[str], period: int) -> list[Config]:
     """The kill runs' configurations, in ``KILL_MODES`` order."""
-    by_mode = {"off": Config("off", "off"), "unordered": Config("unordered", "unordered"),
+    by_mode = {"off": Config("off", "off"), "passive": Config("passive", "passive", period),
+               "unordered": Config("unordered", "unordered"),
                "liverobin": Config(f"liverobin {period}ms", "liverobin", period),
                "kazoo-leader": Config("kazoo leader kill", "kazoo", victim="leader"),
                "kazoo-follower": Config("kazoo follower kill", "kazoo", victim="follower")}
@@ -273,7 +284,7 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
     outputs, samples = [], []
     for r in raw:
         outputs.append(json.loads(r.value))
-        samples.append(sample_of(r))
+        samples.append(sample_of(r, produced=outputs[-1].get("ts", 0) / MS))
     event_ids = load.parsed[topic_a] + load.parsed[topic_b]
     status.done()
     return OrderedRun(config, pipeline, load, samples, verify_chains(outputs, event_ids), failure,
@@ -315,13 +326,17 @@ def failover_columns(r: OrderedRun) -> dict[str, Any]:
 def kill_rows(r: OrderedRun, warm_up_s: float) -> tuple[list[dict], dict]:
     """Per-second rows relative to the kill and the summary row of one kill run."""
     assert r.fault_at is not None
-    rep = r.report
+    # by event time (sink - produced, the load generator's clock): a partition rolled back from a
+    # checkpoint (passive) reads its records again, so their ingest time would hide the stall
+    seconds: dict[int, list[float]] = {}
+    for smp in r.samples:
+        seconds.setdefault(int((smp.produced - r.fault_at) // 1), []).append(smp.sink - smp.produced)
     timeline = [{"config": r.config.label, "second": sec, "count": len(lat),
-                 "p50_ms": percentile(lat, .5) * MS, "p99_ms": percentile(lat, .99) * MS}
-                for sec, lat in rep.by_second(origin=r.fault_at).items()]
-    first = min((s.ingest for s in r.samples), default=r.fault_at)
+                 "p50_ms": percentile(lat, .5) * MS, "p99_ms": percentile(lat, .99) * MS,
+                 "max_ms": max(lat) * MS} for sec, lat in sorted(seconds.items())]
+    first = min((s.produced for s in r.samples), default=r.fault_at)
     lo = max(-8.0, first + warm_up_s - r.fault_at)
-    before = [s.sink - s.ingest for s in r.samples if lo <= s.ingest - r.fault_at < -1]
+    before = [s.sink - s.produced for s in r.samples if lo <= s.produced - r.fault_at < -1]
     steady = percentile(before, .99)
     after = [(t["second"], t["p99_ms"] / MS) for t in timeline if 0 <= t["second"] <= 10]
     worst = max(after, key=lambda x: x[1], default=(None, 0.0))
@@ -329,6 +344,8 @@ def kill_rows(r: OrderedRun, warm_up_s: float) -> tuple[list[dict], dict]:
                "produced": r.load.produced, "p99_before_ms": steady * MS, "worst_p99_after_ms": worst[1] * MS,
                "worst_second": worst[0] if worst[0] is not None else "",
                "stall_seconds": sum(1 for _, p in after if p > 2 * steady),
+               "worst_ms": max((s.sink - s.produced for s in r.samples if s.produced >= r.fault_at - 5),
+                               default=0.0) * MS,
                "seconds_after": len(after), **failover_columns(r), "killed": r.fault,
                "events": " | ".join(f"{t - r.fault_at:+.2f}s {e}" for t, e in r.events)}
     return timeline, summary
@@ -371,7 +388,7 @@ def run_benchmark(stack: StackEndpoints, spark: Any, args: argparse.Namespace, s
     """Every latency run, then every kill run, on one stack and one Spark (see the module doc)."""
     res = Results()
     t0 = time.monotonic()
-    runs = [(pl, c) for pl in args.pipelines for c in latency_configs(args.modes, args.periods)]
+    runs = [(pl, c) for pl in args.pipelines for c in latency_configs(args.modes, args.periods, args.kill_period)]
     for i, (pl, config) in enumerate(runs):
         print(f"== latency run {i + 1}/{len(runs)}: {config.label}, L={pl}, {args.rate:.0f} events/s "
               f"for {args.duration:.0f}s ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
@@ -525,7 +542,7 @@ def _plot(out: Path, rows: list[dict], timeline: list[dict], summary: list[dict]
             ax.axvline(row["chain0_first_order_ms"] / MS, color=line.get_color(), linestyle=":", linewidth=1)
     ax.axvline(0, color="red", linestyle="--", linewidth=1)
     ax.text(0.1, 0.95, "SIGKILL", color="red", transform=ax.get_xaxis_transform())
-    ax.set(xlabel="seconds since the kill (by ingest time)", ylabel="per-second p99 source→sink (ms)",
+    ax.set(xlabel="seconds since the kill (by event time: sink - produced)", ylabel="per-second p99 source→sink (ms)",
            yscale="log", title=f"Ordered job (L=1) at {rate:.0f} events/s: latency around an executor kill (2 cores)")
     plain_log_axis(ax)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")

@@ -41,7 +41,8 @@ class HashChain(KeyedProcessFunction):
         n = self.count.value() + 1
         self.head.update(h)
         self.count.update(n)
-        yield {"key": ctx.key, "n": n, "id": event["id"], "prev": prev, "h": h}
+        # ts: the event's own time (the load generators set it to the wall clock at production)
+        yield {"key": ctx.key, "n": n, "id": event["id"], "prev": prev, "h": h, "ts": event["ts"]}
 
 
 def build_ordered_job(topic_a: str, topic_b: str, out_topic: str, name: str = "hash-chain",

@@ -1,0 +1,75 @@
+"""The benchmark suite at a size for a 2-core machine, then ``bench/REPORT.md``.
+
+    .venv/bin/python bench/suite.py [--only ordering,rhino,sss] [--results bench/results/suite]
+
+Steps (each one of the benchmark commands, run as it would be by hand, its own live status line
+on the terminal; about 15 minutes in all on 2 cores):
+
+* ``ordering``: ``bench/ordering.py`` at 400 events/s: latency of no replication, passive
+  (checkpoint-restart), ``unordered``, ``liverobin`` (10 and 50 ms) and ``kazoo`` at pipeline lengths
+  1 and 3; then around a kill: no
+  replication, replication off with Rhino (passive, checkpoint-restart), ``unordered``,
+  ``liverobin``, a KaZoo leader's and a follower's executor.
+* ``rhino``: ``bench/rhino.py`` at 10 MB of state: the stateful partition's executor killed,
+  active (two replicas) and passive.
+* ``sss``: ``bench/sss.py``: Spark Structured Streaming with the same kind of keyed state, an
+  executor killed.
+
+A step that fails (or whose output is not exact) is recorded in ``suite.json`` with its exit code
+and shown in the report; the suite goes on with the next one and exits non-zero at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import report  # noqa: E402
+
+STEPS = {
+    "ordering": ["bench/ordering.py", "--rate", "400", "--duration", "12", "--periods", "10,50", "--pipelines", "1,3",
+                 "--modes", "off,passive,unordered,liverobin,kazoo", "--kill-duration", "24",
+                 "--kill-modes", "off,passive,unordered,liverobin,kazoo-leader,kazoo-follower"],
+    "rhino": ["bench/rhino.py", "--sizes", "10MB", "--latency-modes", ""],
+    "sss": ["bench/sss.py", "--duration", "50", "--kill-at", "20"],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(STEPS), help=f"steps to run, of {', '.join(STEPS)}")
+    ap.add_argument("--results", default=str(REPO / "bench/results/suite"))
+    ap.add_argument("--report", default=str(REPO / "bench/REPORT.md"))
+    args = ap.parse_args(argv)
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()]
+    if unknown := [s for s in chosen if s not in STEPS]:
+        ap.error(f"--only: unknown {', '.join(unknown)} (of {', '.join(STEPS)})")
+    record = results / "suite.json"
+    suite = json.loads(record.read_text()) if record.exists() else {"steps": []}
+    for i, name in enumerate(chosen, 1):
+        out = results / name
+        cmd = [sys.executable, *STEPS[name], "--out", str(out.relative_to(REPO) if out.is_relative_to(REPO) else out)]
+        shown = " ".join(repr(c) if c == "" else c for c in cmd[1:])
+        print(f"== [{i}/{len(chosen)}] {name}: {shown}", flush=True)
+        t0 = time.monotonic()
+        code = subprocess.call(cmd, cwd=REPO)
+        step = {"name": name, "command": shown, "exit": code, "seconds": time.monotonic() - t0,
+                "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        suite["steps"] = [s for s in suite["steps"] if s["name"] != name] + [step]
+        record.write_text(json.dumps(suite, indent=2) + "\n")
+        print(f"== {name}: exit {code} after {step['seconds']:.0f} s", flush=True)
+    report.main(["--results", str(results), "--out", args.report])
+    return 0 if all(s["exit"] == 0 for s in suite["steps"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
