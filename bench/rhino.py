@@ -377,7 +377,8 @@ def job_conf(ctx: RunContext, rhino: bool, replicated: bool = True) -> dict[str,
             "spark.replication.state.dir": str(ctx.state_dir),
             # metrics with every heartbeat (default: once a second): the driver's "caught up" and this
             # benchmark's checkpoint log see a replica's progress within 0.2 s
-            "spark.replication.metrics.interval": "200ms"}
+            "spark.replication.metrics.interval": "200ms",
+            "spark.replication.failureTimeout": ctx.args.failure_timeout}
     if rhino:
         conf.update({"spark.replication.rhino.enabled": "true",
                      "spark.replication.rhino.checkpointEvery": str(ctx.args.checkpoint_every),
@@ -871,6 +872,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--after", type=float, default=5.0,
                     help="seconds of load after the replica group holds checkpoints again")
     ap.add_argument("--victim", default=f"{STATEFUL}[0]r0", help="the replica whose executor is killed")
+    ap.add_argument("--failure-timeout", default="2s",
+                    help="spark.replication.failureTimeout: with 1 GB on 2 cores a worker busy with a full "
+                         "snapshot can be silent for longer than the 2 s default and is then declared dead")
     ap.add_argument("--recovery-modes", default="active,passive",
                     help="recovery runs per size: active (two replicas) and/or passive (replication off, "
                          "checkpoint-restart from the same Rhino checkpoints)")
