@@ -53,10 +53,17 @@ def test_ordering_configurations_and_kazoo_failover_columns(tmp_path):
     args = ordering.parse_args(["--modes", "kazoo,off", "--periods", "5,50", "--kill-modes", "kazoo-leader"])
     assert [c.label for c in ordering.latency_configs(args.modes, args.periods)] == ["off", "kazoo"]
     assert [c.label for c in ordering.latency_configs(list(ordering.MODES), args.periods)] == [
-        "off", "unordered", "liverobin 5ms", "liverobin 50ms", "kazoo"]
+        "off", "passive", "unordered", "liverobin 5ms", "liverobin 50ms", "kazoo"]
     assert [(c.label, c.victim) for c in ordering.kill_configs(list(ordering.KILL_MODES), 10)] == [
-        ("off", "chain[0]r0"), ("unordered", "chain[0]r0"), ("liverobin 10ms", "chain[0]r0"),
-        ("kazoo leader kill", "leader"), ("kazoo follower kill", "follower")]
+        ("off", "chain[0]r0"), ("passive", "chain[0]r0"), ("unordered", "chain[0]r0"),
+        ("liverobin 10ms", "chain[0]r0"), ("kazoo leader kill", "leader"), ("kazoo follower kill", "follower")]
+    # passive: replication off, LiveRobin pulses as checkpoint barriers, Rhino about every second
+    passive = ordering.kill_configs(["passive"], 10)[0]
+    stack = type("Stack", (), {"bootstrap_servers": "b:9092", "zookeeper_connect": "z:2181"})()
+    assert not passive.replicated and passive.conf(stack) == {
+        "spark.replication.kafka.bootstrapServers": "b:9092", "spark.replication.mode": "liverobin",
+        "spark.replication.rhino.enabled": "true", "spark.replication.rhino.checkpointEvery": "100",
+        "spark.replication.liverobin.heartbeatPeriod": "10ms"}
     with pytest.raises(SystemExit):
         ordering.parse_args(["--modes", "kazo"])
     assert ordering.other_replica("chain[0]r1") == "chain[0]r0"
@@ -75,7 +82,9 @@ def test_ordering_configurations_and_kazoo_failover_columns(tmp_path):
     from replication.loadgen import LoadResult
     from replication.workload import Sample
 
-    samples = [Sample(0, kill + t / 10, kill + t / 10 + 0.02 + (0.3 if 0 <= t < 10 else 0)) for t in range(-60, 60)]
+    # kill runs are binned by event time (produced), latency runs by ingest time: both set here
+    samples = [Sample(kill + t / 10, kill + t / 10, kill + t / 10 + 0.02 + (0.3 if 0 <= t < 10 else 0))
+               for t in range(-60, 60)]
     runs = {label: ordering.OrderedRun(ordering.Config(label, mode, victim=victim), 1, LoadResult(produced=120),
                                        samples, ChainReport(records=120, keys=30), fault_at=kill,
                                        victim="chain[0]r1", failovers=fo if mode == "kazoo" else {},
