@@ -618,7 +618,6 @@ class JobHandle:
         if plan.heartbeat_log is not None:
             self.start_pulse_generator()
         self.metrics_server: Any = None  # the Prometheus endpoint (replication.prometheus.MetricsServer)
-        self.metrics_url: str | None = None
         if cfg.metrics_port:
             self._start_metrics_endpoint(cfg.metrics_port)
 
@@ -634,11 +633,16 @@ class JobHandle:
                 self.master.event(f"no metrics endpoint: cannot listen on port {port} "
                                   f"(spark.replication.metrics.port): {err}")
             return
-        self.metrics_url = self.metrics_server.url(driver_advertise_host(self._sc))
         with self.master._cond:
-            self.master.metrics_url = self.metrics_url  # for the status file
-            self.master._status_dirty = True
+            self.master.metrics_url = self.metrics_server.url(driver_advertise_host(self._sc))
+            self.master._status_dirty = True  # the status file shows it
         log.info("job %s: Prometheus metrics at %s", self.job.name, self.metrics_url)
+
+    @property
+    def metrics_url(self) -> str | None:
+        """The Prometheus endpoint's URL (None: no endpoint); kept by the job master, which
+        publishes it in the status file."""
+        return self.master.metrics_url
 
     # -- LiveRobin heartbeat generators ----------------------------------------------------
     def start_pulse_generator(self) -> HeartbeatGenerator:
