@@ -249,6 +249,18 @@ def _terminate(pid: int, name: str, grace_s: float, popen: subprocess.Popen | No
                 time.sleep(0.05)
 
 
+def spawn_logged(argv: Sequence[str], log_path: Path, cwd: Path, env: dict[str, str] | None = None
+                 ) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own (its process group is what :func:`_terminate`
+    stops), stdout and stderr appended to ``log_path``."""
+    log = open(log_path, "ab")  # the child keeps its own copy of the fd
+    try:
+        return subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=env)
+    finally:
+        log.close()
+
+
 def _log_tail(path: Path, lines: int = 30) -> str:
     try:
         text = path.read_text(errors="replace").splitlines()[-lines:]
@@ -331,14 +343,10 @@ class EmbeddedStack:
     # ---- start
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         argv = [*self._at[name][1], *argv]
-        log = open(self.run_dir / f"{name}.log", "ab")  # the child keeps its own copy of the fd
         try:
-            proc = subprocess.Popen(argv, cwd=self.run_dir, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            proc = spawn_logged(argv, self.run_dir / f"{name}.log", self.run_dir, env)
         except OSError as exc:
             raise StackError(f"cannot start {name} ({argv[0]}): {exc}") from exc
-        finally:
-            log.close()
         self._procs[name] = proc
         (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
 

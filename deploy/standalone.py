@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.stack import _terminate
+from deploy.stack import _terminate, spawn_logged
 
-__all__ = ["StandaloneCluster", "WorkerSpec", "spark_class", "spark_home"]
+__all__ = ["StandaloneCluster", "WorkerSpec", "master_argv", "spark_home", "worker_argv"]
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -41,8 +41,17 @@ def spark_home(root: Path | None = None) -> Path:
     return _shadow_spark_home(root or Path(tempfile.gettempdir()) / "replication-spark")
 
 
-def spark_class() -> str:
-    return str(spark_home() / "bin" / "spark-class")
+def master_argv(home: Path, host: str, port: int, webui_port: int) -> list[str]:
+    return [str(home / "bin" / "spark-class"), MASTER_CLASS, "--host", host, "--port", str(port),
+            "--webui-port", str(webui_port)]
+
+
+def worker_argv(home: Path, master_url: str, host: str, cores: int, memory: str, work_dir: Path | str,
+                webui_port: int | None = None) -> list[str]:
+    """A worker offering ``cores`` task slots (keep one per executor: spark.executor.cores=1)."""
+    return [str(home / "bin" / "spark-class"), WORKER_CLASS, "--host", host, "--cores", str(cores), "--memory",
+            memory, "--work-dir", str(work_dir), *(["--webui-port", str(webui_port)] if webui_port is not None
+                                                    else []), master_url]
 
 
 def daemon_env(address: str, home: Path) -> dict[str, str]:
@@ -77,27 +86,21 @@ class StandaloneCluster:
         return f"spark://{self.master_address}:{self.port}"
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log = open(self.run_dir / f"{name}.log", "ab")
-        try:
-            self._procs[name] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                                 start_new_session=True, env=env, cwd=self.run_dir)
-        finally:
-            log.close()
+        self._procs[name] = spawn_logged(argv, self.run_dir / f"{name}.log", self.run_dir, env)
 
     def start(self, timeout_s: float = 90.0) -> StandaloneCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         home = spark_home()
-        cls = str(home / "bin" / "spark-class")
-        self._spawn("master", [cls, MASTER_CLASS, "--host", self.master_address, "--port", str(self.port),
-                               "--webui-port", str(self.webui_port)], daemon_env(self.master_address, home))
+        self._spawn("master", master_argv(home, self.master_address, self.port, self.webui_port),
+                    daemon_env(self.master_address, home))
         try:
             self._wait(lambda s: True, timeout_s, "the master")
             for i, w in enumerate(self.workers):
                 work = self.run_dir / f"worker-{i}"
                 work.mkdir(exist_ok=True)
-                self._spawn(f"worker-{i}", [*w.prefix, cls, WORKER_CLASS, "--host", w.address, "--cores",
-                                            str(w.cores), "--memory", w.memory, "--work-dir", str(work),
-                                            "--webui-port", "0", self.master_url], daemon_env(w.address, home))
+                self._spawn(f"worker-{i}", [*w.prefix, *worker_argv(home, self.master_url, w.address, w.cores,
+                                                                     w.memory, work, webui_port=0)],
+                            daemon_env(w.address, home))
             self._wait(lambda s: s.get("aliveworkers", 0) >= len(self.workers), timeout_s,
                        f"{len(self.workers)} workers to register")
         except BaseException:
@@ -155,13 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "replication-spark-worker"))
     args = ap.parse_args(argv)
     home = spark_home()
-    cls = str(home / "bin" / "spark-class")
     if args.role == "master":
-        cmd = [cls, MASTER_CLASS, "--host", args.host, "--port", str(args.port), "--webui-port", str(args.webui_port)]
+        cmd = master_argv(home, args.host, args.port, args.webui_port)
     else:
         Path(args.work_dir).mkdir(parents=True, exist_ok=True)
-        cmd = [cls, WORKER_CLASS, "--host", args.host, "--cores", str(args.cores), "--memory", args.memory,
-               "--work-dir", args.work_dir, args.master]
+        cmd = worker_argv(home, args.master, args.host, args.cores, args.memory, args.work_dir)
     proc = subprocess.Popen(cmd, env=daemon_env(args.host, home))
     signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
     try:
