@@ -328,12 +328,9 @@ def kill_rows(r: OrderedRun, warm_up_s: float) -> tuple[list[dict], dict]:
     assert r.fault_at is not None
     # by event time (sink - produced, the load generator's clock): a partition rolled back from a
     # checkpoint (passive) reads its records again, so their ingest time would hide the stall
-    seconds: dict[int, list[float]] = {}
-    for smp in r.samples:
-        seconds.setdefault(int((smp.produced - r.fault_at) // 1), []).append(smp.sink - smp.produced)
     timeline = [{"config": r.config.label, "second": sec, "count": len(lat),
                  "p50_ms": percentile(lat, .5) * MS, "p99_ms": percentile(lat, .99) * MS,
-                 "max_ms": max(lat) * MS} for sec, lat in sorted(seconds.items())]
+                 "max_ms": max(lat) * MS} for sec, lat in r.report.by_event_second(r.fault_at).items()]
     first = min((s.produced for s in r.samples), default=r.fault_at)
     lo = max(-8.0, first + warm_up_s - r.fault_at)
     before = [s.sink - s.produced for s in r.samples if lo <= s.produced - r.fault_at < -1]

@@ -96,7 +96,7 @@ from replication.kafka_io import produce_blocking  # noqa: E402
 from replication.plan import replica_name  # noqa: E402
 from replication.progress import StatusLine, bar  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
-from replication.workload import Sample, percentile, sample_of  # noqa: E402
+from replication.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 from rhino_state.keys import encode_key  # noqa: E402
 
 MS = 1000.0
@@ -736,11 +736,7 @@ def kill_latency(samples: list[Sample], killed_at: float) -> dict[str, Any]:
     and gets a full snapshot); the *stall*: seconds among the first 30 whose p99 is over twice the one
     before; and the worst latency of a record produced from 5 s before the kill on."""
     before = [s.sink - s.produced for s in samples if -6 <= s.produced - killed_at < -1]
-    seconds: dict[int, list[float]] = {}
-    for s in samples:
-        if s.produced >= killed_at:
-            seconds.setdefault(int(s.produced - killed_at), []).append(s.sink - s.produced)
-    p99s = {sec: percentile(v, 0.99) for sec, v in seconds.items()}
+    p99s = {sec: percentile(v, 0.99) for sec, v in Latencies(samples).by_event_second(killed_at).items() if sec >= 0}
     base = percentile(before, 0.99)
     first = max(((p, sec) for sec, p in p99s.items() if sec < 10), default=(0.0, ""))
     rest = max(((p, sec) for sec, p in p99s.items() if sec >= 10), default=(0.0, ""))
@@ -752,13 +748,9 @@ def kill_latency(samples: list[Sample], killed_at: float) -> dict[str, Any]:
 
 def kill_timeline(samples: list[Sample], killed_at: float, before_s: int = 10, after_s: int = 40) -> list[dict]:
     """Per second of event time around the kill: records, p50, p99 and max latency (sink - produced)."""
-    seconds: dict[int, list[float]] = {}
-    for s in samples:
-        sec = int((s.produced - killed_at) // 1)
-        if -before_s <= sec < after_s:
-            seconds.setdefault(sec, []).append(s.sink - s.produced)
     return [{"second": sec, "records": len(v), "p50_ms": percentile(v, .5) * MS, "p99_ms": percentile(v, .99) * MS,
-             "max_ms": max(v) * MS} for sec, v in sorted(seconds.items())]
+             "max_ms": max(v) * MS} for sec, v in Latencies(samples).by_event_second(killed_at).items()
+            if -before_s <= sec < after_s]
 
 
 def bytes_rows(label: str, ckpt_rows: list[dict], task_prefix: str = STATEFUL + "[") -> list[dict]:

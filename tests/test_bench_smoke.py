@@ -42,6 +42,10 @@ def test_format_row_and_per_second_grouping():
     assert rep.by_second() == {0: [pytest.approx(0.010), pytest.approx(0.030)], 2: [pytest.approx(0.005)]}
     assert [(s, n) for s, n, _ in rep.per_second(origin=11.0)] == [(-1, 2), (1, 1)]
     assert rep.per_second()[0][2] == pytest.approx(0.030)
+    # by event time (produced), for the kill runs: a record read again after a rollback keeps its second
+    rep = Latencies([Sample(9.5, 10.0, 10.010), Sample(10.2, 12.0, 12.5), Sample(11.9, 11.95, 12.0)])
+    assert rep.by_event_second(origin=10.0) == {-1: [pytest.approx(0.51)], 0: [pytest.approx(2.3)],
+                                                1: [pytest.approx(0.1)]}
 
 
 def test_ordering_configurations_and_kazoo_failover_columns(tmp_path):
