@@ -102,3 +102,11 @@ def replicas_agree(result, handle, task: str = "chain") -> int:
         assert d0 and d0 == d1, f"{task}[{p}]: replicas diverged"
         compared += 1
     return compared
+
+
+def every_partition_restorable(master) -> bool:
+    """Every partition's restore point (its safe checkpoint) is held by a live worker that runs none
+    of its replicas: a replica lost now can be restored (``ReplicationManager.restore_plan``)."""
+    with master._cond:
+        rhino = master.rhino
+        return all(rhino.restore_plan((t, p, 0)) is not None for t, p in rhino.instances())

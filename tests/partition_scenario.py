@@ -38,7 +38,7 @@ from deploy.standalone import StandaloneCluster, WorkerSpec  # noqa: E402
 from replication import run  # noqa: E402
 from replication.examples.ordered import build_ordered_job, verify_chains  # noqa: E402
 from replication.spark_cluster import build_session, stop_session  # noqa: E402
-from tests.ordered_runs import fed_without_pause, read_output, source_topics  # noqa: E402
+from tests.ordered_runs import every_partition_restorable, fed_without_pause, read_output, source_topics  # noqa: E402
 
 SCENARIOS = {"kazoo-leader": "kazoo", "liverobin-replica": "liverobin", "sink-writer": "liverobin"}
 
@@ -73,15 +73,6 @@ def choose_victim(scenario: str, master) -> tuple[int, str]:
     t, p, _ = find(master, "chain-sink[0]r0")
     writer = master.sinks[(t, p)][0]
     return master.placement[(t, p, writer)], f"chain-sink[0]r{writer} (sink writer)"
-
-
-def every_safe_checkpoint_on_a_live_member(master) -> bool:
-    """Every partition has a safe checkpoint (what a restore starts from) held by a live worker that
-    runs none of its replicas."""
-    with master._cond:
-        rhino = master.rhino
-        return all((cp := rhino.safe.get(inst)) is not None and cp.holders - rhino.dead
-                   - rhino.replica_workers(inst) for inst in rhino.instances())
 
 
 def experiment(args, out: dict) -> None:
@@ -126,7 +117,7 @@ def scenario(args, mode: str, hosts: TestHosts, stack, endpoints, spark, out: di
     handle.wait_started(120)
     master = handle.master
     with fed_without_pause(stack, a, b) as ids:
-        wait(lambda: every_safe_checkpoint_on_a_live_member(master), 90, "a safe checkpoint everywhere")
+        wait(lambda: every_partition_restorable(master), 90, "a safe checkpoint everywhere")
         victim, what = choose_victim(args.scenario, master)
         address = master.workers[victim].address.rsplit(":", 1)[0]
         host = hosts.host_of(address)

@@ -15,7 +15,7 @@ import pytest
 from replication.chaos import kill_executor, locate
 from replication.examples.ordered import verify_chains
 from replication.status import read_status
-from tests.ordered_runs import fed_without_pause, read_output, source_topics
+from tests.ordered_runs import every_partition_restorable, fed_without_pause, read_output, source_topics
 
 pytestmark = pytest.mark.integration
 
@@ -133,11 +133,6 @@ def _rhino_state(handle) -> str:
     return "\n".join(lines)
 
 
-def _every_safe_checkpoint_held_by_a_live_worker(handle) -> bool:
-    rhino = handle.master.rhino
-    return all((cp := rhino.safe.get(inst)) is not None and cp.holders - rhino.dead for inst in rhino.instances())
-
-
 @pytest.mark.parametrize("mode", ["liverobin", pytest.param("kazoo", marks=pytest.mark.slow)])
 def test_losing_both_replicas_rolls_the_partition_back_with_exact_output(stack, spark, topic_prefix, mode):
     """Kill the executors of chain[0]r0 and, once replicas of the first are being restored there,
@@ -146,7 +141,7 @@ def test_losing_both_replicas_rolls_the_partition_back_with_exact_output(stack, 
     regenerates what its downstreams lack), the restored replicas lost with the second executor
     are restored again (often on the same worker, relaunched), and the output is exact."""
     with _fed_job(stack, spark, f"{topic_prefix}rollback{mode[:2]}", mode) as (job, handle, ids):
-        _wait(lambda: _every_safe_checkpoint_held_by_a_live_worker(handle), 60, "a safe checkpoint everywhere",
+        _wait(lambda: every_partition_restorable(handle.master), 60, "a safe checkpoint everywhere",
               lambda: (handle.master.rhino.safe, handle.master.rhino.completed))
         master = handle.master
         targets = [locate(r, job=job.name) for r in ("chain[0]r0", "chain[0]r1")]
@@ -188,7 +183,7 @@ def test_without_replication_a_lost_partition_is_rolled_back_from_its_checkpoint
     sink skips what the lost writer committed, and the output is exact."""
     with _fed_job(stack, spark, f"{topic_prefix}passive{mode[:2]}", mode, replicated=False) as (job, handle, ids):
         assert not handle.master.replicated
-        _wait(lambda: _every_safe_checkpoint_held_by_a_live_worker(handle), 60, "a safe checkpoint everywhere",
+        _wait(lambda: every_partition_restorable(handle.master), 60, "a safe checkpoint everywhere",
               lambda: _rhino_state(handle))
         victim = "chain[0]r0"
         lost = _lost_with(handle, victim)
