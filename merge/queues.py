@@ -38,11 +38,14 @@ class InputQueues:
     def channels(self) -> list[int]:
         return list(self._queues)
 
-    def put(self, channel: int, elements: list) -> None:
-        """Append a batch of ``channel``; blocks while full; raises QueuesClosed once closed."""
+    def put(self, channel: int, elements: list, block: bool = True) -> bool:
+        """Append a batch of ``channel``; while full, blocks (or with ``block=False`` returns False
+        at once); True once appended; raises QueuesClosed once closed."""
         with self._cond:
             queue = self._queues[channel]
             while (len(queue) if self.per_channel else self._size) >= self.capacity and not self._closed:
+                if not block:
+                    return False
                 self._cond.wait()
             if self._closed:
                 raise QueuesClosed()
@@ -50,6 +53,7 @@ class InputQueues:
             self._arrivals.append(channel)
             self._size += 1
             self._cond.notify_all()
+            return True
 
     def take_any(self, timeout: float | None = None) -> tuple[int, list] | None:
         """The oldest batch of any channel (arrival order), or None after ``timeout``."""

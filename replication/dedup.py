@@ -40,18 +40,27 @@ class Dedup:
 
     def admit(self, channel: int, first_seq: int, count: int) -> Admission:
         """Decide on a batch and advance ``last`` past what is delivered."""
+        adm = self.check(channel, first_seq, count)
+        self.commit(channel, first_seq, adm)
+        return adm
+
+    def check(self, channel: int, first_seq: int, count: int) -> Admission:
+        """What :meth:`admit` would decide, changing nothing (a receiver that may yet refuse
+        the batch commits it only once taken)."""
         last = self.last.get(channel, -1)
-        end = first_seq + count  # exclusive
         if first_seq > last + 1:
-            self.gaps += 1
             return Admission(0, 0, 0, first_seq - last - 1)
-        start = last + 1 - first_seq
-        if start >= count:
-            self.dropped += count
-            return Admission(count, count, count, 0)
-        self.last[channel] = end - 1
-        self.dropped += start
+        start = min(last + 1 - first_seq, count)
         return Admission(start, count, start, 0)
+
+    def commit(self, channel: int, first_seq: int, adm: Admission) -> None:
+        """Record a decision of :meth:`check` (the batch was taken)."""
+        if adm.gap:
+            self.gaps += 1
+            return
+        self.dropped += adm.dropped
+        if adm.delivers:
+            self.last[channel] = first_seq + adm.stop - 1
 
     def resume(self, channel: int, next_seq: int) -> None:
         """Expect ``next_seq`` next on ``channel`` (a replica restored from a checkpoint)."""

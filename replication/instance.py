@@ -283,27 +283,31 @@ class ProcessingInstance(PartitionInstance):
         self.worker.election()
         return orderer
 
-    def deliver(self, header: BatchHeader, payload: bytes) -> None:
-        """Called by receiver threads: dedup, then enqueue (blocking = back-pressure)."""
+    def deliver(self, header: BatchHeader, payload: bytes, block: bool = True) -> bool:
+        """Called by receiver threads: dedup, then enqueue (blocking = back-pressure).  With
+        ``block=False`` a batch that finds its queue full is refused (False) and not counted: the
+        sender sends it again."""
         lock = self._channel_locks.get(header.channel)
         if lock is None:
             raise ValueError(f"{self.name}: channel {header.channel} is not an input of this instance")
-        with lock:
+        with lock:  # one deliverer per channel: the check below stays true until the commit
             with self._dedup_lock:
-                adm = self.dedup.admit(header.channel, header.first_seq, header.count)
-                self.metrics.dedup_dropped = self.dedup.dropped
-                self.metrics.gaps = self.dedup.gaps
+                adm = self.dedup.check(header.channel, header.first_seq, header.count)
             if adm.gap:
                 log.error("%s: gap of %d seqs on channel %d before seq %d (not delivered)",
                           self.name, adm.gap, header.channel, header.first_seq)
-                return
-            if not adm.delivers:
-                return
-            elements = decode_elements(payload, header)
-            try:
-                self.queues.put(header.channel, elements[adm.start:adm.stop])
-            except QueuesClosed:
-                pass  # the instance is stopping: it consumes nothing more
+            elif adm.delivers:
+                elements = decode_elements(payload, header)
+                try:
+                    if not self.queues.put(header.channel, elements[adm.start:adm.stop], block):
+                        return False
+                except QueuesClosed:
+                    pass  # the instance is stopping: it consumes nothing more
+            with self._dedup_lock:
+                self.dedup.commit(header.channel, header.first_seq, adm)
+                self.metrics.dedup_dropped = self.dedup.dropped
+                self.metrics.gaps = self.dedup.gaps
+            return True
 
     def request_stop(self) -> None:
         super().request_stop()

@@ -34,7 +34,7 @@ from kazoo_leader.election import ElectionClient
 from kazoo_leader.order_log import OrderLog
 from liverobin.reader import PulseReader
 from replication import framing, rpc
-from replication.channels import OutputChannel, remote_transport
+from replication.channels import OutputChannel, PushLink, receive_pushes
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
@@ -100,6 +100,7 @@ class Worker:
         self.instances: dict[Instance, PartitionInstance] = {}  # one replica per partition at most
         self._ready = threading.Event()
         self._peers: dict[str, rpc.Peer] = {}
+        self._links: dict[tuple[int, str], PushLink] = {}  # (worker, address) -> the pushes to it
         self._stopping = threading.Event()
         self.dead_workers: set[int] = set()
         self.finished_workers: set[int] = set()
@@ -178,12 +179,23 @@ class Worker:
         inst.deliver(header, payload)
         return b""
 
+    def _push_many(self, request: bytes) -> bytes:
+        """The batches of a peer's :class:`PushLink`; never blocks on a full queue (busy instead)."""
+        if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
+            raise RuntimeError(f"worker {self.index} not ready")
+
+        def deliver(header: framing.BatchHeader, payload: bytes) -> bool:
+            inst = self.instances.get((header.task, header.partition))
+            if not isinstance(inst, ProcessingInstance):
+                raise ValueError(f"worker {self.index} hosts no replica of ({header.task}, {header.partition})")
+            return inst.deliver(header, payload, block=False)
+
+        return receive_pushes(request, deliver)
+
     def _inbound_calls(self) -> int:
-        """Concurrent pushes this worker may receive: one per (sender replica, channel) to its replicas
-        (with Rhino, to any replica: restored replicas may come here)."""
-        mine = {(t, p) for (t, p, _), w in self.boot.placement.items()
-                if w == self.index or self.checkpoints is not None}
-        return sum(self.plan.replicas for c in self.plan.channels if (c.dst_task, c.dst_partition) in mine)
+        """Concurrent pushes this worker may receive: each peer's :class:`PushLink` has one call in
+        flight (doubled: a relaunched peer's new link may overlap its old one's last call)."""
+        return 2 * len(set(self.boot.placement.values()))
 
     # -- building -------------------------------------------------------------------------
     @property
@@ -215,9 +227,14 @@ class Worker:
     def _transport(self, w: int) -> Any:
         if w == self.index:
             return self._push
-        return remote_transport(
-            self._peer(self._addresses[w]),
-            lambda w=w: w in self.dead_workers or w in self.finished_workers or self._stopping.is_set())
+        address = self._addresses[w]
+        with self._lock:
+            link = self._links.get((w, address))
+            if link is None:
+                link = self._links[(w, address)] = PushLink(
+                    self._peer(address),
+                    lambda w=w: w in self.dead_workers or w in self.finished_workers or self._stopping.is_set())
+        return link.send
 
     def _outputs(self, inst: PartitionInstance, placement: dict[ReplicaId, int],
                  first_seqs: dict[int, int]) -> list[tuple[Any, list[OutputChannel]]]:
@@ -318,7 +335,7 @@ class Worker:
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        handlers = {"Push": self._push}
+        handlers = {"PushMany": self._push_many}
         if self.checkpoints is not None:
             handlers.update(self.checkpoints.handlers())
             handlers["Restore"] = rpc.pickled(self.restore)
@@ -388,6 +405,8 @@ class Worker:
                             timeout=5)
             except grpc.RpcError as err:
                 log.warning("could not report the end to the driver: %s", err)
+            for link in self._links.values():
+                link.close()
             for peer in [*self._peers.values(), master]:
                 peer.close()
             shutil.rmtree(self.state_root, ignore_errors=True)

@@ -1,0 +1,178 @@
+"""PushLink: every channel's batches to one peer worker in few calls, never blocked by a full queue.
+
+A fake peer runs the receiving side in-process (dedup + bounded per-channel queues, answering
+*busy* for a full queue as ``Worker._push_many`` does); the channels and the link are the real ones.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from merge.queues import InputQueues
+from replication import framing
+from replication.channels import (
+    OutputChannel,
+    PushLink,
+    PushRefused,
+    decode_pushes,
+    encode_pushes,
+    receive_pushes,
+)
+from replication.dedup import Dedup
+from replication.plan import ChannelSpec
+
+
+class Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+class FakeWorker:
+    """The receiving worker: per-channel dedup and bounded queues; refuses unknown channels."""
+
+    address = "fake:1"
+
+    def __init__(self, channels: list[int], capacity: int = 2, fail_calls: int = 0) -> None:
+        self.queues = InputQueues(channels, capacity, per_channel=True)
+        self.dedup = Dedup()
+        self.calls = 0
+        self.busy = 0
+        self.fail_calls = fail_calls  # the first calls fail as an unreachable peer's would
+
+    def call_bytes(self, method: str, request: bytes, timeout: float | None = None) -> bytes:
+        assert method == "PushMany"
+        if self.fail_calls:
+            self.fail_calls -= 1
+            raise Unavailable()
+        self.calls += 1
+        return receive_pushes(request, self.deliver)
+
+    def deliver(self, h: framing.BatchHeader, payload: bytes) -> bool:
+        """What ``ProcessingInstance.deliver(block=False)`` does, on plain dedup and queues."""
+        if h.channel not in self.queues.channels:
+            raise ValueError(f"channel {h.channel} is not an input here")
+        adm = self.dedup.check(h.channel, h.first_seq, h.count)
+        if adm.delivers and not self.queues.put(
+                h.channel, framing.decode_elements(payload, h)[adm.start:adm.stop], block=False):
+            self.busy += 1
+            return False
+        self.dedup.commit(h.channel, h.first_seq, adm)
+        return True
+
+    def drain(self, channel: int, n: int, timeout: float = 10.0) -> list:
+        got: list = []
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            batch = self.queues.take_from(channel, 0.05)
+            if batch:
+                got += batch
+        return got
+
+
+def _channel(cid: int, transports: list, batch_size: int = 4) -> OutputChannel:
+    return OutputChannel(ChannelSpec(cid, 0, 0, 1, 0, 0), transports, batch_size=batch_size,
+                         buffer_timeout_s=0.002)
+
+
+def _emit_all(ch: OutputChannel, n: int) -> threading.Thread:
+    t = threading.Thread(target=lambda: [ch.emit((0, i)) for i in range(n)], daemon=True)
+    t.start()
+    return t
+
+
+def test_push_wire_format_round_trips():
+    payloads = [b"", b"a", bytes(range(256)) * 3]
+    assert decode_pushes(encode_pushes(payloads)) == payloads
+    assert decode_pushes(b"") == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 8)), max_size=40))
+def test_check_then_commit_is_admit_and_check_alone_changes_nothing(batches):
+    a, b = Dedup(), Dedup()
+    for first, count in batches:
+        before = (dict(b.last), b.dropped, b.gaps)
+        adm = b.check(0, first, count)
+        assert (dict(b.last), b.dropped, b.gaps) == before
+        b.commit(0, first, adm)
+        assert a.admit(0, first, count) == adm
+        assert (a.last, a.dropped, a.gaps) == (b.last, b.dropped, b.gaps)
+
+
+def test_queue_put_without_blocking_refuses_when_full_and_keeps_nothing():
+    q = InputQueues([1, 2], capacity=1, per_channel=True)
+    assert q.put(1, ["x"], block=False)
+    assert not q.put(1, ["y"], block=False)
+    assert q.put(2, ["z"], block=False)  # another channel has room of its own
+    assert q.take_from(1, 0) == ["x"] and q.take_from(1, 0) is None
+
+
+def test_many_channels_share_one_link_and_each_delivers_its_sequence_exactly_once():
+    ids = list(range(10))
+    peer = FakeWorker(ids, capacity=400)  # room for every batch: nobody consumes until the end
+    link = PushLink(peer, give_up=lambda: False)
+    chans = [_channel(c, [link.send]) for c in ids]
+    senders = [_emit_all(ch, 300) for ch in chans]
+    for t in senders:
+        t.join(10)
+    assert all(ch.close(10) for ch in chans)
+    for c in ids:
+        assert peer.drain(c, 300) == [(0, i) for i in range(300)]
+    assert peer.dedup.gaps == 0
+    assert link.batches >= sum(ch.batches_sent[0] for ch in chans)
+    assert link.calls < link.batches  # batches of several channels went in one call
+    link.close()
+
+
+def test_a_full_queue_makes_its_batch_busy_without_holding_up_the_other_channels():
+    """The deadlock a blocking receiver would cause: channel 1 is never consumed (a merge waiting
+    for channel 2), so its queue fills; channel 2 must still get everything through the same link."""
+    peer = FakeWorker([1, 2], capacity=2)
+    link = PushLink(peer, give_up=lambda: False)
+    stuck, free = _channel(1, [link.send], batch_size=1), _channel(2, [link.send], batch_size=1)
+    t1, t2 = _emit_all(stuck, 50), _emit_all(free, 50)
+    assert peer.drain(2, 50) == [(0, i) for i in range(50)]
+    t2.join(5)
+    assert peer.busy > 0  # channel 1's batches were answered busy, and sent again
+    assert peer.drain(1, 50) == [(0, i) for i in range(50)]  # consumed at last: nothing lost
+    t1.join(5)
+    assert stuck.close(5) and free.close(5)
+    assert peer.dedup.gaps == 0
+    link.close()
+
+
+def test_a_refused_batch_cuts_that_replica_off_and_the_other_replica_gets_everything(caplog):
+    peer = FakeWorker([5])
+    link = PushLink(peer, give_up=lambda: False)
+    got: list = []
+    ch = _channel(9, [link.send, lambda payload: got.extend(framing.decode_elements(
+        payload, framing.decode_header(payload)))])  # channel 9 is not an input of the fake worker
+    _emit_all(ch, 40).join(5)
+    assert ch.close(5)
+    assert got == [(0, i) for i in range(40)]
+    assert ch.live_replicas == [1]
+    assert "is not an input here" in caplog.text
+    with pytest.raises(PushRefused, match="not an input"):
+        link.send(framing.encode_batch(0, 1, 9, 0, [(0, 1)]))
+    link.close()
+
+
+def test_an_unreachable_peer_is_retried_until_it_answers():
+    peer = FakeWorker([3], capacity=8, fail_calls=3)
+    link = PushLink(peer, give_up=lambda: False, retry_s=0.001)
+    link.send(framing.encode_batch(0, 1, 3, 0, [(0, "a")]))
+    assert peer.drain(3, 1) == [(0, "a")]
+    link.close()
+
+
+def test_a_peer_given_up_fails_the_waiting_sends():
+    peer = FakeWorker([3], fail_calls=10**9)
+    link = PushLink(peer, give_up=lambda: True)
+    with pytest.raises(grpc.RpcError):
+        link.send(framing.encode_batch(0, 1, 3, 0, [(0, "a")]))
+    link.close()
