@@ -90,6 +90,19 @@ def read_output(stack, topic: str) -> list[dict]:
     return [json.loads(r.value) for r in read_all(stack.bootstrap_servers, topic)]
 
 
+def latencies_s(stack, name: str) -> list[tuple[float, float]]:
+    """(produced at, sink time - produced at) of every output record of the job on ``<name>a`` /
+    ``<name>b`` -> ``<name>out``: the sink's ``sink_ts`` header minus the input record's Kafka
+    create time, both wall clock on this machine."""
+    produced = {json.loads(r.value)["id"]: r.timestamp / 1000
+                for t in (f"{name}a", f"{name}b") for r in read_all(stack.bootstrap_servers, t)}
+    out = []
+    for r in read_all(stack.bootstrap_servers, f"{name}out"):
+        at = produced[json.loads(r.value)["id"]]
+        out.append((at, float(dict(r.headers or ())["sink_ts"]) - at))
+    return out
+
+
 def replicas_agree(result, handle, task: str = "chain") -> int:
     """Digest equality of both replicas of every partition whose two replicas survived; returns
     how many partitions were compared."""
