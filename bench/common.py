@@ -1,4 +1,5 @@
-"""What every benchmark writes besides its own figures: CSV files and the machine record."""
+"""What every benchmark writes besides its own figures: CSV files, the machine record, and the costs of a run
+(CPU seconds per process group and loopback bytes, from ``/proc``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -30,3 +34,166 @@ def write_machine(out: Path) -> None:
 def format_row(row: dict, skip: tuple[str, ...] = ()) -> str:
     """A result row as ``key=value, ...`` (floats with one decimal) for the progress log."""
     return ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in skip)
+
+
+# --------------------------------------------------------------------------- costs: CPU and loopback bytes
+
+#: the job's process groups (the benchmark process, ``bench``, is counted apart: it also runs the load generator)
+CPU_GROUPS = ("executor_jvm", "python", "driver_jvm", "broker", "zookeeper")
+#: the cost columns of a run's CSV row, in order (see :func:`cost_columns`)
+COST_COLUMNS = ("window_s", "cpu_s", "cpu_per_1k", *(f"cpu_{g}_s" for g in CPU_GROUPS), "cpu_bench_s",
+                "cpu_bench_per_1k", "cpu_machine_s", "net_bytes", "net_bytes_per_record")
+
+
+def stat_ticks(text: str) -> int:
+    """utime + stime + cutime + cstime (clock ticks) from the text of ``/proc/<pid>/stat``: the process's
+    CPU and that of its children it reaped, so a group's sum only grows while its processes come and go
+    (:func:`replication.procfs.stat` reads the same file for the name, state and parent)."""
+    fields = text.rpartition(")")[2].split()  # fields[0] is field 3 (state): utime..cstime are fields 14-17
+    return sum(int(f) for f in fields[11:15])
+
+
+def busy_ticks(proc_stat: str) -> int:
+    """Clock ticks every CPU of the machine spent busy (user, nice, system, irq, softirq, steal), from
+    the text of ``/proc/stat``."""
+    for line in proc_stat.splitlines():
+        if line.startswith("cpu "):
+            v = [int(x) for x in line.split()[1:]]
+            return v[0] + v[1] + v[2] + sum(v[5:8])
+    raise ValueError("no 'cpu' line in /proc/stat")
+
+
+def rx_bytes(net_dev: str, iface: str = "lo") -> int:
+    """Bytes received by ``iface`` from the text of ``/proc/net/dev``.  On the loopback interface every
+    byte sent between two processes of the machine is received once: its rx total is all their traffic."""
+    for line in net_dev.splitlines():
+        name, sep, counters = line.partition(":")
+        if sep and name.strip() == iface:
+            return int(counters.split()[0])
+    raise ValueError(f"no interface {iface!r} in /proc/net/dev")
+
+
+def pid_ticks(pid: int) -> int:
+    """:func:`stat_ticks` of a live process, 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return stat_ticks(f.read())
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+@dataclass(frozen=True)
+class CostSnapshot:
+    """Counters at one moment: ticks per process group, the machine's busy ticks, loopback rx bytes."""
+
+    at: float  # time.monotonic()
+    ticks: dict[str, int]
+    machine: int
+    loopback: int
+
+
+def cost_columns(before: CostSnapshot | None, after: CostSnapshot | None, records: int,
+                 hz: int | None = None) -> dict[str, Any]:
+    """The :data:`COST_COLUMNS` of a run from its two snapshots: CPU seconds of the job's processes
+    (:data:`CPU_GROUPS`, summed in ``cpu_s``) and of the benchmark process (``cpu_bench_s``), the
+    machine's busy CPU seconds, loopback bytes, and per 1,000 ``records`` / per record.  Empty strings
+    without snapshots; per-record columns empty without records."""
+    if before is None or after is None:
+        return dict.fromkeys(COST_COLUMNS, "")
+    hz = hz or os.sysconf("SC_CLK_TCK")
+
+    def cpu(group: str) -> float:
+        return (after.ticks.get(group, 0) - before.ticks.get(group, 0)) / hz
+
+    def per(value: float, n: float) -> float | str:
+        return value / records * n if records else ""
+
+    job = sum(cpu(g) for g in CPU_GROUPS)
+    net = after.loopback - before.loopback
+    return {"window_s": after.at - before.at, "cpu_s": job, "cpu_per_1k": per(job, 1000),
+            **{f"cpu_{g}_s": cpu(g) for g in CPU_GROUPS}, "cpu_bench_s": cpu("bench"),
+            "cpu_bench_per_1k": per(cpu("bench"), 1000), "cpu_machine_s": (after.machine - before.machine) / hz,
+            "net_bytes": net, "net_bytes_per_record": per(net, 1)}
+
+
+def spark_process_groups(app_id: str, driver_jvm: int | None, stack_pids: dict[str, int]) -> dict[str, list[int]]:
+    """The live processes of a Spark job on this machine by group: ``executor_jvm`` (the executor JVMs of
+    application ``app_id``, found as :mod:`replication.chaos` finds them), ``python`` (their descendants:
+    the PySpark daemon and workers), ``driver_jvm``, ``broker`` and ``zookeeper`` (``stack_pids``: pid by
+    name, each with its descendants) and ``bench`` (this process)."""
+    from replication import chaos, procfs
+
+    executors = sorted(p for ps in chaos.executor_jvms(app_id).values() for p in ps)
+    groups = {"executor_jvm": executors,
+              "python": sorted({d for e in executors for d in procfs.descendants(e)}),
+              "driver_jvm": [driver_jvm] if driver_jvm else [], "bench": [os.getpid()]}
+    for name, pid in stack_pids.items():
+        groups[name] = [pid, *procfs.descendants(pid)]
+    return groups
+
+
+class CostProbe:
+    """Takes :class:`CostSnapshot` s of a set of process groups, found again at every snapshot (an
+    executor relaunched or a Python worker started in between is counted)."""
+
+    def __init__(self, groups: Callable[[], dict[str, list[int]]]) -> None:
+        self.groups = groups
+
+    def snapshot(self) -> CostSnapshot:
+        ticks = {name: sum(pid_ticks(p) for p in pids) for name, pids in self.groups().items()}
+        return CostSnapshot(time.monotonic(), ticks, busy_ticks(Path("/proc/stat").read_text()),
+                            rx_bytes(Path("/proc/net/dev").read_text()))
+
+    @classmethod
+    def for_spark(cls, spark: Any, stack_run_dir: Path | None) -> CostProbe:
+        """A probe of ``spark``'s job processes (:func:`spark_process_groups`) and of the embedded stack
+        whose run directory is ``stack_run_dir`` (None: an external stack, not counted)."""
+        from deploy.stack import run_dir_status
+
+        sc = spark.sparkContext
+        proc = getattr(getattr(sc, "_gateway", None), "proc", None)  # the driver JVM PySpark launched
+        driver = proc.pid if proc is not None else None
+        names = {"kafka": "broker", "zookeeper": "zookeeper"}
+        stack = {names[s.name]: s.pid for s in (run_dir_status(stack_run_dir) if stack_run_dir else [])
+                 if s.pid is not None and s.alive and s.name in names}
+        app_id = sc.applicationId
+        return cls(lambda: spark_process_groups(app_id, driver, stack))
+
+
+# --------------------------------------------------------------------------- max sustainable throughput
+
+@dataclass(frozen=True)
+class Ramp:
+    """One configuration's throughput ramp: the highest offered rate whose run was flat (None: not even the
+    lowest), and the rate and verdict that stopped the ramp (None: every rate tried was flat)."""
+
+    config: str
+    max_rate: float | None
+    stopped_at: float | None
+    reason: str
+
+    @property
+    def text(self) -> str:
+        """``800``, ``>= 1,600`` (no rate tried failed) or ``< 200`` (the lowest failed)."""
+        if self.stopped_at is None:
+            return f">= {self.max_rate:,.0f}" if self.max_rate is not None else "-"
+        return f"{self.max_rate:,.0f}" if self.max_rate is not None else f"< {self.stopped_at:,.0f}"
+
+
+def max_sustainable(rows: list[dict[str, Any]]) -> dict[str, Ramp]:
+    """Per configuration (in order of appearance) of throughput rows (``config``, ``offered_rate``,
+    ``verdict``: ``flat`` or why not, as numbers or CSV strings): the highest flat rate below the first
+    rate that was not flat."""
+    by_config: dict[str, list[tuple[float, str]]] = {}
+    for r in rows:
+        by_config.setdefault(r["config"], []).append((float(r["offered_rate"]), r["verdict"]))
+    out = {}
+    for config, runs in by_config.items():
+        best, stop, reason = None, None, ""
+        for rate, verdict in sorted(runs):
+            if verdict != "flat":
+                stop, reason = rate, verdict
+                break
+            best = rate
+        out[config] = Ramp(config, best, stop, reason)
+    return out

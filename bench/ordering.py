@@ -4,7 +4,9 @@ and around an executor kill.
     .venv/bin/python bench/ordering.py [--rate 400] [--duration 12] [--periods 5,10,50] [--pipelines 1,2,3]
                                        [--modes off,passive,unordered,liverobin,kazoo] [--kill-duration 20]
                                        [--kill-modes off,passive,unordered,liverobin,kazoo-leader,kazoo-follower]
-                                       [--out bench/results/ordering]
+                                       [--throughput-modes off,unordered,liverobin,kazoo]
+                                       [--throughput-rates 200,400,800,1600] [--throughput-duration 8]
+                                       [--throughput-period 10] [--out bench/results/ordering]
 
 The ordered job of :mod:`replication.examples.ordered` (two topics of 2 partitions, events
 split 2:1 between them -> union -> key_by -> hash chain per key -> L-1 identity maps fed round
@@ -29,9 +31,24 @@ replicas of multi-input tasks diverge),
    the job fails (reported, not hidden).
    For KaZoo also the failover: from the kill to the new leader's election and to its first
    order read back, for ``chain[0]`` and the worst over every KaZoo partition the dead executor led.
+3. Costs, in every latency run (:class:`bench.common.CostProbe`), from the start of the load to the end
+   of the drain: CPU seconds (utime + stime of ``/proc/<pid>/stat``, reaped children included) of the
+   job's processes (executor JVMs, their Python workers, the driver JVM, the broker, ZooKeeper), of this
+   process apart (the load generator, and the replication driver: master, LiveRobin's heartbeat
+   generator), of the whole machine; loopback rx bytes (``/proc/net/dev``: all traffic between the
+   processes, data plane, Kafka, ZooKeeper and Spark RPC); per 1,000 events produced / per event.
+4. Max sustainable throughput (``--throughput-modes``, none by default): per configuration at L=1,
+   ``--throughput-rates`` in increasing order, ``--throughput-duration`` seconds each, until a run is
+   not *flat* (:func:`flat_verdict`).  Over the steady window (from ``--warm-up`` seconds after the
+   first event to the last event produced), a run is flat when: the sink wrote at least 95% of the
+   offered rate; the p99 of producer->sink latency (event time: a backlog in the broker counts) is at
+   most 2x the p99 of the ramp's lowest rate + 50 ms; the median latency of the events produced in the
+   second half of the window is at most 1.5x that of the first half + 20 ms (no growing backlog); and
+   the job did not fail nor lose or duplicate records (``unordered``, which diverges by design: only
+   the first three).  The highest flat rate is the configuration's max sustainable rate.
 
-Writes ``latency.csv``, ``latency.png``, ``kill_timeline.csv``, ``kill_summary.csv``,
-``kill_timeline.png`` and ``machine.txt``.
+Writes ``latency.csv`` (with the cost columns), ``latency.png``, ``costs.png``, ``kill_timeline.csv``,
+``kill_summary.csv``, ``kill_timeline.png``, ``throughput.csv``, ``throughput.png`` and ``machine.txt``.
 """
 
 from __future__ import annotations
@@ -49,7 +66,16 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import format_row, write_csv, write_machine  # noqa: E402
+from bench.common import (  # noqa: E402
+    COST_COLUMNS,
+    CostProbe,
+    CostSnapshot,
+    cost_columns,
+    format_row,
+    max_sustainable,
+    write_csv,
+    write_machine,
+)
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
 from replication.demo import kill_replica_executor  # noqa: E402
@@ -138,6 +164,8 @@ class OrderedRun:
     # KaZoo partitions whose leader changed after the kill: name -> (elected_at, first_order_at) - kill (s)
     failovers: dict[str, tuple[float, float | None]] = field(default_factory=dict)
     led_at_kill: list[str] = field(default_factory=list)  # KaZoo partitions the killed executor led then
+    costs: dict[str, Any] = field(default_factory=dict)  # COST_COLUMNS over load + drain (with a CostProbe)
+    load_window: tuple[float, float] | None = None  # wall clock of the first and the last produced event
 
     @property
     def report(self) -> Latencies:
@@ -201,10 +229,13 @@ def failovers(per_instance: dict[str, InstanceMetrics], partitions: list[str], l
 
 
 def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: int, rate: float,
-                duration_s: float, status: StatusLine, kill_at_s: float | None = None) -> OrderedRun:
+                duration_s: float, status: StatusLine, kill_at_s: float | None = None,
+                probe: CostProbe | None = None) -> OrderedRun:
     """Start the ordered job (``identity_maps=pipeline-1``), produce ``rate`` events/s for ``duration_s``
     (2:1 into topics a and b), drain, read and verify the output; optionally kill the executor of
-    ``config.victim`` (for KaZoo: of ``WATCHED``'s leader or follower at that moment) ``kill_at_s`` in."""
+    ``config.victim`` (for KaZoo: of ``WATCHED``'s leader or follower at that moment) ``kill_at_s`` in.
+    With a ``probe``, the run's costs (:func:`bench.common.cost_columns`) from the start of the load to
+    the end of the drain, per 1,000 events produced."""
     bootstrap = stack.bootstrap_servers
     stamp = f"{int(time.time() * 1000) % 10**10}"
     topic_a, topic_b, out = f"ord{stamp}-a", f"ord{stamp}-b", f"ord{stamp}-out"
@@ -252,8 +283,11 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
         timer = threading.Timer(kill_at_s, inject)
         timer.start()
     make_a = make("a")
+    before: CostSnapshot | None = probe.snapshot() if probe is not None else None
+    load_start = time.time()
     load = generate_load(bootstrap, [(topic_a, make_a), (topic_a, make_a), (topic_b, make("b"))],
                          rate=rate, duration_s=duration_s, status=status, extra_status=job_status)
+    load_end = time.time()
     if timer is not None:
         timer.join()
     status.update(f"{config.label} L={pipeline}: draining")
@@ -269,6 +303,7 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                 handle.stop(30)
             except (JobFailedError, TimeoutError):
                 pass
+    costs = cost_columns(before, probe.snapshot() if probe is not None else None, load.produced)
     fo: dict[str, tuple[float, float | None]] = {}
     led: list[str] = []
     if config.mode == "kazoo" and "at" in injected:
@@ -288,7 +323,8 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
     event_ids = load.parsed[topic_a] + load.parsed[topic_b]
     status.done()
     return OrderedRun(config, pipeline, load, samples, verify_chains(outputs, event_ids), failure,
-                      injected.get("at"), injected.get("what", ""), injected.get("victim", ""), events, fo, led)
+                      injected.get("at"), injected.get("what", ""), injected.get("victim", ""), events, fo, led,
+                      costs, (load_start, load_end))
 
 
 def latency_row(r: OrderedRun, warm_up_s: float) -> dict:
@@ -296,7 +332,8 @@ def latency_row(r: OrderedRun, warm_up_s: float) -> dict:
     return {"pipeline": r.pipeline, "config": r.config.label, "offered_rate": r.load.rate,
             "records": len(r.samples), "throughput": r.report.throughput,
             "p50_ms": percentile(lat, .5) * MS, "p99_ms": percentile(lat, .99) * MS,
-            "p999_ms": percentile(lat, .999) * MS, "max_ms": max(lat, default=0.0) * MS, **r.checks()}
+            "p999_ms": percentile(lat, .999) * MS, "max_ms": max(lat, default=0.0) * MS, **r.checks(),
+            **(r.costs or dict.fromkeys(COST_COLUMNS, ""))}
 
 
 def failover_columns(r: OrderedRun) -> dict[str, Any]:
@@ -348,6 +385,90 @@ def kill_rows(r: OrderedRun, warm_up_s: float) -> tuple[list[dict], dict]:
     return timeline, summary
 
 
+# a throughput run is "flat" when all of these hold (see flat_verdict)
+FLAT_MIN_ACHIEVED = 0.95  # sink writes/s over the steady window >= this share of the offered rate
+FLAT_P99_FACTOR, FLAT_P99_FLOOR_MS = 2.0, 50.0  # p99 <= factor x the ramp's lowest-rate p99 + floor
+FLAT_GROWTH_FACTOR, FLAT_GROWTH_FLOOR_MS = 1.5, 20.0  # second-half p50 <= factor x first-half p50 + floor
+THROUGHPUT_COLUMNS = ("config", "offered_rate", "produced_rate", "achieved", "records", "p50_ms", "p99_ms",
+                      "first_half_p50_ms", "second_half_p50_ms", "p99_bound_ms", "exact", "outcome", "verdict",
+                      "cpu_s", "cpu_per_1k", "cpu_bench_per_1k", "net_bytes_per_record")
+
+
+@dataclass(frozen=True)
+class RampStats:
+    """A throughput run over its steady window (from ``warm_up_s`` after the first event was produced to
+    the last): sink writes per second in that window, and producer->sink latency (event time, so a backlog
+    waiting in the broker counts) of the events produced in it, overall and per half."""
+
+    achieved: float
+    p50_ms: float
+    p99_ms: float
+    first_half_p50_ms: float
+    second_half_p50_ms: float
+
+
+def ramp_stats(samples: list[Sample], load_window: tuple[float, float], warm_up_s: float) -> RampStats:
+    """:class:`RampStats` of a run whose load produced events from ``load_window[0]`` to ``[1]`` (wall clock)."""
+    t0, t1 = load_window[0] + warm_up_s, load_window[1]
+    if t1 <= t0:
+        return RampStats(0.0, 0.0, 0.0, 0.0, 0.0)
+    mid = (t0 + t1) / 2
+
+    def lat(lo: float, hi: float) -> list[float]:
+        return [(s.sink - s.produced) * MS for s in samples if lo <= s.produced <= hi]
+
+    steady = lat(t0, t1)
+    return RampStats(sum(1 for s in samples if t0 <= s.sink <= t1) / (t1 - t0), percentile(steady, .5),
+                     percentile(steady, .99), percentile(lat(t0, mid), .5), percentile(lat(mid, t1), .5))
+
+
+def p99_bound_ms(base_p99_ms: float) -> float:
+    """The highest p99 a run may have and still be flat, from its ramp's lowest-rate p99."""
+    return FLAT_P99_FACTOR * base_p99_ms + FLAT_P99_FLOOR_MS
+
+
+def flat_verdict(offered: float, st: RampStats, base_p99_ms: float, problem: str = "") -> str:
+    """``flat`` when the job kept up and its latency stayed flat at rate ``offered``: the sink wrote at least
+    ``FLAT_MIN_ACHIEVED`` of the offered rate over the steady window, the p99 stayed within
+    :func:`p99_bound_ms` of the ramp's lowest-rate p99 ``base_p99_ms``, and no backlog grew (the median of
+    the second half of the window at most ``FLAT_GROWTH_FACTOR`` x the first half's + ``FLAT_GROWTH_FLOOR_MS``);
+    else ``not flat: <every reason>``.  ``problem``: a reason the run cannot count (the job failed, ...)."""
+    reasons = [problem] if problem else []
+    if st.achieved < FLAT_MIN_ACHIEVED * offered:
+        reasons.append(f"achieved {st.achieved:,.0f}/s < {FLAT_MIN_ACHIEVED:.0%} of {offered:,.0f}/s")
+    if st.p99_ms > (bound := p99_bound_ms(base_p99_ms)):
+        reasons.append(f"p99 {st.p99_ms:,.0f} ms > {bound:,.0f} ms")
+    if st.second_half_p50_ms > FLAT_GROWTH_FACTOR * st.first_half_p50_ms + FLAT_GROWTH_FLOOR_MS:
+        reasons.append(f"backlog: p50 {st.first_half_p50_ms:,.0f} -> {st.second_half_p50_ms:,.0f} ms "
+                       "from the first half to the second")
+    return "not flat: " + "; ".join(reasons) if reasons else "flat"
+
+
+def throughput_row(r: OrderedRun, offered: float, warm_up_s: float, base_p99_ms: float | None) -> dict[str, Any]:
+    """A throughput.csv row: :class:`RampStats`, the bound, the checks, the verdict and the costs.  The ramp's
+    first run sets the base (``base_p99_ms`` None).  A failed job or, except for ``unordered`` (which
+    diverges by design), an inexact output makes the run not flat."""
+    st = ramp_stats(r.samples, r.load_window or (0.0, 0.0), warm_up_s)
+    base = st.p99_ms if base_p99_ms is None else base_p99_ms
+    problem = ""
+    if r.config.mode != "unordered" and not r.exact:
+        problem = r.outcome if r.failure else f"output not exact: {r.outcome}"
+    costs = r.costs or dict.fromkeys(COST_COLUMNS, "")
+    return {"config": r.config.label, "offered_rate": offered, "produced_rate": r.load.rate, "achieved": st.achieved,
+            "records": len(r.samples), "p50_ms": st.p50_ms, "p99_ms": st.p99_ms,
+            "first_half_p50_ms": st.first_half_p50_ms, "second_half_p50_ms": st.second_half_p50_ms,
+            "p99_bound_ms": p99_bound_ms(base), "exact": "yes" if r.exact else "no", "outcome": r.outcome,
+            "verdict": flat_verdict(offered, st, base, problem),
+            **{k: costs[k] for k in ("cpu_s", "cpu_per_1k", "cpu_bench_per_1k", "net_bytes_per_record")}}
+
+
+def error_row(config: Config, offered: float, err: BaseException) -> dict[str, Any]:
+    """A throughput.csv row for a run that raised instead of ending (reported, and the ramp stops)."""
+    what = " ".join(str(err).split())[:300]
+    return {**dict.fromkeys(THROUGHPUT_COLUMNS, ""), "config": config.label, "offered_rate": offered,
+            "verdict": f"error: {type(err).__name__}: {what}"}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=400.0, help="offered events/s (2:1 into topics a and b)")
@@ -361,15 +482,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kill-modes", default=",".join(KILL_MODES),
                     help=f"kill runs, comma-separated, of: {', '.join(KILL_MODES)}")
     ap.add_argument("--warm-up", type=float, default=2.0, help="seconds dropped at the start of each run")
+    ap.add_argument("--throughput-modes", default="",
+                    help=f"configurations of the throughput ramp at L=1, comma-separated, of: {', '.join(MODES)} "
+                         "(default none)")
+    ap.add_argument("--throughput-rates", default="200,400,800,1600",
+                    help="offered events/s of the ramp, tried in increasing order until a run is not flat")
+    ap.add_argument("--throughput-duration", type=float, default=8.0, help="seconds of load per ramp run")
+    ap.add_argument("--throughput-period", type=int, default=10, help="liverobin heartbeat period (ms) of the ramp")
     ap.add_argument("--out", default=str(REPO / "bench/results/ordering"))
     args = ap.parse_args(argv)
-    for flag, allowed in (("modes", MODES), ("kill_modes", KILL_MODES)):
+    for flag, allowed in (("modes", MODES), ("kill_modes", KILL_MODES), ("throughput_modes", MODES)):
         chosen = [m.strip() for m in getattr(args, flag).split(",") if m.strip()]
         if unknown := [m for m in chosen if m not in allowed]:
             ap.error(f"--{flag.replace('_', '-')}: unknown {', '.join(unknown)} (choose from {', '.join(allowed)})")
         setattr(args, flag, chosen)
     args.periods = [int(p) for p in args.periods.split(",") if p.strip()]
     args.pipelines = [int(x) for x in args.pipelines.split(",") if x.strip()]
+    args.throughput_rates = sorted({float(x) for x in args.throughput_rates.split(",") if x.strip()})
     return args
 
 
@@ -379,17 +508,21 @@ class Results:
     timeline: list[dict] = field(default_factory=list)  # kill_timeline.csv
     summary: list[dict] = field(default_factory=list)  # kill_summary.csv
     problems: list[str] = field(default_factory=list)  # kills that did not happen
+    throughput: list[dict] = field(default_factory=list)  # throughput.csv
 
 
 def run_benchmark(stack: StackEndpoints, spark: Any, args: argparse.Namespace, status: StatusLine) -> Results:
-    """Every latency run, then every kill run, on one stack and one Spark (see the module doc)."""
+    """Every latency run, then every kill run, then the throughput ramps, on one stack and one Spark
+    (see the module doc)."""
     res = Results()
     t0 = time.monotonic()
+    probe = CostProbe.for_spark(spark, stack.run_dir)
     runs = [(pl, c) for pl in args.pipelines for c in latency_configs(args.modes, args.periods, args.kill_period)]
     for i, (pl, config) in enumerate(runs):
         print(f"== latency run {i + 1}/{len(runs)}: {config.label}, L={pl}, {args.rate:.0f} events/s "
               f"for {args.duration:.0f}s ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
-        r = run_ordered(stack, spark, config, pipeline=pl, rate=args.rate, duration_s=args.duration, status=status)
+        r = run_ordered(stack, spark, config, pipeline=pl, rate=args.rate, duration_s=args.duration, status=status,
+                        probe=probe)
         res.rows.append(latency_row(r, args.warm_up))
         print("   " + format_row(res.rows[-1]), flush=True)
     kills = kill_configs(args.kill_modes, args.kill_period) if args.kill_duration > 0 else []
@@ -411,7 +544,35 @@ def run_benchmark(stack: StackEndpoints, spark: Any, args: argparse.Namespace, s
         status.update("waiting for the replacement executor")
         wait_for_executors(spark.sparkContext, 3, timeout=60)
         status.done()
+    run_ramps(stack, spark, args, status, probe, res, t0)
     return res
+
+
+def run_ramps(stack: StackEndpoints, spark: Any, args: argparse.Namespace, status: StatusLine, probe: CostProbe,
+              res: Results, t0: float) -> None:
+    """Per ``--throughput-modes`` configuration at L=1: ``--throughput-rates`` in increasing order until a
+    run is not flat (:func:`flat_verdict`, against the ramp's first run), rows into ``res.throughput``."""
+    configs = latency_configs(args.throughput_modes, [args.throughput_period], args.kill_period)
+    for i, config in enumerate(configs):
+        base: float | None = None
+        for j, rate in enumerate(args.throughput_rates):
+            print(f"== throughput ramp {i + 1}/{len(configs)}: {config.label}, L=1, step {j + 1}/"
+                  f"{len(args.throughput_rates)}: {rate:.0f} events/s for {args.throughput_duration:.0f}s "
+                  f"({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+            try:
+                r = run_ordered(stack, spark, config, pipeline=1, rate=rate, duration_s=args.throughput_duration,
+                                status=status, probe=probe)
+                row = throughput_row(r, rate, args.warm_up, base)
+            except Exception as err:  # noqa: BLE001 - reported in throughput.csv and the report, not hidden
+                status.done()
+                row = error_row(config, rate, err)
+            res.throughput.append(row)
+            print("   " + format_row(row, skip=("outcome",)), flush=True)
+            if row["verdict"] != "flat":
+                break
+            base = row["p99_ms"] if base is None else base
+        ramp = max_sustainable([x for x in res.throughput if x["config"] == config.label])[config.label]
+        print(f"   {config.label}: max sustainable {ramp.text} events/s", flush=True)
 
 
 def write_results(out: Path, res: Results, rate: float) -> None:
@@ -422,7 +583,11 @@ def write_results(out: Path, res: Results, rate: float) -> None:
     if res.summary:
         write_csv(out / "kill_timeline.csv", res.timeline)
         write_csv(out / "kill_summary.csv", res.summary)
+    if res.throughput:
+        write_csv(out / "throughput.csv", res.throughput)
     _plot(out, res.rows, res.timeline, res.summary, rate)
+    _plot_costs(out, res.rows, rate)
+    _plot_throughput(out, res.throughput)
     write_machine(out)
 
 
@@ -445,6 +610,11 @@ def print_tables(res: Results) -> None:
         for r in res.rows:
             if r["exact"] != "yes":
                 print(f"   L={r['pipeline']} {r['config']}: {r['outcome']}")
+    if costed := [r for r in res.rows if r.get("cpu_s", "") != ""]:
+        print("== costs over load + drain (CPU s; job = executor JVMs, their Python, driver JVM, broker, ZooKeeper; "
+              "bench = this process: load generator and replication driver; net = loopback bytes)")
+        table(costed, ["pipeline", "config", "window_s", "cpu_s", "cpu_per_1k", "cpu_bench_per_1k", "cpu_machine_s",
+                       "net_bytes_per_record"], ("config",))
     if res.summary:
         print("== kill (L=1; failover: ms from the kill, KaZoo only)")
         table(res.summary, ["config", "victim", "exact", "p99_before_ms", "worst_p99_after_ms", "stall_seconds",
@@ -456,6 +626,13 @@ def print_tables(res: Results) -> None:
             if s["failed_over"]:
                 print(f"   {s['config']}: the killed executor led {s['led_at_kill']}; failed over "
                       f"(elected/first order, ms after the kill): {s['failed_over']}")
+    if res.throughput:
+        print("== throughput ramps (L=1; latency by event time, ms, after the warm-up)")
+        table(res.throughput, ["config", "offered_rate", "produced_rate", "achieved", "p50_ms", "p99_ms",
+                               "second_half_p50_ms", "p99_bound_ms", "cpu_per_1k", "verdict"], ("config", "verdict"))
+        for ramp in max_sustainable(res.throughput).values():
+            print(f"   {ramp.config}: max sustainable {ramp.text} events/s"
+                  + (f" (at {ramp.stopped_at:,.0f}/s {ramp.reason})" if ramp.stopped_at is not None else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -473,30 +650,107 @@ def main(argv: list[str] | None = None) -> int:
             stop_session(spark)
     write_results(out, res, args.rate)
     print_tables(res)
-    print(f"wrote {out}/latency.csv, latency.png, kill_timeline.csv, kill_summary.csv, kill_timeline.png "
-          f"in {time.monotonic() - t0:.0f}s")
+    print(f"wrote {out}/latency.csv, latency.png, costs.png, kill_timeline.csv, kill_summary.csv, kill_timeline.png, "
+          f"throughput.csv, throughput.png in {time.monotonic() - t0:.0f}s")
     # off, liverobin and kazoo must be exact; unordered may diverge and off may fail at the kill (reported)
     bad = [f"{r['config']} L={r['pipeline']}" for r in res.rows if r["config"] != "unordered" and r["exact"] != "yes"]
     bad += [f"kill {s['config']}" for s in res.summary
             if s["config"].startswith(("liverobin", "kazoo")) and s["exact"] != "yes"]
     bad += res.problems
+    # a ramp ends at its first run that is not flat (expected); a run that raised or lost records is not
+    bad += [f"throughput {t['config']} at {t['offered_rate']:.0f}/s" for t in res.throughput
+            if t["verdict"].startswith("error") or (t["config"] != "unordered" and t["exact"] != "yes")]
     if bad:
         print(f"NOT EXACT: {', '.join(bad)}", flush=True)
     return 1 if bad else 0
 
 
-def _plot(out: Path, rows: list[dict], timeline: list[dict], summary: list[dict], rate: float) -> None:
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plain_log_axis(axis: Any) -> None:
+    """A log axis labelled 20, 50, 100, 200, ... instead of powers of ten."""
     from matplotlib.ticker import FuncFormatter
 
-    def plain_log_axis(ax: Any) -> None:
-        """Log y axis labelled 20, 50, 100, 200, ... instead of powers of ten."""
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(FuncFormatter(
-            lambda v, _: f"{v:g}" if v > 0 and f"{v:.0e}"[0] in "25" else ""))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if v > 0 and f"{v:.0e}"[0] in "25" else ""))
+
+
+def _plot_costs(out: Path, rows: list[dict], rate: float) -> None:
+    """``costs.png``: CPU seconds per 1,000 events (the job's processes, the benchmark process stacked on
+    top) and loopback bytes per event, by configuration, a bar per pipeline length."""
+    rows = [r for r in rows if r.get("cpu_per_1k", "") != ""]
+    if not rows:
+        return
+    plt = _pyplot()
+    labels = list(dict.fromkeys(r["config"] for r in rows))
+    lengths = sorted({r["pipeline"] for r in rows})
+    width = 0.8 / len(lengths)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for k, pl in enumerate(lengths):
+        by = {r["config"]: r for r in rows if r["pipeline"] == pl}
+        xs = [i + (k - (len(lengths) - 1) / 2) * width for i, c in enumerate(labels) if c in by]
+        here = [by[c] for c in labels if c in by]
+        job = [r["cpu_per_1k"] for r in here]
+        bars = axes[0].bar(xs, job, width, label=f"L={pl}: job processes")
+        axes[0].bar(xs, [r["cpu_bench_per_1k"] or 0.0 for r in here], width, bottom=job,
+                    color=bars.patches[0].get_facecolor(), alpha=.35, hatch="//", label=f"L={pl}: + benchmark process")
+        axes[1].bar(xs, [r["net_bytes_per_record"] for r in here], width, label=f"L={pl}")
+    for ax, ylabel, title in ((axes[0], "CPU seconds per 1,000 events", "CPU (load + drain)"),
+                              (axes[1], "loopback bytes per event", "Network (all traffic on loopback)")):
+        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+        ax.set(ylabel=ylabel, title=f"{title}, ordered job at {rate:.0f} events/s")
+        ax.grid(alpha=.3, axis="y")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "costs.png", dpi=110)
+    plt.close(fig)
+
+
+def _plot_throughput(out: Path, rows: list[dict]) -> None:
+    """``throughput.png``: achieved vs offered rate and p99 (event time) vs offered rate per configuration;
+    a filled marker is a flat run, a cross one that is not (the end of that ramp)."""
+    ramps = max_sustainable(rows)  # a run that raised ends its ramp too, though it has no point to plot
+    rows = [r for r in rows if r["achieved"] != ""]
+    if not rows:
+        return
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for label in dict.fromkeys(r["config"] for r in rows):
+        pts = [r for r in rows if r["config"] == label]
+        name = f"{label}: max {ramps[label].text}/s"
+        for ax, col in zip(axes, ("achieved", "p99_ms"), strict=True):
+            (line,) = ax.plot([r["offered_rate"] for r in pts], [r[col] for r in pts], "-", label=name)
+            for r in pts:
+                flat = r["verdict"] == "flat"
+                ax.plot(r["offered_rate"], r[col], "o" if flat else "x", color=line.get_color(), markersize=7,
+                        markerfacecolor=None if flat else "none")
+    rates = sorted({r["offered_rate"] for r in rows})
+    axes[0].plot(rates, rates, ":", color="grey", label="offered")
+    axes[0].set(ylabel="sink writes/s over the steady window", title="Throughput at L=1 (o flat, x not flat)")
+    axes[1].set(ylabel="p99 producer→sink (ms)", title="p99 by event time at L=1 (o flat, x not flat)")
+    for ax in axes:
+        ax.set(xlabel="offered events/s", xscale="log", yscale="log")
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.xaxis.set_minor_formatter("")
+        _plain_log_axis(ax.yaxis)
+        ax.grid(alpha=.3, which="both")
+        ax.legend(fontsize="small")
+    axes[0].set_yticks(rates, [f"{r:g}" for r in rates])
+    axes[0].yaxis.set_minor_formatter("")
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+
+
+def _plot(out: Path, rows: list[dict], timeline: list[dict], summary: list[dict], rate: float) -> None:
+    plt = _pyplot()
 
     if rows:
         labels = list(dict.fromkeys(r["config"] for r in rows))
@@ -511,7 +765,7 @@ def _plot(out: Path, rows: list[dict], timeline: list[dict], summary: list[dict]
                    ylabel="source→sink latency (ms)", yscale="log",
                    title=f"{title}, ordered job at {rate:.0f} events/s")
             ax.set_xticks(sorted({r["pipeline"] for r in rows}))
-            plain_log_axis(ax)
+            _plain_log_axis(ax.yaxis)
             ax.grid(alpha=.3, which="both")
         axes[0].legend(fontsize="small")
         fig.tight_layout()
@@ -541,7 +795,7 @@ def _plot(out: Path, rows: list[dict], timeline: list[dict], summary: list[dict]
     ax.text(0.1, 0.95, "SIGKILL", color="red", transform=ax.get_xaxis_transform())
     ax.set(xlabel="seconds since the kill (by event time: sink - produced)", ylabel="per-second p99 source→sink (ms)",
            yscale="log", title=f"Ordered job (L=1) at {rate:.0f} events/s: latency around an executor kill (2 cores)")
-    plain_log_axis(ax)
+    _plain_log_axis(ax.yaxis)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     ax.grid(alpha=.3, which="both")
     fig.tight_layout()

@@ -3,13 +3,16 @@
     .venv/bin/python bench/suite.py [--only ordering,rhino,sss] [--results bench/results/suite]
 
 Steps (each one of the benchmark commands, run as it would be by hand, its own live status line
-on the terminal; about 15 minutes in all on 2 cores):
+on the terminal; about 25 minutes in all on 2 cores):
 
 * ``ordering``: ``bench/ordering.py`` at 400 events/s: latency of no replication, passive
-  (checkpoint-restart), ``unordered``, ``liverobin`` (10 and 50 ms) and ``kazoo`` at pipeline lengths
-  1 and 3; then around a kill: no
+  (checkpoint-restart), ``unordered``, ``liverobin`` (5, 10 and 50 ms) and ``kazoo`` at pipeline lengths
+  1, 2 and 3; then around a kill: no
   replication, replication off with Rhino (passive, checkpoint-restart), ``unordered``,
-  ``liverobin``, a KaZoo leader's and a follower's executor.
+  ``liverobin``, a KaZoo leader's and a follower's executor; the costs (CPU, loopback bytes) of every
+  latency run; then the max sustainable throughput of ``off``, ``unordered``, ``liverobin 10ms`` and
+  ``kazoo`` at L=1: 8 s runs at 200, 400, 800, 1,600 and 3,200 events/s, each ramp stopping at its first
+  run that is not flat (about 4 minutes more).
 * ``rhino``: ``bench/rhino.py`` at 10 MB of state: the stateful partition's executor killed,
   active (two replicas) and passive.
 * ``sss``: ``bench/sss.py``: Spark Structured Streaming with the same kind of keyed state, an
@@ -34,9 +37,11 @@ sys.path.insert(0, str(REPO))
 from bench import report  # noqa: E402
 
 STEPS = {
-    "ordering": ["bench/ordering.py", "--rate", "400", "--duration", "12", "--periods", "10,50", "--pipelines", "1,3",
+    "ordering": ["bench/ordering.py", "--rate", "400", "--duration", "12", "--periods", "5,10,50", "--pipelines", "1,2,3",
                  "--modes", "off,passive,unordered,liverobin,kazoo", "--kill-duration", "24",
-                 "--kill-modes", "off,passive,unordered,liverobin,kazoo-leader,kazoo-follower"],
+                 "--kill-modes", "off,passive,unordered,liverobin,kazoo-leader,kazoo-follower",
+                 "--throughput-modes", "off,unordered,liverobin,kazoo", "--throughput-rates", "200,400,800,1600,3200",
+                 "--throughput-duration", "8", "--throughput-period", "10"],
     "rhino": ["bench/rhino.py", "--sizes", "10MB", "--latency-modes", ""],
     "sss": ["bench/sss.py", "--duration", "50", "--kill-at", "20"],
 }

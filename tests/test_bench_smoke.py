@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -129,5 +130,222 @@ def test_ordering_benchmark_runs_kazoo(stack, spark, tmp_path):
     row = res.rows[0]
     assert row["exact"] == "yes", row["outcome"]
     assert row["records"] == 800 and 0 < row["p50_ms"] < 5000
+    # the costs: every group of the job's processes found and busy (ZooKeeper may take less than a tick)
+    for group in ("executor_jvm", "python", "driver_jvm", "broker"):
+        assert row[f"cpu_{group}_s"] > 0, group
+    assert row["cpu_zookeeper_s"] >= 0
+    assert row["cpu_s"] > row["cpu_python_s"] and row["cpu_per_1k"] == pytest.approx(row["cpu_s"] / 0.8)
+    assert row["cpu_s"] + row["cpu_bench_s"] <= row["cpu_machine_s"] * 1.05 + 0.1
+    assert row["net_bytes_per_record"] > 100  # each event crosses loopback several times (broker, data plane)
     ordering.write_results(tmp_path, res, args.rate)
     assert (tmp_path / "latency.png").stat().st_size > 0
+
+
+STAT = ("4242 (java (x) y) S 1 4242 4242 0 -1 4194560 30 0 0 0 "  # pid (comm) state ppid ... majflt cmajflt
+        "150 40 7 3 20 0 45 0 100 5000000 2000 18446744073709551615 1 1 0 0 0 0 0 4096 0 0 0 0 17 1 0 0 0 0 0")
+NET_DEV = """Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:37810098804 56018296    0    0    0     0          0         0 37810098804 56018296    0    0    0     0       0 0
+  eth0: 2933708402   83112    0    0    0     0          0         0  3838154   43690    0    0    0     0       0 0
+"""
+PROC_STAT = "cpu  1000 20 300 9000 50 5 7 3 0 0\ncpu0 500 10 150 4500 25 2 3 1 0 0\nintr 1 2 3\n"
+
+
+def test_cost_accounting_from_fake_proc_snapshots():
+    """CPU ticks (the process's and its reaped children's), the machine's busy ticks and loopback bytes
+    are read from /proc text; a run's cost columns are the differences per group, per 1,000 events."""
+    from bench.common import COST_COLUMNS, CostSnapshot, busy_ticks, cost_columns, rx_bytes, stat_ticks
+
+    assert stat_ticks(STAT) == 150 + 40 + 7 + 3  # a comm with spaces and parentheses does not shift the fields
+    assert busy_ticks(PROC_STAT) == 1000 + 20 + 300 + 5 + 7 + 3  # idle and iowait are not busy
+    assert rx_bytes(NET_DEV) == 37810098804 and rx_bytes(NET_DEV, "eth0") == 2933708402
+    with pytest.raises(ValueError):
+        rx_bytes(NET_DEV, "wlan0")
+
+    before = CostSnapshot(10.0, {"executor_jvm": 1000, "python": 500, "driver_jvm": 300, "broker": 200,
+                                 "zookeeper": 100, "bench": 400}, 50_000, 1_000_000)
+    after = CostSnapshot(25.0, {"executor_jvm": 1600, "python": 1900, "driver_jvm": 350, "broker": 450,
+                                "zookeeper": 110, "bench": 700}, 53_500, 13_000_000)
+    cols = cost_columns(before, after, records=4000, hz=100)
+    assert list(cols) == list(COST_COLUMNS)
+    assert cols["window_s"] == 15.0
+    assert cols["cpu_executor_jvm_s"] == 6.0 and cols["cpu_python_s"] == 14.0 and cols["cpu_zookeeper_s"] == 0.1
+    assert cols["cpu_s"] == pytest.approx(6 + 14 + 0.5 + 2.5 + 0.1)  # the benchmark process is apart
+    assert cols["cpu_per_1k"] == pytest.approx(23.1 / 4)
+    assert cols["cpu_bench_s"] == 3.0 and cols["cpu_bench_per_1k"] == 0.75 and cols["cpu_machine_s"] == 35.0
+    assert cols["net_bytes"] == 12_000_000 and cols["net_bytes_per_record"] == 3000
+    # a group absent at one end counts from 0; no events: no per-event figures; no snapshots: empty columns
+    cols = cost_columns(CostSnapshot(0.0, {}, 0, 0), after, records=0, hz=100)
+    assert cols["cpu_python_s"] == 19.0 and cols["cpu_per_1k"] == "" and cols["net_bytes_per_record"] == ""
+    assert set(cost_columns(None, after, 10).values()) == {""}
+
+
+def test_cost_probe_counts_a_process_tree_under_an_executor(tmp_path):
+    """The live groups: a stand-in executor (its command line names the executor backend and an app id)
+    whose Python child burns 0.3 s of CPU between the two snapshots is counted in ``python``, not in
+    ``executor_jvm`` (which only waits), and the machine was at least that busy."""
+    from bench.common import CostProbe, cost_columns, spark_process_groups
+
+    app = f"app-smoke-{os.getpid()}"
+    burn = ("import sys, time\nprint('ready', flush=True)\nsys.stdin.readline()\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3:\n    pass\nprint('done', flush=True)\nsys.stdin.readline()\n")
+    executor = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {burn!r}]))",
+         "org.apache.spark.executor.CoarseGrainedExecutorBackend", "--executor-id", "0", "--app-id", app],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert executor.stdout.readline() == "ready\n"
+        groups = spark_process_groups(app, None, {})
+        assert groups["executor_jvm"] == [executor.pid] and len(groups["python"]) == 1
+        assert groups["driver_jvm"] == [] and groups["bench"] == [os.getpid()]
+        probe = CostProbe(lambda: spark_process_groups(app, None, {}))
+        before = probe.snapshot()
+        executor.stdin.write("go\n")
+        executor.stdin.flush()
+        assert executor.stdout.readline() == "done\n"
+        cols = cost_columns(before, probe.snapshot(), records=100)
+    finally:
+        executor.stdin.close()  # the child's second readline returns: it exits, then the stand-in
+        executor.wait(timeout=30)
+    assert 0.27 <= cols["cpu_python_s"] < 0.8, cols
+    assert cols["cpu_executor_jvm_s"] < 0.1 and cols["cpu_broker_s"] == 0
+    assert cols["cpu_s"] >= cols["cpu_python_s"] and cols["cpu_per_1k"] == pytest.approx(cols["cpu_s"] * 10)
+    assert cols["cpu_machine_s"] >= 0.27 and cols["net_bytes"] >= 0
+
+
+def test_flat_verdict_ramp_stats_and_max_sustainable():
+    """A run keeps up and stays flat, or says why not: too slow, a p99 over the bound, a growing backlog,
+    or a failed job; the max sustainable rate is the last flat one below the first that is not."""
+    from bench import ordering
+    from bench.common import max_sustainable
+    from replication.workload import Sample
+
+    # 10 s at 100/s from t=1000, 30 ms producer->sink (2 s warm-up): flat
+    steady = [Sample(1000 + i / 100, 1000 + i / 100 + 0.01, 1000 + i / 100 + 0.03) for i in range(1000)]
+    st = ordering.ramp_stats(steady, (1000.0, 1010.0), 2.0)
+    assert st.achieved == pytest.approx(100, rel=0.02) and st.p50_ms == pytest.approx(30)
+    assert st.first_half_p50_ms == pytest.approx(30) and st.second_half_p50_ms == pytest.approx(30)
+    assert ordering.flat_verdict(100, st, 30.0) == "flat"
+    assert ordering.p99_bound_ms(30.0) == 110.0
+    # the sink managed 80/s of the 100/s offered: latency grows through the run and the sink falls behind
+    behind = [Sample(1000 + i / 100, 1000 + i / 80, 1000 + i / 80 + 0.03) for i in range(1000)]
+    st = ordering.ramp_stats(behind, (1000.0, 1010.0), 2.0)
+    assert st.achieved == pytest.approx(80, rel=0.02)
+    assert st.second_half_p50_ms > st.first_half_p50_ms + 300
+    verdict = ordering.flat_verdict(100, st, 30.0)
+    assert verdict.startswith("not flat: achieved 80/s < 95% of 100/s; p99 ")
+    assert "> 110 ms" in verdict and "backlog: p50" in verdict
+    # kept up but a tail over the bound, or a failed job
+    spiky = [Sample(s.produced, s.ingest, s.sink + (0.2 if i % 50 == 0 else 0)) for i, s in enumerate(steady)]
+    assert ordering.flat_verdict(100, ordering.ramp_stats(spiky, (1000.0, 1010.0), 2.0), 30.0) == (
+        "not flat: p99 230 ms > 110 ms")
+    assert ordering.flat_verdict(100, ordering.ramp_stats(steady, (1000.0, 1010.0), 2.0), 30.0,
+                                 "job failed: x") == "not flat: job failed: x"
+    assert ordering.ramp_stats([], (1000.0, 1001.0), 2.0).achieved == 0.0  # shorter than the warm-up
+
+    ramps = max_sustainable([
+        {"config": "off", "offered_rate": 200.0, "verdict": "flat"},
+        {"config": "off", "offered_rate": 400.0, "verdict": "flat"},
+        {"config": "kazoo", "offered_rate": "400", "verdict": "not flat: p99 900 ms > 300 ms"},  # from a CSV
+        {"config": "kazoo", "offered_rate": "200", "verdict": "flat"},
+        {"config": "unordered", "offered_rate": "200", "verdict": "error: TimeoutError: x"}])
+    assert [(r.config, r.max_rate, r.stopped_at, r.text) for r in ramps.values()] == [
+        ("off", 400.0, None, ">= 400"), ("kazoo", 200.0, 400.0, "200"), ("unordered", None, 200.0, "< 200")]
+    assert ramps["kazoo"].reason == "not flat: p99 900 ms > 300 ms"
+
+
+def test_ordering_costs_and_throughput_outputs(tmp_path):
+    """Latency rows carry the cost columns (empty without a probe), ramp rows the verdict against the ramp's
+    first run; the CSV files and both new plots are written, and the tables print."""
+    from bench import ordering
+    from bench.common import COST_COLUMNS, CostSnapshot, cost_columns
+    from replication.examples.ordered import ChainReport
+    from replication.loadgen import LoadResult
+    from replication.workload import Sample
+
+    args = ordering.parse_args(["--throughput-modes", "liverobin,off", "--throughput-rates", "800,200,400,200"])
+    assert args.throughput_rates == [200.0, 400.0, 800.0] and args.throughput_duration == 8.0
+    assert [c.label for c in ordering.latency_configs(args.throughput_modes, [args.throughput_period])] == [
+        "off", "liverobin 10ms"]
+    assert ordering.parse_args([]).throughput_modes == []
+    with pytest.raises(SystemExit):
+        ordering.parse_args(["--throughput-modes", "fast"])
+
+    def run(label: str, mode: str, rate: float, delay: float, costs: bool) -> ordering.OrderedRun:
+        n = int(rate * 10)
+        # producer->sink 20 ms, plus up to ``delay`` growing through the run
+        samples = [Sample(1000 + i / rate, 1000 + i / rate, 1000 + i / rate + 0.02 + delay * i / n) for i in range(n)]
+        snaps = (CostSnapshot(0.0, {"python": 0, "bench": 0}, 0, 0),
+                 CostSnapshot(12.0, {"python": 1200, "bench": 300}, 1800, 24_000_000)) if costs else (None, None)
+        return ordering.OrderedRun(ordering.Config(label, mode), 1, LoadResult(produced=n, elapsed_s=10.0),
+                                   samples, ChainReport(records=n, keys=30), costs=cost_columns(*snaps, n, hz=100),
+                                   load_window=(1000.0, 1000 + (n - 1) / rate))
+
+    res = ordering.Results()
+    res.rows = [ordering.latency_row(run("off", "off", 400, 0.01, True), 2.0),
+                ordering.latency_row(run("kazoo", "kazoo", 400, 0.06, False), 2.0)]
+    assert res.rows[0]["cpu_s"] == 12.0 and res.rows[0]["cpu_per_1k"] == 3.0 and res.rows[0]["cpu_bench_per_1k"] == .75
+    assert res.rows[0]["net_bytes_per_record"] == 6000 and all(res.rows[1][c] == "" for c in COST_COLUMNS)
+    first = ordering.throughput_row(run("off", "off", 200, 0.01, True), 200.0, 2.0, None)
+    assert first["verdict"] == "flat" and first["p99_bound_ms"] == pytest.approx(2 * first["p99_ms"] + 50)
+    slow = ordering.throughput_row(run("off", "off", 400, 0.5, True), 400.0, 2.0, first["p99_ms"])
+    assert slow["verdict"].startswith("not flat") and "backlog" in slow["verdict"]
+    assert slow["p99_bound_ms"] == first["p99_bound_ms"] and slow["cpu_per_1k"] == 3.0
+    lossy = run("kazoo", "kazoo", 200, 0.01, True)
+    lossy.chains = ChainReport(records=2000, keys=30, missing=["a-1"])
+    assert ordering.throughput_row(lossy, 200.0, 2.0, None)["verdict"].startswith("not flat: output not exact: 1 missing")
+    diverged = run("unordered", "unordered", 200, 0.01, True)
+    diverged.chains = ChainReport(records=2000, keys=30, missing=["a-1"])
+    assert ordering.throughput_row(diverged, 200.0, 2.0, None)["verdict"] == "flat"  # unordered: speed only
+    res.throughput = [first, slow, ordering.error_row(ordering.Config("kazoo", "kazoo"), 200.0, TimeoutError("late"))]
+    assert list(res.throughput[2]) == list(ordering.THROUGHPUT_COLUMNS)
+    assert res.throughput[2]["verdict"] == "error: TimeoutError: late"
+    ordering.write_results(tmp_path, res, 400.0)
+    ordering.print_tables(res)
+    for name in ("latency.csv", "costs.png", "throughput.csv", "throughput.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    rows = list(csv.DictReader((tmp_path / "throughput.csv").open()))
+    assert [(r["config"], r["offered_rate"], r["verdict"][:8]) for r in rows] == [
+        ("off", "200.0", "flat"), ("off", "400.0", "not flat"), ("kazoo", "200.0", "error: T")]
+    assert list(csv.DictReader((tmp_path / "latency.csv").open()))[0]["cpu_per_1k"] == "3.0"
+
+
+def test_report_costs_table_with_and_without_the_new_files(tmp_path):
+    """Results from before the costs render as before (no Costs section, both items still "not measured");
+    with the cost columns and a throughput.csv the report has the Costs table and drops those items."""
+    from bench import report
+
+    ordering = tmp_path / "ordering"
+    ordering.mkdir()
+    old = [{"pipeline": 1, "config": "off", "offered_rate": 400.6, "p50_ms": 18.0, "p99_ms": 25.0, "throughput": 401.0,
+            "exact": "yes"},
+           {"pipeline": 1, "config": "liverobin 10ms", "offered_rate": 399.9, "p50_ms": 70.0, "p99_ms": 180.0,
+            "throughput": 400.0, "exact": "yes"},
+           {"pipeline": 3, "config": "off", "offered_rate": 400.0, "p50_ms": 30.0, "p99_ms": 60.0, "throughput": 399.0,
+            "exact": "yes"}]
+    write_csv(ordering / "latency.csv", old)
+    text = report.render(tmp_path, tmp_path / "REPORT.md")
+    assert "## Costs" not in text and "| off | 18 / 25 | 30 / 60 |" in text
+    assert "CPU and network bytes per configuration, the maximum sustainable throughput per configuration, and" in text
+
+    costs = [{"cpu_per_1k": 2.5, "cpu_bench_per_1k": 0.75, "net_bytes_per_record": 5432.1},
+             {"cpu_per_1k": 6.25, "cpu_bench_per_1k": 1.5, "net_bytes_per_record": 20000.0}, {}]
+    write_csv(ordering / "latency.csv", [{**r, "cpu_per_1k": "", "cpu_bench_per_1k": "", "net_bytes_per_record": "",
+                                          **c} for r, c in zip(old, costs, strict=True)])
+    text = report.render(tmp_path, tmp_path / "REPORT.md")
+    assert "| off | 401 | 2.50 | 0.75 | 5,432 | - | - |" in text
+    assert "| liverobin 10ms | 400 | 6.25 | 1.50 | 20,000 | - | - |" in text
+    assert "CPU and network bytes" not in text and "the maximum sustainable throughput per configuration" in text
+
+    write_csv(ordering / "throughput.csv", [
+        {"config": "off", "offered_rate": 200.0, "verdict": "flat"},
+        {"config": "off", "offered_rate": 400.0, "verdict": "flat"},
+        {"config": "liverobin 10ms", "offered_rate": 200.0, "verdict": "flat"},
+        {"config": "liverobin 10ms", "offered_rate": 400.0, "verdict": "not flat: p99 900 ms > 400 ms"},
+        {"config": "kazoo", "offered_rate": 200.0, "verdict": "error: TimeoutError: x"}])
+    text = report.render(tmp_path, tmp_path / "REPORT.md")
+    assert "| off | 401 | 2.50 | 0.75 | 5,432 | >= 400 | no rate tried failed |" in text
+    assert "| liverobin 10ms | 400 | 6.25 | 1.50 | 20,000 | 200 | 400/s: not flat: p99 900 ms > 400 ms |" in text
+    assert "| kazoo | - | - | - | - | < 200 | 200/s: error: TimeoutError: x |" in text
+    assert "maximum sustainable" not in text and "the BetterCloud-like and NEXMark-like workloads, and the same" in text
+    assert "| off | 18 / 25 | 30 / 60 |" in text  # the latency-by-length table is still there
