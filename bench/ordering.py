@@ -230,9 +230,11 @@ def failovers(per_instance: dict[str, InstanceMetrics], partitions: list[str], l
 
 def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: int, rate: float,
                 duration_s: float, status: StatusLine, kill_at_s: float | None = None,
-                probe: CostProbe | None = None) -> OrderedRun:
-    """Start the ordered job (``identity_maps=pipeline-1``), produce ``rate`` events/s for ``duration_s``
-    (2:1 into topics a and b), drain, read and verify the output; optionally kill the executor of
+                probe: CostProbe | None = None, parallelism: int = 2,
+                weights: tuple[int, int] = (2, 1)) -> OrderedRun:
+    """Start the ordered job (``identity_maps=pipeline-1``, the chain task at ``parallelism``), produce
+    ``rate`` events/s for ``duration_s`` (``weights`` a:b into topics a and b, 2:1 by default), drain,
+    read and verify the output; optionally kill the executor of
     ``config.victim`` (for KaZoo: of ``WATCHED``'s leader or follower at that moment) ``kill_at_s`` in.
     With a ``probe``, the run's costs (:func:`bench.common.cost_columns`) from the start of the load to
     the end of the drain, per 1,000 events produced."""
@@ -241,8 +243,8 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
     topic_a, topic_b, out = f"ord{stamp}-a", f"ord{stamp}-b", f"ord{stamp}-out"
     create_topics(bootstrap, {topic_a: 2, topic_b: 2})
     name = f"ord-{config.label.replace(' ', '')}-L{pipeline}-{stamp}"
-    handle = run(build_ordered_job(topic_a, topic_b, out, name=name, identity_maps=pipeline - 1),
-                 spark=spark, conf=config.conf(stack))
+    handle = run(build_ordered_job(topic_a, topic_b, out, name=name, identity_maps=pipeline - 1,
+                                   parallelism=parallelism), spark=spark, conf=config.conf(stack))
     handle.wait_started(120)
 
     counters = {"a": 0, "b": 0}
@@ -282,11 +284,11 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                 injected["what"] = f"kill failed: {type(err).__name__}: {err}"
         timer = threading.Timer(kill_at_s, inject)
         timer.start()
-    make_a = make("a")
+    streams = [(topic_a, make("a"))] * weights[0] + [(topic_b, make("b"))] * weights[1]
     before: CostSnapshot | None = probe.snapshot() if probe is not None else None
     load_start = time.time()
-    load = generate_load(bootstrap, [(topic_a, make_a), (topic_a, make_a), (topic_b, make("b"))],
-                         rate=rate, duration_s=duration_s, status=status, extra_status=job_status)
+    load = generate_load(bootstrap, streams, rate=rate, duration_s=duration_s, status=status,
+                         extra_status=job_status)
     load_end = time.time()
     if timer is not None:
         timer.join()

@@ -1,9 +1,9 @@
 """The benchmark suite at a size for a 2-core machine, then ``bench/REPORT.md``.
 
-    .venv/bin/python bench/suite.py [--only ordering,rhino,sss] [--results bench/results/suite]
+    .venv/bin/python bench/suite.py [--only ordering,mib,workloads,rhino,sss] [--results bench/results/suite]
 
 Steps (each one of the benchmark commands, run as it would be by hand, its own live status line
-on the terminal; about 25 minutes in all on 2 cores):
+on the terminal; about 35 minutes in all on 2 cores):
 
 * ``ordering``: ``bench/ordering.py`` at 400 events/s: latency of no replication, passive
   (checkpoint-restart), ``unordered``, ``liverobin`` (5, 10 and 50 ms) and ``kazoo`` at pipeline lengths
@@ -13,6 +13,11 @@ on the terminal; about 25 minutes in all on 2 cores):
   latency run; then the max sustainable throughput of ``off``, ``unordered``, ``liverobin 10ms`` and
   ``kazoo`` at L=1: 8 s runs at 200, 400, 800, 1,600 and 3,200 events/s, each ramp stopping at its first
   run that is not flat (about 4 minutes more).
+* ``mib``: ``bench/mib.py``: the paper's MiB 2 (the chain task at 1-4 partitions, 400 events/s) and MiB 3
+  (one merge, topic b at 5 events/s and topic a at 5, 50 and 500) in off, unordered, liverobin 10 ms
+  and kazoo (about 5 minutes).
+* ``workloads``: ``bench/workloads.py`` at 200 events/s: the BetterCloud-like application and the
+  NEXMark-like windowed join (state up to 20 MB) in every configuration (about 5 minutes).
 * ``rhino``: ``bench/rhino.py`` at 10 MB of state: the stateful partition's executor killed,
   active (two replicas) and passive.
 * ``sss``: ``bench/sss.py``: Spark Structured Streaming with the same kind of keyed state, an
@@ -42,6 +47,9 @@ STEPS = {
                  "--kill-modes", "off,passive,unordered,liverobin,kazoo-leader,kazoo-follower",
                  "--throughput-modes", "off,unordered,liverobin,kazoo", "--throughput-rates", "200,400,800,1600,3200",
                  "--throughput-duration", "8", "--throughput-period", "10"],
+    "mib": ["bench/mib.py", "--modes", "off,unordered,liverobin,kazoo", "--partitions", "1,2,3,4", "--rate", "400",
+            "--rates-a", "5,50,500", "--rate-b", "5", "--duration", "8"],
+    "workloads": ["bench/workloads.py", "--rate", "200", "--duration", "15", "--nexmark-state-mb", "20"],
     "rhino": ["bench/rhino.py", "--sizes", "10MB", "--latency-modes", ""],
     "sss": ["bench/sss.py", "--duration", "50", "--kill-at", "20"],
 }

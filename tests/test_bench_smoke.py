@@ -16,7 +16,8 @@ sys.path.insert(0, str(REPO))
 from bench.common import format_row, write_csv, write_machine  # noqa: E402
 
 
-@pytest.mark.parametrize("script", ["bench/baseline.py", "bench/kill_latency.py", "bench/ordering.py"])
+@pytest.mark.parametrize("script", ["bench/baseline.py", "bench/kill_latency.py", "bench/ordering.py", "bench/mib.py",
+                                    "bench/workloads.py", "bench/report.py"])
 def test_benchmark_command_parses_its_arguments(script):
     proc = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True,
                           timeout=120)
@@ -349,3 +350,47 @@ def test_report_costs_table_with_and_without_the_new_files(tmp_path):
     assert "| kazoo | - | - | - | - | < 200 | 200/s: error: TimeoutError: x |" in text
     assert "maximum sustainable" not in text and "the BetterCloud-like and NEXMark-like workloads, and the same" in text
     assert "| off | 18 / 25 | 30 / 60 |" in text  # the latency-by-length table is still there
+
+
+def test_mib_runs_and_weights():
+    from bench import mib
+
+    assert mib.mib3_weights(500, 5) == (100, 1) and mib.mib3_weights(5, 5) == (1, 1)
+    assert mib.mib3_weights(50, 20) == (5, 2)
+    args = mib.parse_args(["--modes", "off,liverobin", "--partitions", "1,4", "--rates-a", "5,500",
+                           "--rate-b", "5", "--period", "20"])
+    runs = mib.plan_runs(args)
+    assert [(r["shape"], r["config"].label, r["partitions"]) for r in runs] == [
+        ("MiB 2", "off", 1), ("MiB 2", "liverobin 20ms", 1), ("MiB 2", "off", 4), ("MiB 2", "liverobin 20ms", 4),
+        ("MiB 3", "off", 1), ("MiB 3", "liverobin 20ms", 1), ("MiB 3", "off", 1), ("MiB 3", "liverobin 20ms", 1)]
+    assert [(r["rate"], r["weights"]) for r in runs[4:]] == [(10.0, (1, 1))] * 2 + [(505.0, (100, 1))] * 2
+    with pytest.raises(SystemExit):
+        mib.parse_args(["--partitions", "0"])
+
+
+def test_report_mib_and_workloads_tables(tmp_path):
+    from bench import report
+
+    (tmp_path / "mib").mkdir()
+    (tmp_path / "workloads").mkdir()
+    write_csv(tmp_path / "mib" / "mib.csv", [
+        {"shape": "MiB 2", "partitions": 1, "rate_a": 266.7, "rate_b": 133.3, "config": "off", "p50_ms": 22.4,
+         "p99_ms": 34.5, "exact": "yes"},
+        {"shape": "MiB 2", "partitions": 1, "rate_a": 266.7, "rate_b": 133.3, "config": "unordered", "p50_ms": 30.0,
+         "p99_ms": 60.0, "exact": "no"},
+        {"shape": "MiB 3", "partitions": 1, "rate_a": 500.0, "rate_b": 5.0, "config": "off", "p50_ms": 20.0,
+         "p99_ms": 29.0, "exact": "yes"}])
+    write_csv(tmp_path / "workloads" / "workloads.csv", [
+        {"workload": "nexmark", "config": "kazoo", "p50_ms": 43.4, "p99_ms": 88.8, "throughput": 158.0, "exact": "yes",
+         "missing": 0, "duplicated": 0, "unexpected": 0, "wrong": 0, "broken": 0, "state_mb": 5.0,
+         "state_disk_peak_mb": 3.4, "outcome": "yes"},
+        {"workload": "bettercloud", "config": "unordered", "p50_ms": 26.1, "p99_ms": 36.8, "throughput": 189.0,
+         "exact": "no", "missing": 83, "duplicated": 71, "unexpected": 0, "wrong": 0, "broken": 1, "state_mb": "",
+         "state_disk_peak_mb": "", "outcome": "83 missing"}])
+    text = report.render(tmp_path, tmp_path / "REPORT.md")
+    assert "| configuration | MiB 2, 1 partition | MiB 3, a 500/s |" in text
+    assert "| off | 22 / 34 | 20 / 29 |" in text and "| unordered | 30 / 60 (inexact) | - |" in text
+    assert "| nexmark | kazoo | 43.4 | 88.8 | 158 | yes | 5.0 / 3.4 |" in text
+    assert "| bettercloud | unordered | 26.1 | 36.8 | 189 | no (83 missing, 71 duplicated, 1 broken) | - |" in text
+    assert "MiB 2 and MiB 3 shapes" not in text.split("## Not measured yet")[1]
+    assert "NEXMark-like workloads" not in text.split("## Not measured yet")[1]
