@@ -11,7 +11,8 @@ are in :mod:`liverobin.heartbeats` and depend on the log alone:
   still in flight); when two generators write the same ``h`` the first record wins for every
   reader and the loser simply goes on after it;
 * while no source partition grows it writes a pulse only once a second: with every record
-  already placed before the last pulse, no merge waits for another one;
+  already placed before the last pulse, no merge waits for another one (unless told to be
+  :meth:`eager`: a handover waits for pulses);
 * on a drain it writes one *final* pulse at the end offsets seen after the drain request; the
   sources end right after it, at the same position on both replicas.
 """
@@ -68,6 +69,7 @@ class HeartbeatGenerator:
         self.error: str | None = None
         self._stop = threading.Event()
         self._finish_at: float | None = None
+        self._eager_until = 0.0  # until then a pulse every period even while no partition grows
         self._thread: threading.Thread | None = None
 
     # -- control (any thread) ---------------------------------------------------------------
@@ -86,6 +88,11 @@ class HeartbeatGenerator:
         """Write the final pulse at the end offsets seen ``grace_s`` from now (a drain)."""
         if self._finish_at is None:
             self._finish_at = time.monotonic() + grace_s
+
+    def eager(self, seconds: float) -> None:
+        """Write a pulse every period for ``seconds`` even while no source partition grows (a
+        handover switches at a pulse: it should come at the period, not once a second)."""
+        self._eager_until = time.monotonic() + seconds
 
     @property
     def alive(self) -> bool:
@@ -165,7 +172,8 @@ class HeartbeatGenerator:
                         base.accept(r)
                 record, behind = next_pulse(base, ends, self.max_step, starts=self.starts,
                                             final=finishing, generator=self.name)
-                if (not record.final and record.offsets == base.offsets and now - last_write < IDLE_PULSE_EVERY_S):
+                if (not record.final and record.offsets == base.offsets and now - last_write < IDLE_PULSE_EVERY_S
+                        and now >= self._eager_until):
                     next_tick = max(next_tick + self.period_s, now)
                     continue
                 last_write = now

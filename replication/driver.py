@@ -9,12 +9,13 @@ aggregates the workers' metrics and carries the drain/stop commands.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig
+from replication.handovers import HandoverCoordinator
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import (
@@ -37,6 +39,7 @@ from replication.plan import (
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
 from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
+from rhino_state import HandoverState
 from rhino_state.manager import ReplicationManager
 
 log = logging.getLogger(__name__)
@@ -117,6 +120,7 @@ class JobMaster:
         self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
         self._peers: dict[str, rpc.Peer] = {}
         self.metrics_url: str | None = None  # the Prometheus endpoint, set by the JobHandle that serves it
+        self.handovers: HandoverCoordinator | None = None  # created by the first handover request
 
     # -- state changes (caller holds the condition unless noted) ---------------------------------
     def event(self, text: str) -> None:
@@ -165,6 +169,9 @@ class JobMaster:
             if ww != w:
                 continue
             self.lost.setdefault((t, p, r), now)
+            if self.handovers is not None:
+                for text in self.handovers.replica_lost((t, p, r)):
+                    self.event(text)
             if all((t, p, rr) in self.lost for rr in range(self.plan.replicas)):
                 name = self.plan.task(t).name
                 lost = f"both replicas of {name}[{p}] are" if self.replicated else f"{name}[{p}] (one instance) is"
@@ -254,6 +261,11 @@ class JobMaster:
             self._sink_progress(req.get("sinks", {}))
             reply = {"command": self.command, "dead": list(self.dead), "sinks": self._sink_roles(),
                      "finished": [w for w, r in self.reports.items() if r.get("status") == "finished"]}
+            if self.handovers is not None:
+                for text in self.handovers.on_acks(req.get("handover_acks", ())):
+                    self.event(text)
+                reply["handovers"] = self.handovers.view()
+                self._cond.notify_all()
             if self.rhino is not None:
                 self._checkpoint_reports(req.get("checkpoints", {}))
                 reply["rhino"] = self._rhino_view()
@@ -736,6 +748,66 @@ class JobHandle:
                      for (t, p, r), ww in sorted(self.placement.items()) if ww == w]
             lines.append(f"  worker {w} ({where}): {', '.join(names)}")
         return "\n".join(lines)
+
+    def move_vnodes(self, task: str, vnodes: Sequence[int], target: int, timeout: float = 60.0,
+                    margin_s: float = 0.5, release_s: float = 0.3) -> dict[str, Any]:
+        """Move ``vnodes`` of the keyed ``task`` to its partition ``target`` while the job runs
+        (docs/handover.md): every upstream reroutes them at a pulse about ``margin_s`` ahead, the
+        origin cuts their state and sends it to the target, which processes their records from
+        the pulse ``release_s`` later on.  Exactly once on both replicas.  Returns the handover's
+        id, pulses, state entries moved and duration; raises ValueError for a request it refuses
+        and TimeoutError if the handover did not complete within ``timeout``."""
+        tid = self._keyed_task(task)
+        period_ms = self.cfg.liverobin_heartbeat_period_ms
+        generators = [g for g in self.pulse_generators if g.alive]
+        if not generators:
+            raise ValueError("no heartbeat generator runs (start one with start_pulse_generator()): a handover "
+                             "switches at a pulse")
+        for gen in generators:
+            gen.eager(timeout)
+        master = self.master
+        started = time.monotonic()
+        with master._cond:
+            if master.handovers is None:
+                master.handovers = HandoverCoordinator(self.plan)
+            pulse = max(g.pulses.last_h for g in generators)
+            switch_at = pulse + max(5, math.ceil(margin_s * 1000 / period_ms))
+            release_at = switch_at + max(2, math.ceil(release_s * 1000 / period_ms))
+            order = master.handovers.start_move(tid, vnodes, target, switch_at, release_at)
+            master.event(f"handover {order.handover_id} of {task}: vnodes {sorted(vnodes)} to partition {target}, "
+                         f"switch at pulse {switch_at} (now about {pulse}), release at {release_at}")
+            done = master._cond.wait_for(
+                lambda: master.handovers.state(order.handover_id) in (HandoverState.COMPLETED,
+                                                                      HandoverState.ABORTED)
+                or master.failure is not None, timeout)
+            state = master.handovers.state(order.handover_id)
+            record = master.handovers.manager.record(order.handover_id)
+            for gen in generators:
+                gen.eager(0)
+            if not done:
+                raise TimeoutError(f"handover {order.handover_id} of {task} not completed within {timeout}s "
+                                   f"(state {state.value})")
+            if master.failure is not None:
+                raise JobFailedError(f"job failed during handover {order.handover_id}: {master.failure}")
+            return {"handover_id": order.handover_id, "state": state.value, "reason": record.reason,
+                    "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
+                    "entries_moved": master.handovers.moved_entries.get(order.handover_id, 0),
+                    "seconds": time.monotonic() - started}
+
+    def _keyed_task(self, task: str) -> int:
+        """The id of the keyed ``task``, or ValueError naming why it cannot be handed over (yet)."""
+        cfg = self.cfg
+        if cfg.mode != "liverobin" or cfg.rhino_enabled:
+            raise ValueError("moving vnodes at runtime needs spark.replication.mode=liverobin (its pulses are the "
+                             "switch points) and, for now, spark.replication.rhino.enabled=false (docs/handover.md)")
+        spec = next((t for t in self.plan.tasks if t.name == task), None)
+        if spec is None or spec.id not in self.plan.routing:
+            keyed = [t.name for t in self.plan.tasks if t.id in self.plan.routing]
+            raise ValueError(f"{task!r} is not a keyed task of job {self.job.name} (keyed tasks: {keyed})")
+        if any(n.kind == "window" for n in spec.chain):
+            raise ValueError(f"{task!r} has an event-time window: moving its vnodes is not supported yet "
+                             "(docs/handover.md)")
+        return spec.id
 
     def drain(self, timeout: float | None = None) -> JobResult:
         """Let the sources read to the current end of their partitions, flush every window,

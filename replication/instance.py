@@ -29,10 +29,11 @@ from replication.deadletter import describe_error
 from replication.dedup import Dedup
 from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
 from replication.framing import BatchHeader, decode_elements
+from replication.handovers import HandoverOrder, PartitionHandovers, RouterSwitches
 from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain, chain_operators
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
-from rhino_state import RocksDBStateBackend, StateContext
+from rhino_state import RocksDBStateBackend, StateContext, encode_key, key_group
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,14 @@ class PartitionInstance:
         self.sinks: list[Any] = []
         self.pending_control: tuple | None = None  # sink role from the job master, set by the worker
         self.num_key_groups = plan.num_key_groups
-        self.routing = plan.routing
+        keyed_outputs = {e.dst_task for e in task.outputs if e.partitioning == "hash"}
+        self.router_switches = RouterSwitches({t: plan.routing[t] for t in keyed_outputs}, plan.num_key_groups)
+        # handovers of this task's vnodes (origin and target roles), and the acks for the driver
+        self.handovers = (PartitionHandovers(task.id, partition, plan.num_key_groups, plan.routing[task.id].num_vnodes)
+                          if task.id in plan.routing else None)
+        self._handover_acks: list[tuple] = []
+        self._acked: set[tuple[int, str]] = set()
+        self._ack_lock = threading.Lock()
         self.metrics = InstanceMetrics()
         self.outputs: list[OutputChannel] = []
         self.stop_requested = threading.Event()
@@ -94,6 +102,34 @@ class PartitionInstance:
 
     def state_context(self, operator_name: str) -> StateContext:
         return StateContext(self.state_backend(), operator_name, self.num_key_groups)
+
+    # -- handovers (replication.handovers) --------------------------------------------------
+    def apply_handover(self, order: HandoverOrder) -> None:
+        """Worker thread: install, commit or cancel ``order`` in the roles this replica has in it."""
+        outcomes = []
+        if (self.task.id, self.partition) in order.upstreams:
+            outcomes.append(self.router_switches.arm(order))
+        if self.handovers is not None and order.task == self.task.id and \
+                self.partition in order.origins | order.targets:
+            outcomes.append(self.handovers.arm(order))
+        if "late" in outcomes:
+            self.handover_ack(order.handover_id, order.epoch, "late")
+        elif "armed" in outcomes:
+            self.handover_ack(order.handover_id, order.epoch, "armed")
+
+    def handover_ack(self, handover_id: int, epoch: int, kind: str, digest: str = "", entries: int = 0) -> None:
+        """Queue an acknowledgement for the driver (sent with the worker's next heartbeat), once."""
+        with self._ack_lock:
+            if (handover_id, kind) in self._acked:
+                return
+            self._acked.add((handover_id, kind))
+            self._handover_acks.append((handover_id, epoch, (self.task.id, self.partition, self.replica), kind,
+                                        digest, entries))
+
+    def take_handover_acks(self) -> list[tuple]:
+        with self._ack_lock:
+            acks, self._handover_acks = self._handover_acks, []
+        return acks
 
     # -- Rhino checkpoints ----------------------------------------------------------------
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
@@ -377,9 +413,15 @@ class ProcessingInstance(PartitionInstance):
 
     def _consume(self, channel: int, elements: list) -> None:
         """Run ``elements`` of ``channel`` through the chain; watermarks: the minimum over channels."""
-        chain, metrics, channel_wm = self.chain, self.metrics, self._channel_wm
+        chain, metrics, handovers = self.chain, self.metrics, self.handovers
+        gate = handovers if handovers is not None and handovers.gating else None
         for i, el in enumerate(elements):
             kind = el[0]
+            if gate is not None and kind in (DATA, WATERMARK):  # a handover's target holds the moved key groups
+                kg = key_group(encode_key(el[2]), self.num_key_groups) if kind == DATA else None
+                for ch, held in gate.gate((channel, el), kg):
+                    self._element(ch, held)
+                continue
             if kind == DATA:
                 metrics.records_in += 1
                 chain.process(el)
@@ -387,24 +429,71 @@ class ProcessingInstance(PartitionInstance):
             if kind == PULSE:
                 h = el[1]
                 if h > self._forwarded_pulse:  # first seen: forward in place (LiveRobin)
+                    if handovers is not None:
+                        if not self._handovers_at_pulse(h):
+                            return  # stopping while waiting for a handover
+                        gate = handovers if handovers.gating else None
                     self._forwarded_pulse = metrics.pulse = h
                     chain.on_pulse(h)
                     if self.checkpoint_every and h % self.checkpoint_every == 0:
                         self._checkpoint_at_pulse(h, channel, i + 1)
                 continue
-            if kind == WATERMARK:
-                if el[1] <= channel_wm[channel]:
-                    continue
-                channel_wm[channel] = el[1]
-            elif kind == END:
-                channel_wm[channel] = MAX_WATERMARK
-                self._open_channels.discard(channel)
-            new_wm = min(channel_wm.values())
-            if new_wm > self._current_wm:
-                self._current_wm = metrics.watermark = new_wm
-                if new_wm < MAX_WATERMARK:
-                    chain.on_watermark(new_wm)
+            self._element(channel, el)
         self._consumed[channel] += len(elements)
+
+    def _element(self, channel: int, el: tuple) -> None:
+        """One data, watermark or end element (not a pulse) into the chain."""
+        kind, channel_wm = el[0], self._channel_wm
+        if kind == DATA:
+            self.metrics.records_in += 1
+            self.chain.process(el)
+            return
+        if kind == WATERMARK:
+            if el[1] <= channel_wm[channel]:
+                return
+            channel_wm[channel] = el[1]
+        elif kind == END:
+            channel_wm[channel] = MAX_WATERMARK
+            self._open_channels.discard(channel)
+        new_wm = min(channel_wm.values())
+        if new_wm > self._current_wm:
+            self._current_wm = self.metrics.watermark = new_wm
+            if new_wm < MAX_WATERMARK:
+                self.chain.on_watermark(new_wm)
+
+    def _handovers_at_pulse(self, h: int) -> bool:
+        """Before forwarding pulse ``h``: cut what this origin gives away (h = P + 1), load what this
+        target gets and process the records it held (h = R).  False: stopping while waiting."""
+        handovers = self.handovers
+        assert handovers is not None
+        stopping = self.stop_requested.is_set
+        cuts, releases = handovers.at_pulse(h)
+        for order in cuts:
+            decided = handovers.decided(order.handover_id, stopping)
+            if decided is None:
+                return False
+            step = handovers.step(order.handover_id)
+            if not decided:
+                if step is not None:
+                    handovers.drop(step)
+                continue
+            entries, digest = handovers.cut(order, self.state_backend())
+            self.worker.send_handover_state(order, entries)
+            self.handover_ack(order.handover_id, order.epoch, "cut", digest, len(entries))
+        for step in releases:
+            decided = handovers.decided(step.order.handover_id, stopping)
+            if decided is None:
+                return False
+            if decided:
+                held = handovers.release(step, self.state_backend(), stopping)
+                if held is None:
+                    return False
+                self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=len(step.state or ()))
+            else:
+                held = handovers.drop(step)
+            for ch, el in held:
+                self._element(ch, el)
+        return True
 
     def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:
         """Checkpoint right after pulse ``h``: both replicas consumed the same prefix by then

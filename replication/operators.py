@@ -262,7 +262,7 @@ class Router(Operator):
         # per output edge: (OutputEdge, [OutputChannel by destination partition], round-robin counter)
         self.edges = [[edge, chans, 0] for edge, chans in edges]
         self.num_key_groups = env.num_key_groups
-        self.routing = env.routing
+        self.switches = env.router_switches  # routing tables per keyed destination, switched by handovers
 
     def process(self, rec: tuple) -> None:
         sent = False
@@ -275,7 +275,7 @@ class Router(Operator):
                 except Exception as exc:  # noqa: BLE001
                     self.dead_letter(rec, "key_by: " + describe_error(exc))
                     continue
-                part = self.routing[edge.dst_task].partition_of_key_group(kg, self.num_key_groups)
+                part = self.switches.partition_of(edge.dst_task, kg)
                 chans[part].emit((DATA, rec[1], key, rec[3], rec[4], rec[5]))
             elif edge.partitioning == "forward":
                 if edge.key_fn is None:
@@ -305,6 +305,9 @@ class Router(Operator):
         for _, chans, _ in self.edges:
             for ch in chans:
                 ch.emit(element)  # no flush: pulses ride in the data batches (tiny batches fill queues)
+        # a handover switches the routing right after its pulse, on both replicas alike
+        for handover_id, epoch in self.switches.on_pulse(h, self.env.stop_requested.is_set):
+            self.env.handover_ack(handover_id, epoch, "switched")
 
     def on_end(self) -> None:
         for _, chans, _ in self.edges:

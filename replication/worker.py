@@ -38,6 +38,7 @@ from replication.channels import OutputChannel, PushLink, receive_pushes
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
+from replication.handovers import HandoverOrder
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.plan import Instance, PhysicalPlan, ReplicaId
 from replication.spark_cluster import current_executor_id, local_advertise_host
@@ -101,6 +102,7 @@ class Worker:
         self._ready = threading.Event()
         self._peers: dict[str, rpc.Peer] = {}
         self._links: dict[tuple[int, str], PushLink] = {}  # (worker, address) -> the pushes to it
+        self._unsent_acks: list[tuple] = []  # handover acks of the hosted replicas, for the next heartbeat
         self._stopping = threading.Event()
         self.dead_workers: set[int] = set()
         self.finished_workers: set[int] = set()
@@ -311,6 +313,41 @@ class Worker:
             self._peers[address] = rpc.Peer(address)
         return self._peers[address]
 
+    # -- handovers: instructions from the job master, the cut state between replicas ------------
+    def _apply_handovers(self, orders: list[dict]) -> None:
+        for wire in orders:
+            order = HandoverOrder.from_wire(wire)
+            for inst in list(self.instances.values()):
+                inst.apply_handover(order)
+
+    def send_handover_state(self, order: HandoverOrder, entries: list) -> None:
+        """An origin's cut of ``order``'s vnodes, to every live replica of each target partition."""
+        targets = {m.target for m in order.moves}
+        for target in sorted(targets):
+            mine = [e for e in entries if order.table.partition_of_key_group(e[0], self.plan.num_key_groups) == target]
+            req = {"handover": order.handover_id, "task": order.task, "partition": target, "entries": mine}
+            for r in range(self.plan.replicas):
+                w = self.boot.placement[(order.task, target, r)]
+                if w in self.dead_workers:
+                    continue
+                try:
+                    if w == self.index:
+                        self._handover_state(req)
+                    else:
+                        self._peer(self._addresses[w]).call("HandoverState", req, timeout=30)
+                except Exception as exc:  # noqa: BLE001 - the other target replica carries the handover
+                    log.warning("handover %d: state for %s[%d] not delivered to worker %d: %s", order.handover_id,
+                                self.plan.task(order.task).name, target, w, exc)
+
+    def _handover_state(self, req: dict) -> dict:
+        if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
+            raise RuntimeError(f"worker {self.index} not ready")
+        inst = self.instances.get((req["task"], req["partition"]))
+        if inst is None or inst.handovers is None:
+            raise ValueError(f"worker {self.index} hosts no replica of ({req['task']}, {req['partition']})")
+        inst.handovers.state_arrived(req["handover"], req["entries"])
+        return {}
+
     def _apply(self, reply: dict) -> None:
         """Dead workers and sink roles from the job master."""
         for w in set(reply.get("dead", ())) - self.dead_workers:
@@ -323,6 +360,8 @@ class Worker:
                 ch.retire(r)
         for inst in list(self.instances.values()):
             self._apply_roles(reply.get("sinks", {}), inst)
+        if reply.get("handovers"):
+            self._apply_handovers(reply["handovers"])
         if self.checkpoints is not None and "rhino" in reply:
             self._apply_moves(reply["rhino"].get("moves", {}))
             self.checkpoints.apply_view(reply["rhino"])
@@ -335,7 +374,7 @@ class Worker:
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        handlers = {"PushMany": self._push_many}
+        handlers = {"PushMany": self._push_many, "HandoverState": rpc.pickled(self._handover_state)}
         if self.checkpoints is not None:
             handlers.update(self.checkpoints.handlers())
             handlers["Restore"] = rpc.pickled(self.restore)
@@ -425,11 +464,17 @@ class Worker:
             req["checkpoints"] = self.checkpoints.report()
         if with_metrics:
             req["metrics"] = self._metrics()
+        for inst in list(self.instances.values()):
+            self._unsent_acks += inst.take_handover_acks()
+        if self._unsent_acks:
+            req["handover_acks"] = list(self._unsent_acks)
         try:
-            return master.call("Heartbeat", req, timeout=5)
+            reply = master.call("Heartbeat", req, timeout=5)
         except grpc.RpcError as err:
             log.warning("heartbeat failed: %s", err.code())
             return None
+        self._unsent_acks = []
+        return reply
 
     def _serve(self, master: rpc.Peer) -> dict[str, Any]:
         """Heartbeat until every instance finished or the driver says stop (or evicts us)."""

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from replication.api import Job
 from replication.elements import DATA, END, END_ELEMENT, MAX_WATERMARK, WATERMARK, record
 from replication.functions import Aggregator, KeyedProcessFunction
+from replication.handovers import HandoverOrder, RouterSwitches
 from replication.metrics import InstanceMetrics
 from replication.operators import (
     FilterOperator,
@@ -32,7 +35,15 @@ from replication.operators import (
     build_chain,
 )
 from replication.plan import OutputEdge, plan_job
-from rhino_state import RocksDBStateBackend, RoutingTable, StateContext, encode_key, key_group, vnode_of
+from rhino_state import (
+    RocksDBStateBackend,
+    RoutingTable,
+    StateContext,
+    VnodeMove,
+    encode_key,
+    key_group,
+    vnode_of,
+)
 
 G = 128  # key groups
 
@@ -74,9 +85,15 @@ class FakeEnv:
         self.backend = backend
         self.num_key_groups = G
         self.routing = routing or {}
+        self.router_switches = RouterSwitches(self.routing, G)
+        self.stop_requested = threading.Event()
+        self.acks: list[tuple] = []
         self.producer = producer if producer is not None else FakeProducer()
         self.dead_letters: list[dict] = []
         self.flushed: list[Any] = []
+
+    def handover_ack(self, handover_id: int, epoch: int, kind: str, digest: str = "", entries: int = 0) -> None:
+        self.acks.append((handover_id, epoch, kind))
 
     def dead_letter(self, **kw) -> None:
         self.metrics.dead_lettered += 1
@@ -613,6 +630,59 @@ def test_router_follows_a_moved_routing_table():
     for i in range(30):
         router.process(rec(i))
     assert chans[0].elements == [] and [e[1] for e in chans[1].data] == list(range(30))
+
+
+def _order(table: RoutingTable, moved: RoutingTable, vnodes: list[int], target: int, switch_at: int, *,
+           committed: bool = False, cancelled: bool = False) -> HandoverOrder:
+    origin = table.partition_of_vnode(vnodes[0])
+    return HandoverOrder(1, moved.epoch, 3, moved, tuple(VnodeMove(v, origin, target) for v in vnodes), switch_at,
+                         switch_at + 5, frozenset({(0, 0)}), committed, cancelled)
+
+
+def test_router_switches_its_table_right_after_the_handover_pulse():
+    """Both replicas of an upstream reroute at the same element: the records after pulse P."""
+    table = RoutingTable.uniform(8, 2)
+    moved = table.moved(range(8), 1)  # epoch 1: everything on partition 1
+    env = FakeEnv(routing={3: table})
+    chans = [FakeChannel(i) for i in range(2)]
+    router = Router("r", env, [(_edge("hash", 3, 2, key_fn=str), chans)])
+    assert env.router_switches.arm(_order(table, moved, list(table.vnodes_of(0)), 1, switch_at=5,
+                                          committed=True)) == "armed"
+    for h in range(1, 6):
+        for i in range(10):
+            router.process(rec(h * 100 + i))
+        router.on_pulse(h)
+    before = [e[1] for e in chans[0].data]
+    assert before and all(v < 600 for v in before)
+    for i in range(10):
+        router.process(rec(600 + i))
+    assert [e[1] for e in chans[0].data] == before  # nothing more to partition 0 after pulse 5
+    assert env.acks == [(1, 1, "switched")]
+    assert env.router_switches.arm(_order(table, moved, list(table.vnodes_of(0)), 1, switch_at=4)) == "armed"  # known
+    later = moved.moved([0], 0)  # epoch 2, switching at pulse 5, which was already forwarded
+    assert env.router_switches.arm(HandoverOrder(2, later.epoch, 3, later, (VnodeMove(0, 1, 0),), 5, 9,
+                                                 frozenset({(0, 0)}))) == "late"
+
+
+def test_router_waits_at_an_uncommitted_switch_until_the_commit_or_the_cancel():
+    table = RoutingTable.uniform(8, 2)
+    moved = table.moved(range(4), 1)
+    for word in ("commit", "cancel"):
+        env = FakeEnv(routing={3: table})
+        chans = [FakeChannel(i) for i in range(2)]
+        router = Router("r", env, [(_edge("hash", 3, 2, key_fn=str), chans)])
+        order = _order(table, moved, [0, 1, 2, 3], 1, switch_at=2)
+        assert env.router_switches.arm(order) == "armed"
+        router.on_pulse(1)
+        t = threading.Thread(target=router.on_pulse, args=(2,), daemon=True)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive()  # blocked at pulse 2: nobody knows yet whether the switch happens
+        env.router_switches.arm(replace(order, committed=word == "commit", cancelled=word == "cancel"))
+        t.join(5)
+        assert not t.is_alive()
+        assert env.acks == ([(1, 1, "switched")] if word == "commit" else [])
+        assert env.router_switches.partition_of(3, 0) == (1 if word == "commit" else 0)
 
 
 def test_router_key_fn_error_dead_letters_only_that_edge():

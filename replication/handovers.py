@@ -1,0 +1,413 @@
+"""The runtime side of a vnode handover (docs/handover.md), LiveRobin mode: what a replica does
+with an instruction of :class:`rhino_state.handover.HandoverManager`, at positions both replicas
+of a partition share (pulses), and the I/O at its edges.
+
+Roles of a replica in one handover (an instance may have several):
+
+* **upstream** (routes to the keyed task): its :class:`RouterSwitches` arms the new routing
+  table at pulse ``P``; right after forwarding pulse ``P`` it switches (waiting there for the
+  commit, or the cancel, if neither came yet) and acks SWITCHED;
+* **origin** (loses the vnodes): when it forwards pulse ``P + 1`` for the first time, its merge
+  has completed cycle ``P``: every record routed to it under the old table is consumed.  It cuts
+  the moved key groups out of its state (read, then deleted), sends them to both replicas of
+  the target and acks CUT with their digest;
+* **target** (gains the vnodes): from the commit on it holds the records of the moved key groups
+  (:class:`rhino_state.handover.TargetGate`); at pulse ``R`` (before forwarding it) it waits for the
+  state if it has not arrived, loads it, processes the held records in arrival order and acks
+  LOADED.
+
+``R = P + k`` (``k >= 2``) is fixed in the instruction: a target stalled at ``R`` cannot deadlock the
+origin's cut (docs/handover.md, "A simpler LiveRobin release point"), so no release record has
+to be placed in the heartbeat log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rhino_state import (
+    AckKind,
+    AckOutcome,
+    HandoverAck,
+    HandoverManager,
+    HandoverState,
+    LateInstructionError,
+    MoveRequest,
+    RocksDBStateBackend,
+    RoutingTable,
+    SwitchNotCommittedError,
+    TargetGate,
+    VersionedRouter,
+    VnodeMove,
+    cut_key_groups,
+    load_key_groups,
+)
+
+Instance = tuple[int, int]
+ReplicaId = tuple[int, int, int]
+# (handover id, epoch, kind, digest): what a replica reports through its worker's heartbeat
+Ack = tuple[int, int, str, str]
+
+# How often a replica blocked at a handover position looks at its stop flag.
+WAIT_SLICE_S = 0.05
+
+
+@dataclass(frozen=True)
+class HandoverOrder:
+    """One handover as the driver shows it to every worker (JSON-friendly in ``to_wire``)."""
+
+    handover_id: int
+    epoch: int
+    task: int
+    table: RoutingTable
+    moves: tuple[VnodeMove, ...]
+    switch_at: int  # pulse P: upstreams route with ``table`` after forwarding it
+    release_at: int  # pulse R: targets load and release before forwarding it
+    upstreams: frozenset[Instance]
+    committed: bool = False
+    cancelled: bool = False
+
+    @property
+    def origins(self) -> frozenset[int]:
+        return frozenset(m.origin for m in self.moves)
+
+    @property
+    def targets(self) -> frozenset[int]:
+        return frozenset(m.target for m in self.moves)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.handover_id, "epoch": self.epoch, "task": self.task, "table": self.table.to_dict(),
+                "moves": [(m.vnode, m.origin, m.target) for m in self.moves], "switch_at": self.switch_at,
+                "release_at": self.release_at, "upstreams": sorted(self.upstreams),
+                "committed": self.committed, "cancelled": self.cancelled}
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> HandoverOrder:
+        return cls(d["id"], d["epoch"], d["task"], RoutingTable.from_dict(d["table"]),
+                   tuple(VnodeMove(*m) for m in d["moves"]), d["switch_at"], d["release_at"],
+                   frozenset(tuple(u) for u in d["upstreams"]), d["committed"], d["cancelled"])
+
+
+class RouterSwitches:
+    """An upstream replica's routing to every keyed task it feeds, switched at pulses.
+
+    The worker thread arms, commits and cancels; the instance thread routes and calls
+    :meth:`on_pulse` after forwarding each pulse (both under one lock)."""
+
+    def __init__(self, tables: Mapping[int, RoutingTable], num_key_groups: int) -> None:
+        self._routers = {task: VersionedRouter(table, num_key_groups) for task, table in tables.items()}
+        self._ids: dict[tuple[int, int], tuple[int, int]] = {}  # (task, epoch) -> (handover id, epoch)
+        self._lock = threading.Condition()
+
+    @property
+    def tasks(self) -> frozenset[int]:
+        return frozenset(self._routers)
+
+    def partition_of(self, task: int, key_group: int) -> int:
+        router = self._routers[task]
+        return router.table.partition_of_key_group(key_group, router.num_key_groups)
+
+    def arm(self, order: HandoverOrder) -> str:
+        """Install, commit or cancel ``order``'s switch: "armed", "late" (pulse P was already
+        forwarded) or "cancelled"."""
+        with self._lock:
+            router = self._routers[order.task]
+            if order.cancelled:
+                router.cancel(order.handover_id)
+                self._lock.notify_all()
+                return "cancelled"
+            try:
+                router.arm(order.handover_id, order.table, order.switch_at, committed=order.committed)
+            except LateInstructionError:
+                return "late"
+            self._ids[(order.task, order.table.epoch)] = (order.handover_id, order.epoch)
+            if order.committed:
+                router.commit(order.handover_id)
+                self._lock.notify_all()
+            return "armed"
+
+    def on_pulse(self, h: int, stopping: Callable[[], bool]) -> list[tuple[int, int]]:
+        """Pulse ``h`` was forwarded: apply the switches due (waiting for their commit or cancel);
+        returns the (handover id, epoch) of those applied."""
+        switched = []
+        with self._lock:
+            for task, router in self._routers.items():
+                while True:
+                    try:
+                        tables = router.advance(h)
+                    except SwitchNotCommittedError:
+                        if stopping():
+                            return switched
+                        self._lock.wait(WAIT_SLICE_S)
+                        continue
+                    switched += [self._ids.pop((task, t.epoch)) for t in tables if (task, t.epoch) in self._ids]
+                    break
+        return switched
+
+
+@dataclass
+class _Step:
+    order: HandoverOrder
+    gate: TargetGate | None = None  # target role
+    cut_pending: bool = False  # origin role
+    state: list[tuple[int, bytes, bytes]] | None = None  # target: the origin's cut, once it arrived
+
+
+class PartitionHandovers:
+    """The origin and target roles of one replica of a keyed task's partition.
+
+    A target gates the moved key groups from the moment it armed (records of them only come
+    after an upstream switched, which needs the commit, but this replica may hear of the
+    commit later than they arrive).  At its cut (P + 1) or release (R) point a replica that
+    does not know yet whether the handover was committed or cancelled waits for the word."""
+
+    def __init__(self, task: int, partition: int, num_key_groups: int, num_vnodes: int) -> None:
+        self.task, self.partition = task, partition
+        self.num_key_groups, self.num_vnodes = num_key_groups, num_vnodes
+        self._steps: dict[int, _Step] = {}
+        self._cond = threading.Condition()
+        self.position = 0  # the last pulse forwarded
+        self.moved_entries = 0  # state entries cut or loaded here
+        self.held_records = 0
+
+    # -- worker thread ------------------------------------------------------------------------
+    def arm(self, order: HandoverOrder) -> str:
+        """Install, commit or cancel ``order``: "armed", "late" (past its position) or "cancelled"."""
+        with self._cond:
+            step = self._steps.get(order.handover_id)
+            if order.cancelled:
+                if step is not None:
+                    step.order = order
+                    self._cond.notify_all()
+                return "cancelled"
+            if step is None:
+                origin, target = self.partition in order.origins, self.partition in order.targets
+                if (origin and self.position > order.switch_at) or (target and self.position >= order.release_at):
+                    return "late"
+                step = self._steps[order.handover_id] = _Step(order, cut_pending=origin)
+                if target:
+                    step.gate = TargetGate(order.handover_id, load_key_groups(
+                        order.moves, self.partition, self.num_key_groups, self.num_vnodes))
+            elif order.committed and not step.order.committed:
+                step.order = order
+                self._cond.notify_all()
+            return "armed"
+
+    def state_arrived(self, handover_id: int, entries: list[tuple[int, bytes, bytes]]) -> None:
+        """The origin's cut of ``handover_id`` (from either origin replica: the first one counts)."""
+        with self._cond:
+            step = self._steps.get(handover_id)
+            if step is not None and step.gate is not None and step.state is None:
+                step.state = entries
+                self._cond.notify_all()
+
+    # -- instance thread ----------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return bool(self._steps)
+
+    @property
+    def gating(self) -> bool:
+        return any(s.gate is not None for s in self._steps.values())
+
+    def gate(self, element: Any, key_group: int | None) -> tuple[Any, ...]:
+        """Offer an input element (data with its key group, or None for a watermark) to every
+        target step; what to process now, in order."""
+        out: tuple[Any, ...] = (element,)
+        for step in list(self._steps.values()):
+            if step.gate is None:
+                continue
+            nxt: tuple[Any, ...] = ()
+            for el in out:
+                taken = step.gate.admit(el, key_group).process
+                self.held_records += len(taken) == 0
+                nxt += taken
+            out = nxt
+        return out
+
+    def at_pulse(self, h: int) -> tuple[list[HandoverOrder], list[_Step]]:
+        """Pulse ``h`` is being forwarded for the first time: the cuts (h = P + 1) and releases
+        (h = R) due here."""
+        self.position = h
+        if not self._steps:
+            return [], []
+        with self._cond:
+            cuts = [s.order for s in self._steps.values() if s.cut_pending and h == s.order.switch_at + 1]
+            releases = [s for s in self._steps.values() if s.gate is not None and h == s.order.release_at]
+        return cuts, releases
+
+    def decided(self, handover_id: int, stopping: Callable[[], bool]) -> bool | None:
+        """Wait until ``handover_id`` is committed (True) or cancelled (False); None: stopping."""
+        with self._cond:
+            while True:
+                order = self._steps[handover_id].order
+                if order.cancelled or order.committed:
+                    return order.committed
+                if stopping():
+                    return None
+                self._cond.wait(WAIT_SLICE_S)
+
+    def cut(self, order: HandoverOrder, backend: RocksDBStateBackend) -> tuple[list[tuple[int, bytes, bytes]], str]:
+        """Take the moved key groups out of the state: their entries and a digest of them."""
+        backend.flush()
+        entries: list[tuple[int, bytes, bytes]] = []
+        for groups in cut_key_groups(order.moves, self.partition, self.num_key_groups, self.num_vnodes):
+            entries += list(backend.iter_key_groups(groups))
+        for kg, rest, _ in entries:
+            backend.delete(kg, rest)
+        self.moved_entries += len(entries)
+        self._finish(order.handover_id, origin=True)
+        return entries, _digest(entries)
+
+    def release(self, step: _Step, backend: RocksDBStateBackend,
+                stopping: Callable[[], bool]) -> tuple[Any, ...] | None:
+        """At pulse R of a committed handover: wait for the state, load it, and hand back the
+        held elements (None: stopping)."""
+        assert step.gate is not None
+        with self._cond:
+            while step.state is None:
+                if stopping():
+                    return None
+                self._cond.wait(WAIT_SLICE_S)
+        for kg, rest, value in step.state:
+            backend.put(kg, rest, value)
+        self.moved_entries += len(step.state)
+        step.gate.loaded()
+        held = step.gate.release().process
+        self._finish(step.order.handover_id, origin=False)
+        return held
+
+    def drop(self, step: _Step) -> tuple[Any, ...]:
+        """A cancelled handover: stop gating (nothing of it can have been held: no upstream switched)."""
+        held = ()
+        if step.gate is not None:
+            step.gate.loaded()
+            held = step.gate.release().process
+        with self._cond:
+            self._steps.pop(step.order.handover_id, None)
+        return held
+
+    def step(self, handover_id: int) -> _Step | None:
+        with self._cond:
+            return self._steps.get(handover_id)
+
+    def _finish(self, handover_id: int, *, origin: bool) -> None:
+        with self._cond:
+            step = self._steps.get(handover_id)
+            if step is None:
+                return
+            if origin:
+                step.cut_pending = False
+            else:
+                step.gate = None
+            if not step.cut_pending and step.gate is None:
+                del self._steps[handover_id]
+
+
+def _digest(entries: Iterable[tuple[int, bytes, bytes]]) -> str:
+    h = hashlib.sha256()
+    for kg, rest, value in sorted(entries):
+        h.update(kg.to_bytes(2, "big") + len(rest).to_bytes(4, "big") + rest + len(value).to_bytes(4, "big") + value)
+    return h.hexdigest()
+
+
+class HandoverCoordinator:
+    """Driver side: the :class:`HandoverManager`, the orders every worker is shown, and the acks the
+    workers send back (the job master calls it under its lock; no I/O here)."""
+
+    def __init__(self, plan: Any) -> None:
+        upstreams: dict[int, list[Instance]] = {t: [] for t in plan.routing}
+        for task in plan.tasks:
+            for edge in task.outputs:
+                if edge.partitioning == "hash" and edge.dst_task in upstreams:
+                    upstreams[edge.dst_task] += [(task.id, p) for p in range(task.parallelism)]
+        self.plan = plan
+        self.manager = HandoverManager(plan.routing, upstreams, replicas=plan.replicas)
+        self.orders: dict[int, HandoverOrder] = {}
+        self.moved_entries: dict[int, int] = {}  # handover id -> state entries cut (one origin replica each)
+        self._deferred: list[HandoverAck] = []  # LOADED acks that came before the release was placed
+
+    def start_move(self, task: int, vnodes: Iterable[int], target: int, switch_at: int,
+                   release_at: int) -> HandoverOrder:
+        """Plan and instruct the move of ``vnodes`` of ``task`` to partition ``target`` at pulse
+        ``switch_at`` (the targets release at ``release_at``); raises ValueError for a bad request."""
+        if release_at < switch_at + 2:
+            raise ValueError(f"release pulse {release_at} must be at least 2 after the switch {switch_at}")
+        job = self.manager.submit(MoveRequest(task, tuple(vnodes), target))
+        instruction = self.manager.instruct_next(job.job_id, switch_at)
+        if instruction is None:
+            raise ValueError(f"task {task}: another handover is not committed yet, or a participant is lost")
+        order = HandoverOrder(instruction.handover_id, instruction.epoch, task, instruction.table,
+                              instruction.moves, switch_at, release_at, instruction.participants["upstream"])
+        self.orders[order.handover_id] = order
+        return order
+
+    def on_acks(self, acks: Iterable[tuple]) -> list[str]:
+        """Feed the acks of one heartbeat; commits, releases and completions follow.  Returns what
+        happened, for the job's event log."""
+        events: list[str] = []
+        for hid, epoch, replica, kind, digest, entries in acks:
+            ack = HandoverAck(hid, epoch, tuple(replica), AckKind(kind), 0, digest)
+            rec = self.manager.records.get(hid)
+            if ack.kind is AckKind.LOADED and rec is not None and not rec.released:
+                self._deferred.append(ack)
+                continue
+            outcome = self.manager.ack(ack)
+            if ack.kind is AckKind.CUT and outcome is AckOutcome.ACCEPTED:
+                self.moved_entries[hid] = max(self.moved_entries.get(hid, 0), entries)
+            events += self._advance(hid)
+        return events
+
+    def _advance(self, hid: int) -> list[str]:
+        rec = self.manager.records.get(hid)
+        order = self.orders.get(hid)
+        if rec is None or order is None:
+            return []
+        name = self.plan.task(order.task).name
+        events = []
+        if rec.state is HandoverState.ARMED:
+            self.manager.commit(hid)
+            self.orders[hid] = order = replace(order, committed=True)
+            events.append(f"handover {hid} of {name}: every participant armed; committed (switch at pulse "
+                          f"{order.switch_at}, release at {order.release_at})")
+        if rec.state is HandoverState.ABORTED and not order.cancelled:
+            self.orders[hid] = replace(order, cancelled=True)
+            events.append(f"handover {hid} of {name} cancelled: {rec.reason}")
+        if _ORDER_OF[rec.state] >= _ORDER_OF[HandoverState.CUT] and rec.state is not HandoverState.ABORTED \
+                and not rec.released:
+            self.manager.release(hid)
+            events.append(f"handover {hid} of {name}: the origins cut {self.moved_entries.get(hid, 0)} state "
+                          "entries")
+            deferred, self._deferred = [a for a in self._deferred if a.handover_id == hid], \
+                [a for a in self._deferred if a.handover_id != hid]
+            for ack in deferred:
+                self.manager.ack(ack)
+        if rec.state is HandoverState.COMPLETED and hid in self.orders:
+            del self.orders[hid]
+            events.append(f"handover {hid} of {name} completed: vnodes "
+                          f"{sorted(m.vnode for m in order.moves)} now on partition(s) {sorted(order.targets)}")
+        return events
+
+    def replica_lost(self, replica: ReplicaId) -> list[str]:
+        """A replica's worker died: handovers not committed yet are cancelled (clean)."""
+        events = []
+        for cancel in self.manager.replica_lost(replica):
+            order = self.orders.get(cancel.handover_id)
+            if order is not None and not order.cancelled:
+                self.orders[cancel.handover_id] = replace(order, cancelled=True)
+                events.append(f"handover {cancel.handover_id} cancelled: {cancel.reason}")
+        return events
+
+    def state(self, hid: int) -> HandoverState:
+        return self.manager.record(hid).state
+
+    def view(self) -> list[dict[str, Any]]:
+        """What every heartbeat reply carries: the handovers not completed (cancelled ones too)."""
+        return [o.to_wire() for o in self.orders.values()]
+
+
+_ORDER_OF = {s: i for i, s in enumerate(HandoverState)}

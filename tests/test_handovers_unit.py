@@ -1,0 +1,162 @@
+"""The runtime side of a handover without Spark: a replica's origin and target roles on a real
+RocksDB backend, and the driver's coordinator fed acks (replication.handovers)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import pytest
+
+from replication.elements import DATA, WATERMARK
+from replication.examples.ordered import build_ordered_job
+from replication.handovers import HandoverCoordinator, HandoverOrder, PartitionHandovers
+from replication.plan import plan_job
+from rhino_state import RocksDBStateBackend, RoutingTable, VnodeMove, vnode_key_groups
+
+G, V = 64, 8  # 8 key groups per vnode
+
+
+def _order(*, origin: int = 0, target: int = 1, vnodes=(0, 1), switch_at: int = 10, release_at: int = 14,
+           committed: bool = False, cancelled: bool = False) -> HandoverOrder:
+    table = RoutingTable.uniform(V, 2)
+    moved = table.moved(vnodes, target)
+    return HandoverOrder(7, moved.epoch, 3, moved, tuple(VnodeMove(v, origin, target) for v in vnodes), switch_at,
+                         release_at, frozenset({(1, 0), (1, 1)}), committed, cancelled)
+
+
+def _kg(vnode: int, i: int = 0) -> int:
+    return vnode_key_groups(vnode, G, V)[i]
+
+
+@pytest.fixture
+def backend(tmp_path):
+    b = RocksDBStateBackend(str(tmp_path / "db"))
+    yield b
+    b.close()
+
+
+def test_the_origin_cuts_exactly_the_moved_key_groups_at_the_pulse_after_the_switch(backend, tmp_path):
+    moved = [(_kg(0, 1), b"a", b"1"), (_kg(1, 7), b"b", b"2")]
+    kept = [(_kg(2), b"c", b"3"), (_kg(3, 4), b"d", b"4")]
+    for kg, rest, value in moved + kept:
+        backend.put(kg, rest, value)
+    ho = PartitionHandovers(3, 0, G, V)
+    assert ho.arm(_order()) == "armed"
+    assert not ho.gating  # an origin holds nothing
+    assert ho.at_pulse(10) == ([], [])  # pulse P: records before it may still come
+    cuts, releases = ho.at_pulse(11)
+    assert [o.handover_id for o in cuts] == [7] and releases == []
+    stop = threading.Event()
+    waiter = threading.Thread(target=lambda: stop.set() if ho.decided(7, lambda: False) else None)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # not known yet whether it was committed: the origin waits
+    ho.arm(_order(committed=True))
+    waiter.join(5)
+    assert stop.is_set()
+    entries, digest = ho.cut(cuts[0], backend)
+    assert sorted(entries) == sorted(moved)
+    assert [backend.get(kg, rest) for kg, rest, _ in moved] == [None, None]
+    assert [backend.get(kg, rest) for kg, rest, _ in kept] == [b"3", b"4"]
+    assert not ho.active
+    twin = RocksDBStateBackend(str(tmp_path / "twin"))  # the other origin replica, same state written in another order
+    for kg, rest, value in reversed(moved + kept):
+        twin.put(kg, rest, value)
+    twin_ho = PartitionHandovers(3, 0, G, V)
+    twin_ho.arm(_order(committed=True))
+    assert twin_ho.cut(cuts[0], twin)[1] == digest  # the driver compares the two replicas' cut digests
+    twin.close()
+
+
+def test_the_target_holds_the_moved_key_groups_and_releases_them_in_order_once_loaded(backend):
+    ho = PartitionHandovers(3, 1, G, V)
+    assert ho.arm(_order()) == "armed"
+    assert ho.gating  # from the arming on: the commit may reach this replica after the records
+    moved1, other, moved2 = (DATA, "x", "k", 1, 0.0, None), (DATA, "y", "j", 2, 0.0, None), (DATA, "z", "k", 3, 0.0, None)
+    wm = (WATERMARK, 5)
+    assert ho.gate((0, moved1), _kg(0)) == ()
+    assert ho.gate((1, other), _kg(5)) == ((1, other),)  # another key group passes
+    assert ho.gate((0, wm), None) == ()  # event time after a held record is held too
+    assert ho.gate((1, moved2), _kg(1, 3)) == ()
+    assert ho.held_records == 3
+    ho.arm(_order(committed=True))
+    assert ho.at_pulse(13) == ([], [])
+    cuts, releases = ho.at_pulse(14)
+    assert cuts == [] and len(releases) == 1
+    assert ho.decided(7, lambda: False) is True
+    loader = threading.Thread(target=lambda: ho.state_arrived(7, [(_kg(0), b"k", b"state")]))
+    threading.Timer(0.2, loader.start).start()
+    held = ho.release(releases[0], backend, lambda: False)  # waits for the state
+    assert held == ((0, moved1), (0, wm), (1, moved2))
+    assert backend.get(_kg(0), b"k") == b"state"
+    assert not ho.gating and not ho.active
+
+
+def test_a_cancelled_handover_is_dropped_and_a_late_instruction_refused(backend):
+    ho = PartitionHandovers(3, 1, G, V)
+    ho.at_pulse(20)
+    assert ho.arm(_order()) == "late"  # already past the release pulse
+    ho2 = PartitionHandovers(3, 0, G, V)
+    ho2.at_pulse(12)
+    assert ho2.arm(_order()) == "late"  # an origin past the switch
+    ho3 = PartitionHandovers(3, 1, G, V)
+    ho3.arm(_order())
+    ho3.arm(_order(cancelled=True))
+    assert ho3.decided(7, lambda: False) is False
+    step = ho3.step(7)
+    assert step is not None and ho3.drop(step) == ()
+    assert not ho3.active
+    ho4 = PartitionHandovers(3, 1, G, V)
+    ho4.arm(_order())
+    assert ho4.decided(7, lambda: True) is None
+
+
+def _plan():
+    plan = plan_job(build_ordered_job("a", "b", "out"), default_parallelism=2, num_key_groups=G, num_vnodes=V,
+                    topic_partitions={"a": 2, "b": 2})
+    plan.replicas = 2
+    return plan
+
+
+def _acks(order: HandoverOrder, kind: str, instances, **kw) -> list[tuple]:
+    return [(order.handover_id, order.epoch, (t, p, r), kind, kw.get("digest", ""), kw.get("entries", 0))
+            for t, p in instances for r in (0, 1)]
+
+
+def test_the_coordinator_commits_when_every_participant_armed_and_completes_in_phase_order():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    order = coord.start_move(chain.id, [0, 1], 1, switch_at=100, release_at=110)
+    assert [o["id"] for o in coord.view()] == [order.handover_id] and not coord.view()[0]["committed"]
+    upstreams, origin, target = sorted(order.upstreams), [(chain.id, 0)], [(chain.id, 1)]
+    assert upstreams and all(t != chain.id for t, _ in upstreams)
+    assert coord.on_acks(_acks(order, "armed", upstreams + origin)) == []
+    events = coord.on_acks(_acks(order, "armed", target))
+    assert any("committed" in e for e in events) and coord.view()[0]["committed"]
+    coord.on_acks(_acks(order, "loaded", target))  # before the cut: kept until the release is placed
+    coord.on_acks(_acks(order, "switched", upstreams))
+    events = coord.on_acks(_acks(order, "cut", origin, digest="d", entries=12))
+    assert any("cut 12 state entries" in e for e in events)
+    assert any("completed" in e for e in events) and coord.view() == []
+    assert coord.state(order.handover_id).value == "completed" and coord.moved_entries[order.handover_id] == 12
+    with pytest.raises(ValueError, match="own partition"):
+        coord.start_move(chain.id, [0], 1, switch_at=200, release_at=210)  # vnode 0 is on partition 1 now
+
+
+def test_the_coordinator_cancels_on_a_late_participant_or_a_lost_one_before_the_commit():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    order = coord.start_move(chain.id, [0], 1, switch_at=100, release_at=110)
+    events = coord.on_acks(_acks(order, "late", [(chain.id, 0)]))
+    assert any("cancelled" in e for e in events) and coord.view()[0]["cancelled"]
+    second = coord.start_move(chain.id, [0], 1, switch_at=300, release_at=310)
+    events = coord.replica_lost((chain.id, 1, 0))
+    assert any("cancelled" in e for e in events)
+    assert next(o for o in coord.view() if o["id"] == second.handover_id)["cancelled"]
+    with pytest.raises(ValueError, match="at least 2 after"):
+        coord.start_move(chain.id, [0], 1, switch_at=400, release_at=401)
+    assert replace(second, cancelled=False).to_wire()["moves"] == [(0, 0, 1)]
+    assert HandoverOrder.from_wire(second.to_wire()) == second
