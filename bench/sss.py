@@ -1,40 +1,68 @@
-"""The baseline: Spark Structured Streaming (SSS) with checkpoint recovery, and what an executor kill costs it.
+"""The baseline: Spark Structured Streaming (SSS) with checkpoint recovery; what an executor kill costs it.
 
-    .venv/bin/python bench/sss.py [--rate 200] [--keys 64] [--duration 40] [--kill-at 15 | --no-kill]
-                                  [--kill-phase any|stateful] [--trigger-ms 100] [--locality-wait 3s]
-                                  [--out bench/results/sss]
+    .venv/bin/python bench/sss.py [--logic chain|count] [--rate R] [--keys N] [--partitions P]
+                                  [--duration 40] [--kill-at 15 | --no-kill] [--kill-phase any|stateful]
+                                  [--trigger-ms 100] [--locality-wait 3s] [--out bench/results/sss]
 
-Setup.  The same keyed stateful logic as our benchmark job, written the way an SSS user would:
+Setup.  The job logic of our benchmarks, written the way an SSS user would (``--logic``):
 
-* **Input**: a topic of ``--partitions`` (3) partitions; a feeder thread produces ``--rate`` records/s
-  of JSON ``{"id": int, "k": str, "ts": epoch ms at the producer}``, Kafka key ``k``, keys ``k0..k{n-1}``
-  round robin.
+* **``chain``** (the default): the ordered job of :mod:`replication.examples.ordered`, as
+  ``bench/ordering.py`` runs it, on the same input.  *Input*: two topics ``a`` and ``b`` of 2
+  partitions each, fed by ``bench/ordering.py``'s feeding code: :func:`replication.loadgen.generate_load`
+  round robin over the streams a, a, b (events split 2:1) with ordering's event format
+  (:func:`~replication.examples.ordered.make_events`: JSON ``{"id": "a-17", "key": "k17", "ts": wall
+  clock ms at the producer}``, Kafka key ``key``, keys ``k0..k{n-1}`` round robin per source); ``--keys``
+  defaults to ordering's 30 and ``--rate`` to its 400 events/s.  *Logic*: ``groupBy("key")
+  .applyInPandasWithState`` keeping HashChain's state per key (``head string, n long``); a key's events
+  in a micro-batch are put in the order of :func:`order_events` and folded into the chain
+  (:func:`chain_frame`: ``h_n = chain_step(h_{n-1}, id)``), each yielding HashChain's record
+  ``{"key","n","id","prev","h","ts"}``.  *Ordering rule*: sort by (running max of ``ts`` along the
+  event's source partition in offset order, topic, partition, offset): a merge of the source
+  partitions by event time that never reorders a partition (with ``ts`` non-decreasing along a
+  partition, as the producer's clock is, it is plain ``(ts, topic, partition, offset)``).  It depends on
+  nothing but the batch's rows, and a batch's offset ranges are in the offset log before it runs,
+  so a re-executed task recomputes the same records.  ``--partitions`` (state store partitions and
+  output partitions) defaults to 2, ordering's chain parallelism.  *Check*:
+  :func:`~replication.examples.ordered.verify_chains` (every event once, every key's chain links
+  up, a source's events of a key in production order), on the raw output and on the output with
+  identical copies removed (see the sink below).
+* **``count``** (the earlier baseline): one topic of ``--partitions`` (3) partitions; a feeder thread
+  produces JSON ``{"id": int, "k": str, "ts": ms}``, Kafka key ``k``, keys ``k0..k{n-1}`` round robin
+  (``--keys`` 64, ``--rate`` 200); ``groupBy("k").applyInPandasWithState`` keeping a running count per
+  key (state ``count long``); every input record yields ``{"id","k","count","ts"}`` (records of a key
+  sorted by id within a micro-batch); checked against each id's expected running count.
+
+Common to both:
+
 * **Source**: Spark's Kafka connector jar is not available (no Maven), so a *Python streaming data
   source* (``pyspark.sql.datasource.DataSourceStreamReader``, Spark 4.x, with the 4.2+ ``latestOffset
-  (start, limit)`` signature) stands in for it.  Offsets are ``{"<kafka partition>": next offset}``;
-  ``latestOffset`` (driver side, in Spark's Python source runner) reads the end offsets from a
-  long-lived consumer that fetches every partition (the embedded broker under-reports ListOffsets, so
-  end offsets come from fetches, as in the rest of the project); ``partitions(start, end)`` plans one
-  task per Kafka partition with new records; ``read`` (executor side) assigns the partition at
-  ``start`` and reads up to ``end`` exclusive with confluent-kafka.  A batch's range is written to the
-  offset log before it runs, so a re-executed task reads exactly the same records.
-* **Logic**: ``groupBy("k").applyInPandasWithState`` keeping a running count per key (state ``count
-  long``, no timeout), output mode update; every input record yields ``{"id","k","count","ts"}``
-  (records of a key sorted by id within a micro-batch).  ``applyInPandasWithState`` rather than
+  (start, limit)`` signature) stands in for it, with the connector's interface: option ``subscribe``
+  (comma-separated topics) and rows ``topic, partition, offset, key, value`` (strings), the JSON
+  parsed with ``from_json`` in the JVM.  *One source over several topics rather than a union of two
+  streams*: that is what an SSS user with the connector writes (``subscribe = "a,b"``), each
+  micro-batch costs one planning round trip to the Python source runner instead of one per stream,
+  and the batch's ranges of both topics are one entry of the offset log.  Offsets are ``{"<topic>":
+  {"<partition>": next offset}}``; ``latestOffset`` (driver side, in Spark's Python source runner)
+  reads the end offsets from a long-lived consumer that fetches every partition (the embedded broker
+  under-reports ListOffsets, so end offsets come from fetches, as in the rest of the project);
+  ``partitions(start, end)`` plans one task per topic-partition with new records; ``read`` (executor
+  side) assigns the partition at ``start`` and reads up to ``end`` exclusive with confluent-kafka.
+* **Stateful operator**: ``applyInPandasWithState`` (output mode update, no timeout) rather than
   ``transformWithStateInPandas``: the state of a group travels to Python in the same Arrow batch as
   its rows and back with its output, whereas ``transformWithStateInPandas`` reads and writes every
   state variable through a separate per-task state server (a round trip per get/update per key),
-  which costs more on two cores for a one-number state and buys nothing here (no timers, no TTL,
-  no list/map state).
+  which costs more on two cores for a small state and buys nothing here (no timers, no TTL, no
+  list/map state).
 * **State**: ``RocksDBStateStoreProvider`` with changelog checkpointing (each commit writes a
   changelog file; snapshots are uploaded in the background: the low-latency setting, which halved
   the commit time here); checkpoint (offset log, commit log, state) in a temp dir shared by all
-  executors (one machine); ``spark.sql.shuffle.partitions`` = number of input partitions (3 state
-  store partitions instead of 200).
+  executors (one machine); ``spark.sql.shuffle.partitions`` = ``--partitions`` (instead of 200).
 * **Sink**: ``foreachBatch``; each batch's rows are written from the executors (``foreachPartition``,
   one cached confluent-kafka producer per Python worker, flushed at the end of each partition) to the
-  output topic with headers ``sink_ts`` (wall clock at produce, ``repr`` of float seconds),
-  ``batch_id``, and the writing task's ``partition``, ``attempt`` and ``executor``.
+  output topic as JSON (the row's fields in schema order), Kafka key the grouping key, headers
+  ``sink_ts`` (wall clock at produce, ``repr`` of float seconds), ``batch_id``, and the writing task's
+  ``partition``, ``attempt``, ``task`` (task attempt id, unique per attempt, also across stage
+  re-attempts, where ``attempt`` starts at 0 again) and ``executor``.
 * **Trigger**: processing time, ``--trigger-ms`` (default 100 ms) between micro-batch starts.  SSS runs
   one micro-batch at a time, and here a batch (source stage, shuffle, stateful + sink stage) takes
   1-2 s on two shared cores, so in practice the next batch starts as soon as the previous one ends
@@ -44,9 +72,10 @@ Setup.  The same keyed stateful logic as our benchmark job, written the way an S
   (``spark.locality.wait`` 3 s unless ``--locality-wait``; ``spark.task.maxFailures`` 100 from
   ``replication.spark_cluster.default_conf``).
 
-Warm-up: one record per key is fed first and awaited in the output (the first micro-batch starts the
-executors' Python workers: 10-60 s depending on the machine's load); it is checked like the rest but
-left out of the latency figures, as are the first 5 s of timed feeding in the steady-state figures.
+Warm-up: one record per key (``chain``: per key and source) is fed first and awaited in the output
+(the first micro-batch starts the executors' Python workers: 10-60 s depending on the machine's
+load); it is checked like the rest but left out of the latency figures, as are the first 5 s of
+timed feeding in the steady-state figures.
 
 Fault experiment: steady load, at ``--kill-at`` seconds the JVM of one executor is SIGKILLed
 (``replication.spark_cluster.kill_executor``): wherever the micro-batch is (``--kill-phase any``), or,
@@ -60,20 +89,26 @@ seconds among the 30 after the kill whose p99 is above twice that, ``stall_befor
 before the kill above it (records in flight when it hit, which binning by produce time puts before the
 kill); *recovery* is the first second after the kill whose p99 is below 2x again
 (``recovered_for_good_s``: the second after the last one above 2x).  ``batches.csv`` has every
-micro-batch's duration (``query.recentProgress``), ``summary.csv`` the stage re-attempts of the
-query's jobs (Spark's status tracker), ``events.txt`` the kill, executor removal and registration.
+micro-batch's duration (``query.recentProgress``), ``summary.csv`` (one row, ``logic`` says which job)
+the stage re-attempts of the query's jobs (Spark's status tracker), ``events.txt`` the kill, executor
+removal and registration.
 
 Limits, measured and reported rather than hidden:
 
 * **The sink is at-least-once.**  ``foreachBatch`` + a plain producer is how SSS writes to Kafka (its
   own Kafka sink is at-least-once too).  A task killed after its first produce and before the driver
-  saw it finish is re-run from the checkpointed state and writes its rows again (same ``batch_id``,
-  ``attempt`` > 0: ``retried_writes``); a batch re-run after a driver restart would rewrite the
-  batch's whole output.  With this sink a task writes its rows in a burst at its end (``sink_write_ms``:
-  about 1 ms, at most tens of ms, out of 1-2 s per batch), so a single executor kill rarely lands in
-  that window and duplicates are rare rather than impossible.  ``duplicates`` counts ids seen more
-  than once, ``missing`` delivered ids never seen, ``wrong_counts`` output records whose count is not
-  the key's running count at that id.
+  saw it finish is re-run from the checkpointed state and writes its rows again (same ``batch_id``, a
+  later task attempt: ``retried_writes``, ``retried_rows``); a batch re-run after a driver restart would
+  rewrite the batch's whole output.  With this sink a task writes its rows in a burst at its end
+  (``sink_write_ms``: about 1 ms, at most tens of ms, out of 1-2 s per batch), so a single executor kill
+  rarely lands in that window and duplicates are rare rather than impossible.  ``duplicates`` counts
+  ids seen more than once (``extra_copies`` the copies beyond the first), ``missing`` delivered ids
+  never seen; ``count``: ``wrong_counts`` output records whose count is not the key's running count at
+  that id; ``chain``: ``chains_exact`` / ``broken_chains`` / ``reordered_keys`` of ``verify_chains`` on
+  the raw output, ``identical_copies`` / ``conflicting_ids`` (copies equal to / different from the
+  id's first one: a re-run that recomputed something else) and ``chains_exact_dedup`` /
+  ``broken_chains_dedup`` once identical copies are removed.  ``exact`` is ``yes`` only for the raw
+  output: every event once and (``chain``) every chain linking up.
 * The Python source adds a Python runner round trip per planning call and per task; the JVM Kafka
   source would be somewhat cheaper per batch.  Everything (feeder, broker, driver, 3 executors) shares
   the machine's two cores, as in the other benchmarks, and other work on the machine shows
@@ -96,8 +131,8 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,64 +142,81 @@ if str(REPO) not in sys.path:
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
 
+from replication.examples.ordered import chain_step, make_events, verify_chains  # noqa: E402
+from replication.loadgen import generate_load  # noqa: E402
+
 MS = 1000.0
 SOURCE_NAME = "sss_kafka_lite"
-INPUT_SCHEMA = "id long, k string, ts long"
-OUTPUT_SCHEMA = "id long, k string, count long, ts long"
-STATE_SCHEMA = "count long"
+SOURCE_SCHEMA = "topic string, partition int, offset long, key string, value string"  # as Kafka connector's
+LOGICS = ("chain", "count")
+COUNT_EVENT_SCHEMA = "id long, k string, ts long"
+COUNT_OUTPUT_SCHEMA = "id long, k string, count long, ts long"
+COUNT_STATE_SCHEMA = "count long"
+CHAIN_EVENT_SCHEMA = "id string, key string, ts long"
+CHAIN_OUTPUT_SCHEMA = "key string, n long, id string, prev string, h string, ts long"  # HashChain's record
+CHAIN_STATE_SCHEMA = "head string, n long"
+CHAIN_TOPIC_PARTITIONS = 2  # topics a and b, as bench/ordering.py creates them
+CHAIN_STREAMS = ("a", "a", "b")  # bench/ordering.py's round robin: events split 2:1 between a and b
+ORDER_COLUMNS = ("topic", "partition", "offset")  # a record's position in its source
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 BEFORE_S = 10  # "p99 before": the records written in the 10 s before the kill
 STALL_WINDOW_S = 30  # seconds after the kill examined for the stall
 STALL_FACTOR = 2.0
 
+TopicPartition = tuple[str, int]
+
 
 # --------------------------------------------------------------------------- offsets (pure)
 
 
-def offsets_to_json(positions: Mapping[int, int]) -> dict[str, int]:
-    """``{partition: next offset}`` as a JSON-able offset dict (keys must be strings)."""
-    return {str(p): int(o) for p, o in sorted(positions.items())}
+def offsets_to_json(positions: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    """``{(topic, partition): next offset}`` as a JSON-able offset ``{topic: {"<partition>": offset}}``
+    (keys must be strings), topics and partitions sorted."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, p), o in sorted(positions.items()):
+        out.setdefault(topic, {})[str(p)] = int(o)
+    return out
 
 
-def offsets_from_json(offsets: Mapping[str, Any]) -> dict[int, int]:
+def offsets_from_json(offsets: Mapping[str, Mapping[str, Any]]) -> dict[TopicPartition, int]:
     """The inverse of :func:`offsets_to_json`."""
-    return {int(p): int(o) for p, o in offsets.items()}
+    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()}
 
 
-def plan_end_offsets(start: Mapping[str, Any], available: Mapping[int, int],
-                     max_rows: int | None = None) -> dict[str, int]:
-    """End offsets of the next micro-batch: every partition up to what is ``available`` (its next
+def plan_end_offsets(start: Mapping[str, Any], available: Mapping[TopicPartition, int],
+                     max_rows: int | None = None) -> dict[str, dict[str, int]]:
+    """End offsets of the next micro-batch: every topic-partition up to what is ``available`` (its next
     offset as seen by a fetch), never below ``start``; with ``max_rows``, at most that many records in
     total, shared in proportion to each partition's backlog (largest remainders first)."""
     begin = offsets_from_json(start)
-    for p in available:
-        begin.setdefault(p, 0)  # a partition the start does not know yet begins at 0
-    backlog = {p: max(0, int(available.get(p, o)) - o) for p, o in begin.items()}
+    for tp in available:
+        begin.setdefault(tp, 0)  # a partition the start does not know yet begins at 0
+    backlog = {tp: max(0, int(available.get(tp, o)) - o) for tp, o in begin.items()}
     total = sum(backlog.values())
     if max_rows is None or total <= max_rows:
         take = backlog
     else:
         if max_rows < 0:
             raise ValueError(f"max_rows must be >= 0, got {max_rows}")
-        shares = {p: max_rows * n / total for p, n in backlog.items()}
-        take = {p: int(s) for p, s in shares.items()}
+        shares = {tp: max_rows * n / total for tp, n in backlog.items()}
+        take = {tp: int(s) for tp, s in shares.items()}
         left = max_rows - sum(take.values())
-        for p in sorted(shares, key=lambda q: (-(shares[q] - take[q]), q))[:left]:
-            take[p] += 1
-    return offsets_to_json({p: o + take[p] for p, o in begin.items()})
+        for tp in sorted(shares, key=lambda q: (-(shares[q] - take[q]), q))[:left]:
+            take[tp] += 1
+    return offsets_to_json({tp: o + take[tp] for tp, o in begin.items()})
 
 
-def plan_ranges(start: Mapping[str, Any], end: Mapping[str, Any]) -> list[tuple[int, int, int]]:
-    """``(partition, from, until)`` of every partition with records in ``[start, end)``, by partition.
-    Raises ValueError if an end offset is behind its start."""
+def plan_ranges(start: Mapping[str, Any], end: Mapping[str, Any]) -> list[tuple[str, int, int, int]]:
+    """``(topic, partition, from, until)`` of every topic-partition with records in ``[start, end)``,
+    sorted.  Raises ValueError if an end offset is behind its start."""
     begin, stop = offsets_from_json(start), offsets_from_json(end)
     out = []
-    for p in sorted(stop):
-        s = begin.get(p, 0)
-        if stop[p] < s:
-            raise ValueError(f"partition {p}: end offset {stop[p]} is behind start {s}")
-        if stop[p] > s:
-            out.append((p, s, stop[p]))
+    for (topic, p), e in sorted(stop.items()):
+        s = begin.get((topic, p), 0)
+        if e < s:
+            raise ValueError(f"{topic}[{p}]: end offset {e} is behind start {s}")
+        if e > s:
+            out.append((topic, p, s, e))
     return out
 
 
@@ -185,18 +237,20 @@ def _worker_cache() -> dict:
 
 
 def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
-               timeout_s: float = 60.0) -> Iterator[tuple[int, str, int]]:
-    """The records ``[start, end)`` of one partition as ``(id, k, ts)`` (runs in an executor task)."""
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+               timeout_s: float = 60.0) -> Iterator[tuple[str, int, int, str | None, str]]:
+    """The records ``[start, end)`` of one partition as ``(topic, partition, offset, key, value)``
+    (runs in an executor task)."""
+    from confluent_kafka import Consumer, KafkaError
+    from confluent_kafka import TopicPartition as KafkaPartition
 
     cache = _worker_cache()
     consumer = cache.get(("consumer", bootstrap))
     if consumer is None:
         consumer = cache[("consumer", bootstrap)] = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": f"sss-read-{os.getpid()}", "enable.auto.commit": False,
-            "enable.partition.eof": False, "fetch.wait.max.ms": 10, "allow.auto.create.topics": False})
-    tp = TopicPartition(topic, partition, start)
-    consumer.assign([tp])
+            "bootstrap.servers": bootstrap, "group.id": f"sss-read-{os.getpid()}",
+            "enable.auto.commit": False, "enable.partition.eof": False, "fetch.wait.max.ms": 10,
+            "allow.auto.create.topics": False})
+    consumer.assign([KafkaPartition(topic, partition, start)])
     nxt = start
     deadline = time.monotonic() + timeout_s
     try:
@@ -214,12 +268,12 @@ def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
                 if off >= end:
                     nxt = end
                     break
-                v = json.loads(m.value())
-                yield int(v["id"]), str(v["k"]), int(v["ts"])
+                key = m.key()
+                yield topic, partition, off, None if key is None else key.decode(), m.value().decode()
                 nxt = off + 1
             if not msgs and nxt < end:
                 # an offset gap (e.g. a control record) ends the range once the position is past it
-                pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+                pos = consumer.position([KafkaPartition(topic, partition)])[0].offset
                 if pos >= end:
                     nxt = end
                 elif time.monotonic() > deadline:
@@ -229,32 +283,46 @@ def read_range(bootstrap: str, topic: str, partition: int, start: int, end: int,
         consumer.unassign()
 
 
+def subscribed_topics(option: str) -> list[str]:
+    """The topics of a ``subscribe`` option (comma-separated, blanks ignored, order kept, no repeats)."""
+    topics = list(dict.fromkeys(t.strip() for t in option.split(",") if t.strip()))
+    if not topics:
+        raise ValueError(f"subscribe: no topic in {option!r}")
+    return topics
+
+
 class KafkaLiteStreamReader(DataSourceStreamReader):
-    """Offsets ``{"<partition>": next offset}``; one input partition per Kafka partition with data."""
+    """Offsets ``{"<topic>": {"<partition>": next offset}}``; one input partition per topic-partition
+    with data."""
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.bootstrap = options["bootstrap"]
-        self.topic = options["topic"]
+        self.topics = subscribed_topics(options["subscribe"])
         self.max_rows = int(options["maxRecordsPerBatch"]) if options.get("maxRecordsPerBatch") else None
         self._consumer: Any = None
-        self._next: dict[int, int] = {}
+        self._next: dict[TopicPartition, int] = {}
 
-    def _partition_ids(self) -> list[int]:
+    def _partition_ids(self) -> list[TopicPartition]:
         from confluent_kafka.admin import AdminClient
 
-        # all topics' metadata: naming the topic would make tansu auto-create it
-        md = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=10).topics.get(self.topic)
-        if md is None or md.error is not None or not md.partitions:
-            raise RuntimeError(f"source topic {self.topic!r} not found")
-        return sorted(md.partitions)
+        # all topics' metadata: naming a topic would make tansu auto-create it
+        metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(timeout=10).topics
+        out: list[TopicPartition] = []
+        for topic in self.topics:
+            md = metadata.get(topic)
+            if md is None or md.error is not None or not md.partitions:
+                raise RuntimeError(f"source topic {topic!r} not found")
+            out += [(topic, p) for p in sorted(md.partitions)]
+        return out
 
     def initialOffset(self) -> dict:
         return offsets_to_json(dict.fromkeys(self._partition_ids(), 0))
 
-    def _available(self, start: Mapping[str, Any]) -> dict[int, int]:
-        """Next offset per partition as far as fetched so far (the fetch high watermark or the last
-        record seen + 1, whichever is higher)."""
-        from confluent_kafka import Consumer, TopicPartition
+    def _available(self, start: Mapping[str, Any]) -> dict[TopicPartition, int]:
+        """Next offset per topic-partition as far as fetched so far (the fetch high watermark or the
+        last record seen + 1, whichever is higher)."""
+        from confluent_kafka import Consumer
+        from confluent_kafka import TopicPartition as KafkaPartition
 
         if self._consumer is None:
             begin = offsets_from_json(start)
@@ -262,19 +330,19 @@ class KafkaLiteStreamReader(DataSourceStreamReader):
             self._consumer = Consumer({
                 "bootstrap.servers": self.bootstrap, "group.id": f"sss-offsets-{os.getpid()}",
                 "enable.auto.commit": False, "fetch.wait.max.ms": 10, "allow.auto.create.topics": False})
-            self._consumer.assign([TopicPartition(self.topic, p, o) for p, o in begin.items()])
+            self._consumer.assign([KafkaPartition(t, p, o) for (t, p), o in begin.items()])
         while True:
             msgs = self._consumer.consume(num_messages=10_000, timeout=0)
             for m in msgs:
                 if m.error() is None:
-                    p = m.partition()
-                    self._next[p] = max(self._next.get(p, 0), m.offset() + 1)
+                    tp = (m.topic(), m.partition())
+                    self._next[tp] = max(self._next.get(tp, 0), m.offset() + 1)
             if len(msgs) < 10_000:
                 break
-        for p in list(self._next):
-            high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)[1]
-            if high is not None and high > self._next[p]:
-                self._next[p] = high
+        for (t, p), o in list(self._next.items()):
+            high = self._consumer.get_watermark_offsets(KafkaPartition(t, p), cached=True)[1]
+            if high is not None and high > o:
+                self._next[(t, p)] = high
         return dict(self._next)
 
     def latestOffset(self, start: dict, limit: Any) -> dict:  # the 4.2+ signature (admission control)
@@ -290,11 +358,11 @@ class KafkaLiteStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         # plain InputPartition: partitions cross to the executors with the standard pickle, by reference
-        return [InputPartition((p, s, e)) for p, s, e in plan_ranges(start, end)]
+        return [InputPartition(r) for r in plan_ranges(start, end)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
-        p, s, e = partition.value
-        return read_range(self.bootstrap, self.topic, p, s, e)
+        topic, p, s, e = partition.value
+        return read_range(self.bootstrap, topic, p, s, e)
 
     def commit(self, end: dict) -> None:
         pass  # nothing to release: the broker keeps the data; the checkpoint is Spark's
@@ -306,14 +374,15 @@ class KafkaLiteStreamReader(DataSourceStreamReader):
 
 
 class KafkaLiteDataSource(DataSource):
-    """``spark.readStream.format("sss_kafka_lite").option("bootstrap", ...).option("topic", ...)``."""
+    """``spark.readStream.format("sss_kafka_lite").option("bootstrap", ...).option("subscribe", "a,b")``:
+    rows ``topic, partition, offset, key, value`` as from Spark's Kafka connector (strings, not bytes)."""
 
     @classmethod
     def name(cls) -> str:
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return INPUT_SCHEMA
+        return SOURCE_SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return KafkaLiteStreamReader(self.options)
@@ -339,9 +408,74 @@ def count_per_key(key: tuple, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
                         "ts": pdf["ts"].to_numpy()})
 
 
-def sink_partition(rows: Iterator[Any], bootstrap: str, topic: str, batch_id: int) -> None:
-    """Write one partition of a micro-batch's output (runs in an executor task); raises unless every
-    record was acknowledged, so a failed write fails the task and Spark retries it."""
+def order_events(events: Any) -> Any:
+    """A key's events of one micro-batch (a pandas frame with ``ts`` and ``topic, partition, offset``) in
+    the order the chain folds them: by (running max of ``ts`` along the event's source partition in
+    offset order, topic, partition, offset).  A total order on the rows, whatever order they come in;
+    each source partition's events stay in offset order; with ``ts`` non-decreasing along every
+    partition it is plain (ts, topic, partition, offset)."""
+    by_source = events.sort_values(list(ORDER_COLUMNS), kind="stable")
+    run_ts = by_source.groupby(["topic", "partition"], sort=False)["ts"].cummax()
+    return (by_source.assign(_run_ts=run_ts).sort_values(["_run_ts", *ORDER_COLUMNS], kind="stable")
+            .drop(columns="_run_ts").reset_index(drop=True))
+
+
+def chain_frame(key: str, events: Any, head: str, n: int) -> tuple[Any, str, int]:
+    """HashChain on a frame: fold ``events`` (in their row order; columns ``id``, ``ts``) into the key's
+    chain whose head is ``head`` after ``n`` events.  Returns HashChain's records ``key, n, id, prev, h,
+    ts`` as a frame, and the new head and count (the state to keep)."""
+    import numpy as np
+    import pandas as pd
+
+    ids = [str(i) for i in events["id"]]
+    prevs, hashes = [], []
+    for event_id in ids:
+        prevs.append(head)
+        head = chain_step(head, event_id)
+        hashes.append(head)
+    out = pd.DataFrame({"key": [key] * len(ids), "n": np.arange(n + 1, n + len(ids) + 1, dtype="int64"),
+                        "id": ids, "prev": prevs, "h": hashes,
+                        "ts": np.asarray(events["ts"], dtype="int64")})
+    return out, head, n + len(ids)
+
+
+def chain_per_key(key: tuple, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """applyInPandasWithState function: HashChain per key (state ``head, n``), the batch's events of the
+    key in :func:`order_events` order, one output record per event."""
+    import pandas as pd
+
+    frames = [f for f in pdfs if len(f)]
+    if not frames:
+        return
+    events = order_events(pd.concat(frames, ignore_index=True))
+    head, n = (str(state.get[0]), int(state.get[1])) if state.exists else ("", 0)
+    out, head, n = chain_frame(str(key[0]), events, head, n)
+    state.update((head, n))
+    yield out
+
+
+def keyed_job(stream: Any, logic: str) -> Any:
+    """The stateful part of the job on the source's rows: parse the JSON value (in the JVM, as one does
+    with the Kafka connector), group by the key, ``applyInPandasWithState``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    if logic == "count":
+        events = stream.select(F.from_json("value", COUNT_EVENT_SCHEMA).alias("e")).select("e.*")
+        return events.groupBy("k").applyInPandasWithState(
+            count_per_key, COUNT_OUTPUT_SCHEMA, COUNT_STATE_SCHEMA, "Update", GroupStateTimeout.NoTimeout)
+    if logic == "chain":
+        events = (stream.select(F.from_json("value", CHAIN_EVENT_SCHEMA).alias("e"), *ORDER_COLUMNS)
+                  .select("e.*", *ORDER_COLUMNS))
+        return events.groupBy("key").applyInPandasWithState(
+            chain_per_key, CHAIN_OUTPUT_SCHEMA, CHAIN_STATE_SCHEMA, "Update", GroupStateTimeout.NoTimeout)
+    raise ValueError(f"logic must be one of {LOGICS}, got {logic!r}")
+
+
+def sink_partition(rows: Iterator[Any], bootstrap: str, topic: str, batch_id: int, key_field: str) -> None:
+    """Write one partition of a micro-batch's output (runs in an executor task): each row as JSON (its
+    fields in schema order), Kafka key its ``key_field``; raises unless every record was acknowledged,
+    so a failed write fails the task and Spark retries it."""
     from confluent_kafka import Producer
     from pyspark import TaskContext
 
@@ -359,15 +493,18 @@ def sink_partition(rows: Iterator[Any], bootstrap: str, topic: str, batch_id: in
             errors.append(str(err))
 
     ctx = TaskContext.get()
-    task = [("batch_id", str(batch_id).encode()), ("partition", str(ctx.partitionId() if ctx else -1).encode()),
+    task = [("batch_id", str(batch_id).encode()),
+            ("partition", str(ctx.partitionId() if ctx else -1).encode()),
             ("attempt", str(ctx.attemptNumber() if ctx else -1).encode()),
+            ("task", str(ctx.taskAttemptId() if ctx else -1).encode()),
             ("executor", str(current_executor_id() or "?").encode())]
     n = 0
     for r in rows:
-        value = json.dumps({"id": r["id"], "k": r["k"], "count": r["count"], "ts": r["ts"]})
+        value = json.dumps(r.asDict())
         while True:
             try:
-                producer.produce(topic, key=r["k"].encode(), value=value.encode(), on_delivery=on_delivery,
+                producer.produce(topic, key=str(r[key_field]).encode(), value=value.encode(),
+                                 on_delivery=on_delivery,
                                  headers=[("sink_ts", repr(time.time()).encode()), *task])
                 break
             except BufferError:
@@ -379,11 +516,11 @@ def sink_partition(rows: Iterator[Any], bootstrap: str, topic: str, batch_id: in
         raise RuntimeError(f"sink: {remaining} of {n} undelivered, {len(errors)} failed {errors[:1]}")
 
 
-def make_batch_writer(bootstrap: str, topic: str) -> Callable[[Any, int], None]:
+def make_batch_writer(bootstrap: str, topic: str, key_field: str) -> Callable[[Any, int], None]:
     """The ``foreachBatch`` function (runs on the driver)."""
 
     def write_batch(df: Any, batch_id: int) -> None:
-        df.foreachPartition(lambda rows: sink_partition(rows, bootstrap, topic, batch_id))
+        df.foreachPartition(lambda rows: sink_partition(rows, bootstrap, topic, batch_id, key_field))
 
     return write_batch
 
@@ -393,15 +530,28 @@ def make_batch_writer(bootstrap: str, topic: str) -> Callable[[Any, int], None]:
 
 @dataclass(frozen=True)
 class OutRecord:
-    id: int
+    id: Any  # count: an int; chain: "a-17"
     k: str
-    count: int
+    count: int  # count: the running count; chain: n, the position in the key's chain
     ts_ms: int
     sink_ts: float
     batch_id: int
     partition: int = -1  # Spark partition (= state store partition) of the writing task
-    attempt: int = 0  # the writing task's attempt number (> 0: a retry)
+    attempt: int = 0  # the writing task's attempt number (> 0: a retry; 0 again in a re-attempted stage)
     executor: str = "?"
+    task: int = -1  # the writing task's attempt id (unique per task attempt)
+    value: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)  # the record as written
+
+
+def out_record(value: Mapping[str, Any], headers: Mapping[str, str]) -> OutRecord:
+    """An output record from its JSON value (count: ``id, k, count, ts``; chain: HashChain's ``key, n,
+    id, prev, h, ts``) and its decoded headers (``sink_ts``, ``batch_id``, the writing task's)."""
+    chain = "n" in value
+    return OutRecord(str(value["id"]) if chain else int(value["id"]), str(value["key" if chain else "k"]),
+                     int(value["n" if chain else "count"]), int(value["ts"]), float(headers["sink_ts"]),
+                     int(headers["batch_id"]), int(headers.get("partition", -1)),
+                     int(headers.get("attempt", 0)), headers.get("executor", "?"),
+                     int(headers.get("task", -1)), dict(value))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -412,21 +562,39 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
 
 
-def account(produced: Mapping[int, tuple[str, int, int]], outputs: Sequence[OutRecord]) -> dict[str, Any]:
-    """Compare the output with what was produced (``id -> (k, ts_ms, expected count)``).
+def retried_spans(outputs: Sequence[OutRecord]) -> dict[tuple[int, int, int, int], list[OutRecord]]:
+    """The rows of every retried task write, by ``(batch, partition, attempt, task)``: a write with
+    ``attempt`` > 0, or any write of a (batch, partition) after the first task that wrote it (a
+    re-attempted stage numbers its tasks' attempts from 0 again)."""
+    spans: dict[tuple[int, int, int, int], list[OutRecord]] = defaultdict(list)
+    for r in outputs:
+        spans[(r.batch_id, r.partition, r.attempt, r.task)].append(r)
+    first: dict[tuple[int, int], tuple[float, tuple[int, int, int, int]]] = {}
+    for span, rs in spans.items():
+        start = (min(r.sink_ts for r in rs), span)
+        first[span[:2]] = min(first.get(span[:2], start), start)
+    return {span: rs for span, rs in spans.items() if span[2] > 0 or first[span[:2]][1] != span}
+
+
+def account(produced: Mapping[Any, tuple[str, int, int | None]],
+            outputs: Sequence[OutRecord]) -> dict[str, Any]:
+    """Compare the output with what was produced (``id -> (key, ts_ms, expected count or None)``; None:
+    not known in advance, as a chain position).
 
     Latency samples use each id's *first* output copy.  Returns counts and ``first``: id -> OutRecord."""
-    copies: dict[int, list[OutRecord]] = defaultdict(list)
+    copies: dict[Any, list[OutRecord]] = defaultdict(list)
     for r in outputs:
         copies[r.id].append(r)
     first = {i: min(rs, key=lambda r: r.sink_ts) for i, rs in copies.items()}
     dups = {i: rs for i, rs in copies.items() if len(rs) > 1}
     same_batch = sum(1 for rs in dups.values() if len({r.batch_id for r in rs}) == 1)
-    wrong = sum(1 for r in outputs if r.id in produced and r.count != produced[r.id][2])
-    spans: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+    wrong = sum(1 for r in outputs if r.id in produced and produced[r.id][2] is not None
+                and r.count != produced[r.id][2])
+    spans: dict[tuple[int, int, int, int], list[float]] = defaultdict(list)
     for r in outputs:
-        spans[(r.batch_id, r.partition, r.attempt)].append(r.sink_ts)
+        spans[(r.batch_id, r.partition, r.attempt, r.task)].append(r.sink_ts)
     write_ms = [(max(v) - min(v)) * MS for v in spans.values()]
+    retried = retried_spans(outputs)
     return {
         "records_out": len(outputs), "distinct_out": len(copies),
         "duplicates": len(dups), "extra_copies": sum(len(rs) - 1 for rs in dups.values()),
@@ -435,10 +603,45 @@ def account(produced: Mapping[int, tuple[str, int, int]], outputs: Sequence[OutR
         "missing": sum(1 for i in produced if i not in copies),
         "unexpected": sum(1 for i in copies if i not in produced),
         "wrong_counts": wrong,
-        "retried_writes": sorted(f"b{b}/p{p}/a{a}" for b, p, a in spans if a > 0),
+        "retried_writes": sorted(f"b{b}/p{p}/a{a}" for b, p, a, _t in retried),
+        "retried_rows": sum(len(rs) for rs in retried.values()),
         "sink_write_ms_p50": percentile(write_ms, .5), "sink_write_ms_max": max(write_ms, default=math.nan),
         "first": first,
     }
+
+
+def chain_checks(outputs: Sequence[OutRecord], event_ids: Iterable[str]) -> dict[str, Any]:
+    """:func:`~replication.examples.ordered.verify_chains` on the chain job's output as written (the
+    exactness verdict), and again once the copies identical to an earlier one of the same id are
+    removed (what an idempotent consumer would see).  ``identical_copies``: the copies removed;
+    ``conflicting_ids``: ids with copies of different content (a re-run computed something else)."""
+    ids = list(event_ids)
+    raw = verify_chains([r.value for r in outputs], ids)
+    seen: dict[Any, set[str]] = defaultdict(set)
+    kept, identical = [], 0
+    for r in sorted(outputs, key=lambda r: r.sink_ts):
+        content = json.dumps(r.value, sort_keys=True)
+        if content in seen[r.id]:
+            identical += 1
+            continue
+        seen[r.id].add(content)
+        kept.append(r.value)
+    dedup = verify_chains(kept, ids)
+    return {"chains_exact": "yes" if raw.exact else "no", "chain_keys": raw.keys,
+            "broken_chains": len(raw.broken), "reordered_keys": len(raw.reordered),
+            "identical_copies": identical, "conflicting_ids": sum(1 for v in seen.values() if len(v) > 1),
+            "chains_exact_dedup": "yes" if dedup.exact else "no", "broken_chains_dedup": len(dedup.broken),
+            "reordered_keys_dedup": len(dedup.reordered), "chain_check": str(raw)[:300]}
+
+
+def is_exact(summary: Mapping[str, Any]) -> bool:
+    """The run's output as written is exactly the input's: every record once, no query error, and
+    (count) every running count right or (chain) every chain linking up in production order."""
+    ok = summary["missing"] == 0 and summary["duplicates"] == 0 and summary["unexpected"] == 0 \
+        and not summary["query_error"]
+    if summary["logic"] == "chain":
+        return ok and summary["chains_exact"] == "yes"
+    return ok and summary["wrong_counts"] == 0
 
 
 def per_second(samples: Sequence[tuple[float, float]], origin: float) -> list[dict[str, Any]]:
@@ -477,7 +680,8 @@ def fault_stats(samples: Sequence[tuple[float, float]], timeline: Sequence[Mappi
     return {"p99_before_ms": p99_before, "before_samples": len(before),
             "worst_p99_after_ms": worst["p99_ms"] if worst else math.nan,
             "worst_second": worst["second"] if worst else None, "stall_s": len(above),
-            "stall_before_kill_s": sum(1 for r in timeline if -before_s <= r["second"] < 0 and r["p99_ms"] > limit),
+            "stall_before_kill_s": sum(1 for r in timeline
+                                       if -before_s <= r["second"] < 0 and r["p99_ms"] > limit),
             "recovery_s": recovery, "recovered_for_good_s": (max(above) + 1) if above else 0}
 
 
@@ -500,6 +704,11 @@ class Feeder(threading.Thread):
         self.started_at = math.nan  # wall clock when the timed feeding began
         self.stopped_at = math.nan
         self._counts: dict[str, int] = defaultdict(int)
+
+    @property
+    def warm_ids(self) -> set[int]:
+        """The ids of the warm-up records."""
+        return set(range(self.warmup))
 
     def _produce(self, producer: Any, i: int) -> None:
         k = f"k{i % self.keys}"
@@ -551,6 +760,90 @@ class Feeder(threading.Thread):
             self.delivered.add(i)
 
 
+def ordering_stream(source: str, keys: int, produced: dict[str, tuple[str, int, None]]
+                    ) -> Callable[[int], tuple[bytes, bytes, str]]:
+    """bench/ordering.py's event maker for ``source`` (``make(ts) -> (key, value, id)`` for
+    :func:`~replication.loadgen.generate_load`): event ``i`` of the source is ``make_events``'s, id
+    ``<source>-<i>``, key ``k<i % keys>``, ``ts`` the given wall clock; records each event in ``produced``
+    (``id -> (key, ts, None)``: a chain position is not known in advance)."""
+    counter = [0]
+
+    def make(ts: int) -> tuple[bytes, bytes, str]:
+        i = counter[0]
+        counter[0] += 1
+        # as bench/ordering.py: make_events numbers event i with ts = start_ts + i ms, so start at ts - i
+        key, value = make_events(source, 1, keys, start_ts=ts - i, first=i)[0]
+        event_id = f"{source}-{i}"
+        produced[event_id] = (key.decode(), ts, None)
+        return key, value, event_id
+
+    return make
+
+
+class ChainFeeder(threading.Thread):
+    """bench/ordering.py's load on topics ``{"a": ..., "b": ...}``: first one event per key of each
+    source at once (the warm-up; then waits for ``go``), then :func:`~replication.loadgen.generate_load`
+    round robin over a, a, b at ``rate`` events/s for ``duration_s`` (once started it runs its whole
+    duration: ``stop_event`` only cancels before it)."""
+
+    def __init__(self, bootstrap: str, topics: Mapping[str, str], rate: float, keys: int,
+                 duration_s: float) -> None:
+        super().__init__(name="sss-chain-feeder", daemon=True)
+        self.bootstrap, self.topics, self.rate, self.keys = bootstrap, dict(topics), rate, keys
+        self.duration_s = duration_s
+        self.stop_event = threading.Event()
+        self.go = threading.Event()
+        self.warm_sent = threading.Event()
+        self.produced: dict[str, tuple[str, int, None]] = {}  # id -> (key, ts ms, None)
+        self.delivered: set[str] = set()
+        self.warm_ids: set[str] = set()
+        self.errors: list[str] = []
+        self.started_at = math.nan  # wall clock when the timed feeding began
+        self.stopped_at = math.nan
+        self.makers = {s: ordering_stream(s, keys, self.produced) for s in self.topics}
+
+    def _warm_up(self) -> None:
+        from confluent_kafka import Producer
+
+        from replication.kafka_io import produce_blocking
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
+                             "linger.ms": 1})
+        for source, topic in self.topics.items():
+            for _ in range(self.keys):
+                key, value, event_id = self.makers[source](int(time.time() * MS))
+                self.warm_ids.add(event_id)
+                produce_blocking(producer, topic, key=key, value=value,
+                                 on_delivery=lambda err, _m, i=event_id: self._delivered(err, i))
+        if producer.flush(60):
+            self.errors.append("warm-up records undelivered")
+
+    def run(self) -> None:
+        try:
+            self._warm_up()
+            self.warm_sent.set()
+            while not self.go.wait(0.05):
+                if self.stop_event.is_set():
+                    return
+            self.started_at = math.floor(time.time() * MS) / MS  # <= the ts of the first timed record
+            warm = len(self.produced)
+            streams = [(self.topics[s], self.makers[s]) for s in CHAIN_STREAMS]
+            try:
+                generate_load(self.bootstrap, streams, rate=self.rate, duration_s=self.duration_s)
+            except Exception as exc:  # noqa: BLE001 - reported (feed_errors), delivery of the rest unknown
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            # generate_load returns only once every record is acknowledged (and raises otherwise)
+            self.delivered.update(list(self.produced)[warm:])
+        finally:
+            self.stopped_at = time.time()
+
+    def _delivered(self, err: Any, event_id: str) -> None:
+        if err is not None:
+            self.errors.append(str(err))
+        else:
+            self.delivered.add(event_id)
+
+
 class Collector(threading.Thread):
     """Reads the output topic from offset 0 of every partition until stopped."""
 
@@ -577,11 +870,7 @@ class Collector(threading.Thread):
                     if m.error() is not None:
                         self.errors.append(m.error().str())
                         continue
-                    v = json.loads(m.value())
-                    h = {k: x.decode() for k, x in (m.headers() or [])}
-                    rec = OutRecord(int(v["id"]), str(v["k"]), int(v["count"]), int(v["ts"]),
-                                    float(h["sink_ts"]), int(h["batch_id"]), int(h.get("partition", -1)),
-                                    int(h.get("attempt", 0)), h.get("executor", "?"))
+                    rec = out_record(json.loads(m.value()), {k: x.decode() for k, x in (m.headers() or [])})
                     self.records.append(rec)
                     self.ids.add(rec.id)
         finally:
@@ -613,7 +902,8 @@ def _progress_row(p: Mapping[str, Any]) -> dict[str, Any]:
     d = p.get("durationMs", {}) or {}
     start = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
     return {"batch_id": int(p["batchId"]), "start": start, "rows": int(p.get("numInputRows", 0)),
-            "trigger_ms": float(d.get("triggerExecution", math.nan)), "add_batch_ms": float(d.get("addBatch", math.nan)),
+            "trigger_ms": float(d.get("triggerExecution", math.nan)),
+            "add_batch_ms": float(d.get("addBatch", math.nan)),
             "latest_offset_ms": float(d.get("latestOffset", math.nan)),
             "planning_ms": float(d.get("queryPlanning", math.nan)),
             "wal_commit_ms": float(d.get("walCommit", math.nan)),
@@ -654,7 +944,8 @@ def _busy_executors(sc: Any) -> set[str]:
         return set()
 
 
-def _wait_for_stateful_stage(sc: Any, timeout_s: float, victim: str | None) -> tuple[int | None, str | None, float]:
+def _wait_for_stateful_stage(sc: Any, timeout_s: float,
+                             victim: str | None) -> tuple[int | None, str | None, float]:
     """Poll Spark's status tracker until the stateful stage of a micro-batch (the result stage, run by
     ``foreachPartition`` from py4j, not the source's shuffle-map stage ``run at ...``) has running
     tasks on ``victim`` (None: on any executor); returns the stage id (None on timeout), the executor
@@ -685,30 +976,44 @@ def _register_source(spark: Any) -> None:
     spark.dataSource.register(KafkaLiteDataSource)
 
 
+def input_topics(logic: str, prefix: str, partitions: int) -> dict[str, int]:
+    """The input topics of ``logic`` and their partition counts: ``chain``: ``<prefix>a`` and ``<prefix>b``
+    of 2 partitions (as bench/ordering.py); ``count``: ``<prefix>in`` of ``partitions``."""
+    if logic == "chain":
+        return {f"{prefix}{s}": CHAIN_TOPIC_PARTITIONS for s in dict.fromkeys(CHAIN_STREAMS)}
+    if logic == "count":
+        return {f"{prefix}in": partitions}
+    raise ValueError(f"logic must be one of {LOGICS}, got {logic!r}")
+
+
 def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, duration_s: float,
                        kill_at_s: float | None, trigger_ms: int, out_topic_prefix: str, status: Any = None,
-                       partitions: int = 3, victim: str | None = None, drain_timeout_s: float = 90.0,
-                       warmup_s: float = 5.0, warmup_timeout_s: float = 300.0,
-                       changelog_checkpointing: bool = True, kill_phase: str = "any") -> dict[str, Any]:
+                       partitions: int | None = None, victim: str | None = None,
+                       drain_timeout_s: float = 90.0, warmup_s: float = 5.0, warmup_timeout_s: float = 300.0,
+                       changelog_checkpointing: bool = True, kill_phase: str = "any",
+                       logic: str = "chain") -> dict[str, Any]:
     """Run the SSS job on ``spark`` against the broker at ``bootstrap``: feed ``rate`` records/s for
     ``duration_s``, SIGKILL an executor at ``kill_at_s`` (None: no fault), drain, stop the query.
+
+    ``logic``: ``"chain"`` (bench/ordering.py's hash chain job and input: topics ``<prefix>a`` and
+    ``<prefix>b`` of 2 partitions fed 2:1) or ``"count"`` (a running count per key on one topic
+    ``<prefix>in`` of ``partitions`` partitions).  ``partitions``: state store partitions
+    (``spark.sql.shuffle.partitions``) and output topic partitions (None: :func:`logic_defaults`).
 
     ``kill_phase``: ``"any"`` kills at ``kill_at_s`` wherever the micro-batch is; ``"stateful"`` waits
     from there (up to 10 s) until the stateful stage's tasks are running (the state update + sink
     stage) and kills an executor running one of them (``victim`` if given), so the kill lands inside a
     task.
 
-    Before the timed feeding, one record per key is fed and awaited in the output (the first
-    micro-batch starts the executors' Python workers and the state stores: tens of seconds on a busy
-    machine); those records are checked like the others but left out of the latency figures, as are
-    the first ``warmup_s`` of the timed feeding in the steady-state figures.
+    Before the timed feeding, one record per key (chain: per key and source) is fed and awaited in the
+    output (the first micro-batch starts the executors' Python workers and the state stores: tens of
+    seconds on a busy machine); those records are checked like the others but left out of the latency
+    figures, as are the first ``warmup_s`` of the timed feeding in the steady-state figures.
 
     Returns ``{"summary": dict, "timeline": [per-second rows], "batches": [micro-batch progress rows],
     "events": [(seconds relative to the origin, text)]}``; the timeline's seconds are relative to the kill
     (or to the start of feeding without a kill).  ``status``: anything with ``update(text)``.
     """
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
     from deploy.topics import create_topics
     from replication.spark_cluster import executor_ids, kill_executor
 
@@ -716,11 +1021,14 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
         raise ValueError("rate, duration, keys and trigger must be positive")
     if kill_phase not in ("any", "stateful"):
         raise ValueError(f"kill_phase must be 'any' or 'stateful', got {kill_phase!r}")
+    if logic not in LOGICS:
+        raise ValueError(f"logic must be one of {LOGICS}, got {logic!r}")
     if kill_at_s is not None and not 0 < kill_at_s < duration_s:
         raise ValueError(f"kill_at_s must be within (0, {duration_s})")
+    partitions = logic_defaults(logic)["partitions"] if partitions is None else partitions
     sc = spark.sparkContext
-    in_topic, out_topic = f"{out_topic_prefix}in", f"{out_topic_prefix}out"
-    create_topics(bootstrap, {in_topic: partitions, out_topic: partitions})
+    inputs, out_topic = input_topics(logic, out_topic_prefix, partitions), f"{out_topic_prefix}out"
+    create_topics(bootstrap, {**inputs, out_topic: partitions})
     _register_source(spark)
     old_confs = _set_confs(spark, {
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
@@ -732,7 +1040,12 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
             str(changelog_checkpointing).lower(),
     })
     ckpt = tempfile.mkdtemp(prefix="sss-checkpoint-")
-    feeder = Feeder(bootstrap, in_topic, rate, keys, warmup=keys)
+    feeder: Feeder | ChainFeeder
+    if logic == "chain":
+        sources = {t[len(out_topic_prefix):]: t for t in inputs}
+        feeder = ChainFeeder(bootstrap, sources, rate, keys, duration_s)
+    else:
+        feeder = Feeder(bootstrap, next(iter(inputs)), rate, keys, warmup=keys)
     collector = Collector(bootstrap, out_topic, range(partitions))
     events: list[tuple[float, str]] = []
     batches: dict[int, dict[str, Any]] = {}
@@ -748,24 +1061,23 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
         collector.start()
         collector.ready.wait(30)
         stream = (spark.readStream.format(SOURCE_NAME).option("bootstrap", bootstrap)
-                  .option("topic", in_topic).load())
-        counted = stream.groupBy("k").applyInPandasWithState(
-            count_per_key, OUTPUT_SCHEMA, STATE_SCHEMA, "Update", GroupStateTimeout.NoTimeout)
-        query = (counted.writeStream.outputMode("update").foreachBatch(make_batch_writer(bootstrap, out_topic))
+                  .option("subscribe", ",".join(inputs)).load())
+        writer = make_batch_writer(bootstrap, out_topic, "key" if logic == "chain" else "k")
+        query = (keyed_job(stream, logic).writeStream.outputMode("update").foreachBatch(writer)
                  .trigger(processingTime=f"{trigger_ms} milliseconds")
                  .option("checkpointLocation", ckpt).queryName(f"sss-{out_topic_prefix.strip('-')}").start())
         feeder.start()
         feeder.warm_sent.wait(60)
-        warm_ids = set(range(keys))
+        warm_ids = feeder.warm_ids
         warm_deadline = time.monotonic() + warmup_timeout_s
         warm_t0 = time.monotonic()
         while not warm_ids <= collector.ids:
             if query.exception() is not None or time.monotonic() > warm_deadline:
-                raise RuntimeError(f"SSS warm-up: {len(warm_ids & collector.ids)} of {keys} records out after "
-                                   f"{time.monotonic() - warm_t0:.0f}s ({query.exception()})")
+                raise RuntimeError(f"SSS warm-up: {len(warm_ids & collector.ids)} of {len(warm_ids)} records "
+                                   f"out after {time.monotonic() - warm_t0:.0f}s ({query.exception()})")
             if status is not None:
-                status.update(f"sss warm-up {time.monotonic() - warm_t0:5.1f}s: {len(warm_ids & collector.ids)}"
-                              f"/{keys} records out")
+                status.update(f"sss {logic} warm-up {time.monotonic() - warm_t0:5.1f}s: "
+                              f"{len(warm_ids & collector.ids)}/{len(warm_ids)} records out")
             time.sleep(0.1)
         events.append((time.time(), f"warm-up done in {time.monotonic() - warm_t0:.1f}s"))
         run_id = str(query.runId)
@@ -786,8 +1098,8 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
                 if kill_phase == "stateful":
                     stage, busy, waited = _wait_for_stateful_stage(sc, 10.0, victim)
                     victim = busy or victim
-                    note = (f", {waited * MS:.0f} ms after {kill_at_s:g}s: running a task of stateful stage {stage}"
-                            if stage is not None else ", no stateful task seen within 10 s")
+                    note = (f", {waited * MS:.0f} ms after {kill_at_s:g}s: running a task of stateful "
+                            f"stage {stage}" if stage is not None else ", no stateful task seen within 10 s")
                 victim = victim if victim is not None else executor_ids(sc)[0]
                 kill_wall = time.time()
                 victim_pid = kill_executor(sc, victim)
@@ -818,7 +1130,7 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
             if status is not None:
                 phase = "feeding" if drain_end is None else "draining"
                 kill = "" if kill_wall is None else f", kill +{time.time() - kill_wall:.1f}s"
-                status.update(f"sss {phase} {now - t0:5.1f}s: in {len(feeder.produced)}, out "
+                status.update(f"sss {logic} {phase} {now - t0:5.1f}s: in {len(feeder.produced)}, out "
                               f"{len(collector.ids)} ids / {len(collector.records)} records, batch "
                               f"{max(batches, default=-1)}{kill}")
             time.sleep(0.1)
@@ -850,7 +1162,7 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
     origin = kill_wall if kill_wall is not None else feeder.started_at
     timeline = per_second(samples, origin)
     produced_per_s: dict[int, int] = defaultdict(int)
-    for _k, ts, _c in delivered.values():
+    for _key, ts, _count in delivered.values():
         produced_per_s[math.floor(ts / MS - origin)] += 1
     for row in timeline:
         row["produced"] = produced_per_s.get(row["second"], 0)
@@ -860,11 +1172,15 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
     last_sink = max((r.sink_ts for r in collector.records), default=math.nan)
     summary: dict[str, Any] = {
         "kill": "none" if kill_wall is None else f"executor {victim} at {kill_at_s:g}s ({kill_phase})",
+        "logic": logic,
+        "input": ", ".join(f"{t[len(out_topic_prefix):]}: {n} partitions" for t, n in inputs.items())
+        + (" (fed 2:1)" if logic == "chain" else ""),
         "rate": rate, "keys": keys, "partitions": partitions, "trigger_ms": trigger_ms,
         "duration_s": duration_s, "records_in": len(delivered), "feed_errors": len(feeder.errors),
         **{k: v for k, v in acc.items() if k not in ("dup_batches", "retried_writes")},
         "dup_batches": " ".join(map(str, acc["dup_batches"])),
         "retried_writes": " ".join(acc["retried_writes"]), **failures,
+        **(chain_checks(collector.records, delivered) if logic == "chain" else {}),
         "drained": drained, "query_error": query_error,
         "steady_p50_ms": percentile(steady, .5), "steady_p99_ms": percentile(steady, .99),
         "steady_max_ms": max(steady, default=math.nan),
@@ -873,14 +1189,16 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
     }
     if kill_wall is not None:
         summary.update(fault_stats(samples, timeline, kill_wall, not_before=feeder.started_at + warmup_s))
-        worst = max((x for x in samples if x[0] - feeder.started_at >= warmup_s), key=lambda x: x[1], default=None)
+        worst = max((x for x in samples if x[0] - feeder.started_at >= warmup_s), key=lambda x: x[1],
+                    default=None)
         summary["worst_record_ms"] = worst[1] if worst else math.nan
         summary["worst_record_at_s"] = (worst[0] - kill_wall) if worst else math.nan
         summary["executor_removed_s"] = (removed_at - kill_wall) if removed_at else math.nan
         summary["executor_added_s"] = (added_at - kill_wall) if added_at else math.nan
         summary["victim_pid"] = victim_pid
     rows = sorted(batches.values(), key=lambda b: b["batch_id"])
-    steady_batches = [b["trigger_ms"] for b in rows if b["rows"] and b["start"] - feeder.started_at >= warmup_s
+    steady_batches = [b["trigger_ms"] for b in rows
+                      if b["rows"] and b["start"] - feeder.started_at >= warmup_s
                       and (kill_wall is None or b["start"] + b["trigger_ms"] / MS < kill_wall)]
     for b in rows:
         b["start_s"] = b.pop("start") - origin
@@ -892,6 +1210,9 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
         summary["batch_at_kill_ms"] = at_kill[0]["trigger_ms"] if at_kill else math.nan
         after = [b for b in rows if b["start_s"] >= -1]
         summary["longest_batch_after_ms"] = max((b["trigger_ms"] for b in after), default=math.nan)
+    if logic == "chain":
+        summary["wrong_counts"] = ""  # chain positions are not known in advance: verify_chains checks them
+    summary["exact"] = "yes" if is_exact(summary) else "no"
     summary["state_store"] = f"RocksDB, changelog checkpointing {'on' if changelog_checkpointing else 'off'}"
     summary["locality_wait"] = sc.getConf().get("spark.locality.wait", "3s (default)")
     return {"summary": summary, "timeline": timeline, "batches": rows,
@@ -911,9 +1232,11 @@ def _plot(out: Path, result: Mapping[str, Any]) -> Path:
     killed = "p99_before_ms" in s
     lo, hi = (-12, STALL_WINDOW_S + 2) if killed else (-1, int(s["duration_s"]) + 1)
     pts = [r for r in timeline if lo <= r["second"] <= hi]
-    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.3]})
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
+                                 gridspec_kw={"height_ratios": [3, 1.3]})
     ax.plot([r["second"] + .5 for r in pts], [r["p99_ms"] for r in pts], marker=".", label="per-second p99")
-    ax.plot([r["second"] + .5 for r in pts], [r["max_ms"] for r in pts], marker=".", alpha=.6, label="per-second max")
+    ax.plot([r["second"] + .5 for r in pts], [r["max_ms"] for r in pts], marker=".", alpha=.6,
+            label="per-second max")
     ax.plot([r["second"] + .5 for r in pts], [r["p50_ms"] for r in pts], alpha=.6, label="per-second p50")
     ax.set_ylim(bottom=0)
     if killed:
@@ -927,8 +1250,9 @@ def _plot(out: Path, result: Mapping[str, Any]) -> Path:
                 ax.axvline(t, color="purple", linestyle=":", linewidth=1)
                 ax.text(t + .1, ax.get_ylim()[1] * 0.02, text.split(" by ")[0], color="purple", rotation=90,
                         fontsize=7, va="bottom")
-    title = (f"Spark Structured Streaming (applyInPandasWithState, RocksDB, trigger {s['trigger_ms']} ms), "
-             f"{s['rate']:.0f} rec/s, {s['keys']} keys")
+    job = "hash chain on topics a + b fed 2:1" if s.get("logic") == "chain" else "running count per key"
+    title = (f"Spark Structured Streaming: {job}, {s['rate']:.0f} rec/s, {s['keys']} keys\n"
+             f"applyInPandasWithState, RocksDB state store, trigger {s['trigger_ms']} ms")
     ax.set(ylabel="sink_ts - ts (ms), by produce second", title=title)
     ax.legend(fontsize=8, loc="upper right")
     ax.grid(alpha=.3)
@@ -945,6 +1269,32 @@ def _plot(out: Path, result: Mapping[str, Any]) -> Path:
     return path
 
 
+def logic_defaults(logic: str) -> dict[str, Any]:
+    """``--rate``, ``--keys`` and ``--partitions`` when not given: ``chain`` as bench/ordering.py (400
+    events/s, its 30 keys, state partitions = its chain task's parallelism 2); ``count`` as before."""
+    if logic == "chain":
+        from bench.ordering import KEYS
+
+        return {"rate": 400.0, "keys": KEYS, "partitions": 2}
+    if logic == "count":
+        return {"rate": 200.0, "keys": 64, "partitions": 3}
+    raise ValueError(f"logic must be one of {LOGICS}, got {logic!r}")
+
+
+def not_exact_text(s: Mapping[str, Any]) -> str:
+    """Why a run's output is not exact, in one line."""
+    text = (f"NOT EXACT: {s['missing']} missing, {s['duplicates']} ids duplicated ({s['extra_copies']} extra "
+            f"copies, {s['retried_rows']} rows written by retried tasks), {s['unexpected']} unexpected")
+    if s["logic"] == "chain":
+        text += (f"; chains as written: {s['chain_check']}; with identical copies removed: "
+                 f"{'exact' if s['chains_exact_dedup'] == 'yes' else 'NOT exact'} ({s['identical_copies']} "
+                 f"identical copies removed, {s['conflicting_ids']} ids with differing copies, "
+                 f"{s['broken_chains_dedup']} broken chains)")
+    else:
+        text += f", {s['wrong_counts']} wrong counts"
+    return text + (", query failed" if s["query_error"] else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from bench.common import format_row, write_csv, write_machine
     from deploy.stack import EmbeddedStack, require_java17
@@ -952,15 +1302,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from replication.spark_cluster import build_session, stop_session
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rate", type=float, default=200.0, help="records/s fed (default 200)")
-    ap.add_argument("--keys", type=int, default=64)
-    ap.add_argument("--partitions", type=int, default=3, help="input/output topic partitions")
+    ap.add_argument("--logic", choices=LOGICS, default="chain",
+                    help="chain: bench/ordering.py's hash chain job on topics a, b (2 partitions each, "
+                         "fed 2:1); count: a running count per key on one topic")
+    ap.add_argument("--rate", type=float, default=None, help="records/s fed (default: chain 400, count 200)")
+    ap.add_argument("--keys", type=int, default=None, help="keys (default: chain 30, count 64)")
+    ap.add_argument("--partitions", type=int, default=None,
+                    help="state store and output partitions, count: input partitions too "
+                         "(default: chain 2, count 3)")
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of feeding")
     kill = ap.add_mutually_exclusive_group()
     kill.add_argument("--kill-at", type=float, default=15.0, help="SIGKILL an executor this many s in")
     kill.add_argument("--no-kill", action="store_true")
     ap.add_argument("--kill-phase", choices=("any", "stateful"), default="any",
-                    help="any: kill at --kill-at; stateful: from then, wait until the stateful stage's tasks run")
+                    help="any: kill at --kill-at; stateful: from then, wait until the stateful stage's "
+                         "tasks run")
     ap.add_argument("--victim", default=None, help="executor id to kill (default: the lowest alive)")
     ap.add_argument("--trigger-ms", type=int, default=100)
     ap.add_argument("--drain-timeout", type=float, default=90.0)
@@ -969,6 +1325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "this long for the executor that last held its state store before going elsewhere")
     ap.add_argument("--out", default=str(REPO / "bench/results/sss"))
     args = ap.parse_args(argv)
+    for name, value in logic_defaults(args.logic).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     require_java17()
@@ -977,15 +1336,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         conf = {} if args.locality_wait is None else {"spark.locality.wait": args.locality_wait}
         spark = build_session("local-cluster[3,1,512]", app_name="bench-sss", conf=conf)
         try:
-            print(f"== SSS: {args.rate:.0f} records/s, {args.keys} keys, {args.duration:.0f}s, trigger "
-                  f"{args.trigger_ms} ms, " + ("no kill" if kill_at is None else f"kill at {kill_at:.0f}s"),
+            print(f"== SSS {args.logic}: {args.rate:.0f} records/s, {args.keys} keys, {args.duration:.0f}s, "
+                  f"trigger {args.trigger_ms} ms, "
+                  + ("no kill" if kill_at is None else f"kill at {kill_at:.0f}s"),
                   flush=True)
             status = StatusLine()
             result = run_sss_experiment(
                 stack.bootstrap_servers, spark, rate=args.rate, keys=args.keys, duration_s=args.duration,
                 kill_at_s=kill_at, trigger_ms=args.trigger_ms, out_topic_prefix=f"sss{os.getpid()}-",
                 status=status, partitions=args.partitions, victim=args.victim,
-                drain_timeout_s=args.drain_timeout, kill_phase=args.kill_phase)
+                drain_timeout_s=args.drain_timeout, kill_phase=args.kill_phase, logic=args.logic)
             status.done("sss: done")
         finally:
             stop_session(spark)
@@ -997,15 +1357,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "events.txt").write_text("".join(f"{t:+8.2f}s {e}\n" for t, e in result["events"]))
     png = _plot(out, result)
     write_machine(out)
-    print("   " + format_row(s), flush=True)
+    print("   " + format_row(s, skip=("chain_check",)), flush=True)
     for t, e in result["events"]:
         print(f"   {t:+8.2f}s {e}")
     print(f"wrote {out}/summary.csv, timeline.csv, batches.csv, events.txt, {png.name}, machine.txt")
-    exact = s["missing"] == 0 and s["duplicates"] == 0 and s["wrong_counts"] == 0 and not s["query_error"]
+    exact = s["exact"] == "yes"
     if not exact:
-        print(f"NOT EXACT: {s['missing']} missing, {s['duplicates']} ids duplicated ({s['extra_copies']} extra "
-              f"copies), {s['wrong_counts']} wrong counts{', query failed' if s['query_error'] else ''}",
-              flush=True)
+        print(not_exact_text(s), flush=True)
     return 0 if exact else 1
 
 

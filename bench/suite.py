@@ -20,8 +20,8 @@ on the terminal; about 35 minutes in all on 2 cores):
   NEXMark-like windowed join (state up to 20 MB) in every configuration (about 5 minutes).
 * ``rhino``: ``bench/rhino.py`` at 10 MB of state: the stateful partition's executor killed,
   active (two replicas) and passive.
-* ``sss``: ``bench/sss.py``: Spark Structured Streaming with the same kind of keyed state, an
-  executor killed.
+* ``sss``: ``bench/sss.py``: Spark Structured Streaming running the same hash-chain job on the same
+  input shape (topics a and b, 2:1, 400 events/s), an executor killed.
 
 A step that fails (or whose output is not exact) is recorded in ``suite.json`` with its exit code
 and shown in the report; the suite goes on with the next one and exits non-zero at the end.
@@ -51,7 +51,7 @@ STEPS = {
             "--rates-a", "5,50,500", "--rate-b", "5", "--duration", "8"],
     "workloads": ["bench/workloads.py", "--rate", "200", "--duration", "15", "--nexmark-state-mb", "20"],
     "rhino": ["bench/rhino.py", "--sizes", "10MB", "--latency-modes", ""],
-    "sss": ["bench/sss.py", "--duration", "50", "--kill-at", "20"],
+    "sss": ["bench/sss.py", "--logic", "chain", "--rate", "400", "--duration", "50", "--kill-at", "20"],
 }
 
 
