@@ -39,7 +39,8 @@ from replication.plan import (
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
 from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
-from rhino_state import HandoverState
+from rhino_state import AllAtOnce, HandoverState, JobState, RoutingTable
+from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager
 
 log = logging.getLogger(__name__)
@@ -304,6 +305,8 @@ class JobMaster:
                     self.divergences.append(text)
                     self.event(text)
         workers_at = {info.address: w for w, info in self.workers.items()}
+        if report.get("completed"):
+            self._status_dirty = True  # the status view shows each partition's last checkpoint
         for t, p, cid, positions, digest, chain, outputs in report.get("completed", ()):
             holders = [workers_at[a] for a in chain if a in workers_at]
             self.rhino.checkpoint_completed((t, p), cid, positions, digest, now=time.time(), holders=holders,
@@ -750,13 +753,18 @@ class JobHandle:
         return "\n".join(lines)
 
     def move_vnodes(self, task: str, vnodes: Sequence[int], target: int, timeout: float = 60.0,
-                    margin_s: float = 0.5, release_s: float = 0.3) -> dict[str, Any]:
+                    margin_s: float = 0.5, release_s: float = 0.3, strategy: Strategy | None = None,
+                    gap_s: float = 0.0) -> dict[str, Any]:
         """Move ``vnodes`` of the keyed ``task`` to its partition ``target`` while the job runs
         (docs/handover.md): every upstream reroutes them at a pulse about ``margin_s`` ahead, the
         origin cuts their state and sends it to the target, which processes their records from
-        the pulse ``release_s`` later on.  Exactly once on both replicas.  Returns the handover's
-        id, pulses, state entries moved and duration; raises ValueError for a request it refuses
-        and TimeoutError if the handover did not complete within ``timeout``."""
+        the pulse ``release_s`` later on.  Exactly once on both replicas.
+
+        ``strategy``: ``AllAtOnce()`` (default: one step), ``Fluid()`` (one vnode per step) or
+        ``Batched(n)`` (n per step), each step a handover of its own, ``gap_s`` apart so queues
+        drain.  Returns the job's state and, per step, its id, pulses, state entries moved and
+        duration; raises ValueError for a request it refuses and TimeoutError if it did not
+        complete within ``timeout``."""
         tid = self._keyed_task(task)
         period_ms = self.cfg.liverobin_heartbeat_period_ms
         generators = [g for g in self.pulse_generators if g.alive]
@@ -767,32 +775,59 @@ class JobHandle:
             gen.eager(timeout)
         master = self.master
         started = time.monotonic()
-        with master._cond:
-            if master.handovers is None:
-                master.handovers = HandoverCoordinator(self.plan)
-            pulse = max(g.pulses.last_h for g in generators)
-            switch_at = pulse + max(5, math.ceil(margin_s * 1000 / period_ms))
-            release_at = switch_at + max(2, math.ceil(release_s * 1000 / period_ms))
-            order = master.handovers.start_move(tid, vnodes, target, switch_at, release_at)
-            master.event(f"handover {order.handover_id} of {task}: vnodes {sorted(vnodes)} to partition {target}, "
-                         f"switch at pulse {switch_at} (now about {pulse}), release at {release_at}")
-            done = master._cond.wait_for(
-                lambda: master.handovers.state(order.handover_id) in (HandoverState.COMPLETED,
-                                                                      HandoverState.ABORTED)
-                or master.failure is not None, timeout)
-            state = master.handovers.state(order.handover_id)
-            record = master.handovers.manager.record(order.handover_id)
+        deadline = started + timeout
+        steps: list[dict[str, Any]] = []
+        try:
+            with master._cond:
+                if master.handovers is None:
+                    master.handovers = HandoverCoordinator(self.plan)
+                coordinator = master.handovers
+                job = coordinator.start_job(tid, vnodes, target, strategy or AllAtOnce())
+                master.event(f"handover job {job} of {task}: vnodes {sorted(vnodes)} to partition {target} "
+                             f"({type(strategy or AllAtOnce()).__name__}, {len(coordinator.manager.job(job).steps)} "
+                             "step(s))")
+                while coordinator.job_state(job) is JobState.RUNNING:
+                    step_started = time.monotonic()
+                    pulse = max(g.pulses.last_h for g in generators)
+                    switch_at = pulse + max(5, math.ceil(margin_s * 1000 / period_ms))
+                    release_at = switch_at + max(2, math.ceil(release_s * 1000 / period_ms))
+                    order = coordinator.instruct_next(job, switch_at, release_at)
+                    if order is None:
+                        raise ValueError(f"handover job {job} of {task} cannot go on: a participant is lost or "
+                                         "another handover of the task is not committed yet")
+                    hid = order.handover_id
+                    done = master._cond.wait_for(
+                        lambda hid=hid: coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED)
+                        or master.failure is not None, max(0.0, deadline - time.monotonic()))
+                    if master.failure is not None:
+                        raise JobFailedError(f"job failed during handover {order.handover_id}: {master.failure}")
+                    if not done:
+                        raise TimeoutError(f"handover {order.handover_id} of {task} not completed within "
+                                           f"{timeout}s (state {coordinator.state(order.handover_id).value})")
+                    steps.append({"handover_id": order.handover_id, "vnodes": sorted(m.vnode for m in order.moves),
+                                  "state": coordinator.state(order.handover_id).value,
+                                  "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
+                                  "entries_moved": coordinator.moved_entries.get(order.handover_id, 0),
+                                  "seconds": time.monotonic() - step_started})
+                    if gap_s and coordinator.job_state(job) is JobState.RUNNING:
+                        master._cond.wait(gap_s)
+                state = coordinator.job_state(job)
+                reason = coordinator.manager.job(job).reason
+        finally:
             for gen in generators:
                 gen.eager(0)
-            if not done:
-                raise TimeoutError(f"handover {order.handover_id} of {task} not completed within {timeout}s "
-                                   f"(state {state.value})")
-            if master.failure is not None:
-                raise JobFailedError(f"job failed during handover {order.handover_id}: {master.failure}")
-            return {"handover_id": order.handover_id, "state": state.value, "reason": record.reason,
-                    "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
-                    "entries_moved": master.handovers.moved_entries.get(order.handover_id, 0),
-                    "seconds": time.monotonic() - started}
+        return {"job": job, "state": state.value, "reason": reason, "steps": steps,
+                "entries_moved": sum(s["entries_moved"] for s in steps), "seconds": time.monotonic() - started}
+
+    def routing(self, task: str) -> RoutingTable:
+        """The vnode -> partition map of the keyed ``task`` now (after the handovers committed)."""
+        spec = next((t for t in self.plan.tasks if t.name == task and t.id in self.plan.routing), None)
+        if spec is None:
+            raise ValueError(f"{task!r} is not a keyed task of job {self.job.name}")
+        with self.master._cond:
+            if self.master.handovers is not None:
+                return self.master.handovers.manager.tables[spec.id]
+        return self.plan.routing[spec.id]
 
     def _keyed_task(self, task: str) -> int:
         """The id of the keyed ``task``, or ValueError naming why it cannot be handed over (yet)."""

@@ -32,9 +32,11 @@ from typing import Any
 from rhino_state import (
     AckKind,
     AckOutcome,
+    AllAtOnce,
     HandoverAck,
     HandoverManager,
     HandoverState,
+    JobState,
     LateInstructionError,
     MoveRequest,
     RocksDBStateBackend,
@@ -46,6 +48,7 @@ from rhino_state import (
     cut_key_groups,
     load_key_groups,
 )
+from rhino_state.handover import Strategy
 
 Instance = tuple[int, int]
 ReplicaId = tuple[int, int, int]
@@ -333,18 +336,33 @@ class HandoverCoordinator:
 
     def start_move(self, task: int, vnodes: Iterable[int], target: int, switch_at: int,
                    release_at: int) -> HandoverOrder:
-        """Plan and instruct the move of ``vnodes`` of ``task`` to partition ``target`` at pulse
-        ``switch_at`` (the targets release at ``release_at``); raises ValueError for a bad request."""
+        """Plan and instruct the move of ``vnodes`` of ``task`` to partition ``target`` in one step
+        at pulse ``switch_at`` (the targets release at ``release_at``); ValueError for a bad request."""
+        job = self.start_job(task, vnodes, target, AllAtOnce())
+        order = self.instruct_next(job, switch_at, release_at)
+        if order is None:
+            raise ValueError(f"task {task}: another handover is not committed yet, or a participant is lost")
+        return order
+
+    def start_job(self, task: int, vnodes: Iterable[int], target: int, strategy: Strategy) -> int:
+        """Plan the move of ``vnodes`` of ``task`` to ``target`` in steps (``strategy``); its job id."""
+        return self.manager.submit(MoveRequest(task, tuple(vnodes), target), strategy).job_id
+
+    def instruct_next(self, job_id: int, switch_at: int, release_at: int) -> HandoverOrder | None:
+        """Instruct the job's next step at these pulses (None: not now, e.g. the previous step is
+        not completed)."""
         if release_at < switch_at + 2:
             raise ValueError(f"release pulse {release_at} must be at least 2 after the switch {switch_at}")
-        job = self.manager.submit(MoveRequest(task, tuple(vnodes), target))
-        instruction = self.manager.instruct_next(job.job_id, switch_at)
+        instruction = self.manager.instruct_next(job_id, switch_at)
         if instruction is None:
-            raise ValueError(f"task {task}: another handover is not committed yet, or a participant is lost")
-        order = HandoverOrder(instruction.handover_id, instruction.epoch, task, instruction.table,
+            return None
+        order = HandoverOrder(instruction.handover_id, instruction.epoch, instruction.task, instruction.table,
                               instruction.moves, switch_at, release_at, instruction.participants["upstream"])
         self.orders[order.handover_id] = order
         return order
+
+    def job_state(self, job_id: int) -> JobState:
+        return self.manager.job(job_id).state
 
     def on_acks(self, acks: Iterable[tuple]) -> list[str]:
         """Feed the acks of one heartbeat; commits, releases and completions follow.  Returns what

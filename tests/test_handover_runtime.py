@@ -13,6 +13,7 @@ import pytest
 from replication import run
 from replication.chaos import kill_executor, locate
 from replication.examples.ordered import build_ordered_job, verify_chains
+from rhino_state import Batched, Fluid
 from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, source_topics
 
 pytestmark = pytest.mark.integration
@@ -37,13 +38,18 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
         while handle.sink_metrics().records_out < 200 and time.monotonic() < deadline:
             time.sleep(0.2)
         there = handle.move_vnodes("chain", half, 1)
-        back = handle.move_vnodes("chain", half[:32], 0)
+        back = handle.move_vnodes("chain", half[:32], 0, strategy=Batched(8))
+        fluid = handle.move_vnodes("chain", half[32:36], 0, strategy=Fluid())
         time.sleep(1.0)
     result = handle.drain(timeout=300)
-    for report in (there, back):
+    for report, steps in ((there, 1), (back, 4), (fluid, 4)):
         assert report["state"] == "completed", report
-        assert report["entries_moved"] > 0, report  # keys of those vnodes had state to move
-    assert there["seconds"] < 15 and back["seconds"] < 15
+        assert [s["state"] for s in report["steps"]] == ["completed"] * steps, report
+        assert report["seconds"] < 15 * steps, report
+    assert there["entries_moved"] > 0 and back["entries_moved"] > 0  # their keys had state (30 keys: 4 vnodes may not)
+    assert [s["vnodes"] for s in back["steps"]] == [list(half[i:i + 8]) for i in range(0, 32, 8)]
+    table = handle.routing("chain")
+    assert [table.partition_of_vnode(v) for v in half] == [0] * 36 + [1] * 28
     output = verify_chains(read_output(stack, f"{name}out"), ids)
     assert output.exact, output
     assert result.metrics.gaps == 0
