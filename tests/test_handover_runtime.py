@@ -19,20 +19,22 @@ from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, s
 pytestmark = pytest.mark.integration
 
 
-def _conf(stack) -> dict[str, str]:
-    return {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
-            "spark.replication.enabled": "true", "spark.replication.mode": "liverobin",
-            "spark.replication.failureTimeout": "2s"}
+def _start(stack, spark, name: str):
+    """The ordered job, replicated in LiveRobin mode, on topics ``<name>a``/``<name>b``: (job,
+    handle, topic a, topic b, the vnodes partition 0 of the chain task owns)."""
+    a, b = source_topics(stack, name)
+    job = build_ordered_job(a, b, f"{name}out", name=name)
+    handle = run(job, spark=spark, conf={
+        "spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, "spark.replication.enabled": "true",
+        "spark.replication.mode": "liverobin", "spark.replication.failureTimeout": "2s"})
+    handle.wait_started(120)
+    return job, handle, a, b, handle.routing("chain").vnodes_of(0)
 
 
 def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, spark, topic_prefix):
     name = f"{topic_prefix}hov"
-    a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name)
-    handle = run(job, spark=spark, conf=_conf(stack))
-    handle.wait_started(120)
-    chain = next(t for t in handle.plan.tasks if t.name == "chain")
-    half = handle.plan.routing[chain.id].vnodes_of(0)[:64]
+    job, handle, a, b, owned = _start(stack, spark, name)
+    half = owned[:64]
     with fed_without_pause(stack, a, b) as ids:
         deadline = time.monotonic() + 60
         while handle.sink_metrics().records_out < 200 and time.monotonic() < deadline:
@@ -62,12 +64,8 @@ def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack
     """The executor of a target (or origin) replica dies between the commit and the release: the
     handover rolls forward on its twin (Rhino Theorem 1), and the output is still exactly once."""
     name = f"{topic_prefix}hovkill{victim[6]}"
-    a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name)
-    handle = run(job, spark=spark, conf=_conf(stack))
-    handle.wait_started(120)
-    chain = next(t for t in handle.plan.tasks if t.name == "chain")
-    vnodes = handle.plan.routing[chain.id].vnodes_of(0)[:64]
+    job, handle, a, b, owned = _start(stack, spark, name)
+    vnodes = owned[:64]
     outcome: dict = {}
 
     def move() -> None:
@@ -101,12 +99,8 @@ def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack
 
 
 def test_a_handover_request_that_cannot_be_served_is_refused_with_the_reason(stack, spark, topic_prefix):
-    name = f"{topic_prefix}hovbad"
-    a, b = source_topics(stack, name)
-    handle = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark, conf=_conf(stack))
-    handle.wait_started(120)
-    chain = next(t for t in handle.plan.tasks if t.name == "chain")
-    owner = handle.plan.routing[chain.id].partition_of_vnode(0)
+    _, handle, _, _, _ = _start(stack, spark, f"{topic_prefix}hovbad")
+    owner = handle.routing("chain").partition_of_vnode(0)
     try:
         with pytest.raises(ValueError, match="not a keyed task"):
             handle.move_vnodes("chain-sink", [0], 1)
