@@ -129,6 +129,46 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_move(args: argparse.Namespace) -> int:
+    from replication import rpc
+    from replication.handovers import parse_strategy, parse_vnodes
+    from replication.status import read_status
+
+    try:
+        vnodes = parse_vnodes(args.vnodes)
+        parse_strategy(args.strategy)
+        address = read_status(args.job).get("control_address")
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if not address:
+        print(f"error: job {args.job!r} does not publish a control address (an older driver?)", file=sys.stderr)
+        return 2
+    peer = rpc.Peer(address)
+    try:
+        report = peer.call("MoveVnodes", {"task": args.task, "vnodes": vnodes, "target": args.target,
+                                          "strategy": args.strategy, "timeout": args.timeout},
+                           timeout=args.timeout + 30)
+    except Exception as err:  # noqa: BLE001 - grpc.RpcError: the driver is gone
+        print(f"error: the driver of job {args.job!r} at {address} did not answer: {err}", file=sys.stderr)
+        return 2
+    finally:
+        peer.close()
+    if "error" in report:
+        print(f"error: {report['error']}", file=sys.stderr)
+        return 2
+    print(f"handover job {report['job']} of {args.task}: {report['state']} in {report['seconds']:.1f} s, "
+          f"{len(report['steps'])} step(s), {report['entries_moved']} state entries moved")
+    for step in report["steps"]:
+        print(f"  handover {step['handover_id']}: vnodes {step['vnodes'][0]}..{step['vnodes'][-1]} "
+              f"({len(step['vnodes'])}) switch at pulse {step['switch_at']}, release at {step['release_at']}, "
+              f"{step['entries_moved']} entries, {step['seconds']:.2f} s: {step['state']}")
+    return 0 if report["state"] == "completed" else 2
+
+
 def _cmd_stack(args: argparse.Namespace) -> int:
     from deploy.__main__ import main as stack_main
 
@@ -175,6 +215,15 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("job", help="the job name")
     st.add_argument("--json", action="store_true", help="print the status file the driver publishes, as it is")
     st.set_defaults(fn=_cmd_status)
+    mv = sub.add_parser("move", help="move vnodes of a keyed task to another of its partitions while the job "
+                                     "runs (LiveRobin mode, Rhino off)")
+    mv.add_argument("job", help="the job name")
+    mv.add_argument("task", help="the keyed task")
+    mv.add_argument("vnodes", help="vnodes, e.g. 0-31,40")
+    mv.add_argument("target", type=int, help="the partition they move to")
+    mv.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
+    mv.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the move to complete")
+    mv.set_defaults(fn=_cmd_move)
     chaos.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
     return p
 

@@ -24,7 +24,7 @@ from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig
-from replication.handovers import HandoverCoordinator
+from replication.handovers import HandoverCoordinator, parse_strategy
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import (
@@ -122,6 +122,8 @@ class JobMaster:
         self._peers: dict[str, rpc.Peer] = {}
         self.metrics_url: str | None = None  # the Prometheus endpoint, set by the JobHandle that serves it
         self.handovers: HandoverCoordinator | None = None  # created by the first handover request
+        self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
+        self.mover: Callable[[dict], dict] | None = None  # the JobHandle's answer to a CLI "move" request
 
     # -- state changes (caller holds the condition unless noted) ---------------------------------
     def event(self, text: str) -> None:
@@ -447,6 +449,12 @@ class JobMaster:
         return {}
 
     # -- watching ---------------------------------------------------------------------------------
+    def move(self, req: dict) -> dict:
+        """The CLI's ``replication move`` (a gRPC handler): the answer of the job's handle."""
+        if self.mover is None:
+            return {"error": "the job is not ready for handovers yet"}
+        return self.mover(req)
+
     def all_done(self) -> bool:
         """Every worker has reported its end, or is dead with no relaunch running."""
         with self._cond:
@@ -488,7 +496,7 @@ class JobMaster:
             return
         status = {
             "job": self.job_name, "app_id": self.app_id, "driver_pid": os.getpid(), "updated": time.time(),
-            "state": state,
+            "state": state, "control_address": self.control_address,
             "workers": {str(w): {"executor": i.executor, "address": i.address, "python_pid": i.python_pid,
                                  "attempt": i.attempt, "alive": w not in self.dead or i.standby,
                                  "standby": i.standby} for w, i in self.workers.items()},
@@ -819,6 +827,76 @@ class JobHandle:
         return {"job": job, "state": state.value, "reason": reason, "steps": steps,
                 "entries_moved": sum(s["entries_moved"] for s in steps), "seconds": time.monotonic() - started}
 
+    def replace_operator(self, task: str, operator: str, fn: Any, timeout: float = 60.0,
+                         margin_s: float = 0.5) -> dict[str, Any]:
+        """Replace the user function of ``operator`` (a map, filter, flat_map or keyed process
+        operator of the processing task ``task``) by ``fn`` while the job runs: every replica of
+        every partition switches right after the same pulse, about ``margin_s`` ahead, so both
+        replicas of a partition run the old code on exactly the same elements.  A keyed process
+        function keeps the operator's state.  ``fn`` is shipped with cloudpickle.  Returns the
+        replacement's id, version, pulse, state and duration."""
+        from pyspark import cloudpickle
+
+        spec = next((t for t in self.plan.tasks if t.name == task), None)
+        cfg = self.cfg
+        if cfg.mode != "liverobin" or cfg.rhino_enabled:
+            raise ValueError("replacing an operator at runtime needs spark.replication.mode=liverobin (its pulses "
+                             "are the switch points) and, for now, spark.replication.rhino.enabled=false")
+        if spec is None or spec.is_source:
+            raise ValueError(f"{task!r} is not a processing task of job {self.job.name} (sources not supported)")
+        node = next((n for n in spec.chain if n.name == operator), None)
+        kinds = ("map", "filter", "flat_map", "process")
+        if node is None or node.kind not in kinds:
+            names = [n.name for n in spec.chain if n.kind in kinds]
+            raise ValueError(f"task {task!r} has no operator {operator!r} with a user function (it has {names})")
+        if node.kind == "process" and not hasattr(fn, "process"):
+            raise ValueError(f"operator {operator!r} runs a KeyedProcessFunction: give an instance of one")
+        if node.kind != "process" and not callable(fn):
+            raise ValueError(f"operator {operator!r} runs a function: give a callable")
+        payload = cloudpickle.dumps(fn)
+        generators = [g for g in self.pulse_generators if g.alive]
+        if not generators:
+            raise ValueError("no heartbeat generator runs: an operator replacement switches at a pulse")
+        for gen in generators:
+            gen.eager(timeout)
+        master = self.master
+        started = time.monotonic()
+        try:
+            with master._cond:
+                if master.handovers is None:
+                    master.handovers = HandoverCoordinator(self.plan)
+                coordinator = master.handovers
+                pulse = max(g.pulses.last_h for g in generators)
+                switch_at = pulse + max(5, math.ceil(margin_s * 1000 / cfg.liverobin_heartbeat_period_ms))
+                order = coordinator.start_replace(spec.id, operator, payload, switch_at)
+                master.event(f"operator {operator!r} of {task}: version {order.version} from pulse {switch_at} on "
+                             f"(now about {pulse})")
+                hid = order.handover_id
+                done = master._cond.wait_for(
+                    lambda: coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED)
+                    or master.failure is not None, timeout)
+                if master.failure is not None:
+                    raise JobFailedError(f"job failed while replacing {operator!r}: {master.failure}")
+                if not done:
+                    raise TimeoutError(f"replacement {hid} of {operator!r} not completed within {timeout}s "
+                                       f"(state {coordinator.state(hid).value})")
+                record = coordinator.manager.record(hid)
+        finally:
+            for gen in generators:
+                gen.eager(0)
+        return {"handover_id": hid, "version": order.version, "switch_at": switch_at, "state": record.state.value,
+                "reason": record.reason, "seconds": time.monotonic() - started}
+
+    def move_request(self, req: dict) -> dict:
+        """A ``replication move`` from the CLI: ``move_vnodes`` with the strategy named
+        ("all", "fluid" or "batched:N"); the report, or ``{"error": why}``."""
+        try:
+            strategy = parse_strategy(req.get("strategy", "all"))
+            return self.move_vnodes(req["task"], req["vnodes"], req["target"], timeout=req.get("timeout", 60.0),
+                                    strategy=strategy)
+        except (ValueError, TimeoutError, JobFailedError) as err:
+            return {"error": f"{type(err).__name__}: {err}"}
+
     def routing(self, task: str) -> RoutingTable:
         """The vnode -> partition map of the keyed ``task`` now (after the handovers committed)."""
         spec = next((t for t in self.plan.tasks if t.name == task and t.id in self.plan.routing), None)
@@ -1006,10 +1084,13 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     elections = ElectionJanitor(cfg.zookeeper_connect, election_root, master) if election_root else None
     threading.Thread(target=master.monitor, name=f"monitor-{job.name}", daemon=True).start()
     server, port = rpc.serve({"Register": rpc.pickled(master.register), "Heartbeat": rpc.pickled(master.heartbeat),
-                              "Finished": rpc.pickled(master.finished)}, max_workers=num_workers * 2 + 8)
+                              "Finished": rpc.pickled(master.finished), "MoveVnodes": rpc.pickled(master.move)},
+                             max_workers=num_workers * 2 + 8)
     address = f"{driver_advertise_host(sc)}:{port}"
+    master.control_address = address
     boot = WorkerBootstrap(job.name, run_id, plan, placement, cfg, address, num_workers, election_root)
     handle = JobHandle(job, cfg, plan, placement, master, server, sc, f"replication-{job.name}-{run_id}", elections)
+    master.mover = handle.move_request
     log.info("%s\nwarm executors: %s; %d workers; job master at %s", plan.describe(), sorted(warm), num_workers,
              address)
     threading.Thread(target=handle._run_spark_job, args=(boot,), name=f"spark-job-{job.name}", daemon=True).start()

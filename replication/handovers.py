@@ -33,12 +33,15 @@ from rhino_state import (
     AckKind,
     AckOutcome,
     AllAtOnce,
+    Batched,
+    Fluid,
     HandoverAck,
     HandoverManager,
     HandoverState,
     JobState,
     LateInstructionError,
     MoveRequest,
+    ReplaceOperatorRequest,
     RocksDBStateBackend,
     RoutingTable,
     SwitchNotCommittedError,
@@ -93,6 +96,39 @@ class HandoverOrder:
         return cls(d["id"], d["epoch"], d["task"], RoutingTable.from_dict(d["table"]),
                    tuple(VnodeMove(*m) for m in d["moves"]), d["switch_at"], d["release_at"],
                    frozenset(tuple(u) for u in d["upstreams"]), d["committed"], d["cancelled"])
+
+
+@dataclass(frozen=True)
+class CodeOrder:
+    """An operator replacement as the driver shows it to every worker: ``operator`` of ``task``
+    runs function ``version`` (``fn``, cloudpickled) from the elements after pulse ``switch_at``."""
+
+    handover_id: int
+    task: int
+    operator: str
+    version: int
+    fn: bytes
+    switch_at: int
+    committed: bool = False
+    cancelled: bool = False
+
+    @property
+    def epoch(self) -> int:
+        return self.version  # acks of a replacement carry the version as their epoch
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": "code", "id": self.handover_id, "task": self.task, "operator": self.operator,
+                "version": self.version, "fn": self.fn, "switch_at": self.switch_at, "committed": self.committed,
+                "cancelled": self.cancelled}
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> CodeOrder:
+        return cls(d["id"], d["task"], d["operator"], d["version"], d["fn"], d["switch_at"], d["committed"],
+                   d["cancelled"])
+
+
+def order_from_wire(d: Mapping[str, Any]) -> HandoverOrder | CodeOrder:
+    return CodeOrder.from_wire(d) if d.get("kind") == "code" else HandoverOrder.from_wire(d)
 
 
 class RouterSwitches:
@@ -160,7 +196,69 @@ class _Step:
     state: list[tuple[int, bytes, bytes]] | None = None  # target: the origin's cut, once it arrived
 
 
-class PartitionHandovers:
+class _Decisions:
+    """Orders a replica may have to wait on at a pulse until it knows whether they were committed
+    or cancelled (the worker thread updates them, the instance thread waits)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+
+    def _order(self, handover_id: int) -> Any:
+        raise NotImplementedError
+
+    def decided(self, handover_id: int, stopping: Callable[[], bool]) -> bool | None:
+        """Wait until ``handover_id`` is committed (True) or cancelled (False); None: stopping."""
+        with self._cond:
+            while True:
+                order = self._order(handover_id)
+                if order.cancelled or order.committed:
+                    return order.committed
+                if stopping():
+                    return None
+                self._cond.wait(WAIT_SLICE_S)
+
+
+class CodeSwitches(_Decisions):
+    """Operator replacements armed on one replica: the function of an operator changes right after
+    pulse P, on both replicas at the same element."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._orders: dict[int, CodeOrder] = {}
+        self.position = 0  # the last pulse forwarded
+
+    def _order(self, handover_id: int) -> CodeOrder:
+        return self._orders[handover_id]
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._orders)
+
+    def arm(self, order: CodeOrder) -> str:
+        """Install, commit or cancel ``order``: "armed", "late" (pulse P already forwarded) or "cancelled"."""
+        with self._cond:
+            known = self._orders.get(order.handover_id)
+            if known is None and not order.cancelled and self.position >= order.switch_at:
+                return "late"
+            if known is not None or not order.cancelled:
+                self._orders[order.handover_id] = order
+                self._cond.notify_all()
+            return "cancelled" if order.cancelled else "armed"
+
+    def at_pulse(self, h: int) -> list[CodeOrder]:
+        """Pulse ``h`` was forwarded: the replacements due from the next element on."""
+        self.position = h
+        if not self._orders:
+            return []
+        with self._cond:
+            return [o for o in self._orders.values() if o.switch_at == h]
+
+    def done(self, handover_id: int) -> None:
+        with self._cond:
+            self._orders.pop(handover_id, None)
+
+
+class PartitionHandovers(_Decisions):
     """The origin and target roles of one replica of a keyed task's partition.
 
     A target gates the moved key groups from the moment it armed (records of them only come
@@ -169,10 +267,10 @@ class PartitionHandovers:
     does not know yet whether the handover was committed or cancelled waits for the word."""
 
     def __init__(self, task: int, partition: int, num_key_groups: int, num_vnodes: int) -> None:
+        super().__init__()
         self.task, self.partition = task, partition
         self.num_key_groups, self.num_vnodes = num_key_groups, num_vnodes
         self._steps: dict[int, _Step] = {}
-        self._cond = threading.Condition()
         self.position = 0  # the last pulse forwarded
         self.moved_entries = 0  # state entries cut or loaded here
         self.held_records = 0
@@ -243,16 +341,8 @@ class PartitionHandovers:
             releases = [s for s in self._steps.values() if s.gate is not None and h == s.order.release_at]
         return cuts, releases
 
-    def decided(self, handover_id: int, stopping: Callable[[], bool]) -> bool | None:
-        """Wait until ``handover_id`` is committed (True) or cancelled (False); None: stopping."""
-        with self._cond:
-            while True:
-                order = self._steps[handover_id].order
-                if order.cancelled or order.committed:
-                    return order.committed
-                if stopping():
-                    return None
-                self._cond.wait(WAIT_SLICE_S)
+    def _order(self, handover_id: int) -> HandoverOrder:
+        return self._steps[handover_id].order
 
     def cut(self, order: HandoverOrder, backend: RocksDBStateBackend) -> tuple[list[tuple[int, bytes, bytes]], str]:
         """Take the moved key groups out of the state: their entries and a digest of them."""
@@ -330,7 +420,7 @@ class HandoverCoordinator:
                     upstreams[edge.dst_task] += [(task.id, p) for p in range(task.parallelism)]
         self.plan = plan
         self.manager = HandoverManager(plan.routing, upstreams, replicas=plan.replicas)
-        self.orders: dict[int, HandoverOrder] = {}
+        self.orders: dict[int, HandoverOrder | CodeOrder] = {}
         self.moved_entries: dict[int, int] = {}  # handover id -> state entries cut (one origin replica each)
         self._deferred: list[HandoverAck] = []  # LOADED acks that came before the release was placed
 
@@ -364,6 +454,16 @@ class HandoverCoordinator:
     def job_state(self, job_id: int) -> JobState:
         return self.manager.job(job_id).state
 
+    def start_replace(self, task: int, operator: str, fn: bytes, switch_at: int) -> CodeOrder:
+        """Instruct every replica of ``task`` to run ``fn`` (cloudpickled) as ``operator`` from pulse
+        ``switch_at`` on (the next version of that operator)."""
+        version = self.manager.code_versions.get((task, operator), 0) + 1
+        instruction = self.manager.replace_operator(ReplaceOperatorRequest(task, operator, version), switch_at,
+                                                    partitions=self.plan.task(task).parallelism)
+        order = CodeOrder(instruction.handover_id, task, operator, version, fn, switch_at)
+        self.orders[order.handover_id] = order
+        return order
+
     def on_acks(self, acks: Iterable[tuple]) -> list[str]:
         """Feed the acks of one heartbeat; commits, releases and completions follow.  Returns what
         happened, for the job's event log."""
@@ -390,11 +490,18 @@ class HandoverCoordinator:
         if rec.state is HandoverState.ARMED:
             self.manager.commit(hid)
             self.orders[hid] = order = replace(order, committed=True)
+            release = f", release at {order.release_at}" if isinstance(order, HandoverOrder) else ""
             events.append(f"handover {hid} of {name}: every participant armed; committed (switch at pulse "
-                          f"{order.switch_at}, release at {order.release_at})")
+                          f"{order.switch_at}{release})")
         if rec.state is HandoverState.ABORTED and not order.cancelled:
             self.orders[hid] = replace(order, cancelled=True)
             events.append(f"handover {hid} of {name} cancelled: {rec.reason}")
+        if isinstance(order, CodeOrder):
+            if rec.state is HandoverState.COMPLETED and hid in self.orders:
+                del self.orders[hid]
+                events.append(f"operator {order.operator!r} of {name} replaced by version {order.version} on every "
+                              f"replica, from pulse {order.switch_at} on")
+            return events
         if _ORDER_OF[rec.state] >= _ORDER_OF[HandoverState.CUT] and rec.state is not HandoverState.ABORTED \
                 and not rec.released:
             self.manager.release(hid)
@@ -429,3 +536,28 @@ class HandoverCoordinator:
 
 
 _ORDER_OF = {s: i for i, s in enumerate(HandoverState)}
+
+
+def parse_strategy(text: str) -> Strategy:
+    """``all`` (one step), ``fluid`` (one vnode per step) or ``batched:N`` (N per step)."""
+    name, _, arg = text.strip().lower().partition(":")
+    if name == "all" and not arg:
+        return AllAtOnce()
+    if name == "fluid" and not arg:
+        return Fluid()
+    if name == "batched" and arg.isdigit() and int(arg) >= 1:
+        return Batched(int(arg))
+    raise ValueError(f"strategy {text!r}: expected all, fluid or batched:N (N >= 1)")
+
+
+def parse_vnodes(text: str) -> list[int]:
+    """``0-31,40,42`` -> [0, ..., 31, 40, 42] (ValueError naming what is wrong)."""
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"vnodes {text!r}: {part!r} is not N or N-M")
+        if sep and int(hi) < int(lo):
+            raise ValueError(f"vnodes {text!r}: range {part!r} goes down")
+        out += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    return out

@@ -29,7 +29,7 @@ from replication.deadletter import describe_error
 from replication.dedup import Dedup
 from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
 from replication.framing import BatchHeader, decode_elements
-from replication.handovers import HandoverOrder, PartitionHandovers, RouterSwitches
+from replication.handovers import CodeOrder, CodeSwitches, HandoverOrder, PartitionHandovers, RouterSwitches
 from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain, chain_operators
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
@@ -71,6 +71,7 @@ class PartitionInstance:
         # handovers of this task's vnodes (origin and target roles), and the acks for the driver
         self.handovers = (PartitionHandovers(task.id, partition, plan.num_key_groups, plan.routing[task.id].num_vnodes)
                           if task.id in plan.routing else None)
+        self.code_switches = CodeSwitches()  # operator replacements (processing tasks)
         self._handover_acks: list[tuple] = []
         self._acked: set[tuple[int, str]] = set()
         self._ack_lock = threading.Lock()
@@ -104,8 +105,14 @@ class PartitionInstance:
         return StateContext(self.state_backend(), operator_name, self.num_key_groups)
 
     # -- handovers (replication.handovers) --------------------------------------------------
-    def apply_handover(self, order: HandoverOrder) -> None:
+    def apply_handover(self, order: HandoverOrder | CodeOrder) -> None:
         """Worker thread: install, commit or cancel ``order`` in the roles this replica has in it."""
+        if isinstance(order, CodeOrder):
+            if order.task == self.task.id and not self.task.is_source:
+                outcome = self.code_switches.arm(order)
+                if outcome != "cancelled":
+                    self.handover_ack(order.handover_id, order.epoch, outcome)
+            return
         outcomes = []
         if (self.task.id, self.partition) in order.upstreams:
             outcomes.append(self.router_switches.arm(order))
@@ -435,6 +442,9 @@ class ProcessingInstance(PartitionInstance):
                         gate = handovers if handovers.gating else None
                     self._forwarded_pulse = metrics.pulse = h
                     chain.on_pulse(h)
+                    self.code_switches.position = h  # (an instruction for a pulse already passed is late)
+                    if self.code_switches.pending and not self._replace_operators_at(h):
+                        return  # stopping while waiting for a replacement's commit
                     if self.checkpoint_every and h % self.checkpoint_every == 0:
                         self._checkpoint_at_pulse(h, channel, i + 1)
                 continue
@@ -460,6 +470,20 @@ class ProcessingInstance(PartitionInstance):
             self._current_wm = self.metrics.watermark = new_wm
             if new_wm < MAX_WATERMARK:
                 self.chain.on_watermark(new_wm)
+
+    def _replace_operators_at(self, h: int) -> bool:
+        """Pulse ``h`` was forwarded: the operator replacements due take effect from the next element.
+        False: stopping while waiting to know whether one was committed."""
+        for order in self.code_switches.at_pulse(h):
+            decided = self.code_switches.decided(order.handover_id, self.stop_requested.is_set)
+            if decided is None:
+                return False
+            if decided:
+                op = next(o for o in chain_operators(self.chain) if o.name == order.operator)
+                op.replace_fn(pickle.loads(order.fn))
+                self.handover_ack(order.handover_id, order.epoch, "switched")
+            self.code_switches.done(order.handover_id)
+        return True
 
     def _handovers_at_pulse(self, h: int) -> bool:
         """Before forwarding pulse ``h``: cut what this origin gives away (h = P + 1), load what this

@@ -49,6 +49,13 @@ class Operator:
     def restore(self, snapshot: Any) -> None:
         """Take back what :meth:`snapshot` returned (a replica restored from a checkpoint)."""
 
+    def replace_fn(self, fn: Any) -> None:
+        """Run ``fn`` instead of the user function from the next element on (operator replacement,
+        docs/handover.md); operators without a user function refuse."""
+        if not hasattr(self, "fn"):
+            raise ValueError(f"operator {self.name!r} has no user function to replace")
+        self.fn = fn
+
     def dead_letter(self, rec: tuple, reason: str) -> None:
         payload, kind = payload_of(rec[1])
         self.env.dead_letter(reason=reason, operator=self.name, origin=rec[5], payload=payload, payload_kind=kind)
@@ -116,6 +123,11 @@ class ProcessOperator(Operator):
     def on_watermark(self, wm: int) -> None:
         self.ctx.watermark = wm
         self.next.on_watermark(wm)
+
+    def replace_fn(self, fn: Any) -> None:
+        """The new version keeps the keyed state: it opens on the same state context."""
+        fn.open(RuntimeContext(self.state, self.name, self.env.partition, self.env.parallelism))
+        self.fn = fn
 
     def snapshot(self) -> Any:
         return self.ctx.watermark

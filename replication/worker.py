@@ -38,7 +38,7 @@ from replication.channels import OutputChannel, PushLink, receive_pushes
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
-from replication.handovers import HandoverOrder
+from replication.handovers import HandoverOrder, order_from_wire
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.plan import Instance, PhysicalPlan, ReplicaId
 from replication.spark_cluster import current_executor_id, local_advertise_host
@@ -316,7 +316,7 @@ class Worker:
     # -- handovers: instructions from the job master, the cut state between replicas ------------
     def _apply_handovers(self, orders: list[dict]) -> None:
         for wire in orders:
-            order = HandoverOrder.from_wire(wire)
+            order = order_from_wire(wire)
             for inst in list(self.instances.values()):
                 inst.apply_handover(order)
 

@@ -12,7 +12,8 @@ import pytest
 
 from replication import run
 from replication.chaos import kill_executor, locate
-from replication.examples.ordered import build_ordered_job, verify_chains
+from replication.cli import main as cli_main
+from replication.examples.ordered import HashChain, build_ordered_job, verify_chains
 from rhino_state import Batched, Fluid
 from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, source_topics
 
@@ -98,15 +99,58 @@ def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack
     assert sum("declared dead" in text for _, text in result.events) == 1, result.events
 
 
-def test_a_handover_request_that_cannot_be_served_is_refused_with_the_reason(stack, spark, topic_prefix):
-    _, handle, _, _, _ = _start(stack, spark, f"{topic_prefix}hovbad")
-    owner = handle.routing("chain").partition_of_vnode(0)
+def test_a_handover_request_that_cannot_be_served_is_refused_with_the_reason(stack, spark, topic_prefix, capsys):
+    """Through the Python API and the CLI (``replication move``, which reaches the driver at the
+    control address of the job's status file): bad requests are refused naming why; a good one runs."""
+    name = f"{topic_prefix}hovbad"
+    _, handle, _, _, owned = _start(stack, spark, name)
     try:
+        time.sleep(0.6)  # the status file (with the driver's control address) is written every 0.5 s
+        assert cli_main(["move", name, "chain", f"{owned[0]}-{owned[7]}", "1", "--strategy", "batched:4"]) == 0
+        shown = capsys.readouterr().out
+        assert "completed" in shown and "2 step(s)" in shown, shown
+        assert [handle.routing("chain").partition_of_vnode(v) for v in owned[:8]] == [1] * 8
+        assert cli_main(["move", name, "chain", "0-3", "9"]) == 2
+        assert "target partition 9 out of range" in capsys.readouterr().err
         with pytest.raises(ValueError, match="not a keyed task"):
             handle.move_vnodes("chain-sink", [0], 1)
         with pytest.raises(ValueError, match="own partition"):
-            handle.move_vnodes("chain", [0], owner)
+            handle.move_vnodes("chain", [0], handle.routing("chain").partition_of_vnode(0))
         with pytest.raises(ValueError, match="target"):
             handle.move_vnodes("chain", [0], 7)
     finally:
         handle.stop(60)
+
+
+def test_replacing_the_chain_function_switches_both_replicas_at_the_same_element(stack, spark, topic_prefix):
+    """The keyed hash-chain function is replaced by a salted version under load: per key, every
+    record before some element was made by the old code and every one after by the new, the chain
+    links up across the switch (the new version kept the state), and the two replicas of each
+    partition end with equal state (had they switched at different elements, their heads would
+    differ)."""
+    name = f"{topic_prefix}hovcode"
+    job, handle, a, b, _ = _start(stack, spark, name)
+    with fed_without_pause(stack, a, b) as ids:
+        deadline = time.monotonic() + 60
+        while handle.sink_metrics().records_out < 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        report = handle.replace_operator("chain", "chain", HashChain(salt="v2|"))
+        time.sleep(1.5)
+    result = handle.drain(timeout=300)
+    assert report["state"] == "completed" and report["version"] == 1, report
+    outputs = read_output(stack, f"{name}out")
+    check = verify_chains(outputs, ids)  # salted records are checked with their salt
+    assert check.exact, check
+    by_key: dict[str, list[dict]] = {}
+    for rec in outputs:
+        by_key.setdefault(rec["key"], []).append(rec)
+    switched = 0
+    for recs in by_key.values():
+        versions = [rec.get("salt", "") for rec in sorted(recs, key=lambda r: r["n"])]
+        first_new = versions.index("v2|") if "v2|" in versions else len(versions)
+        assert set(versions[:first_new]) <= {""} and set(versions[first_new:]) <= {"v2|"}, versions
+        switched += first_new < len(versions)
+    assert switched == len(by_key)  # every key saw events after the switch
+    assert replicas_agree(result, handle) == 2
+    with pytest.raises(ValueError, match="no operator 'nope'"):
+        handle.replace_operator("chain", "nope", HashChain())

@@ -10,9 +10,26 @@ import pytest
 
 from replication.elements import DATA, WATERMARK
 from replication.examples.ordered import build_ordered_job
-from replication.handovers import HandoverCoordinator, HandoverOrder, PartitionHandovers
+from replication.handovers import (
+    CodeOrder,
+    CodeSwitches,
+    HandoverCoordinator,
+    HandoverOrder,
+    PartitionHandovers,
+    order_from_wire,
+    parse_strategy,
+    parse_vnodes,
+)
 from replication.plan import plan_job
-from rhino_state import RocksDBStateBackend, RoutingTable, VnodeMove, vnode_key_groups
+from rhino_state import (
+    AllAtOnce,
+    Batched,
+    Fluid,
+    RocksDBStateBackend,
+    RoutingTable,
+    VnodeMove,
+    vnode_key_groups,
+)
 
 G, V = 64, 8  # 8 key groups per vnode
 
@@ -160,3 +177,52 @@ def test_the_coordinator_cancels_on_a_late_participant_or_a_lost_one_before_the_
         coord.start_move(chain.id, [0], 1, switch_at=400, release_at=401)
     assert replace(second, cancelled=False).to_wire()["moves"] == [(0, 0, 1)]
     assert HandoverOrder.from_wire(second.to_wire()) == second
+
+
+def test_the_cli_spells_vnodes_and_strategies():
+    assert parse_vnodes("0-3,7, 9-9") == [0, 1, 2, 3, 7, 9]
+    for bad, why in (("a", "not N or N-M"), ("3-1", "goes down"), ("1,,2", "not N or N-M")):
+        with pytest.raises(ValueError, match=why):
+            parse_vnodes(bad)
+    assert (parse_strategy("all"), parse_strategy("Fluid"), parse_strategy("batched:8")) == (
+        AllAtOnce(), Fluid(), Batched(8))
+    for bad in ("batched", "batched:0", "fluid:2", "some"):
+        with pytest.raises(ValueError, match="all, fluid or batched:N"):
+            parse_strategy(bad)
+
+
+def test_code_switches_arm_once_before_their_pulse_and_wait_for_the_word_at_it():
+    order = CodeOrder(3, 4, "chain", 1, b"fn", switch_at=10)
+    code = CodeSwitches()
+    code.position = 9
+    assert code.arm(order) == "armed" and code.pending
+    assert code.at_pulse(9) == [] and [o.handover_id for o in code.at_pulse(10)] == [3]
+    assert code.decided(3, lambda: True) is None  # stopping while nobody knows yet
+    code.arm(replace(order, committed=True))
+    assert code.decided(3, lambda: False) is True
+    code.done(3)
+    assert not code.pending
+    late = CodeSwitches()
+    late.position = 10  # pulse 10 already forwarded: elements after it ran the old code
+    assert late.arm(order) == "late" and not late.pending
+    cancelled = CodeSwitches()
+    cancelled.arm(order)
+    assert cancelled.arm(replace(order, cancelled=True)) == "cancelled"
+    assert cancelled.decided(3, lambda: False) is False
+    assert CodeSwitches().arm(replace(order, cancelled=True)) == "cancelled"  # never armed: nothing kept
+    assert order_from_wire(order.to_wire()) == order
+
+
+def test_the_coordinator_runs_an_operator_replacement_to_completion():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    order = coord.start_replace(chain.id, "chain", b"fn", switch_at=50)
+    assert order.version == 1 and coord.view()[0]["kind"] == "code"
+    replicas = [(chain.id, p) for p in range(chain.parallelism)]
+    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "armed", "", 0) for t, p in replicas for r in (0, 1)])
+    assert any("committed" in e for e in events) and coord.view()[0]["committed"]
+    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "switched", "", 0) for t, p in replicas
+                            for r in (0, 1)])
+    assert any("replaced by version 1" in e for e in events) and coord.view() == []
+    assert coord.start_replace(chain.id, "chain", b"fn2", switch_at=80).version == 2

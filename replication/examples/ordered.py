@@ -29,7 +29,12 @@ def chain_step(prev: str, event_id: str) -> str:
 
 
 class HashChain(KeyedProcessFunction):
-    """Per key: ``h_n = chain_step(h_{n-1}, id)``; emits one record per event."""
+    """Per key: ``h_n = chain_step(h_{n-1}, salt + id)``; emits one record per event.  ``salt``
+    (default none) makes a visibly different version of the function, e.g. for replacing the
+    operator at runtime: its records carry ``"salt"``."""
+
+    def __init__(self, salt: str = "") -> None:
+        self.salt = salt
 
     def open(self, ctx: RuntimeContext) -> None:
         self.head = ctx.value_state("head", default="")
@@ -37,12 +42,15 @@ class HashChain(KeyedProcessFunction):
 
     def process(self, event: dict, ctx: ProcessContext) -> Iterable[dict]:
         prev = self.head.value()
-        h = chain_step(prev, event["id"])
+        h = chain_step(prev, self.salt + event["id"])
         n = self.count.value() + 1
         self.head.update(h)
         self.count.update(n)
         # ts: the event's own time (the load generators set it to the wall clock at production)
-        yield {"key": ctx.key, "n": n, "id": event["id"], "prev": prev, "h": h, "ts": event["ts"]}
+        out = {"key": ctx.key, "n": n, "id": event["id"], "prev": prev, "h": h, "ts": event["ts"]}
+        if self.salt:
+            out["salt"] = self.salt
+        yield out
 
 
 def build_ordered_job(topic_a: str, topic_b: str, out_topic: str, name: str = "hash-chain",
@@ -122,7 +130,7 @@ def verify_chains(outputs: Iterable[dict], event_ids: Iterable[str]) -> ChainRep
         recs.sort(key=lambda r: r["n"])
         prev = ""
         for i, rec in enumerate(recs, start=1):
-            if rec["n"] != i or rec["prev"] != prev or rec["h"] != chain_step(prev, rec["id"]):
+            if rec["n"] != i or rec["prev"] != prev or rec["h"] != chain_step(prev, rec.get("salt", "") + rec["id"]):
                 report.broken.append(key)
                 break
             prev = rec["h"]
