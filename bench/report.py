@@ -211,8 +211,12 @@ def not_measured(results: Path) -> str:
     if not any(r.get("logic") == "chain" for r in read_csv(results / "sss" / "summary.csv")):
         missing.append("the same job logic on all configurations including Spark Structured Streaming (its job "
                        "here is a keyed count, the others' the ordered hash chain)")
-    if not missing:
-        return "Nothing of what issue 8 lists: every item above was measured in this run."
+    # not in any step of the suite yet
+    missing.append("recovery by state size on the NEXMark-like query (the state-size recovery rows come from "
+                   "rhino.py's synthetic keyed job; the NEXMark-like join is measured fault-free only)")
+    ramped = {r["config"] for r in read_csv(results / "ordering" / "throughput.csv")}
+    if ramped and (passive := "passive") not in ramped:
+        missing.append(f"a throughput ramp for {passive} and Spark Structured Streaming")
     if len(missing) == 1:
         return f"Issue 8 asks for more than this suite measures so far: {missing[0]}."
     return "Issue 8 asks for more than this suite measures so far: " + ", ".join(missing[:-1]) + \
