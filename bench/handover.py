@@ -1,0 +1,950 @@
+"""Runtime handover (issue 7, point 6): latency, duration and phases, and state moved while vnodes of a
+keyed task move between its partitions under load, per strategy and state size.
+
+    .venv/bin/python bench/handover.py [--sizes 1MB,20MB] [--strategies all,batched,fluid] [--rate 200]
+                                       [--before 8] [--after 5] [--vnodes 0] [--batch 8] [--keys-per-vnode 1]
+                                       [--value-bytes 1000] [--margin 0.5] [--release 0.3] [--period 10]
+                                       [--warm-up 3] [--no-restart] [--out bench/results/handover]
+
+    # a short check (one size, 16 vnodes): 80 s on 2 cores
+    .venv/bin/python bench/handover.py --sizes 1MB --vnodes 16 --batch 4 --before 6 --after 3 --out /tmp/hov
+
+The job (defined here): one topic of 2 partitions -> ``key_by`` -> ``chain`` (parallelism 2) -> exactly-once
+sink, replicated, LiveRobin mode (``--period`` ms pulses), Rhino off (what ``JobHandle.move_vnodes`` needs).
+``chain`` folds every key's events into a hash chain (as :mod:`replication.examples.ordered`) and keeps a
+*pad* per key: a map state of ``E`` entries of ``--value-bytes`` incompressible bytes, written by the key's
+first event; every event reads entry ``n mod E``, outputs its first 8 bytes and overwrites it.  The keys
+are chosen so that every vnode holds exactly ``--keys-per-vnode`` keys, and ``E`` so that the whole state
+is about the ``--sizes`` value: the state per vnode is controlled.  1 MB = 10^6 bytes.
+
+Per size and strategy, on a fresh job: ``--rate`` events/s round robin over the keys; ``--before`` seconds
+in (every key's pad written), ``move_vnodes`` moves ``--vnodes`` of partition 0's vnodes (0: half of them)
+to partition 1, ``all`` at once, ``batched`` (``--batch`` vnodes per step) or ``fluid`` (one per step);
+``--after`` more seconds of load, drain, read the output.  Measured:
+
+* latency by event time (sink - produced, the load generator's clock), in ``handover_timeline.csv`` per
+  second since the request, all records and those of moved keys; p99 and max before the request (after
+  ``--warm-up``), during the handover (produced between the request and its end) and after;
+* the handover's duration and its phases, from the job's events, per step (``handover_steps.csv``, with
+  the switch and release margins its pulses planned) and summed per run: *trigger* (step instructed ->
+  every participant armed, committed), *alignment* (committed -> the origins cut: mostly the wait for the
+  switch pulse, ``--margin`` ahead), *transfer + catch-up* (cut -> completed: the state sent and loaded,
+  the held records processed at the release pulse ``--release`` after the switch) and *between steps*
+  (the rest of the job's time).  An event is stamped when the driver learns of it, and acks ride the
+  workers' heartbeats (``spark.replication.heartbeatInterval``, 200 ms): the phases are resolved to about
+  that much.  Transfer and catch-up are one phase: the driver sees nothing between the cut and the
+  targets' LOADED acks;
+* state entries moved (the driver's count of the origins' cuts) and bytes moved (key + value bytes of the
+  moved keys' state in the job's state model, the layout of :mod:`rhino_state.state`: the entries it
+  predicts are checked against the measured ones), against the state size per vnode;
+* exactness: every event once, every chain links up (:func:`verify_chains`), every event read the pad
+  value the reference says (a lost or stale piece of moved state shows), and the vnodes ended on
+  partition 1.
+* the restart floor (``restart.csv``, unless ``--no-restart``): the seconds to start the same job shape and
+  to stop it, idle.  It is *not* the issue's stop / restore-from-checkpoint with a new parallelism /
+  restart comparison: rescale is not wired and handovers need Rhino off, so there is no checkpoint to
+  restore from; it is only the part of any restart that does not depend on the state.
+
+A run that fails (the handover or the job) is a row with its error, never dropped.  Writes
+``handover.csv``, ``handover_steps.csv``, ``handover_timeline.csv``, ``restart.csv``, ``handover.png``
+and ``machine.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.common import format_row, write_csv, write_machine  # noqa: E402
+from replication.api import Job  # noqa: E402
+from replication.examples.ordered import ChainReport, chain_step, verify_chains  # noqa: E402
+from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext  # noqa: E402
+from replication.progress import StatusLine, bar  # noqa: E402
+from replication.workload import percentile  # noqa: E402
+from rhino_state import AllAtOnce, Batched, Fluid  # noqa: E402
+from rhino_state.keys import encode_key, key_group, vnode_of  # noqa: E402
+
+MS = 1000.0
+MB = 1_000_000
+TASK, SOURCE, SINK = "chain", "source", "chain-sink"
+STRATEGIES = ("all", "batched", "fluid")
+SOURCE_NAME = "a"  # event ids are "a-<i>" (verify_chains reads the source from the id)
+STATE_ID_BYTES, KEY_LEN_BYTES, KG_BYTES = 4, 4, 2  # rhino_state.state's physical key layout
+
+
+# ------------------------------------------------------------------------------------------ the job
+def entry_value(writer: str, j: int, size: int) -> bytes:
+    """What ``writer`` (an event id, or ``<key>/init``) writes to pad entry ``j``: deterministic,
+    incompressible; a shorter call gives a prefix of a longer one (SHAKE)."""
+    return hashlib.shake_128(f"{writer}:{j}".encode()).digest(size)
+
+
+class PaddedChain(KeyedProcessFunction):
+    """Per key a hash chain (``head``, ``n``) and a pad of ``entries`` map entries of ``value_bytes``:
+    the key's first event writes the pad; every event reads entry ``n mod entries`` (output: its first
+    8 bytes, hex) and overwrites it."""
+
+    def __init__(self, entries: int, value_bytes: int) -> None:
+        self.entries, self.value_bytes = entries, value_bytes
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.head = ctx.value_state("head", default="")
+        self.count = ctx.value_state("n", default=0)
+        self.pad = ctx.map_state("pad")
+
+    def process(self, event: dict, ctx: ProcessContext) -> Iterable[dict]:
+        prev, n = self.head.value(), self.count.value() + 1
+        if n == 1:
+            for j in range(self.entries):
+                self.pad.put(j, entry_value(f"{ctx.key}/init", j, self.value_bytes))
+        j = n % self.entries
+        old = self.pad.get(j)
+        self.pad.put(j, entry_value(event["id"], j, self.value_bytes))
+        h = chain_step(prev, event["id"])
+        self.head.update(h)
+        self.count.update(n)
+        yield {"key": ctx.key, "n": n, "id": event["id"], "prev": prev, "h": h, "ts": event["ts"],
+               "old": None if old is None else old[:8].hex()}
+
+
+def build_handover_job(topic: str, out_topic: str, name: str, entries: int, value_bytes: int,
+                       parallelism: int = 2) -> Job:
+    """``topic -> key_by(key) -> chain (PaddedChain) -> sink`` (the sink a task of its own)."""
+    if __name__ != "__main__":  # imported (not run as a script): executors cannot import ``bench``
+        from pyspark import cloudpickle
+
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    job = Job(name)
+    src = job.source(topic, deserializer="json", timestamp=lambda e: e["ts"], name=SOURCE)
+    (src.key_by(lambda e: e["key"]).process(PaddedChain(entries, value_bytes), name=TASK, parallelism=parallelism)
+     .new_task().sink(out_topic, serializer="json", key_serializer="str", name=SINK))
+    return job
+
+
+# ------------------------------------------------------------------------------------------ the state model
+def pick_keys(per_vnode: int, num_key_groups: int, num_vnodes: int) -> tuple[str, ...]:
+    """Keys ``k<i>`` (smallest ``i`` first) so that every vnode holds exactly ``per_vnode`` of them."""
+    counts = [0] * num_vnodes
+    keys: list[str] = []
+    i = 0
+    while len(keys) < per_vnode * num_vnodes:
+        key = f"k{i}"
+        v = vnode_of(key_group(encode_key(key), num_key_groups), num_key_groups, num_vnodes)
+        if counts[v] < per_vnode:
+            counts[v] += 1
+            keys.append(key)
+        i += 1
+    return tuple(keys)
+
+
+def _pickled(value: Any) -> int:
+    return len(pickle.dumps(value, protocol=5))
+
+
+def key_state(key: str, n: int, entries: int, value_bytes: int) -> tuple[int, int]:
+    """(state entries, key + value bytes) a key holds after ``n >= 1`` events: ``head`` and ``n``
+    (value states) and the pad (map state), physical keys as :mod:`rhino_state.state` lays them out."""
+    base = KG_BYTES + STATE_ID_BYTES + KEY_LEN_BYTES + len(encode_key(key))
+    head = base + _pickled("0" * 16)  # chain_step gives 16 hex digits
+    count = base + _pickled(n)
+    pad = sum(base + len(encode_key(j)) for j in range(entries)) + entries * _pickled(b"\0" * value_bytes)
+    return 2 + entries, head + count + pad
+
+
+def entries_for(total_bytes: int, keys: Sequence[str], value_bytes: int) -> int:
+    """The pad entries per key that bring the whole state (every key written) closest to ``total_bytes``."""
+    one = sum(key_state(k, 1, 1, value_bytes)[1] for k in keys)
+    two = sum(key_state(k, 1, 2, value_bytes)[1] for k in keys)
+    per_entry = two - one
+    return max(1, round((total_bytes - (one - per_entry)) / per_entry))
+
+
+@dataclass(frozen=True)
+class StateModel:
+    """The job's keys, where they live and what state they hold."""
+
+    keys: tuple[str, ...]
+    entries: int
+    value_bytes: int
+    num_key_groups: int
+    num_vnodes: int
+
+    def vnode(self, key: str) -> int:
+        return vnode_of(key_group(encode_key(key), self.num_key_groups), self.num_key_groups, self.num_vnodes)
+
+    def keys_in(self, vnodes: Iterable[int]) -> list[str]:
+        wanted = set(vnodes)
+        return [k for k in self.keys if self.vnode(k) in wanted]
+
+    def state(self, keys: Iterable[str], counts: dict[str, int] | None = None) -> tuple[int, int]:
+        """(entries, bytes) of ``keys`` once each saw ``counts[key]`` events (default 1; 0: no state)."""
+        entries = size = 0
+        for k in keys:
+            n = 1 if counts is None else counts.get(k, 0)
+            if n > 0:
+                e, b = key_state(k, n, self.entries, self.value_bytes)
+                entries, size = entries + e, size + b
+        return entries, size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state(self.keys)[1]
+
+    @property
+    def bytes_per_vnode(self) -> float:
+        return self.total_bytes / self.num_vnodes
+
+
+# ------------------------------------------------------------------------------------------ verification
+@dataclass
+class Verdict:
+    chains: ChainReport
+    wrong_pad: int = 0  # events that read another pad value than the reference's
+    failure: str | None = None  # the job failed (or did not drain)
+
+    @property
+    def exact(self) -> bool:
+        return self.failure is None and self.chains.exact and not self.wrong_pad
+
+    @property
+    def outcome(self) -> str:
+        c = self.chains
+        parts = [f"job failed: {self.failure}"] if self.failure else []
+        if c.missing or c.duplicated or c.unexpected:
+            parts.append(f"{len(c.missing)} missing, {len(c.duplicated)} duplicated, {len(c.unexpected)} unexpected")
+        if c.broken or c.reordered:
+            parts.append(f"{len(c.broken)} broken chains, {len(c.reordered)} keys reordered (of {c.keys})")
+        if self.wrong_pad:
+            parts.append(f"{self.wrong_pad} events read a wrong pad value")
+        return "; ".join(parts) or "yes"
+
+
+def wrong_pad_reads(outputs: Iterable[dict], entries: int) -> int:
+    """Output records whose ``old`` is not what the pad entry held in the key's order (by ``n``): the
+    key's init value, or the value the last earlier event of that entry wrote."""
+    by_key: dict[str, list[dict]] = {}
+    for rec in outputs:
+        by_key.setdefault(rec["key"], []).append(rec)
+    wrong = 0
+    for key, recs in by_key.items():
+        last: dict[int, str] = {}
+        seen: set[int] = set()
+        for rec in sorted(recs, key=lambda r: r["n"]):
+            if rec["n"] in seen:  # a duplicate: verify_chains reports it
+                continue
+            seen.add(rec["n"])
+            j = rec["n"] % entries
+            if rec.get("old") != entry_value(last.get(j, f"{key}/init"), j, 8).hex():
+                wrong += 1
+            last[j] = rec["id"]
+    return wrong
+
+
+def verify(outputs: list[dict], event_ids: Iterable[str], entries: int, failure: str | None = None) -> Verdict:
+    return Verdict(verify_chains(outputs, event_ids), wrong_pad_reads(outputs, entries), failure)
+
+
+# ------------------------------------------------------------------------------------------ phases from events
+_COMMITTED = re.compile(r"^handover (\d+) of .+?: every participant armed; committed")
+_CUT = re.compile(r"^handover (\d+) of .+?: the origins cut (\d+) state entries")
+_COMPLETED = re.compile(r"^handover (\d+) of .+? completed: ")
+_CANCELLED = re.compile(r"^handover (\d+)(?: of .+?)? cancelled: (.*)$")
+
+
+def handover_marks(events: Iterable[tuple[float, str]]) -> dict[int, dict[str, Any]]:
+    """Per handover id, the wall time of its ``committed``, ``cut``, ``completed`` and ``cancelled``
+    events (the first of each), the entries cut, and why it was cancelled."""
+    marks: dict[int, dict[str, Any]] = {}
+    for at, text in events:
+        for name, pattern in (("committed", _COMMITTED), ("cut", _CUT), ("completed", _COMPLETED),
+                              ("cancelled", _CANCELLED)):
+            m = pattern.match(text)
+            if m:
+                rec = marks.setdefault(int(m.group(1)), {})
+                rec.setdefault(name, at)
+                if name == "cut":
+                    rec.setdefault("entries", int(m.group(2)))
+                if name == "cancelled":
+                    rec.setdefault("reason", m.group(2))
+                break
+    return marks
+
+
+@dataclass(frozen=True)
+class StepPhases:
+    """One step of a handover job, in seconds: instructed -> committed -> cut -> completed."""
+
+    handover_id: int
+    vnodes: int
+    start: float | None  # wall clock: the step was instructed (None: it never ended, so unknown)
+    committed: float | None
+    cut: float | None
+    completed: float | None
+    entries: int
+
+    def _span(self, a: float | None, b: float | None) -> float | str:
+        return b - a if a is not None and b is not None else ""
+
+    @property
+    def trigger_s(self) -> float | str:
+        return self._span(self.start, self.committed)
+
+    @property
+    def alignment_s(self) -> float | str:
+        return self._span(self.committed, self.cut)
+
+    @property
+    def transfer_s(self) -> float | str:
+        return self._span(self.cut, self.completed)
+
+    @property
+    def total_s(self) -> float | str:
+        return self._span(self.start, self.completed)
+
+
+def step_phases(steps: Sequence[dict], events: Iterable[tuple[float, str]]) -> list[StepPhases]:
+    """The phases of every step of a ``move_vnodes`` report.  A step's start is its completion event's
+    time minus the step's ``seconds`` (the report measures from just before the instruction to just
+    after the completion; the driver logs no event at the instruction)."""
+    marks = handover_marks(events)
+    out = []
+    for s in steps:
+        m = marks.get(s["handover_id"], {})
+        end = m.get("completed", m.get("cancelled"))
+        start = end - s["seconds"] if end is not None else None
+        out.append(StepPhases(s["handover_id"], len(s["vnodes"]), start, m.get("committed"), m.get("cut"),
+                              m.get("completed"), m.get("entries", s.get("entries_moved", 0))))
+    return out
+
+
+PHASE_COLUMNS = ("trigger_s", "alignment_s", "transfer_catchup_s", "between_steps_s")
+
+
+def phase_columns(phases: Sequence[StepPhases], total_s: float) -> dict[str, float | str]:
+    """A run's phases summed over its steps; *between steps* is what of ``total_s`` (the whole job) no
+    step covers.  Empty when a step lacks an event (cancelled, or the job failed)."""
+    spans = [(p.trigger_s, p.alignment_s, p.transfer_s, p.total_s) for p in phases]
+    if not spans or any("" in s for s in spans):
+        return dict.fromkeys(PHASE_COLUMNS, "")
+    trig, align, transfer, steps = (sum(col) for col in zip(*spans, strict=True))
+    return {"trigger_s": trig, "alignment_s": align, "transfer_catchup_s": transfer,
+            "between_steps_s": max(0.0, total_s - steps)}
+
+
+# ------------------------------------------------------------------------------------------ latency
+@dataclass(frozen=True)
+class Obs:
+    """One output record: produced (event time) and written by the sink (wall clock, s), moved key or not."""
+
+    produced: float
+    sink: float
+    moved: bool
+
+    @property
+    def latency(self) -> float:
+        return self.sink - self.produced
+
+
+def per_second(obs: Iterable[Obs], origin: float) -> dict[int, list[Obs]]:
+    """Records by event second since ``origin`` (floor: -0.2 s is second -1)."""
+    groups: dict[int, list[Obs]] = {}
+    for o in obs:
+        groups.setdefault(int((o.produced - origin) // 1), []).append(o)
+    return dict(sorted(groups.items()))
+
+
+def _ms_stats(lat: list[float], prefix: str) -> dict[str, float | str]:
+    """p50 / p99 / max (ms) of ``lat`` (s); empty strings when there is none."""
+    if not lat:
+        return {f"{prefix}p50_ms": "", f"{prefix}p99_ms": "", f"{prefix}max_ms": ""}
+    return {f"{prefix}p50_ms": percentile(lat, .5) * MS, f"{prefix}p99_ms": percentile(lat, .99) * MS,
+            f"{prefix}max_ms": max(lat) * MS}
+
+
+def timeline_rows(obs: Sequence[Obs], origin: float, labels: dict[str, Any]) -> list[dict[str, Any]]:
+    """handover_timeline.csv rows: per event second since ``origin`` (the request), all records and
+    the moved keys' records."""
+    rows = []
+    for sec, group in per_second(obs, origin).items():
+        moved = [o.latency for o in group if o.moved]
+        rows.append({**labels, "second": sec, "records": len(group), **_ms_stats([o.latency for o in group], ""),
+                     "moved_records": len(moved), **_ms_stats(moved, "moved_")})
+    return rows
+
+
+def window_columns(obs: Sequence[Obs], lo: float, hi: float, name: str) -> dict[str, float | str]:
+    """p99 and max (ms) of the records produced in ``[lo, hi)``, all and moved keys only."""
+    inside = [o for o in obs if lo <= o.produced < hi]
+    moved = [o.latency for o in inside if o.moved]
+    every = [o.latency for o in inside]
+    return {f"p99_{name}_ms": percentile(every, .99) * MS if every else "",
+            f"max_{name}_ms": max(every) * MS if every else "",
+            f"moved_p99_{name}_ms": percentile(moved, .99) * MS if moved else "",
+            f"moved_max_{name}_ms": max(moved) * MS if moved else ""}
+
+
+def latency_columns(obs: Sequence[Obs], requested: float, ended: float, load: tuple[float, float],
+                    warm_up_s: float) -> dict[str, float | str]:
+    """Before the request (from ``warm_up_s`` after the load started), during the handover (produced
+    between the request and its end) and after it (to the end of the load); the worst per-second p99
+    during it."""
+    during = [(sec, percentile([o.latency for o in g], .99)) for sec, g in per_second(obs, requested).items()
+              if sec >= 0 and requested + sec < ended]
+    return {**window_columns(obs, load[0] + warm_up_s, requested, "before"),
+            **window_columns(obs, requested, ended, "during"),
+            **window_columns(obs, ended, load[1], "after"),
+            "worst_second_p99_ms": max((p for _, p in during), default=0.0) * MS}
+
+
+# ------------------------------------------------------------------------------------------ CSV rows
+RUN_COLUMNS = ("size", "strategy", "state_bytes", "vnodes", "bytes_per_vnode", "keys", "pad_entries", "value_bytes",
+               "vnodes_moved", "steps", "state", "error", "exact", "outcome", "on_target", "produced", "records",
+               "handover_s", *PHASE_COLUMNS, "max_step_s", "entries_moved", "entries_model", "entries_match",
+               "bytes_moved", "p99_before_ms", "max_before_ms", "moved_p99_before_ms", "moved_max_before_ms",
+               "p99_during_ms", "max_during_ms", "moved_p99_during_ms", "moved_max_during_ms", "p99_after_ms",
+               "max_after_ms", "moved_p99_after_ms", "moved_max_after_ms", "worst_second_p99_ms")
+
+
+def run_row(labels: dict[str, Any], report: dict[str, Any] | None, phases: Sequence[StepPhases],
+            moved: tuple[int, int], verdict: Verdict | None, latency: dict[str, Any],
+            extra: dict[str, Any]) -> dict[str, Any]:
+    """One handover.csv row (every :data:`RUN_COLUMNS`, empty where a failed run has nothing).
+    ``moved``: (entries, bytes) of the moved keys in the state model; ``extra``: the other columns."""
+    row: dict[str, Any] = dict.fromkeys(RUN_COLUMNS, "")
+    row.update(labels)
+    row.update(extra)
+    if report is not None:
+        measured = report["entries_moved"]
+        row.update({"steps": len(report["steps"]), "state": report["state"], "handover_s": report["seconds"],
+                    **phase_columns(phases, report["seconds"]),
+                    "max_step_s": max((s["seconds"] for s in report["steps"]), default=""),
+                    "entries_moved": measured, "entries_model": moved[0],
+                    "entries_match": "yes" if measured == moved[0] else "no", "bytes_moved": moved[1]})
+    if verdict is not None:
+        row.update({"exact": "yes" if verdict.exact else "no", "outcome": verdict.outcome,
+                    "records": verdict.chains.records})
+    row.update({k: v for k, v in latency.items() if k in row})
+    return row
+
+
+def step_rows(labels: dict[str, Any], steps: Sequence[dict], phases: Sequence[StepPhases],
+              period_ms: int) -> list[dict[str, Any]]:
+    """handover_steps.csv rows: one per step, its pulses, the margins they plan (pulses x ``period_ms``:
+    request -> switch, switch -> release) and its phases."""
+    return [{**labels, "step": i + 1, "handover_id": p.handover_id, "vnodes": p.vnodes, "state": s["state"],
+             "switch_at": s["switch_at"], "release_at": s["release_at"], "pulse_at_request": s["pulse_at_request"],
+             "planned_switch_s": (s["switch_at"] - s["pulse_at_request"]) * period_ms / MS,
+             "planned_release_s": (s["release_at"] - s["switch_at"]) * period_ms / MS, "trigger_s": p.trigger_s, "alignment_s": p.alignment_s, "transfer_catchup_s": p.transfer_s,
+             "total_s": p.total_s, "seconds": s["seconds"], "entries_moved": p.entries}
+            for i, (s, p) in enumerate(zip(steps, phases, strict=True))]
+
+
+# ------------------------------------------------------------------------------------------ load
+class Feeder(threading.Thread):
+    """Produces ``rate`` events/s round robin over ``keys`` until stopped: event ``i`` is
+    ``{"id": "a-<i>", "key": keys[i % K], "ts": <wall clock ms>}``, keyed by its key."""
+
+    def __init__(self, bootstrap: str, topic: str, keys: Sequence[str], rate: float) -> None:
+        super().__init__(name="handover-feeder", daemon=True)
+        self.bootstrap, self.topic, self.keys, self.rate = bootstrap, topic, keys, rate
+        self.produced = 0
+        self.started_at = self.ended_at = 0.0
+        self.error: str | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Producer
+
+        from replication.kafka_io import produce_blocking
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
+                             "linger.ms": 2})
+        errors: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        start = time.monotonic()
+        self.started_at = time.time()
+        try:
+            while not self._halt.wait(max(0.0, start + self.produced / self.rate - time.monotonic())):
+                key = self.keys[self.produced % len(self.keys)]
+                event = {"id": f"{SOURCE_NAME}-{self.produced}", "key": key, "ts": int(time.time() * 1000)}
+                produce_blocking(producer, self.topic, key=key.encode(), value=json.dumps(event).encode(),
+                                 on_delivery=delivered)
+                self.produced += 1
+            self.ended_at = time.time()
+            remaining = producer.flush(60)
+            if remaining or errors:
+                self.error = f"{remaining} undelivered, {len(errors)} failed ({errors[:1]})"
+        except Exception as exc:  # noqa: BLE001 - reported with the run
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> int:
+        """Stop producing; the number of events produced (RuntimeError if some were not delivered)."""
+        self._halt.set()
+        self.join(90)
+        if self.error:
+            raise RuntimeError(f"load generator: {self.error}")
+        return self.produced
+
+    @property
+    def ids(self) -> list[str]:
+        return [f"{SOURCE_NAME}-{i}" for i in range(self.produced)]
+
+
+class Ticker(threading.Thread):
+    """Redraws the live status line from ``text()`` 4 times a second until stopped."""
+
+    def __init__(self, status: StatusLine, text: Callable[[], str]) -> None:
+        super().__init__(name="handover-status", daemon=True)
+        self.status, self.text = status, text
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(0.25):
+            try:
+                self.status.update(self.text())
+            except Exception:  # noqa: BLE001 - a status line must never break the run
+                pass
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+        self.status.done()
+
+
+# ------------------------------------------------------------------------------------------ runs
+def one_line(err: BaseException) -> str:
+    """An error on one line, without a Java stack trace, at most 300 characters."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("\tat ")]
+    return f"{type(err).__name__}: {' '.join(lines)}"[:300]
+
+
+def strategy_of(name: str, batch: int) -> AllAtOnce | Batched | Fluid:
+    return {"all": AllAtOnce(), "batched": Batched(batch), "fluid": Fluid()}[name]
+
+
+def strategy_label(name: str, batch: int) -> str:
+    return {"all": "all-at-once", "batched": f"batched {batch}", "fluid": "fluid"}[name]
+
+
+def job_conf(bootstrap: str, period_ms: int) -> dict[str, str]:
+    return {"spark.replication.kafka.bootstrapServers": bootstrap, "spark.replication.enabled": "true",
+            "spark.replication.mode": "liverobin", "spark.replication.liverobin.heartbeatPeriod": f"{period_ms}ms",
+            "spark.replication.rhino.enabled": "false"}
+
+
+def state_model(size: int, args: argparse.Namespace, conf: dict[str, str]) -> StateModel:
+    """The keys and pad of a run at ``size`` bytes, for the key groups and vnodes ``conf`` gives."""
+    from replication.driver import resolve_config
+
+    cfg = resolve_config(None, conf)
+    keys = pick_keys(args.keys_per_vnode, cfg.state_key_groups, cfg.state_vnodes)
+    return StateModel(keys, entries_for(size, keys, args.value_bytes), args.value_bytes, cfg.state_key_groups,
+                      cfg.state_vnodes)
+
+
+@dataclass
+class RunContext:
+    stack: Any
+    spark: Any
+    args: argparse.Namespace
+    status: StatusLine
+
+
+@dataclass
+class RunResult:
+    row: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+
+def handover_run(ctx: RunContext, size: int, strategy: str) -> RunResult:
+    """A fresh job at ``size``, under load, one handover with ``strategy`` (see the module doc)."""
+    from deploy.topics import create_topics, read_all
+    from replication.driver import run
+    from replication.workload import sample_of
+
+    args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
+    conf = job_conf(bootstrap, args.period)
+    model = state_model(size, args, conf)
+    label = strategy_label(strategy, args.batch)
+    labels = {"size": f"{size / MB:g}MB", "strategy": label}
+    extra: dict[str, Any] = {"state_bytes": model.total_bytes, "vnodes": model.num_vnodes,
+                             "bytes_per_vnode": model.bytes_per_vnode, "keys": len(model.keys),
+                             "pad_entries": model.entries, "value_bytes": model.value_bytes}
+    stamp = f"{int(time.time() * 1000) % 10**10}"
+    topic, out = f"hov{stamp}-in", f"hov{stamp}-out"
+    create_topics(bootstrap, {topic: 2})
+    phase = {"text": "starting the job"}
+    handle = run(build_handover_job(topic, out, f"hov-{strategy}-{stamp}", model.entries, model.value_bytes),
+                 spark=ctx.spark, conf=conf)
+    feeder = Feeder(bootstrap, topic, model.keys, args.rate)
+
+    def status_text() -> str:
+        m = handle.sink_metrics()
+        return (f"{labels['size']} {label}: {phase['text']}; {feeder.produced:,} produced, "
+                f"{m.records_out // handle.plan.replicas:,} out, p99 {m.latency.percentile(0.99) * MS:.0f} ms")
+
+    ticker = Ticker(ctx.status, status_text)
+    ticker.start()
+    report: dict[str, Any] | None = None
+    error = failure = None
+    requested = ended = time.time()
+    vnodes: list[int] = []
+    try:
+        handle.wait_started(120)
+        table = handle.plan.routing[next(t.id for t in handle.plan.tasks if t.name == TASK)]
+        if (handle.plan.num_key_groups, table.num_vnodes) != (model.num_key_groups, model.num_vnodes):
+            raise RuntimeError(f"the job has {handle.plan.num_key_groups} key groups and {table.num_vnodes} "
+                               f"vnodes, the model {model.num_key_groups} and {model.num_vnodes}")
+        own = table.vnodes_of(0)
+        vnodes = list(own[:args.vnodes or len(own) // 2])
+        feeder.start()
+        phase["text"] = f"load, handover in {args.before:.0f}s"
+        wait_for_state(handle, feeder, len(model.keys), args.before)
+        steps = {"all": 1, "batched": -(-len(vnodes) // args.batch), "fluid": len(vnodes)}[strategy]
+        phase["text"] = f"moving {len(vnodes)} vnodes 0 -> 1 ({label}, {steps} step(s))"
+        requested = time.time()
+        try:
+            report = handle.move_vnodes(TASK, vnodes, 1, timeout=30 + 5 * steps, margin_s=args.margin,
+                                        release_s=args.release, strategy=strategy_of(strategy, args.batch))
+        except Exception as err:  # noqa: BLE001 - recorded in the row
+            error = one_line(err)
+        ended = time.time()
+        phase["text"] = f"handover {'failed' if error else 'done'}, {args.after:.0f}s more load"
+        time.sleep(args.after)
+    except Exception as err:  # noqa: BLE001 - the job did not start, or the load failed: recorded
+        error = error or one_line(err)
+    finally:
+        produced, load_error = stop_feeder(feeder)
+        error = error or load_error
+    phase["text"] = "draining"
+    try:
+        events = handle.drain(timeout=180).events
+    except Exception as err:  # noqa: BLE001 - JobFailedError, TimeoutError: recorded
+        failure = one_line(err)
+        events = list(handle.master.events)
+        if handle.running:
+            try:
+                handle.stop(30)
+            except Exception:  # noqa: BLE001 - it failed already; the row says why
+                pass
+    on_target = ""
+    if vnodes and report is not None:
+        final = handle.routing(TASK)
+        on_target = "yes" if all(final.partition_of_vnode(v) == 1 for v in vnodes) else "no"
+    phase["text"] = "reading and verifying the output"
+    try:
+        raw = read_all(bootstrap, out) if produced else []
+    except Exception as err:  # noqa: BLE001 - no output to verify: recorded
+        raw, error = [], error or f"reading the output: {one_line(err)}"
+    ticker.stop()
+    outputs = [json.loads(r.value) for r in raw]
+    moved_keys = set(model.keys_in(vnodes))
+    obs = [Obs(o["ts"] / MS, sample_of(r).sink, o["key"] in moved_keys) for r, o in zip(raw, outputs, strict=True)]
+    verdict = verify(outputs, feeder.ids, model.entries, failure) if produced else None
+    phases = step_phases(report["steps"], events) if report is not None else []
+    load = (feeder.started_at, feeder.ended_at or time.time())
+    latency = latency_columns(obs, requested, ended, load, args.warm_up) if obs else {}
+    extra.update({"vnodes_moved": len(vnodes), "error": error or "", "on_target": on_target, "produced": produced})
+    # the moved keys' state at the cut: each saw about the events produced before the request
+    counts = {k: sum(1 for o in outputs if o["key"] == k and o["ts"] / MS < requested) for k in moved_keys}
+    moved = model.state(moved_keys, counts)
+    row = run_row(labels, report, phases, moved, verdict, latency, extra)
+    lo, hi = requested - args.before, ended + args.after
+    timeline = timeline_rows([o for o in obs if lo <= o.produced < hi], requested, labels)
+    return RunResult(row, step_rows(labels, report["steps"], phases, args.period) if report else [], timeline)
+
+
+def stop_feeder(feeder: Feeder) -> tuple[int, str | None]:
+    """Stop the load (if it started): events produced, and the load generator's error if any."""
+    if not feeder.is_alive() and not feeder.produced:
+        return 0, feeder.error
+    try:
+        return feeder.stop(), None
+    except RuntimeError as err:
+        return feeder.produced, str(err)
+
+
+def wait_for_state(handle: Any, feeder: Feeder, keys: int, before_s: float) -> None:
+    """Wait ``before_s`` seconds of load, and at least until every key's first event came out (its pad
+    is written): RuntimeError after 60 s more."""
+    deadline = time.monotonic() + before_s + 60
+    until = time.monotonic() + before_s
+    while time.monotonic() < until or handle.sink_metrics().records_out // handle.plan.replicas < keys:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the state was not built within {before_s + 60:.0f}s: fewer than {keys} outputs")
+        if feeder.error or not feeder.is_alive():
+            raise RuntimeError(f"load generator stopped: {feeder.error}")
+        time.sleep(0.1)
+
+
+def restart_floor(ctx: RunContext) -> dict[str, Any]:
+    """Start the job shape (smallest size, idle) and stop it: the seconds each takes."""
+    from deploy.topics import create_topics
+    from replication.driver import run
+
+    args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
+    conf = job_conf(bootstrap, args.period)
+    model = state_model(min(args.sizes), args, conf)
+    stamp = f"{int(time.time() * 1000) % 10**10}"
+    topic, out = f"hovrs{stamp}-in", f"hovrs{stamp}-out"
+    create_topics(bootstrap, {topic: 2})
+    ctx.status.update("restart floor: starting the job")
+    t0 = time.monotonic()
+    handle = run(build_handover_job(topic, out, f"hov-restart-{stamp}", model.entries, model.value_bytes),
+                 spark=ctx.spark, conf=conf)
+    handle.wait_started(120)
+    started = time.monotonic()
+    ctx.status.update("restart floor: stopping the job")
+    result = handle.stop(60)
+    stopped = time.monotonic()
+    ctx.status.done()
+    return {"what": "start + stop of the same job shape, idle (no state restored, no rescale)",
+            "start_s": started - t0, "stop_s": stopped - started, "restart_s": stopped - t0,
+            "status": result.status}
+
+
+# ------------------------------------------------------------------------------------------ the command
+def parse_size(text: str) -> int:
+    """``1MB`` / ``500KB`` / ``2.5MB`` / ``1000`` -> bytes (10^3 multiples)."""
+    m = re.fullmatch(r"\s*([0-9.]+)\s*(KB|MB|GB|B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 1MB, 500KB)")
+    return int(float(m.group(1)) * {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}[(m.group(2) or "B").upper()])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1MB,20MB", help="total state sizes, comma-separated (1MB = 10^6 bytes)")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES),
+                    help=f"handover strategies, comma-separated, of: {', '.join(STRATEGIES)}")
+    ap.add_argument("--rate", type=float, default=200.0, help="offered events/s, round robin over the keys")
+    ap.add_argument("--before", type=float, default=8.0, help="seconds of load before the handover request")
+    ap.add_argument("--after", type=float, default=5.0, help="seconds of load after the handover ended")
+    ap.add_argument("--vnodes", type=int, default=0, help="vnodes of partition 0 to move (0: half of them)")
+    ap.add_argument("--batch", type=int, default=8, help="vnodes per step of the batched strategy")
+    ap.add_argument("--keys-per-vnode", type=int, default=1, help="keys in every vnode")
+    ap.add_argument("--value-bytes", type=int, default=1000, help="bytes of one pad entry")
+    ap.add_argument("--margin", type=float, default=0.5, help="move_vnodes margin_s: the switch pulse this far ahead")
+    ap.add_argument("--release", type=float, default=0.3, help="move_vnodes release_s: the release after the switch")
+    ap.add_argument("--period", type=int, default=10, help="LiveRobin heartbeat period (ms)")
+    ap.add_argument("--warm-up", type=float, default=3.0, help="seconds of load not counted in 'before'")
+    ap.add_argument("--no-restart", dest="restart", action="store_false", help="skip the restart floor")
+    ap.add_argument("--out", default=str(REPO / "bench/results/handover"))
+    args = ap.parse_args(argv)
+    try:
+        args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    except argparse.ArgumentTypeError as err:
+        ap.error(f"--sizes: {err}")
+    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if unknown := [s for s in args.strategies if s not in STRATEGIES]:
+        ap.error(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(STRATEGIES)})")
+    for flag in ("batch", "keys_per_vnode", "value_bytes", "period"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.vnodes < 0 or not args.sizes or not args.strategies:
+        ap.error("--vnodes must be >= 0, --sizes and --strategies not empty")
+    return args
+
+
+@dataclass
+class Results:
+    runs: list[dict] = field(default_factory=list)  # handover.csv
+    steps: list[dict] = field(default_factory=list)  # handover_steps.csv
+    timeline: list[dict] = field(default_factory=list)  # handover_timeline.csv
+    restart: list[dict] = field(default_factory=list)  # restart.csv
+
+
+def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None = None) -> Results:
+    """Every size x strategy on a fresh job, then the restart floor, into ``res``; with ``out``, the CSV
+    files are written again after every run (an interrupted benchmark keeps what it measured)."""
+    res = res if res is not None else Results()
+    t0 = time.monotonic()
+    runs = [(size, s) for size in ctx.args.sizes for s in ctx.args.strategies]
+    for i, (size, strategy) in enumerate(runs):
+        print(f"== run {i + 1}/{len(runs)} {bar(i / len(runs), 12)}: {size / MB:g}MB of state, "
+              f"{strategy_label(strategy, ctx.args.batch)}, {ctx.args.rate:.0f} events/s "
+              f"({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+        try:
+            r = handover_run(ctx, size, strategy)
+        except Exception as err:  # noqa: BLE001 - e.g. the job could not be planned: a row of its own
+            ctx.status.done()
+            r = RunResult(run_row({"size": f"{size / MB:g}MB", "strategy": strategy_label(strategy, ctx.args.batch)},
+                                  None, [], (0, 0), None, {}, {"error": one_line(err), "exact": "no"}))
+        res.runs.append(r.row)
+        res.steps += r.steps
+        res.timeline += r.timeline
+        print("   " + format_row({k: r.row[k] for k in SHOWN}), flush=True)
+        if out is not None:
+            write_csvs(out, res)
+    if ctx.args.restart:
+        print(f"== restart floor ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+        try:
+            res.restart.append(restart_floor(ctx))
+        except Exception as err:  # noqa: BLE001 - recorded
+            ctx.status.done()
+            res.restart.append({"what": "start + stop of the same job shape, idle", "start_s": "", "stop_s": "",
+                                "restart_s": "", "status": f"error: {one_line(err)}"})
+        print("   " + format_row(res.restart[-1], skip=("what",)), flush=True)
+    return res
+
+
+SHOWN = ("size", "strategy", "state", "exact", "handover_s", "trigger_s", "alignment_s", "transfer_catchup_s",
+         "between_steps_s", "entries_moved", "bytes_moved", "p99_before_ms", "p99_during_ms", "max_during_ms",
+         "moved_max_during_ms")
+
+
+def print_tables(res: Results) -> None:
+    """The runs as a plain table, then what went wrong."""
+    def fmt(v: Any) -> str:
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    cols = list(SHOWN)
+    cells = [[fmt(r[c]) for c in cols] for r in res.runs]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print("== handover (seconds; latency by event time, ms)")
+    for row in [cols, *cells]:
+        print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)), flush=True)
+    for r in res.runs:
+        if r["error"] or r["exact"] != "yes" or r["entries_match"] == "no" or r["on_target"] == "no":
+            print(f"   {r['size']} {r['strategy']}: error {r['error'] or '-'}; output {r['outcome'] or '-'}; "
+                  f"entries moved {r['entries_moved']} vs model {r['entries_model']}; on target {r['on_target']}")
+    for r in res.restart:
+        print(f"== restart floor: {format_row(r)}")
+
+
+def write_csvs(out: Path, res: Results) -> None:
+    """The CSV files (of the runs so far) and ``machine.txt`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("handover", res.runs), ("handover_steps", res.steps),
+                       ("handover_timeline", res.timeline), ("restart", res.restart)):
+        if rows:
+            write_csv(out / f"{name}.csv", rows)
+    write_machine(out)
+
+
+def write_results(out: Path, res: Results) -> None:
+    """The CSV files, ``machine.txt`` and the plot under ``out``."""
+    write_csvs(out, res)
+    if res.runs:
+        _plot(out, res)
+
+
+def problems(res: Results) -> list[str]:
+    """What makes the command fail: an error, an inexact output, a wrong entry count, vnodes not moved."""
+    return [f"{r['size']} {r['strategy']}" for r in res.runs
+            if r["error"] or r["exact"] != "yes" or r["entries_match"] != "yes" or r["on_target"] != "yes"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from deploy.stack import EmbeddedStack, require_java17
+    from replication.spark_cluster import build_session, stop_session
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    require_java17()
+    t0 = time.monotonic()
+    res = Results()
+    try:
+        with EmbeddedStack() as stack:
+            spark = build_session("local-cluster[3,1,512]", app_name="bench-handover")
+            try:
+                run_benchmark(RunContext(stack, spark, args, StatusLine()), res, out)
+            finally:
+                stop_session(spark)
+    finally:  # interrupted too: what was measured is written
+        write_results(out, res)
+    print_tables(res)
+    names = [n for n in ("handover.csv", "handover_steps.csv", "handover_timeline.csv", "restart.csv", "handover.png")
+             if (out / n).exists()]
+    print(f"wrote {', '.join(names)} under {out} in {time.monotonic() - t0:.0f}s")
+    if bad := problems(res):
+        print(f"NOT OK: {', '.join(bad)}", flush=True)
+    return 1 if bad else 0
+
+
+# ------------------------------------------------------------------------------------------ plot
+PHASE_COLORS = {"trigger_s": "#4c72b0", "alignment_s": "#dd8452", "transfer_catchup_s": "#55a868",
+                "between_steps_s": "#8c8c8c"}
+PHASE_NAMES = {"trigger_s": "trigger (-> committed)", "alignment_s": "alignment (-> cut)",
+               "transfer_catchup_s": "transfer + catch-up (-> completed)", "between_steps_s": "between steps"}
+
+
+def _plot(out: Path, res: Results) -> None:
+    """``handover.png``: per-second p99 around the request per run; the duration by phase (stacked) per
+    run, with the restart floor; the handover's duration against the state per vnode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(19, 5), gridspec_kw={"width_ratios": [1.5, 1.2, 1]})
+    ax = axes[0]
+    for r in res.runs:
+        pts = [t for t in res.timeline if t["size"] == r["size"] and t["strategy"] == r["strategy"]
+               and t["p99_ms"] != ""]
+        verdict = "exact" if r["exact"] == "yes" else f"NOT exact: {r['outcome'] or r['error']}"
+        dur = f"{r['handover_s']:.1f}s" if r["handover_s"] != "" else "failed"
+        (line,) = ax.plot([t["second"] for t in pts], [t["p99_ms"] for t in pts], marker=".",
+                          label=f"{r['size']} {r['strategy']}: {dur}, {verdict}")
+        if r["handover_s"] != "":
+            ax.axvline(r["handover_s"], color=line.get_color(), linestyle=":", linewidth=1)
+    ax.axvline(0, color="red", linestyle="--", linewidth=1)
+    ax.set(xlabel="seconds since the handover request (event time; dotted: its end)",
+           ylabel="per-second p99 producer→sink (ms)", yscale="log", title="Latency around a handover")
+    ax.grid(alpha=.3, which="both")
+    ax.legend(fontsize="small")
+
+    ax = axes[1]
+    names = [f"{r['size']}\n{r['strategy']}" for r in res.runs]
+    bottom = [0.0] * len(res.runs)
+    for col in PHASE_COLUMNS:
+        vals = [r[col] if r[col] != "" else 0.0 for r in res.runs]
+        ax.bar(range(len(vals)), vals, bottom=bottom, color=PHASE_COLORS[col], label=PHASE_NAMES[col])
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    for rs in res.restart:
+        if rs["start_s"] != "":
+            x = len(names)
+            names.append("restart floor\n(idle, no state)")
+            ax.bar(x, rs["start_s"], color="#c44e52", alpha=.6, label="start the job")
+            ax.bar(x, rs["stop_s"], bottom=rs["start_s"], color="#8172b3", alpha=.6, label="stop the job")
+    ax.set_xticks(range(len(names)), names, fontsize="small", rotation=30, ha="right")
+    ax.set(ylabel="seconds", title="Handover duration by phase")
+    ax.grid(alpha=.3, axis="y")
+    ax.legend(fontsize="small")
+
+    ax = axes[2]
+    for strategy in dict.fromkeys(r["strategy"] for r in res.runs):
+        pts = [r for r in res.runs if r["strategy"] == strategy and r["handover_s"] != ""]
+        ax.plot([r["bytes_per_vnode"] / 1000 for r in pts], [r["handover_s"] for r in pts], "o-", label=strategy)
+        for r in pts:
+            ax.annotate(f"{r['bytes_moved'] / 1000:,.0f} KB moved", (r["bytes_per_vnode"] / 1000, r["handover_s"]),
+                        fontsize="x-small", textcoords="offset points", xytext=(4, 4))
+    ax.set(xlabel="state per vnode (KB)", ylabel="handover duration (s)", title="Duration vs state per vnode")
+    ax.grid(alpha=.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "handover.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

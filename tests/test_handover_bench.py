@@ -1,0 +1,207 @@
+"""bench/handover.py without Spark: its job's state against the state model (a real RocksDB), the
+output check, the phases read from the driver's real event texts, per-second binning, the CSV rows
+and the plot (the real runs take minutes: see the module doc)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench import handover as hb  # noqa: E402
+from replication.functions import ProcessContext, RuntimeContext  # noqa: E402
+from replication.handovers import HandoverCoordinator  # noqa: E402
+from replication.plan import plan_job  # noqa: E402
+from rhino_state import RocksDBStateBackend, VnodeMove, cut_key_groups  # noqa: E402
+from rhino_state.state import StateContext  # noqa: E402
+
+G, V = 64, 16
+
+
+def test_the_command_parses_its_arguments():
+    proc = subprocess.run([sys.executable, str(REPO / "bench/handover.py"), "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--out" in proc.stdout and "--strategies" in proc.stdout
+    args = hb.parse_args(["--sizes", "1MB,2.5MB", "--strategies", "fluid,all", "--no-restart"])
+    assert args.sizes == [1_000_000, 2_500_000] and args.strategies == ["fluid", "all"] and not args.restart
+    with pytest.raises(SystemExit):
+        hb.parse_args(["--strategies", "fluent"])
+    with pytest.raises(SystemExit):
+        hb.parse_args(["--sizes", "lots"])
+
+
+def test_every_vnode_gets_exactly_the_keys_asked_for():
+    keys = hb.pick_keys(2, G, V)
+    model = hb.StateModel(keys, 3, 100, G, V)
+    assert len(keys) == len(set(keys)) == 2 * V
+    assert sorted(model.vnode(k) for k in keys) == sorted(list(range(V)) * 2)
+    assert len(model.keys_in([0, 5])) == 4 and set(model.keys_in([5])) <= set(keys)
+
+
+def _drive(backend: RocksDBStateBackend, events: list[dict], entries: int, value_bytes: int) -> list[dict]:
+    """Run the benchmark's PaddedChain over ``events`` on a real backend, as a keyed operator would."""
+    state = StateContext(backend, "chain", G)
+    fn = hb.PaddedChain(entries, value_bytes)
+    fn.open(RuntimeContext(state, "chain", 0, 1))
+    ctx, out = ProcessContext(), []
+    for e in events:
+        state.set_current_key(e["key"])
+        ctx.key = e["key"]
+        out += list(fn.process(e, ctx))
+    return out
+
+
+def _events(keys: list[str], n: int) -> list[dict]:
+    return [{"id": f"a-{i}", "key": keys[i % len(keys)], "ts": 1000 + i} for i in range(n)]
+
+
+def test_the_state_model_matches_what_the_job_writes_and_what_a_cut_takes(tmp_path):
+    keys = list(hb.pick_keys(1, G, V))
+    model = hb.StateModel(tuple(keys), 5, 300, G, V)
+    backend = RocksDBStateBackend(str(tmp_path / "db"))
+    try:
+        outputs = _drive(backend, _events(keys, 3 * len(keys) + 7), model.entries, model.value_bytes)
+        backend.flush()
+        counts = {k: sum(1 for o in outputs if o["key"] == k) for k in keys}
+        every = list(backend.iter_key_groups(range(G)))
+        assert model.state(keys, counts) == (len(every), sum(2 + len(rest) + len(v) for _, rest, v in every))
+        # what the origin cuts for moved vnodes 2, 3 (the runtime's own key-group ranges)
+        moves = (VnodeMove(2, 0, 1), VnodeMove(3, 0, 1))
+        cut = [e for groups in cut_key_groups(moves, 0, G, V) for e in backend.iter_key_groups(groups)]
+        assert model.state(model.keys_in([2, 3]), counts) == (len(cut), sum(2 + len(r) + len(v) for _, r, v in cut))
+        assert len(cut) == 2 * (2 + model.entries)  # one key per vnode
+    finally:
+        backend.close()
+    # the pad size is chosen for the total asked for
+    entries = hb.entries_for(200_000, keys, 300)
+    assert abs(hb.StateModel(tuple(keys), entries, 300, G, V).total_bytes - 200_000) < len(keys) * 320
+
+
+def test_the_output_check_finds_a_wrong_pad_value_a_lost_and_a_doubled_event(tmp_path):
+    keys = ["k1", "k2", "k3"]
+    backend = RocksDBStateBackend(str(tmp_path / "db"))
+    try:
+        outputs = _drive(backend, _events(keys, 40), 4, 64)
+    finally:
+        backend.close()
+    ids = [f"a-{i}" for i in range(40)]
+    assert hb.verify(outputs, ids, 4).exact and hb.verify(outputs, ids, 4).outcome == "yes"
+    stale = [dict(o) for o in outputs]
+    stale[20]["old"] = stale[16]["old"]  # the value before the last write: state from before a move
+    v = hb.verify(stale, ids, 4)
+    assert not v.exact and v.wrong_pad == 1 and "1 events read a wrong pad value" in v.outcome
+    v = hb.verify(outputs[:-1] + [outputs[3]], ids, 4)
+    assert not v.exact and "1 missing, 1 duplicated" in v.outcome
+    assert "job failed: boom" in hb.verify(outputs, ids, 4, failure="boom").outcome
+
+
+def _coordinator_events() -> tuple[list[tuple[float, str]], int, int]:
+    """The event texts the driver's coordinator writes for a completed and a cancelled handover."""
+    plan = plan_job(hb.build_handover_job("in", "out", "x", 2, 10), default_parallelism=2, num_key_groups=G,
+                    num_vnodes=V, topic_partitions={"in": 2})
+    plan.replicas = 2
+    chain = next(t for t in plan.tasks if t.name == hb.TASK)
+    coord = HandoverCoordinator(plan)
+
+    def acks(order, kind, instances, entries=0):
+        return [(order.handover_id, order.epoch, (t, p, r), kind, "d", entries) for t, p in instances for r in (0, 1)]
+
+    done = coord.start_move(chain.id, [0, 1], 1, switch_at=100, release_at=110)
+    texts = coord.on_acks(acks(done, "armed", sorted(done.upstreams) + [(chain.id, 0), (chain.id, 1)]))
+    texts += coord.on_acks(acks(done, "switched", sorted(done.upstreams)))
+    texts += coord.on_acks(acks(done, "cut", [(chain.id, 0)], entries=12))
+    texts += coord.on_acks(acks(done, "loaded", [(chain.id, 1)]))
+    cancelled = coord.start_move(chain.id, [2], 1, switch_at=200, release_at=210)
+    texts += coord.on_acks(acks(cancelled, "late", [(chain.id, 0)]))
+    # the times the master would stamp: committed at 10.2, cut at 10.7, completed at 11.0, cancelled at 12
+    at = {"committed": 10.2, "cut 12": 10.7, "completed": 11.0, "cancelled": 12.0}
+    stamped = [(next(t for k, t in at.items() if k in text), text) for text in texts]
+    return [(9.0, "heartbeat generator hb-1 started"), *stamped], done.handover_id, cancelled.handover_id
+
+
+def test_phases_come_from_the_driver_events():
+    events, done, cancelled = _coordinator_events()
+    marks = hb.handover_marks(events)
+    assert marks[done] == {"committed": 10.2, "cut": 10.7, "entries": 12, "completed": 11.0}
+    assert marks[cancelled]["cancelled"] == 12.0 and marks[cancelled]["reason"]
+    steps = [{"handover_id": done, "vnodes": [0, 1], "seconds": 1.0, "entries_moved": 12}]
+    (p,) = hb.step_phases(steps, events)
+    assert p.start == pytest.approx(10.0) and p.vnodes == 2 and p.entries == 12
+    assert (p.trigger_s, p.alignment_s, p.transfer_s, p.total_s) == pytest.approx((0.2, 0.5, 0.3, 1.0))
+    cols = hb.phase_columns([p, p], total_s=2.5)
+    assert cols == pytest.approx({"trigger_s": 0.4, "alignment_s": 1.0, "transfer_catchup_s": 0.6,
+                                  "between_steps_s": 0.5})
+    # a step without its events (cancelled, or the job failed): no phases rather than wrong ones
+    (q,) = hb.step_phases([{"handover_id": cancelled, "vnodes": [2], "seconds": 0.5}], events)
+    assert q.trigger_s == "" and q.start == pytest.approx(11.5)
+    assert hb.phase_columns([p, q], 2.0) == dict.fromkeys(hb.PHASE_COLUMNS, "")
+
+
+def _obs() -> list[hb.Obs]:
+    """Records at 100 ms steps from -3 s to +5 s around a request at t=100; the moved keys' records
+    produced in [100, 101) are held 800 ms, and the first second of the load was slow (1 s: warm-up)."""
+    out = []
+    for i in range(-30, 50):
+        t = 100 + i / 10
+        moved = i % 2 == 0
+        out.append(hb.Obs(t, t + 0.01 + (0.8 if moved and 0 <= i < 10 else 0.0) + (1.0 if i < -20 else 0.0), moved))
+    return out
+
+
+def test_per_second_binning_and_the_latency_windows():
+    obs = _obs()
+    bins = hb.per_second(obs, 100.0)
+    assert list(bins) == list(range(-3, 5)) and all(len(g) == 10 for g in bins.values())
+    assert [o.produced for o in bins[-1]][0] == pytest.approx(99.0)
+    rows = hb.timeline_rows(obs, 100.0, {"size": "1MB", "strategy": "fluid"})
+    by = {r["second"]: r for r in rows}
+    assert by[0]["moved_records"] == 5 and by[0]["moved_max_ms"] == pytest.approx(810)
+    assert by[0]["max_ms"] == pytest.approx(810) and by[1]["max_ms"] == pytest.approx(10)
+    assert by[-2]["p50_ms"] == pytest.approx(10) and by[-2]["size"] == "1MB" and by[-3]["p50_ms"] == pytest.approx(1010)
+    cols = hb.latency_columns(obs, requested=100.0, ended=101.0, load=(97.0, 105.0), warm_up_s=1.0)
+    assert cols["max_before_ms"] == pytest.approx(10) and cols["max_during_ms"] == pytest.approx(810)
+    assert cols["moved_p99_during_ms"] == pytest.approx(810) and cols["p99_after_ms"] == pytest.approx(10)
+    assert cols["worst_second_p99_ms"] == pytest.approx(810)
+    assert hb.window_columns(obs, 200.0, 201.0, "x") == {"p99_x_ms": "", "max_x_ms": "", "moved_p99_x_ms": "",
+                                                        "moved_max_x_ms": ""}
+
+
+def test_rows_csv_and_plot(tmp_path):
+    events, done, _ = _coordinator_events()
+    steps = [{"handover_id": done, "vnodes": [0, 1], "state": "completed", "switch_at": 100, "release_at": 110,
+              "pulse_at_request": 50, "entries_moved": 12, "seconds": 1.0}]
+    report = {"state": "completed", "steps": steps, "entries_moved": 12, "seconds": 1.2}
+    phases = hb.step_phases(steps, events)
+    labels = {"size": "1MB", "strategy": "all-at-once"}
+    obs = _obs()
+    latency = hb.latency_columns(obs, 100.0, 101.0, (97.0, 105.0), 1.0)
+    verdict = hb.Verdict(hb.verify_chains([], []))
+    extra = {"state_bytes": 1_000_000, "vnodes": 256, "bytes_per_vnode": 3906.25, "vnodes_moved": 2,
+             "error": "", "on_target": "yes", "produced": 0}
+    row = hb.run_row(labels, report, phases, (12, 48_000), verdict, latency, extra)
+    assert list(row) == list(hb.RUN_COLUMNS)
+    assert row["entries_match"] == "yes" and row["bytes_moved"] == 48_000 and row["exact"] == "yes"
+    assert row["between_steps_s"] == pytest.approx(0.2) and row["max_during_ms"] == pytest.approx(810)
+    assert hb.run_row(labels, report, phases, (13, 1), verdict, latency, extra)["entries_match"] == "no"
+    failed = hb.run_row(labels, None, [], (0, 0), None, {}, {"error": "TimeoutError: x", "exact": "no"})
+    assert failed["error"] == "TimeoutError: x" and failed["handover_s"] == "" and failed["exact"] == "no"
+    res = hb.Results(runs=[row, {**failed, "strategy": "fluid"}], steps=hb.step_rows(labels, steps, phases, 10),
+                     timeline=hb.timeline_rows(obs, 100.0, labels),
+                     restart=[{"what": "idle", "start_s": 9.5, "stop_s": 1.5, "restart_s": 11.0, "status": "stopped"}])
+    assert hb.problems(res) == ["1MB fluid"]
+    hb.write_results(tmp_path, res)
+    hb.print_tables(res)
+    runs = list(csv.DictReader((tmp_path / "handover.csv").open()))
+    assert [r["strategy"] for r in runs] == ["all-at-once", "fluid"] and runs[0]["trigger_s"] == "0.2"
+    (step,) = csv.DictReader((tmp_path / "handover_steps.csv").open())
+    assert step["alignment_s"] == "0.5" and step["switch_at"] == "100"
+    assert step["planned_switch_s"] == "0.5" and step["planned_release_s"] == "0.1"
+    for name in ("handover_timeline.csv", "restart.csv", "handover.png", "machine.txt"):
+        assert (tmp_path / name).stat().st_size > 0, name
