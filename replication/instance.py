@@ -34,6 +34,7 @@ from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain, chain_operators
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from rhino_state import RocksDBStateBackend, StateContext, encode_key, key_group
+from rhino_state.increments import digest_hex
 
 log = logging.getLogger(__name__)
 
@@ -221,8 +222,10 @@ class PartitionInstance:
             if self.run():
                 self.chain.on_watermark(MAX_WATERMARK)
                 self.chain.on_end()
-                if self._backend is not None or self.restored is not None:
-                    self.metrics.state_digest = self.state_backend().digest()
+                # a replica that never opened its state (no keyed state, never shipped a checkpoint) has
+                # the empty state's digest, so that it compares with a twin that did open it
+                self.metrics.state_digest = (self.state_backend().digest() if self._backend is not None
+                                             or self.restored is not None else digest_hex(0))
                 for ch in self.outputs:
                     if not ch.close(timeout=self.cfg.stop_timeout_ms / 1000):
                         raise RuntimeError(f"channel {ch.spec.id} could not deliver its last batches")
