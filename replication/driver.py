@@ -8,6 +8,7 @@ aggregates the workers' metrics and carries the drain/stop commands.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -15,7 +16,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -620,6 +621,12 @@ class ElectionJanitor:
         self._client.close()
 
 
+def _switch_pulse(generators: Sequence[HeartbeatGenerator], margin_s: float, period_ms: int) -> tuple[int, int]:
+    """The generators' last pulse, and the pulse about ``margin_s`` after it (at least 5 later)."""
+    pulse = max(g.pulses.last_h for g in generators)
+    return pulse, pulse + max(5, math.ceil(margin_s * 1000 / period_ms))
+
+
 class JobHandle:
     """A running job: watch it, drain it, stop it."""
 
@@ -775,55 +782,35 @@ class JobHandle:
         complete within ``timeout``."""
         tid = self._keyed_task(task)
         period_ms = self.cfg.liverobin_heartbeat_period_ms
-        generators = [g for g in self.pulse_generators if g.alive]
-        if not generators:
-            raise ValueError("no heartbeat generator runs (start one with start_pulse_generator()): a handover "
-                             "switches at a pulse")
-        for gen in generators:
-            gen.eager(timeout)
-        master = self.master
         started = time.monotonic()
         deadline = started + timeout
         steps: list[dict[str, Any]] = []
-        try:
-            with master._cond:
-                if master.handovers is None:
-                    master.handovers = HandoverCoordinator(self.plan)
-                coordinator = master.handovers
-                job = coordinator.start_job(tid, vnodes, target, strategy or AllAtOnce())
-                master.event(f"handover job {job} of {task}: vnodes {sorted(vnodes)} to partition {target} "
-                             f"({type(strategy or AllAtOnce()).__name__}, {len(coordinator.manager.job(job).steps)} "
-                             "step(s))")
-                while coordinator.job_state(job) is JobState.RUNNING:
-                    step_started = time.monotonic()
-                    pulse = max(g.pulses.last_h for g in generators)
-                    switch_at = pulse + max(5, math.ceil(margin_s * 1000 / period_ms))
-                    release_at = switch_at + max(2, math.ceil(release_s * 1000 / period_ms))
-                    order = coordinator.instruct_next(job, switch_at, release_at)
-                    if order is None:
-                        raise ValueError(f"handover job {job} of {task} cannot go on: a participant is lost or "
-                                         "another handover of the task is not committed yet")
-                    hid = order.handover_id
-                    done = master._cond.wait_for(
-                        lambda hid=hid: coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED)
-                        or master.failure is not None, max(0.0, deadline - time.monotonic()))
-                    if master.failure is not None:
-                        raise JobFailedError(f"job failed during handover {order.handover_id}: {master.failure}")
-                    if not done:
-                        raise TimeoutError(f"handover {order.handover_id} of {task} not completed within "
-                                           f"{timeout}s (state {coordinator.state(order.handover_id).value})")
-                    steps.append({"handover_id": order.handover_id, "vnodes": sorted(m.vnode for m in order.moves),
-                                  "state": coordinator.state(order.handover_id).value,
-                                  "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
-                                  "entries_moved": coordinator.moved_entries.get(order.handover_id, 0),
-                                  "seconds": time.monotonic() - step_started})
-                    if gap_s and coordinator.job_state(job) is JobState.RUNNING:
-                        master._cond.wait(gap_s)
-                state = coordinator.job_state(job)
-                reason = coordinator.manager.job(job).reason
-        finally:
-            for gen in generators:
-                gen.eager(0)
+        with self._handover_window("a handover", timeout) as (coordinator, generators):
+            master = self.master
+            job = coordinator.start_job(tid, vnodes, target, strategy or AllAtOnce())
+            master.event(f"handover job {job} of {task}: vnodes {sorted(vnodes)} to partition {target} "
+                         f"({type(strategy or AllAtOnce()).__name__}, {len(coordinator.manager.job(job).steps)} "
+                         "step(s))")
+            while coordinator.job_state(job) is JobState.RUNNING:
+                step_started = time.monotonic()
+                pulse, switch_at = _switch_pulse(generators, margin_s, period_ms)
+                release_at = switch_at + max(2, math.ceil(release_s * 1000 / period_ms))
+                order = coordinator.instruct_next(job, switch_at, release_at)
+                if order is None:
+                    raise ValueError(f"handover job {job} of {task} cannot go on: a participant is lost or "
+                                     "another handover of the task is not committed yet")
+                hid = order.handover_id
+                self._await_handover(coordinator, hid, deadline, f"during handover {hid}",
+                                     f"handover {hid} of {task} not completed within {timeout}s")
+                steps.append({"handover_id": hid, "vnodes": sorted(m.vnode for m in order.moves),
+                              "state": coordinator.state(hid).value,
+                              "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
+                              "entries_moved": coordinator.moved_entries.get(hid, 0),
+                              "seconds": time.monotonic() - step_started})
+                if gap_s and coordinator.job_state(job) is JobState.RUNNING:
+                    master._cond.wait(gap_s)
+            state = coordinator.job_state(job)
+            reason = coordinator.manager.job(job).reason
         return {"job": job, "state": state.value, "reason": reason, "steps": steps,
                 "entries_moved": sum(s["entries_moved"] for s in steps), "seconds": time.monotonic() - started}
 
@@ -837,11 +824,8 @@ class JobHandle:
         replacement's id, version, pulse, state and duration."""
         from pyspark import cloudpickle
 
+        self._require_liverobin("replacing an operator")
         spec = next((t for t in self.plan.tasks if t.name == task), None)
-        cfg = self.cfg
-        if cfg.mode != "liverobin" or cfg.rhino_enabled:
-            raise ValueError("replacing an operator at runtime needs spark.replication.mode=liverobin (its pulses "
-                             "are the switch points) and, for now, spark.replication.rhino.enabled=false")
         if spec is None or spec.is_source:
             raise ValueError(f"{task!r} is not a processing task of job {self.job.name} (sources not supported)")
         node = next((n for n in spec.chain if n.name == operator), None)
@@ -854,38 +838,51 @@ class JobHandle:
         if node.kind != "process" and not callable(fn):
             raise ValueError(f"operator {operator!r} runs a function: give a callable")
         payload = cloudpickle.dumps(fn)
+        started = time.monotonic()
+        with self._handover_window("an operator replacement", timeout) as (coordinator, generators):
+            pulse, switch_at = _switch_pulse(generators, margin_s, self.cfg.liverobin_heartbeat_period_ms)
+            order = coordinator.start_replace(spec.id, operator, payload, switch_at)
+            self.master.event(f"operator {operator!r} of {task}: version {order.version} from pulse {switch_at} on "
+                              f"(now about {pulse})")
+            hid = order.handover_id
+            self._await_handover(coordinator, hid, started + timeout, f"while replacing {operator!r}",
+                                 f"replacement {hid} of {operator!r} not completed within {timeout}s")
+            record = coordinator.manager.record(hid)
+        return {"handover_id": hid, "version": order.version, "switch_at": switch_at, "state": record.state.value,
+                "reason": record.reason, "seconds": time.monotonic() - started}
+
+    @contextlib.contextmanager
+    def _handover_window(self, what: str, timeout: float
+                         ) -> Iterator[tuple[HandoverCoordinator, list[HeartbeatGenerator]]]:
+        """The running heartbeat generators pulse every period for up to ``timeout`` (``what``
+        switches at a pulse); inside, the caller holds the master's lock and has its coordinator."""
         generators = [g for g in self.pulse_generators if g.alive]
         if not generators:
-            raise ValueError("no heartbeat generator runs: an operator replacement switches at a pulse")
+            raise ValueError(f"no heartbeat generator runs (start one with start_pulse_generator()): {what} "
+                             "switches at a pulse")
         for gen in generators:
             gen.eager(timeout)
-        master = self.master
-        started = time.monotonic()
         try:
-            with master._cond:
-                if master.handovers is None:
-                    master.handovers = HandoverCoordinator(self.plan)
-                coordinator = master.handovers
-                pulse = max(g.pulses.last_h for g in generators)
-                switch_at = pulse + max(5, math.ceil(margin_s * 1000 / cfg.liverobin_heartbeat_period_ms))
-                order = coordinator.start_replace(spec.id, operator, payload, switch_at)
-                master.event(f"operator {operator!r} of {task}: version {order.version} from pulse {switch_at} on "
-                             f"(now about {pulse})")
-                hid = order.handover_id
-                done = master._cond.wait_for(
-                    lambda: coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED)
-                    or master.failure is not None, timeout)
-                if master.failure is not None:
-                    raise JobFailedError(f"job failed while replacing {operator!r}: {master.failure}")
-                if not done:
-                    raise TimeoutError(f"replacement {hid} of {operator!r} not completed within {timeout}s "
-                                       f"(state {coordinator.state(hid).value})")
-                record = coordinator.manager.record(hid)
+            with self.master._cond:
+                if self.master.handovers is None:
+                    self.master.handovers = HandoverCoordinator(self.plan)
+                yield self.master.handovers, generators
         finally:
             for gen in generators:
                 gen.eager(0)
-        return {"handover_id": hid, "version": order.version, "switch_at": switch_at, "state": record.state.value,
-                "reason": record.reason, "seconds": time.monotonic() - started}
+
+    def _await_handover(self, coordinator: HandoverCoordinator, hid: int, deadline: float, during: str,
+                        timed_out: str) -> None:
+        """Until handover ``hid`` completed or aborted (caller holds the master's lock); raises if the
+        job failed meanwhile or ``deadline`` passed."""
+        master = self.master
+        done = master._cond.wait_for(
+            lambda: coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED)
+            or master.failure is not None, max(0.0, deadline - time.monotonic()))
+        if master.failure is not None:
+            raise JobFailedError(f"job failed {during}: {master.failure}")
+        if not done:
+            raise TimeoutError(f"{timed_out} (state {coordinator.state(hid).value})")
 
     def move_request(self, req: dict) -> dict:
         """A ``replication move`` from the CLI: ``move_vnodes`` with the strategy named
@@ -907,12 +904,14 @@ class JobHandle:
                 return self.master.handovers.manager.tables[spec.id]
         return self.plan.routing[spec.id]
 
+    def _require_liverobin(self, what: str) -> None:
+        if self.cfg.mode != "liverobin" or self.cfg.rhino_enabled:
+            raise ValueError(f"{what} at runtime needs spark.replication.mode=liverobin (its pulses are the switch "
+                             "points) and, for now, spark.replication.rhino.enabled=false (docs/handover.md)")
+
     def _keyed_task(self, task: str) -> int:
         """The id of the keyed ``task``, or ValueError naming why it cannot be handed over (yet)."""
-        cfg = self.cfg
-        if cfg.mode != "liverobin" or cfg.rhino_enabled:
-            raise ValueError("moving vnodes at runtime needs spark.replication.mode=liverobin (its pulses are the "
-                             "switch points) and, for now, spark.replication.rhino.enabled=false (docs/handover.md)")
+        self._require_liverobin("moving vnodes")
         spec = next((t for t in self.plan.tasks if t.name == task), None)
         if spec is None or spec.id not in self.plan.routing:
             keyed = [t.name for t in self.plan.tasks if t.id in self.plan.routing]
