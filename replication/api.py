@@ -230,13 +230,29 @@ class KeyedStream:
         return Edge(self.stream.node, FORWARD if self.prepartitioned else HASH, self.key_fn)
 
     def process(
-        self, fn: KeyedProcessFunction, *, name: str | None = None, parallelism: int | None = None
+        self, fn: KeyedProcessFunction, *, name: str | None = None, parallelism: int | None = None,
+        max_parallelism: int | None = None,
     ) -> DataStream:
-        """Run a stateful :class:`KeyedProcessFunction` per key."""
+        """Run a stateful :class:`KeyedProcessFunction` per key.
+
+        ``max_parallelism``: host this many partitions from the start, ``parallelism`` of them
+        owning the task's vnodes and the others spare, so that ``JobHandle.rescale`` can take the
+        running task up to ``max_parallelism`` and back (docs/handover.md, "Rescale")."""
         if not isinstance(fn, KeyedProcessFunction):
             raise JobDefinitionError("process() needs a KeyedProcessFunction instance")
+        if max_parallelism is not None:
+            if isinstance(max_parallelism, bool) or not isinstance(max_parallelism, int) or max_parallelism < 1:
+                raise JobDefinitionError(f"process {name!r}: max_parallelism must be a positive int, "
+                                         f"got {max_parallelism!r}")
+            if parallelism is not None and max_parallelism < parallelism:
+                raise JobDefinitionError(f"process {name!r}: max_parallelism {max_parallelism} is below its "
+                                         f"parallelism {parallelism}")
+            if self.prepartitioned:
+                raise JobDefinitionError(f"process {name!r}: max_parallelism needs a hash-partitioned input "
+                                         "(key_by without prepartitioned=True): a forward edge keeps the partitions")
         job = self.stream.job
-        return DataStream(job, job._add("process", name, parallelism, [self._edge()], fn=fn))
+        return DataStream(job, job._add("process", name, parallelism, [self._edge()], fn=fn,
+                                        max_parallelism=max_parallelism))
 
     def window(
         self, size_ms: int, aggregator: Aggregator, *, name: str | None = None, parallelism: int | None = None

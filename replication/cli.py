@@ -130,12 +130,27 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_move(args: argparse.Namespace) -> int:
-    from replication import rpc
-    from replication.handovers import parse_strategy, parse_vnodes
-    from replication.status import read_status
+    from replication.handovers import parse_vnodes
 
     try:
         vnodes = parse_vnodes(args.vnodes)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return _handover_request(args, {"task": args.task, "vnodes": vnodes, "target": args.target})
+
+
+def _cmd_rescale(args: argparse.Namespace) -> int:
+    return _handover_request(args, {"task": args.task, "parallelism": args.parallelism})
+
+
+def _handover_request(args: argparse.Namespace, req: dict) -> int:
+    """Send a handover request (move or rescale) to the job's driver and print its report."""
+    from replication import rpc
+    from replication.handovers import parse_strategy
+    from replication.status import read_status
+
+    try:
         parse_strategy(args.strategy)
         address = read_status(args.job).get("control_address")
     except FileNotFoundError as err:
@@ -149,8 +164,7 @@ def _cmd_move(args: argparse.Namespace) -> int:
         return 2
     peer = rpc.Peer(address)
     try:
-        report = peer.call("MoveVnodes", {"task": args.task, "vnodes": vnodes, "target": args.target,
-                                          "strategy": args.strategy, "timeout": args.timeout},
+        report = peer.call("MoveVnodes", {**req, "strategy": args.strategy, "timeout": args.timeout},
                            timeout=args.timeout + 30)
     except Exception as err:  # noqa: BLE001 - grpc.RpcError: the driver is gone
         print(f"error: the driver of job {args.job!r} at {address} did not answer: {err}", file=sys.stderr)
@@ -161,11 +175,13 @@ def _cmd_move(args: argparse.Namespace) -> int:
         print(f"error: {report['error']}", file=sys.stderr)
         return 2
     print(f"handover job {report['job']} of {args.task}: {report['state']} in {report['seconds']:.1f} s, "
-          f"{len(report['steps'])} step(s), {report['entries_moved']} state entries moved")
+          f"{len(report['steps'])} step(s), {report['entries_moved']} state entries moved; partitions owning "
+          f"vnodes now: {report['partitions']}")
     for step in report["steps"]:
         print(f"  handover {step['handover_id']}: vnodes {step['vnodes'][0]}..{step['vnodes'][-1]} "
-              f"({len(step['vnodes'])}) switch at pulse {step['switch_at']}, release at {step['release_at']}, "
-              f"{step['entries_moved']} entries, {step['seconds']:.2f} s: {step['state']}")
+              f"({len(step['vnodes'])}) from {step['origins']} to {step['targets']}, switch at pulse "
+              f"{step['switch_at']}, release at {step['release_at']}, {step['entries_moved']} entries, "
+              f"{step['seconds']:.2f} s: {step['state']}")
     return 0 if report["state"] == "completed" else 2
 
 
@@ -224,6 +240,14 @@ def parser() -> argparse.ArgumentParser:
     mv.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
     mv.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the move to complete")
     mv.set_defaults(fn=_cmd_move)
+    rs = sub.add_parser("rescale", help="run a keyed task on more or fewer of its partitions while the job runs "
+                                        "(up to its max_parallelism; LiveRobin mode, Rhino off)")
+    rs.add_argument("job", help="the job name")
+    rs.add_argument("task", help="the keyed task")
+    rs.add_argument("parallelism", type=int, help="the partitions that own vnodes afterwards")
+    rs.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
+    rs.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the rescale to complete")
+    rs.set_defaults(fn=_cmd_rescale)
     chaos.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
     return p
 

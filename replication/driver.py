@@ -781,16 +781,38 @@ class JobHandle:
         duration; raises ValueError for a request it refuses and TimeoutError if it did not
         complete within ``timeout``."""
         tid = self._keyed_task(task)
+        strategy = strategy or AllAtOnce()
+        return self._run_handover_job(
+            task, lambda c: c.start_job(tid, vnodes, target, strategy),
+            f"vnodes {sorted(vnodes)} to partition {target}", strategy, timeout, margin_s, release_s, gap_s)
+
+    def rescale(self, task: str, parallelism: int, timeout: float = 120.0, margin_s: float = 0.5,
+                release_s: float = 0.3, strategy: Strategy | None = None, gap_s: float = 0.0) -> dict[str, Any]:
+        """Run the keyed ``task`` on ``parallelism`` of its partitions while the job runs, up or
+        down: the fewest vnodes move (balanced to within one vnode per partition), the partitions
+        beyond ``parallelism`` end with none.  The task hosts ``max_parallelism`` partitions from
+        the start (``KeyedStream.process(max_parallelism=...)``), the spare ones idle.  Moves and
+        the report as in :meth:`move_vnodes`."""
+        tid = self._keyed_task(task)
+        strategy = strategy or AllAtOnce()
+        return self._run_handover_job(
+            task, lambda c: c.start_rescale(tid, parallelism, strategy), f"rescale to {parallelism} partitions",
+            strategy, timeout, margin_s, release_s, gap_s)
+
+    def _run_handover_job(self, task: str, submit: Callable[[HandoverCoordinator], int], what: str,
+                          strategy: Strategy, timeout: float, margin_s: float, release_s: float,
+                          gap_s: float) -> dict[str, Any]:
+        """Submit a handover job and run its steps one by one, each at pulses about ``margin_s``
+        ahead; the report of :meth:`move_vnodes`."""
         period_ms = self.cfg.liverobin_heartbeat_period_ms
         started = time.monotonic()
         deadline = started + timeout
         steps: list[dict[str, Any]] = []
         with self._handover_window("a handover", timeout) as (coordinator, generators):
             master = self.master
-            job = coordinator.start_job(tid, vnodes, target, strategy or AllAtOnce())
-            master.event(f"handover job {job} of {task}: vnodes {sorted(vnodes)} to partition {target} "
-                         f"({type(strategy or AllAtOnce()).__name__}, {len(coordinator.manager.job(job).steps)} "
-                         "step(s))")
+            job = submit(coordinator)
+            master.event(f"handover job {job} of {task}: {what} ({type(strategy).__name__}, "
+                         f"{len(coordinator.manager.job(job).steps)} step(s))")
             while coordinator.job_state(job) is JobState.RUNNING:
                 step_started = time.monotonic()
                 pulse, switch_at = _switch_pulse(generators, margin_s, period_ms)
@@ -803,16 +825,19 @@ class JobHandle:
                 self._await_handover(coordinator, hid, deadline, f"during handover {hid}",
                                      f"handover {hid} of {task} not completed within {timeout}s")
                 steps.append({"handover_id": hid, "vnodes": sorted(m.vnode for m in order.moves),
+                              "origins": sorted(order.origins), "targets": sorted(order.targets),
                               "state": coordinator.state(hid).value,
                               "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
-                              "entries_moved": coordinator.moved_entries.get(hid, 0),
+                              "entries_moved": coordinator.moved_entries(hid),
                               "seconds": time.monotonic() - step_started})
                 if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                     master._cond.wait(gap_s)
             state = coordinator.job_state(job)
             reason = coordinator.manager.job(job).reason
+            table = coordinator.manager.tables[coordinator.manager.job(job).task]
         return {"job": job, "state": state.value, "reason": reason, "steps": steps,
-                "entries_moved": sum(s["entries_moved"] for s in steps), "seconds": time.monotonic() - started}
+                "entries_moved": sum(s["entries_moved"] for s in steps), "seconds": time.monotonic() - started,
+                "partitions": sorted(set(table.assignment))}
 
     def replace_operator(self, task: str, operator: str, fn: Any, timeout: float = 60.0,
                          margin_s: float = 0.5) -> dict[str, Any]:
@@ -885,10 +910,14 @@ class JobHandle:
             raise TimeoutError(f"{timed_out} (state {coordinator.state(hid).value})")
 
     def move_request(self, req: dict) -> dict:
-        """A ``replication move`` from the CLI: ``move_vnodes`` with the strategy named
-        ("all", "fluid" or "batched:N"); the report, or ``{"error": why}``."""
+        """A ``replication move`` or ``replication rescale`` from the CLI: ``move_vnodes`` or
+        ``rescale`` with the strategy named ("all", "fluid" or "batched:N"); the report, or
+        ``{"error": why}``."""
         try:
             strategy = parse_strategy(req.get("strategy", "all"))
+            if "parallelism" in req:
+                return self.rescale(req["task"], req["parallelism"], timeout=req.get("timeout", 120.0),
+                                    strategy=strategy)
             return self.move_vnodes(req["task"], req["vnodes"], req["target"], timeout=req.get("timeout", 60.0),
                                     strategy=strategy)
         except (ValueError, TimeoutError, JobFailedError) as err:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rhino_state import (
@@ -42,6 +42,7 @@ from rhino_state import (
     LateInstructionError,
     MoveRequest,
     ReplaceOperatorRequest,
+    RescaleRequest,
     RocksDBStateBackend,
     RoutingTable,
     SwitchNotCommittedError,
@@ -193,7 +194,17 @@ class _Step:
     order: HandoverOrder
     gate: TargetGate | None = None  # target role
     cut_pending: bool = False  # origin role
-    state: list[tuple[int, bytes, bytes]] | None = None  # target: the origin's cut, once it arrived
+    # target: the cut of each origin partition that gives it vnodes, as it arrives (from either
+    # replica of that origin: the first counts)
+    cuts: dict[int, list[tuple[int, bytes, bytes]]] = field(default_factory=dict)
+    origins: frozenset[int] = frozenset()
+
+    @property
+    def state(self) -> list[tuple[int, bytes, bytes]] | None:
+        """Every origin's cut, once all arrived (in origin order)."""
+        if not self.origins <= self.cuts.keys():
+            return None
+        return [e for origin in sorted(self.origins) for e in self.cuts[origin]]
 
 
 class _Decisions:
@@ -291,6 +302,7 @@ class PartitionHandovers(_Decisions):
                     return "late"
                 step = self._steps[order.handover_id] = _Step(order, cut_pending=origin)
                 if target:
+                    step.origins = frozenset(m.origin for m in order.moves if m.target == self.partition)
                     step.gate = TargetGate(order.handover_id, load_key_groups(
                         order.moves, self.partition, self.num_key_groups, self.num_vnodes))
             elif order.committed and not step.order.committed:
@@ -298,12 +310,13 @@ class PartitionHandovers(_Decisions):
                 self._cond.notify_all()
             return "armed"
 
-    def state_arrived(self, handover_id: int, entries: list[tuple[int, bytes, bytes]]) -> None:
-        """The origin's cut of ``handover_id`` (from either origin replica: the first one counts)."""
+    def state_arrived(self, handover_id: int, origin: int, entries: list[tuple[int, bytes, bytes]]) -> None:
+        """Origin partition ``origin``'s cut of ``handover_id`` for this partition (from either
+        replica of the origin: the first one counts)."""
         with self._cond:
             step = self._steps.get(handover_id)
-            if step is not None and step.gate is not None and step.state is None:
-                step.state = entries
+            if step is not None and step.gate is not None and origin in step.origins and origin not in step.cuts:
+                step.cuts[origin] = entries
                 self._cond.notify_all()
 
     # -- instance thread ----------------------------------------------------------------------
@@ -358,17 +371,17 @@ class PartitionHandovers(_Decisions):
 
     def release(self, step: _Step, backend: RocksDBStateBackend,
                 stopping: Callable[[], bool]) -> tuple[Any, ...] | None:
-        """At pulse R of a committed handover: wait for the state, load it, and hand back the
-        held elements (None: stopping)."""
+        """At pulse R of a committed handover: wait for the state of every origin, load it, and
+        hand back the held elements (None: stopping)."""
         assert step.gate is not None
         with self._cond:
-            while step.state is None:
+            while (state := step.state) is None:
                 if stopping():
                     return None
                 self._cond.wait(WAIT_SLICE_S)
-        for kg, rest, value in step.state:
+        for kg, rest, value in state:
             backend.put(kg, rest, value)
-        self.moved_entries += len(step.state)
+        self.moved_entries += len(state)
         step.gate.loaded()
         held = step.gate.release().process
         self._finish(step.order.handover_id, origin=False)
@@ -421,7 +434,7 @@ class HandoverCoordinator:
         self.plan = plan
         self.manager = HandoverManager(plan.routing, upstreams, replicas=plan.replicas)
         self.orders: dict[int, HandoverOrder | CodeOrder] = {}
-        self.moved_entries: dict[int, int] = {}  # handover id -> state entries cut (one origin replica each)
+        self._cut_entries: dict[int, dict[int, int]] = {}  # handover id -> origin partition -> entries cut
         self._deferred: list[HandoverAck] = []  # LOADED acks that came before the release was placed
 
     def start_move(self, task: int, vnodes: Iterable[int], target: int, switch_at: int,
@@ -437,6 +450,20 @@ class HandoverCoordinator:
     def start_job(self, task: int, vnodes: Iterable[int], target: int, strategy: Strategy) -> int:
         """Plan the move of ``vnodes`` of ``task`` to ``target`` in steps (``strategy``); its job id."""
         return self.manager.submit(MoveRequest(task, tuple(vnodes), target), strategy).job_id
+
+    def start_rescale(self, task: int, parallelism: int, strategy: Strategy) -> int:
+        """Plan taking ``task`` to ``parallelism`` partitions owning vnodes (the fewest moves; the
+        partitions beyond it end with none), in steps; its job id.  ValueError beyond the
+        partitions the task hosts."""
+        hosted = self.plan.task(task).parallelism
+        if not isinstance(parallelism, int) or not 1 <= parallelism <= hosted:
+            raise ValueError(f"task {self.plan.task(task).name!r} hosts {hosted} partitions (its max_parallelism): "
+                             f"it can run on 1 to {hosted} of them, not {parallelism!r}")
+        return self.manager.submit(RescaleRequest(task, parallelism), strategy).job_id
+
+    def moved_entries(self, handover_id: int) -> int:
+        """State entries the origins of ``handover_id`` cut (one replica of each origin counted)."""
+        return sum(self._cut_entries.get(handover_id, {}).values())
 
     def instruct_next(self, job_id: int, switch_at: int, release_at: int) -> HandoverOrder | None:
         """Instruct the job's next step at these pulses (None: not now, e.g. the previous step is
@@ -476,7 +503,8 @@ class HandoverCoordinator:
                 continue
             outcome = self.manager.ack(ack)
             if ack.kind is AckKind.CUT and outcome is AckOutcome.ACCEPTED:
-                self.moved_entries[hid] = max(self.moved_entries.get(hid, 0), entries)
+                cuts = self._cut_entries.setdefault(hid, {})
+                cuts[replica[1]] = max(cuts.get(replica[1], 0), entries)
             events += self._advance(hid)
         return events
 
@@ -505,8 +533,7 @@ class HandoverCoordinator:
         if _ORDER_OF[rec.state] >= _ORDER_OF[HandoverState.CUT] and rec.state is not HandoverState.ABORTED \
                 and not rec.released:
             self.manager.release(hid)
-            events.append(f"handover {hid} of {name}: the origins cut {self.moved_entries.get(hid, 0)} state "
-                          "entries")
+            events.append(f"handover {hid} of {name}: the origins cut {self.moved_entries(hid)} state entries")
             deferred, self._deferred = [a for a in self._deferred if a.handover_id == hid], \
                 [a for a in self._deferred if a.handover_id != hid]
             for ack in deferred:

@@ -505,7 +505,7 @@ class ProcessingInstance(PartitionInstance):
                     handovers.drop(step)
                 continue
             entries, digest = handovers.cut(order, self.state_backend())
-            self.worker.send_handover_state(order, entries)
+            self.worker.send_handover_state(order, self.partition, entries)
             self.handover_ack(order.handover_id, order.epoch, "cut", digest, len(entries))
         for step in releases:
             decided = handovers.decided(step.order.handover_id, stopping)

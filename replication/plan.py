@@ -137,11 +137,15 @@ class PhysicalPlan:
         for t in self.tasks:
             ops = " -> ".join(n.name for n in t.chain)
             ins = ", ".join(f"{self.tasks[i.src_task].name}[{i.partitioning}]" for i in t.inputs) or "kafka"
-            lines.append(f"  task {t.id} {t.name!r} x{t.parallelism}: {ops}  (inputs: {ins})")
+            spare = t.parallelism - self.routing[t.id].parallelism if t.id in self.routing else 0
+            size = f"x{t.parallelism}" + (f" ({spare} spare, for rescale)" if spare else "")
+            lines.append(f"  task {t.id} {t.name!r} {size}: {ops}  (inputs: {ins})")
         return "\n".join(lines)
 
 
-def _resolve_parallelism(job: Job, default: int, topic_partitions: Mapping[str, int]) -> dict[int, int]:
+def _resolve_parallelism(job: Job, default: int, topic_partitions: Mapping[str, int],
+                         active: dict[int, int]) -> dict[int, int]:
+    """Partitions hosted per node; ``active`` gets those of keyed nodes with spare partitions."""
     par: dict[int, int] = {}
     for node in job.nodes:  # nodes are created in topological order
         if node.kind == "source":
@@ -163,6 +167,12 @@ def _resolve_parallelism(job: Job, default: int, topic_partitions: Mapping[str, 
         else:  # stateless and sinks follow their input
             p = par[node.inputs[0].source.id]
         par[node.id] = p
+        if node.spec.get("max_parallelism"):
+            if p > node.spec["max_parallelism"]:
+                raise JobDefinitionError(f"process {node.name!r}: max_parallelism {node.spec['max_parallelism']} "
+                                         f"is below its parallelism {p}")
+            active[node.id] = p  # the partitions owning vnodes at the start; the others are spare
+            par[node.id] = node.spec["max_parallelism"]
     return par
 
 
@@ -176,7 +186,8 @@ def plan_job(
 ) -> PhysicalPlan:
     """Turn the logical graph into tasks and channels.  Raises JobDefinitionError."""
     job.validate()
-    par = _resolve_parallelism(job, default_parallelism, topic_partitions)
+    active: dict[int, int] = {}
+    par = _resolve_parallelism(job, default_parallelism, topic_partitions, active)
     consumers: dict[int, list[Node]] = {n.id: [] for n in job.nodes}
     for node in job.nodes:
         for e in node.inputs:
@@ -228,7 +239,7 @@ def plan_job(
             if t.parallelism > num_vnodes:
                 raise JobDefinitionError(
                     f"task {t.name!r}: parallelism {t.parallelism} exceeds spark.replication.state.vnodes={num_vnodes}")
-            routing[t.id] = RoutingTable.uniform(num_vnodes, t.parallelism)
+            routing[t.id] = RoutingTable.uniform(num_vnodes, active.get(t.head.id, t.parallelism))
     for t in tasks:
         for n in t.chain[1:]:
             if n.kind in ("process", "window"):

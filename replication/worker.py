@@ -320,12 +320,14 @@ class Worker:
             for inst in list(self.instances.values()):
                 inst.apply_handover(order)
 
-    def send_handover_state(self, order: HandoverOrder, entries: list) -> None:
-        """An origin's cut of ``order``'s vnodes, to every live replica of each target partition."""
-        targets = {m.target for m in order.moves}
+    def send_handover_state(self, order: HandoverOrder, origin: int, entries: list) -> None:
+        """Origin partition ``origin``'s cut of ``order``'s vnodes, to every live replica of each
+        partition it gives vnodes to."""
+        targets = {m.target for m in order.moves if m.origin == origin}
         for target in sorted(targets):
             mine = [e for e in entries if order.table.partition_of_key_group(e[0], self.plan.num_key_groups) == target]
-            req = {"handover": order.handover_id, "task": order.task, "partition": target, "entries": mine}
+            req = {"handover": order.handover_id, "task": order.task, "partition": target, "origin": origin,
+                   "entries": mine}
             for r in range(self.plan.replicas):
                 w = self.boot.placement[(order.task, target, r)]
                 if w in self.dead_workers:
@@ -345,7 +347,7 @@ class Worker:
         inst = self.instances.get((req["task"], req["partition"]))
         if inst is None or inst.handovers is None:
             raise ValueError(f"worker {self.index} hosts no replica of ({req['task']}, {req['partition']})")
-        inst.handovers.state_arrived(req["handover"], req["entries"])
+        inst.handovers.state_arrived(req["handover"], req["origin"], req["entries"])
         return {}
 
     def _apply(self, reply: dict) -> None:

@@ -505,6 +505,42 @@ def test_parallelism_above_vnodes_is_refused():
     _plan(job, {"in": 1}, num_vnodes=9)  # equal is fine: one vnode each
 
 
+def test_max_parallelism_hosts_spare_partitions_that_own_no_vnode_at_the_start():
+    job, src = _simple_job()
+    src.key_by(_ident).process(Count(), name="elastic", parallelism=2, max_parallelism=3).sink("out")
+    plan = _plan(job, {"in": 1}, num_vnodes=8)
+    task = next(t for t in plan.tasks if t.name == "elastic")
+    assert task.parallelism == 3  # hosted, the chained sink too
+    assert len(plan.input_channels(task.id, 2)) == 1  # the spare partition is wired like the others
+    table = plan.routing[task.id]
+    assert table.parallelism == 2 and sorted(set(table.assignment)) == [0, 1]
+    assert "'elastic' x3 (1 spare, for rescale)" in plan.describe()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(parallelism=3, max_parallelism=2), "max_parallelism 2 is below its parallelism 3"),
+    (dict(max_parallelism=0), "max_parallelism must be a positive int"),
+    (dict(max_parallelism=True), "max_parallelism must be a positive int"),
+])
+def test_max_parallelism_is_validated(kwargs, match):
+    job, src = _simple_job()
+    with pytest.raises(JobDefinitionError, match=match):
+        src.key_by(_ident).process(Count(), name="elastic", **kwargs)
+
+
+def test_max_parallelism_below_the_default_parallelism_is_refused_at_planning():
+    job, src = _simple_job()
+    src.key_by(_ident).process(Count(), name="elastic", max_parallelism=2).sink("out")
+    with pytest.raises(JobDefinitionError, match="max_parallelism 2 is below its parallelism 3"):
+        _plan(job, {"in": 1})
+
+
+def test_max_parallelism_needs_a_hash_partitioned_input():
+    job, src = _simple_job()
+    with pytest.raises(JobDefinitionError, match="hash-partitioned input"):
+        src.key_by(_ident, prepartitioned=True).process(Count(), name="elastic", max_parallelism=4)
+
+
 def test_describe_lists_every_task():
     text = _fraud_plan().describe()
     assert "fraud-monitor: 5 tasks, 12 instances, 16 channels" in text

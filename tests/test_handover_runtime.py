@@ -20,11 +20,11 @@ from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, s
 pytestmark = pytest.mark.integration
 
 
-def _start(stack, spark, name: str):
+def _start(stack, spark, name: str, max_parallelism: int | None = None):
     """The ordered job, replicated in LiveRobin mode, on topics ``<name>a``/``<name>b``: (job,
     handle, topic a, topic b, the vnodes partition 0 of the chain task owns)."""
     a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name)
+    job = build_ordered_job(a, b, f"{name}out", name=name, max_parallelism=max_parallelism)
     handle = run(job, spark=spark, conf={
         "spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, "spark.replication.enabled": "true",
         "spark.replication.mode": "liverobin", "spark.replication.failureTimeout": "2s"})
@@ -58,6 +58,47 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
     assert result.metrics.gaps == 0
     assert replicas_agree(result, handle) == 2
     assert any("completed: vnodes" in text for _, text in result.events), result.events
+
+
+def test_rescaling_onto_a_spare_partition_and_back_under_load_keeps_the_output_exact(stack, spark, topic_prefix,
+                                                                                    capsys):
+    """2 -> 3 -> 2 partitions of the keyed chain task while it runs: up in one step (vnodes from both
+    partitions to the spare one), down through the CLI in batches of 8 from the leaving partition to
+    the two others.  Exactly once, chains link, replicas agree, the third partition worked while it
+    owned vnodes and owns none afterwards."""
+    name = f"{topic_prefix}hovscale"
+    job, handle, a, b, _ = _start(stack, spark, name, max_parallelism=3)
+    assert handle.routing("chain").parallelism == 2
+    with fed_without_pause(stack, a, b) as ids:
+        deadline = time.monotonic() + 60
+        while handle.sink_metrics().records_out < 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        up = handle.rescale("chain", 3)
+        assert up["state"] == "completed" and up["partitions"] == [0, 1, 2], up
+        time.sleep(1.5)  # the third partition works
+        with pytest.raises(ValueError, match="hosts 3 partitions"):
+            handle.rescale("chain", 4)
+        assert cli_main(["rescale", name, "chain", "2", "--strategy", "batched:8"]) == 0
+        shown = capsys.readouterr().out
+        time.sleep(1.0)
+    result = handle.drain(timeout=300)
+    assert [(s["origins"], s["targets"]) for s in up["steps"]] == [([0, 1], [2])], up
+    assert up["entries_moved"] > 0
+    moved_up = len(up["steps"][0]["vnodes"])
+    assert moved_up == handle.plan.routing[job_task(handle)].num_vnodes // 3
+    assert "completed" in shown and f"{-(-moved_up // 8)} step(s)" in shown and "now: [0, 1]" in shown, shown
+    table = handle.routing("chain")
+    assert table.parallelism == 2 and sorted(set(table.assignment)) == [0, 1]
+    assert abs(len(table.vnodes_of(0)) - len(table.vnodes_of(1))) <= 1
+    assert result.per_instance["chain[2]r0"].records_in > 0 and result.per_instance["chain[2]r1"].records_in > 0
+    output = verify_chains(read_output(stack, f"{name}out"), ids)
+    assert output.exact, output
+    assert result.metrics.gaps == 0
+    assert replicas_agree(result, handle) == 3
+
+
+def job_task(handle) -> int:
+    return next(t.id for t in handle.plan.tasks if t.name == "chain")
 
 
 @pytest.mark.parametrize("victim", ["chain[1]r0", "chain[0]r1"], ids=["target-replica", "origin-replica"])

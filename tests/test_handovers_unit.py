@@ -102,12 +102,39 @@ def test_the_target_holds_the_moved_key_groups_and_releases_them_in_order_once_l
     cuts, releases = ho.at_pulse(14)
     assert cuts == [] and len(releases) == 1
     assert ho.decided(7, lambda: False) is True
-    loader = threading.Thread(target=lambda: ho.state_arrived(7, [(_kg(0), b"k", b"state")]))
+    loader = threading.Thread(target=lambda: ho.state_arrived(7, 0, [(_kg(0), b"k", b"state")]))
     threading.Timer(0.2, loader.start).start()
     held = ho.release(releases[0], backend, lambda: False)  # waits for the state
     assert held == ((0, moved1), (0, wm), (1, moved2))
     assert backend.get(_kg(0), b"k") == b"state"
     assert not ho.gating and not ho.active
+
+
+def test_a_target_fed_by_two_origins_loads_only_once_both_cuts_arrived(backend):
+    """A rescale up takes vnodes from partitions 0 and 1 to the new partition 2 in one step: the
+    target waits for both origins' cuts (either replica of each; a repeat or a cut from a
+    partition that gives it nothing is ignored)."""
+    table = RoutingTable.uniform(V, 2)
+    moves = (VnodeMove(3, 0, 2), VnodeMove(7, 1, 2))
+    new = table.moved([3, 7], 2, parallelism=3)
+    order = HandoverOrder(9, new.epoch, 3, new, moves, 10, 14, frozenset({(1, 0), (1, 1)}), committed=True)
+    ho = PartitionHandovers(3, 2, G, V)
+    assert ho.arm(order) == "armed"
+    _, releases = ho.at_pulse(14)
+    ho.state_arrived(9, 0, [(_kg(3), b"a", b"from-0")])
+    ho.state_arrived(9, 0, [(_kg(3), b"a", b"twin-late")])  # the other replica of origin 0: ignored
+    ho.state_arrived(9, 2, [(_kg(5), b"x", b"nonsense")])  # not an origin of this target: ignored
+    released: list = []
+    loader = threading.Thread(target=lambda: released.append(ho.release(releases[0], backend, lambda: False)))
+    loader.start()
+    loader.join(0.3)
+    assert loader.is_alive()  # origin 1's cut is missing
+    ho.state_arrived(9, 1, [(_kg(7), b"b", b"from-1")])
+    loader.join(5)
+    assert released == [()]
+    assert backend.get(_kg(3), b"a") == b"from-0" and backend.get(_kg(7), b"b") == b"from-1"
+    assert backend.get(_kg(5), b"x") is None
+    assert ho.moved_entries == 2
 
 
 def test_a_cancelled_handover_is_dropped_and_a_late_instruction_refused(backend):
@@ -129,9 +156,9 @@ def test_a_cancelled_handover_is_dropped_and_a_late_instruction_refused(backend)
     assert ho4.decided(7, lambda: True) is None
 
 
-def _plan():
-    plan = plan_job(build_ordered_job("a", "b", "out"), default_parallelism=2, num_key_groups=G, num_vnodes=V,
-                    topic_partitions={"a": 2, "b": 2})
+def _plan(max_parallelism: int | None = None):
+    plan = plan_job(build_ordered_job("a", "b", "out", max_parallelism=max_parallelism), default_parallelism=2,
+                    num_key_groups=G, num_vnodes=V, topic_partitions={"a": 2, "b": 2})
     plan.replicas = 2
     return plan
 
@@ -157,9 +184,45 @@ def test_the_coordinator_commits_when_every_participant_armed_and_completes_in_p
     events = coord.on_acks(_acks(order, "cut", origin, digest="d", entries=12))
     assert any("cut 12 state entries" in e for e in events)
     assert any("completed" in e for e in events) and coord.view() == []
-    assert coord.state(order.handover_id).value == "completed" and coord.moved_entries[order.handover_id] == 12
+    assert coord.state(order.handover_id).value == "completed" and coord.moved_entries(order.handover_id) == 12
     with pytest.raises(ValueError, match="own partition"):
         coord.start_move(chain.id, [0], 1, switch_at=200, release_at=210)  # vnode 0 is on partition 1 now
+
+
+def _complete(coord: HandoverCoordinator, order: HandoverOrder, task: int, entries: int = 5) -> list[str]:
+    """Every participant of ``order`` acks every phase; the events."""
+    origins = [(task, p) for p in sorted(order.origins)]
+    targets = [(task, p) for p in sorted(order.targets)]
+    events = coord.on_acks(_acks(order, "armed", sorted(order.upstreams) + origins + targets))
+    events += coord.on_acks(_acks(order, "switched", sorted(order.upstreams)))
+    events += coord.on_acks(_acks(order, "cut", origins, digest="d", entries=entries))
+    return events + coord.on_acks(_acks(order, "loaded", targets))
+
+
+def test_the_coordinator_rescales_onto_a_spare_partition_and_back():
+    plan = _plan(max_parallelism=3)
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    with pytest.raises(ValueError, match="hosts 3 partitions .* not 4"):
+        coord.start_rescale(chain.id, 4, AllAtOnce())
+    up = coord.start_rescale(chain.id, 3, AllAtOnce())
+    order = coord.instruct_next(up, 100, 110)
+    assert order is not None and order.origins == {0, 1} and order.targets == {2}
+    events = _complete(coord, order, chain.id)
+    assert any("cut 10 state entries" in e for e in events)  # both origins counted
+    assert coord.job_state(up).value == "completed"
+    table = coord.manager.tables[chain.id]
+    assert table.parallelism == 3 and sorted(len(table.vnodes_of(p)) for p in range(3)) == [2, 3, 3]
+    down = coord.start_rescale(chain.id, 2, Batched(1))
+    steps = 0
+    while coord.job_state(down).value == "running":
+        order = coord.instruct_next(down, 200 + 20 * steps, 210 + 20 * steps)
+        assert order is not None and order.origins == {2} and len(order.moves) == 1
+        _complete(coord, order, chain.id)
+        steps += 1
+    table = coord.manager.tables[chain.id]
+    assert steps == len(coord.manager.job(up).vnodes) and table.parallelism == 2
+    assert sorted(set(table.assignment)) == [0, 1]
 
 
 def test_the_coordinator_cancels_on_a_late_participant_or_a_lost_one_before_the_commit():

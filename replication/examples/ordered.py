@@ -54,17 +54,18 @@ class HashChain(KeyedProcessFunction):
 
 
 def build_ordered_job(topic_a: str, topic_b: str, out_topic: str, name: str = "hash-chain",
-                      parallelism: int = 2, identity_maps: int = 0) -> Job:
+                      parallelism: int = 2, identity_maps: int = 0, max_parallelism: int | None = None) -> Job:
     """``a ∪ b -> key_by(key) -> chain [-> map]* -> sink``: the chain task has one input channel per
     source partition; the sink is a task of its own (its replicas fail independently).
     ``identity_maps`` adds that many tasks of an identity map before the sink, each fed round robin
     by every partition of the task before (so each has several input channels to order: the
-    paper's MiB 1 pipeline shape, for the benchmarks)."""
+    paper's MiB 1 pipeline shape, for the benchmarks).  ``max_parallelism``: the chain task hosts
+    that many partitions, the ones beyond ``parallelism`` spare (for ``JobHandle.rescale``)."""
     job = Job(name)
     a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a")
     b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b")
     stream = (a.union(b).key_by(lambda e: e["key"])
-              .process(HashChain(), name="chain", parallelism=parallelism))
+              .process(HashChain(), name="chain", parallelism=parallelism, max_parallelism=max_parallelism))
     for i in range(identity_maps):
         stream = stream.rebalance().map(_identity, name=f"identity-{i + 1}")
     stream.new_task().sink(out_topic, serializer="json", key_serializer="str", name="chain-sink")
