@@ -144,10 +144,17 @@ def _cmd_rescale(args: argparse.Namespace) -> int:
     return _handover_request(args, {"task": args.task, "parallelism": args.parallelism})
 
 
+def _cmd_rebalance(args: argparse.Namespace) -> int:
+    req = {"task": args.task, "fraction": args.fraction, "window": args.window}
+    if args.target is not None:
+        req["target"] = args.target
+    return _handover_request(args, req)
+
+
 def _handover_request(args: argparse.Namespace, req: dict) -> int:
     """Send a handover request (move or rescale) to the job's driver and print its report."""
     from replication import rpc
-    from replication.handovers import parse_strategy
+    from replication.handovers import format_vnodes, parse_strategy
     from replication.status import read_status
 
     try:
@@ -177,8 +184,10 @@ def _handover_request(args: argparse.Namespace, req: dict) -> int:
     print(f"handover job {report['job']} of {args.task}: {report['state']} in {report['seconds']:.1f} s, "
           f"{len(report['steps'])} step(s), {report['entries_moved']} state entries moved; partitions owning "
           f"vnodes now: {report['partitions']}")
+    if "load_before" in report:
+        print(f"  records/s per partition: {report['load_before']} before, {report['load_after']} as planned")
     for step in report["steps"]:
-        print(f"  handover {step['handover_id']}: vnodes {step['vnodes'][0]}..{step['vnodes'][-1]} "
+        print(f"  handover {step['handover_id']}: vnodes {format_vnodes(step['vnodes'])} "
               f"({len(step['vnodes'])}) from {step['origins']} to {step['targets']}, switch at pulse "
               f"{step['switch_at']}, release at {step['release_at']}, {step['entries_moved']} entries, "
               f"{step['seconds']:.2f} s: {step['state']}")
@@ -248,6 +257,17 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
     rs.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the rescale to complete")
     rs.set_defaults(fn=_cmd_rescale)
+    rb = sub.add_parser("rebalance", help="measure the records per vnode of a keyed task, then move load off its "
+                                          "busiest partition while the job runs (LiveRobin mode, Rhino off)")
+    rb.add_argument("job", help="the job name")
+    rb.add_argument("task", help="the keyed task")
+    rb.add_argument("--fraction", type=float, default=0.5,
+                    help="at most this fraction of the busiest partition's vnodes move (default 0.5)")
+    rb.add_argument("--target", type=int, help="the partition they move to (default: the least loaded)")
+    rb.add_argument("--window", type=float, default=3.0, help="seconds over which the load is measured")
+    rb.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
+    rb.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the moves to complete")
+    rb.set_defaults(fn=_cmd_rebalance)
     chaos.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
     return p
 

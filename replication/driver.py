@@ -25,13 +25,14 @@ from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig
-from replication.handovers import HandoverCoordinator, parse_strategy
+from replication.handovers import HandoverCoordinator, format_vnodes, parse_strategy
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import (
     Instance,
     PhysicalPlan,
     ReplicaId,
+    TaskSpec,
     check_replicable,
     place,
     plan_job,
@@ -784,7 +785,7 @@ class JobHandle:
         strategy = strategy or AllAtOnce()
         return self._run_handover_job(
             task, lambda c: c.start_job(tid, vnodes, target, strategy),
-            f"vnodes {sorted(vnodes)} to partition {target}", strategy, timeout, margin_s, release_s, gap_s)
+            f"vnodes {format_vnodes(vnodes)} to partition {target}", strategy, timeout, margin_s, release_s, gap_s)
 
     def rescale(self, task: str, parallelism: int, timeout: float = 120.0, margin_s: float = 0.5,
                 release_s: float = 0.3, strategy: Strategy | None = None, gap_s: float = 0.0) -> dict[str, Any]:
@@ -798,6 +799,54 @@ class JobHandle:
         return self._run_handover_job(
             task, lambda c: c.start_rescale(tid, parallelism, strategy), f"rescale to {parallelism} partitions",
             strategy, timeout, margin_s, release_s, gap_s)
+
+    def routed_per_vnode(self, task: str) -> list[int]:
+        """Records routed to each vnode of the keyed ``task`` since the job started, as last
+        reported by its upstream partitions (of each, the replica that counted more)."""
+        spec = self._keyed_spec(task)
+        num_vnodes = self.plan.routing[spec.id].num_vnodes
+        snapshot = self.master.snapshot()
+        total = [0] * num_vnodes
+        for up in self.plan.tasks:
+            if not any(e.dst_task == spec.id and e.partitioning == "hash" for e in up.outputs):
+                continue
+            for p in range(up.parallelism):
+                counted = [m.routed.get(spec.id, ()) for r in range(self.plan.replicas)
+                           if (m := snapshot.get(replica_name(up.name, p, r))) is not None]
+                best = max(counted, key=sum, default=())
+                for v, n in enumerate(best):
+                    total[v] += n
+        return total
+
+    def rebalance(self, task: str, fraction: float = 0.5, target: int | None = None, window_s: float = 3.0,
+                  timeout: float = 120.0, margin_s: float = 0.5, release_s: float = 0.3,
+                  strategy: Strategy | None = None, gap_s: float = 0.0) -> dict[str, Any]:
+        """Relieve the busiest partition of the keyed ``task``: measure the records per vnode over
+        ``window_s`` seconds, then move up to ``fraction`` of that partition's vnodes, heaviest
+        first, to the least loaded partition (or ``target``), each only if it lowers the larger of
+        the two loads.  The report of :meth:`move_vnodes` plus ``load_before`` and ``load_after``
+        (records/s per partition, the latter as planned from the same measurement); no step when
+        nothing would improve."""
+        tid = self._keyed_task(task)
+        strategy = strategy or AllAtOnce()
+        if not 0 < window_s <= 600:
+            raise ValueError(f"window_s must be in (0, 600] seconds, got {window_s!r}")
+        before, started = self.routed_per_vnode(task), time.monotonic()
+        time.sleep(window_s)
+        after = self.routed_per_vnode(task)
+        seconds = time.monotonic() - started
+        load = [(a - b) / seconds for a, b in zip(after, before, strict=True)]
+        if not any(load):
+            raise ValueError(f"no record reached {task!r} in the last {window_s:g} s: no load to rebalance by")
+        table_before = self.routing(task)
+        report = self._run_handover_job(
+            task, lambda c: c.start_rebalance(tid, load, fraction, target, strategy),
+            f"rebalance of up to {fraction:.0%} of the busiest partition's vnodes", strategy, timeout, margin_s,
+            release_s, gap_s)
+        table_after = self.routing(task)
+        for key, table in (("load_before", table_before), ("load_after", table_after)):
+            report[key] = [round(sum(load[v] for v in table.vnodes_of(p)), 1) for p in range(table.parallelism)]
+        return report
 
     def _run_handover_job(self, task: str, submit: Callable[[HandoverCoordinator], int], what: str,
                           strategy: Strategy, timeout: float, margin_s: float, release_s: float,
@@ -915,6 +964,9 @@ class JobHandle:
         ``{"error": why}``."""
         try:
             strategy = parse_strategy(req.get("strategy", "all"))
+            if "fraction" in req:
+                return self.rebalance(req["task"], req["fraction"], req.get("target"), req.get("window", 3.0),
+                                      timeout=req.get("timeout", 120.0), strategy=strategy)
             if "parallelism" in req:
                 return self.rescale(req["task"], req["parallelism"], timeout=req.get("timeout", 120.0),
                                     strategy=strategy)
@@ -925,9 +977,7 @@ class JobHandle:
 
     def routing(self, task: str) -> RoutingTable:
         """The vnode -> partition map of the keyed ``task`` now (after the handovers committed)."""
-        spec = next((t for t in self.plan.tasks if t.name == task and t.id in self.plan.routing), None)
-        if spec is None:
-            raise ValueError(f"{task!r} is not a keyed task of job {self.job.name}")
+        spec = self._keyed_spec(task)
         with self.master._cond:
             if self.master.handovers is not None:
                 return self.master.handovers.manager.tables[spec.id]
@@ -938,13 +988,17 @@ class JobHandle:
             raise ValueError(f"{what} at runtime needs spark.replication.mode=liverobin (its pulses are the switch "
                              "points) and, for now, spark.replication.rhino.enabled=false (docs/handover.md)")
 
-    def _keyed_task(self, task: str) -> int:
-        """The id of the keyed ``task``, or ValueError naming why it cannot be handed over (yet)."""
-        self._require_liverobin("moving vnodes")
+    def _keyed_spec(self, task: str) -> TaskSpec:
         spec = next((t for t in self.plan.tasks if t.name == task), None)
         if spec is None or spec.id not in self.plan.routing:
             keyed = [t.name for t in self.plan.tasks if t.id in self.plan.routing]
             raise ValueError(f"{task!r} is not a keyed task of job {self.job.name} (keyed tasks: {keyed})")
+        return spec
+
+    def _keyed_task(self, task: str) -> int:
+        """The id of the keyed ``task``, or ValueError naming why it cannot be handed over (yet)."""
+        self._require_liverobin("moving vnodes")
+        spec = self._keyed_spec(task)
         if any(n.kind == "window" for n in spec.chain):
             raise ValueError(f"{task!r} has an event-time window: moving its vnodes is not supported yet "
                              "(docs/handover.md)")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +41,7 @@ from rhino_state import (
     JobState,
     LateInstructionError,
     MoveRequest,
+    RebalanceRequest,
     ReplaceOperatorRequest,
     RescaleRequest,
     RocksDBStateBackend,
@@ -146,6 +147,9 @@ class RouterSwitches:
     @property
     def tasks(self) -> frozenset[int]:
         return frozenset(self._routers)
+
+    def num_vnodes(self, task: int) -> int:
+        return self._routers[task].table.num_vnodes
 
     def partition_of(self, task: int, key_group: int) -> int:
         router = self._routers[task]
@@ -461,6 +465,13 @@ class HandoverCoordinator:
                              f"it can run on 1 to {hosted} of them, not {parallelism!r}")
         return self.manager.submit(RescaleRequest(task, parallelism), strategy).job_id
 
+    def start_rebalance(self, task: int, load_per_vnode: Sequence[float], fraction: float, target: int | None,
+                        strategy: Strategy) -> int:
+        """Plan moving up to ``fraction`` of the busiest partition's vnodes, heaviest first, to the
+        least loaded partition (or ``target``) as long as each move lowers the larger load; its job
+        id (a job with no step when nothing would improve)."""
+        return self.manager.submit(RebalanceRequest(task, tuple(load_per_vnode), fraction, target), strategy).job_id
+
     def moved_entries(self, handover_id: int) -> int:
         """State entries the origins of ``handover_id`` cut (one replica of each origin counted)."""
         return sum(self._cut_entries.get(handover_id, {}).values())
@@ -541,7 +552,7 @@ class HandoverCoordinator:
         if rec.state is HandoverState.COMPLETED and hid in self.orders:
             del self.orders[hid]
             events.append(f"handover {hid} of {name} completed: vnodes "
-                          f"{sorted(m.vnode for m in order.moves)} now on partition(s) {sorted(order.targets)}")
+                          f"{format_vnodes(m.vnode for m in order.moves)} now on partition(s) {sorted(order.targets)}")
         return events
 
     def replica_lost(self, replica: ReplicaId) -> list[str]:
@@ -575,6 +586,20 @@ def parse_strategy(text: str) -> Strategy:
     if name == "batched" and arg.isdigit() and int(arg) >= 1:
         return Batched(int(arg))
     raise ValueError(f"strategy {text!r}: expected all, fluid or batched:N (N >= 1)")
+
+
+def format_vnodes(vnodes: Iterable[int]) -> str:
+    """[0, 1, 2, 3, 7, 9, 10] -> ``0-3,7,9-10`` (what :func:`parse_vnodes` reads)."""
+    parts: list[str] = []
+    run: list[int] = []
+    for v in sorted(set(vnodes)):
+        if run and v != run[-1] + 1:
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(v)
+    if run:
+        parts.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(parts)
 
 
 def parse_vnodes(text: str) -> list[int]:

@@ -81,6 +81,9 @@ class InstanceMetrics:
     checkpoint_bytes_changed: int = 0  # summed over the checkpoints taken
     checkpoint_bytes_shipped: int = 0
     restored_from: int = -1  # the checkpoint this replica was restored from (-1: original)
+    # records routed per vnode of each keyed task fed (task id -> counts by vnode): the load a
+    # rebalance is planned from (both replicas count the same; not restored with a checkpoint)
+    routed: dict[int, list[int]] = field(default_factory=dict)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 

@@ -275,6 +275,13 @@ class Router(Operator):
         self.edges = [[edge, chans, 0] for edge, chans in edges]
         self.num_key_groups = env.num_key_groups
         self.switches = env.router_switches  # routing tables per keyed destination, switched by handovers
+        # records per vnode of each hash edge's destination (the metrics' ``routed``), and the number
+        # of vnodes of that destination
+        self._routed = {}
+        for edge, _ in edges:
+            if edge.partitioning == "hash":
+                vnodes = self.switches.num_vnodes(edge.dst_task)
+                self._routed[edge.dst_task] = (env.metrics.routed.setdefault(edge.dst_task, [0] * vnodes), vnodes)
 
     def process(self, rec: tuple) -> None:
         sent = False
@@ -289,6 +296,8 @@ class Router(Operator):
                     continue
                 part = self.switches.partition_of(edge.dst_task, kg)
                 chans[part].emit((DATA, rec[1], key, rec[3], rec[4], rec[5]))
+                counts, vnodes = self._routed[edge.dst_task]
+                counts[((kg + 1) * vnodes - 1) // self.num_key_groups] += 1  # rhino_state.vnode_of, inlined
             elif edge.partitioning == "forward":
                 if edge.key_fn is None:
                     chans[0].emit(rec)

@@ -5,6 +5,7 @@ piece of state would break a chain), and the two replicas of each partition end 
 
 from __future__ import annotations
 
+import ast
 import threading
 import time
 
@@ -95,6 +96,47 @@ def test_rescaling_onto_a_spare_partition_and_back_under_load_keeps_the_output_e
     assert output.exact, output
     assert result.metrics.gaps == 0
     assert replicas_agree(result, handle) == 3
+
+
+def test_rebalancing_from_the_measured_load_relieves_the_busiest_partition_exactly_once(stack, spark, topic_prefix,
+                                                                                       capsys):
+    """Partition 0 is given most vnodes, so most keys; ``replication rebalance`` measures the
+    records per vnode and moves the heaviest of partition 0's vnodes to partition 1 while the job
+    runs.  The busiest partition's share of the load measured afterwards falls, the output stays
+    exact, and with no input there is no load to rebalance by (refused, named)."""
+    name = f"{topic_prefix}hovbal"
+    job, handle, a, b, _ = _start(stack, spark, name)
+    share = []
+    with fed_without_pause(stack, a, b) as ids:
+        deadline = time.monotonic() + 60
+        while handle.sink_metrics().records_out < 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        handle.move_vnodes("chain", handle.routing("chain").vnodes_of(1)[:-24], 0)  # skew: 0 owns all but 24
+        time.sleep(0.6)  # the CLI reads the driver's address from the status file
+        assert cli_main(["rebalance", name, "chain", "--window", "3"]) == 0
+        shown = capsys.readouterr().out
+        for _ in range(2):
+            before = handle.routed_per_vnode("chain")
+            time.sleep(2.5)
+            load = [x - y for x, y in zip(handle.routed_per_vnode("chain"), before, strict=True)]
+            table = handle.routing("chain")
+            share.append(sum(load[v] for v in table.vnodes_of(0)) / sum(load))
+    time.sleep(2.5)  # the last records are routed and reported
+    with pytest.raises(ValueError, match="no record reached 'chain'"):
+        handle.rebalance("chain", window_s=1.5)
+    result = handle.drain(timeout=300)
+    planned = [line for line in shown.splitlines() if "records/s per partition" in line]
+    assert "completed" in shown and planned, shown
+    before_load, after_load = (ast.literal_eval(x) for x in planned[0].split(": ")[1].replace(" as planned", "")
+                               .split(" before, "))
+    assert before_load[0] > 2 * before_load[1], shown  # the skew was measured
+    assert max(after_load) < 0.8 * before_load[0], shown
+    assert all(s < 0.75 for s in share), (share, shown)  # and the load measured afterwards follows the plan
+    print(shown, "share of partition 0 measured afterwards:", share)  # shown with pytest -rP
+    output = verify_chains(read_output(stack, f"{name}out"), ids)
+    assert output.exact, output
+    assert result.metrics.gaps == 0
+    assert replicas_agree(result, handle) == 2
 
 
 def job_task(handle) -> int:

@@ -16,6 +16,7 @@ from replication.handovers import (
     HandoverCoordinator,
     HandoverOrder,
     PartitionHandovers,
+    format_vnodes,
     order_from_wire,
     parse_strategy,
     parse_vnodes,
@@ -225,6 +226,22 @@ def test_the_coordinator_rescales_onto_a_spare_partition_and_back():
     assert sorted(set(table.assignment)) == [0, 1]
 
 
+def test_the_coordinator_rebalances_from_a_measured_load_per_vnode():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    load = [10.0, 40.0, 5.0, 5.0, 1.0, 1.0, 1.0, 1.0]  # partition 0 (vnodes 0-3) carries 60 of 64
+    job = coord.start_rebalance(chain.id, load, 0.5, None, AllAtOnce())
+    order = coord.instruct_next(job, 100, 110)
+    # heaviest first: vnode 1 (60/4 -> 20/44); then vnode 0 would not lower the larger load (54 > 44)
+    assert order is not None and sorted((m.vnode, m.origin, m.target) for m in order.moves) == [(1, 0, 1)]
+    _complete(coord, order, chain.id)
+    assert coord.job_state(job).value == "completed"
+    # partition 0 (vnodes 0, 2, 3) carries 4, partition 1 3: no move would lower the larger load
+    nothing = coord.start_rebalance(chain.id, [2.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0], 0.5, None, AllAtOnce())
+    assert coord.job_state(nothing).value == "completed" and not coord.manager.job(nothing).steps
+
+
 def test_the_coordinator_cancels_on_a_late_participant_or_a_lost_one_before_the_commit():
     plan = _plan()
     chain = next(t for t in plan.tasks if t.name == "chain")
@@ -244,6 +261,8 @@ def test_the_coordinator_cancels_on_a_late_participant_or_a_lost_one_before_the_
 
 def test_the_cli_spells_vnodes_and_strategies():
     assert parse_vnodes("0-3,7, 9-9") == [0, 1, 2, 3, 7, 9]
+    assert format_vnodes([9, 0, 1, 2, 3, 7, 10]) == "0-3,7,9-10" and format_vnodes([]) == ""
+    assert parse_vnodes(format_vnodes([5, 6, 8])) == [5, 6, 8]
     for bad, why in (("a", "not N or N-M"), ("3-1", "goes down"), ("1,,2", "not N or N-M")):
         with pytest.raises(ValueError, match=why):
             parse_vnodes(bad)

@@ -620,6 +620,12 @@ def test_router_hash_routes_by_key_group_through_the_routing_table():
     counts = [len(ch.data) for ch in chans]
     assert sum(counts) == 2 * len(keys) and min(counts) > len(keys) // 8  # spread over all channels
     assert env.metrics.records_out == 2 * len(keys)
+    # the load per vnode (what a rebalance is planned from): every record counted at its key's vnode
+    routed = env.metrics.routed[7]
+    assert len(routed) == 16 and sum(routed) == 2 * len(keys)
+    for p, ch in enumerate(chans):
+        assert sum(routed[v] for v in table.vnodes_of(p)) == len(ch.data)
+    assert routed == [2 * sum(vnode_of(key_group(encode_key(k), G), G, 16) == v for k in keys) for v in range(16)]
 
 
 def test_router_follows_a_moved_routing_table():
