@@ -7,8 +7,9 @@
 * :mod:`liverobin.generator`: the heartbeat generator (a driver thread; Kafka I/O).
 """
 
-from liverobin.heartbeats import PulseLog, PulsePlacer, PulseRecord, next_pulse
+from liverobin.heartbeats import PulseLog, PulsePlacer, PulseRecord, PulseWindows, next_pulse
 from liverobin.merge import LiveRobinMerge, Step
 from liverobin.orderer import LiveRobinOrderer
 
-__all__ = ["LiveRobinMerge", "LiveRobinOrderer", "PulseLog", "PulsePlacer", "PulseRecord", "Step", "next_pulse"]
+__all__ = ["LiveRobinMerge", "LiveRobinOrderer", "PulseLog", "PulsePlacer", "PulseRecord", "PulseWindows", "Step",
+           "next_pulse"]

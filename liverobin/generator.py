@@ -15,6 +15,10 @@ are in :mod:`liverobin.heartbeats` and depend on the log alone:
   :meth:`eager`: a handover waits for pulses);
 * on a drain it writes one *final* pulse at the end offsets seen after the drain request; the
   sources end right after it, at the same position on both replicas.
+
+``windowed=True`` (KaZoo mode) writes nothing outside pulse windows: :meth:`open_window` starts
+one at offsets no lower than the sources' reported positions, :meth:`close_window` ends it
+with a pulse marked *last* (:class:`liverobin.heartbeats.PulseWindows`).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class HeartbeatGenerator:
 
     def __init__(self, *, name: str, heartbeat_log: tuple[str, int], sources: Mapping[str, list[int]],
                  starts: Offsets, period_s: float, max_step: int, consumer_conf: Mapping[str, Any],
-                 producer_conf: Mapping[str, Any]) -> None:
+                 producer_conf: Mapping[str, Any], windowed: bool = False) -> None:
         self.name = name
         self.topic, self.log_start = heartbeat_log
         self.sources = {t: list(ks) for t, ks in sources.items()}
@@ -71,6 +75,11 @@ class HeartbeatGenerator:
         self._finish_at: float | None = None
         self._eager_until = 0.0  # until then a pulse every period even while no partition grows
         self._thread: threading.Thread | None = None
+        self.windowed = windowed
+        self._window: tuple[int, Offsets] | None = None  # (id, floor) of the open window
+        self._closing = False  # the open window's last pulse is due
+        self._last_h = 0  # the last pulse of the closing window, once written
+        self._closed = threading.Condition()
 
     # -- control (any thread) ---------------------------------------------------------------
     def start(self) -> HeartbeatGenerator:
@@ -93,6 +102,21 @@ class HeartbeatGenerator:
         """Write a pulse every period for ``seconds`` even while no source partition grows (a
         handover switches at a pulse: it should come at the period, not once a second)."""
         self._eager_until = time.monotonic() + seconds
+
+    def open_window(self, window: int, floor: Offsets) -> None:
+        """Windowed: write pulses tagged ``window`` every period, none below ``floor``."""
+        with self._closed:
+            self._window, self._closing, self._last_h = (window, {t: dict(p) for t, p in floor.items()}), False, 0
+
+    def close_window(self, timeout: float) -> int | None:
+        """Windowed: end the open window with a pulse marked last and wait until the log counted
+        it; its ``h`` (None: not within ``timeout``, or no window open)."""
+        with self._closed:
+            if self._window is None:
+                return None
+            self._closing = True
+            self._closed.wait_for(lambda: self._window is None or self.error is not None or not self.alive, timeout)
+            return self._last_h if self._window is None else None
 
     @property
     def alive(self) -> bool:
@@ -147,8 +171,22 @@ class HeartbeatGenerator:
                     self.pulses.accept(record)
                     # ours came back (counted, or beaten by another generator's record of that h)
                     in_flight = [(r, t) for r, t in in_flight if r.h > record.h]
+                    if self._last_h and self.pulses.last_h >= self._last_h:
+                        with self._closed:  # the window's last pulse is counted: quiet until the next
+                            self._window, self._closing = None, False
+                            self._closed.notify_all()
                 producer.poll(0)
                 now = time.monotonic()
+                window = self._window
+                if self.windowed:
+                    if window is None:
+                        next_tick = now + self.period_s  # outside a window: nothing to write
+                        continue
+                    if self._last_h:
+                        if any(r.h == self._last_h and now - t < IN_FLIGHT_TIMEOUT_S for r, t in in_flight):
+                            next_tick = now + self.period_s  # the last pulse is out: wait for it to count
+                            continue
+                        self._last_h = 0  # it was lost: write the last pulse again
                 if now < next_tick:
                     continue
                 in_flight = [(r, t) for r, t in in_flight if now - t < IN_FLIGHT_TIMEOUT_S]
@@ -161,9 +199,10 @@ class HeartbeatGenerator:
                 ends = self._ends(consumer, source_tps)
                 if ends is None:
                     continue
-                finishing = self._finish_at is not None and now >= self._finish_at
-                if finishing and in_flight:
-                    continue  # the final pulse builds on everything written before it
+                finishing = self._finish_at is not None and now >= self._finish_at and not self.windowed
+                closing = window is not None and self._closing
+                if (finishing or closing) and in_flight:
+                    continue  # the final (or a window's last) pulse builds on everything written before it
                 blocked = False
                 base = self.pulses
                 if in_flight:
@@ -171,9 +210,11 @@ class HeartbeatGenerator:
                     for r, _ in in_flight:
                         base.accept(r)
                 record, behind = next_pulse(base, ends, self.max_step, starts=self.starts,
-                                            final=finishing, generator=self.name)
+                                            final=finishing, generator=self.name,
+                                            floor=window[1] if window else None, window=window[0] if window else 0,
+                                            last=closing)
                 if (not record.final and record.offsets == base.offsets and now - last_write < IDLE_PULSE_EVERY_S
-                        and now >= self._eager_until):
+                        and now >= self._eager_until and window is None):
                     next_tick = max(next_tick + self.period_s, now)
                     continue
                 last_write = now
@@ -181,6 +222,8 @@ class HeartbeatGenerator:
                                  on_delivery=_report_failure)
                 self.written += 1
                 in_flight.append((record, now))
+                if record.last:
+                    self._last_h = record.h
                 next_tick = now if behind or finishing else max(next_tick + self.period_s, now)
             producer.flush(5)
         finally:

@@ -15,6 +15,14 @@ after its record at ``offset - 1`` (before the record at ``offset``).
 * a *final* record ends the log: sources emit it, then end (a graceful drain at a position
   both replicas agree on, whatever their timing).
 
+KaZoo mode has pulses only inside *windows* (a handover switches at a pulse, and the rest of the
+time KaZoo sources must not wait for pulses): :class:`PulseWindows` is a source replica's side.
+The driver opens window ``w``; each source replica starts holding its records as LiveRobin does
+and reports its position; only once every replica holds does a generator write pulses tagged
+``w``, at offsets no lower than those positions (``floor``), and it ends the window with a pulse
+marked *last*.  A replica places the pulses of its window up to that last one, then emits its
+records freely again.  Which pulses a replica places is decided by the log and the window id.
+
 :class:`PulsePlacer` is one source replica's side: it holds back a record until a counted
 pulse lies beyond it (only then is it known that no pulse comes first), so the output order
 of records and pulses is a function of the log and the partition, nothing else.  The price is
@@ -44,6 +52,8 @@ class PulseRecord:
     offsets: Offsets
     final: bool = False
     generator: str = ""  # who wrote it (diagnostics only; never affects placement)
+    window: int = 0  # KaZoo: the pulse window it belongs to (0: LiveRobin, no windows)
+    last: bool = False  # KaZoo: the last pulse of its window
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {"h": self.h, "o": {t: {str(k): o for k, o in parts.items()}
@@ -52,6 +62,10 @@ class PulseRecord:
             body["final"] = True
         if self.generator:
             body["g"] = self.generator
+        if self.window:
+            body["w"] = self.window
+        if self.last:
+            body["last"] = True
         return json.dumps(body, separators=(",", ":")).encode()
 
     @staticmethod
@@ -62,7 +76,8 @@ class PulseRecord:
             offsets = {str(t): {int(k): int(o) for k, o in parts.items()} for t, parts in body["o"].items()}
             if not isinstance(h, int) or h < 1:
                 raise ValueError(f"h must be a positive integer, got {h!r}")
-            return PulseRecord(h, offsets, bool(body.get("final", False)), str(body.get("g", "")))
+            return PulseRecord(h, offsets, bool(body.get("final", False)), str(body.get("g", "")),
+                               int(body.get("w", 0)), bool(body.get("last", False)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed heartbeat record {(raw or b'')[:80]!r}: {exc}") from exc
 
@@ -87,18 +102,24 @@ class PulseLog:
             for k, off in parts.items():
                 known[k] = max(off, known.get(k, off))
         self.last_h, self.offsets, self.final = record.h, merged, record.final
-        return PulseRecord(record.h, {t: dict(p) for t, p in merged.items()}, record.final, record.generator)
+        return PulseRecord(record.h, {t: dict(p) for t, p in merged.items()}, record.final, record.generator,
+                           record.window, record.last)
 
 
 def next_pulse(log: PulseLog, ends: Offsets, max_step: int, *, starts: Offsets | None = None,
-               final: bool = False, generator: str = "") -> tuple[PulseRecord, bool]:
+               final: bool = False, generator: str = "", floor: Offsets | None = None, window: int = 0,
+               last: bool = False) -> tuple[PulseRecord, bool]:
     """The generator's next record after what ``log`` has counted, and whether it is still behind
     ``ends`` (then the next one is due at once).  ``starts``: where the sources begin, for
-    partitions no pulse has named yet.  A final record is only made once caught up."""
+    partitions no pulse has named yet.  A final record is only made once caught up.  ``floor``
+    (KaZoo windows): no offset below it, whatever the log's last pulse (the sources emitted
+    everything below it before they started holding)."""
     behind = False
     offsets: dict[str, dict[int, int]] = {}
     for topic, parts in ends.items():
         prev = {**(starts or {}).get(topic, {}), **log.offsets.get(topic, {})}
+        for k, low in (floor or {}).get(topic, {}).items():
+            prev[k] = max(prev.get(k, low), low)
         out = offsets[topic] = {}
         for k, end in parts.items():
             if k not in prev:
@@ -109,7 +130,7 @@ def next_pulse(log: PulseLog, ends: Offsets, max_step: int, *, starts: Offsets |
                 target = prev[k] + max_step
                 behind = True
             out[k] = target
-    return PulseRecord(log.last_h + 1, offsets, final and not behind, generator), behind
+    return PulseRecord(log.last_h + 1, offsets, final and not behind, generator, window, last), behind
 
 
 PULSE_ITEM = "pulse"
@@ -147,6 +168,13 @@ class PulsePlacer:
         if position > self.fetched_to:
             self.fetched_to = position
 
+    def release_records(self) -> list[Any]:
+        """Every record held, in offset order, and no more holding of them (a KaZoo source
+        leaving a pulse window after its last pulse: no pulse comes before them)."""
+        items = [item for _, item in self._records]
+        self._records.clear()
+        return items
+
     @property
     def held(self) -> int:
         """Records waiting for a pulse beyond them."""
@@ -166,3 +194,48 @@ class PulsePlacer:
                 yield PULSE_ITEM, (h, final)
             else:
                 return  # records below the pulse's offset are still to be fetched
+
+
+HOLD, LEAVE = "hold", "leave"
+
+
+class PulseWindows:
+    """One KaZoo source replica's pulse windows (see the module docstring).
+
+    Feed it the driver's word on the latest window (:meth:`announce`) and the counted pulses
+    (:meth:`admits`, then :meth:`placed` once one is emitted); it says when to start holding
+    records and when to stop.  Window ids only grow; a window left is never entered again."""
+
+    def __init__(self) -> None:
+        self.current: int | None = None  # the window this replica holds for
+        self.handled = 0  # the highest window id seen (entered, or closed before it was seen open)
+        self.end_h: int | None = None  # the current window's last pulse, once counted
+
+    def announce(self, window: int, is_open: bool, pulses: bool) -> str:
+        """The driver's latest word: ``HOLD`` (start holding now and report the position),
+        ``LEAVE`` (stop holding now: the window closed before any pulse was written) or ``""``."""
+        if is_open:
+            if window > self.handled:
+                self.current, self.handled, self.end_h = window, window, None
+                return HOLD
+            return ""
+        if window == self.current and not pulses and self.end_h is None:
+            self.current = None
+            return LEAVE
+        self.handled = max(self.handled, window)
+        return ""
+
+    def admits(self, record: PulseRecord) -> bool:
+        """Whether this counted pulse is to be placed (one of the current window's, up to its last)."""
+        if self.current is None or record.window != self.current or self.end_h is not None:
+            return False
+        if record.last:
+            self.end_h = record.h
+        return True
+
+    def placed(self, h: int) -> bool:
+        """Pulse ``h`` was emitted; True if it was the window's last (stop holding now)."""
+        if self.end_h is not None and h >= self.end_h:
+            self.current = self.end_h = None
+            return True
+        return False

@@ -241,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print the status file the driver publishes, as it is")
     st.set_defaults(fn=_cmd_status)
     mv = sub.add_parser("move", help="move vnodes of a keyed task to another of its partitions while the job "
-                                     "runs (LiveRobin mode, Rhino off)")
+                                     "runs (LiveRobin or KaZoo mode, Rhino off)")
     mv.add_argument("job", help="the job name")
     mv.add_argument("task", help="the keyed task")
     mv.add_argument("vnodes", help="vnodes, e.g. 0-31,40")
@@ -250,7 +250,7 @@ def parser() -> argparse.ArgumentParser:
     mv.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the move to complete")
     mv.set_defaults(fn=_cmd_move)
     rs = sub.add_parser("rescale", help="run a keyed task on more or fewer of its partitions while the job runs "
-                                        "(up to its max_parallelism; LiveRobin mode, Rhino off)")
+                                        "(up to its max_parallelism; LiveRobin or KaZoo mode, Rhino off)")
     rs.add_argument("job", help="the job name")
     rs.add_argument("task", help="the keyed task")
     rs.add_argument("parallelism", type=int, help="the partitions that own vnodes afterwards")
@@ -258,7 +258,7 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the rescale to complete")
     rs.set_defaults(fn=_cmd_rescale)
     rb = sub.add_parser("rebalance", help="measure the records per vnode of a keyed task, then move load off its "
-                                          "busiest partition while the job runs (LiveRobin mode, Rhino off)")
+                                          "busiest partition while the job runs (LiveRobin or KaZoo mode, Rhino off)")
     rb.add_argument("job", help="the job name")
     rb.add_argument("task", help="the keyed task")
     rb.add_argument("--fraction", type=float, default=0.5,

@@ -80,6 +80,7 @@ class JobMaster:
         self.num_workers = num_workers
         self.replicated = plan.replicas > 1
         self.start_timeout_s = cfg.start_timeout_ms / 1000
+        self.mode = cfg.mode
         self.failure_timeout_s = cfg.failure_timeout_ms / 1000
         self.job_name = job_name
         self.app_id = app_id
@@ -124,6 +125,10 @@ class JobMaster:
         self._peers: dict[str, rpc.Peer] = {}
         self.metrics_url: str | None = None  # the Prometheus endpoint, set by the JobHandle that serves it
         self.handovers: HandoverCoordinator | None = None  # created by the first handover request
+        # KaZoo pulse windows (liverobin.heartbeats.PulseWindows): the latest (id, open, pulses written)
+        # for the sources, and what each source replica reported holding: (window, {partition: position})
+        self.pulse_window: tuple[int, bool, bool] | None = None
+        self.holding: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
         self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
         self.mover: Callable[[dict], dict] | None = None  # the JobHandle's answer to a CLI "move" request
 
@@ -271,6 +276,11 @@ class JobMaster:
                     self.event(text)
                 reply["handovers"] = self.handovers.view()
                 self._cond.notify_all()
+            if req.get("holding"):  # KaZoo sources holding their records for a pulse window
+                self.holding.update(req["holding"])
+                self._cond.notify_all()
+            if self.pulse_window is not None:
+                reply["pulse_window"] = self.pulse_window
             if self.rhino is not None:
                 self._checkpoint_reports(req.get("checkpoints", {}))
                 reply["rhino"] = self._rhino_view()
@@ -522,7 +532,7 @@ class JobMaster:
                                "order_epoch": m.order_epoch, "pulse": m.pulse, "restored_from": m.restored_from,
                                "checkpoint_id": m.checkpoint_id} for name, m in self.metrics.items()},
             # for `replication status`: the task graph, lost replicas, recoveries, the metrics endpoint
-            "ordering": "kazoo" if self.plan.order_logs else "liverobin" if self.plan.heartbeat_log else "none",
+            "ordering": self.mode if self.mode in ("kazoo", "liverobin") else "none",
             "replicated": self.replicated, "rhino": self.rhino is not None,
             "tasks": [{"id": t.id, "name": t.name, "parallelism": t.parallelism,
                        "operators": [n.name for n in t.chain],
@@ -646,7 +656,7 @@ class JobHandle:
         self._started = time.monotonic()
         self._elections = elections
         self.pulse_generators: list[HeartbeatGenerator] = []
-        if plan.heartbeat_log is not None:
+        if cfg.mode == "liverobin":
             self.start_pulse_generator()
         self.metrics_server: Any = None  # the Prometheus endpoint (replication.prometheus.MetricsServer)
         if cfg.metrics_port:
@@ -676,11 +686,12 @@ class JobHandle:
         return self.master.metrics_url
 
     # -- LiveRobin heartbeat generators ----------------------------------------------------
-    def start_pulse_generator(self) -> HeartbeatGenerator:
+    def start_pulse_generator(self, windowed: bool = False) -> HeartbeatGenerator:
         """Start one more heartbeat generator in this driver (LiveRobin); several may run at once
-        and one may be killed and restarted at any time: the log decides which pulses count."""
+        and one may be killed and restarted at any time: the log decides which pulses count.
+        ``windowed``: KaZoo's, which writes only the pulse windows of handovers."""
         if self.plan.heartbeat_log is None:
-            raise RuntimeError("heartbeat generators only exist with spark.replication.mode=liverobin")
+            raise RuntimeError("heartbeat generators only exist with spark.replication.mode=liverobin or kazoo")
         cfg = self.cfg
         gen = HeartbeatGenerator(
             name=f"g{len(self.pulse_generators) + 1}", heartbeat_log=self.plan.heartbeat_log,
@@ -689,7 +700,7 @@ class JobHandle:
                     for t in self.plan.tasks if t.is_source},
             period_s=cfg.liverobin_heartbeat_period_ms / 1000, max_step=cfg.liverobin_max_pulse_step,
             consumer_conf=cfg.kafka_consumer_config(group_id=f"replication-{self.job.name}-pulses"),
-            producer_conf=cfg.kafka_producer_config())
+            producer_conf=cfg.kafka_producer_config(), windowed=windowed)
         self.pulse_generators.append(gen.start())
         self.master.event(f"heartbeat generator {gen.name} started")
         return gen
@@ -898,7 +909,7 @@ class JobHandle:
         replacement's id, version, pulse, state and duration."""
         from pyspark import cloudpickle
 
-        self._require_liverobin("replacing an operator")
+        self._require_pulses("replacing an operator")
         spec = next((t for t in self.plan.tasks if t.name == task), None)
         if spec is None or spec.is_source:
             raise ValueError(f"{task!r} is not a processing task of job {self.job.name} (sources not supported)")
@@ -928,22 +939,72 @@ class JobHandle:
     @contextlib.contextmanager
     def _handover_window(self, what: str, timeout: float
                          ) -> Iterator[tuple[HandoverCoordinator, list[HeartbeatGenerator]]]:
-        """The running heartbeat generators pulse every period for up to ``timeout`` (``what``
-        switches at a pulse); inside, the caller holds the master's lock and has its coordinator."""
-        generators = [g for g in self.pulse_generators if g.alive]
-        if not generators:
-            raise ValueError(f"no heartbeat generator runs (start one with start_pulse_generator()): {what} "
-                             "switches at a pulse")
-        for gen in generators:
-            gen.eager(timeout)
+        """The heartbeat generators pulse every period for up to ``timeout`` (``what`` switches at a
+        pulse): LiveRobin's running ones, or in KaZoo mode one that writes a pulse window (the
+        sources hold their records until it ends); inside, the caller holds the master's lock and
+        has its coordinator."""
+        if self.cfg.mode == "kazoo":
+            generators, window = self._open_pulse_window(what)
+        else:
+            window = None
+            generators = [g for g in self.pulse_generators if g.alive]
+            if not generators:
+                raise ValueError(f"no heartbeat generator runs (start one with start_pulse_generator()): {what} "
+                                 "switches at a pulse")
+            for gen in generators:
+                gen.eager(timeout)
         try:
             with self.master._cond:
                 if self.master.handovers is None:
                     self.master.handovers = HandoverCoordinator(self.plan)
                 yield self.master.handovers, generators
         finally:
-            for gen in generators:
-                gen.eager(0)
+            if window is None:
+                for gen in generators:
+                    gen.eager(0)
+            else:
+                self._close_pulse_window(generators[0], window)
+
+    def _open_pulse_window(self, what: str, hold_timeout: float = 15.0) -> tuple[list[HeartbeatGenerator], int]:
+        """KaZoo: tell every source replica to hold its records, and once all live ones do, have
+        a windowed generator write pulses from their positions on (liverobin.heartbeats)."""
+        gen = next((g for g in self.pulse_generators if g.alive and g.windowed), None)
+        if gen is None:
+            gen = self.start_pulse_generator(windowed=True)
+        master = self.master
+        sources = [(t, p, r) for (t, p, r) in self.placement if self.plan.task(t).is_source]
+        with master._cond:
+            window = (master.pulse_window[0] if master.pulse_window else 0) + 1
+            master.pulse_window = (window, True, False)
+            master._status_dirty = True
+
+            def live() -> list[ReplicaId]:
+                return [rid for rid in sources if self.placement[rid] not in master.dead]
+
+            held = master._cond.wait_for(lambda: master.failure is not None or all(
+                master.holding.get(rid, (0, {}))[0] == window for rid in live()), hold_timeout)
+            if master.failure is not None or not held:
+                master.pulse_window = (window, False, False)  # no pulse was written: they stop holding
+                missing = [replica_name(self.plan.task(t).name, p, r) for t, p, r in live()
+                           if master.holding.get((t, p, r), (0, {}))[0] != window]
+                raise TimeoutError(f"{what}: source replicas {missing} did not hold their records within "
+                                   f"{hold_timeout:g}s" if not held else f"job failed: {master.failure}")
+            floor: dict[str, dict[int, int]] = {}
+            for t, p, r in live():
+                topic = self.plan.task(t).head.spec["topic"]
+                for k, position in master.holding[(t, p, r)][1].items():
+                    floor.setdefault(topic, {})[k] = max(floor.get(topic, {}).get(k, 0), position)
+            master.event(f"pulse window {window} open: every source replica holds its records ({what})")
+        gen.open_window(window, floor)
+        return [gen], window
+
+    def _close_pulse_window(self, gen: HeartbeatGenerator, window: int) -> None:
+        last = gen.close_window(timeout=15.0)
+        with self.master._cond:
+            self.master.pulse_window = (window, False, True)  # the sources stop holding at the last pulse
+            self.master.event(f"pulse window {window} closed at pulse {last}" if last is not None else
+                              f"pulse window {window}: its last pulse was not written ({gen.error or 'timeout'}); "
+                              "the sources hold their records until a generator ends it")
 
     def _await_handover(self, coordinator: HandoverCoordinator, hid: int, deadline: float, during: str,
                         timed_out: str) -> None:
@@ -983,10 +1044,10 @@ class JobHandle:
                 return self.master.handovers.manager.tables[spec.id]
         return self.plan.routing[spec.id]
 
-    def _require_liverobin(self, what: str) -> None:
-        if self.cfg.mode != "liverobin" or self.cfg.rhino_enabled:
-            raise ValueError(f"{what} at runtime needs spark.replication.mode=liverobin (its pulses are the switch "
-                             "points) and, for now, spark.replication.rhino.enabled=false (docs/handover.md)")
+    def _require_pulses(self, what: str) -> None:
+        if self.cfg.mode not in ("liverobin", "kazoo") or self.cfg.rhino_enabled:
+            raise ValueError(f"{what} at runtime needs spark.replication.mode=liverobin or kazoo (pulses are the "
+                             "switch points) and, for now, spark.replication.rhino.enabled=false (docs/handover.md)")
 
     def _keyed_spec(self, task: str) -> TaskSpec:
         spec = next((t for t in self.plan.tasks if t.name == task), None)
@@ -997,7 +1058,7 @@ class JobHandle:
 
     def _keyed_task(self, task: str) -> int:
         """The id of the keyed ``task``, or ValueError naming why it cannot be handed over (yet)."""
-        self._require_liverobin("moving vnodes")
+        self._require_pulses("moving vnodes")
         spec = self._keyed_spec(task)
         if any(n.kind == "window" for n in spec.chain):
             raise ValueError(f"{task!r} has an event-time window: moving its vnodes is not supported yet "
@@ -1007,7 +1068,7 @@ class JobHandle:
     def drain(self, timeout: float | None = None) -> JobResult:
         """Let the sources read to the current end of their partitions, flush every window,
         and wait for the job to finish."""
-        if self.plan.heartbeat_log is not None:
+        if self.cfg.mode == "liverobin":
             gens = [g for g in self.pulse_generators if g.alive] or [self.start_pulse_generator()]
             for gen in gens:  # the sources end right after the final pulse, read from the log
                 gen.finish(grace_s=2 * FETCH_WAIT_MS / 1000 + 0.3)
@@ -1102,11 +1163,11 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
     if cfg.enabled or cfg.mode != "unordered":
         check_replicable(plan, partitions)
     start_conf = cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start")
-    if cfg.mode == "liverobin":
+    if cfg.mode in ("liverobin", "kazoo"):  # KaZoo: pulses only in the windows a handover opens
         topic = cfg.heartbeat_topic(job.name)
         ensure_topics(admin, {topic: 1})
         plan.heartbeat_log = (topic, end_offsets_by_fetch(start_conf, topic, [0])[0])
-    elif cfg.mode == "kazoo":
+    if cfg.mode == "kazoo":
         # each run follows its order logs from their current end: orders of an earlier run of the
         # job (and their epochs) are not this run's
         topics = {inst: cfg.order_topic(job.name, *inst) for inst in plan.multi_input_partitions()}

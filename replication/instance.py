@@ -22,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from kazoo_leader.orderer import KazooOrderer
 from liverobin import LiveRobinOrderer, PulsePlacer
-from liverobin.heartbeats import PULSE_ITEM
+from liverobin.heartbeats import HOLD, LEAVE, PULSE_ITEM, PulseWindows
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
 from replication.channels import OutputChannel
 from replication.deadletter import describe_error
@@ -282,6 +282,8 @@ class ProcessingInstance(PartitionInstance):
         self._open_channels = set(self.channels)
         self._current_wm = MIN_WATERMARK
         self._forwarded_pulse = 0
+        self._aligned = self.cfg.mode == "kazoo"  # pulses (of handover windows) forwarded once aligned
+        self._channel_pulse = dict.fromkeys(self.channels, 0)
 
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
         rt = super().restore_from(meta, state_dir)
@@ -437,8 +439,12 @@ class ProcessingInstance(PartitionInstance):
                 chain.process(el)
                 continue
             if kind == PULSE:
-                h = el[1]
-                if h > self._forwarded_pulse:  # first seen: forward in place (LiveRobin)
+                # LiveRobin: forward a pulse the first time it is seen (Algorithm 1); KaZoo (pulse
+                # windows): once every open channel delivered it, in the order the log decided
+                due = self._aligned_pulses(channel, el[1]) if self._aligned else (el[1],)
+                for h in due:
+                    if h <= self._forwarded_pulse:
+                        continue
                     if handovers is not None:
                         if not self._handovers_at_pulse(h):
                             return  # stopping while waiting for a handover
@@ -453,6 +459,13 @@ class ProcessingInstance(PartitionInstance):
                 continue
             self._element(channel, el)
         self._consumed[channel] += len(elements)
+
+    def _aligned_pulses(self, channel: int, h: int) -> range:
+        """KaZoo: ``channel`` delivered pulse ``h``; the pulses every open channel has delivered now
+        and that are not forwarded yet."""
+        self._channel_pulse[channel] = max(self._channel_pulse[channel], h)
+        low = min((self._channel_pulse[c] for c in self._open_channels), default=self._forwarded_pulse)
+        return range(self._forwarded_pulse + 1, low + 1)
 
     def _element(self, channel: int, el: tuple) -> None:
         """One data, watermark or end element (not a pulse) into the chain."""
@@ -547,8 +560,13 @@ class SourceInstance(PartitionInstance):
         # LiveRobin: the counted pulses of the heartbeat log, from the worker's reader (END follows the
         # final pulse)
         # (a restored replica subscribes to a reader of its own: the shared one started long ago)
-        self._pulses = worker.pulse_reader().subscribe() if self.cfg.mode == "liverobin" and not restoring \
+        # KaZoo: the pulses of the windows a handover opens; records wait for pulses only inside one
+        self._pulses = worker.pulse_reader().subscribe() if plan.heartbeat_log is not None and not restoring \
             else None
+        self._windows = PulseWindows() if self.cfg.mode == "kazoo" and plan.heartbeat_log is not None else None
+        self.pending_window: tuple | None = None  # the driver's latest word on the pulse window (worker thread)
+        self._window_word: tuple | None = None
+        self.holding: tuple[int, dict[int, int]] | None = None  # (window, {partition: position}) for the driver
         self._max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
         self._emitted_wm = MIN_WATERMARK
         self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
@@ -566,7 +584,7 @@ class SourceInstance(PartitionInstance):
         self._read = rt.get("read", 0)
         # the worker's shared reader started long ago: read the log again, from this run's start
         # (what counts is decided by the log alone, so the same pulses come out)
-        if self.cfg.mode == "liverobin":
+        if self.worker.plan.heartbeat_log is not None:
             reader = self.worker.own_pulse_reader()
             self._pulses = reader.subscribe()
             reader.start()
@@ -606,7 +624,7 @@ class SourceInstance(PartitionInstance):
         batch = self.cfg.channel_batch_size
         idle_s = min(0.05, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001) if self.sinks else 0.05
         consumer = self._consumer()
-        placer = self._pulse_placer()
+        placer = self._pulse_placer() if self._windows is None else None
         if self.count_every and self.restored is None:
             self._source_checkpoint(0, 0)  # an idle source still has a checkpoint to restore from
         try:
@@ -614,12 +632,16 @@ class SourceInstance(PartitionInstance):
                 # take what is there without waiting for a full batch; block only when idle
                 if self.pending_control is not None:
                     self.poll_control()
+                if self._windows is not None and self.pending_window != self._window_word:
+                    placer = self._window_changed(placer, consumer)
                 messages = consumer.consume(num_messages=batch, timeout=0)
                 if placer is None:
                     messages = messages or consumer.consume(1, timeout=idle_s)
+                    if self._pulses is not None:
+                        self._pulses.take(0)  # KaZoo outside a window: pulses of windows already left
                 else:  # idle: wait for a pulse, not for a record (records wait for pulses anyway)
                     for record in self._pulses.take(0 if messages else PULSE_WAIT_S):
-                        if record.h > self._after_pulse:
+                        if self._windows.admits(record) if self._windows is not None else record.h > self._after_pulse:
                             placer.add_pulse(record)
                 if not messages:
                     self.idle()
@@ -643,6 +665,8 @@ class SourceInstance(PartitionInstance):
                 if placer is not None:
                     if self._place(placer, consumer):
                         return True
+                    if self._windows is not None and self._windows.current is None:
+                        placer = self._leave_window(placer, consumer)  # its last pulse is out
                 elif not messages and self._drained(consumer, self._next_offset):
                     return True
             return False
@@ -694,6 +718,33 @@ class SourceInstance(PartitionInstance):
         self._paused = False
         return PulsePlacer(self.topic, k, fetched_to=self.start_offsets.get(k, 0))
 
+    # -- KaZoo: pulse windows ----------------------------------------------------------------
+    def _window_changed(self, placer: PulsePlacer | None, consumer: Consumer) -> PulsePlacer | None:
+        """The driver's word on the pulse window changed: start holding (and report where this
+        replica is), or stop because the window closed before any pulse was written."""
+        word = self._window_word = self.pending_window
+        assert self._windows is not None and word is not None
+        action = self._windows.announce(*word)
+        if action == HOLD:
+            k = self.kafka_partitions[0]
+            position = self._next_offset.get(k, self.start_offsets.get(k, 0))
+            self._paused = False
+            self.holding = (word[0], {k: position})
+            return PulsePlacer(self.topic, k, fetched_to=position)
+        if action == LEAVE and placer is not None:
+            return self._leave_window(placer, consumer)
+        return placer
+
+    def _leave_window(self, placer: PulsePlacer, consumer: Consumer) -> None:
+        """Emit the records held beyond the window's last pulse; from now on records go out as read."""
+        for item in placer.release_records():
+            self._emit(*item)
+        if self._paused:
+            consumer.resume([TopicPartition(self.topic, placer.partition)])
+            self._paused = False
+        self.holding = None
+        return None
+
     def _place(self, placer: PulsePlacer, consumer: Consumer) -> bool:
         """Emit what the pulses known so far allow; True once the final pulse is out (drained)."""
         tp = TopicPartition(self.topic, placer.partition)
@@ -709,6 +760,8 @@ class SourceInstance(PartitionInstance):
                 h, final = item
                 self.metrics.pulse = h
                 self.chain.on_pulse(h)
+                if self._windows is not None and self._windows.placed(h):
+                    break  # the window's last pulse: the records after it go out as read
                 if self.checkpoint_every and h % self.checkpoint_every == 0:
                     # every record before the pulse is out, none after it: where a restore resumes
                     self._source_checkpoint(h, h)

@@ -364,6 +364,10 @@ class Worker:
             self._apply_roles(reply.get("sinks", {}), inst)
         if reply.get("handovers"):
             self._apply_handovers(reply["handovers"])
+        if reply.get("pulse_window"):
+            for inst in list(self.instances.values()):
+                if isinstance(inst, SourceInstance):
+                    inst.pending_window = tuple(reply["pulse_window"])
         if self.checkpoints is not None and "rhino" in reply:
             self._apply_moves(reply["rhino"].get("moves", {}))
             self.checkpoints.apply_view(reply["rhino"])
@@ -468,6 +472,10 @@ class Worker:
             req["metrics"] = self._metrics()
         for inst in list(self.instances.values()):
             self._unsent_acks += inst.take_handover_acks()
+        holding = {(inst.task.id, inst.partition, inst.replica): inst.holding for inst in list(self.instances.values())
+                   if isinstance(inst, SourceInstance) and inst.holding is not None}
+        if holding:
+            req["holding"] = holding
         if self._unsent_acks:
             req["handover_acks"] = list(self._unsent_acks)
         try:

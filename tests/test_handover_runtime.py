@@ -21,21 +21,26 @@ from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, s
 pytestmark = pytest.mark.integration
 
 
-def _start(stack, spark, name: str, max_parallelism: int | None = None):
-    """The ordered job, replicated in LiveRobin mode, on topics ``<name>a``/``<name>b``: (job,
-    handle, topic a, topic b, the vnodes partition 0 of the chain task owns)."""
+def _start(stack, spark, name: str, max_parallelism: int | None = None, mode: str = "liverobin"):
+    """The ordered job, replicated in ``mode``, on topics ``<name>a``/``<name>b``: (job, handle,
+    topic a, topic b, the vnodes partition 0 of the chain task owns)."""
     a, b = source_topics(stack, name)
     job = build_ordered_job(a, b, f"{name}out", name=name, max_parallelism=max_parallelism)
+    kazoo = {"spark.replication.zookeeper.connect": stack.zookeeper_connect,
+             "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
     handle = run(job, spark=spark, conf={
         "spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, "spark.replication.enabled": "true",
-        "spark.replication.mode": "liverobin", "spark.replication.failureTimeout": "2s"})
+        "spark.replication.mode": mode, "spark.replication.failureTimeout": "2s", **kazoo})
     handle.wait_started(120)
     return job, handle, a, b, handle.routing("chain").vnodes_of(0)
 
 
-def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, spark, topic_prefix):
-    name = f"{topic_prefix}hov"
-    job, handle, a, b, owned = _start(stack, spark, name)
+@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
+def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, spark, topic_prefix, mode):
+    """KaZoo has no pulses of its own: each handover job opens a pulse window (the sources hold
+    their records from their reported positions until the window's last pulse)."""
+    name = f"{topic_prefix}hov{mode[0]}"
+    job, handle, a, b, owned = _start(stack, spark, name, mode=mode)
     half = owned[:64]
     with fed_without_pause(stack, a, b) as ids:
         deadline = time.monotonic() + 60
@@ -59,16 +64,20 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
     assert result.metrics.gaps == 0
     assert replicas_agree(result, handle) == 2
     assert any("completed: vnodes" in text for _, text in result.events), result.events
+    if mode == "kazoo":  # one pulse window per handover job, each ended by its last pulse
+        closed = [text for _, text in result.events if text.startswith("pulse window") and "closed at pulse" in text]
+        assert len(closed) == 3, result.events
 
 
+@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
 def test_rescaling_onto_a_spare_partition_and_back_under_load_keeps_the_output_exact(stack, spark, topic_prefix,
-                                                                                    capsys):
+                                                                                    capsys, mode):
     """2 -> 3 -> 2 partitions of the keyed chain task while it runs: up in one step (vnodes from both
     partitions to the spare one), down through the CLI in batches of 8 from the leaving partition to
     the two others.  Exactly once, chains link, replicas agree, the third partition worked while it
     owned vnodes and owns none afterwards."""
-    name = f"{topic_prefix}hovscale"
-    job, handle, a, b, _ = _start(stack, spark, name, max_parallelism=3)
+    name = f"{topic_prefix}hovscale{mode[0]}"
+    job, handle, a, b, _ = _start(stack, spark, name, max_parallelism=3, mode=mode)
     assert handle.routing("chain").parallelism == 2
     with fed_without_pause(stack, a, b) as ids:
         deadline = time.monotonic() + 60
@@ -143,12 +152,15 @@ def job_task(handle) -> int:
     return next(t.id for t in handle.plan.tasks if t.name == "chain")
 
 
-@pytest.mark.parametrize("victim", ["chain[1]r0", "chain[0]r1"], ids=["target-replica", "origin-replica"])
-def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack, spark, topic_prefix, victim):
+@pytest.mark.parametrize("mode, victim", [("liverobin", "chain[1]r0"), ("liverobin", "chain[0]r1"),
+                                           ("kazoo", "chain[1]r0")],
+                         ids=["target-replica", "origin-replica", "kazoo-target-replica"])
+def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack, spark, topic_prefix, mode,
+                                                                          victim):
     """The executor of a target (or origin) replica dies between the commit and the release: the
     handover rolls forward on its twin (Rhino Theorem 1), and the output is still exactly once."""
-    name = f"{topic_prefix}hovkill{victim[6]}"
-    job, handle, a, b, owned = _start(stack, spark, name)
+    name = f"{topic_prefix}hovkill{victim[6]}{mode[0]}"
+    job, handle, a, b, owned = _start(stack, spark, name, mode=mode)
     vnodes = owned[:64]
     outcome: dict = {}
 

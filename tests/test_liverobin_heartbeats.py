@@ -131,3 +131,46 @@ def test_orderer_feeds_the_merge_from_per_channel_queues():
     runs = o.next_runs(0.01)  # round robin per element; then channel 1's turn again (END waits)
     assert runs == [(0, [(DATA, "a1")]), (1, [(DATA, "b1")]), (0, [(DATA, "a2")]), (1, [pulse(1)]), (0, [pulse(1)])]
     assert o.gen == 1 and q.size() == 0 and o.merge.blocked_on == 1
+
+
+# ---------------------------------------------------------------------------------- KaZoo windows
+
+
+def test_window_records_round_trip_and_keep_their_tags_when_counted():
+    r = PulseRecord(4, {T: {0: 9}}, window=3, last=True)
+    assert PulseRecord.decode(r.encode()) == r
+    counted = PulseLog().accept(r)
+    assert counted is not None and (counted.window, counted.last) == (3, True)
+
+
+def test_a_window_pulse_is_never_below_the_floor_even_long_after_the_last_pulse():
+    """The sources emitted everything below their reported positions before they held: the first
+    pulse of a window may not go there, however far the log's last pulse is behind (max_step)."""
+    log = PulseLog()
+    log.accept(rec(1, 10))
+    record, behind = next_pulse(log, {T: {0: 12}}, max_step=5, floor={T: {0: 500}}, window=2)
+    assert record.offsets[T][0] == 500 and not behind and record.window == 2 and record.h == 2
+    record, _ = next_pulse(log, {T: {0: 900}}, max_step=5, floor={T: {0: 500}})
+    assert record.offsets[T][0] == 505  # the backlog above the floor is still cut into steps
+    record, _ = next_pulse(PulseLog(), {T: {0: 3}}, max_step=5, floor={T: {0: 7}})
+    assert record.offsets[T][0] == 7  # a partition no pulse named yet
+
+
+def test_pulse_windows_hold_from_the_announcement_to_the_last_pulse_of_the_window():
+    from liverobin.heartbeats import HOLD, LEAVE, PulseWindows
+
+    w = PulseWindows()
+    assert not w.admits(PulseRecord(1, {}, window=1))  # not holding: nothing to place
+    assert w.announce(1, True, False) == HOLD
+    assert w.announce(1, True, False) == ""  # repeated in every heartbeat reply
+    assert not w.admits(PulseRecord(2, {}, window=7))  # another window's
+    assert w.admits(PulseRecord(3, {}, window=1)) and not w.placed(3)
+    assert w.admits(PulseRecord(4, {}, window=1, last=True))
+    assert not w.admits(PulseRecord(5, {}, window=1))  # after the last one (a second generator's)
+    assert w.announce(1, False, True) == ""  # closed: leave at the last pulse, not now
+    assert w.placed(4) and w.current is None
+    assert w.announce(1, True, False) == ""  # a stale reply: a window left is never entered again
+    assert w.announce(2, False, False) == ""  # closed before this replica saw it open
+    assert w.announce(2, True, False) == ""
+    assert w.announce(3, True, False) == HOLD
+    assert w.announce(3, False, False) == LEAVE  # closed before any pulse was written
