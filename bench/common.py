@@ -1,5 +1,6 @@
 """What every benchmark writes besides its own figures: CSV files, the machine record, and the costs of a run
-(CPU seconds per process group and loopback bytes, from ``/proc``)."""
+(CPU seconds per process group and loopback bytes, from ``/proc``); and what several of them share: an error
+on one line, a load generator producing at a fixed rate."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import csv
 import os
 import platform
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +36,72 @@ def write_machine(out: Path) -> None:
 def format_row(row: dict, skip: tuple[str, ...] = ()) -> str:
     """A result row as ``key=value, ...`` (floats with one decimal) for the progress log."""
     return ", ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k not in skip)
+
+
+def error_text(err: BaseException) -> str:
+    """An error's message on one line, without a Spark error's Java stack trace (its ``\tat ...`` lines)."""
+    return " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("\tat "))
+
+
+def one_line(err: BaseException, limit: int = 400) -> str:
+    """``<type>: <message>`` on one line (:func:`error_text`), at most ``limit`` characters."""
+    return f"{type(err).__name__}: {error_text(err)}"[:limit]
+
+
+# --------------------------------------------------------------------------- load at a fixed rate
+
+#: a record of a paced feeder: ``make(i) -> (topic, key, value)``, called when record ``i`` is due
+MakeRecord = Callable[[int], tuple[str, bytes, bytes]]
+
+
+class PacedFeeder(threading.Thread):
+    """Produces ``rate`` records/s until stopped: record ``i`` is ``make(i)``, produced at start + i/rate
+    (idempotent producer, ``acks=all``); ``produced`` counts them, ``started_at`` / ``ended_at`` are the
+    wall clock of the start and of the last one; a delivery error is kept in ``error`` and raised by
+    :meth:`stop`."""
+
+    def __init__(self, bootstrap: str, make: MakeRecord, rate: float, name: str = "paced-feeder") -> None:
+        super().__init__(name=name, daemon=True)
+        self.bootstrap, self.make, self.rate = bootstrap, make, rate
+        self.produced = 0
+        self.started_at = self.ended_at = 0.0
+        self.error: str | None = None
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Producer
+
+        from replication.kafka_io import produce_blocking
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
+                             "linger.ms": 2})
+        errors: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        start = time.monotonic()
+        self.started_at = time.time()
+        try:
+            while not self._halt.wait(max(0.0, start + self.produced / self.rate - time.monotonic())):
+                topic, key, value = self.make(self.produced)
+                produce_blocking(producer, topic, key=key, value=value, on_delivery=delivered)
+                self.produced += 1
+            self.ended_at = time.time()
+            remaining = producer.flush(60)
+            if remaining or errors:
+                self.error = f"{remaining} undelivered, {len(errors)} failed ({errors[:1]})"
+        except Exception as exc:  # noqa: BLE001 - reported with the run
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> int:
+        """Stop producing; the number of records produced (RuntimeError if some were not delivered)."""
+        self._halt.set()
+        self.join(90)
+        if self.error:
+            raise RuntimeError(f"load generator: {self.error}")
+        return self.produced
 
 
 # --------------------------------------------------------------------------- costs: CPU and loopback bytes

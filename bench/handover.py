@@ -68,7 +68,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import format_row, write_csv, write_machine  # noqa: E402
+from bench.common import PacedFeeder, format_row, one_line, write_csv, write_machine  # noqa: E402
 from replication.api import Job  # noqa: E402
 from replication.examples.ordered import ChainReport, chain_step, verify_chains  # noqa: E402
 from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext  # noqa: E402
@@ -81,6 +81,7 @@ MS = 1000.0
 MB = 1_000_000
 TASK, SOURCE, SINK = "chain", "source", "chain-sink"
 STRATEGIES = ("all", "batched", "fluid")
+ERROR_CHARS = 300  # an error in a row: at most this many characters (bench.common.one_line)
 SOURCE_NAME = "a"  # event ids are "a-<i>" (verify_chains reads the source from the id)
 STATE_ID_BYTES, KEY_LEN_BYTES, KG_BYTES = 4, 4, 2  # rhino_state.state's physical key layout
 
@@ -453,54 +454,18 @@ def step_rows(labels: dict[str, Any], steps: Sequence[dict], phases: Sequence[St
 
 
 # ------------------------------------------------------------------------------------------ load
-class Feeder(threading.Thread):
+class Feeder(PacedFeeder):
     """Produces ``rate`` events/s round robin over ``keys`` until stopped: event ``i`` is
     ``{"id": "a-<i>", "key": keys[i % K], "ts": <wall clock ms>}``, keyed by its key."""
 
     def __init__(self, bootstrap: str, topic: str, keys: Sequence[str], rate: float) -> None:
-        super().__init__(name="handover-feeder", daemon=True)
-        self.bootstrap, self.topic, self.keys, self.rate = bootstrap, topic, keys, rate
-        self.produced = 0
-        self.started_at = self.ended_at = 0.0
-        self.error: str | None = None
-        self._halt = threading.Event()
+        super().__init__(bootstrap, self.event, rate, name="handover-feeder")
+        self.topic, self.keys = topic, keys
 
-    def run(self) -> None:
-        from confluent_kafka import Producer
-
-        from replication.kafka_io import produce_blocking
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
-                             "linger.ms": 2})
-        errors: list[str] = []
-
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                errors.append(str(err))
-
-        start = time.monotonic()
-        self.started_at = time.time()
-        try:
-            while not self._halt.wait(max(0.0, start + self.produced / self.rate - time.monotonic())):
-                key = self.keys[self.produced % len(self.keys)]
-                event = {"id": f"{SOURCE_NAME}-{self.produced}", "key": key, "ts": int(time.time() * 1000)}
-                produce_blocking(producer, self.topic, key=key.encode(), value=json.dumps(event).encode(),
-                                 on_delivery=delivered)
-                self.produced += 1
-            self.ended_at = time.time()
-            remaining = producer.flush(60)
-            if remaining or errors:
-                self.error = f"{remaining} undelivered, {len(errors)} failed ({errors[:1]})"
-        except Exception as exc:  # noqa: BLE001 - reported with the run
-            self.error = f"{type(exc).__name__}: {exc}"
-
-    def stop(self) -> int:
-        """Stop producing; the number of events produced (RuntimeError if some were not delivered)."""
-        self._halt.set()
-        self.join(90)
-        if self.error:
-            raise RuntimeError(f"load generator: {self.error}")
-        return self.produced
+    def event(self, i: int) -> tuple[str, bytes, bytes]:
+        key = self.keys[i % len(self.keys)]
+        event = {"id": f"{SOURCE_NAME}-{i}", "key": key, "ts": int(time.time() * 1000)}
+        return self.topic, key.encode(), json.dumps(event).encode()
 
     @property
     def ids(self) -> list[str]:
@@ -529,12 +494,6 @@ class Ticker(threading.Thread):
 
 
 # ------------------------------------------------------------------------------------------ runs
-def one_line(err: BaseException) -> str:
-    """An error on one line, without a Java stack trace, at most 300 characters."""
-    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("\tat ")]
-    return f"{type(err).__name__}: {' '.join(lines)}"[:300]
-
-
 def strategy_of(name: str, batch: int) -> AllAtOnce | Batched | Fluid:
     return {"all": AllAtOnce(), "batched": Batched(batch), "fluid": Fluid()}[name]
 
@@ -625,12 +584,12 @@ def handover_run(ctx: RunContext, size: int, strategy: str) -> RunResult:
             report = handle.move_vnodes(TASK, vnodes, 1, timeout=30 + 5 * steps, margin_s=args.margin,
                                         release_s=args.release, strategy=strategy_of(strategy, args.batch))
         except Exception as err:  # noqa: BLE001 - recorded in the row
-            error = one_line(err)
+            error = one_line(err, ERROR_CHARS)
         ended = time.time()
         phase["text"] = f"handover {'failed' if error else 'done'}, {args.after:.0f}s more load"
         time.sleep(args.after)
     except Exception as err:  # noqa: BLE001 - the job did not start, or the load failed: recorded
-        error = error or one_line(err)
+        error = error or one_line(err, ERROR_CHARS)
     finally:
         produced, load_error = stop_feeder(feeder)
         error = error or load_error
@@ -638,7 +597,7 @@ def handover_run(ctx: RunContext, size: int, strategy: str) -> RunResult:
     try:
         events = handle.drain(timeout=180).events
     except Exception as err:  # noqa: BLE001 - JobFailedError, TimeoutError: recorded
-        failure = one_line(err)
+        failure = one_line(err, ERROR_CHARS)
         events = list(handle.master.events)
         if handle.running:
             try:
@@ -653,7 +612,7 @@ def handover_run(ctx: RunContext, size: int, strategy: str) -> RunResult:
     try:
         raw = read_all(bootstrap, out) if produced else []
     except Exception as err:  # noqa: BLE001 - no output to verify: recorded
-        raw, error = [], error or f"reading the output: {one_line(err)}"
+        raw, error = [], error or f"reading the output: {one_line(err, ERROR_CHARS)}"
     ticker.stop()
     outputs = [json.loads(r.value) for r in raw]
     moved_keys = set(model.keys_in(vnodes))
@@ -787,7 +746,7 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
         except Exception as err:  # noqa: BLE001 - e.g. the job could not be planned: a row of its own
             ctx.status.done()
             r = RunResult(run_row({"size": f"{size / MB:g}MB", "strategy": strategy_label(strategy, ctx.args.batch)},
-                                  None, [], (0, 0), None, {}, {"error": one_line(err), "exact": "no"}))
+                                  None, [], (0, 0), None, {}, {"error": one_line(err, ERROR_CHARS), "exact": "no"}))
         res.runs.append(r.row)
         res.steps += r.steps
         res.timeline += r.timeline
@@ -801,7 +760,7 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
         except Exception as err:  # noqa: BLE001 - recorded
             ctx.status.done()
             res.restart.append({"what": "start + stop of the same job shape, idle", "start_s": "", "stop_s": "",
-                                "restart_s": "", "status": f"error: {one_line(err)}"})
+                                "restart_s": "", "status": f"error: {one_line(err, ERROR_CHARS)}"})
         print("   " + format_row(res.restart[-1], skip=("what",)), flush=True)
     return res
 

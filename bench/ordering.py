@@ -4,7 +4,7 @@ and around an executor kill.
     .venv/bin/python bench/ordering.py [--rate 400] [--duration 12] [--periods 5,10,50] [--pipelines 1,2,3]
                                        [--modes off,passive,unordered,liverobin,kazoo] [--kill-duration 20]
                                        [--kill-modes off,passive,unordered,liverobin,kazoo-leader,kazoo-follower]
-                                       [--throughput-modes off,unordered,liverobin,kazoo]
+                                       [--throughput-modes off,passive,unordered,liverobin,kazoo]
                                        [--throughput-rates 200,400,800,1600] [--throughput-duration 8]
                                        [--throughput-period 10] [--out bench/results/ordering]
 
@@ -71,6 +71,7 @@ from bench.common import (  # noqa: E402
     CostProbe,
     CostSnapshot,
     cost_columns,
+    error_text,
     format_row,
     max_sustainable,
     write_csv,
@@ -298,7 +299,7 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
         result = handle.drain(timeout=180)
         events, per_instance = result.events, result.per_instance
     except (JobFailedError, TimeoutError) as err:  # one line: without a Spark error's Java stack trace
-        failure = " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("\tat "))
+        failure = error_text(err)
         events, per_instance = list(handle.master.events), handle.master.snapshot()
         if handle.running:
             try:

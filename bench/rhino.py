@@ -3,7 +3,8 @@ the same kill with replication off (checkpoint-restart from the same checkpoints
 baseline); bytes shipped per checkpoint vs bytes changed; the cost of checkpointing for steady-state
 latency.
 
-    .venv/bin/python bench/rhino.py [--sizes 10MB,100MB] [--rate 200] [--entries 64] [--value-bytes 1000]
+    .venv/bin/python bench/rhino.py [--workload synthetic|nexmark] [--sizes 10MB,100MB] [--rate 200]
+                                    [--entries 64] [--value-bytes 1000]
                                     [--checkpoint-every 100] [--steady 5] [--after 5] [--victim 'stateful[0]r0']
                                     [--latency-size 10MB] [--latency-duration 20] [--latency-modes on,off]
                                     [--latency-runs 1] [--out bench/results/rhino] [--replot]
@@ -23,6 +24,20 @@ against a plain-Python reference: every id exactly once, and every update saw th
 says (the state, restored or not, was right).  State size = the logical bytes RocksDB holds for the
 operator (physical key + pickled value, what a full checkpoint ships), 1 MB = 10^6 bytes; with
 parallelism 1 the restored replica holds all of it.
+
+``--workload nexmark`` runs the same experiments on the NEXMark-like windowed join of
+:mod:`replication.examples.workloads` (``bench/workloads.py``'s ``nexmark``: persons and auctions, 2
+partitions each -> tag -> union -> ``key_by`` person -> the join, 2 partitions, state never cleared ->
+exactly-once sink) instead (:class:`NexmarkWorkload`): the input round robin person, auction x3 at
+``--rate``; the first ``--nexmark-grow-s`` seconds of it carry the payload that makes the join's state
+about the size named (the whole join's: the killed partition holds about half), later events
+``--nexmark-payload`` bytes (the state keeps growing slowly, as the query's does); the default victim is
+``person-auction-join[0]r0``; the state model (:func:`~replication.examples.workloads.nexmark_state_bytes`)
+is kept per event and per partition (from the plan's routing table); the output is checked with
+:func:`~replication.examples.workloads.verify_nexmark` (every pair of the same window exactly once).
+``recovery.csv`` then also has ``state_at_kill_bytes`` / ``victim_state_bytes`` (the model at the kill,
+of the join and of the killed partition); bytes are over both partitions of the join.  The rest of this
+module (waiting for the state, the kill, the recovery phases, the checkpoint log) is the same for both.
 
 Everything runs on one embedded stack and one ``local-cluster[3,1,512]`` Spark, replicated
 (``spark.replication.enabled``, ``mode=liverobin``), with Rhino (``rhino.enabled``, ``rhino.replicas=1``):
@@ -83,21 +98,28 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from confluent_kafka import Producer  # noqa: E402
-
-from bench.common import format_row, write_csv, write_machine  # noqa: E402
+from bench.common import PacedFeeder, format_row, one_line, write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
 from replication.api import Job  # noqa: E402
 from replication.chaos import kill_executor, locate  # noqa: E402
 from replication.driver import JobFailedError, JobHandle, run  # noqa: E402
+from replication.examples.workloads import (  # noqa: E402
+    NEXMARK_JOIN,
+    NexmarkConfig,
+    NexmarkGenerator,
+    NexmarkTopics,
+    build_nexmark_job,
+    nexmark_state_bytes,
+    payload_for_state,
+    verify_nexmark,
+)
 from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext  # noqa: E402
-from replication.kafka_io import produce_blocking  # noqa: E402
-from replication.plan import replica_name  # noqa: E402
+from replication.plan import PhysicalPlan, replica_name  # noqa: E402
 from replication.progress import StatusLine, bar  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
 from replication.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
-from rhino_state.keys import encode_key  # noqa: E402
+from rhino_state.keys import encode_key, key_group  # noqa: E402
 
 MS = 1000.0
 MB = 1_000_000
@@ -148,7 +170,14 @@ def build_rhino_job(topic: str, out_topic: str, name: str, value_bytes: int) -> 
 
 @dataclass
 class Workload:
-    """Which record is what, the state it builds, and the output the reference expects."""
+    """The synthetic job's workload (the module doc): which record is what, the state it builds, and the
+    output the reference expects.  With :class:`NexmarkWorkload`, what :class:`Run` needs of a workload:
+    ``task`` (the stateful task), ``n_grow`` (records that build the state), ``state_bytes``, the input
+    topics, the job, ``make`` (record ``i``), ``bind`` (to the plan), ``state_after`` / ``state_of``
+    (the model) and ``check`` (the verdict of the output)."""
+
+    kind = "synthetic"
+    task = STATEFUL
 
     target_bytes: int
     entries: int = 64
@@ -195,6 +224,39 @@ class Workload:
             g, j = self.target(i)
             event = {"id": i, "k": self.key_of(g), "g": g, "j": j, "ts": ts_ms}
         return event["k"].encode(), json.dumps(event, separators=(",", ":")).encode()
+
+    def topics(self) -> dict[str, int]:
+        """Input topics by logical name, with their partitions."""
+        return {"in": 1}
+
+    def build_job(self, topics: dict[str, str], out_topic: str, name: str) -> Job:
+        return build_rhino_job(topics["in"], out_topic, name, self.value_bytes)
+
+    def extra_conf(self) -> dict[str, str]:
+        return {}
+
+    def bind(self, plan: PhysicalPlan) -> None:
+        """Nothing to learn from the plan: one partition."""
+
+    def make(self, i: int, ts_ms: int) -> tuple[str, bytes, bytes]:
+        """Record ``i`` at wall clock ``ts_ms``: (logical topic, key, value)."""
+        return ("in", *self.record(i, ts_ms))
+
+    def state_of(self, partition: int, records_in: int, restored: bool) -> int:
+        """State bytes of a replica of ``task[partition]`` that consumed ``records_in`` records (a restored
+        replica counts anew: it holds the whole state)."""
+        return self.state_bytes if restored else self.state_after(records_in)
+
+    def partition_state(self, partition: int) -> int:
+        """State bytes of ``task[partition]`` once every record produced so far was processed."""
+        return self.state_bytes
+
+    def check(self, outputs: list[dict], produced: int) -> Verdict:
+        return verify(outputs, self, produced)
+
+    def describe(self) -> str:
+        return (f"{self.n_grow:,} grow records of {self.entries} x {self.value_bytes} B "
+                f"({self.state_bytes / MB:,.1f} MB of state), then updates")
 
     def expected_old(self, produced: int) -> dict[int, str]:
         """Update record id -> the 8-byte prefix (hex) of the value it must have read."""
@@ -245,47 +307,134 @@ def verify(outputs: list[dict], workload: Workload, produced: int) -> Verdict:
     return v
 
 
-# ------------------------------------------------------------------------------------------ load
-class Feeder(threading.Thread):
-    """Produces ``rate`` records/s of ``workload`` until stopped (record i at start + i/rate)."""
+@dataclass
+class NexmarkVerdict(Verdict):
+    """:class:`Verdict` of the NEXMark-like join: ``wrong_state`` counts pairs whose values differ from the
+    reference's; ``report`` is :func:`verify_nexmark`'s."""
 
-    def __init__(self, bootstrap: str, topic: str, workload: Workload, rate: float) -> None:
-        super().__init__(name="rhino-feeder", daemon=True)
-        self.bootstrap, self.topic, self.workload, self.rate = bootstrap, topic, workload, rate
-        self.produced = 0
-        self.error: str | None = None
-        self._halt = threading.Event()
+    report: Any = None
 
-    def run(self) -> None:
-        producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
-                             "linger.ms": 2})
-        errors: list[str] = []
+    def describe(self) -> str:
+        if self.exact:
+            return f"exact ({self.records:,} outputs: every pair of the reference once)"
+        return str(self.report)
 
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                errors.append(str(err))
 
-        start = time.monotonic()
-        try:
-            while True:
-                delay = start + self.produced / self.rate - time.monotonic()
-                if self._halt.wait(max(delay, 0.0)):
-                    break
-                key, value = self.workload.record(self.produced, int(time.time() * 1000))
-                produce_blocking(producer, self.topic, key=key, value=value, on_delivery=delivered)
-                self.produced += 1
-            remaining = producer.flush(60)
-            if remaining or errors:
-                self.error = f"{remaining} undelivered, {len(errors)} failed ({errors[:1]})"
-        except Exception as exc:  # noqa: BLE001 - reported with the run
-            self.error = f"{type(exc).__name__}: {exc}"
+class NexmarkWorkload:
+    """The NEXMark-like windowed join of :mod:`replication.examples.workloads` (persons and auctions, 2
+    partitions each, joined per person in tumbling windows; its state is never cleared) as a recovery
+    workload: the input round robin person, auction, auction, auction (as ``bench/workloads.py``), the
+    first ``n_grow`` events (``grow_s`` seconds at ``rate``) with the payload that makes the join's state
+    about ``target_bytes`` (:func:`payload_for_state`), then ``steady_payload`` bytes per event (the state
+    keeps growing, slowly).  The state model (:func:`nexmark_state_bytes`) is kept per event and per
+    partition of the join (the key's partition from the plan's routing table), and the output is checked
+    with :func:`verify_nexmark` against every event produced."""
 
-    def stop(self) -> int:
-        self._halt.set()
-        self.join(90)
-        if self.error:
-            raise RuntimeError(f"load generator: {self.error}")
-        return self.produced
+    kind = "nexmark"
+    task = NEXMARK_JOIN
+    PERSON_EVERY = 4  # one person, then 3 auctions (NEXMark: 1 person : 3 auctions)
+
+    def __init__(self, target_bytes: int, rate: float, grow_s: float = 20.0, steady_payload: int = 100,
+                 window_ms: int = 2000, seed: int = 5, cache_entries: int = 200) -> None:
+        self.target_bytes, self.steady_payload, self.cache_entries = target_bytes, steady_payload, cache_entries
+        self.n_grow = max(self.PERSON_EVERY, int(rate * grow_s))
+        persons = -(-self.n_grow // self.PERSON_EVERY)
+        self.config = NexmarkConfig(window_ms=window_ms, seed=seed)
+        self.config = NexmarkConfig(window_ms=window_ms, seed=seed, payload_bytes=payload_for_state(
+            target_bytes, persons, self.n_grow - persons, self.config))
+        self.generator = NexmarkGenerator(self.config)
+        self.events: list[tuple[str, dict]] = []  # ("person" | "auction", record) in production order
+        self.cumulative: list[int] = []  # model bytes of the whole join after event i
+        self.by_partition: dict[int, list[int]] = {}  # partition -> model bytes after each of its events
+        self._route: Callable[[int], int] = lambda person: 0
+        self._lock = threading.Lock()
+
+    @property
+    def value_bytes(self) -> int:
+        return self.config.payload_bytes
+
+    @property
+    def state_bytes(self) -> int:
+        """The model after the grow events (the target until they were produced)."""
+        return self.cumulative[self.n_grow - 1] if len(self.cumulative) >= self.n_grow else self.target_bytes
+
+    def topics(self) -> dict[str, int]:
+        return {"persons": 2, "auctions": 2}
+
+    def build_job(self, topics: dict[str, str], out_topic: str, name: str) -> Job:
+        return build_nexmark_job(NexmarkTopics(topics["persons"], topics["auctions"], out_topic),
+                                 self.config.window_ms, name=name)
+
+    def extra_conf(self) -> dict[str, str]:
+        # few cached entries, so that the state is in RocksDB (as bench/workloads.py)
+        return {"spark.replication.state.cacheEntries": str(self.cache_entries)}
+
+    def bind(self, plan: PhysicalPlan) -> None:
+        """Learn where each person's state lives: the join's routing table at the start (no handover here)."""
+        table, g = plan.routing[next(t.id for t in plan.tasks if t.name == self.task)], plan.num_key_groups
+        self._route = lambda person: table.partition_of_key_group(key_group(encode_key(person), g), g)
+
+    def partition_of(self, person: int) -> int:
+        """The join's partition that holds ``person``'s state (0 before :meth:`bind`)."""
+        return self._route(person)
+
+    def make(self, i: int, ts_ms: int) -> tuple[str, bytes, bytes]:
+        if i == self.n_grow:  # the state is built: small events from now on
+            self.generator.config = NexmarkConfig(self.config.window_ms, self.steady_payload,
+                                                  self.config.active_sellers, self.config.seed)
+        if i % self.PERSON_EVERY == 0:
+            key, rec = self.generator.person(ts_ms)
+            side, topic, person, size = "person", "persons", rec["id"], nexmark_state_bytes(
+                [rec], [], self.config.window_ms)
+        else:
+            key, rec = self.generator.auction(ts_ms)
+            side, topic, person, size = "auction", "auctions", rec["seller"], nexmark_state_bytes(
+                [], [rec], self.config.window_ms)
+        with self._lock:
+            self.events.append((side, rec))
+            self.cumulative.append((self.cumulative[-1] if self.cumulative else 0) + size)
+            mine = self.by_partition.setdefault(self.partition_of(person), [])
+            mine.append((mine[-1] if mine else 0) + size)
+        return topic, key, json.dumps(rec, separators=(",", ":")).encode()
+
+    def state_after(self, records: int) -> int:
+        """Model bytes of the whole join once its partitions processed ``records`` events."""
+        n = min(records, len(self.cumulative))
+        return self.cumulative[n - 1] if n > 0 else 0
+
+    def state_of(self, partition: int, records_in: int, restored: bool) -> int:
+        mine = self.by_partition.get(partition, [])
+        n = len(mine) if restored else min(records_in, len(mine))
+        return mine[n - 1] if n > 0 else 0
+
+    def partition_state(self, partition: int) -> int:
+        mine = self.by_partition.get(partition, [])
+        return mine[-1] if mine else 0
+
+    def check(self, outputs: list[dict], produced: int) -> Verdict:
+        with self._lock:
+            events = self.events[:produced]
+        persons = [r for side, r in events if side == "person"]
+        auctions = [r for side, r in events if side == "auction"]
+        report = verify_nexmark(outputs, persons, auctions, self.config.window_ms)
+        c = report.counts()
+        return NexmarkVerdict(records=report.records, missing=c["missing"], duplicated=c["duplicated"],
+                              unexpected=c["unexpected"], wrong_state=c["wrong"], report=report)
+
+    def describe(self) -> str:
+        return (f"NEXMark-like join: {self.n_grow:,} events of {self.config.payload_bytes:,} B payload "
+                f"(about {self.target_bytes / MB:,.0f} MB of join state), then {self.steady_payload} B per event")
+
+
+AnyWorkload = Workload | NexmarkWorkload
+
+
+def make_workload(args: argparse.Namespace, size: int) -> AnyWorkload:
+    """The ``--workload`` at ``size`` bytes of state."""
+    if args.workload == "nexmark":
+        return NexmarkWorkload(size, args.rate, args.nexmark_grow_s, args.nexmark_payload, args.nexmark_window_ms,
+                               args.seed, args.state_cache_entries)
+    return Workload(size, args.entries, args.value_bytes, args.keys)
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
@@ -294,7 +443,7 @@ class CheckpointLog(threading.Thread):
     checkpoints taken between two samples): bytes changed and shipped, whether that replica was the
     shipper (the lowest live replica of its partition), the run phase, the state size at the time."""
 
-    def __init__(self, handle: JobHandle, workload: Workload | None, label: str) -> None:
+    def __init__(self, handle: JobHandle, workload: AnyWorkload | None, label: str) -> None:
         super().__init__(name="rhino-ckpt-log", daemon=True)
         self.handle, self.workload, self.label = handle, workload, label
         self.phase = "growth"
@@ -333,9 +482,8 @@ class CheckpointLog(threading.Thread):
                     if now[0] == prev[0]:
                         continue
                     state = 0
-                    if self.workload is not None and t.name == STATEFUL:  # (a restored replica counts anew)
-                        state = (self.workload.state_bytes if m.restored_from >= 0
-                                 else self.workload.state_after(m.records_in))
+                    if self.workload is not None and t.name == self.workload.task:  # (a restored one counts anew)
+                        state = self.workload.state_of(p, m.records_in, m.restored_from >= 0)
                     self.rows.append({
                         "run": self.label, "t_s": time.time() - self.t0, "phase": self.phase, "replica": name,
                         "shipper": "yes" if shippers.get((t.id, p)) == r else "no",
@@ -371,7 +519,8 @@ class RunContext:
     state_dir: Path
 
 
-def job_conf(ctx: RunContext, rhino: bool, replicated: bool = True) -> dict[str, str]:
+def job_conf(ctx: RunContext, rhino: bool, replicated: bool = True, extra: dict[str, str] | None = None
+             ) -> dict[str, str]:
     conf = {"spark.replication.kafka.bootstrapServers": ctx.stack.bootstrap_servers,
             "spark.replication.enabled": str(replicated).lower(), "spark.replication.mode": "liverobin",
             "spark.replication.state.dir": str(ctx.state_dir),
@@ -383,26 +532,22 @@ def job_conf(ctx: RunContext, rhino: bool, replicated: bool = True) -> dict[str,
         conf.update({"spark.replication.rhino.enabled": "true",
                      "spark.replication.rhino.checkpointEvery": str(ctx.args.checkpoint_every),
                      "spark.replication.rhino.replicas": "1"})
-    return conf
-
-
-def one_line(err: BaseException) -> str:
-    """An error as one line, without a Spark error's Java stack trace."""
-    text = " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("\tat "))
-    return f"{type(err).__name__}: {text}"[:400]
+    return {**conf, **(extra or {})}
 
 
 class Run:
     """One job run: start, feed, watch (status line), stop feeding, drain, verify."""
 
-    def __init__(self, ctx: RunContext, label: str, workload: Workload, rhino: bool, replicated: bool = True) -> None:
+    def __init__(self, ctx: RunContext, label: str, workload: AnyWorkload, rhino: bool,
+                 replicated: bool = True) -> None:
         self.ctx, self.label, self.workload, self.rhino = ctx, label, workload, rhino
         stamp = f"{int(time.time() * 1000) % 10**10}"
-        self.topic, self.out_topic = f"rh{stamp}-in", f"rh{stamp}-out"
+        self.topics = {name: f"rh{stamp}-{name}" for name in workload.topics()}
+        self.out_topic = f"rh{stamp}-out"
         self.name = f"rhino-{re.sub(r'[^A-Za-z0-9]', '', label)}-{stamp}"
-        create_topics(ctx.stack.bootstrap_servers, {self.topic: 1})
-        self.handle = run(build_rhino_job(self.topic, self.out_topic, self.name, workload.value_bytes),
-                          spark=ctx.spark, conf=job_conf(ctx, rhino, replicated))
+        create_topics(ctx.stack.bootstrap_servers, {self.topics[n]: k for n, k in workload.topics().items()})
+        self.handle = run(workload.build_job(self.topics, self.out_topic, self.name), spark=ctx.spark,
+                          conf=job_conf(ctx, rhino, replicated, workload.extra_conf()))
         try:
             self.handle.wait_started(120)
         except BaseException:
@@ -413,8 +558,14 @@ class Run:
                     pass
             raise
         self.plan = self.handle.plan
-        self.task = next(t for t in self.plan.tasks if t.name == STATEFUL)
-        self.feeder = Feeder(ctx.stack.bootstrap_servers, self.topic, workload, ctx.args.rate)
+        self.task = next(t for t in self.plan.tasks if t.name == workload.task)
+        workload.bind(self.plan)
+
+        def record(i: int) -> tuple[str, bytes, bytes]:
+            topic, key, value = workload.make(i, int(time.time() * 1000))
+            return self.topics[topic], key, value
+
+        self.feeder = PacedFeeder(ctx.stack.bootstrap_servers, record, ctx.args.rate, name="rhino-feeder")
         self.ckpts = CheckpointLog(self.handle, workload, label)
         self.started = time.time()
         self.phase = "growth"
@@ -436,11 +587,16 @@ class Run:
         self.phase = self.ckpts.phase = phase
 
     def consumed(self) -> int:
-        """Records both live replicas of ``stateful[0]`` have consumed (the slower one)."""
+        """Records the stateful task has consumed, over its partitions (the slower replica of each)."""
         snap = self.handle.master.snapshot()
-        ins = [m.records_in for r in range(self.plan.replicas)
-               if (m := snap.get(replica_name(STATEFUL, 0, r))) is not None]
-        return min(ins) if len(ins) == self.plan.replicas else 0
+        total = 0
+        for p in range(self.task.parallelism):
+            ins = [m.records_in for r in range(self.plan.replicas)
+                   if (m := snap.get(replica_name(self.task.name, p, r))) is not None]
+            if len(ins) < self.plan.replicas:
+                return 0
+            total += min(ins)
+        return total
 
     def completed_checkpoint(self) -> int:
         rhino = self.handle.master.rhino
@@ -450,9 +606,8 @@ class Run:
     def status_line(self) -> str:
         w = self.workload
         n = self.consumed()
-        snap = self.handle.master.snapshot()
-        sink = sum(m.records_out for k, m in snap.items() if k.startswith(SINK + "[")) // self.plan.replicas
-        p99 = self.handle.sink_metrics().latency.percentile(0.99) * MS
+        sm = self.handle.sink_metrics()
+        sink, p99 = sm.records_out // self.plan.replicas, sm.latency.percentile(0.99) * MS
         text = (f"{self.label} {self.phase}: fed {self.feeder.produced:,}, state {bar(n / max(w.n_grow, 1), 12)} "
                 f"{w.state_after(n) / MB:,.0f}/{w.state_bytes / MB:,.0f} MB, out {sink:,}, p99 {p99:,.0f} ms")
         if self.rhino:
@@ -482,18 +637,19 @@ class Run:
         end = time.monotonic() + seconds
         self.wait_for(lambda: time.monotonic() >= end, seconds + 5, f"{seconds:.0f}s to pass")
 
-    def state_at_size(self, size: int, timeout: float) -> float:
-        """Wait until both replicas hold ``size`` bytes (and, with Rhino, a checkpoint taken after
-        that completed); returns when all that held."""
-        need = self.workload.grow_records_for(size)
-        self.wait_for(lambda: self.consumed() >= need, timeout, f"the state to reach {size / MB:,.0f} MB")
+    def state_at_size(self, timeout: float) -> float:
+        """Wait until both replicas consumed the grow records (they hold the workload's state) and (with
+        Rhino) a checkpoint taken after that completed; returns when all that held."""
+        need = self.workload.n_grow
+        self.wait_for(lambda: self.consumed() >= need, timeout,
+                      f"the state to reach {self.workload.state_bytes / MB:,.0f} MB")
         # and the backlog of the growth worked off: the job less than a second behind the feed
         at = self.wait_for(lambda: self.consumed() >= self.feeder.produced - self.ctx.args.rate, timeout,
                            "the job to catch up with the feed")
         if self.rhino:  # a checkpoint taken after both: the first (full) snapshot is behind us too
             snap = self.handle.master.snapshot()
             taken = max([self.completed_checkpoint()] + [m.checkpoint_id for r in range(self.plan.replicas)
-                                                         if (m := snap.get(replica_name(STATEFUL, 0, r)))])
+                                                         if (m := snap.get(replica_name(self.task.name, 0, r)))])
             taken = max(taken, self.ctx.args.checkpoint_every)  # (the first checkpoint is a full one)
             at = self.wait_for(lambda: self.completed_checkpoint() > taken, timeout,
                                f"a checkpoint after checkpoint {taken} to complete")
@@ -544,7 +700,7 @@ class Run:
             out = json.loads(r.value)
             outputs.append(out)
             self.samples.append(sample_of(r, produced=out.get("ts", 0) / MS))
-        self.verdict = verify(outputs, self.workload, self.produced)
+        self.verdict = self.workload.check(outputs, self.produced)
         self.ctx.status.done()
 
     @property
@@ -564,11 +720,11 @@ class Run:
             self.result, "divergences", None)
 
     def replicas_agree(self) -> str:
-        """Whether both replicas of ``stateful[0]`` ended with the same state digest."""
+        """Whether both replicas of the stateful task's partition 0 ended with the same state digest."""
         if self.result is None:
             return "n/a"
         digests = {m.state_digest for r in range(self.plan.replicas)
-                   if (m := self.result.per_instance.get(replica_name(STATEFUL, 0, r)))}
+                   if (m := self.result.per_instance.get(replica_name(self.task.name, 0, r)))}
         if "" in digests:
             return "n/a (not drained)"
         return "yes" if len(digests) == 1 else f"no ({len(digests)} digests)"
@@ -617,13 +773,11 @@ def recovery_run(ctx: RunContext, size: int, mode: str = "active") -> tuple[dict
     replicated = mode == "active"
     label = f"{size / MB:g}MB" + ("" if replicated else "-passive")
     victim = args.victim if replicated else re.sub(r"r1$", "r0", args.victim)  # the only instance
-    workload = Workload(size, args.entries, args.value_bytes, args.keys)
-    row: dict[str, Any] = {"run": label, "mode": mode, "size_mb": size / MB, "state_bytes": workload.state_bytes,
-                           "grow_records": workload.n_grow, "victim": victim}
+    workload = make_workload(args, size)
+    row: dict[str, Any] = {"workload": workload.kind, "run": label, "mode": mode, "size_mb": size / MB,
+                           "state_bytes": workload.state_bytes, "grow_records": workload.n_grow, "victim": victim}
     print(f"== recovery {label} ({'two replicas' if replicated else 'one instance per partition: checkpoint-restart'}"
-          f"): {workload.n_grow:,} grow records of {args.entries} x {args.value_bytes} B "
-          f"({workload.state_bytes / MB:,.1f} MB of state), then updates; {args.rate:.0f} records/s; "
-          f"SIGKILL the executor of {victim}", flush=True)
+          f"): {workload.describe()}; {args.rate:.0f} records/s; SIGKILL the executor of {victim}", flush=True)
     try:
         r = Run(ctx, label, workload, rhino=True, replicated=replicated)
     except Exception as err:  # noqa: BLE001 - recorded
@@ -634,8 +788,9 @@ def recovery_run(ctx: RunContext, size: int, mode: str = "active") -> tuple[dict
     lost: list[str] = []
     recs: dict[str, dict] = {}
     try:
-        t_full = r.state_at_size(workload.state_bytes, args.grow_timeout)
+        t_full = r.state_at_size(args.grow_timeout)
         row["grow_s"] = t_full - r.started
+        row["state_bytes"] = workload.state_bytes  # (nexmark: the model of the grow events, now produced)
         r.wait_for(r.every_checkpoint_on_a_live_member, 60, "a completed checkpoint of every partition")
         r.set_phase("steady")
         r.pause(args.steady)
@@ -646,6 +801,9 @@ def recovery_run(ctx: RunContext, size: int, mode: str = "active") -> tuple[dict
         r.set_phase("recovery")
         row["checkpoint_at_kill"] = r.completed_checkpoint()
         row["snapshots_before_kill"] = store_snapshots(ctx.state_dir, r.name, r.task.id)
+        # the model at the kill: the whole stateful task, and the victim's partition (nexmark: 2 partitions)
+        row["state_at_kill_bytes"] = workload.state_after(r.feeder.produced)
+        row["victim_state_bytes"] = workload.partition_state(victim_partition(victim))
         killed_at = time.time()
         kill_executor(target)
         row["kill_t_s"] = killed_at - r.ckpts.t0  # on the clock of checkpoints.csv's t_s
@@ -729,6 +887,12 @@ def recovery_run(ctx: RunContext, size: int, mode: str = "active") -> tuple[dict
     return row, r.ckpts.rows, r
 
 
+def victim_partition(replica: str) -> int:
+    """The partition of a replica name (``person-auction-join[1]r0`` -> 1)."""
+    m = re.search(r"\[(\d+)\]r\d+$", replica)
+    return int(m.group(1)) if m else 0
+
+
 def kill_latency(samples: list[Sample], killed_at: float) -> dict[str, Any]:
     """By event time (the load generator's clock; a rolled-back source reads records again, so their
     ingest time would hide the stall): p99 of the 5 s before the kill; per second after it, the worst
@@ -803,8 +967,8 @@ def bytes_rows(label: str, ckpt_rows: list[dict], task_prefix: str = STATEFUL + 
 def latency_run(ctx: RunContext, rhino: bool, size: int, rep: int) -> tuple[dict, list[dict]]:
     args = ctx.args
     label = f"rhino-{'on' if rhino else 'off'}" + (f"-{rep}" if args.latency_runs > 1 else "")
-    workload = Workload(size, args.entries, args.value_bytes, args.keys)
-    row: dict[str, Any] = {"rhino": "on" if rhino else "off", "repeat": rep, "size_mb": size / MB,
+    workload = make_workload(args, size)
+    row: dict[str, Any] = {"workload": workload.kind, "rhino": "on" if rhino else "off", "repeat": rep, "size_mb": size / MB,
                            "rate": args.rate}
     print(f"== latency, Rhino {'on' if rhino else 'off'} (run {rep}): grow to {workload.state_bytes / MB:,.1f} MB, "
           f"then {args.latency_duration:.0f}s of updates at {args.rate:.0f} records/s", flush=True)
@@ -816,7 +980,7 @@ def latency_run(ctx: RunContext, rhino: bool, size: int, rep: int) -> tuple[dict
     failure = None
     ready = None
     try:
-        ready = r.state_at_size(workload.state_bytes, args.grow_timeout)
+        ready = r.state_at_size(args.grow_timeout)
         r.set_phase("steady")
         r.pause(args.latency_duration)
     except Exception as err:  # noqa: BLE001 - recorded
@@ -824,7 +988,7 @@ def latency_run(ctx: RunContext, rhino: bool, size: int, rep: int) -> tuple[dict
     r.finish(failure)
     row["problem"] = r.problem or ""
     lat = sorted(s.sink - s.ingest for s in r.samples if ready is not None and s.ingest >= ready + args.warm_up)
-    steady_ckpts = [c for c in r.ckpts.rows if c["phase"] == "steady" and c["replica"].startswith(STATEFUL + "[")]
+    steady_ckpts = [c for c in r.ckpts.rows if c["phase"] == "steady" and c["replica"].startswith(workload.task + "[")]
     row.update({"records": len(lat), "p50_ms": percentile(lat, .5) * MS, "p99_ms": percentile(lat, .99) * MS,
                 "p999_ms": percentile(lat, .999) * MS, "max_ms": (lat[-1] if lat else 0.0) * MS,
                 "checkpoints": sum(c["checkpoints"] for c in steady_ckpts if c["shipper"] == "yes"),
@@ -853,8 +1017,12 @@ def parse_size(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", choices=("synthetic", "nexmark"), default="synthetic",
+                    help="synthetic: the grow-then-update job defined here; nexmark: the NEXMark-like windowed "
+                         "join of replication.examples.workloads (bench/workloads.py's), victim its partition 0")
     ap.add_argument("--sizes", default="10MB,100MB",
-                    help="state sizes of the recovery runs, comma-separated (1GB works but is slow on 2 cores)")
+                    help="state sizes of the recovery runs, comma-separated (1GB works but is slow on 2 cores); "
+                         "nexmark: of the whole join (2 partitions)")
     ap.add_argument("--rate", type=float, default=200.0, help="records/s fed to the job")
     ap.add_argument("--entries", type=int, default=64, help="map entries written per grow record")
     ap.add_argument("--value-bytes", type=int, default=1000, help="bytes per map entry value")
@@ -863,7 +1031,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steady", type=float, default=5.0, help="seconds of steady state before the kill")
     ap.add_argument("--after", type=float, default=5.0,
                     help="seconds of load after the replica group holds checkpoints again")
-    ap.add_argument("--victim", default=f"{STATEFUL}[0]r0", help="the replica whose executor is killed")
+    ap.add_argument("--victim", default=None,
+                    help=f"the replica whose executor is killed (default {STATEFUL}[0]r0, nexmark {NEXMARK_JOIN}[0]r0)")
+    ap.add_argument("--nexmark-grow-s", type=float, default=20.0,
+                    help="nexmark: seconds of input (at --rate) whose payload builds the state to its size")
+    ap.add_argument("--nexmark-payload", type=int, default=100,
+                    help="nexmark: payload bytes per event once the state is built (it keeps growing slowly)")
+    ap.add_argument("--nexmark-window-ms", type=int, default=2000, help="nexmark: tumbling window of the join")
+    ap.add_argument("--state-cache-entries", type=int, default=200,
+                    help="nexmark: spark.replication.state.cacheEntries (as bench/workloads.py: the state in RocksDB)")
+    ap.add_argument("--seed", type=int, default=5, help="nexmark: seed of the input generator")
     ap.add_argument("--failure-timeout", default="2s",
                     help="spark.replication.failureTimeout: with 1 GB on 2 cores a worker busy with a full "
                          "snapshot can be silent for longer than the 2 s default and is then declared dead")
@@ -891,8 +1068,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.recovery_modes = [m.strip() for m in args.recovery_modes.split(",") if m.strip()]
     if bad := [m for m in args.recovery_modes if m not in ("active", "passive")]:
         ap.error(f"--recovery-modes: unknown {', '.join(bad)} (active, passive)")
-    if not re.fullmatch(rf"{STATEFUL}\[0\]r[01]|{SOURCE}\[0\]r[01]|{SINK}\[0\]r[01]", args.victim):
-        ap.error(f"--victim: one of {STATEFUL}[0]r0/r1, {SOURCE}[0]r0/r1, {SINK}[0]r0/r1")
+    if args.workload == "nexmark":
+        args.victim = args.victim or f"{NEXMARK_JOIN}[0]r0"
+        if not re.fullmatch(rf"{re.escape(NEXMARK_JOIN)}\[[01]\]r[01]", args.victim):
+            ap.error(f"--victim: with --workload nexmark, one of {NEXMARK_JOIN}[0 or 1]r0/r1")
+    else:
+        args.victim = args.victim or f"{STATEFUL}[0]r0"
+        if not re.fullmatch(rf"{STATEFUL}\[0\]r[01]|{SOURCE}\[0\]r[01]|{SINK}\[0\]r[01]", args.victim):
+            ap.error(f"--victim: one of {STATEFUL}[0]r0/r1, {SOURCE}[0]r0/r1, {SINK}[0]r0/r1")
     return args
 
 
@@ -915,7 +1098,7 @@ def run_benchmark(ctx: RunContext) -> Results:
         res.kill_timeline += row.pop("timeline", [])
         res.recovery.append(row)
         res.checkpoints += ckpts
-        res.bytes += bytes_rows(row["run"], ckpts)
+        res.bytes += bytes_rows(row["run"], ckpts, (NEXMARK_JOIN if args.workload == "nexmark" else STATEFUL) + "[")
         print("   " + format_row(row, skip=("events", "outcome", "others", "lost", "killed")), flush=True)
         print(f"   outcome: {row['outcome']}", flush=True)
         ctx.status.update("waiting for the replacement executor")
@@ -960,11 +1143,11 @@ def print_tables(res: Results) -> None:
         for r in res.recovery:
             print(f"   {r['run']}: {r['outcome']}" + (f"; also restored: {r['others']}" if r.get("others") else ""))
             if r.get("snapshots_at_end"):
-                print(f"   {r['run']}: completed snapshots of {STATEFUL}[0] in the replica stores (worker "
+                print(f"   {r['run']}: completed snapshots of partition 0 in the replica stores (worker "
                       f"dir:checkpoint id) before the kill {r.get('snapshots_before_kill')}, at the end "
                       f"{r['snapshots_at_end']}")
     if res.bytes:
-        print("== bytes per checkpoint (shipping replica of stateful[0])")
+        print("== bytes per checkpoint (the shipping replica of each partition of the stateful task)")
         table(res.bytes, ["run", "phase", "checkpoints", "full_snapshots", "bytes_changed", "bytes_shipped",
                           "shipped_per_changed", "mean_delta_shipped", "state_bytes", "max_checkpoint_ms"])
     if res.latency:
@@ -1104,7 +1287,8 @@ def _plot(out: Path, res: Results) -> None:
         fig.tight_layout()
         fig.savefig(out / "latency.png", dpi=110)
         plt.close(fig)
-    ck = [c for c in res.checkpoints if c["replica"].startswith(STATEFUL + "[") and not c["run"].startswith("rhino-")]
+    ck = [c for c in res.checkpoints if c["replica"].startswith((STATEFUL + "[", NEXMARK_JOIN + "["))
+          and not c["run"].startswith("rhino-")]
     if ck:
         from matplotlib.ticker import FuncFormatter
 

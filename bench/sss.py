@@ -93,6 +93,17 @@ micro-batch's duration (``query.recentProgress``), ``summary.csv`` (one row, ``l
 the stage re-attempts of the query's jobs (Spark's status tracker), ``events.txt`` the kill, executor
 removal and registration.
 
+Max sustainable throughput (``--throughput-rates``, instead of the fault experiment): one run per offered
+rate in increasing order (each a fresh query on the same session, with its warm-up, ``--throughput-duration``
+seconds of timed feeding, no kill), stopping at the first run that is not *flat* by ``bench/ordering.py``'s
+criteria (:func:`bench.ordering.flat_verdict`: over the steady window, from ``--throughput-warm-up`` s after
+the start of the timed feeding to its end, the sink wrote at least 95% of the offered rate, the p99 of
+producer->sink latency is at most 2x the ramp's lowest-rate p99 + 50 ms, the median of the second half is at
+most 1.5x the first half's + 20 ms, and the output is exact).  With the ``--trigger-ms`` trigger (100 ms) the
+latency is the micro-batch's (seconds), so the p99 bound is relative to SSS's own lowest-rate p99.  Writes
+``throughput.csv`` (``bench/ordering.py``'s columns; the cost columns empty: not measured here) and
+``throughput.png``.
+
 Limits, measured and reported rather than hidden:
 
 * **The sink is at-least-once.**  ``foreachBatch`` + a plain producer is how SSS writes to Kafka (its
@@ -1216,7 +1227,11 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
     summary["state_store"] = f"RocksDB, changelog checkpointing {'on' if changelog_checkpointing else 'off'}"
     summary["locality_wait"] = sc.getConf().get("spark.locality.wait", "3s (default)")
     return {"summary": summary, "timeline": timeline, "batches": rows,
-            "events": [(t - origin, e) for t, e in events]}
+            "events": [(t - origin, e) for t, e in events],
+            # the timed records' first copies: (produced, written) wall clock (s), for the throughput ramp
+            "writes": sorted((r.ts_ms / MS, r.sink_ts) for r in first.values() if r.ts_ms / MS >= feeder.started_at),
+            "load_window": (feeder.started_at, feeder.stopped_at),
+            "produced_timed": sum(1 for _key, ts, _count in delivered.values() if ts / MS >= feeder.started_at)}
 
 
 # --------------------------------------------------------------------------- CLI
@@ -1295,6 +1310,88 @@ def not_exact_text(s: Mapping[str, Any]) -> str:
     return text + (", query failed" if s["query_error"] else "")
 
 
+def ramp_label(trigger_ms: int) -> str:
+    """The configuration name of an SSS ramp in ``throughput.csv`` (and the report)."""
+    return f"Spark Structured Streaming, trigger {trigger_ms} ms"
+
+
+def throughput_row(result: Mapping[str, Any], offered: float, warm_up_s: float, base_p99_ms: float | None,
+                   label: str) -> dict[str, Any]:
+    """A ``throughput.csv`` row of one SSS run (no kill), with ``bench/ordering.py``'s columns and verdict
+    (:func:`bench.ordering.flat_verdict`; the ramp's first run sets the base when ``base_p99_ms`` is None);
+    a query that failed or an output that is not exact makes the run not flat.  No cost columns."""
+    from bench.ordering import THROUGHPUT_COLUMNS, flat_verdict, p99_bound_ms, ramp_stats
+    from replication.workload import Sample
+
+    s = result["summary"]
+    samples = [Sample(produced=p, ingest=p, sink=w) for p, w in result["writes"]]
+    start, end = result["load_window"]
+    st = ramp_stats(samples, (start, end), warm_up_s)
+    base = st.p99_ms if base_p99_ms is None else base_p99_ms
+    exact = s["exact"] == "yes"
+    outcome = "yes" if exact else not_exact_text(s)
+    problem = "" if exact else (f"query failed: {s['query_error'][:200]}" if s["query_error"]
+                                else f"output not exact: {outcome}")
+    produced = result["produced_timed"]
+    return {**dict.fromkeys(THROUGHPUT_COLUMNS, ""), "config": label, "offered_rate": offered,
+           "produced_rate": produced / (end - start) if end > start else 0.0, "achieved": st.achieved,
+           "records": len(samples), "p50_ms": st.p50_ms, "p99_ms": st.p99_ms,
+           "first_half_p50_ms": st.first_half_p50_ms, "second_half_p50_ms": st.second_half_p50_ms,
+           "p99_bound_ms": p99_bound_ms(base), "exact": "yes" if exact else "no", "outcome": outcome,
+           "verdict": flat_verdict(offered, st, base, problem)}
+
+
+def throughput_main(args: argparse.Namespace, out: Path) -> int:
+    """The SSS throughput ramp (module doc): ``throughput.csv``, ``throughput.png``, ``machine.txt``."""
+    from bench.common import error_text, format_row, max_sustainable, write_csv, write_machine
+    from bench.ordering import THROUGHPUT_COLUMNS, _plot_throughput
+    from deploy.stack import EmbeddedStack
+    from replication.progress import StatusLine
+    from replication.spark_cluster import build_session, stop_session
+
+    label = ramp_label(args.trigger_ms)
+    rows: list[dict[str, Any]] = []
+    base: float | None = None
+    t0 = time.monotonic()
+    with EmbeddedStack() as stack:
+        conf = {} if args.locality_wait is None else {"spark.locality.wait": args.locality_wait}
+        spark = build_session("local-cluster[3,1,512]", app_name="bench-sss-throughput", conf=conf)
+        try:
+            status = StatusLine()
+            for j, rate in enumerate(args.throughput_rates):
+                print(f"== SSS {args.logic} throughput ramp, step {j + 1}/{len(args.throughput_rates)}: {rate:.0f} "
+                      f"records/s for {args.throughput_duration:.0f}s, trigger {args.trigger_ms} ms "
+                      f"({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+                try:
+                    result = run_sss_experiment(
+                        stack.bootstrap_servers, spark, rate=rate, keys=args.keys, duration_s=args.throughput_duration,
+                        kill_at_s=None, trigger_ms=args.trigger_ms, out_topic_prefix=f"sss{os.getpid()}r{j}-",
+                        status=status, partitions=args.partitions, drain_timeout_s=args.drain_timeout,
+                        warmup_s=args.throughput_warm_up, logic=args.logic)
+                    status.done()
+                    row = throughput_row(result, rate, args.throughput_warm_up, base, label)
+                except Exception as err:  # noqa: BLE001 - reported in throughput.csv, not hidden
+                    status.done()
+                    row = {**dict.fromkeys(THROUGHPUT_COLUMNS, ""), "config": label, "offered_rate": rate,
+                           "verdict": f"error: {type(err).__name__}: {error_text(err)[:300]}"}
+                rows.append(row)
+                print("   " + format_row(row, skip=("outcome",)), flush=True)
+                if row["verdict"] != "flat":
+                    break
+                base = row["p99_ms"] if base is None else base
+        finally:
+            stop_session(spark)
+    write_csv(out / "throughput.csv", rows)
+    _plot_throughput(out, rows)
+    write_machine(out)
+    ramp = max_sustainable(rows)[label]
+    print(f"   {label}: max sustainable {ramp.text} records/s"
+          + (f" (at {ramp.stopped_at:,.0f}/s {ramp.reason})" if ramp.stopped_at is not None else ""))
+    print(f"wrote {out}/throughput.csv, throughput.png in {time.monotonic() - t0:.0f}s")
+    bad = [r for r in rows if r["verdict"].startswith("error") or r["exact"] != "yes"]
+    return 1 if bad else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from bench.common import format_row, write_csv, write_machine
     from deploy.stack import EmbeddedStack, require_java17
@@ -1323,8 +1420,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--locality-wait", default=None,
                     help="spark.locality.wait for the session (default: Spark's 3s); a stateful task waits "
                          "this long for the executor that last held its state store before going elsewhere")
+    ap.add_argument("--throughput-rates", default="",
+                    help="max sustainable throughput instead of the fault experiment: offered records/s of the ramp, "
+                         "tried in increasing order until a run is not flat (bench/ordering.py's criteria)")
+    ap.add_argument("--throughput-duration", type=float, default=20.0, help="seconds of timed feeding per ramp run")
+    ap.add_argument("--throughput-warm-up", type=float, default=5.0,
+                    help="seconds of timed feeding left out of each ramp run's steady window")
     ap.add_argument("--out", default=str(REPO / "bench/results/sss"))
     args = ap.parse_args(argv)
+    args.throughput_rates = sorted({float(x) for x in args.throughput_rates.split(",") if x.strip()})
     for name, value in logic_defaults(args.logic).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -1332,6 +1436,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     require_java17()
     kill_at = None if args.no_kill else args.kill_at
+    if args.throughput_rates:
+        return throughput_main(args, out)
     with EmbeddedStack() as stack:
         conf = {} if args.locality_wait is None else {"spark.locality.wait": args.locality_wait}
         spark = build_session("local-cluster[3,1,512]", app_name="bench-sss", conf=conf)

@@ -1,27 +1,34 @@
 """The benchmark suite at a size for a 2-core machine, then ``bench/REPORT.md``.
 
-    .venv/bin/python bench/suite.py [--only ordering,mib,workloads,rhino,sss] [--results bench/results/suite]
+    .venv/bin/python bench/suite.py [--only ordering,throughput,mib,...] [--results bench/results/suite]
 
 Steps (each one of the benchmark commands, run as it would be by hand, its own live status line
-on the terminal; about 35 minutes in all on 2 cores):
+on the terminal; each holds the machine for at most about 12 minutes, about 45 minutes in all on 2 cores):
 
 * ``ordering``: ``bench/ordering.py`` at 400 events/s: latency of no replication, passive
   (checkpoint-restart), ``unordered``, ``liverobin`` (5, 10 and 50 ms) and ``kazoo`` at pipeline lengths
   1, 2 and 3; then around a kill: no
   replication, replication off with Rhino (passive, checkpoint-restart), ``unordered``,
   ``liverobin``, a KaZoo leader's and a follower's executor; the costs (CPU, loopback bytes) of every
-  latency run; then the max sustainable throughput of ``off``, ``unordered``, ``liverobin 10ms`` and
-  ``kazoo`` at L=1: 8 s runs at 200, 400, 800, 1,600 and 3,200 events/s, each ramp stopping at its first
-  run that is not flat (about 4 minutes more).
+  latency run (about 10 minutes; 864 s when the ramps below were part of it).
+* ``throughput``: ``bench/ordering.py``'s throughput ramps alone: the max sustainable throughput of
+  ``off``, ``passive``, ``unordered``, ``liverobin 10ms`` and ``kazoo`` at L=1: 8 s runs at 200, 400, 800,
+  1,600 and 3,200 events/s, each ramp stopping at its first run that is not flat (376 s).
 * ``mib``: ``bench/mib.py``: the paper's MiB 2 (the chain task at 1-4 partitions, 400 events/s) and MiB 3
-  (one merge, topic b at 5 events/s and topic a at 5, 50 and 500) in off, unordered, liverobin 10 ms
-  and kazoo (about 5 minutes).
+  (one merge, topic b at 5 events/s and topic a at 5, 50, 500 and 2,000) in off, unordered, liverobin 10 ms
+  and kazoo (407 s).
 * ``workloads``: ``bench/workloads.py`` at 200 events/s: the BetterCloud-like application and the
-  NEXMark-like windowed join (state up to 20 MB) in every configuration (about 5 minutes).
+  NEXMark-like windowed join (state up to 20 MB) in every configuration (233 s).
 * ``rhino``: ``bench/rhino.py`` at 10 MB of state: the stateful partition's executor killed,
-  active (two replicas) and passive.
+  active (two replicas) and passive (67 s).
+* ``nexmark-recovery``: ``bench/rhino.py --workload nexmark``: the same kill on the NEXMark-like join at
+  5, 20 and 50 MB of join state, active and passive (281 s).
 * ``sss``: ``bench/sss.py``: Spark Structured Streaming running the same hash-chain job on the same
-  input shape (topics a and b, 2:1, 400 events/s), an executor killed.
+  input shape (topics a and b, 2:1, 400 events/s), an executor killed (88 s).
+* ``sss-throughput``: ``bench/sss.py --throughput-rates``: its throughput ramp by ``bench/ordering.py``'s
+  criteria (20 s per rate, 100 ms trigger; 107 s).
+* ``handover``: ``bench/handover.py``: 32 vnodes moved at 1 and 20 MB of state, all at once, batched
+  (8 per step) and fluid, and the restart floor (198 s).
 
 A step that fails (or whose output is not exact) is recorded in ``suite.json`` with its exit code
 and shown in the report; the suite goes on with the next one and exits non-zero at the end.
@@ -44,14 +51,24 @@ from bench import report  # noqa: E402
 STEPS = {
     "ordering": ["bench/ordering.py", "--rate", "400", "--duration", "12", "--periods", "5,10,50", "--pipelines", "1,2,3",
                  "--modes", "off,passive,unordered,liverobin,kazoo", "--kill-duration", "24",
-                 "--kill-modes", "off,passive,unordered,liverobin,kazoo-leader,kazoo-follower",
-                 "--throughput-modes", "off,unordered,liverobin,kazoo", "--throughput-rates", "200,400,800,1600,3200",
-                 "--throughput-duration", "8", "--throughput-period", "10"],
+                 "--kill-modes", "off,passive,unordered,liverobin,kazoo-leader,kazoo-follower"],
+    # the ramps of bench/ordering.py alone (its latency and kill runs off): a step of its own, so that each
+    # step holds the machine for less than about 12 minutes
+    "throughput": ["bench/ordering.py", "--modes", "", "--kill-duration", "0",
+                   "--throughput-modes", "off,passive,unordered,liverobin,kazoo",
+                   "--throughput-rates", "200,400,800,1600,3200", "--throughput-duration", "8",
+                   "--throughput-period", "10"],
     "mib": ["bench/mib.py", "--modes", "off,unordered,liverobin,kazoo", "--partitions", "1,2,3,4", "--rate", "400",
-            "--rates-a", "5,50,500", "--rate-b", "5", "--duration", "8"],
+            "--rates-a", "5,50,500,2000", "--rate-b", "5", "--duration", "8"],
     "workloads": ["bench/workloads.py", "--rate", "200", "--duration", "15", "--nexmark-state-mb", "20"],
     "rhino": ["bench/rhino.py", "--sizes", "10MB", "--latency-modes", ""],
+    "nexmark-recovery": ["bench/rhino.py", "--workload", "nexmark", "--sizes", "5MB,20MB,50MB", "--rate", "200",
+                         "--latency-modes", ""],
     "sss": ["bench/sss.py", "--logic", "chain", "--rate", "400", "--duration", "50", "--kill-at", "20"],
+    "sss-throughput": ["bench/sss.py", "--logic", "chain", "--throughput-rates", "200,400,800,1600,3200",
+                       "--throughput-duration", "20", "--throughput-warm-up", "5", "--trigger-ms", "100",
+                       "--drain-timeout", "120"],
+    "handover": ["bench/handover.py", "--sizes", "1MB,20MB", "--vnodes", "32", "--batch", "8"],
 }
 
 

@@ -52,7 +52,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import format_row, write_csv, write_machine  # noqa: E402
+from bench.common import format_row, one_line, write_csv, write_machine  # noqa: E402
 from bench.ordering import MODES, Config, latency_configs  # noqa: E402
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
@@ -82,6 +82,7 @@ MB = 1_000_000
 WORKLOADS = ("bettercloud", "nexmark")
 CONTROL_EVERY = 20  # bettercloud: one control update per this many activity events
 AUCTIONS_PER_PERSON = 3  # nexmark: the load generator's round robin (NEXMark: 1 person : 3 auctions)
+ERROR_CHARS = 500  # a failure in a row: at most this many characters (bench.common.one_line)
 COUNT_COLUMNS = ("missing", "duplicated", "unexpected", "wrong", "broken")
 
 
@@ -155,12 +156,6 @@ class StateDiskProbe:
         return self.peak
 
 
-def one_line(err: BaseException) -> str:
-    """An error as one line, without a Spark error's Java stack trace."""
-    text = " ".join(ln.strip() for ln in str(err).splitlines() if ln.strip() and not ln.startswith("\tat "))
-    return f"{type(err).__name__}: {text}"[:500]
-
-
 def stop_quietly(handle: JobHandle) -> None:
     """Stop the job if it still runs (after a failure that is reported otherwise)."""
     if handle.running:
@@ -177,7 +172,7 @@ def finish(handle: JobHandle) -> str | None:
         return None
     except (JobFailedError, TimeoutError) as err:
         stop_quietly(handle)
-        return one_line(err)
+        return one_line(err, ERROR_CHARS)
 
 
 def start_job(stack: StackEndpoints, spark: Any, config: Config, job: Any, state_root: Path,
@@ -318,7 +313,7 @@ def run_one(stack: StackEndpoints, spark: Any, workload: str, config: Config, ar
         return RUNNERS[workload](stack, spark, config, args, status, state_root)
     except Exception as err:  # noqa: BLE001 - recorded in the CSV, not hidden
         status.done()
-        return WorkloadRun(workload, config, failure=one_line(err))
+        return WorkloadRun(workload, config, failure=one_line(err, ERROR_CHARS))
 
 
 def result_row(r: WorkloadRun, warm_up_s: float) -> dict[str, Any]:
