@@ -349,6 +349,11 @@ class ReplicationConfig:
         "state.cacheEntries", INT, 10_000, "Write-back state cache size per partition instance, in entries.",
         min=1, max=10_000_000,
     )
+    handover_chunk_bytes: int = _key(
+        "handover.chunkBytes", INT, 8 * 1024 * 1024,
+        "A handover sends the state it moves from the origin to the target replicas in calls of about this many "
+        "bytes at most (a gRPC message is limited to 64 MiB).", min=256, max=32 * 1024 * 1024,
+    )
     dead_letter_topic_name: str | None = _key(
         "deadLetterTopic", STR, None,
         "Topic receiving malformed records with the reason; unset: `<job name>.dlq`.", fmt="topic",

@@ -202,6 +202,7 @@ class _Step:
     # replica of that origin: the first counts)
     cuts: dict[int, list[tuple[int, bytes, bytes]]] = field(default_factory=dict)
     origins: frozenset[int] = frozenset()
+    chunks: dict[int, dict[int, list[tuple[int, bytes, bytes]]]] = field(default_factory=dict)  # until complete
 
     @property
     def state(self) -> list[tuple[int, bytes, bytes]] | None:
@@ -314,13 +315,20 @@ class PartitionHandovers(_Decisions):
                 self._cond.notify_all()
             return "armed"
 
-    def state_arrived(self, handover_id: int, origin: int, entries: list[tuple[int, bytes, bytes]]) -> None:
-        """Origin partition ``origin``'s cut of ``handover_id`` for this partition (from either
-        replica of the origin: the first one counts)."""
+    def state_arrived(self, handover_id: int, origin: int, entries: list[tuple[int, bytes, bytes]],
+                      chunk: int = 0, chunks: int = 1) -> None:
+        """Chunk ``chunk`` of ``chunks`` of origin partition ``origin``'s cut of ``handover_id`` for
+        this partition.  Both origin replicas cut the same entries in the same order and chunk them
+        alike, so a chunk from either counts (the first); the cut is complete with every chunk."""
         with self._cond:
             step = self._steps.get(handover_id)
-            if step is not None and step.gate is not None and origin in step.origins and origin not in step.cuts:
-                step.cuts[origin] = entries
+            if step is None or step.gate is None or origin not in step.origins or origin in step.cuts:
+                return
+            parts = step.chunks.setdefault(origin, {})
+            parts.setdefault(chunk, entries)
+            if len(parts) == chunks:
+                step.cuts[origin] = [e for i in range(chunks) for e in parts[i]]
+                del step.chunks[origin]
                 self._cond.notify_all()
 
     # -- instance thread ----------------------------------------------------------------------
@@ -416,6 +424,21 @@ class PartitionHandovers(_Decisions):
                 step.gate = None
             if not step.cut_pending and step.gate is None:
                 del self._steps[handover_id]
+
+
+def chunk_entries(entries: list[tuple[int, bytes, bytes]], max_bytes: int) -> list[list[tuple[int, bytes, bytes]]]:
+    """``entries`` in order, cut into chunks of at most about ``max_bytes`` (an entry larger than
+    that goes alone); at least one chunk, empty when there is nothing."""
+    chunks: list[list[tuple[int, bytes, bytes]]] = [[]]
+    size = 0
+    for entry in entries:
+        n = len(entry[1]) + len(entry[2]) + 16
+        if chunks[-1] and size + n > max_bytes:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += n
+    return chunks
 
 
 def _digest(entries: Iterable[tuple[int, bytes, bytes]]) -> str:

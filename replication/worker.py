@@ -38,7 +38,7 @@ from replication.channels import OutputChannel, PushLink, receive_pushes
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
-from replication.handovers import HandoverOrder, order_from_wire
+from replication.handovers import HandoverOrder, chunk_entries, order_from_wire
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.plan import Instance, PhysicalPlan, ReplicaId
 from replication.spark_cluster import current_executor_id, local_advertise_host
@@ -326,17 +326,19 @@ class Worker:
         targets = {m.target for m in order.moves if m.origin == origin}
         for target in sorted(targets):
             mine = [e for e in entries if order.table.partition_of_key_group(e[0], self.plan.num_key_groups) == target]
-            req = {"handover": order.handover_id, "task": order.task, "partition": target, "origin": origin,
-                   "entries": mine}
+            chunks = chunk_entries(mine, self.cfg.handover_chunk_bytes)
             for r in range(self.plan.replicas):
                 w = self.boot.placement[(order.task, target, r)]
-                if w in self.dead_workers:
-                    continue
                 try:
-                    if w == self.index:
-                        self._handover_state(req)
-                    else:
-                        self._peer(self._addresses[w]).call("HandoverState", req, timeout=30)
+                    for i, chunk in enumerate(chunks):
+                        if w in self.dead_workers:
+                            break
+                        req = {"handover": order.handover_id, "task": order.task, "partition": target,
+                               "origin": origin, "chunk": i, "chunks": len(chunks), "entries": chunk}
+                        if w == self.index:
+                            self._handover_state(req)
+                        else:
+                            self._peer(self._addresses[w]).call("HandoverState", req, timeout=30)
                 except Exception as exc:  # noqa: BLE001 - the other target replica carries the handover
                     log.warning("handover %d: state for %s[%d] not delivered to worker %d: %s", order.handover_id,
                                 self.plan.task(order.task).name, target, w, exc)
@@ -347,7 +349,8 @@ class Worker:
         inst = self.instances.get((req["task"], req["partition"]))
         if inst is None or inst.handovers is None:
             raise ValueError(f"worker {self.index} hosts no replica of ({req['task']}, {req['partition']})")
-        inst.handovers.state_arrived(req["handover"], req["origin"], req["entries"])
+        inst.handovers.state_arrived(req["handover"], req["origin"], req["entries"], req.get("chunk", 0),
+                                     req.get("chunks", 1))
         return {}
 
     def _apply(self, reply: dict) -> None:

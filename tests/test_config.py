@@ -38,6 +38,7 @@ def test_prefix_and_defaults() -> None:
     assert c.zookeeper_connect is None and c.state_dir is None and c.dead_letter_topic_name is None
     assert (c.parallelism, c.workers, c.channel_batch_size, c.channel_queue_capacity) == (2, 0, 256, 64)
     assert (c.state_key_groups, c.state_vnodes, c.state_cache_entries) == (32768, 256, 10_000)
+    assert c.handover_chunk_bytes == 8 * 1024 * 1024
     assert (c.channel_buffer_timeout_ms, c.watermark_interval_ms, c.stop_timeout_ms) == (5, 200, 10_000)
     assert (c.start_timeout_ms, c.metrics_interval_ms, c.sink_linger_ms) == (120_000, 1_000, 5)
     assert c.metrics_port == 0 and cfg(metrics__port="9464").metrics_port == 9464
@@ -47,7 +48,7 @@ def test_prefix_and_defaults() -> None:
     assert c.heartbeat_topic("orders") == "_replication.orders.heartbeats"
     assert cfg(mode="liverobin", **{"liverobin.heartbeatPeriod": "50ms"}).liverobin_heartbeat_period_ms == 50
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 34
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 35
 
 
 def test_other_keys_ignored_and_values_typed() -> None:

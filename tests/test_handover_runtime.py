@@ -21,7 +21,7 @@ from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, s
 pytestmark = pytest.mark.integration
 
 
-def _start(stack, spark, name: str, max_parallelism: int | None = None, mode: str = "liverobin"):
+def _start(stack, spark, name: str, max_parallelism: int | None = None, mode: str = "liverobin", **conf: str):
     """The ordered job, replicated in ``mode``, on topics ``<name>a``/``<name>b``: (job, handle,
     topic a, topic b, the vnodes partition 0 of the chain task owns)."""
     a, b = source_topics(stack, name)
@@ -30,7 +30,8 @@ def _start(stack, spark, name: str, max_parallelism: int | None = None, mode: st
              "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
     handle = run(job, spark=spark, conf={
         "spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, "spark.replication.enabled": "true",
-        "spark.replication.mode": mode, "spark.replication.failureTimeout": "2s", **kazoo})
+        "spark.replication.mode": mode, "spark.replication.failureTimeout": "2s", **kazoo,
+        **{f"spark.replication.{k.replace('__', '.')}": v for k, v in conf.items()}})
     handle.wait_started(120)
     return job, handle, a, b, handle.routing("chain").vnodes_of(0)
 
@@ -38,9 +39,11 @@ def _start(stack, spark, name: str, max_parallelism: int | None = None, mode: st
 @pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
 def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, spark, topic_prefix, mode):
     """KaZoo has no pulses of its own: each handover job opens a pulse window (the sources hold
-    their records from their reported positions until the window's last pulse)."""
+    their records from their reported positions until the window's last pulse).  The cut state
+    travels in chunks of at most 256 bytes here (several per handover) (handover.chunkBytes): a lost or misplaced chunk would
+    break a chain."""
     name = f"{topic_prefix}hov{mode[0]}"
-    job, handle, a, b, owned = _start(stack, spark, name, mode=mode)
+    job, handle, a, b, owned = _start(stack, spark, name, mode=mode, handover__chunkBytes="256")
     half = owned[:64]
     with fed_without_pause(stack, a, b) as ids:
         deadline = time.monotonic() + 60
@@ -217,14 +220,15 @@ def test_a_handover_request_that_cannot_be_served_is_refused_with_the_reason(sta
         handle.stop(60)
 
 
-def test_replacing_the_chain_function_switches_both_replicas_at_the_same_element(stack, spark, topic_prefix):
+@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
+def test_replacing_the_chain_function_switches_both_replicas_at_the_same_element(stack, spark, topic_prefix, mode):
     """The keyed hash-chain function is replaced by a salted version under load: per key, every
     record before some element was made by the old code and every one after by the new, the chain
     links up across the switch (the new version kept the state), and the two replicas of each
     partition end with equal state (had they switched at different elements, their heads would
     differ)."""
-    name = f"{topic_prefix}hovcode"
-    job, handle, a, b, _ = _start(stack, spark, name)
+    name = f"{topic_prefix}hovcode{mode[0]}"
+    job, handle, a, b, _ = _start(stack, spark, name, mode=mode)
     with fed_without_pause(stack, a, b) as ids:
         deadline = time.monotonic() + 60
         while handle.sink_metrics().records_out < 200 and time.monotonic() < deadline:

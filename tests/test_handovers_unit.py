@@ -16,6 +16,7 @@ from replication.handovers import (
     HandoverCoordinator,
     HandoverOrder,
     PartitionHandovers,
+    chunk_entries,
     format_vnodes,
     order_from_wire,
     parse_strategy,
@@ -136,6 +137,25 @@ def test_a_target_fed_by_two_origins_loads_only_once_both_cuts_arrived(backend):
     assert backend.get(_kg(3), b"a") == b"from-0" and backend.get(_kg(7), b"b") == b"from-1"
     assert backend.get(_kg(5), b"x") is None
     assert ho.moved_entries == 2
+
+
+def test_the_cut_state_travels_in_chunks_and_is_loaded_once_every_chunk_arrived(backend):
+    """A large cut goes in calls of at most ``handover.chunkBytes`` (gRPC messages are limited to
+    64 MiB); chunks of the two origin replicas are interchangeable (same entries, same order)."""
+    entries = [(_kg(0, i % 8), f"key{i:03}".encode(), b"v" * 100) for i in range(50)]
+    chunks = chunk_entries(entries, 1000)
+    assert len(chunks) == 7 and [e for c in chunks for e in c] == entries
+    assert all(sum(len(r) + len(v) + 16 for _, r, v in c) <= 1000 for c in chunks)
+    assert chunk_entries([], 1000) == [[]] and chunk_entries(entries[:1], 10) == [entries[:1]]  # too big: alone
+    ho = PartitionHandovers(3, 1, G, V)
+    ho.arm(_order(committed=True))
+    _, releases = ho.at_pulse(14)
+    for i in (3, 0, 6, 1, 0, 2, 4):  # out of order, one repeated (the other origin replica's)
+        ho.state_arrived(7, 0, chunks[i], i, len(chunks))
+    assert releases[0].state is None  # chunk 5 is missing
+    ho.state_arrived(7, 0, chunks[5], 5, len(chunks))
+    assert ho.release(releases[0], backend, lambda: False) == ()
+    assert [backend.get(kg, rest) for kg, rest, _ in entries] == [b"v" * 100] * 50
 
 
 def test_a_cancelled_handover_is_dropped_and_a_late_instruction_refused(backend):
