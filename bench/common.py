@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +158,7 @@ class CostSnapshot:
     ticks: dict[str, int]
     machine: int
     loopback: int
+    processes: dict[str, int] = field(default_factory=dict)  # live processes per group (for the record)
 
 
 def cost_columns(before: CostSnapshot | None, after: CostSnapshot | None, records: int,
@@ -184,17 +185,27 @@ def cost_columns(before: CostSnapshot | None, after: CostSnapshot | None, record
             "net_bytes": net, "net_bytes_per_record": per(net, 1)}
 
 
-def spark_process_groups(app_id: str, driver_jvm: int | None, stack_pids: dict[str, int]) -> dict[str, list[int]]:
+def spark_process_groups(app_id: str, driver_jvm: int | None, stack_pids: dict[str, int],
+                         driver_python: bool = False) -> dict[str, list[int]]:
     """The live processes of a Spark job on this machine by group: ``executor_jvm`` (the executor JVMs of
     application ``app_id``, found as :mod:`replication.chaos` finds them), ``python`` (their descendants:
     the PySpark daemon and workers), ``driver_jvm``, ``broker`` and ``zookeeper`` (``stack_pids``: pid by
-    name, each with its descendants) and ``bench`` (this process)."""
+    name, each with its descendants) and ``bench`` (this process).
+
+    With ``driver_python``, ``python`` also holds the driver JVM's descendants that are not executors nor
+    theirs (in ``local-cluster`` mode the executors are the driver JVM's children): the Python processes
+    the driver JVM starts, e.g. a Python streaming data source's driver-side runner (``latestOffset``,
+    planning), also listed apart as ``driver_python`` (not a :data:`CPU_GROUPS` member: not summed twice)."""
     from replication import chaos, procfs
 
     executors = sorted(p for ps in chaos.executor_jvms(app_id).values() for p in ps)
     groups = {"executor_jvm": executors,
               "python": sorted({d for e in executors for d in procfs.descendants(e)}),
               "driver_jvm": [driver_jvm] if driver_jvm else [], "bench": [os.getpid()]}
+    if driver_python and driver_jvm:
+        known = {*executors, *groups["python"]}
+        groups["driver_python"] = sorted(p for p in procfs.descendants(driver_jvm) if p not in known)
+        groups["python"] = sorted({*groups["python"], *groups["driver_python"]})
     for name, pid in stack_pids.items():
         groups[name] = [pid, *procfs.descendants(pid)]
     return groups
@@ -208,14 +219,17 @@ class CostProbe:
         self.groups = groups
 
     def snapshot(self) -> CostSnapshot:
-        ticks = {name: sum(pid_ticks(p) for p in pids) for name, pids in self.groups().items()}
+        groups = self.groups()
+        ticks = {name: sum(pid_ticks(p) for p in pids) for name, pids in groups.items()}
         return CostSnapshot(time.monotonic(), ticks, busy_ticks(Path("/proc/stat").read_text()),
-                            rx_bytes(Path("/proc/net/dev").read_text()))
+                            rx_bytes(Path("/proc/net/dev").read_text()),
+                            {name: len(pids) for name, pids in groups.items()})
 
     @classmethod
-    def for_spark(cls, spark: Any, stack_run_dir: Path | None) -> CostProbe:
-        """A probe of ``spark``'s job processes (:func:`spark_process_groups`) and of the embedded stack
-        whose run directory is ``stack_run_dir`` (None: an external stack, not counted)."""
+    def for_spark(cls, spark: Any, stack_run_dir: Path | None, driver_python: bool = False) -> CostProbe:
+        """A probe of ``spark``'s job processes (:func:`spark_process_groups`, ``driver_python`` passed on)
+        and of the embedded stack whose run directory is ``stack_run_dir`` (None: an external stack, not
+        counted)."""
         from deploy.stack import run_dir_status
 
         sc = spark.sparkContext
@@ -225,7 +239,7 @@ class CostProbe:
         stack = {names[s.name]: s.pid for s in (run_dir_status(stack_run_dir) if stack_run_dir else [])
                  if s.pid is not None and s.alive and s.name in names}
         app_id = sc.applicationId
-        return cls(lambda: spark_process_groups(app_id, driver, stack))
+        return cls(lambda: spark_process_groups(app_id, driver, stack, driver_python))
 
 
 # --------------------------------------------------------------------------- max sustainable throughput

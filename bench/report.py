@@ -148,13 +148,39 @@ def latency_by_pipeline(results: Path) -> list[str]:
     return lines
 
 
+#: Spark Structured Streaming's costs are "at the same rate" as ours within this share of it
+RATE_TOLERANCE = 0.05
+
+
+def sss_costs(results: Path) -> dict[str, dict[str, str]]:
+    """Spark Structured Streaming's costs from ``sss/summary.csv`` (its fault-free steady window before the
+    kill), as a Costs table row by configuration (the label of its ramp): ``offered_rate`` (the events
+    produced in the window per second, as ``latency.csv``'s is the load's measured rate; its ``rate`` if
+    the window is not recorded) and the cost columns.  Empty when not measured (results from before its
+    costs, or the run failed first)."""
+    out = {}
+    for r in read_csv(results / "sss" / "summary.csv"):
+        if r.get("cpu_per_1k", "") != "":
+            try:
+                rate: Any = float(r["cost_records"]) / float(r["window_s"])
+            except (KeyError, ValueError, ZeroDivisionError):
+                rate = r.get("rate", "")
+            out[f"Spark Structured Streaming, trigger {r.get('trigger_ms', '?')} ms"] = {
+                "offered_rate": rate, **{k: r.get(k, "") for k in
+                                         ("cpu_per_1k", "cpu_bench_per_1k", "net_bytes_per_record")}}
+    return out
+
+
 def costs_table(results: Path) -> list[str]:
     """A markdown table: per configuration of the ordered job at L=1, CPU seconds per 1,000 events (the job's
     processes, and the benchmark process apart), loopback bytes per event (``latency.csv``'s cost columns),
-    and the max sustainable rate of its throughput ramp (``throughput.csv``).  Empty when neither was
-    measured (results from before the costs)."""
-    costed = {r["config"]: r for r in read_csv(results / "ordering" / "latency.csv")
-              if r["pipeline"] == "1" and r.get("cpu_per_1k", "") != ""}
+    and the max sustainable rate of its throughput ramp (``throughput.csv``); Spark Structured Streaming's
+    row from ``sss/summary.csv`` (:func:`sss_costs`), with a note under the table when its rate is not the
+    others'.  Empty when nothing was measured (results from before the costs)."""
+    ours = {r["config"]: r for r in read_csv(results / "ordering" / "latency.csv")
+            if r["pipeline"] == "1" and r.get("cpu_per_1k", "") != ""}
+    sss = sss_costs(results)
+    costed = {**ours, **sss}
     ramps = max_sustainable(throughput_rows(results))
     if not costed and not ramps:
         return []
@@ -167,6 +193,23 @@ def costs_table(results: Path) -> list[str]:
         lines.append(f"| {config} | {num(r.get('offered_rate'))} | {num(r.get('cpu_per_1k'), '{:.2f}')} "
                      f"| {num(r.get('cpu_bench_per_1k'), '{:.2f}')} | {num(r.get('net_bytes_per_record'))} "
                      f"| {ramp.text if ramp else '-'} | {stop} |")
+    rates = [float(r["offered_rate"]) for r in ours.values() if r.get("offered_rate", "") != ""]
+    for config, r in sss.items():
+        if rates and r["offered_rate"] != "" and not any(
+                abs(float(r["offered_rate"]) - x) <= RATE_TOLERANCE * x for x in rates):
+            others = f"{min(rates):,.0f}" + (f"-{max(rates):,.0f}" if round(max(rates)) != round(min(rates)) else "")
+            lines += ["", f"Note: {config}'s costs are at {float(r['offered_rate']):,.0f} events/s, the other "
+                      f"configurations' at {others} events/s: the per-event figures are not at the same rate (part "
+                      "of the CPU is paid per second whatever the rate)."]
+    ramp = [r for r in read_csv(results / "sss-throughput" / "throughput.csv") if r.get("cpu_s", "") != ""]
+    if len(ramp) > 1:
+        cpu = [float(r["cpu_s"]) for r in ramp]
+        rate = [float(r["offered_rate"]) for r in ramp]
+        lines += ["", f"{ramp[0]['config']}'s ramp (`sss-throughput/throughput.csv`, the same steady window at "
+                  f"each rate): its job processes used {min(cpu):,.1f}-{max(cpu):,.1f} CPU s per run from "
+                  f"{min(rate):,.0f} to {max(rate):,.0f} events/s, so {num(ramp[0]['cpu_per_1k'], '{:.2f}')} down to "
+                  f"{num(ramp[-1]['cpu_per_1k'], '{:.2f}')} CPU s per 1,000 events: micro-batches run back to back "
+                  "whatever the rate, so its CPU per event mostly says at which rate it was measured."]
     return lines
 
 
@@ -340,12 +383,16 @@ def not_measured(results: Path) -> str:
         missing.append("a throughput ramp for passive (replication off, Rhino checkpoints)")
     if ramped and not any(c.startswith("Spark Structured Streaming") for c in ramped):
         missing.append("a throughput ramp for Spark Structured Streaming")
+    if (any(r.get("cpu_per_1k", "") != "" for r in latency) and read_csv(results / "sss" / "summary.csv")
+            and not sss_costs(results)):
+        missing.append("the costs (CPU, bytes) of Spark Structured Streaming (its summary has none)")
     handover = read_csv(results / "handover" / "handover.csv")
     if not handover:
         missing.append("the handover benchmark (moving vnodes under load)")
     # what no step measures (see bench/README.md), whatever the results
-    beyond = ["the costs (CPU, bytes) of Spark Structured Streaming and of the recovery and handover runs (the "
-              "cost probe runs in ordering.py's latency and ramp runs only)",
+    beyond = ["the costs (CPU, bytes) of the recovery and handover runs and of Spark Structured Streaming's "
+              "kill and recovery (the cost probe runs in ordering.py's latency and ramp runs and over sss.py's "
+              "fault-free steady windows only)",
               "a handover's stop-restore-restart alternative (a job does not resume from its checkpoints in a "
               "new run, so there is nothing to restore at a new parallelism; handover.py measures a restart floor "
               "only), rescale and KaZoo-mode handovers (tested, not benchmarked), and handovers of more than 20 MB",
@@ -354,9 +401,9 @@ def not_measured(results: Path) -> str:
     asked = ("Issue 8 asks for more than this suite measures so far: " + "; ".join(missing) + "."
              if missing else "Of what issue 8 asks for, every item this report checks is in the results: the MiB 2 "
              "and MiB 3 shapes (MiB 3 up to 2,000 events/s), the BetterCloud-like and NEXMark-like workloads, CPU "
-             "and bytes per configuration, the max sustainable throughput of every configuration including passive "
-             "and Spark Structured Streaming, the same job logic on Spark Structured Streaming, recovery by state "
-             "size on the NEXMark-like query, and the handover.")
+             "and bytes per configuration (Spark Structured Streaming's too), the max sustainable throughput of "
+             "every configuration including passive and Spark Structured Streaming, the same job logic on Spark "
+             "Structured Streaming, recovery by state size on the NEXMark-like query, and the handover.")
     return asked + " Not measured by any step of the suite: " + "; ".join(beyond) + "."
 
 
@@ -434,7 +481,17 @@ def render(results: Path, out: Path) -> str:
                   "offered rate, the p99 producer→sink latency stayed within 2x the ramp's lowest-rate p99 + 50 ms, "
                   "the median latency of the second half of the run was at most 1.5x the first half's + 20 ms "
                   "(no growing backlog), and the job neither failed nor lost records (`unordered` diverges by "
-                  "design: only the first three); `>=` when no rate tried failed, `<` when the lowest did.", "",
+                  "design: only the first three); `>=` when no rate tried failed, `<` when the lowest did. "
+                  "*Spark Structured Streaming*: the same hash-chain job on the same input shape (`bench/sss.py "
+                  "--logic chain`, the `sss` step) and the same counters, over its fault-free steady window "
+                  "instead of load + drain: from 5 s after the start of its timed feeding to the executor kill, "
+                  "per event produced in that window (a micro-batch job holds seconds of events in flight, so a "
+                  "window from the start of the load to the kill would end with a batch's worth of work undone). "
+                  "Its job processes also count the Python processes its driver JVM starts for the Python streaming "
+                  "source (offsets, planning); its benchmark process runs the load generator, an output collector "
+                  "and the `foreachBatch` callback (called back from the driver JVM through py4j). Its ramp's "
+                  "per-rate costs (same steady window, to the end of the feeding) are in "
+                  "`sss-throughput/throughput.csv`.", "",
                   *costs, ""]
     if ramps := throughput_table(results):
         lines += ["## Max sustainable throughput", "",
@@ -447,8 +504,7 @@ def render(results: Path, out: Path) -> str:
                   "trigger, 20 s of timed feeding per rate after its warm-up records came out, the first 5 s "
                   "dropped; its p99 bound is relative to its own lowest-rate p99 (seconds: a record waits for "
                   "the micro-batch after the one running), so its ramp measures where its throughput stops "
-                  "keeping up or its latency grows, not a latency comparable to ours. No costs are measured for "
-                  "its runs.", "", *ramps, ""]
+                  "keeping up or its latency grows, not a latency comparable to ours.", "", *ramps, ""]
     if mib := mib_table(results):
         lines += ["## MiB 2 and MiB 3", "",
                   "`bench/mib.py`, p50 / p99 source→sink (ms). MiB 2: the ordered job's chain task at 1-4 "

@@ -101,8 +101,24 @@ the start of the timed feeding to its end, the sink wrote at least 95% of the of
 producer->sink latency is at most 2x the ramp's lowest-rate p99 + 50 ms, the median of the second half is at
 most 1.5x the first half's + 20 ms, and the output is exact).  With the ``--trigger-ms`` trigger (100 ms) the
 latency is the micro-batch's (seconds), so the p99 bound is relative to SSS's own lowest-rate p99.  Writes
-``throughput.csv`` (``bench/ordering.py``'s columns; the cost columns empty: not measured here) and
-``throughput.png``.
+``throughput.csv`` (``bench/ordering.py``'s columns, the cost columns those of each run's steady window, see
+below) and ``throughput.png``.
+
+Costs (:class:`bench.common.CostProbe`, as ``bench/ordering.py`` measures its runs), over the fault-free
+*steady window* of every run: from 5 s (``--throughput-warm-up`` in a ramp) after the start of the timed
+feeding to the kill (just before the SIGKILL), or without a kill to the end of the feeding; the records are
+the events produced in that window (in the steady state as many are written, and about as much work is in
+flight at both ends; a window that starts with the feeding would count the idle pipeline's start and end
+with a batch's worth of work undone).  The kill and the recovery are not measured.  CPU seconds (utime +
+stime of ``/proc/<pid>/stat``, reaped children included) of the job's processes: the executor JVMs, their
+Python workers (the source's ``read``, ``applyInPandasWithState``, the sink's ``foreachPartition``), the
+Python processes the driver JVM starts (the streaming source's driver-side runner: ``latestOffset``,
+planning; ``cpu_driver_python_s``, part of ``cpu_python_s``), the driver JVM, the broker and ZooKeeper
+(``cpu_s``, ``cpu_per_1k``); this process apart (``cpu_bench_s``, ``cpu_bench_per_1k``: the load generator,
+the output collector and the ``foreachBatch`` callback, which the driver JVM calls back into through py4j);
+the machine's busy CPU; loopback rx bytes (``net_bytes``, ``net_bytes_per_record``).  The columns of
+``bench/ordering.py``'s ``latency.csv`` (:data:`bench.common.COST_COLUMNS`), in ``summary.csv`` and the
+ramp's rows, with ``cost_records`` and ``cost_processes`` (live processes per group at the window's end).
 
 Limits, measured and reported rather than hidden:
 
@@ -888,6 +904,31 @@ class Collector(threading.Thread):
             consumer.close()
 
 
+# --------------------------------------------------------------------------- costs (pure)
+
+
+def cost_summary(window: Sequence[tuple[float, Any]], produced_ms: Iterable[int], hz: int | None = None
+                 ) -> dict[str, Any]:
+    """The cost columns of a run's steady window ``[(wall clock s, CostSnapshot) at its start, at its end]``
+    (fewer than two: not measured, empty columns): :func:`bench.common.cost_columns` per event produced in
+    the window (``produced_ms``: every delivered event's ``ts``, wall clock ms; in the steady state as many
+    events are written as produced, and the work in flight at both ends is about the same), then
+    ``cost_records`` (those events), ``cpu_driver_python_s`` (the Python processes the driver JVM started,
+    e.g. the streaming source's runner: part of ``cpu_python_s``) and ``cost_processes`` (the number of
+    processes per group at the end)."""
+    from bench.common import cost_columns
+
+    if len(window) < 2:
+        return {**cost_columns(None, None, 0), "cost_records": "", "cpu_driver_python_s": "", "cost_processes": ""}
+    (start, before), (end, after) = window[0], window[1]
+    records = sum(1 for ts in produced_ms if start <= ts / MS < end)
+    cols = cost_columns(before, after, records, hz)
+    hz = hz or os.sysconf("SC_CLK_TCK")
+    driver_py = (after.ticks.get("driver_python", 0) - before.ticks.get("driver_python", 0)) / hz
+    return {**cols, "cost_records": records, "cpu_driver_python_s": driver_py,
+            "cost_processes": " ".join(f"{g}:{n}" for g, n in after.processes.items())}
+
+
 # --------------------------------------------------------------------------- the experiment
 
 
@@ -1002,7 +1043,7 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
                        partitions: int | None = None, victim: str | None = None,
                        drain_timeout_s: float = 90.0, warmup_s: float = 5.0, warmup_timeout_s: float = 300.0,
                        changelog_checkpointing: bool = True, kill_phase: str = "any",
-                       logic: str = "chain") -> dict[str, Any]:
+                       logic: str = "chain", probe: Any = None) -> dict[str, Any]:
     """Run the SSS job on ``spark`` against the broker at ``bootstrap``: feed ``rate`` records/s for
     ``duration_s``, SIGKILL an executor at ``kill_at_s`` (None: no fault), drain, stop the query.
 
@@ -1021,9 +1062,14 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
     seconds on a busy machine); those records are checked like the others but left out of the latency
     figures, as are the first ``warmup_s`` of the timed feeding in the steady-state figures.
 
+    With a ``probe`` (:class:`bench.common.CostProbe`), the costs of the fault-free steady window (from
+    ``warmup_s`` after the start of the timed feeding to the kill, or without a kill to the end of the
+    feeding): :data:`bench.common.COST_COLUMNS` per event produced in that window (:func:`cost_summary`).
+
     Returns ``{"summary": dict, "timeline": [per-second rows], "batches": [micro-batch progress rows],
-    "events": [(seconds relative to the origin, text)]}``; the timeline's seconds are relative to the kill
-    (or to the start of feeding without a kill).  ``status``: anything with ``update(text)``.
+    "events": [(seconds relative to the origin, text)], "costs": the cost columns, ...}``; the timeline's
+    seconds are relative to the kill (or to the start of feeding without a kill).  ``status``: anything
+    with ``update(text)``.
     """
     from deploy.topics import create_topics
     from replication.spark_cluster import executor_ids, kill_executor
@@ -1068,6 +1114,7 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
     drained = False
     load_start = math.nan
     run_id = ""
+    cost_at: list[tuple[float, Any]] = []  # (wall clock, CostSnapshot): the steady window's start and end
     try:
         collector.start()
         collector.ready.wait(30)
@@ -1104,6 +1151,8 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
                 query_error = str(query.exception() or "query stopped")[:500]
                 events.append((time.time(), f"query terminated: {query_error[:120]}"))
                 break
+            if probe is not None and not cost_at and kill_wall is None and now - t0 >= warmup_s:
+                cost_at.append((time.time(), probe.snapshot()))  # the steady window starts
             if kill_at_s is not None and kill_wall is None and now - t0 >= kill_at_s:
                 note = ""
                 if kill_phase == "stateful":
@@ -1112,6 +1161,8 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
                     note = (f", {waited * MS:.0f} ms after {kill_at_s:g}s: running a task of stateful "
                             f"stage {stage}" if stage is not None else ", no stateful task seen within 10 s")
                 victim = victim if victim is not None else executor_ids(sc)[0]
+                if len(cost_at) == 1:  # the steady window ends just before the kill
+                    cost_at.append((time.time(), probe.snapshot()))
                 kill_wall = time.time()
                 victim_pid = kill_executor(sc, victim)
                 events.append((kill_wall, f"SIGKILL executor {victim} (pid {victim_pid}){note}"))
@@ -1127,6 +1178,8 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
             if p is not None:
                 batches.setdefault(int(p["batchId"]), _progress_row(p))
             if drain_end is None and now >= feed_end:
+                if len(cost_at) == 1:  # no kill: the steady window ends with the feeding
+                    cost_at.append((time.time(), probe.snapshot()))
                 feeder.stop_event.set()
                 feeder.join(90)
                 drain_end = time.monotonic() + drain_timeout_s
@@ -1198,6 +1251,8 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
         "load_avg_start": load_start, "load_avg_end": os.getloadavg()[0],
         "throughput_per_s": len(samples) / (last_sink - feeder.started_at) if samples else 0.0,
     }
+    costs = cost_summary(cost_at, [ts for _key, ts, _count in delivered.values()])
+    summary.update(costs)
     if kill_wall is not None:
         summary.update(fault_stats(samples, timeline, kill_wall, not_before=feeder.started_at + warmup_s))
         worst = max((x for x in samples if x[0] - feeder.started_at >= warmup_s), key=lambda x: x[1],
@@ -1231,7 +1286,8 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
             # the timed records' first copies: (produced, written) wall clock (s), for the throughput ramp
             "writes": sorted((r.ts_ms / MS, r.sink_ts) for r in first.values() if r.ts_ms / MS >= feeder.started_at),
             "load_window": (feeder.started_at, feeder.stopped_at),
-            "produced_timed": sum(1 for _key, ts, _count in delivered.values() if ts / MS >= feeder.started_at)}
+            "produced_timed": sum(1 for _key, ts, _count in delivered.values() if ts / MS >= feeder.started_at),
+            "costs": costs}
 
 
 # --------------------------------------------------------------------------- CLI
@@ -1319,7 +1375,8 @@ def throughput_row(result: Mapping[str, Any], offered: float, warm_up_s: float, 
                    label: str) -> dict[str, Any]:
     """A ``throughput.csv`` row of one SSS run (no kill), with ``bench/ordering.py``'s columns and verdict
     (:func:`bench.ordering.flat_verdict`; the ramp's first run sets the base when ``base_p99_ms`` is None);
-    a query that failed or an output that is not exact makes the run not flat.  No cost columns."""
+    a query that failed or an output that is not exact makes the run not flat.  The cost columns are those of
+    the run's steady window (``result["costs"]``, :func:`cost_summary`; empty without a probe)."""
     from bench.ordering import THROUGHPUT_COLUMNS, flat_verdict, p99_bound_ms, ramp_stats
     from replication.workload import Sample
 
@@ -1333,17 +1390,19 @@ def throughput_row(result: Mapping[str, Any], offered: float, warm_up_s: float, 
     problem = "" if exact else (f"query failed: {s['query_error'][:200]}" if s["query_error"]
                                 else f"output not exact: {outcome}")
     produced = result["produced_timed"]
+    costs = result.get("costs") or {}
     return {**dict.fromkeys(THROUGHPUT_COLUMNS, ""), "config": label, "offered_rate": offered,
            "produced_rate": produced / (end - start) if end > start else 0.0, "achieved": st.achieved,
            "records": len(samples), "p50_ms": st.p50_ms, "p99_ms": st.p99_ms,
            "first_half_p50_ms": st.first_half_p50_ms, "second_half_p50_ms": st.second_half_p50_ms,
            "p99_bound_ms": p99_bound_ms(base), "exact": "yes" if exact else "no", "outcome": outcome,
-           "verdict": flat_verdict(offered, st, base, problem)}
+           "verdict": flat_verdict(offered, st, base, problem),
+           **{k: costs.get(k, "") for k in ("cpu_s", "cpu_per_1k", "cpu_bench_per_1k", "net_bytes_per_record")}}
 
 
 def throughput_main(args: argparse.Namespace, out: Path) -> int:
     """The SSS throughput ramp (module doc): ``throughput.csv``, ``throughput.png``, ``machine.txt``."""
-    from bench.common import error_text, format_row, max_sustainable, write_csv, write_machine
+    from bench.common import CostProbe, error_text, format_row, max_sustainable, write_csv, write_machine
     from bench.ordering import THROUGHPUT_COLUMNS, _plot_throughput
     from deploy.stack import EmbeddedStack
     from replication.progress import StatusLine
@@ -1357,6 +1416,7 @@ def throughput_main(args: argparse.Namespace, out: Path) -> int:
         conf = {} if args.locality_wait is None else {"spark.locality.wait": args.locality_wait}
         spark = build_session("local-cluster[3,1,512]", app_name="bench-sss-throughput", conf=conf)
         try:
+            probe = CostProbe.for_spark(spark, stack.run_dir, driver_python=True)
             status = StatusLine()
             for j, rate in enumerate(args.throughput_rates):
                 print(f"== SSS {args.logic} throughput ramp, step {j + 1}/{len(args.throughput_rates)}: {rate:.0f} "
@@ -1367,7 +1427,7 @@ def throughput_main(args: argparse.Namespace, out: Path) -> int:
                         stack.bootstrap_servers, spark, rate=rate, keys=args.keys, duration_s=args.throughput_duration,
                         kill_at_s=None, trigger_ms=args.trigger_ms, out_topic_prefix=f"sss{os.getpid()}r{j}-",
                         status=status, partitions=args.partitions, drain_timeout_s=args.drain_timeout,
-                        warmup_s=args.throughput_warm_up, logic=args.logic)
+                        warmup_s=args.throughput_warm_up, logic=args.logic, probe=probe)
                     status.done()
                     row = throughput_row(result, rate, args.throughput_warm_up, base, label)
                 except Exception as err:  # noqa: BLE001 - reported in throughput.csv, not hidden
@@ -1393,7 +1453,7 @@ def throughput_main(args: argparse.Namespace, out: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.common import format_row, write_csv, write_machine
+    from bench.common import CostProbe, format_row, write_csv, write_machine
     from deploy.stack import EmbeddedStack, require_java17
     from replication.progress import StatusLine
     from replication.spark_cluster import build_session, stop_session
@@ -1447,11 +1507,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + ("no kill" if kill_at is None else f"kill at {kill_at:.0f}s"),
                   flush=True)
             status = StatusLine()
+            probe = CostProbe.for_spark(spark, stack.run_dir, driver_python=True)
             result = run_sss_experiment(
                 stack.bootstrap_servers, spark, rate=args.rate, keys=args.keys, duration_s=args.duration,
                 kill_at_s=kill_at, trigger_ms=args.trigger_ms, out_topic_prefix=f"sss{os.getpid()}-",
                 status=status, partitions=args.partitions, victim=args.victim,
-                drain_timeout_s=args.drain_timeout, kill_phase=args.kill_phase, logic=args.logic)
+                drain_timeout_s=args.drain_timeout, kill_phase=args.kill_phase, logic=args.logic, probe=probe)
             status.done("sss: done")
         finally:
             stop_session(spark)

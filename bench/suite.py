@@ -24,9 +24,10 @@ on the terminal; each holds the machine for at most about 12 minutes, about 45 m
 * ``nexmark-recovery``: ``bench/rhino.py --workload nexmark``: the same kill on the NEXMark-like join at
   5, 20 and 50 MB of join state, active and passive (281 s).
 * ``sss``: ``bench/sss.py``: Spark Structured Streaming running the same hash-chain job on the same
-  input shape (topics a and b, 2:1, 400 events/s), an executor killed (88 s).
+  input shape (topics a and b, 2:1, 400 events/s), an executor killed; the costs (CPU, loopback bytes)
+  of its steady window before the kill (90 s).
 * ``sss-throughput``: ``bench/sss.py --throughput-rates``: its throughput ramp by ``bench/ordering.py``'s
-  criteria (20 s per rate, 100 ms trigger; 107 s).
+  criteria (20 s per rate, 100 ms trigger), with the costs of each rate (157 s).
 * ``handover``: ``bench/handover.py``: 32 vnodes moved at 1 and 20 MB of state, all at once, batched
   (8 per step) and fluid, and the restart floor (198 s).
 

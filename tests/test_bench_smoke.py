@@ -356,6 +356,48 @@ def test_report_costs_table_with_and_without_the_new_files(tmp_path):
     assert "| off | 18 / 25 | 30 / 60 |" in text  # the latency-by-length table is still there
 
 
+def test_report_costs_table_has_spark_structured_streaming(tmp_path):
+    """SSS's costs (sss/summary.csv, its steady window) are a row of the Costs table, merged with its ramp's
+    row; a note says so when its rate is not the others'; without its costs the row has none and "Not measured
+    yet" names them."""
+    from bench import report
+
+    for sub in ("ordering", "sss", "sss-throughput"):
+        (tmp_path / sub).mkdir()
+    write_csv(tmp_path / "ordering" / "latency.csv", [
+        {"pipeline": 1, "config": "off", "offered_rate": 400.6, "p50_ms": 18.0, "p99_ms": 25.0, "throughput": 401.0,
+         "exact": "yes", "cpu_per_1k": 2.5, "cpu_bench_per_1k": 0.75, "net_bytes_per_record": 5432.1}])
+    label = "Spark Structured Streaming, trigger 100 ms"
+    write_csv(tmp_path / "sss-throughput" / "throughput.csv", [
+        {"config": label, "offered_rate": 200.0, "achieved": 200.0, "p99_ms": 3000.0, "verdict": "flat",
+         "cpu_s": 27.0, "cpu_per_1k": 9.0},
+        {"config": label, "offered_rate": 400.0, "achieved": 300.0, "p99_ms": 9000.0,
+         "verdict": "not flat: achieved 300/s < 95% of 400/s", "cpu_s": 26.0, "cpu_per_1k": 4.33}])
+    summary = {"logic": "chain", "exact": "yes", "trigger_ms": 100, "rate": 400.0, "steady_p50_ms": 2000.0,
+               "steady_p99_ms": 3000.0, "window_s": 15.0, "cost_records": 5970, "cpu_per_1k": 12.345,
+               "cpu_bench_per_1k": 1.5, "net_bytes_per_record": 7654.3}
+    write_csv(tmp_path / "sss" / "summary.csv", [summary])
+    text = report.render(tmp_path, tmp_path / "REPORT.md")
+    costs = text.split("## Costs")[1].split("## Max sustainable")[0]
+    assert "| off | 401 | 2.50 | 0.75 | 5,432 | - | - |" in costs
+    assert f"| {label} | 398 | 12.35 | 1.50 | 7,654 | 200 | 400/s: not flat: achieved 300/s < 95% of 400/s |" in costs
+    assert "Note:" not in costs  # the same rate (the measured one, within 5%)
+    assert (f"{label}'s ramp (`sss-throughput/throughput.csv`, the same steady window at each rate): its job "
+            "processes used 26.0-27.0 CPU s per run from 200 to 400 events/s, so 9.00 down to 4.33 CPU s") in costs
+    assert "costs (CPU, bytes) of Spark Structured Streaming (its summary" not in text
+
+    write_csv(tmp_path / "sss" / "summary.csv", [{**summary, "rate": 200.0, "cost_records": 3000}])
+    costs = report.render(tmp_path, tmp_path / "REPORT.md").split("## Costs")[1].split("## Max sustainable")[0]
+    assert f"| {label} | 200 | 12.35 |" in costs
+    assert f"Note: {label}'s costs are at 200 events/s, the other configurations' at 401 events/s" in costs
+
+    write_csv(tmp_path / "sss" / "summary.csv", [{**summary, "cpu_per_1k": "", "cpu_bench_per_1k": "",
+                                                  "net_bytes_per_record": ""}])
+    text = report.render(tmp_path, tmp_path / "REPORT.md")
+    assert f"| {label} | - | - | - | - | 200 |" in text
+    assert "the costs (CPU, bytes) of Spark Structured Streaming (its summary has none)" in text
+
+
 def test_mib_runs_and_weights():
     from bench import mib
 
@@ -474,6 +516,67 @@ def test_sss_throughput_ramp_rows():
     assert slow["verdict"].startswith("not flat: ") and "backlog" in slow["verdict"]
     wrong = sss.throughput_row(_sss_result(400, 2.0, exact=False), 400.0, 5.0, first["p99_ms"], label)
     assert wrong["exact"] == "no" and "output not exact: NOT EXACT: 5 missing" in wrong["verdict"]
+    assert first["cpu_per_1k"] == "" and first["net_bytes_per_record"] == ""  # no probe: no costs
+    costed = sss.throughput_row({**_sss_result(200, 2.0), "costs": {"cpu_s": 30.0, "cpu_per_1k": 10.0,
+                                                                   "cpu_bench_per_1k": 1.0,
+                                                                   "net_bytes_per_record": 5000.0}},
+                                200.0, 5.0, None, label)
+    assert list(costed) == list(ordering.THROUGHPUT_COLUMNS)
+    assert (costed["cpu_s"], costed["cpu_per_1k"], costed["cpu_bench_per_1k"], costed["net_bytes_per_record"]) == (
+        30.0, 10.0, 1.0, 5000.0)
+
+
+def test_sss_cost_summary_of_the_steady_window():
+    """SSS's costs: bench/ordering.py's cost columns over the steady window (two snapshots), per event produced
+    in it (not before, not after), with the driver JVM's Python processes apart; empty without a window."""
+    from bench import sss
+    from bench.common import COST_COLUMNS, CostSnapshot
+
+    before = CostSnapshot(50.0, {"executor_jvm": 1000, "python": 600, "driver_jvm": 300, "driver_python": 100,
+                                 "broker": 200, "zookeeper": 100, "bench": 400}, 50_000, 1_000_000)
+    after = CostSnapshot(65.0, {"executor_jvm": 2000, "python": 1800, "driver_jvm": 500, "driver_python": 250,
+                                "broker": 700, "zookeeper": 110, "bench": 700}, 53_500, 31_000_000,
+                         {"executor_jvm": 3, "python": 7, "driver_python": 1})
+    produced_ms = [999_999, *range(1_000_000, 1_015_000, 5), 1_015_000]  # 3,000 in [1000 s, 1015 s)
+    cols = sss.cost_summary([(1000.0, before), (1015.0, after)], produced_ms, hz=100)
+    assert list(cols)[:len(COST_COLUMNS)] == list(COST_COLUMNS)
+    assert cols["cost_records"] == 3000 and cols["window_s"] == 15.0
+    assert cols["cpu_s"] == pytest.approx(10 + 12 + 2 + 5 + 0.1)  # driver_python is inside python, not added
+    assert cols["cpu_per_1k"] == pytest.approx(29.1 / 3) and cols["cpu_bench_per_1k"] == pytest.approx(1.0)
+    assert cols["net_bytes_per_record"] == 10_000 and cols["cpu_driver_python_s"] == 1.5
+    assert cols["cost_processes"] == "executor_jvm:3 python:7 driver_python:1"
+    empty = sss.cost_summary([(1000.0, before)], produced_ms)  # the run ended (or was killed) before its end
+    assert set(empty) == set(cols) and set(empty.values()) == {""}
+
+
+def test_cost_probe_groups_the_drivers_python_children(tmp_path):
+    """With ``driver_python``, the driver JVM's descendants other than the executors and theirs are in
+    ``python`` and listed apart; without it they are not counted."""
+    from bench.common import spark_process_groups
+
+    app = f"app-driver-{os.getpid()}"
+    wait = "import sys; sys.stdin.readline()"
+    executor = (f"import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', {wait!r}]); "
+                "print('executor ready', flush=True); sys.stdin.readline(); p.kill(); p.wait()")
+    driver = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys\n"
+         f"e = subprocess.Popen([sys.executable, '-c', {executor!r}, 'org.apache.spark.executor."
+         f"CoarseGrainedExecutorBackend', '--executor-id', '0', '--app-id', '{app}'], stdin=subprocess.PIPE)\n"
+         f"r = subprocess.Popen([sys.executable, '-c', {wait!r}], stdin=subprocess.PIPE)\n"
+         "print('driver ready', flush=True)\nsys.stdin.readline()\ne.stdin.close(); r.stdin.close(); e.wait(); "
+         "r.wait()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:  # the executor's child and the driver's other child are up once both said so
+        assert {driver.stdout.readline(), driver.stdout.readline()} == {"executor ready\n", "driver ready\n"}
+        g = spark_process_groups(app, driver.pid, {}, driver_python=True)
+        plain = spark_process_groups(app, driver.pid, {})
+    finally:
+        driver.stdin.close()
+        driver.wait(timeout=30)
+    assert len(g["executor_jvm"]) == 1 and g["driver_jvm"] == [driver.pid] and len(g["driver_python"]) == 1
+    assert g["driver_python"][0] not in g["executor_jvm"] and set(g["driver_python"]) < set(g["python"])
+    assert "driver_python" not in plain and len(plain["python"]) == 1  # the executor's child only
 
 
 def test_report_recovery_throughput_and_handover_tables(tmp_path):
@@ -545,7 +648,7 @@ def test_report_not_measured_when_everything_is_there(tmp_path):
                                       for c in ("off", "passive")],
         "sss-throughput/throughput.csv": [{"config": "Spark Structured Streaming, trigger 100 ms",
                                            "offered_rate": 200.0, "verdict": "flat"}],
-        "sss/summary.csv": [{"logic": "chain", "exact": "yes"}],
+        "sss/summary.csv": [{"logic": "chain", "exact": "yes", "trigger_ms": 100, "rate": 400.0, "cpu_per_1k": 9.0}],
         "mib/mib.csv": [{"shape": "MiB 3", "partitions": 1, "rate_a": 2000.0, "config": "off", "p50_ms": 1.0,
                          "p99_ms": 2.0, "exact": "yes"}],
         "workloads/workloads.csv": [{"workload": "nexmark", "config": "off", "p50_ms": 1.0, "p99_ms": 2.0,
@@ -564,3 +667,5 @@ def test_report_not_measured_when_everything_is_there(tmp_path):
     assert "asks for more than this suite measures" not in missing
     assert "Of what issue 8 asks for, every item this report checks is in the results" in missing
     assert "Not measured by any step of the suite:" in missing
+    assert "the costs (CPU, bytes) of the recovery and handover runs and of Spark Structured Streaming's kill" in missing
+    assert "costs (CPU, bytes) of Spark Structured Streaming and" not in missing
