@@ -1,7 +1,9 @@
 """Runtime handover (issue 7, point 6): latency, duration and phases, and state moved while vnodes of a
-keyed task move between its partitions under load, per strategy and state size.
+keyed task move between its partitions under load, per mode, operation, strategy and state size.
 
     .venv/bin/python bench/handover.py [--sizes 1MB,20MB] [--strategies all,batched,fluid] [--rate 200]
+                                       [--modes liverobin,kazoo] [--operations move,rescale]
+                                       [--also 'modes=liverobin sizes=20MB strategies=fluid' ...]
                                        [--before 8] [--after 5] [--vnodes 0] [--batch 8] [--keys-per-vnode 1]
                                        [--value-bytes 1000] [--margin 0.5] [--release 0.3] [--period 10]
                                        [--warm-up 3] [--no-restart] [--out bench/results/handover]
@@ -9,28 +11,44 @@ keyed task move between its partitions under load, per strategy and state size.
     # a short check (one size, 16 vnodes): 80 s on 2 cores
     .venv/bin/python bench/handover.py --sizes 1MB --vnodes 16 --batch 4 --before 6 --after 3 --out /tmp/hov
 
+The runs are every ``--operations`` x ``--modes`` x ``--sizes`` x ``--strategies``, then each ``--also``
+group (space-separated ``key=a,b`` of those four, each defaulting to its flag), each combination once.
+
 The job (defined here): one topic of 2 partitions -> ``key_by`` -> ``chain`` (parallelism 2) -> exactly-once
-sink, replicated, LiveRobin mode (``--period`` ms pulses), Rhino off (what ``JobHandle.move_vnodes`` needs).
+sink, replicated, Rhino off (what handovers need), in LiveRobin mode (``--period`` ms pulses) or KaZoo mode
+(ZooKeeper of the embedded stack, 1 s sessions): KaZoo has no pulses of its own, so every handover job opens
+a *pulse window* (the sources hold their records for pulses of ``--period`` ms until its last pulse).
 ``chain`` folds every key's events into a hash chain (as :mod:`replication.examples.ordered`) and keeps a
 *pad* per key: a map state of ``E`` entries of ``--value-bytes`` incompressible bytes, written by the key's
 first event; every event reads entry ``n mod E``, outputs its first 8 bytes and overwrites it.  The keys
 are chosen so that every vnode holds exactly ``--keys-per-vnode`` keys, and ``E`` so that the whole state
 is about the ``--sizes`` value: the state per vnode is controlled.  1 MB = 10^6 bytes.
 
-Per size and strategy, on a fresh job: ``--rate`` events/s round robin over the keys; ``--before`` seconds
-in (every key's pad written), ``move_vnodes`` moves ``--vnodes`` of partition 0's vnodes (0: half of them)
-to partition 1, ``all`` at once, ``batched`` (``--batch`` vnodes per step) or ``fluid`` (one per step);
-``--after`` more seconds of load, drain, read the output.  Measured:
+Per run, on a fresh job: ``--rate`` events/s round robin over the keys; ``--before`` seconds in (every
+key's pad written), the operation, ``all`` at once, ``batched`` (``--batch`` vnodes per step) or ``fluid``
+(one per step); ``--after`` more seconds of load, drain, read the output.  Operations:
+
+* ``move``: ``move_vnodes`` moves ``--vnodes`` of partition 0's vnodes (0: half of them) to partition 1;
+* ``rescale``: the chain task is built with ``max_parallelism=3`` (``parallelism=2``: partition 2 spare),
+  ``rescale(chain, 3)`` moves a third of the vnodes from partitions 0 and 1 to partition 2, ``--after``
+  seconds of load, then ``rescale(chain, 2)`` moves them back: two rows (``rescale 2->3``, ``rescale 3->2``),
+  one output check for both; ``--vnodes`` does not apply.
+
+Measured, per handover job:
 
 * latency by event time (sink - produced, the load generator's clock), in ``handover_timeline.csv`` per
   second since the request, all records and those of moved keys; p99 and max before the request (after
-  ``--warm-up``), during the handover (produced between the request and its end) and after;
+  ``--warm-up``; for ``rescale 3->2``: since ``rescale 2->3`` ended), during the handover (produced between
+  the request and its end) and after (to the next request or the end of the load);
 * the handover's duration and its phases, from the job's events, per step (``handover_steps.csv``, with
   the switch and release margins its pulses planned) and summed per run: *trigger* (step instructed ->
   every participant armed, committed), *alignment* (committed -> the origins cut: mostly the wait for the
   switch pulse, ``--margin`` ahead), *transfer + catch-up* (cut -> completed: the state sent and loaded,
   the held records processed at the release pulse ``--release`` after the switch) and *between steps*
-  (the rest of the job's time).  An event is stamped when the driver learns of it, and acks ride the
+  (the rest of the job's time).  In KaZoo mode two more: *window open* (request -> every source replica
+  holds its records and the window's pulses start) and *window close* (the last step completed -> the
+  window's last pulse counted in the log); in LiveRobin they are empty (its pulses always run).  The
+  other phases ride on the window's pulses and are measured the same way.  An event is stamped when the driver learns of it, and acks ride the
   workers' heartbeats (``spark.replication.heartbeatInterval``, 200 ms): the phases are resolved to about
   that much.  Transfer and catch-up are one phase: the driver sees nothing between the cut and the
   targets' LOADED acks;
@@ -38,12 +56,13 @@ to partition 1, ``all`` at once, ``batched`` (``--batch`` vnodes per step) or ``
   moved keys' state in the job's state model, the layout of :mod:`rhino_state.state`: the entries it
   predicts are checked against the measured ones), against the state size per vnode;
 * exactness: every event once, every chain links up (:func:`verify_chains`), every event read the pad
-  value the reference says (a lost or stale piece of moved state shows), and the vnodes ended on
-  partition 1.
+  value the reference says (a lost or stale piece of moved state shows), and the vnodes ended where the
+  operation puts them (``on_target``; move: on partition 1; rescale: exactly its partitions own vnodes,
+  balanced to within one, read right after it);
 * the restart floor (``restart.csv``, unless ``--no-restart``): the seconds to start the same job shape and
-  to stop it, idle.  It is *not* the issue's stop / restore-from-checkpoint with a new parallelism /
-  restart comparison: rescale is not wired and handovers need Rhino off, so there is no checkpoint to
-  restore from; it is only the part of any restart that does not depend on the state.
+  to stop it, idle (LiveRobin, the move job's shape).  It is *not* the issue's stop /
+  restore-from-checkpoint with a new parallelism / restart comparison: handovers need Rhino off, so there
+  is no checkpoint to restore from; it is only the part of any restart that does not depend on the state.
 
 A run that fails (the handover or the job) is a row with its error, never dropped.  Writes
 ``handover.csv``, ``handover_steps.csv``, ``handover_timeline.csv``, ``restart.csv``, ``handover.png``
@@ -53,6 +72,7 @@ and ``machine.txt``.
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import json
 import pickle
@@ -81,6 +101,9 @@ MS = 1000.0
 MB = 1_000_000
 TASK, SOURCE, SINK = "chain", "source", "chain-sink"
 STRATEGIES = ("all", "batched", "fluid")
+MODES = ("liverobin", "kazoo")
+OPERATIONS = ("move", "rescale")
+RESCALE_UP, RESCALE_DOWN = "rescale 2->3", "rescale 3->2"  # the rows of a rescale run
 ERROR_CHARS = 300  # an error in a row: at most this many characters (bench.common.one_line)
 SOURCE_NAME = "a"  # event ids are "a-<i>" (verify_chains reads the source from the id)
 STATE_ID_BYTES, KEY_LEN_BYTES, KG_BYTES = 4, 4, 2  # rhino_state.state's physical key layout
@@ -122,15 +145,17 @@ class PaddedChain(KeyedProcessFunction):
 
 
 def build_handover_job(topic: str, out_topic: str, name: str, entries: int, value_bytes: int,
-                       parallelism: int = 2) -> Job:
-    """``topic -> key_by(key) -> chain (PaddedChain) -> sink`` (the sink a task of its own)."""
+                       parallelism: int = 2, max_parallelism: int | None = None) -> Job:
+    """``topic -> key_by(key) -> chain (PaddedChain) -> sink`` (the sink a task of its own); with
+    ``max_parallelism``, the chain task hosts that many partitions, ``parallelism`` of them owning vnodes."""
     if __name__ != "__main__":  # imported (not run as a script): executors cannot import ``bench``
         from pyspark import cloudpickle
 
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
     job = Job(name)
     src = job.source(topic, deserializer="json", timestamp=lambda e: e["ts"], name=SOURCE)
-    (src.key_by(lambda e: e["key"]).process(PaddedChain(entries, value_bytes), name=TASK, parallelism=parallelism)
+    (src.key_by(lambda e: e["key"]).process(PaddedChain(entries, value_bytes), name=TASK, parallelism=parallelism,
+                                            max_parallelism=max_parallelism)
      .new_task().sink(out_topic, serializer="json", key_serializer="str", name=SINK))
     return job
 
@@ -331,18 +356,50 @@ def step_phases(steps: Sequence[dict], events: Iterable[tuple[float, str]]) -> l
     return out
 
 
-PHASE_COLUMNS = ("trigger_s", "alignment_s", "transfer_catchup_s", "between_steps_s")
+PHASE_COLUMNS = ("window_open_s", "trigger_s", "alignment_s", "transfer_catchup_s", "between_steps_s",
+                 "window_close_s")
+_WINDOW_OPEN = re.compile(r"^pulse window (\d+) open: ")
+_WINDOW_CLOSED = re.compile(r"^pulse window (\d+)(?: closed at pulse |: its last pulse was not written)")
 
 
-def phase_columns(phases: Sequence[StepPhases], total_s: float) -> dict[str, float | str]:
+def window_marks(events: Iterable[tuple[float, str]], requested: float) -> tuple[float | None, float | None]:
+    """KaZoo: the wall time the handover job's pulse window opened (the first window opened at or after
+    ``requested``, the wall clock just before the request) and closed (None: no such event)."""
+    opened = window = closed = None
+    for at, text in events:
+        if window is None and at >= requested and (m := _WINDOW_OPEN.match(text)):
+            opened, window = at, m.group(1)
+        elif window is not None and (m := _WINDOW_CLOSED.match(text)) and m.group(1) == window:
+            closed = at
+            break
+    return opened, closed
+
+
+def phase_columns(phases: Sequence[StepPhases], total_s: float,
+                  window: tuple[float | str, float | str] | None = None) -> dict[str, float | str]:
     """A run's phases summed over its steps; *between steps* is what of ``total_s`` (the whole job) no
-    step covers.  Empty when a step lacks an event (cancelled, or the job failed)."""
+    step nor the pulse window's opening and closing covers.  ``window`` (KaZoo mode): the seconds from the
+    request to the window open (every source replica holds its records) and from the last step's
+    completion to the window closed (its last pulse counted in the log); ``None`` (LiveRobin: its pulses
+    run all the time, there is no window): both empty.  All empty when a step or the window lacks an event
+    (cancelled, or the job failed)."""
     spans = [(p.trigger_s, p.alignment_s, p.transfer_s, p.total_s) for p in phases]
-    if not spans or any("" in s for s in spans):
+    if not spans or any("" in s for s in spans) or (window is not None and "" in window):
         return dict.fromkeys(PHASE_COLUMNS, "")
     trig, align, transfer, steps = (sum(col) for col in zip(*spans, strict=True))
-    return {"trigger_s": trig, "alignment_s": align, "transfer_catchup_s": transfer,
-            "between_steps_s": max(0.0, total_s - steps)}
+    opening, closing = window if window is not None else ("", "")
+    return {"window_open_s": opening, "trigger_s": trig, "alignment_s": align, "transfer_catchup_s": transfer,
+            "between_steps_s": max(0.0, total_s - steps - (opening or 0.0) - (closing or 0.0)),
+            "window_close_s": closing}
+
+
+def window_spans(events: Iterable[tuple[float, str]], requested: float,
+                 phases: Sequence[StepPhases]) -> tuple[float | str, float | str]:
+    """(request -> window open, last step completed -> window closed) in seconds, "" where unknown."""
+    opened, closed = window_marks(events, requested)
+    last = phases[-1].completed if phases else None
+    return (opened - requested if opened is not None else "",
+            closed - last if closed is not None and last is not None else "")
 
 
 # ------------------------------------------------------------------------------------------ latency
@@ -411,7 +468,7 @@ def latency_columns(obs: Sequence[Obs], requested: float, ended: float, load: tu
 
 
 # ------------------------------------------------------------------------------------------ CSV rows
-RUN_COLUMNS = ("size", "strategy", "state_bytes", "vnodes", "bytes_per_vnode", "keys", "pad_entries", "value_bytes",
+RUN_COLUMNS = ("mode", "operation", "size", "strategy", "state_bytes", "vnodes", "bytes_per_vnode", "keys", "pad_entries", "value_bytes",
                "vnodes_moved", "steps", "state", "error", "exact", "outcome", "on_target", "produced", "records",
                "handover_s", *PHASE_COLUMNS, "max_step_s", "entries_moved", "entries_model", "entries_match",
                "bytes_moved", "p99_before_ms", "max_before_ms", "moved_p99_before_ms", "moved_max_before_ms",
@@ -421,16 +478,17 @@ RUN_COLUMNS = ("size", "strategy", "state_bytes", "vnodes", "bytes_per_vnode", "
 
 def run_row(labels: dict[str, Any], report: dict[str, Any] | None, phases: Sequence[StepPhases],
             moved: tuple[int, int], verdict: Verdict | None, latency: dict[str, Any],
-            extra: dict[str, Any]) -> dict[str, Any]:
+            extra: dict[str, Any], window: tuple[float | str, float | str] | None = None) -> dict[str, Any]:
     """One handover.csv row (every :data:`RUN_COLUMNS`, empty where a failed run has nothing).
-    ``moved``: (entries, bytes) of the moved keys in the state model; ``extra``: the other columns."""
+    ``moved``: (entries, bytes) of the moved keys in the state model; ``extra``: the other columns;
+    ``window``: KaZoo's pulse window spans (:func:`phase_columns`)."""
     row: dict[str, Any] = dict.fromkeys(RUN_COLUMNS, "")
     row.update(labels)
     row.update(extra)
     if report is not None:
         measured = report["entries_moved"]
         row.update({"steps": len(report["steps"]), "state": report["state"], "handover_s": report["seconds"],
-                    **phase_columns(phases, report["seconds"]),
+                    **phase_columns(phases, report["seconds"], window),
                     "max_step_s": max((s["seconds"] for s in report["steps"]), default=""),
                     "entries_moved": measured, "entries_model": moved[0],
                     "entries_match": "yes" if measured == moved[0] else "no", "bytes_moved": moved[1]})
@@ -445,10 +503,12 @@ def step_rows(labels: dict[str, Any], steps: Sequence[dict], phases: Sequence[St
               period_ms: int) -> list[dict[str, Any]]:
     """handover_steps.csv rows: one per step, its pulses, the margins they plan (pulses x ``period_ms``:
     request -> switch, switch -> release) and its phases."""
-    return [{**labels, "step": i + 1, "handover_id": p.handover_id, "vnodes": p.vnodes, "state": s["state"],
-             "switch_at": s["switch_at"], "release_at": s["release_at"], "pulse_at_request": s["pulse_at_request"],
+    return [{**labels, "step": i + 1, "handover_id": p.handover_id, "vnodes": p.vnodes,
+             "origins": " ".join(map(str, s.get("origins", ()))), "targets": " ".join(map(str, s.get("targets", ()))),
+             "state": s["state"], "switch_at": s["switch_at"], "release_at": s["release_at"], "pulse_at_request": s["pulse_at_request"],
              "planned_switch_s": (s["switch_at"] - s["pulse_at_request"]) * period_ms / MS,
-             "planned_release_s": (s["release_at"] - s["switch_at"]) * period_ms / MS, "trigger_s": p.trigger_s, "alignment_s": p.alignment_s, "transfer_catchup_s": p.transfer_s,
+             "planned_release_s": (s["release_at"] - s["switch_at"]) * period_ms / MS, "trigger_s": p.trigger_s,
+             "alignment_s": p.alignment_s, "transfer_catchup_s": p.transfer_s,
              "total_s": p.total_s, "seconds": s["seconds"], "entries_moved": p.entries}
             for i, (s, p) in enumerate(zip(steps, phases, strict=True))]
 
@@ -502,10 +562,18 @@ def strategy_label(name: str, batch: int) -> str:
     return {"all": "all-at-once", "batched": f"batched {batch}", "fluid": "fluid"}[name]
 
 
-def job_conf(bootstrap: str, period_ms: int) -> dict[str, str]:
-    return {"spark.replication.kafka.bootstrapServers": bootstrap, "spark.replication.enabled": "true",
-            "spark.replication.mode": "liverobin", "spark.replication.liverobin.heartbeatPeriod": f"{period_ms}ms",
+def job_conf(bootstrap: str, period_ms: int, mode: str = "liverobin", zookeeper: str | None = None) -> dict[str, str]:
+    """The job's configuration in ``mode``: LiveRobin with ``period_ms`` pulses, or KaZoo (ZooKeeper at
+    ``zookeeper``), whose handovers open pulse windows of ``period_ms`` pulses; Rhino off."""
+    conf = {"spark.replication.kafka.bootstrapServers": bootstrap, "spark.replication.enabled": "true",
+            "spark.replication.mode": mode, "spark.replication.liverobin.heartbeatPeriod": f"{period_ms}ms",
             "spark.replication.rhino.enabled": "false"}
+    if mode == "kazoo":
+        if not zookeeper:
+            raise ValueError("KaZoo mode needs ZooKeeper's address")
+        conf.update({"spark.replication.zookeeper.connect": zookeeper,
+                     "spark.replication.kazoo.sessionTimeout": "1s"})
+    return conf
 
 
 def state_model(size: int, args: argparse.Namespace, conf: dict[str, str]) -> StateModel:
@@ -533,17 +601,63 @@ class RunResult:
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
 
-def handover_run(ctx: RunContext, size: int, strategy: str) -> RunResult:
-    """A fresh job at ``size``, under load, one handover with ``strategy`` (see the module doc)."""
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: a fresh job, its ``operation`` (``move``: one handover; ``rescale``: 2 -> 3 -> 2, two)."""
+
+    operation: str
+    mode: str
+    size: int
+    strategy: str
+
+
+@dataclass
+class Op:
+    """One handover job of a run: ``call`` runs it (its report), ``check`` tells from the routing table
+    after it whether the vnodes are where they should be; filled in as it runs."""
+
+    name: str
+    call: Callable[[], dict[str, Any]]
+    check: Callable[[Any, list[int]], bool]
+    vnodes: list[int] = field(default_factory=list)  # moved (move: asked for; rescale: from the report)
+    report: dict[str, Any] | None = None
+    error: str | None = None
+    requested: float = 0.0
+    ended: float = 0.0
+    table: Any = None  # the routing table right after it
+
+    def moved_vnodes(self) -> list[int]:
+        if self.vnodes:
+            return self.vnodes
+        return sorted({v for s in (self.report or {}).get("steps", ()) for v in s["vnodes"]})
+
+
+def balanced_on(partitions: Sequence[int]) -> Callable[[Any, list[int]], bool]:
+    """A rescale's check: exactly ``partitions`` own vnodes, to within one vnode each, and every moved
+    vnode is on one of them."""
+    def check(table: Any, moved: list[int]) -> bool:
+        counts = [table.assignment.count(p) for p in partitions]
+        return (sorted(set(table.assignment)) == sorted(partitions) and max(counts) - min(counts) <= 1
+                and all(table.partition_of_vnode(v) in partitions for v in moved))
+    return check
+
+
+def max_steps(strategy: str, vnodes: int, batch: int) -> int:
+    return {"all": 1, "batched": -(-vnodes // batch), "fluid": vnodes}[strategy]
+
+
+def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
+    """A fresh job at ``spec.size`` in ``spec.mode``, under load, then its handover(s) with
+    ``spec.strategy`` (see the module doc): one row per handover job."""
     from deploy.topics import create_topics, read_all
     from replication.driver import run
     from replication.workload import sample_of
 
     args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
-    conf = job_conf(bootstrap, args.period)
-    model = state_model(size, args, conf)
-    label = strategy_label(strategy, args.batch)
-    labels = {"size": f"{size / MB:g}MB", "strategy": label}
+    conf = job_conf(bootstrap, args.period, spec.mode, getattr(ctx.stack, "zookeeper_connect", None))
+    model = state_model(spec.size, args, conf)
+    label = strategy_label(spec.strategy, args.batch)
+    base = {"mode": spec.mode, "size": f"{spec.size / MB:g}MB", "strategy": label}
     extra: dict[str, Any] = {"state_bytes": model.total_bytes, "vnodes": model.num_vnodes,
                              "bytes_per_vnode": model.bytes_per_vnode, "keys": len(model.keys),
                              "pad_entries": model.entries, "value_bytes": model.value_bytes}
@@ -551,45 +665,59 @@ def handover_run(ctx: RunContext, size: int, strategy: str) -> RunResult:
     topic, out = f"hov{stamp}-in", f"hov{stamp}-out"
     create_topics(bootstrap, {topic: 2})
     phase = {"text": "starting the job"}
-    handle = run(build_handover_job(topic, out, f"hov-{strategy}-{stamp}", model.entries, model.value_bytes),
+    rescale = spec.operation == "rescale"
+    handle = run(build_handover_job(topic, out, f"hov-{spec.operation}-{spec.mode}-{spec.strategy}-{stamp}",
+                                    model.entries, model.value_bytes, max_parallelism=3 if rescale else None),
                  spark=ctx.spark, conf=conf)
     feeder = Feeder(bootstrap, topic, model.keys, args.rate)
+    strategy = strategy_of(spec.strategy, args.batch)
+    timing = {"timeout": 30.0, "margin_s": args.margin, "release_s": args.release, "strategy": strategy}
 
     def status_text() -> str:
         m = handle.sink_metrics()
-        return (f"{labels['size']} {label}: {phase['text']}; {feeder.produced:,} produced, "
+        return (f"{spec.mode} {spec.operation} {base['size']} {label}: {phase['text']}; {feeder.produced:,} produced, "
                 f"{m.records_out // handle.plan.replicas:,} out, p99 {m.latency.percentile(0.99) * MS:.0f} ms")
 
     ticker = Ticker(ctx.status, status_text)
     ticker.start()
-    report: dict[str, Any] | None = None
-    error = failure = None
-    requested = ended = time.time()
-    vnodes: list[int] = []
+    ops: list[Op] = []
+    error = failure = None  # the run's own (the job did not start, the load failed, the output unread); the job's
     try:
         handle.wait_started(120)
         table = handle.plan.routing[next(t.id for t in handle.plan.tasks if t.name == TASK)]
         if (handle.plan.num_key_groups, table.num_vnodes) != (model.num_key_groups, model.num_vnodes):
             raise RuntimeError(f"the job has {handle.plan.num_key_groups} key groups and {table.num_vnodes} "
                                f"vnodes, the model {model.num_key_groups} and {model.num_vnodes}")
-        own = table.vnodes_of(0)
-        vnodes = list(own[:args.vnodes or len(own) // 2])
+        if rescale:  # a third of the vnodes go to the spare partition, and back
+            steps = max_steps(spec.strategy, model.num_vnodes // 3 + 1, args.batch)
+            timing["timeout"] = 30.0 + 5 * steps
+            ops = [Op(RESCALE_UP, lambda: handle.rescale(TASK, 3, **timing), balanced_on([0, 1, 2])),
+                   Op(RESCALE_DOWN, lambda: handle.rescale(TASK, 2, **timing), balanced_on([0, 1]))]
+        else:
+            own = table.vnodes_of(0)
+            vnodes = list(own[:args.vnodes or len(own) // 2])
+            timing["timeout"] = 30.0 + 5 * max_steps(spec.strategy, len(vnodes), args.batch)
+            ops = [Op("move", lambda: handle.move_vnodes(TASK, vnodes, 1, **timing),
+                      lambda t, moved: all(t.partition_of_vnode(v) == 1 for v in moved), vnodes=vnodes)]
         feeder.start()
         phase["text"] = f"load, handover in {args.before:.0f}s"
         wait_for_state(handle, feeder, len(model.keys), args.before)
-        steps = {"all": 1, "batched": -(-len(vnodes) // args.batch), "fluid": len(vnodes)}[strategy]
-        phase["text"] = f"moving {len(vnodes)} vnodes 0 -> 1 ({label}, {steps} step(s))"
-        requested = time.time()
-        try:
-            report = handle.move_vnodes(TASK, vnodes, 1, timeout=30 + 5 * steps, margin_s=args.margin,
-                                        release_s=args.release, strategy=strategy_of(strategy, args.batch))
-        except Exception as err:  # noqa: BLE001 - recorded in the row
-            error = one_line(err, ERROR_CHARS)
-        ended = time.time()
-        phase["text"] = f"handover {'failed' if error else 'done'}, {args.after:.0f}s more load"
-        time.sleep(args.after)
+        for i, op in enumerate(ops):
+            if i and ops[i - 1].error:
+                op.error = "not run: the handover before it failed"
+                continue
+            phase["text"] = f"{op.name} ({label})"
+            op.requested = time.time()
+            try:
+                op.report = op.call()
+            except Exception as err:  # noqa: BLE001 - recorded in the row
+                op.error = one_line(err, ERROR_CHARS)
+            op.ended = time.time()
+            op.table = handle.routing(TASK)
+            phase["text"] = f"{op.name} {'failed' if op.error else 'done'}, {args.after:.0f}s more load"
+            time.sleep(args.after)
     except Exception as err:  # noqa: BLE001 - the job did not start, or the load failed: recorded
-        error = error or one_line(err, ERROR_CHARS)
+        error = one_line(err, ERROR_CHARS)
     finally:
         produced, load_error = stop_feeder(feeder)
         error = error or load_error
@@ -604,10 +732,6 @@ def handover_run(ctx: RunContext, size: int, strategy: str) -> RunResult:
                 handle.stop(30)
             except Exception:  # noqa: BLE001 - it failed already; the row says why
                 pass
-    on_target = ""
-    if vnodes and report is not None:
-        final = handle.routing(TASK)
-        on_target = "yes" if all(final.partition_of_vnode(v) == 1 for v in vnodes) else "no"
     phase["text"] = "reading and verifying the output"
     try:
         raw = read_all(bootstrap, out) if produced else []
@@ -615,20 +739,37 @@ def handover_run(ctx: RunContext, size: int, strategy: str) -> RunResult:
         raw, error = [], error or f"reading the output: {one_line(err, ERROR_CHARS)}"
     ticker.stop()
     outputs = [json.loads(r.value) for r in raw]
-    moved_keys = set(model.keys_in(vnodes))
-    obs = [Obs(o["ts"] / MS, sample_of(r).sink, o["key"] in moved_keys) for r, o in zip(raw, outputs, strict=True)]
+    sinks = [sample_of(r).sink for r in raw]
     verdict = verify(outputs, feeder.ids, model.entries, failure) if produced else None
-    phases = step_phases(report["steps"], events) if report is not None else []
-    load = (feeder.started_at, feeder.ended_at or time.time())
-    latency = latency_columns(obs, requested, ended, load, args.warm_up) if obs else {}
-    extra.update({"vnodes_moved": len(vnodes), "error": error or "", "on_target": on_target, "produced": produced})
-    # the moved keys' state at the cut: each saw about the events produced before the request
-    counts = {k: sum(1 for o in outputs if o["key"] == k and o["ts"] / MS < requested) for k in moved_keys}
-    moved = model.state(moved_keys, counts)
-    row = run_row(labels, report, phases, moved, verdict, latency, extra)
-    lo, hi = requested - args.before, ended + args.after
-    timeline = timeline_rows([o for o in obs if lo <= o.produced < hi], requested, labels)
-    return RunResult(row, step_rows(labels, report["steps"], phases, args.period) if report else [], timeline)
+    load_end = feeder.ended_at or time.time()
+    if not ops:  # the job did not start: one row for the run
+        ops = [Op(RESCALE_UP if rescale else "move", dict, lambda t, m: False)]
+    results = []
+    for i, op in enumerate(ops):
+        labels = {"mode": spec.mode, "operation": op.name, **{k: v for k, v in base.items() if k != "mode"}}
+        vnodes = op.moved_vnodes()
+        moved_keys = set(model.keys_in(vnodes))
+        obs = [Obs(o["ts"] / MS, sink, o["key"] in moved_keys) for sink, o in zip(sinks, outputs, strict=True)]
+        phases = step_phases(op.report["steps"], events) if op.report is not None else []
+        window = window_spans(events, op.requested, phases) if spec.mode == "kazoo" else None
+        # before: from the load's start (after the warm-up) or the previous handover's end; after: to the
+        # next request or the load's end
+        since = ops[i - 1].ended if i else feeder.started_at
+        until = ops[i + 1].requested if i + 1 < len(ops) and ops[i + 1].requested else load_end
+        latency = (latency_columns(obs, op.requested, op.ended, (since, until), 0.0 if i else args.warm_up)
+                   if obs and op.requested else {})
+        on_target = ("yes" if op.check(op.table, vnodes) else "no") if op.report is not None and op.table else ""
+        # the moved keys' state at the cut: each saw about the events produced before the request
+        counts = {k: sum(1 for o in outputs if o["key"] == k and o["ts"] / MS < op.requested) for k in moved_keys}
+        row = run_row(labels, op.report, phases, model.state(moved_keys, counts), verdict, latency,
+                      {**extra, "vnodes_moved": len(vnodes), "error": op.error or error or "",
+                       "on_target": on_target, "produced": produced}, window)
+        lo, hi = op.requested - args.before, op.ended + args.after
+        timeline = timeline_rows([o for o in obs if lo <= o.produced < hi], op.requested, labels) \
+            if op.requested else []
+        steps = step_rows(labels, op.report["steps"], phases, args.period) if op.report else []
+        results.append(RunResult(row, steps, timeline))
+    return results
 
 
 def stop_feeder(feeder: Feeder) -> tuple[int, str | None]:
@@ -689,11 +830,65 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9}[(m.group(2) or "B").upper()])
 
 
+def _names(text: str, allowed: Sequence[str], flag: str) -> list[str]:
+    """A comma-separated list of names out of ``allowed`` (ArgumentTypeError naming the unknown ones)."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if unknown := [s for s in names if s not in allowed]:
+        raise argparse.ArgumentTypeError(f"{flag}: unknown {', '.join(unknown)} (choose from {', '.join(allowed)})")
+    if not names:
+        raise argparse.ArgumentTypeError(f"{flag}: empty")
+    return names
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError("--sizes: empty")
+    return sizes
+
+
+GROUP_KEYS = {"operations": "operations", "operation": "operations", "modes": "modes", "mode": "modes",
+              "sizes": "sizes", "size": "sizes", "strategies": "strategies", "strategy": "strategies"}
+
+
+def run_specs(operations: Sequence[str], modes: Sequence[str], sizes: Sequence[int],
+              strategies: Sequence[str]) -> list[RunSpec]:
+    """Every operation x mode x size x strategy, in that order."""
+    return [RunSpec(o, m, z, s) for o in operations for m in modes for z in sizes for s in strategies]
+
+
+def parse_group(text: str, args: argparse.Namespace) -> list[RunSpec]:
+    """An ``--also`` group: space-separated ``key=value`` (keys operations, modes, sizes, strategies, each
+    comma-separated, each defaulting to its flag's value) -> its runs."""
+    chosen: dict[str, Any] = {"operations": args.operations, "modes": args.modes, "sizes": args.sizes,
+                              "strategies": args.strategies}
+    for part in text.split():
+        key, eq, value = part.partition("=")
+        if not eq or key not in GROUP_KEYS:
+            raise argparse.ArgumentTypeError(f"--also: {part!r} is not one of {', '.join(sorted(set(GROUP_KEYS.values())))}"
+                                             "=a,b")
+        key = GROUP_KEYS[key]
+        chosen[key] = (_sizes(value) if key == "sizes" else
+                       _names(value, {"operations": OPERATIONS, "modes": MODES, "strategies": STRATEGIES}[key],
+                              f"--also {key}"))
+    return run_specs(chosen["operations"], chosen["modes"], chosen["sizes"], chosen["strategies"])
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1MB,20MB", help="total state sizes, comma-separated (1MB = 10^6 bytes)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
                     help=f"handover strategies, comma-separated, of: {', '.join(STRATEGIES)}")
+    ap.add_argument("--modes", default="liverobin",
+                    help=f"replication modes, comma-separated, of: {', '.join(MODES)} (KaZoo: each handover job "
+                    "opens a pulse window)")
+    ap.add_argument("--operations", "--operation", dest="operations", default="move",
+                    help="handover operations, comma-separated: move (vnodes of partition 0 to 1), rescale (the "
+                    "task built with max_parallelism=3, parallelism=2: rescale to 3, then back to 2)")
+    ap.add_argument("--also", action="append", default=[], metavar="'KEY=A,B ...'",
+                    help="one more group of runs after the product of the flags above: space-separated key=value "
+                    "of operations, modes, sizes, strategies, each defaulting to its flag's value (repeatable), "
+                    "e.g. --also 'modes=liverobin sizes=1MB strategies=fluid'")
     ap.add_argument("--rate", type=float, default=200.0, help="offered events/s, round robin over the keys")
     ap.add_argument("--before", type=float, default=8.0, help="seconds of load before the handover request")
     ap.add_argument("--after", type=float, default=5.0, help="seconds of load after the handover ended")
@@ -706,20 +901,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--period", type=int, default=10, help="LiveRobin heartbeat period (ms)")
     ap.add_argument("--warm-up", type=float, default=3.0, help="seconds of load not counted in 'before'")
     ap.add_argument("--no-restart", dest="restart", action="store_false", help="skip the restart floor")
+    ap.add_argument("--replot", action="store_true", help="only redraw handover.png from the CSV files under --out")
     ap.add_argument("--out", default=str(REPO / "bench/results/handover"))
     args = ap.parse_args(argv)
     try:
-        args.sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+        args.sizes = _sizes(args.sizes)
+        args.strategies = _names(args.strategies, STRATEGIES, "--strategies")
+        args.modes = _names(args.modes, MODES, "--modes")
+        args.operations = _names(args.operations, OPERATIONS, "--operations")
+        specs = run_specs(args.operations, args.modes, args.sizes, args.strategies)
+        for group in args.also:
+            specs += parse_group(group, args)
     except argparse.ArgumentTypeError as err:
-        ap.error(f"--sizes: {err}")
-    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    if unknown := [s for s in args.strategies if s not in STRATEGIES]:
-        ap.error(f"--strategies: unknown {', '.join(unknown)} (choose from {', '.join(STRATEGIES)})")
+        ap.error(str(err))
+    args.runs = list(dict.fromkeys(specs))  # in order, each once
     for flag in ("batch", "keys_per_vnode", "value_bytes", "period"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.vnodes < 0 or not args.sizes or not args.strategies:
-        ap.error("--vnodes must be >= 0, --sizes and --strategies not empty")
+    if args.vnodes < 0:
+        ap.error("--vnodes must be >= 0")
     return args
 
 
@@ -736,21 +936,24 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
     files are written again after every run (an interrupted benchmark keeps what it measured)."""
     res = res if res is not None else Results()
     t0 = time.monotonic()
-    runs = [(size, s) for size in ctx.args.sizes for s in ctx.args.strategies]
-    for i, (size, strategy) in enumerate(runs):
-        print(f"== run {i + 1}/{len(runs)} {bar(i / len(runs), 12)}: {size / MB:g}MB of state, "
-              f"{strategy_label(strategy, ctx.args.batch)}, {ctx.args.rate:.0f} events/s "
-              f"({time.monotonic() - t0:.0f}s elapsed)", flush=True)
+    runs = ctx.args.runs
+    for i, spec in enumerate(runs):
+        print(f"== run {i + 1}/{len(runs)} {bar(i / len(runs), 12)}: {spec.mode}, {spec.operation}, "
+              f"{spec.size / MB:g}MB of state, {strategy_label(spec.strategy, ctx.args.batch)}, "
+              f"{ctx.args.rate:.0f} events/s ({time.monotonic() - t0:.0f}s elapsed)", flush=True)
         try:
-            r = handover_run(ctx, size, strategy)
+            done = handover_run(ctx, spec)
         except Exception as err:  # noqa: BLE001 - e.g. the job could not be planned: a row of its own
             ctx.status.done()
-            r = RunResult(run_row({"size": f"{size / MB:g}MB", "strategy": strategy_label(strategy, ctx.args.batch)},
-                                  None, [], (0, 0), None, {}, {"error": one_line(err, ERROR_CHARS), "exact": "no"}))
-        res.runs.append(r.row)
-        res.steps += r.steps
-        res.timeline += r.timeline
-        print("   " + format_row({k: r.row[k] for k in SHOWN}), flush=True)
+            labels = {"mode": spec.mode, "operation": RESCALE_UP if spec.operation == "rescale" else "move",
+                      "size": f"{spec.size / MB:g}MB", "strategy": strategy_label(spec.strategy, ctx.args.batch)}
+            done = [RunResult(run_row(labels, None, [], (0, 0), None, {},
+                                      {"error": one_line(err, ERROR_CHARS), "exact": "no"}))]
+        for r in done:
+            res.runs.append(r.row)
+            res.steps += r.steps
+            res.timeline += r.timeline
+            print("   " + format_row({k: r.row[k] for k in SHOWN}), flush=True)
         if out is not None:
             write_csvs(out, res)
     if ctx.args.restart:
@@ -765,8 +968,8 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
     return res
 
 
-SHOWN = ("size", "strategy", "state", "exact", "handover_s", "trigger_s", "alignment_s", "transfer_catchup_s",
-         "between_steps_s", "entries_moved", "bytes_moved", "p99_before_ms", "p99_during_ms", "max_during_ms",
+SHOWN = ("mode", "operation", "size", "strategy", "state", "exact", "handover_s", "window_open_s", "trigger_s",
+         "alignment_s", "transfer_catchup_s", "between_steps_s", "window_close_s", "entries_moved", "bytes_moved", "p99_before_ms", "p99_during_ms", "max_during_ms",
          "moved_max_during_ms")
 
 
@@ -783,7 +986,7 @@ def print_tables(res: Results) -> None:
         print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)), flush=True)
     for r in res.runs:
         if r["error"] or r["exact"] != "yes" or r["entries_match"] == "no" or r["on_target"] == "no":
-            print(f"   {r['size']} {r['strategy']}: error {r['error'] or '-'}; output {r['outcome'] or '-'}; "
+            print(f"   {run_name(r)}: error {r['error'] or '-'}; output {r['outcome'] or '-'}; "
                   f"entries moved {r['entries_moved']} vs model {r['entries_model']}; on target {r['on_target']}")
     for r in res.restart:
         print(f"== restart floor: {format_row(r)}")
@@ -806,14 +1009,40 @@ def write_results(out: Path, res: Results) -> None:
         _plot(out, res)
 
 
+def run_name(row: dict[str, Any]) -> str:
+    return f"{row.get('mode') or 'liverobin'} {row.get('operation') or 'move'} {row['size']} {row['strategy']}"
+
+
 def problems(res: Results) -> list[str]:
     """What makes the command fail: an error, an inexact output, a wrong entry count, vnodes not moved."""
-    return [f"{r['size']} {r['strategy']}" for r in res.runs
+    return [run_name(r) for r in res.runs
             if r["error"] or r["exact"] != "yes" or r["entries_match"] != "yes" or r["on_target"] != "yes"]
+
+
+def _cell(v: str) -> Any:
+    try:
+        return float(v) if v != "" else ""
+    except ValueError:
+        return v
+
+
+def load_results(out: Path) -> Results:
+    """The CSV files under ``out`` back (numbers as floats)."""
+    def rows(name: str) -> list[dict[str, Any]]:
+        path = out / f"{name}.csv"
+        if not path.exists():
+            return []
+        with path.open(newline="") as f:
+            return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    return Results(rows("handover"), rows("handover_steps"), rows("handover_timeline"), rows("restart"))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        _plot(Path(args.out), load_results(Path(args.out)))
+        print(f"wrote {Path(args.out) / 'handover.png'}")
+        return 0
     from deploy.stack import EmbeddedStack, require_java17
     from replication.spark_cluster import build_session, stop_session
 
@@ -841,42 +1070,57 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------ plot
-PHASE_COLORS = {"trigger_s": "#4c72b0", "alignment_s": "#dd8452", "transfer_catchup_s": "#55a868",
-                "between_steps_s": "#8c8c8c"}
-PHASE_NAMES = {"trigger_s": "trigger (-> committed)", "alignment_s": "alignment (-> cut)",
-               "transfer_catchup_s": "transfer + catch-up (-> completed)", "between_steps_s": "between steps"}
+PHASE_COLORS = {"window_open_s": "#c4ad66", "trigger_s": "#4c72b0", "alignment_s": "#dd8452",
+                "transfer_catchup_s": "#55a868", "between_steps_s": "#8c8c8c", "window_close_s": "#da8bc3"}
+PHASE_NAMES = {"window_open_s": "KaZoo: pulse window opens", "trigger_s": "trigger (-> committed)",
+               "alignment_s": "alignment (-> cut)", "transfer_catchup_s": "transfer + catch-up (-> completed)",
+               "between_steps_s": "between steps", "window_close_s": "KaZoo: pulse window closes"}
+MODE_STYLE = {"liverobin": ("-", "o"), "kazoo": ("--", "s")}
+
+
+def _mode(r: dict[str, Any]) -> str:
+    return r.get("mode") or "liverobin"
 
 
 def _plot(out: Path, res: Results) -> None:
-    """``handover.png``: per-second p99 around the request per run; the duration by phase (stacked) per
-    run, with the restart floor; the handover's duration against the state per vnode."""
+    """``handover.png``: per-second p99 around the request per run, one panel per operation (the line
+    style tells the mode); the duration by phase (stacked) per run, with the restart floor; the
+    handover's duration against the state per vnode, per mode, operation and strategy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(19, 5), gridspec_kw={"width_ratios": [1.5, 1.2, 1]})
-    ax = axes[0]
-    for r in res.runs:
-        pts = [t for t in res.timeline if t["size"] == r["size"] and t["strategy"] == r["strategy"]
-               and t["p99_ms"] != ""]
-        verdict = "exact" if r["exact"] == "yes" else f"NOT exact: {r['outcome'] or r['error']}"
-        dur = f"{r['handover_s']:.1f}s" if r["handover_s"] != "" else "failed"
-        (line,) = ax.plot([t["second"] for t in pts], [t["p99_ms"] for t in pts], marker=".",
-                          label=f"{r['size']} {r['strategy']}: {dur}, {verdict}")
-        if r["handover_s"] != "":
-            ax.axvline(r["handover_s"], color=line.get_color(), linestyle=":", linewidth=1)
-    ax.axvline(0, color="red", linestyle="--", linewidth=1)
-    ax.set(xlabel="seconds since the handover request (event time; dotted: its end)",
-           ylabel="per-second p99 producer→sink (ms)", yscale="log", title="Latency around a handover")
-    ax.grid(alpha=.3, which="both")
-    ax.legend(fontsize="small")
+    operations = list(dict.fromkeys(r["operation"] for r in res.runs))
+    fig = plt.figure(figsize=(max(19, 6.5 * len(operations)), 11))
+    grid = fig.add_gridspec(2, max(len(operations), 2) * 2)
+    width = max(len(operations), 2) * 2 // len(operations)
+    for k, operation in enumerate(operations):
+        ax = fig.add_subplot(grid[0, k * width:(k + 1) * width])
+        for r in (r for r in res.runs if r["operation"] == operation):
+            pts = [t for t in res.timeline if t["size"] == r["size"] and t["strategy"] == r["strategy"]
+                   and t.get("mode", "liverobin") == _mode(r) and t.get("operation", "move") == operation
+                   and t["p99_ms"] != ""]
+            verdict = "exact" if r["exact"] == "yes" else f"NOT exact: {r['outcome'] or r['error']}"[:60]
+            dur = f"{r['handover_s']:.1f}s" if r["handover_s"] != "" else "failed"
+            style, marker = MODE_STYLE.get(_mode(r), ("-", "."))
+            (line,) = ax.plot([t["second"] for t in pts], [t["p99_ms"] for t in pts], linestyle=style,
+                              marker=".", label=f"{_mode(r)} {r['size']} {r['strategy']}: {dur}, {verdict}")
+            if r["handover_s"] != "":
+                ax.axvline(r["handover_s"], color=line.get_color(), linestyle=":", linewidth=1)
+        ax.axvline(0, color="red", linestyle="--", linewidth=1)
+        ax.set(xlabel="seconds since the request (event time; dotted: its end)",
+               ylabel="per-second p99 producer→sink (ms)", yscale="log",
+               title=f"Latency around: {operation} (solid LiveRobin, dashed KaZoo)")
+        ax.grid(alpha=.3, which="both")
+        ax.legend(fontsize="x-small")
 
-    ax = axes[1]
-    names = [f"{r['size']}\n{r['strategy']}" for r in res.runs]
+    half = max(len(operations), 2)
+    ax = fig.add_subplot(grid[1, :half + half // 2])
+    names = [f"{_mode(r)[:2]} {r['operation']}\n{r['size']} {r['strategy']}" for r in res.runs]
     bottom = [0.0] * len(res.runs)
     for col in PHASE_COLUMNS:
-        vals = [r[col] if r[col] != "" else 0.0 for r in res.runs]
+        vals = [r.get(col) if r.get(col) not in ("", None) else 0.0 for r in res.runs]
         ax.bar(range(len(vals)), vals, bottom=bottom, color=PHASE_COLORS[col], label=PHASE_NAMES[col])
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
     for rs in res.restart:
@@ -885,23 +1129,23 @@ def _plot(out: Path, res: Results) -> None:
             names.append("restart floor\n(idle, no state)")
             ax.bar(x, rs["start_s"], color="#c44e52", alpha=.6, label="start the job")
             ax.bar(x, rs["stop_s"], bottom=rs["start_s"], color="#8172b3", alpha=.6, label="stop the job")
-    ax.set_xticks(range(len(names)), names, fontsize="small", rotation=30, ha="right")
-    ax.set(ylabel="seconds", title="Handover duration by phase")
+    ax.set_xticks(range(len(names)), names, fontsize="x-small", rotation=40, ha="right")
+    ax.set(ylabel="seconds", title="Handover duration by phase (li: LiveRobin, ka: KaZoo)")
     ax.grid(alpha=.3, axis="y")
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="x-small")
 
-    ax = axes[2]
-    for strategy in dict.fromkeys(r["strategy"] for r in res.runs):
-        pts = [r for r in res.runs if r["strategy"] == strategy and r["handover_s"] != ""]
-        ax.plot([r["bytes_per_vnode"] / 1000 for r in pts], [r["handover_s"] for r in pts], "o-", label=strategy)
-        for r in pts:
-            ax.annotate(f"{r['bytes_moved'] / 1000:,.0f} KB moved", (r["bytes_per_vnode"] / 1000, r["handover_s"]),
-                        fontsize="x-small", textcoords="offset points", xytext=(4, 4))
-    ax.set(xlabel="state per vnode (KB)", ylabel="handover duration (s)", title="Duration vs state per vnode")
-    ax.grid(alpha=.3)
-    ax.legend(fontsize="small")
+    ax = fig.add_subplot(grid[1, half + half // 2:])
+    for key in dict.fromkeys((_mode(r), r["operation"], r["strategy"]) for r in res.runs):
+        pts = [r for r in res.runs if (_mode(r), r["operation"], r["strategy"]) == key and r["handover_s"] != ""]
+        style, marker = MODE_STYLE.get(key[0], ("-", "o"))
+        ax.plot([r["bytes_per_vnode"] / 1000 for r in pts], [r["handover_s"] for r in pts], linestyle=style,
+                marker=marker, label=" ".join(key))
+    ax.set(xlabel="state per vnode (KB)", ylabel="handover duration (s)", yscale="log",
+           title="Duration vs state per vnode")
+    ax.grid(alpha=.3, which="both")
+    ax.legend(fontsize="xx-small", ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
-    fig.savefig(out / "handover.png", dpi=110)
+    fig.savefig(out / "handover.png", dpi=100)
     plt.close(fig)
 
 

@@ -28,8 +28,10 @@ on the terminal; each holds the machine for at most about 12 minutes, about 45 m
   of its steady window before the kill (90 s).
 * ``sss-throughput``: ``bench/sss.py --throughput-rates``: its throughput ramp by ``bench/ordering.py``'s
   criteria (20 s per rate, 100 ms trigger), with the costs of each rate (157 s).
-* ``handover``: ``bench/handover.py``: 32 vnodes moved at 1 and 20 MB of state, all at once, batched
-  (8 per step) and fluid, and the restart floor (198 s).
+* ``handover``: ``bench/handover.py``: in LiveRobin and KaZoo mode at 1 and 20 MB of state, all at once and
+  batched (8 per step): 32 vnodes moved, and the task rescaled 2 -> 3 -> 2 partitions within its
+  max_parallelism; fluid (one vnode per step) for the move in LiveRobin at 20 MB only (32 steps, about
+  35 s); the restart floor (565 s).
 
 A step that fails (or whose output is not exact) is recorded in ``suite.json`` with its exit code
 and shown in the report; the suite goes on with the next one and exits non-zero at the end.
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -69,7 +72,10 @@ STEPS = {
     "sss-throughput": ["bench/sss.py", "--logic", "chain", "--throughput-rates", "200,400,800,1600,3200",
                        "--throughput-duration", "20", "--throughput-warm-up", "5", "--trigger-ms", "100",
                        "--drain-timeout", "120"],
-    "handover": ["bench/handover.py", "--sizes", "1MB,20MB", "--vnodes", "32", "--batch", "8"],
+    # fluid (32 steps of about 1 s) only once, so that the step holds the machine for about 10 minutes
+    "handover": ["bench/handover.py", "--sizes", "1MB,20MB", "--vnodes", "32", "--batch", "8",
+                 "--modes", "liverobin,kazoo", "--operations", "move,rescale", "--strategies", "all,batched",
+                 "--also", "operations=move modes=liverobin sizes=20MB strategies=fluid"],
 }
 
 
@@ -89,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, name in enumerate(chosen, 1):
         out = results / name
         cmd = [sys.executable, *STEPS[name], "--out", str(out.relative_to(REPO) if out.is_relative_to(REPO) else out)]
-        shown = " ".join(repr(c) if c == "" else c for c in cmd[1:])
+        shown = shlex.join(cmd[1:])
         print(f"== [{i}/{len(chosen)}] {name}: {shown}", flush=True)
         t0 = time.monotonic()
         code = subprocess.call(cmd, cwd=REPO)

@@ -35,6 +35,21 @@ def test_the_command_parses_its_arguments():
         hb.parse_args(["--strategies", "fluent"])
     with pytest.raises(SystemExit):
         hb.parse_args(["--sizes", "lots"])
+    # the matrix: operations x modes x sizes x strategies, then --also groups (defaults from the flags), each once
+    assert args.modes == ["liverobin"] and args.operations == ["move"]
+    assert args.runs == [hb.RunSpec("move", "liverobin", 1_000_000, "fluid"), hb.RunSpec("move", "liverobin", 1_000_000, "all"),
+                         hb.RunSpec("move", "liverobin", 2_500_000, "fluid"), hb.RunSpec("move", "liverobin", 2_500_000, "all")]
+    args = hb.parse_args(["--sizes", "1MB,20MB", "--modes", "liverobin,kazoo", "--operation", "move,rescale",
+                          "--strategies", "all", "--also", "modes=kazoo sizes=1MB strategy=fluid",
+                          "--also", "operations=move strategies=all"])
+    assert args.operations == ["move", "rescale"] and args.modes == ["liverobin", "kazoo"]
+    assert len(args.runs) == 2 * 2 * 2 + 2 and args.runs[0] == hb.RunSpec("move", "liverobin", 1_000_000, "all")
+    assert args.runs[-2:] == [hb.RunSpec("move", "kazoo", 1_000_000, "fluid"),
+                              hb.RunSpec("rescale", "kazoo", 1_000_000, "fluid")]
+    for bad in (["--modes", "zookeeper"], ["--operations", "split"], ["--also", "modes"], ["--also", "rate=5"],
+                ["--also", "strategies=fluent"], ["--modes", ""]):
+        with pytest.raises(SystemExit):
+            hb.parse_args(bad)
 
 
 def test_every_vnode_gets_exactly_the_keys_asked_for():
@@ -136,12 +151,51 @@ def test_phases_come_from_the_driver_events():
     assert p.start == pytest.approx(10.0) and p.vnodes == 2 and p.entries == 12
     assert (p.trigger_s, p.alignment_s, p.transfer_s, p.total_s) == pytest.approx((0.2, 0.5, 0.3, 1.0))
     cols = hb.phase_columns([p, p], total_s=2.5)
+    assert (cols.pop("window_open_s"), cols.pop("window_close_s")) == ("", "")  # LiveRobin: no pulse window
     assert cols == pytest.approx({"trigger_s": 0.4, "alignment_s": 1.0, "transfer_catchup_s": 0.6,
                                   "between_steps_s": 0.5})
+    # KaZoo: the pulse window's opening and closing are phases of their own, not "between steps"
+    cols = hb.phase_columns([p, p], total_s=2.5, window=(0.3, 0.1))
+    assert cols == pytest.approx({"window_open_s": 0.3, "trigger_s": 0.4, "alignment_s": 1.0,
+                                  "transfer_catchup_s": 0.6, "between_steps_s": 0.1, "window_close_s": 0.1})
+    assert hb.phase_columns([p], 1.5, window=("", 0.1)) == dict.fromkeys(hb.PHASE_COLUMNS, "")
     # a step without its events (cancelled, or the job failed): no phases rather than wrong ones
     (q,) = hb.step_phases([{"handover_id": cancelled, "vnodes": [2], "seconds": 0.5}], events)
     assert q.trigger_s == "" and q.start == pytest.approx(11.5)
     assert hb.phase_columns([p, q], 2.0) == dict.fromkeys(hb.PHASE_COLUMNS, "")
+
+
+def test_kazoo_pulse_window_spans_from_the_driver_events():
+    """The texts JobHandle._open_pulse_window / _close_pulse_window write: the window opened after the
+    request (an earlier one is another handover job's), and the same window's close."""
+    events = [(5.0, "pulse window 1 open: every source replica holds its records (a handover)"),
+              (6.0, "pulse window 1 closed at pulse 412"),
+              (10.4, "pulse window 2 open: every source replica holds its records (a handover)"),
+              (10.9, "handover job 2 of chain: rescale to 3 partitions (AllAtOnce, 1 step(s))"),
+              (11.2, "pulse window 3 closed at pulse 9"),  # not ours
+              (11.6, "pulse window 2 closed at pulse 530")]
+    assert hb.window_marks(events, requested=10.0) == (10.4, 11.6)
+    steps = [hb.StepPhases(7, 3, 10.4, 10.6, 10.9, 11.3, 30)]
+    assert hb.window_spans(events, 10.0, steps) == pytest.approx((0.4, 0.3))
+    failed = [(10.4, "pulse window 2 open: every source replica holds its records (a handover)"),
+              (12.0, "pulse window 2: its last pulse was not written (timeout); the sources hold their records "
+                     "until a generator ends it")]
+    assert hb.window_marks(failed, 10.0) == (10.4, 12.0)
+    assert hb.window_marks(events[:2], 10.0) == (None, None) and hb.window_spans(events[:2], 10.0, steps) == ("", "")
+
+
+def test_a_rescale_is_on_target_when_exactly_its_partitions_own_vnodes_balanced():
+    from rhino_state import RoutingTable
+
+    up = hb.balanced_on([0, 1, 2])
+    down = hb.balanced_on([0, 1])
+    three = RoutingTable(tuple(i % 3 for i in range(V)), 3, 2)
+    assert up(three, [2, 5]) and not down(three, [2, 5])
+    two = RoutingTable(tuple(i % 2 for i in range(V)), 2, 3)
+    assert down(two, [2, 5]) and not up(two, [2])
+    lopsided = RoutingTable(tuple(0 if i < 10 else 1 for i in range(V)), 2, 3)
+    assert not down(lopsided, [2])
+    assert hb.max_steps("batched", 85, 8) == 11 and hb.max_steps("fluid", 85, 8) == 85 and hb.max_steps("all", 85, 8) == 1
 
 
 def _obs() -> list[hb.Obs]:
@@ -179,7 +233,7 @@ def test_rows_csv_and_plot(tmp_path):
               "pulse_at_request": 50, "entries_moved": 12, "seconds": 1.0}]
     report = {"state": "completed", "steps": steps, "entries_moved": 12, "seconds": 1.2}
     phases = hb.step_phases(steps, events)
-    labels = {"size": "1MB", "strategy": "all-at-once"}
+    labels = {"mode": "liverobin", "operation": "move", "size": "1MB", "strategy": "all-at-once"}
     obs = _obs()
     latency = hb.latency_columns(obs, 100.0, 101.0, (97.0, 105.0), 1.0)
     verdict = hb.Verdict(hb.verify_chains([], []))
@@ -190,18 +244,35 @@ def test_rows_csv_and_plot(tmp_path):
     assert row["entries_match"] == "yes" and row["bytes_moved"] == 48_000 and row["exact"] == "yes"
     assert row["between_steps_s"] == pytest.approx(0.2) and row["max_during_ms"] == pytest.approx(810)
     assert hb.run_row(labels, report, phases, (13, 1), verdict, latency, extra)["entries_match"] == "no"
+    assert row["mode"] == "liverobin" and row["operation"] == "move" and row["window_open_s"] == ""
     failed = hb.run_row(labels, None, [], (0, 0), None, {}, {"error": "TimeoutError: x", "exact": "no"})
     assert failed["error"] == "TimeoutError: x" and failed["handover_s"] == "" and failed["exact"] == "no"
-    res = hb.Results(runs=[row, {**failed, "strategy": "fluid"}], steps=hb.step_rows(labels, steps, phases, 10),
-                     timeline=hb.timeline_rows(obs, 100.0, labels),
+    # a KaZoo rescale row: its pulse window's spans are phases, its steps name origins and targets
+    up = {"mode": "kazoo", "operation": hb.RESCALE_UP, "size": "20MB", "strategy": "batched 8"}
+    kz_steps = [{**steps[0], "origins": [0, 1], "targets": [2]}]
+    kz = hb.run_row(up, {**report, "steps": kz_steps, "seconds": 1.6}, phases, (12, 48_000), verdict, latency, extra,
+                    window=(0.25, 0.15))
+    assert kz["window_open_s"] == 0.25 and kz["between_steps_s"] == pytest.approx(0.2) and kz["mode"] == "kazoo"
+    res = hb.Results(runs=[row, {**failed, "strategy": "fluid"}, kz],
+                     steps=hb.step_rows(labels, steps, phases, 10) + hb.step_rows(up, kz_steps, phases, 10),
+                     timeline=hb.timeline_rows(obs, 100.0, labels) + hb.timeline_rows(obs, 100.0, up),
                      restart=[{"what": "idle", "start_s": 9.5, "stop_s": 1.5, "restart_s": 11.0, "status": "stopped"}])
-    assert hb.problems(res) == ["1MB fluid"]
+    assert hb.problems(res) == ["liverobin move 1MB fluid"]
     hb.write_results(tmp_path, res)
     hb.print_tables(res)
     runs = list(csv.DictReader((tmp_path / "handover.csv").open()))
-    assert [r["strategy"] for r in runs] == ["all-at-once", "fluid"] and runs[0]["trigger_s"] == "0.2"
-    (step,) = csv.DictReader((tmp_path / "handover_steps.csv").open())
-    assert step["alignment_s"] == "0.5" and step["switch_at"] == "100"
+    assert [r["strategy"] for r in runs] == ["all-at-once", "fluid", "batched 8"] and runs[0]["trigger_s"] == "0.2"
+    assert [(r["mode"], r["operation"]) for r in runs] == [("liverobin", "move")] * 2 + [("kazoo", "rescale 2->3")]
+    step, kz_step = csv.DictReader((tmp_path / "handover_steps.csv").open())
+    assert step["alignment_s"] == "0.5" and step["switch_at"] == "100" and step["mode"] == "liverobin"
     assert step["planned_switch_s"] == "0.5" and step["planned_release_s"] == "0.1"
+    assert (kz_step["origins"], kz_step["targets"], kz_step["operation"]) == ("0 1", "2", "rescale 2->3")
+    timeline = list(csv.DictReader((tmp_path / "handover_timeline.csv").open()))
+    assert {r["mode"] for r in timeline} == {"liverobin", "kazoo"}
     for name in ("handover_timeline.csv", "restart.csv", "handover.png", "machine.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
+    # the CSV files read back (numbers as floats) redraw the plot
+    back = hb.load_results(tmp_path)
+    assert back.runs[2]["window_open_s"] == 0.25 and back.runs[1]["handover_s"] == "" and len(back.steps) == 2
+    (tmp_path / "handover.png").unlink()
+    assert hb.main(["--replot", "--out", str(tmp_path)]) == 0 and (tmp_path / "handover.png").stat().st_size > 0
