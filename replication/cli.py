@@ -151,6 +151,10 @@ def _cmd_rebalance(args: argparse.Namespace) -> int:
     return _handover_request(args, req)
 
 
+def _cmd_drain(args: argparse.Namespace) -> int:
+    return _handover_request(args, {"executor": args.executor})
+
+
 def _handover_request(args: argparse.Namespace, req: dict) -> int:
     """Send a handover request (move or rescale) to the job's driver and print its report."""
     from replication import rpc
@@ -181,6 +185,13 @@ def _handover_request(args: argparse.Namespace, req: dict) -> int:
     if "error" in report:
         print(f"error: {report['error']}", file=sys.stderr)
         return 2
+    if "executor" in req:
+        print(f"executor {report['executor']} drained in {report['seconds']:.1f} s: {len(report['restored'])} "
+              f"replica(s) restored elsewhere and caught up")
+        for rec in report["restored"]:
+            print(f"  {rec['replica']}: on worker {rec['worker']} from checkpoint {rec['checkpoint_id']}, "
+                  f"{rec['recovery_s']:.2f} s")
+        return 0
     print(f"handover job {report['job']} of {args.task}: {report['state']} in {report['seconds']:.1f} s, "
           f"{len(report['steps'])} step(s), {report['entries_moved']} state entries moved; partitions owning "
           f"vnodes now: {report['partitions']}")
@@ -268,6 +279,12 @@ def parser() -> argparse.ArgumentParser:
     rb.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
     rb.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the moves to complete")
     rb.set_defaults(fn=_cmd_rebalance)
+    dr = sub.add_parser("drain", help="move every replica off an executor while the job runs (replication and "
+                                      "Rhino on): the twins serve, the replicas are restored from checkpoints elsewhere")
+    dr.add_argument("job", help="the job name")
+    dr.add_argument("executor", help="the Spark executor id (see `replication status JOB`)")
+    dr.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every replica to be restored")
+    dr.set_defaults(fn=_cmd_drain, strategy="all")
     chaos.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
     return p
 

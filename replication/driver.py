@@ -129,6 +129,7 @@ class JobMaster:
         # for the sources, and what each source replica reported holding: (window, {partition: position})
         self.pulse_window: tuple[int, bool, bool] | None = None
         self.holding: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
+        self.drained: set[int] = set()  # workers drained by request: no restored replica goes there
         self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
         self.mover: Callable[[dict], dict] | None = None  # the JobHandle's answer to a CLI "move" request
 
@@ -339,7 +340,7 @@ class JobMaster:
                 continue
             if any(other[:2] == replica[:2] for other in self._restoring):
                 continue  # one restore per partition at a time (a rollback brings back one replica first)
-            plan = self.rhino.restore_plan(replica)
+            plan = self.rhino.restore_plan(replica, avoid=self.drained)
             if plan is None or plan[0] not in self.workers:
                 if replica not in self._unrestorable:
                     self._unrestorable.add(replica)
@@ -811,6 +812,49 @@ class JobHandle:
             task, lambda c: c.start_rescale(tid, parallelism, strategy), f"rescale to {parallelism} partitions",
             strategy, timeout, margin_s, release_s, gap_s)
 
+    def drain_executor(self, executor: str, timeout: float = 120.0) -> dict[str, Any]:
+        """Move every replica off ``executor`` while the job runs (maintenance): its worker stops
+        as if it had died, the twins go on serving (nothing stalls but the replicas' own catch-up),
+        and each of its replicas is restored from its latest Rhino checkpoint on a member of its
+        replica group, then caught up from its upstreams' backups.  Needs replication and Rhino.
+        Returns where each replica went and how long it took; ValueError when draining would
+        leave a partition without a live replica or nowhere to restore."""
+        master = self.master
+        if not self.plan.replicas > 1 or master.rhino is None:
+            raise ValueError("draining an executor needs spark.replication.enabled (the twins serve meanwhile) and "
+                             "spark.replication.rhino.enabled (the replicas are restored from their checkpoints)")
+        started = time.monotonic()
+        with master._cond:
+            live = {w: i for w, i in master.workers.items() if w not in master.dead and not i.standby}
+            w = next((w for w, i in live.items() if str(i.executor) == str(executor)), None)
+            if w is None:
+                raise ValueError(f"no live worker runs on executor {executor!r} (live: executors "
+                                 f"{sorted(str(i.executor) for i in live.values())})")
+            replicas = sorted(rid for rid, ww in self.placement.items() if ww == w)
+            alone = [master._replica_label(t, p, r) for t, p, r in replicas
+                     if any((t, p, rr) in master.lost for rr in range(self.plan.replicas) if rr != r)]
+            if alone:
+                raise ValueError(f"draining executor {executor} would leave {alone} without a live replica")
+            if len(live) < 3:
+                raise ValueError(f"draining executor {executor} leaves {len(live) - 1} live worker(s): two replicas of "
+                                 "a partition and its checkpoints need at least two others")
+            labels = {master._replica_label(t, p, r) for t, p, r in replicas}
+            seen = len(master.recoveries)
+            master.drained.add(w)  # (Spark reruns its task there as a standby: it may keep checkpoints)
+            master._declare_dead(w, f"drained by request (executor {executor})")
+            master._status_dirty = True
+            done = master._cond.wait_for(lambda: master.failure is not None or labels <= {
+                rec["replica"] for rec in master.recoveries[seen:]}, timeout)
+            if master.failure is not None:
+                raise JobFailedError(f"job failed while draining executor {executor}: {master.failure}")
+            if not done:
+                raise TimeoutError(f"draining executor {executor}: {sorted(labels - {r['replica'] for r in master.recoveries[seen:]})} "
+                                   f"not restored and caught up within {timeout:g}s")
+            restored = [{k: rec[k] for k in ("replica", "worker", "checkpoint_id", "recovery_s", "load_s")}
+                        for rec in master.recoveries[seen:] if rec["replica"] in labels]
+        return {"executor": str(executor), "worker": w, "replicas": sorted(labels), "restored": restored,
+                "seconds": time.monotonic() - started}
+
     def routed_per_vnode(self, task: str) -> list[int]:
         """Records routed to each vnode of the keyed ``task`` since the job started, as last
         reported by its upstream partitions (of each, the replica that counted more)."""
@@ -1024,6 +1068,8 @@ class JobHandle:
         ``rescale`` with the strategy named ("all", "fluid" or "batched:N"); the report, or
         ``{"error": why}``."""
         try:
+            if "executor" in req:
+                return self.drain_executor(req["executor"], timeout=req.get("timeout", 120.0))
             strategy = parse_strategy(req.get("strategy", "all"))
             if "fraction" in req:
                 return self.rebalance(req["task"], req["fraction"], req.get("target"), req.get("window", 3.0),

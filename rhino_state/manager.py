@@ -26,7 +26,7 @@ No I/O, no threads: the driver feeds it events and acts on what it returns.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 __all__ = ["CompletedCheckpoint", "ReplicationManager"]
@@ -218,9 +218,11 @@ class ReplicationManager:
         self.dead.discard(w)
         return self._regroup(inst for inst, g in self.groups.items() if len(g) < self.size)
 
-    def restore_plan(self, replica: ReplicaId) -> tuple[int, CompletedCheckpoint, bool] | None:
+    def restore_plan(self, replica: ReplicaId, avoid: Collection[int] = ()
+                     ) -> tuple[int, CompletedCheckpoint, bool] | None:
         """Where and from what to restore ``replica``: ``(worker, checkpoint, rollback)``, or None
-        if no live worker that runs no replica of its instance holds the checkpoint needed.
+        if no live worker that runs no replica of its instance holds the checkpoint needed
+        (workers in ``avoid``, e.g. drained ones, are not chosen).
 
         Always the safe checkpoint (or the one a restore in progress replays from), even with a
         live twin: a replica restored from the latest one could not give a downstream that is
@@ -233,7 +235,7 @@ class ReplicationManager:
         if cp is None:
             return None
         order = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
-        host = next((w for w in order if w not in self.dead and w not in busy), None)
+        host = next((w for w in order if w not in self.dead and w not in busy and w not in avoid), None)
         return None if host is None else (host, cp, rollback)
 
     def restore_failed(self, replica: ReplicaId) -> None:

@@ -24,6 +24,7 @@ def test_a_lost_replica_is_restored_on_a_holder_of_the_latest_completed_checkpoi
     lost, changed = m.worker_dead(0)
     assert (0, 0, 0) in lost and all(m.placement[r] == 0 for r in lost)
     assert m.restore_plan((0, 0, 0))[0] == 2  # worker 2 holds (0, 0)'s checkpoint 5
+    assert m.restore_plan((0, 0, 0), avoid={2}) is None  # a drained worker is no destination
     assert m.completed[(0, 0)].positions == {0: 10}
     regrouped = m.replica_moved((0, 0, 0), 2)
     assert m.groups[(0, 0)] == [] and regrouped == {(0, 0): []}  # workers 1 and 2 run it, 0 is dead

@@ -214,3 +214,32 @@ def test_checkpoints_with_nowhere_to_keep_them_are_refused_before_start(stack, s
     with pytest.raises(ConfigError) as err:
         run(job, spark=spark, conf=_conf(stack, "liverobin", replicated=False, **{"spark.replication.workers": "1"}))
     assert err.value.key == "spark.replication.rhino.enabled" and "at least 2 executors" in str(err.value)
+
+
+def test_draining_an_executor_moves_its_replicas_elsewhere_while_the_twins_serve(stack, spark, topic_prefix,
+                                                                                 capsys):
+    """``replication drain JOB EXECUTOR`` under load: the executor's worker stops as if it had died,
+    the twins of its replicas go on serving, each replica is restored from its checkpoint on another
+    worker and catches up; the output stays exact and the drained executor hosts nothing."""
+    from replication.cli import main as cli_main
+
+    with _fed_job(stack, spark, f"{topic_prefix}rhinodrain", "liverobin") as (job, handle, ids):
+        _wait(lambda: _every_checkpoint_held_by_a_live_worker(handle), 30, "a completed checkpoint everywhere")
+        master = handle.master
+        w = next(w for (t, p, r), w in master.placement.items() if master._replica_label(t, p, r) == "chain[0]r0")
+        executor = str(master.workers[w].executor)
+        hosted = {master._replica_label(t, p, r) for (t, p, r), ww in master.placement.items() if ww == w}
+        time.sleep(0.6)  # the status file (with the driver's control address) is written every 0.5 s
+        assert cli_main(["drain", job.name, executor]) == 0
+        shown = capsys.readouterr().out
+        time.sleep(2.0)  # the restored replicas carry on under load
+    result = handle.drain(timeout=300)
+    assert f"executor {executor} drained" in shown and f"{len(hosted)} replica(s) restored" in shown, shown
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
+    assert report.exact, report
+    assert result.status == "finished" and not result.divergences
+    assert hosted <= {r["replica"] for r in result.recoveries}
+    assert all(r["worker"] != w for r in result.recoveries)  # restored elsewhere
+    assert any("drained by request" in text for _, text in result.events), result.events
+    with pytest.raises(ValueError, match="no live worker runs on executor"):
+        handle.drain_executor(executor)
