@@ -25,7 +25,7 @@ from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig
-from replication.handovers import HandoverCoordinator, format_vnodes, parse_strategy
+from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import (
@@ -507,7 +507,19 @@ class JobMaster:
     def _write_status(self, state: str = "running") -> None:
         if not self.job_name:
             return
-        status = {
+        try:
+            status = self._status(state)
+        except Exception:  # noqa: BLE001 - the status view must never stop the monitor or a registration
+            log.exception("cannot build the job status")
+            return
+        try:
+            write_status(self.job_name, status)
+        except OSError as err:
+            log.warning("cannot write the job status file: %s", err)
+
+    def _status(self, state: str) -> dict[str, Any]:
+        """What ``replication status`` shows (written as JSON next to the job)."""
+        return {
             "job": self.job_name, "app_id": self.app_id, "driver_pid": os.getpid(), "updated": time.time(),
             "state": state, "control_address": self.control_address,
             "workers": {str(w): {"executor": i.executor, "address": i.address, "python_pid": i.python_pid,
@@ -542,11 +554,20 @@ class JobMaster:
             "lost": sorted(self._replica_label(*replica) for replica in self.lost),
             "recoveries": self.recoveries[-20:], "checkpoints_compared": self.checkpoints_compared,
             "metrics_url": self.metrics_url,
+            # handovers: the vnode map of every keyed task, the handovers not completed, drained workers
+            "routing": {self.plan.task(t).name: {
+                "epoch": table.epoch, "active": table.parallelism,
+                "vnodes": [table.assignment.count(p) for p in range(self.plan.task(t).parallelism)]}
+                for t, table in (self.handovers.manager.tables if self.handovers is not None
+                                 else self.plan.routing).items()},
+            "handovers": [] if self.handovers is None else [
+                {"id": o.handover_id, "task": self.plan.task(o.task).name,
+                 "state": self.handovers.state(o.handover_id).value,
+                 "what": (f"operator {o.operator} version {o.version}" if isinstance(o, CodeOrder) else
+                          f"{len(o.moves)} vnode(s) from {sorted(o.origins)} to {sorted(o.targets)}")}
+                for o in self.handovers.orders.values()],
+            "pulse_window": self.pulse_window, "drained": sorted(self.drained),
         }
-        try:
-            write_status(self.job_name, status)
-        except OSError as err:
-            log.warning("cannot write the job status file: %s", err)
 
     def snapshot(self) -> dict[str, InstanceMetrics]:
         with self._cond:

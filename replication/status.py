@@ -180,6 +180,21 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
         out += [f"  task {t['id']} {t['name']} x{t['parallelism']}: {' -> '.join(t.get('operators', []))}  "
                 f"(inputs: {', '.join(t.get('inputs') or []) or 'kafka'})" for t in status["tasks"]]
 
+    for task, r in (status.get("routing") or {}).items():
+        counts = r.get("vnodes") or []
+        spare = len(counts) - int(r.get("active", len(counts)))
+        out.append(f"  vnodes of {task} (epoch {r.get('epoch', 0)}): "
+                   + ", ".join(f"p{p} {n}" for p, n in enumerate(counts))
+                   + (f"  ({spare} spare partition(s) for rescale)" if spare > 0 else ""))
+    if status.get("handovers"):
+        out.append("handovers in progress:")
+        out += [f"  handover {h['id']} of {h['task']}: {h['what']}, {h['state']}" for h in status["handovers"]]
+    window = status.get("pulse_window")
+    if window and window[1]:
+        out.append(f"pulse window {window[0]} open: the sources hold their records for pulses (KaZoo handover)")
+    if status.get("drained"):
+        out.append(f"drained workers (no replica is restored there): {', '.join(map(str, status['drained']))}")
+
     # replicas grouped by partition, in plan order
     parts: dict[tuple[int, int], list[tuple[int, str, dict[str, Any]]]] = {}
     for name, e in (status.get("replicas") or {}).items():

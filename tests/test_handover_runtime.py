@@ -15,6 +15,7 @@ from replication import run
 from replication.chaos import kill_executor, locate
 from replication.cli import main as cli_main
 from replication.examples.ordered import HashChain, build_ordered_job, verify_chains
+from replication.status import read_status
 from rhino_state import Batched, Fluid
 from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, source_topics
 
@@ -89,6 +90,8 @@ def test_rescaling_onto_a_spare_partition_and_back_under_load_keeps_the_output_e
         up = handle.rescale("chain", 3)
         assert up["state"] == "completed" and up["partitions"] == [0, 1, 2], up
         time.sleep(1.5)  # the third partition works
+        shown_up = read_status(name)["routing"]["chain"]  # what `replication status` shows
+        assert shown_up["active"] == 3 and sorted(shown_up["vnodes"]) == [85, 85, 86], shown_up
         with pytest.raises(ValueError, match="hosts 3 partitions"):
             handle.rescale("chain", 4)
         assert cli_main(["rescale", name, "chain", "2", "--strategy", "batched:8"]) == 0

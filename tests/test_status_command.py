@@ -127,6 +127,20 @@ def test_format_status_from_a_hand_made_status() -> None:
     assert len(events) == 3 and events[2].endswith("two live replicas again, 1.50s after the failure")
 
 
+def test_handovers_routing_and_drains_are_shown() -> None:
+    status = {**_status(), "routing": {"merge": {"epoch": 3, "active": 2, "vnodes": [100, 156, 0]}},
+              "handovers": [{"id": 4, "task": "merge", "state": "committed",
+                             "what": "8 vnode(s) from [0] to [1]"}],
+              "pulse_window": [2, True, False], "drained": [2]}
+    lines = format_status(status, now=NOW).splitlines()
+    assert "  vnodes of merge (epoch 3): p0 100, p1 156, p2 0  (1 spare partition(s) for rescale)" in lines
+    assert "  handover 4 of merge: 8 vnode(s) from [0] to [1], committed" in lines
+    assert any(line.startswith("pulse window 2 open") for line in lines)
+    assert "drained workers (no replica is restored there): 2" in lines
+    quiet = format_status({**status, "handovers": [], "pulse_window": [2, False, True], "drained": []}, now=NOW)
+    assert "handovers in progress" not in quiet and "pulse window" not in quiet and "drained" not in quiet
+
+
 def test_lag_in_pulses_for_liverobin() -> None:
     status = _status()
     status["ordering"] = "liverobin"
