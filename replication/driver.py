@@ -1126,11 +1126,7 @@ class JobHandle:
     def _keyed_task(self, task: str) -> int:
         """The id of the keyed ``task``, or ValueError naming why it cannot be handed over (yet)."""
         self._require_pulses("moving vnodes")
-        spec = self._keyed_spec(task)
-        if any(n.kind == "window" for n in spec.chain):
-            raise ValueError(f"{task!r} has an event-time window: moving its vnodes is not supported yet "
-                             "(docs/handover.md)")
-        return spec.id
+        return self._keyed_spec(task).id
 
     def drain(self, timeout: float | None = None) -> JobResult:
         """Let the sources read to the current end of their partitions, flush every window,

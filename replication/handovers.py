@@ -203,6 +203,9 @@ class _Step:
     cuts: dict[int, list[tuple[int, bytes, bytes]]] = field(default_factory=dict)
     origins: frozenset[int] = frozenset()
     chunks: dict[int, dict[int, list[tuple[int, bytes, bytes]]]] = field(default_factory=dict)  # until complete
+    # target: each origin's in-memory operator state of the moved keys (operator name -> entries),
+    # e.g. a window operator's fire index
+    extras: dict[int, dict[str, list]] = field(default_factory=dict)
 
     @property
     def state(self) -> list[tuple[int, bytes, bytes]] | None:
@@ -316,7 +319,7 @@ class PartitionHandovers(_Decisions):
             return "armed"
 
     def state_arrived(self, handover_id: int, origin: int, entries: list[tuple[int, bytes, bytes]],
-                      chunk: int = 0, chunks: int = 1) -> None:
+                      chunk: int = 0, chunks: int = 1, extras: dict[str, list] | None = None) -> None:
         """Chunk ``chunk`` of ``chunks`` of origin partition ``origin``'s cut of ``handover_id`` for
         this partition.  Both origin replicas cut the same entries in the same order and chunk them
         alike, so a chunk from either counts (the first); the cut is complete with every chunk."""
@@ -326,6 +329,8 @@ class PartitionHandovers(_Decisions):
                 return
             parts = step.chunks.setdefault(origin, {})
             parts.setdefault(chunk, entries)
+            if chunk == 0:
+                step.extras.setdefault(origin, extras or {})
             if len(parts) == chunks:
                 step.cuts[origin] = [e for i in range(chunks) for e in parts[i]]
                 del step.chunks[origin]
@@ -369,11 +374,15 @@ class PartitionHandovers(_Decisions):
     def _order(self, handover_id: int) -> HandoverOrder:
         return self._steps[handover_id].order
 
+    def cut_groups(self, order: HandoverOrder) -> list[range]:
+        """The key groups this origin gives away in ``order``."""
+        return list(cut_key_groups(order.moves, self.partition, self.num_key_groups, self.num_vnodes))
+
     def cut(self, order: HandoverOrder, backend: RocksDBStateBackend) -> tuple[list[tuple[int, bytes, bytes]], str]:
         """Take the moved key groups out of the state: their entries and a digest of them."""
         backend.flush()
         entries: list[tuple[int, bytes, bytes]] = []
-        for groups in cut_key_groups(order.moves, self.partition, self.num_key_groups, self.num_vnodes):
+        for groups in self.cut_groups(order):
             entries += list(backend.iter_key_groups(groups))
         for kg, rest, _ in entries:
             backend.delete(kg, rest)

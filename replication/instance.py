@@ -517,22 +517,32 @@ class ProcessingInstance(PartitionInstance):
                 if step is not None:
                     handovers.drop(step)
                 continue
+            moving = frozenset(kg for r in handovers.cut_groups(order) for kg in r)
+            extras = {op.name: op.cut_keys(moving.__contains__)
+                      for op in chain_operators(self.chain) if hasattr(op, "cut_keys")}
             entries, digest = handovers.cut(order, self.state_backend())
-            self.worker.send_handover_state(order, self.partition, entries)
+            self.worker.send_handover_state(order, self.partition, entries, extras)
             self.handover_ack(order.handover_id, order.epoch, "cut", digest, len(entries))
         for step in releases:
             decided = handovers.decided(step.order.handover_id, stopping)
             if decided is None:
                 return False
+            windows = [op for op in chain_operators(self.chain) if hasattr(op, "adopt_keys")]
             if decided:
                 held = handovers.release(step, self.state_backend(), stopping)
                 if held is None:
                     return False
+                for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
+                    for op in windows:
+                        op.adopt_keys(step.extras[origin].get(op.name, ()))
                 self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=len(step.state or ()))
             else:
                 held = handovers.drop(step)
             for ch, el in held:
                 self._element(ch, el)
+            if decided:
+                for op in windows:
+                    op.fire_behind()
         return True
 
     def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:

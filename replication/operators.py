@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from replication.deadletter import describe_error, payload_of
@@ -192,6 +192,35 @@ class WindowOperator(Operator):
         if wm <= self.watermark:
             return
         self.watermark = wm
+        self._fire(wm)
+        self.next.on_watermark(wm)
+
+    # -- handover (replication.handovers): the fire index moves with the keys' state ----------
+    def cut_keys(self, in_cut: Callable[[int], bool]) -> list[tuple[int, bytes, Any, float]]:
+        """An origin: take the fire-index entries ``(end, encoded key, key, newest ingest)`` of the
+        keys whose key group ``in_cut`` (their accumulators leave with the keyed state)."""
+        out = []
+        for end in sorted(self.pending):
+            keys = self.pending[end]
+            for kb in sorted(keys):
+                if in_cut(key_group(kb, self.env.num_key_groups)):
+                    key, ingest = keys.pop(kb)
+                    out.append((end, kb, key, ingest))
+            if not keys:
+                del self.pending[end]
+        return out
+
+    def adopt_keys(self, entries: Iterable[tuple[int, bytes, Any, float]]) -> None:
+        """A target, once it loaded the moved state: the origin's fire-index entries of those keys."""
+        for end, kb, key, ingest in entries:
+            self.pending.setdefault(end, {})[kb] = [key, ingest]
+
+    def fire_behind(self) -> None:
+        """A target, after the records it held: fire moved windows that are already behind this
+        partition's watermark (no record can still come for them in time)."""
+        self._fire(self.watermark)
+
+    def _fire(self, wm: int) -> None:
         for end in sorted(e for e in self.pending if e <= wm):
             keys = self.pending.pop(end)
             start = end - self.size
@@ -208,7 +237,6 @@ class WindowOperator(Operator):
                                          payload=payload, payload_kind=kind)
                     continue
                 self.next.process((DATA, value, key, end - 1, ingest, None))
-        self.next.on_watermark(wm)
 
     def snapshot(self) -> Any:
         return self.watermark, {end: {kb: list(e) for kb, e in keys.items()} for end, keys in self.pending.items()}

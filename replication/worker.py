@@ -42,6 +42,7 @@ from replication.handovers import HandoverOrder, chunk_entries, order_from_wire
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.plan import Instance, PhysicalPlan, ReplicaId
 from replication.spark_cluster import current_executor_id, local_advertise_host
+from rhino_state import key_group
 
 log = logging.getLogger(__name__)
 
@@ -320,12 +321,18 @@ class Worker:
             for inst in list(self.instances.values()):
                 inst.apply_handover(order)
 
-    def send_handover_state(self, order: HandoverOrder, origin: int, entries: list) -> None:
+    def send_handover_state(self, order: HandoverOrder, origin: int, entries: list,
+                            extras: dict[str, list] | None = None) -> None:
         """Origin partition ``origin``'s cut of ``order``'s vnodes, to every live replica of each
-        partition it gives vnodes to."""
+        partition it gives vnodes to; ``extras``: operators' in-memory state of the moved keys
+        (operator -> entries whose second item is the encoded key), with the first chunk."""
         targets = {m.target for m in order.moves if m.origin == origin}
+        groups = self.plan.num_key_groups
         for target in sorted(targets):
-            mine = [e for e in entries if order.table.partition_of_key_group(e[0], self.plan.num_key_groups) == target]
+            mine = [e for e in entries if order.table.partition_of_key_group(e[0], groups) == target]
+            their_extras = {op: [e for e in items if order.table.partition_of_key_group(key_group(e[1], groups),
+                                                                                        groups) == target]
+                            for op, items in (extras or {}).items()}
             chunks = chunk_entries(mine, self.cfg.handover_chunk_bytes)
             for r in range(self.plan.replicas):
                 w = self.boot.placement[(order.task, target, r)]
@@ -334,7 +341,8 @@ class Worker:
                         if w in self.dead_workers:
                             break
                         req = {"handover": order.handover_id, "task": order.task, "partition": target,
-                               "origin": origin, "chunk": i, "chunks": len(chunks), "entries": chunk}
+                               "origin": origin, "chunk": i, "chunks": len(chunks), "entries": chunk,
+                               "extras": their_extras if i == 0 else {}}
                         if w == self.index:
                             self._handover_state(req)
                         else:
@@ -350,7 +358,7 @@ class Worker:
         if inst is None or inst.handovers is None:
             raise ValueError(f"worker {self.index} hosts no replica of ({req['task']}, {req['partition']})")
         inst.handovers.state_arrived(req["handover"], req["origin"], req["entries"], req.get("chunk", 0),
-                                     req.get("chunks", 1))
+                                     req.get("chunks", 1), req.get("extras"))
         return {}
 
     def _apply(self, reply: dict) -> None:

@@ -385,6 +385,34 @@ def test_window_fires_only_when_the_watermark_passes_the_end(env):
     assert _fired(out)[1:] == [("k", 10, 20, (1, 1, 1, 1))]
 
 
+def test_a_windows_fire_index_moves_with_its_keys_in_a_handover(tmp_path):
+    """The origin gives away the fire-index entries of the moved keys (their accumulators leave
+    with the keyed state); the target adopts them, and fires at once the moved windows already
+    behind its own watermark; neither fires a window twice or loses one."""
+    with RocksDBStateBackend(tmp_path / "o") as ob, RocksDBStateBackend(tmp_path / "t") as tb:
+        origin, origin_out = _window(FakeEnv(ob))
+        target, target_out = _window(FakeEnv(tb))
+        for key, ts in (("moved", 3), ("moved", 14), ("stays", 5)):
+            origin.process(rec(1, key=key, ts=ts, ingest=1.0))
+        moved_kg = key_group(encode_key("moved"), G)
+        entries = origin.cut_keys(lambda kg: kg == moved_kg)
+        assert sorted((e[0], e[2]) for e in entries) == [(10, "moved"), (20, "moved")]
+        state = list(ob.iter_key_groups(range(moved_kg, moved_kg + 1)))  # what PartitionHandovers.cut moves
+        for kg, rest, _ in state:
+            ob.delete(kg, rest)
+        origin.on_watermark(30)
+        assert [r[0] for r in _fired(origin_out)] == ["stays"]  # the moved windows do not fire here
+        target.on_watermark(12)  # the target is already past the first moved window's end
+        for kg, rest, value in state:
+            tb.put(kg, rest, value)
+        target.adopt_keys(entries)
+        target.process(rec(1, key="moved", ts=15, ingest=2.0))  # a record it held, for the second window
+        target.fire_behind()
+        assert _fired(target_out) == [("moved", 0, 10, (1, 1, 1, 1))]
+        target.on_watermark(20)
+        assert _fired(target_out)[1:] == [("moved", 10, 20, (2, 2, 1, 1))]
+
+
 def test_window_state_does_not_depend_on_ingest_times(tmp_path):
     """Two replicas see the same records with different ingest times (stamped by whichever source
     replica's copy came first): their keyed state, compared at checkpoints, must be equal; the

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replication.api import Job
-from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
+from replication.functions import Aggregator, KeyedProcessFunction, ProcessContext, RuntimeContext
 
 
 def chain_step(prev: str, event_id: str) -> str:
@@ -70,6 +70,37 @@ def build_ordered_job(topic_a: str, topic_b: str, out_topic: str, name: str = "h
         stream = stream.rebalance().map(_identity, name=f"identity-{i + 1}")
     stream.new_task().sink(out_topic, serializer="json", key_serializer="str", name="chain-sink")
     return job
+
+
+class WindowCount(Aggregator):
+    """Records per key and tumbling window (the windowed variant of the ordered job's input)."""
+
+    def create(self) -> int:
+        return 0
+
+    def add(self, acc: int, value: Any) -> int:
+        return acc + 1
+
+
+def build_window_count_job(topic_a: str, topic_b: str, out_topic: str, name: str = "window-count",
+                           size_ms: int = 200, parallelism: int = 2) -> Job:
+    """``a ∪ b -> key_by(key) -> window(size_ms, count) -> sink``: output ``{key, start, end, value}``
+    once per key and window (check it with :func:`window_counts` of the input)."""
+    job = Job(name)
+    a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a")
+    b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b")
+    (a.union(b).key_by(lambda e: e["key"]).window(size_ms, WindowCount(), name="counts", parallelism=parallelism)
+     .new_task().sink(out_topic, serializer="json", key_serializer="str", name="counts-sink"))
+    return job
+
+
+def window_counts(events: Iterable[dict], size_ms: int = 200) -> dict[tuple[str, int], int]:
+    """What :func:`build_window_count_job` must output: records per (key, window start)."""
+    counts: dict[tuple[str, int], int] = {}
+    for e in events:
+        k = (e["key"], e["ts"] - e["ts"] % size_ms)
+        counts[k] = counts.get(k, 0) + 1
+    return counts
 
 
 def _identity(value: Any) -> Any:
