@@ -211,6 +211,17 @@ def _cmd_stack(args: argparse.Namespace) -> int:
     return stack_main([args.action, *(["--run-dir", args.run_dir] if args.run_dir else [])])
 
 
+def _handover_parser(sub: Any, name: str, what: str, timeout: float) -> argparse.ArgumentParser:
+    """A subcommand that runs a handover job on a keyed task of a running job (its job, task,
+    strategy and timeout arguments)."""
+    p = sub.add_parser(name, help=f"{what} (LiveRobin or KaZoo mode, Rhino off)")
+    p.add_argument("job", help="the job name")
+    p.add_argument("task", help="the keyed task")
+    p.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds to wait for it to complete")
+    return p
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="replication", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -251,33 +262,21 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("job", help="the job name")
     st.add_argument("--json", action="store_true", help="print the status file the driver publishes, as it is")
     st.set_defaults(fn=_cmd_status)
-    mv = sub.add_parser("move", help="move vnodes of a keyed task to another of its partitions while the job "
-                                     "runs (LiveRobin or KaZoo mode, Rhino off)")
-    mv.add_argument("job", help="the job name")
-    mv.add_argument("task", help="the keyed task")
+    mv = _handover_parser(sub, "move", "move vnodes of a keyed task to another of its partitions while the job "
+                                       "runs", timeout=60.0)
     mv.add_argument("vnodes", help="vnodes, e.g. 0-31,40")
     mv.add_argument("target", type=int, help="the partition they move to")
-    mv.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
-    mv.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the move to complete")
     mv.set_defaults(fn=_cmd_move)
-    rs = sub.add_parser("rescale", help="run a keyed task on more or fewer of its partitions while the job runs "
-                                        "(up to its max_parallelism; LiveRobin or KaZoo mode, Rhino off)")
-    rs.add_argument("job", help="the job name")
-    rs.add_argument("task", help="the keyed task")
+    rs = _handover_parser(sub, "rescale", "run a keyed task on more or fewer of its partitions while the job runs "
+                                          "(up to its max_parallelism)", timeout=120.0)
     rs.add_argument("parallelism", type=int, help="the partitions that own vnodes afterwards")
-    rs.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
-    rs.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the rescale to complete")
     rs.set_defaults(fn=_cmd_rescale)
-    rb = sub.add_parser("rebalance", help="measure the records per vnode of a keyed task, then move load off its "
-                                          "busiest partition while the job runs (LiveRobin or KaZoo mode, Rhino off)")
-    rb.add_argument("job", help="the job name")
-    rb.add_argument("task", help="the keyed task")
+    rb = _handover_parser(sub, "rebalance", "measure the records per vnode of a keyed task, then move load off its "
+                                            "busiest partition while the job runs", timeout=120.0)
     rb.add_argument("--fraction", type=float, default=0.5,
                     help="at most this fraction of the busiest partition's vnodes move (default 0.5)")
     rb.add_argument("--target", type=int, help="the partition they move to (default: the least loaded)")
     rb.add_argument("--window", type=float, default=3.0, help="seconds over which the load is measured")
-    rb.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
-    rb.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the moves to complete")
     rb.set_defaults(fn=_cmd_rebalance)
     dr = sub.add_parser("drain", help="move every replica off an executor while the job runs (replication and "
                                       "Rhino on): the twins serve, the replicas are restored from checkpoints elsewhere")
