@@ -3,7 +3,7 @@
     .venv/bin/python bench/suite.py [--only ordering,throughput,mib,...] [--results bench/results/suite]
 
 Steps (each one of the benchmark commands, run as it would be by hand, its own live status line
-on the terminal; each holds the machine for at most about 12 minutes, about 45 minutes in all on 2 cores):
+on the terminal; each holds the machine for at most about 12 minutes, about 55 minutes in all on 2 cores):
 
 * ``ordering``: ``bench/ordering.py`` at 400 events/s: latency of no replication, passive
   (checkpoint-restart), ``unordered``, ``liverobin`` (5, 10 and 50 ms) and ``kazoo`` at pipeline lengths
