@@ -1050,7 +1050,7 @@ class JobHandle:
                 master.holding.get(rid, (0, {}))[0] == window for rid in live()), hold_timeout)
             if master.failure is not None or not held:
                 master.pulse_window = (window, False, False)  # no pulse was written: they stop holding
-                missing = [replica_name(self.plan.task(t).name, p, r) for t, p, r in live()
+                missing = [master._replica_label(t, p, r) for t, p, r in live()
                            if master.holding.get((t, p, r), (0, {}))[0] != window]
                 raise TimeoutError(f"{what}: source replicas {missing} did not hold their records within "
                                    f"{hold_timeout:g}s" if not held else f"job failed: {master.failure}")

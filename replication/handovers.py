@@ -208,6 +208,11 @@ class _Step:
     extras: dict[int, dict[str, list]] = field(default_factory=dict)
 
     @property
+    def entries(self) -> int:
+        """State entries arrived from the origins so far (without joining their cuts)."""
+        return sum(len(c) for c in self.cuts.values())
+
+    @property
     def state(self) -> list[tuple[int, bytes, bytes]] | None:
         """Every origin's cut, once all arrived (in origin order)."""
         if not self.origins <= self.cuts.keys():

@@ -535,7 +535,7 @@ class ProcessingInstance(PartitionInstance):
                 for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
                     for op in windows:
                         op.adopt_keys(step.extras[origin].get(op.name, ()))
-                self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=len(step.state or ()))
+                self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=step.entries)
             else:
                 held = handovers.drop(step)
             for ch, el in held:
@@ -647,8 +647,6 @@ class SourceInstance(PartitionInstance):
                 messages = consumer.consume(num_messages=batch, timeout=0)
                 if placer is None:
                     messages = messages or consumer.consume(1, timeout=idle_s)
-                    if self._pulses is not None:
-                        self._pulses.take(0)  # KaZoo outside a window: pulses of windows already left
                 else:  # idle: wait for a pulse, not for a record (records wait for pulses anyway)
                     for record in self._pulses.take(0 if messages else PULSE_WAIT_S):
                         if self._windows.admits(record) if self._windows is not None else record.h > self._after_pulse:
@@ -736,6 +734,7 @@ class SourceInstance(PartitionInstance):
         assert self._windows is not None and word is not None
         action = self._windows.announce(*word)
         if action == HOLD:
+            self._pulses.take(0)  # pulses of windows already left (the new one's come once every replica holds)
             k = self.kafka_partitions[0]
             position = self._next_offset.get(k, self.start_offsets.get(k, 0))
             self._paused = False
