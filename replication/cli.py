@@ -214,10 +214,11 @@ def _cmd_stack(args: argparse.Namespace) -> int:
 def _handover_parser(sub: Any, name: str, what: str, timeout: float) -> argparse.ArgumentParser:
     """A subcommand that runs a handover job on a keyed task of a running job (its job, task,
     strategy and timeout arguments)."""
-    p = sub.add_parser(name, help=f"{what} (LiveRobin or KaZoo mode, Rhino off)")
+    p = sub.add_parser(name, help=f"{what} (LiveRobin mode; KaZoo mode with Rhino off)")
     p.add_argument("job", help="the job name")
     p.add_argument("task", help="the keyed task")
-    p.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step) or batched:N")
+    p.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step), batched:N, or "
+                                                     "batched:N:BYTES (at most BYTES of state per step, e.g. 8MiB)")
     p.add_argument("--timeout", type=float, default=timeout, help="seconds to wait for it to complete")
     return p
 

@@ -41,7 +41,7 @@ from replication.plan import (
 from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
 from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
-from rhino_state import AllAtOnce, HandoverState, JobState, RoutingTable
+from rhino_state import AllAtOnce, Batched, HandoverState, JobState, RoutingTable
 from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager
 
@@ -120,6 +120,8 @@ class JobMaster:
         self.recoveries: list[dict[str, Any]] = []  # one per restored replica, with its timings
         self._catching_up: dict[ReplicaId, dict[str, Any]] = {}
         self._restoring: set[ReplicaId] = set()
+        self._attempts: dict[ReplicaId, int] = {}
+        self.measure_state: dict[int, int] = {}  # keyed task -> the latest request to measure its state per vnode  # restores of each replica: its incarnation, in its acks
         self._unrestorable: set[ReplicaId] = set()  # reported once: no holder of a checkpoint (yet)
         self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
         self._peers: dict[str, rpc.Peer] = {}
@@ -276,12 +278,16 @@ class JobMaster:
                 for text in self.handovers.on_acks(req.get("handover_acks", ())):
                     self.event(text)
                 reply["handovers"] = self.handovers.view()
+                if self.handovers.retain:
+                    reply["retained_handovers"] = self.handovers.retained()
                 self._cond.notify_all()
             if req.get("holding"):  # KaZoo sources holding their records for a pulse window
                 self.holding.update(req["holding"])
                 self._cond.notify_all()
             if self.pulse_window is not None:
                 reply["pulse_window"] = self.pulse_window
+            if self.measure_state:
+                reply["measure_state"] = dict(self.measure_state)
             if self.rhino is not None:
                 self._checkpoint_reports(req.get("checkpoints", {}))
                 reply["rhino"] = self._rhino_view()
@@ -326,6 +332,9 @@ class JobMaster:
             holders = [workers_at[a] for a in chain if a in workers_at]
             self.rhino.checkpoint_completed((t, p), cid, positions, digest, now=time.time(), holders=holders,
                                             outputs=outputs)
+        if report.get("completed") and self.handovers is not None and self.handovers.history:
+            rhino = self.rhino
+            self.handovers.prune(lambda inst: cp.checkpoint_id if (cp := rhino.restore_point(inst)) else None)
 
     def _start_restores(self) -> None:
         """Restore every lost replica for which a live worker holds a completed checkpoint (one
@@ -353,8 +362,12 @@ class JobMaster:
             self._writer_from_restored(replica)
             self._restoring.add(replica)
             address = self.workers[host].address
+            attempt = self._attempts[replica] = self._attempts.get(replica, 0) + 1
             req = {"replica": replica, "checkpoint_id": cp.checkpoint_id, "placement": dict(self.placement),
-                   "sinks": self._sink_roles(), "addresses": {w: i.address for w, i in self.workers.items()}}
+                   "sinks": self._sink_roles(), "addresses": {w: i.address for w, i in self.workers.items()},
+                   # the committed handovers it takes part in that its checkpoint may predate
+                   "attempt": attempt, "handovers": ([] if self.handovers is None
+                                                     else self.handovers.replica_restored(replica, attempt))}
             threading.Thread(target=self._restore, args=(replica, host, address, req, rollback),
                              name=f"restore-{replica}", daemon=True).start()
 
@@ -382,6 +395,9 @@ class JobMaster:
             with self._cond:
                 self._restoring.discard(replica)
                 self.rhino.restore_failed(replica)
+                if self.handovers is not None:
+                    for text in self.handovers.replica_lost(replica):
+                        self.event(text)
                 self._retry_at[replica] = time.monotonic() + 2.0
                 self.event(f"restoring {name} on worker {host} failed (tried again in 2 s): {exc}")
             return
@@ -817,7 +833,7 @@ class JobHandle:
         tid = self._keyed_task(task)
         strategy = strategy or AllAtOnce()
         return self._run_handover_job(
-            task, lambda c: c.start_job(tid, vnodes, target, strategy),
+            task, lambda c, sizes: c.start_job(tid, vnodes, target, strategy, sizes),
             f"vnodes {format_vnodes(vnodes)} to partition {target}", strategy, timeout, margin_s, release_s, gap_s)
 
     def rescale(self, task: str, parallelism: int, timeout: float = 120.0, margin_s: float = 0.5,
@@ -830,7 +846,7 @@ class JobHandle:
         tid = self._keyed_task(task)
         strategy = strategy or AllAtOnce()
         return self._run_handover_job(
-            task, lambda c: c.start_rescale(tid, parallelism, strategy), f"rescale to {parallelism} partitions",
+            task, lambda c, sizes: c.start_rescale(tid, parallelism, strategy, sizes), f"rescale to {parallelism} partitions",
             strategy, timeout, margin_s, release_s, gap_s)
 
     def drain_executor(self, executor: str, timeout: float = 120.0) -> dict[str, Any]:
@@ -876,6 +892,27 @@ class JobHandle:
         return {"executor": str(executor), "worker": w, "replicas": sorted(labels), "restored": restored,
                 "seconds": time.monotonic() - started}
 
+    def state_bytes_per_vnode(self, task: str, timeout: float = 30.0) -> list[int]:
+        """Keyed state bytes of each vnode of ``task`` now: every partition measures its RocksDB
+        (one replica of each counts; a partition owns disjoint vnodes)."""
+        spec = self._keyed_spec(task)
+        master = self.master
+        with master._cond:
+            rid = master.measure_state[spec.id] = master.measure_state.get(spec.id, 0) + 1
+            done = master._cond.wait_for(lambda: all(
+                any((m := master.metrics.get(replica_name(spec.name, p, r))) is not None and m.vnode_bytes[0] >= rid
+                    for r in range(self.plan.replicas)) for p in range(spec.parallelism)), timeout)
+            reports = [max((m.vnode_bytes for r in range(self.plan.replicas)
+                            if (m := master.metrics.get(replica_name(spec.name, p, r))) is not None),
+                           key=lambda v: v[0]) for p in range(spec.parallelism)]
+        if not done:
+            raise TimeoutError(f"the partitions of {task!r} did not measure their state within {timeout:g}s")
+        sizes = [0] * self.plan.routing[spec.id].num_vnodes
+        for _, per_vnode in reports:
+            for v, n in enumerate(per_vnode):
+                sizes[v] += n
+        return sizes
+
     def routed_per_vnode(self, task: str) -> list[int]:
         """Records routed to each vnode of the keyed ``task`` since the job started, as last
         reported by its upstream partitions (of each, the replica that counted more)."""
@@ -916,7 +953,7 @@ class JobHandle:
             raise ValueError(f"no record reached {task!r} in the last {window_s:g} s: no load to rebalance by")
         table_before = self.routing(task)
         report = self._run_handover_job(
-            task, lambda c: c.start_rebalance(tid, load, fraction, target, strategy),
+            task, lambda c, sizes: c.start_rebalance(tid, load, fraction, target, strategy, sizes),
             f"rebalance of up to {fraction:.0%} of the busiest partition's vnodes", strategy, timeout, margin_s,
             release_s, gap_s)
         table_after = self.routing(task)
@@ -924,18 +961,21 @@ class JobHandle:
             report[key] = [round(sum(load[v] for v in table.vnodes_of(p)), 1) for p in range(table.parallelism)]
         return report
 
-    def _run_handover_job(self, task: str, submit: Callable[[HandoverCoordinator], int], what: str,
-                          strategy: Strategy, timeout: float, margin_s: float, release_s: float,
+    def _run_handover_job(self, task: str, submit: Callable[[HandoverCoordinator, list[int] | None], int],
+                          what: str, strategy: Strategy, timeout: float, margin_s: float, release_s: float,
                           gap_s: float) -> dict[str, Any]:
         """Submit a handover job and run its steps one by one, each at pulses about ``margin_s``
-        ahead; the report of :meth:`move_vnodes`."""
+        ahead; the report of :meth:`move_vnodes`.  A byte cap (``Batched(max_bytes=...)``) plans
+        the steps from the state bytes per vnode, measured first."""
         period_ms = self.cfg.liverobin_heartbeat_period_ms
         started = time.monotonic()
         deadline = started + timeout
         steps: list[dict[str, Any]] = []
+        sizes = (self.state_bytes_per_vnode(task, timeout=min(30.0, timeout))
+                 if isinstance(strategy, Batched) and strategy.max_bytes is not None else None)
         with self._handover_window("a handover", timeout) as (coordinator, generators):
             master = self.master
-            job = submit(coordinator)
+            job = submit(coordinator, sizes)
             master.event(f"handover job {job} of {task}: {what} ({type(strategy).__name__}, "
                          f"{len(coordinator.manager.job(job).steps)} step(s))")
             while coordinator.job_state(job) is JobState.RUNNING:
@@ -954,6 +994,7 @@ class JobHandle:
                               "state": coordinator.state(hid).value,
                               "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
                               "entries_moved": coordinator.moved_entries(hid),
+                              "bytes_planned": coordinator.manager.record(hid).size_bytes if sizes else None,
                               "seconds": time.monotonic() - step_started})
                 if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                     master._cond.wait(gap_s)
@@ -1021,7 +1062,11 @@ class JobHandle:
         try:
             with self.master._cond:
                 if self.master.handovers is None:
-                    self.master.handovers = HandoverCoordinator(self.plan)
+                    self.master.handovers = HandoverCoordinator(self.plan, retain=self.cfg.rhino_enabled)
+                    # replicas restored before it existed ack as their incarnation; lost ones take part in nothing
+                    manager = self.master.handovers.manager
+                    manager.attempts.update(self.master._attempts)
+                    manager.lost.update(set(self.master.lost) - self.master._restoring)
                 yield self.master.handovers, generators
         finally:
             if window is None:
@@ -1112,9 +1157,14 @@ class JobHandle:
         return self.plan.routing[spec.id]
 
     def _require_pulses(self, what: str) -> None:
-        if self.cfg.mode not in ("liverobin", "kazoo") or self.cfg.rhino_enabled:
+        if self.cfg.mode not in ("liverobin", "kazoo"):
             raise ValueError(f"{what} at runtime needs spark.replication.mode=liverobin or kazoo (pulses are the "
-                             "switch points) and, for now, spark.replication.rhino.enabled=false (docs/handover.md)")
+                             "switch points)")
+        if self.cfg.mode == "kazoo" and self.cfg.rhino_enabled:
+            raise ValueError(f"{what} at runtime with spark.replication.rhino.enabled=true needs "
+                             "spark.replication.mode=liverobin for now: KaZoo checkpoints are taken at order "
+                             "numbers, not pulses, and a source restored during a pulse window is not handled "
+                             "yet (docs/handover.md)")
 
     def _keyed_spec(self, task: str) -> TaskSpec:
         spec = next((t for t in self.plan.tasks if t.name == task), None)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,6 +51,7 @@ from rhino_state import (
     VersionedRouter,
     VnodeMove,
     cut_key_groups,
+    key_group,
     load_key_groups,
 )
 from rhino_state.handover import Strategy
@@ -144,6 +145,20 @@ class RouterSwitches:
         self._ids: dict[tuple[int, int], tuple[int, int]] = {}  # (task, epoch) -> (handover id, epoch)
         self._lock = threading.Condition()
 
+    def tables(self) -> dict[int, dict[str, Any]]:
+        """The tables in force, for a checkpoint (switches armed for later pulses are not in it: a
+        replica restored from it gets their orders again)."""
+        with self._lock:
+            return {task: router.table.to_dict() for task, router in self._routers.items()}
+
+    def restore(self, tables: Mapping[int, Mapping[str, Any]]) -> None:
+        """Route with the tables of the checkpoint this replica is restored from."""
+        with self._lock:
+            for task, data in tables.items():
+                if task in self._routers:
+                    self._routers[task] = VersionedRouter(RoutingTable.from_dict(data),
+                                                          self._routers[task].num_key_groups)
+
     @property
     def tasks(self) -> frozenset[int]:
         return frozenset(self._routers)
@@ -157,13 +172,16 @@ class RouterSwitches:
 
     def arm(self, order: HandoverOrder) -> str:
         """Install, commit or cancel ``order``'s switch: "armed", "late" (pulse P was already
-        forwarded) or "cancelled"."""
+        forwarded), "done" (its table is in force already: restored from a checkpoint after the
+        switch) or "cancelled"."""
         with self._lock:
             router = self._routers[order.task]
             if order.cancelled:
                 router.cancel(order.handover_id)
                 self._lock.notify_all()
                 return "cancelled"
+            if router.table.epoch >= order.table.epoch:
+                return "done"
             try:
                 router.arm(order.handover_id, order.table, order.switch_at, committed=order.committed)
             except LateInstructionError:
@@ -259,11 +277,14 @@ class CodeSwitches(_Decisions):
         return bool(self._orders)
 
     def arm(self, order: CodeOrder) -> str:
-        """Install, commit or cancel ``order``: "armed", "late" (pulse P already forwarded) or "cancelled"."""
+        """Install, commit or cancel ``order``: "armed", "late" (pulse P already forwarded),
+        "done" (committed, and this replica's checkpoint is past it) or "cancelled"."""
         with self._cond:
             known = self._orders.get(order.handover_id)
             if known is None and not order.cancelled and self.position >= order.switch_at:
-                return "late"
+                # committed: every live replica armed it in time, so this one was restored from a
+                # checkpoint that already runs the new version
+                return "done" if order.committed else "late"
             if known is not None or not order.cancelled:
                 self._orders[order.handover_id] = order
                 self._cond.notify_all()
@@ -298,10 +319,15 @@ class PartitionHandovers(_Decisions):
         self.position = 0  # the last pulse forwarded
         self.moved_entries = 0  # state entries cut or loaded here
         self.held_records = 0
+        # Rhino: this origin's cuts, per target partition (entries, extras), kept until the driver
+        # says every target's restore point is past the release: a target replica restored from an
+        # earlier checkpoint fetches its cut again (the origin's own checkpoints no longer have it)
+        self._kept: dict[int, dict[int, tuple[list, dict[str, list]]]] = {}
 
     # -- worker thread ------------------------------------------------------------------------
     def arm(self, order: HandoverOrder) -> str:
-        """Install, commit or cancel ``order``: "armed", "late" (past its position) or "cancelled"."""
+        """Install, commit or cancel ``order``: "armed", "late" (past its position), "done"
+        (committed, and this replica's checkpoint is past it) or "cancelled"."""
         with self._cond:
             step = self._steps.get(order.handover_id)
             if order.cancelled:
@@ -312,7 +338,9 @@ class PartitionHandovers(_Decisions):
             if step is None:
                 origin, target = self.partition in order.origins, self.partition in order.targets
                 if (origin and self.position > order.switch_at) or (target and self.position >= order.release_at):
-                    return "late"
+                    # committed: every live replica armed it in time, so this one was restored from a
+                    # checkpoint that already has the cut or the loaded state
+                    return "done" if order.committed else "late"
                 step = self._steps[order.handover_id] = _Step(order, cut_pending=origin)
                 if target:
                     step.origins = frozenset(m.origin for m in order.moves if m.target == self.partition)
@@ -341,10 +369,39 @@ class PartitionHandovers(_Decisions):
                 del step.chunks[origin]
                 self._cond.notify_all()
 
+    def kept_cut(self, handover_id: int, target: int) -> tuple[list, dict[str, list]] | None:
+        """This origin's kept cut of ``handover_id`` for partition ``target`` (None: not kept)."""
+        with self._cond:
+            return self._kept.get(handover_id, {}).get(target)
+
+    def forget_kept(self, still_needed: Collection[int]) -> None:
+        """Drop the kept cuts of the handovers the driver no longer lists."""
+        with self._cond:
+            for hid in [h for h in self._kept if h not in still_needed]:
+                del self._kept[hid]
+
+    def missing_cuts(self) -> list[tuple[int, int]]:
+        """(handover id, origin partition) of the cuts this target still waits for."""
+        with self._cond:
+            return [(hid, o) for hid, s in self._steps.items() if s.gate is not None and not s.order.cancelled
+                    for o in sorted(s.origins - s.cuts.keys())]
+
     # -- instance thread ----------------------------------------------------------------------
     @property
     def active(self) -> bool:
         return bool(self._steps)
+
+    def holds_records_at(self, h: int) -> bool:
+        """Whether, right after forwarding pulse ``h``, this target may hold records it has not
+        processed (between a switch and its release): its checkpoint at ``h`` is skipped, as it
+        would lose them (both replicas skip alike: the order's pulses decide)."""
+        with self._cond:
+            return any(s.gate is not None and s.order.switch_at < h < s.order.release_at
+                       for s in self._steps.values())
+
+    def keep(self, handover_id: int, per_target: dict[int, tuple[list, dict[str, list]]]) -> None:
+        with self._cond:
+            self._kept[handover_id] = per_target
 
     @property
     def gating(self) -> bool:
@@ -455,6 +512,29 @@ def chunk_entries(entries: list[tuple[int, bytes, bytes]], max_bytes: int) -> li
     return chunks
 
 
+def vnode_bytes(backend: RocksDBStateBackend, num_key_groups: int, num_vnodes: int) -> list[int]:
+    """Keyed state bytes (key + value, as stored) per vnode: what moving each would transfer."""
+    backend.flush()
+    sizes = [0] * num_vnodes
+    for kg, rest, value in backend.iter_key_groups(range(num_key_groups)):
+        sizes[((kg + 1) * num_vnodes - 1) // num_key_groups] += 2 + len(rest) + len(value)  # vnode_of, inlined
+    return sizes
+
+
+def split_cut(order: HandoverOrder, origin: int, entries: list[tuple[int, bytes, bytes]],
+              extras: Mapping[str, list], num_key_groups: int) -> dict[int, tuple[list, dict[str, list]]]:
+    """Origin partition ``origin``'s cut of ``order``, per target partition: its state entries and
+    operators' in-memory state of the moved keys (operator -> entries whose second item is the
+    encoded key)."""
+    def target_of(kg: int) -> int:
+        return order.table.partition_of_key_group(kg, num_key_groups)
+
+    return {target: ([e for e in entries if target_of(e[0]) == target],
+                     {op: [e for e in items if target_of(key_group(e[1], num_key_groups)) == target]
+                      for op, items in extras.items()})
+            for target in sorted({m.target for m in order.moves if m.origin == origin})}
+
+
 def _digest(entries: Iterable[tuple[int, bytes, bytes]]) -> str:
     h = hashlib.sha256()
     for kg, rest, value in sorted(entries):
@@ -466,7 +546,7 @@ class HandoverCoordinator:
     """Driver side: the :class:`HandoverManager`, the orders every worker is shown, and the acks the
     workers send back (the job master calls it under its lock; no I/O here)."""
 
-    def __init__(self, plan: Any) -> None:
+    def __init__(self, plan: Any, retain: bool = False) -> None:
         upstreams: dict[int, list[Instance]] = {t: [] for t in plan.routing}
         for task in plan.tasks:
             for edge in task.outputs:
@@ -477,6 +557,11 @@ class HandoverCoordinator:
         self.orders: dict[int, HandoverOrder | CodeOrder] = {}
         self._cut_entries: dict[int, dict[int, int]] = {}  # handover id -> origin partition -> entries cut
         self._deferred: list[HandoverAck] = []  # LOADED acks that came before the release was placed
+        # Rhino (``retain``): completed orders, kept until every participant's restore point is past
+        # them, for replicas restored from an earlier checkpoint to replay them (and the origins keep
+        # their cuts as long as the order is listed here)
+        self.retain = retain
+        self.history: dict[int, HandoverOrder | CodeOrder] = {}
 
     def start_move(self, task: int, vnodes: Iterable[int], target: int, switch_at: int,
                    release_at: int) -> HandoverOrder:
@@ -488,11 +573,14 @@ class HandoverCoordinator:
             raise ValueError(f"task {task}: another handover is not committed yet, or a participant is lost")
         return order
 
-    def start_job(self, task: int, vnodes: Iterable[int], target: int, strategy: Strategy) -> int:
-        """Plan the move of ``vnodes`` of ``task`` to ``target`` in steps (``strategy``); its job id."""
-        return self.manager.submit(MoveRequest(task, tuple(vnodes), target), strategy).job_id
+    def start_job(self, task: int, vnodes: Iterable[int], target: int, strategy: Strategy,
+                  sizes: Sequence[int] | None = None) -> int:
+        """Plan the move of ``vnodes`` of ``task`` to ``target`` in steps (``strategy``; ``sizes``:
+        state bytes per vnode, for a byte cap); its job id."""
+        return self.manager.submit(MoveRequest(task, tuple(vnodes), target), strategy, sizes=sizes).job_id
 
-    def start_rescale(self, task: int, parallelism: int, strategy: Strategy) -> int:
+    def start_rescale(self, task: int, parallelism: int, strategy: Strategy,
+                      sizes: Sequence[int] | None = None) -> int:
         """Plan taking ``task`` to ``parallelism`` partitions owning vnodes (the fewest moves; the
         partitions beyond it end with none), in steps; its job id.  ValueError beyond the
         partitions the task hosts."""
@@ -500,14 +588,15 @@ class HandoverCoordinator:
         if not isinstance(parallelism, int) or not 1 <= parallelism <= hosted:
             raise ValueError(f"task {self.plan.task(task).name!r} hosts {hosted} partitions (its max_parallelism): "
                              f"it can run on 1 to {hosted} of them, not {parallelism!r}")
-        return self.manager.submit(RescaleRequest(task, parallelism), strategy).job_id
+        return self.manager.submit(RescaleRequest(task, parallelism), strategy, sizes=sizes).job_id
 
     def start_rebalance(self, task: int, load_per_vnode: Sequence[float], fraction: float, target: int | None,
-                        strategy: Strategy) -> int:
+                        strategy: Strategy, sizes: Sequence[int] | None = None) -> int:
         """Plan moving up to ``fraction`` of the busiest partition's vnodes, heaviest first, to the
         least loaded partition (or ``target``) as long as each move lowers the larger load; its job
         id (a job with no step when nothing would improve)."""
-        return self.manager.submit(RebalanceRequest(task, tuple(load_per_vnode), fraction, target), strategy).job_id
+        return self.manager.submit(RebalanceRequest(task, tuple(load_per_vnode), fraction, target), strategy,
+                                   sizes=sizes).job_id
 
     def moved_entries(self, handover_id: int) -> int:
         """State entries the origins of ``handover_id`` cut (one replica of each origin counted)."""
@@ -543,8 +632,8 @@ class HandoverCoordinator:
         """Feed the acks of one heartbeat; commits, releases and completions follow.  Returns what
         happened, for the job's event log."""
         events: list[str] = []
-        for hid, epoch, replica, kind, digest, entries in acks:
-            ack = HandoverAck(hid, epoch, tuple(replica), AckKind(kind), 0, digest)
+        for hid, epoch, replica, kind, digest, entries, attempt in acks:
+            ack = HandoverAck(hid, epoch, tuple(replica), AckKind(kind), attempt, digest)
             rec = self.manager.records.get(hid)
             if ack.kind is AckKind.LOADED and rec is not None and not rec.released:
                 self._deferred.append(ack)
@@ -574,7 +663,7 @@ class HandoverCoordinator:
             events.append(f"handover {hid} of {name} cancelled: {rec.reason}")
         if isinstance(order, CodeOrder):
             if rec.state is HandoverState.COMPLETED and hid in self.orders:
-                del self.orders[hid]
+                self._completed(hid)
                 events.append(f"operator {order.operator!r} of {name} replaced by version {order.version} on every "
                               f"replica, from pulse {order.switch_at} on")
             return events
@@ -587,10 +676,52 @@ class HandoverCoordinator:
             for ack in deferred:
                 self.manager.ack(ack)
         if rec.state is HandoverState.COMPLETED and hid in self.orders:
-            del self.orders[hid]
+            self._completed(hid)
             events.append(f"handover {hid} of {name} completed: vnodes "
                           f"{format_vnodes(m.vnode for m in order.moves)} now on partition(s) {sorted(order.targets)}")
         return events
+
+    def _completed(self, hid: int) -> None:
+        order = self.orders.pop(hid)
+        if self.retain:
+            self.history[hid] = order
+
+    def replica_restored(self, replica: ReplicaId, attempt: int) -> list[dict[str, Any]]:
+        """``replica`` is restored (incarnation ``attempt``, its acks carry it): the committed
+        orders it takes part in, completed ones still retained first, to arm before it replays
+        (those its checkpoint already includes it skips)."""
+        self.manager.replica_restored(replica, attempt)
+        inst = replica[:2]
+        orders = [*self.history.values(), *(o for o in self.orders.values() if o.committed and not o.cancelled)]
+        return [o.to_wire() for o in sorted(orders, key=lambda o: o.handover_id) if inst in self._participants(o)]
+
+    def _participants(self, order: HandoverOrder | CodeOrder) -> frozenset[Instance]:
+        """The instances whose replicas act on ``order``: upstreams, origins and targets, or every
+        partition of the task whose operator is replaced."""
+        if isinstance(order, CodeOrder):
+            return frozenset((order.task, p) for p in range(self.plan.task(order.task).parallelism))
+        return order.upstreams | {(order.task, p) for p in order.origins | order.targets}
+
+    def retained(self) -> list[int]:
+        """The handovers whose cuts the origins keep: those in progress and those retained."""
+        return sorted([*self.orders, *self.history])
+
+    def prune(self, restore_point: Callable[[Instance], int | None]) -> list[int]:
+        """Forget the retained orders every participant's restore point (the checkpoint a replica
+        would be restored from, a pulse) is past: the release for a vnode handover, the switch for
+        a replacement.  Returns their ids."""
+        gone = []
+        for hid, order in sorted(self.history.items()):
+            last = order.release_at if isinstance(order, HandoverOrder) else order.switch_at
+            if all((cp := restore_point(inst)) is not None and cp >= last for inst in self._participants(order)):
+                gone.append(hid)
+                del self.history[hid]
+                self._cut_entries.pop(hid, None)
+        for task in self.manager.tables:
+            left = [o.epoch for o in [*self.orders.values(), *self.history.values()]
+                    if isinstance(o, HandoverOrder) and o.task == task]
+            self.manager.prune(task, min(left) - 1 if left else self.manager.tables[task].epoch)
+        return gone
 
     def replica_lost(self, replica: ReplicaId) -> list[str]:
         """A replica's worker died: handovers not committed yet are cancelled (clean)."""
@@ -613,16 +744,28 @@ class HandoverCoordinator:
 _ORDER_OF = {s: i for i, s in enumerate(HandoverState)}
 
 
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
+
+
 def parse_strategy(text: str) -> Strategy:
-    """``all`` (one step), ``fluid`` (one vnode per step) or ``batched:N`` (N per step)."""
+    """``all`` (one step), ``fluid`` (one vnode per step), ``batched:N`` (N per step) or
+    ``batched:N:BYTES`` (N per step and at most BYTES of state, e.g. ``64KiB``, ``8MiB``)."""
     name, _, arg = text.strip().lower().partition(":")
+    count, capped, cap = arg.partition(":")
     if name == "all" and not arg:
         return AllAtOnce()
     if name == "fluid" and not arg:
         return Fluid()
-    if name == "batched" and arg.isdigit() and int(arg) >= 1:
-        return Batched(int(arg))
-    raise ValueError(f"strategy {text!r}: expected all, fluid or batched:N (N >= 1)")
+    if name == "batched" and count.isdigit() and int(count) >= 1:
+        if not capped:
+            return Batched(int(count))
+        number = cap.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = cap[len(number):]
+        if number.isdigit() and unit in _UNITS and int(number) >= 1:
+            return Batched(int(count), max_bytes=int(number) * _UNITS[unit])
+    raise ValueError(f"strategy {text!r}: expected all, fluid, batched:N or batched:N:BYTES (N >= 1, BYTES "
+                     "like 65536, 64KiB or 8MiB)")
 
 
 def format_vnodes(vnodes: Iterable[int]) -> str:

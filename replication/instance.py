@@ -29,7 +29,15 @@ from replication.deadletter import describe_error
 from replication.dedup import Dedup
 from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
 from replication.framing import BatchHeader, decode_elements
-from replication.handovers import CodeOrder, CodeSwitches, HandoverOrder, PartitionHandovers, RouterSwitches
+from replication.handovers import (
+    CodeOrder,
+    CodeSwitches,
+    HandoverOrder,
+    PartitionHandovers,
+    RouterSwitches,
+    split_cut,
+    vnode_bytes,
+)
 from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain, chain_operators
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
@@ -73,6 +81,9 @@ class PartitionInstance:
         self.handovers = (PartitionHandovers(task.id, partition, plan.num_key_groups, plan.routing[task.id].num_vnodes)
                           if task.id in plan.routing else None)
         self.code_switches = CodeSwitches()  # operator replacements (processing tasks)
+        self.code: dict[str, bytes] = {}  # operator -> the function replacing it (cloudpickled), checkpointed
+        self.attempt = 0  # a restored replica: its incarnation (its handover acks carry it)
+        self.measure_request = 0  # the driver's latest request to measure the state per vnode
         self._handover_acks: list[tuple] = []
         self._acked: set[tuple[int, str]] = set()
         self._ack_lock = threading.Lock()
@@ -111,7 +122,7 @@ class PartitionInstance:
         if isinstance(order, CodeOrder):
             if order.task == self.task.id and not self.task.is_source:
                 outcome = self.code_switches.arm(order)
-                if outcome != "cancelled":
+                if outcome in ("armed", "late"):
                     self.handover_ack(order.handover_id, order.epoch, outcome)
             return
         outcomes = []
@@ -125,6 +136,15 @@ class PartitionInstance:
         elif "armed" in outcomes:
             self.handover_ack(order.handover_id, order.epoch, "armed")
 
+    def rearm(self, orders: list[HandoverOrder | CodeOrder], pulse: int) -> None:
+        """A replica restored from the checkpoint at pulse ``pulse``: arm the committed orders
+        the driver still retains; those the checkpoint already includes are skipped ("done")."""
+        self.code_switches.position = pulse
+        if self.handovers is not None:
+            self.handovers.position = pulse
+        for order in orders:
+            self.apply_handover(order)
+
     def handover_ack(self, handover_id: int, epoch: int, kind: str, digest: str = "", entries: int = 0) -> None:
         """Queue an acknowledgement for the driver (sent with the worker's next heartbeat), once."""
         with self._ack_lock:
@@ -132,7 +152,7 @@ class PartitionInstance:
                 return
             self._acked.add((handover_id, kind))
             self._handover_acks.append((handover_id, epoch, (self.task.id, self.partition, self.replica), kind,
-                                        digest, entries))
+                                        digest, entries, self.attempt))
 
     def take_handover_acks(self) -> list[tuple]:
         with self._ack_lock:
@@ -145,15 +165,19 @@ class PartitionInstance:
         ``meta``'s runtime state.  Returns that runtime state (the worker needs the output seqs)."""
         self.restored = meta
         self._state_dir = state_dir
-        self._restored_runtime = pickle.loads(meta.runtime)
+        rt = self._restored_runtime = pickle.loads(meta.runtime)
         self.metrics.restored_from = meta.checkpoint_id
-        return self._restored_runtime
+        self.router_switches.restore(rt.get("routing", {}))  # the handovers it had switched at
+        self.code = dict(rt.get("code", {}))  # the operator replacements it had made
+        return rt
 
     def _restore_operators(self) -> None:
         rt = self._restored_runtime
         if rt is not None:
             for op, snap in zip(chain_operators(self.chain), rt["operators"], strict=True):
                 op.restore(snap)
+                if op.name in self.code:
+                    op.replace_fn(pickle.loads(self.code[op.name]))
 
     def take_checkpoint(self, checkpoint_id: int, runtime: dict[str, Any]) -> None:
         """Checkpoint the state as it is now, at a position both replicas share; the runtime
@@ -161,6 +185,8 @@ class PartitionInstance:
         started = time.perf_counter()
         runtime["operators"] = [op.snapshot() for op in chain_operators(self.chain)]
         runtime["outputs"] = {ch.spec.id: ch.next_seq for ch in self.outputs}
+        runtime["routing"] = self.router_switches.tables()
+        runtime["code"] = dict(self.code)
         meta, shipped = self.worker.checkpoints.take(self, checkpoint_id, pickle.dumps(runtime, protocol=5),
                                                      runtime.get("positions", {}), runtime["outputs"])
         m = self.metrics
@@ -384,6 +410,9 @@ class ProcessingInstance(PartitionInstance):
                 return False
             if self.pending_control is not None:
                 self.poll_control()
+            if self.measure_request > self.metrics.vnode_bytes[0] and self.handovers is not None:
+                self.metrics.vnode_bytes = (self.measure_request, vnode_bytes(
+                    self.state_backend(), self.num_key_groups, self.handovers.num_vnodes))
             runs = self.orderer.next_runs(wait_s)
             self.metrics.queue_batches = self.queues.size()
             if kazoo is not None:
@@ -497,6 +526,7 @@ class ProcessingInstance(PartitionInstance):
             if decided:
                 op = next(o for o in chain_operators(self.chain) if o.name == order.operator)
                 op.replace_fn(pickle.loads(order.fn))
+                self.code[op.name] = order.fn
                 self.handover_ack(order.handover_id, order.epoch, "switched")
             self.code_switches.done(order.handover_id)
         return True
@@ -521,7 +551,10 @@ class ProcessingInstance(PartitionInstance):
             extras = {op.name: op.cut_keys(moving.__contains__)
                       for op in chain_operators(self.chain) if hasattr(op, "cut_keys")}
             entries, digest = handovers.cut(order, self.state_backend())
-            self.worker.send_handover_state(order, self.partition, entries, extras)
+            per_target = split_cut(order, self.partition, entries, extras, self.num_key_groups)
+            if self.cfg.rhino_enabled:
+                handovers.keep(order.handover_id, per_target)
+            self.worker.send_handover_state(order, self.partition, per_target)
             self.handover_ack(order.handover_id, order.epoch, "cut", digest, len(entries))
         for step in releases:
             decided = handovers.decided(step.order.handover_id, stopping)
@@ -548,9 +581,12 @@ class ProcessingInstance(PartitionInstance):
     def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:
         """Checkpoint right after pulse ``h``: both replicas consumed the same prefix by then
         (``_consume`` adds the run to ``_consumed`` only when it is done)."""
+        merge_state = self.orderer.merge.take_state(h)
+        if self.handovers is not None and self.handovers.holds_records_at(h):
+            return
         positions = dict(self._consumed)
         positions[channel] += consumed_in_run
-        self._checkpoint(h, self.orderer.merge.take_state(h), positions)
+        self._checkpoint(h, merge_state, positions)
 
 
 class SourceInstance(PartitionInstance):

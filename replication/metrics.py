@@ -84,6 +84,8 @@ class InstanceMetrics:
     # records routed per vnode of each keyed task fed (task id -> counts by vnode): the load a
     # rebalance is planned from (both replicas count the same; not restored with a checkpoint)
     routed: dict[int, list[int]] = field(default_factory=dict)
+    # keyed state bytes per vnode, measured on the driver's request: (request id, bytes by vnode)
+    vnode_bytes: tuple[int, list[int]] = (0, [])
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 

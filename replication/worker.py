@@ -42,7 +42,6 @@ from replication.handovers import HandoverOrder, chunk_entries, order_from_wire
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.plan import Instance, PhysicalPlan, ReplicaId
 from replication.spark_cluster import current_executor_id, local_advertise_host
-from rhino_state import key_group
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +116,7 @@ class Worker:
         self._election: ElectionClient | None = None
         self._addresses: dict[int, str] = {}
         self._moves_applied: dict[ReplicaId, int] = {}  # restored replicas: the restore upstreams replay to
+        self._placement: dict[ReplicaId, int] = dict(boot.placement)  # with the restored replicas' new workers
         self._lock = threading.Lock()
         self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
 
@@ -278,8 +278,16 @@ class Worker:
         runtime = inst.restore_from(meta, target)
         inst.build(self._outputs(inst, req["placement"], runtime["outputs"]))
         self._apply_roles(req.get("sinks", {}), inst)
+        inst.attempt = req.get("attempt", 0)
+        inst.rearm([order_from_wire(o) for o in req.get("handovers", ())], runtime["pulse"])
+        with self._lock:
+            self._placement.update(req["placement"])
+            self._placement[(task_id, part, replica)] = self.index
         self.instances[(task_id, part)] = inst
         inst.start()
+        if inst.handovers is not None and inst.handovers.missing_cuts():
+            threading.Thread(target=self._fetch_cuts, args=(inst,), name=f"fetch-cuts-{inst.name}",
+                             daemon=True).start()
         log.warning("restored %s from checkpoint %d in %.3fs (state load %.3fs)", inst.name, meta.checkpoint_id,
                     time.monotonic() - started, loaded - started)
         return {"checkpoint_id": meta.checkpoint_id, "positions": runtime.get("positions", {}),
@@ -292,6 +300,8 @@ class Worker:
                 continue  # (keyed by the restore, not the worker: it may be relaunched and host it again)
             self._moves_applied[(task_id, part, replica)] = restore
             self._addresses[w] = address
+            with self._lock:
+                self._placement[(task_id, part, replica)] = w
             self.dead_workers.discard(w)  # relaunched: a replica lives there now
             for inst in list(self.instances.values()):
                 for ch in inst.outputs:
@@ -321,28 +331,23 @@ class Worker:
             for inst in list(self.instances.values()):
                 inst.apply_handover(order)
 
-    def send_handover_state(self, order: HandoverOrder, origin: int, entries: list,
-                            extras: dict[str, list] | None = None) -> None:
-        """Origin partition ``origin``'s cut of ``order``'s vnodes, to every live replica of each
-        partition it gives vnodes to; ``extras``: operators' in-memory state of the moved keys
-        (operator -> entries whose second item is the encoded key), with the first chunk."""
-        targets = {m.target for m in order.moves if m.origin == origin}
-        groups = self.plan.num_key_groups
-        for target in sorted(targets):
-            mine = [e for e in entries if order.table.partition_of_key_group(e[0], groups) == target]
-            their_extras = {op: [e for e in items if order.table.partition_of_key_group(key_group(e[1], groups),
-                                                                                        groups) == target]
-                            for op, items in (extras or {}).items()}
-            chunks = chunk_entries(mine, self.cfg.handover_chunk_bytes)
+    def send_handover_state(self, order: HandoverOrder, origin: int,
+                            per_target: dict[int, tuple[list, dict[str, list]]]) -> None:
+        """Origin partition ``origin``'s cut of ``order``'s vnodes (per target partition: state
+        entries, and operators' in-memory state of the moved keys with the first chunk), to every
+        live replica of each target, in chunks."""
+        for target, (entries, extras) in per_target.items():
+            chunks = chunk_entries(entries, self.cfg.handover_chunk_bytes)
             for r in range(self.plan.replicas):
-                w = self.boot.placement[(order.task, target, r)]
+                with self._lock:
+                    w = self._placement[(order.task, target, r)]
                 try:
                     for i, chunk in enumerate(chunks):
                         if w in self.dead_workers:
                             break
                         req = {"handover": order.handover_id, "task": order.task, "partition": target,
                                "origin": origin, "chunk": i, "chunks": len(chunks), "entries": chunk,
-                               "extras": their_extras if i == 0 else {}}
+                               "extras": extras if i == 0 else {}}
                         if w == self.index:
                             self._handover_state(req)
                         else:
@@ -350,6 +355,55 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001 - the other target replica carries the handover
                     log.warning("handover %d: state for %s[%d] not delivered to worker %d: %s", order.handover_id,
                                 self.plan.task(order.task).name, target, w, exc)
+
+    def _handover_cut(self, req: dict) -> dict:
+        """Chunk ``req["chunk"]`` of the cut an origin replica here keeps for a target partition
+        (Rhino: for a target replica restored from a checkpoint before the release)."""
+        inst = self.instances.get((req["task"], req["origin"]))
+        kept = inst.handovers.kept_cut(req["handover"], req["partition"]) if inst and inst.handovers else None
+        if kept is None:
+            return {"missing": True}
+        entries, extras = kept
+        chunks = chunk_entries(entries, self.cfg.handover_chunk_bytes)
+        i = req["chunk"]
+        return {"entries": chunks[i], "chunks": len(chunks), "extras": extras if i == 0 else {}}
+
+    def _fetch_cuts(self, inst: PartitionInstance) -> None:
+        """A target replica restored from a checkpoint before a release: fetch the origins' cuts
+        from whichever origin replica kept them (an origin replica that cuts again after its own
+        restore sends them too), until none is missing."""
+        assert inst.handovers is not None
+        task = inst.task.id
+        while not (inst.stop_requested.is_set() or self._stopping.is_set()):
+            missing = inst.handovers.missing_cuts()
+            if not missing:
+                return
+            for hid, origin in missing:
+                for r in range(self.plan.replicas):
+                    with self._lock:
+                        w = self._placement.get((task, origin, r))
+                    if w is None or w in self.dead_workers or w not in self._addresses:
+                        continue
+                    try:
+                        i, chunks = 0, 1
+                        while i < chunks:
+                            req = {"handover": hid, "task": task, "origin": origin, "partition": inst.partition,
+                                   "chunk": i}
+                            reply = (self._handover_cut(req) if w == self.index
+                                     else self._peer(self._addresses[w]).call("HandoverCut", req, timeout=30))
+                            if reply.get("missing"):
+                                break
+                            chunks = reply["chunks"]
+                            inst.handovers.state_arrived(hid, origin, reply["entries"], i, chunks, reply["extras"])
+                            i += 1
+                        if i and i == chunks:
+                            log.warning("%s: fetched the cut of handover %d from %s[%d] replica %d (%d chunk(s))",
+                                        inst.name, hid, inst.task.name, origin, r, chunks)
+                            break
+                    except Exception as exc:  # noqa: BLE001 - the other origin replica, or the next round
+                        log.warning("%s: fetching the cut of handover %d from worker %d failed: %s", inst.name,
+                                    hid, w, exc)
+            time.sleep(0.2)
 
     def _handover_state(self, req: dict) -> dict:
         if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
@@ -375,6 +429,14 @@ class Worker:
             self._apply_roles(reply.get("sinks", {}), inst)
         if reply.get("handovers"):
             self._apply_handovers(reply["handovers"])
+        for task, request in reply.get("measure_state", {}).items():
+            for inst in list(self.instances.values()):
+                if inst.task.id == task:
+                    inst.measure_request = max(inst.measure_request, request)
+        if "retained_handovers" in reply:  # Rhino: the cuts origins keep for restored targets
+            for inst in list(self.instances.values()):
+                if inst.handovers is not None:
+                    inst.handovers.forget_kept(set(reply["retained_handovers"]))
         if reply.get("pulse_window"):
             for inst in list(self.instances.values()):
                 if isinstance(inst, SourceInstance):
@@ -391,7 +453,8 @@ class Worker:
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        handlers = {"PushMany": self._push_many, "HandoverState": rpc.pickled(self._handover_state)}
+        handlers = {"PushMany": self._push_many, "HandoverState": rpc.pickled(self._handover_state),
+                    "HandoverCut": rpc.pickled(self._handover_cut)}
         if self.checkpoints is not None:
             handlers.update(self.checkpoints.handlers())
             handlers["Restore"] = rpc.pickled(self.restore)

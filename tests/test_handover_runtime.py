@@ -24,7 +24,7 @@ from replication.examples.ordered import (
     window_counts,
 )
 from replication.status import read_status
-from rhino_state import Batched, Fluid
+from rhino_state import Batched, Fluid, encode_key, key_group, vnode_of
 from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, source_topics
 
 pytestmark = pytest.mark.integration
@@ -61,6 +61,11 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
         there = handle.move_vnodes("chain", half, 1)
         back = handle.move_vnodes("chain", half[:32], 0, strategy=Batched(8))
         fluid = handle.move_vnodes("chain", half[32:36], 0, strategy=Fluid())
+        # the rest back under a byte cap: steps planned from the state measured per vnode
+        sizes = handle.state_bytes_per_vnode("chain")
+        rest = half[36:]
+        cap = max(1, *(sizes[v] for v in rest))
+        capped = handle.move_vnodes("chain", rest, 0, strategy=Batched(len(rest), max_bytes=cap))
         time.sleep(1.0)
     result = handle.drain(timeout=300)
     for report, steps in ((there, 1), (back, 4), (fluid, 4)):
@@ -70,15 +75,26 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
     assert there["entries_moved"] > 0 and back["entries_moved"] > 0  # their keys had state (30 keys: 4 vnodes may not)
     assert [s["vnodes"] for s in back["steps"]] == [list(half[i:i + 8]) for i in range(0, 32, 8)]
     table = handle.routing("chain")
-    assert [table.partition_of_vnode(v) for v in half] == [0] * 36 + [1] * 28
-    output = verify_chains(read_output(stack, f"{name}out"), ids)
+    assert [table.partition_of_vnode(v) for v in half] == [0] * 64
+    records = read_output(stack, f"{name}out")
+    output = verify_chains(records, ids)
     assert output.exact, output
     assert result.metrics.gaps == 0
     assert replicas_agree(result, handle) == 2
     assert any("completed: vnodes" in text for _, text in result.events), result.events
+    # state was measured exactly where the keys are, and no capped step planned more than the cap
+    # (a step takes one vnode over it alone)
+    groups, vnodes = handle.plan.num_key_groups, len(sizes)
+    keyed = {vnode_of(key_group(encode_key(r["key"]), groups), groups, vnodes) for r in records}
+    assert {v for v, n in enumerate(sizes) if n} == keyed, (sizes, keyed)
+    assert capped["state"] == "completed", capped
+    assert all(s["bytes_planned"] <= cap or len(s["vnodes"]) == 1 for s in capped["steps"]), capped
+    assert sorted(v for s in capped["steps"] for v in s["vnodes"]) == sorted(rest)
+    if sum(1 for v in rest if sizes[v]) >= 2:
+        assert len(capped["steps"]) >= 2, capped
     if mode == "kazoo":  # one pulse window per handover job, each ended by its last pulse
         closed = [text for _, text in result.events if text.startswith("pulse window") and "closed at pulse" in text]
-        assert len(closed) == 3, result.events
+        assert len(closed) == 4, result.events
 
 
 @pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
@@ -206,6 +222,92 @@ def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack
     assert output.exact, output
     assert result.metrics.gaps == 0
     assert sum("declared dead" in text for _, text in result.events) == 1, result.events
+
+
+RHINO = {"rhino__enabled": "true", "rhino__checkpointEvery": "20"}  # pulses: about 5 checkpoints a second
+
+
+# Placement is round robin (replication.plan.place): chain[1]r0 shares its worker with chain[0]r1,
+# an origin replica, which is restored too and cuts again; chain[1]r1's worker has no origin
+# replica, so after the cut the restored target has to fetch the cut an origin replica kept.
+@pytest.mark.parametrize("when, victim", [("after-commit", "chain[1]r0"), ("after-cut", "chain[1]r1"),
+                                          ("after-completion", "chain[1]r0")])
+def test_with_rhino_a_participant_killed_during_a_handover_is_restored_and_the_output_stays_exact(
+        stack, spark, topic_prefix, when, victim):
+    """Rhino on: the executor of a target replica (and every replica it hosts, sources and origins
+    among them) dies between the commit and the switch, between the origins' cut and the release,
+    or right after the handover completed.
+    Each lost replica is restored from a checkpoint that may predate the switch or the release: it
+    re-arms the retained orders (routers switch again at P, origins cut again at P + 1, targets
+    fetch their cut from an origin replica that kept it), catches up, and then carries its
+    partition alone when its twin is killed: still exact, and both replicas end with equal state."""
+    from tests.ordered_runs import every_partition_restorable
+
+    name = f"{topic_prefix}hovrh{when[6]}"
+    job, handle, a, b, owned = _start(stack, spark, name, **RHINO)
+    vnodes = owned[:64]
+    outcome: dict = {}
+    master = handle.master
+
+    def move() -> None:
+        try:
+            outcome["report"] = handle.move_vnodes("chain", vnodes, 1, margin_s=1.0, release_s=3.0)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            outcome["error"] = exc
+
+    def wait(cond, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.02)
+
+    def reached(what: str) -> bool:
+        with master._cond:
+            coordinator = master.handovers
+            if coordinator is None or not coordinator.orders:
+                return False
+            if what == "after-commit":
+                return all(o.committed for o in coordinator.orders.values())
+            return all(coordinator.manager.records[h].released for h in coordinator.orders)
+
+    with fed_without_pause(stack, a, b) as ids:
+        wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere")
+        mover = threading.Thread(target=move)
+        mover.start()
+        if when == "after-completion":
+            mover.join(60)
+        else:
+            wait(lambda: reached(when), 30, when)
+        with master._cond:
+            order = next(iter({**master.handovers.orders, **master.handovers.history}.values()))
+        lost = sum(1 for (t, p, r), w in master.placement.items()
+                   if w == next(w for k, w in master.placement.items() if master._replica_label(*k) == victim))
+        kill_executor(locate(victim, job=job.name))
+        mover.join(60)
+        wait(lambda: len(handle.recoveries()) >= lost, 90, f"{lost} restored replicas to catch up")
+        wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere again")
+        twin = victim[:-1] + str(1 - int(victim[-1]))
+        lost_again = sum(1 for (t, p, r), w in master.placement.items()
+                         if w == next(w for k, w in master.placement.items() if master._replica_label(*k) == twin))
+        kill_executor(locate(twin, job=job.name))  # chain[1] lives on its restored replica now
+        if when == "after-completion":  # and a handover among restored replicas (acks of later incarnations)
+            wait(lambda: len(handle.recoveries()) >= lost + lost_again, 90, "the second round of restores")
+            back = handle.move_vnodes("chain", vnodes, 0)
+            assert back["state"] == "completed", back
+        time.sleep(1.0)
+    result = handle.drain(timeout=300)
+    assert "error" not in outcome, outcome
+    assert outcome["report"]["state"] == "completed", outcome
+    output = verify_chains(read_output(stack, f"{name}out"), ids)
+    assert output.exact, output
+    assert result.metrics.gaps == 0
+    assert not result.divergences and result.checkpoints_compared > 0
+    restored = {r["replica"]: r["checkpoint_id"] for r in result.recoveries}
+    assert victim in restored, result.recoveries
+    if when != "after-completion":  # the target replica came back from before the release (it got its
+        # cut from the restored origin replica's new cut, or fetched the one an origin replica kept)
+        assert restored[victim] < order.release_at, (restored, order)
+    print(f"restored from {restored}; switch at {order.switch_at}, release at {order.release_at}")
 
 
 def test_a_handover_request_that_cannot_be_served_is_refused_with_the_reason(stack, spark, topic_prefix, capsys):

@@ -21,6 +21,7 @@ from replication.handovers import (
     order_from_wire,
     parse_strategy,
     parse_vnodes,
+    vnode_bytes,
 )
 from replication.plan import plan_job
 from rhino_state import (
@@ -185,7 +186,8 @@ def _plan(max_parallelism: int | None = None):
 
 
 def _acks(order: HandoverOrder, kind: str, instances, **kw) -> list[tuple]:
-    return [(order.handover_id, order.epoch, (t, p, r), kind, kw.get("digest", ""), kw.get("entries", 0))
+    return [(order.handover_id, order.epoch, (t, p, r), kind, kw.get("digest", ""), kw.get("entries", 0),
+             kw.get("attempt", 0))
             for t, p in instances for r in (0, 1)]
 
 
@@ -288,8 +290,11 @@ def test_the_cli_spells_vnodes_and_strategies():
             parse_vnodes(bad)
     assert (parse_strategy("all"), parse_strategy("Fluid"), parse_strategy("batched:8")) == (
         AllAtOnce(), Fluid(), Batched(8))
-    for bad in ("batched", "batched:0", "fluid:2", "some"):
-        with pytest.raises(ValueError, match="all, fluid or batched:N"):
+    assert (parse_strategy("batched:8:65536"), parse_strategy("batched:4:64KiB"), parse_strategy("batched:2:8m")) == (
+        Batched(8, max_bytes=65536), Batched(4, max_bytes=65536), Batched(2, max_bytes=8 << 20))
+    for bad in ("batched", "batched:0", "fluid:2", "some", "batched:8:", "batched:8:0", "batched:8:4TiB",
+                "batched:8:k"):
+        with pytest.raises(ValueError, match="all, fluid, batched:N or batched:N:BYTES"):
             parse_strategy(bad)
 
 
@@ -322,9 +327,142 @@ def test_the_coordinator_runs_an_operator_replacement_to_completion():
     order = coord.start_replace(chain.id, "chain", b"fn", switch_at=50)
     assert order.version == 1 and coord.view()[0]["kind"] == "code"
     replicas = [(chain.id, p) for p in range(chain.parallelism)]
-    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "armed", "", 0) for t, p in replicas for r in (0, 1)])
+    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "armed", "", 0, 0) for t, p in replicas for r in (0, 1)])
     assert any("committed" in e for e in events) and coord.view()[0]["committed"]
-    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "switched", "", 0) for t, p in replicas
+    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "switched", "", 0, 0) for t, p in replicas
                             for r in (0, 1)])
     assert any("replaced by version 1" in e for e in events) and coord.view() == []
     assert coord.start_replace(chain.id, "chain", b"fn2", switch_at=80).version == 2
+
+
+# -- Rhino on: checkpoints during a handover, restored replicas, kept cuts ----------------------
+
+
+def test_a_target_skips_its_checkpoints_while_it_may_hold_records_and_fetches_missing_cuts():
+    target = PartitionHandovers(3, 1, G, V)
+    assert target.arm(_order(switch_at=10, release_at=14)) == "armed"
+    # the moved key groups' records come only after the upstreams switched at 10; released at 14
+    assert [h for h in range(8, 17) if target.holds_records_at(h)] == [11, 12, 13]
+    assert target.missing_cuts() == [(7, 0)]
+    target.state_arrived(7, 0, [(_kg(0), b"a", b"1")])
+    assert target.missing_cuts() == []
+
+
+def test_an_origin_keeps_its_cut_per_target_until_the_driver_no_longer_lists_the_handover():
+    origin = PartitionHandovers(3, 0, G, V)
+    origin.keep(7, {1: ([(_kg(0), b"a", b"1")], {"w": []})})
+    assert origin.kept_cut(7, 1) == ([(_kg(0), b"a", b"1")], {"w": []})
+    assert origin.kept_cut(7, 2) is None and origin.kept_cut(8, 1) is None
+    origin.forget_kept({7, 9})
+    assert origin.kept_cut(7, 1) is not None
+    origin.forget_kept({9})
+    assert origin.kept_cut(7, 1) is None
+
+
+def test_a_restored_replica_skips_the_roles_its_checkpoint_already_includes():
+    """Restored from the checkpoint at pulse 12 (switch 10, cut 11, release 14): a committed order
+    is "done" for the origin and still to do for the target; an uncommitted one is late."""
+    origin, target = PartitionHandovers(3, 0, G, V), PartitionHandovers(3, 1, G, V)
+    origin.position = target.position = 12
+    assert origin.arm(_order(committed=True)) == "done" and not origin.active
+    assert target.arm(_order(committed=True)) == "armed" and target.missing_cuts() == [(7, 0)]
+    assert PartitionHandovers(3, 0, G, V).arm(_order()) == "armed"
+    late = PartitionHandovers(3, 0, G, V)
+    late.position = 12
+    assert late.arm(_order()) == "late"
+    target.position = 14
+    assert PartitionHandovers(3, 1, G, V).arm(_order(committed=True)) == "armed"
+    past = PartitionHandovers(3, 1, G, V)
+    past.position = 14
+    assert past.arm(_order(committed=True)) == "done"
+    code = CodeSwitches()
+    code.position = 10
+    fn = CodeOrder(8, 3, "f", 2, b"", switch_at=10, committed=True)
+    assert code.arm(fn) == "done" and not code.pending
+    assert code.arm(replace(fn, handover_id=9, switch_at=11)) == "armed" and code.pending
+    assert code.arm(replace(fn, handover_id=10, committed=False)) == "late"
+
+
+def test_router_tables_go_into_a_checkpoint_and_a_restored_router_switches_only_later_tables():
+    from replication.handovers import RouterSwitches
+
+    table = RoutingTable.uniform(V, 2)
+    routers = RouterSwitches({3: table}, G)
+    order = _order(committed=True)
+    assert routers.arm(order) == "armed"
+    routers.on_pulse(10, lambda: False)
+    saved = routers.tables()
+    assert saved == {3: order.table.to_dict()}
+    restored = RouterSwitches({3: table}, G)  # built from the plan, as a restored replica is
+    restored.restore(saved)
+    assert restored.partition_of(3, _kg(0)) == 1
+    assert restored.arm(order) == "done"  # its table is in force: no second switch
+
+
+def test_the_coordinator_retains_completed_orders_for_restored_replicas_until_restore_points_pass():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan, retain=True)
+    order = coord.start_move(chain.id, [0, 1], 1, switch_at=100, release_at=110)
+    target = (chain.id, 1, 0)
+    events = coord.on_acks(_acks(order, "armed", sorted(order.upstreams) + [(chain.id, 0), (chain.id, 1)]))
+    assert any("committed" in e for e in events)
+    assert coord.replica_lost(target) == []  # after the commit: rolls forward without it
+    coord.on_acks(_acks(order, "switched", sorted(order.upstreams)))
+    coord.on_acks(_acks(order, "cut", [(chain.id, 0)], digest="d", entries=3))
+    # the restored target replica gets the committed order, and acks as incarnation 1
+    orders = coord.replica_restored(target, 1)
+    assert [order_from_wire(o) for o in orders] == [replace(order, committed=True)]
+    assert coord.retained() == [order.handover_id]
+    assert coord.on_acks([(order.handover_id, order.epoch, target, "loaded", "", 3, 0)]) == []  # stale: attempt 0
+    events = coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 1), "loaded", "", 3, 0),
+                            (order.handover_id, order.epoch, target, "loaded", "", 3, 1)])
+    assert any("completed" in e for e in events) and coord.view() == []
+    assert not coord.manager.violations
+    assert list(coord.history) == [order.handover_id] and coord.retained() == [order.handover_id]
+    # an upstream replica restored later still gets it, until every participant's restore point is past R
+    upstream = (*sorted(order.upstreams)[0], 1)
+    assert [o["id"] for o in coord.replica_restored(upstream, 1)] == [order.handover_id]
+    points = dict.fromkeys({*order.upstreams, (chain.id, 0), (chain.id, 1)}, 120)
+    points[(chain.id, 1)] = 105
+    assert coord.prune(points.get) == [] and coord.retained() == [order.handover_id]
+    points[(chain.id, 1)] = 110
+    assert coord.prune(points.get) == [order.handover_id] and coord.retained() == [] and not coord.history
+    assert coord.replica_restored((chain.id, 1, 1), 1) == []
+
+
+def test_handovers_are_refused_with_the_reason_where_they_are_not_wired():
+    from types import SimpleNamespace
+
+    from replication.driver import JobHandle
+
+    def check(mode: str, rhino: bool) -> None:
+        JobHandle._require_pulses(SimpleNamespace(cfg=SimpleNamespace(mode=mode, rhino_enabled=rhino)), "moving vnodes")
+
+    check("liverobin", True)
+    check("liverobin", False)
+    check("kazoo", False)
+    with pytest.raises(ValueError, match=r"rhino.enabled=true needs spark.replication.mode=liverobin"):
+        check("kazoo", True)
+    with pytest.raises(ValueError, match=r"mode=liverobin or kazoo \(pulses are the switch points\)"):
+        check("unordered", False)
+
+
+def test_state_bytes_are_counted_per_vnode_and_a_byte_cap_plans_the_steps_from_them(backend):
+    backend.put(_kg(0), b"a", b"x" * 100)
+    backend.put(_kg(0, 3), b"b", b"y" * 50)
+    backend.put(_kg(5), b"c", b"z" * 10)
+    sizes = vnode_bytes(backend, G, V)
+    assert sizes == [2 + 1 + 100 + 2 + 1 + 50, 0, 0, 0, 0, 2 + 1 + 10, 0, 0]
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    table = coord.manager.tables[chain.id]
+    mine = list(table.vnodes_of(0))
+    weights = [0] * table.num_vnodes
+    for v, n in zip(mine, (300, 100, 100, 250), strict=True):
+        weights[v] = n
+    job = coord.start_job(chain.id, mine, 1, Batched(4, max_bytes=300), sizes=weights)
+    steps = coord.manager.job(job).steps
+    assert [s.size_bytes for s in steps] == [300, 200, 250]  # in vnode order, cut before the cap
+    assert [len(s.moves) for s in steps] == [1, 2, 1]

@@ -692,7 +692,7 @@ def test_router_switches_its_table_right_after_the_handover_pulse():
         router.process(rec(600 + i))
     assert [e[1] for e in chans[0].data] == before  # nothing more to partition 0 after pulse 5
     assert env.acks == [(1, 1, "switched")]
-    assert env.router_switches.arm(_order(table, moved, list(table.vnodes_of(0)), 1, switch_at=4)) == "armed"  # known
+    assert env.router_switches.arm(_order(table, moved, list(table.vnodes_of(0)), 1, switch_at=4)) == "done"  # in force
     later = moved.moved([0], 0)  # epoch 2, switching at pulse 5, which was already forwarded
     assert env.router_switches.arm(HandoverOrder(2, later.epoch, 3, later, (VnodeMove(0, 1, 0),), 5, 9,
                                                  frozenset({(0, 0)}))) == "late"
