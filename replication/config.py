@@ -354,6 +354,13 @@ class ReplicationConfig:
         "A handover sends the state it moves from the origin to the target replicas in calls of about this many "
         "bytes at most (a gRPC message is limited to 64 MiB).", min=256, max=32 * 1024 * 1024,
     )
+    handover_max_bytes_in_flight: int = _key(
+        "handover.maxBytesInFlight", INT, 0,
+        "At most this many bytes of keyed state in handovers instructed and not yet loaded, over every job and "
+        "task (0: no cap). A step waits until the ones before it loaded; one larger than the cap runs alone. The "
+        "state of each vnode is measured before a handover job is planned, which scans every partition's store.",
+        min=0, max=1 << 50,
+    )
     dead_letter_topic_name: str | None = _key(
         "deadLetterTopic", STR, None,
         "Topic receiving malformed records with the reason; unset: `<job name>.dlq`.", fmt="topic",

@@ -971,8 +971,9 @@ class JobHandle:
         started = time.monotonic()
         deadline = started + timeout
         steps: list[dict[str, Any]] = []
-        sizes = (self.state_bytes_per_vnode(task, timeout=min(30.0, timeout))
-                 if isinstance(strategy, Batched) and strategy.max_bytes is not None else None)
+        capped = (isinstance(strategy, Batched) and strategy.max_bytes is not None) or \
+            self.cfg.handover_max_bytes_in_flight > 0
+        sizes = self.state_bytes_per_vnode(task, timeout=min(30.0, timeout)) if capped else None
         with self._handover_window("a handover", timeout) as (coordinator, generators):
             master = self.master
             job = submit(coordinator, sizes)
@@ -983,9 +984,12 @@ class JobHandle:
                 pulse, switch_at = _switch_pulse(generators, margin_s, period_ms)
                 release_at = switch_at + max(2, math.ceil(release_s * 1000 / period_ms))
                 order = coordinator.instruct_next(job, switch_at, release_at)
-                if order is None:
-                    raise ValueError(f"handover job {job} of {task} cannot go on: a participant is lost or "
-                                     "another handover of the task is not committed yet")
+                if order is None:  # e.g. a lost replica not restored yet, or the bytes-in-flight cap: wait
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"handover job {job} of {task} could not go on within {timeout:g}s: "
+                                           f"{coordinator.why_not_now(job)}")
+                    master._cond.wait(0.1)
+                    continue
                 hid = order.handover_id
                 self._await_handover(coordinator, hid, deadline, f"during handover {hid}",
                                      f"handover {hid} of {task} not completed within {timeout}s")
@@ -1062,7 +1066,9 @@ class JobHandle:
         try:
             with self.master._cond:
                 if self.master.handovers is None:
-                    self.master.handovers = HandoverCoordinator(self.plan, retain=self.cfg.rhino_enabled)
+                    self.master.handovers = HandoverCoordinator(
+                        self.plan, retain=self.cfg.rhino_enabled,
+                        max_bytes_in_flight=self.cfg.handover_max_bytes_in_flight or None)
                     # replicas restored before it existed ack as their incarnation; lost ones take part in nothing
                     manager = self.master.handovers.manager
                     manager.attempts.update(self.master._attempts)

@@ -546,14 +546,15 @@ class HandoverCoordinator:
     """Driver side: the :class:`HandoverManager`, the orders every worker is shown, and the acks the
     workers send back (the job master calls it under its lock; no I/O here)."""
 
-    def __init__(self, plan: Any, retain: bool = False) -> None:
+    def __init__(self, plan: Any, retain: bool = False, max_bytes_in_flight: int | None = None) -> None:
         upstreams: dict[int, list[Instance]] = {t: [] for t in plan.routing}
         for task in plan.tasks:
             for edge in task.outputs:
                 if edge.partitioning == "hash" and edge.dst_task in upstreams:
                     upstreams[edge.dst_task] += [(task.id, p) for p in range(task.parallelism)]
         self.plan = plan
-        self.manager = HandoverManager(plan.routing, upstreams, replicas=plan.replicas)
+        self.manager = HandoverManager(plan.routing, upstreams, replicas=plan.replicas,
+                                       max_bytes_in_flight=max_bytes_in_flight)
         self.orders: dict[int, HandoverOrder | CodeOrder] = {}
         self._cut_entries: dict[int, dict[int, int]] = {}  # handover id -> origin partition -> entries cut
         self._deferred: list[HandoverAck] = []  # LOADED acks that came before the release was placed
@@ -614,6 +615,20 @@ class HandoverCoordinator:
                               instruction.moves, switch_at, release_at, instruction.participants["upstream"])
         self.orders[order.handover_id] = order
         return order
+
+    def why_not_now(self, job_id: int) -> str:
+        """Why the job's next step cannot be instructed now (``instruct_next`` returned None)."""
+        manager = self.manager
+        job = manager.job(job_id)
+        task_records = [r for r in manager.records.values() if r.task == job.task and r.kind == "vnodes"]
+        if job.handover_ids and manager.records[job.handover_ids[-1]].state is not HandoverState.COMPLETED:
+            return "its previous step is not completed"
+        if any(r.state in (HandoverState.INSTRUCTED, HandoverState.ARMED) for r in task_records):
+            return "another handover of the task is not committed yet"
+        if manager.lost:
+            return f"replica(s) {sorted(manager.lost)} are lost (restored from checkpoints with Rhino on)"
+        return (f"{manager.in_flight_bytes()} bytes of state are in flight (handover.maxBytesInFlight "
+                f"{manager.max_bytes_in_flight})")
 
     def job_state(self, job_id: int) -> JobState:
         return self.manager.job(job_id).state

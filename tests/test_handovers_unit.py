@@ -466,3 +466,29 @@ def test_state_bytes_are_counted_per_vnode_and_a_byte_cap_plans_the_steps_from_t
     steps = coord.manager.job(job).steps
     assert [s.size_bytes for s in steps] == [300, 200, 250]  # in vnode order, cut before the cap
     assert [len(s.moves) for s in steps] == [1, 2, 1]
+
+
+def test_a_step_waits_for_the_bytes_in_flight_cap_and_for_lost_replicas_and_says_why():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan, max_bytes_in_flight=500)
+    table = coord.manager.tables[chain.id]
+    v0, v1 = list(table.vnodes_of(0))[:2]
+    sizes = [0] * table.num_vnodes
+    sizes[v0], sizes[v1] = 300, 400
+    first = coord.start_job(chain.id, [v0], 1, Batched(1, max_bytes=500), sizes=sizes)
+    second = coord.start_job(chain.id, [v1], 1, Batched(1, max_bytes=500), sizes=sizes)
+    order = coord.instruct_next(first, 100, 110)
+    assert coord.instruct_next(second, 100, 110) is None
+    assert coord.why_not_now(second) == "another handover of the task is not committed yet"
+    coord.on_acks(_acks(order, "armed", sorted(order.upstreams) + [(chain.id, 0), (chain.id, 1)]))
+    assert coord.instruct_next(second, 120, 130) is None  # 300 in flight + 400 > 500
+    assert "300 bytes of state are in flight" in coord.why_not_now(second)
+    coord.on_acks(_acks(order, "switched", sorted(order.upstreams)))
+    coord.on_acks(_acks(order, "cut", [(chain.id, 0)], digest="d"))
+    coord.on_acks(_acks(order, "loaded", [(chain.id, 1)]))
+    coord.replica_lost((chain.id, 0, 1))
+    assert coord.instruct_next(second, 140, 150) is None
+    assert "lost" in coord.why_not_now(second) and str((chain.id, 0, 1)) in coord.why_not_now(second)
+    coord.replica_restored((chain.id, 0, 1), 1)
+    assert coord.instruct_next(second, 160, 170) is not None
