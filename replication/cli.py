@@ -90,7 +90,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(handle.plan.describe(), flush=True)
         if handle.metrics_url:
             print(f"Prometheus metrics at {handle.metrics_url}", flush=True)
-        print(f"job {job.name} {handle.serve(args.drain_after).summary()}", flush=True)
+        print(f"job {job.name} {handle.serve(args.drain_after, args.savepoint).summary()}", flush=True)
+        if args.savepoint:
+            print(f"savepoint in {args.savepoint}: run again with --conf spark.replication.restoreFrom="
+                  f"{args.savepoint}", flush=True)
         return 0
     finally:
         stop_session(spark)
@@ -247,6 +250,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     r.add_argument("--drain-after", type=float, default=0.0, metavar="S",
                    help="after S seconds, read the inputs to their end, flush and finish")
+    r.add_argument("--savepoint", metavar="DIR",
+                   help="end (Ctrl-C or --drain-after) by draining into a savepoint in DIR instead of flushing the "
+                        "windows; a later run goes on from it with --conf spark.replication.restoreFrom=DIR")
     r.set_defaults(fn=_cmd_run)
     pl = sub.add_parser("plan", help="print the physical plan of a job (needs Kafka for partition counts)")
     pl.add_argument("job")

@@ -354,6 +354,12 @@ class ReplicationConfig:
         "A handover sends the state it moves from the origin to the target replicas in calls of about this many "
         "bytes at most (a gRPC message is limited to 64 MiB).", min=256, max=32 * 1024 * 1024,
     )
+    restore_from: str | None = _key(
+        "restoreFrom", STR, None,
+        "Start from the savepoint in this directory (written by `JobHandle.drain(savepoint=DIR)`): sources at its "
+        "offsets, keyed tasks with its state, at whatever parallelism this run plans (docs/savepoints.md). It "
+        "must be readable from every executor.",
+    )
     handover_max_bytes_in_flight: int = _key(
         "handover.maxBytesInFlight", INT, 0,
         "At most this many bytes of keyed state in handovers instructed and not yet loaded, over every job and "

@@ -18,11 +18,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kazoo_leader.election import delete_tree, evict, expel
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from replication import rpc
+from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy
@@ -121,6 +123,8 @@ class JobMaster:
         self._catching_up: dict[ReplicaId, dict[str, Any]] = {}
         self._restoring: set[ReplicaId] = set()
         self._attempts: dict[ReplicaId, int] = {}
+        self.savepoint: str | None = None  # a drain ending in a savepoint: its directory
+        self.savepoint_armed: set[int] = set()  # workers whose replicas know it
         self.measure_state: dict[int, int] = {}  # keyed task -> the latest request to measure its state per vnode  # restores of each replica: its incarnation, in its acks
         self._unrestorable: set[ReplicaId] = set()  # reported once: no holder of a checkpoint (yet)
         self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
@@ -288,6 +292,11 @@ class JobMaster:
                 reply["pulse_window"] = self.pulse_window
             if self.measure_state:
                 reply["measure_state"] = dict(self.measure_state)
+            if self.savepoint is not None:
+                reply["savepoint"] = self.savepoint
+                if req.get("savepoint_armed") == self.savepoint and w not in self.savepoint_armed:
+                    self.savepoint_armed.add(w)
+                    self._cond.notify_all()
             if self.rhino is not None:
                 self._checkpoint_reports(req.get("checkpoints", {}))
                 reply["rhino"] = self._rhino_view()
@@ -1184,15 +1193,50 @@ class JobHandle:
         self._require_pulses("moving vnodes")
         return self._keyed_spec(task).id
 
-    def drain(self, timeout: float | None = None) -> JobResult:
+    def drain(self, timeout: float | None = None, savepoint: str | os.PathLike[str] | None = None) -> JobResult:
         """Let the sources read to the current end of their partitions, flush every window,
-        and wait for the job to finish."""
+        and wait for the job to finish.  With ``savepoint`` (a directory every executor can
+        write and the next run can read): do not flush the windows; every replica writes its
+        state there instead, for a run with ``spark.replication.restoreFrom`` (docs/savepoints.md)."""
+        root = None if savepoint is None else self._arm_savepoint(Path(savepoint))
         if self.cfg.mode == "liverobin":
             gens = [g for g in self.pulse_generators if g.alive] or [self.start_pulse_generator()]
             for gen in gens:  # the sources end right after the final pulse, read from the log
                 gen.finish(grace_s=2 * FETCH_WAIT_MS / 1000 + 0.3)
         self.master.set_command("drain")
-        return self.wait(timeout)
+        result = self.wait(timeout)
+        if root is not None:
+            self._complete_savepoint(root, result)
+        return result
+
+    def _arm_savepoint(self, root: Path) -> str:
+        """Tell every worker where the savepoint goes, and wait until each knows (a replica that
+        ended before it knew would flush its windows and write nothing)."""
+        if (root / savepoints.META).exists():
+            raise ValueError(f"{root} already holds a savepoint: give an empty or new directory")
+        root.mkdir(parents=True, exist_ok=True)
+        master = self.master
+        with master._cond:
+            master.savepoint = str(root.resolve())
+            live = lambda: {w for w, i in master.workers.items()  # noqa: E731
+                            if w not in master.dead and w not in master.reports}
+            if not master._cond.wait_for(lambda: live() <= master.savepoint_armed, 30):
+                raise TimeoutError(f"workers {sorted(live() - master.savepoint_armed)} did not learn of the savepoint "
+                                   "within 30 s")
+            master.event(f"savepoint to {master.savepoint}: every worker knows; draining")
+            return master.savepoint
+
+    def _complete_savepoint(self, root: str, result: JobResult) -> None:
+        """Every partition of every task wrote its part (one replica suffices): mark it complete."""
+        tasks = {t.name: t.parallelism for t in self.plan.tasks}
+        missing = savepoints.missing_parts(root, tasks, self.plan.replicas)
+        if result.status != "finished" or missing:
+            raise JobFailedError(f"savepoint {root} incomplete (job {result.status}; no part from "
+                                 f"{', '.join(missing) or 'none missing'}): it cannot be restored from")
+        savepoints.write_meta(root, job=self.job.name, num_key_groups=self.plan.num_key_groups, tasks=tasks,
+                              sources=[t.name for t in self.plan.tasks if t.is_source],
+                              keyed=[t.name for t in self.plan.tasks if t.id in self.plan.routing])
+        self.master.event(f"savepoint {root} complete")
 
     def stop(self, timeout: float | None = None) -> JobResult:
         """Stop now (application-level signal first; the Spark job is cancelled if the
@@ -1205,17 +1249,20 @@ class JobHandle:
             self._sc.cancelJobGroup(self._group)
         return self.wait(30)
 
-    def serve(self, drain_after_s: float = 0.0) -> JobResult:
+    def serve(self, drain_after_s: float = 0.0, savepoint: str | None = None) -> JobResult:
         """Block like a service: until SIGINT/SIGTERM (then a graceful stop), until the job ends
-        by itself, or, with ``drain_after_s``, drain after that many seconds.  Main thread only."""
+        by itself, or, with ``drain_after_s``, drain after that many seconds.  With ``savepoint``
+        both end in a drain into a savepoint in that directory.  Main thread only."""
         signalled = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: signalled.set())
         deadline = time.monotonic() + drain_after_s if drain_after_s else None
         while self.running and not signalled.is_set():
             if deadline is not None and time.monotonic() >= deadline:
-                return self.drain()
+                return self.drain(savepoint=savepoint)
             signalled.wait(0.2)
+        if self.running and savepoint is not None:
+            return self.drain(savepoint=savepoint)
         return self.stop() if self.running else self.wait()
 
     def _wait_done(self, timeout: float | None) -> bool:
@@ -1265,6 +1312,26 @@ class JobHandle:
         return self._result
 
 
+def _from_savepoint(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
+    """Check the savepoint against the plan (ConfigError naming the key otherwise) and start the
+    sources where it ends."""
+    key = PREFIX + "restoreFrom"
+    root = cfg.restore_from
+    try:
+        meta = savepoints.read_meta(root)
+    except (OSError, ValueError) as exc:
+        raise ConfigError([(key, f"{key}={root}: {exc}")]) from None
+    kinds = {t.name: ("source" if t.is_source else "keyed" if t.id in plan.routing else "other", t.parallelism)
+             for t in plan.tasks}
+    problems = savepoints.check(root, meta, num_key_groups=plan.num_key_groups, tasks=kinds, key=key)
+    if problems:
+        raise ConfigError([(key, p) for p in problems])
+    for t in plan.tasks:
+        if t.is_source and t.name in meta["sources"]:
+            plan.source_start_offsets[t.id] = savepoints.source_offsets(root, t.name, t.parallelism)
+    plan.savepoint = (root, meta)
+
+
 def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
     """Check Kafka, create missing sink / dead-letter topics, plan the job (no Spark needed)."""
     admin = admin_client(cfg.kafka_admin_config())
@@ -1277,6 +1344,8 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
             plan.source_start_offsets[task.id] = end_offsets_by_fetch(
                 cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start"), task.head.spec["topic"],
                 range(partitions[task.head.spec["topic"]]))
+    if cfg.restore_from is not None:
+        _from_savepoint(plan, cfg)
     if cfg.enabled:
         plan.replicas = 2
     if cfg.enabled or cfg.mode != "unordered":

@@ -24,6 +24,7 @@ from kazoo_leader.orderer import KazooOrderer
 from liverobin import LiveRobinOrderer, PulsePlacer
 from liverobin.heartbeats import HOLD, LEAVE, PULSE_ITEM, PulseWindows
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
+from replication import savepoint
 from replication.channels import OutputChannel
 from replication.deadletter import describe_error
 from replication.dedup import Dedup
@@ -84,6 +85,7 @@ class PartitionInstance:
         self.code: dict[str, bytes] = {}  # operator -> the function replacing it (cloudpickled), checkpointed
         self.attempt = 0  # a restored replica: its incarnation (its handover acks carry it)
         self.measure_request = 0  # the driver's latest request to measure the state per vnode
+        self.savepoint_dir: str | None = None  # set by the worker: a drain that ends in a savepoint
         self._handover_acks: list[tuple] = []
         self._acked: set[tuple[int, str]] = set()
         self._ack_lock = threading.Lock()
@@ -237,6 +239,8 @@ class PartitionInstance:
         tail = Router(self.name, self, outputs) if outputs else None
         self.chain = build_chain(self.task.chain, self, tail)
         self._restore_operators()
+        if self.worker.plan.savepoint is not None and self.restored is None:
+            self._load_savepoint(*self.worker.plan.savepoint)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._main, name=f"inst-{self.name}", daemon=True)
@@ -246,7 +250,11 @@ class PartitionInstance:
         try:
             self.poll_control()
             if self.run():
-                self.chain.on_watermark(MAX_WATERMARK)
+                if self.savepoint_dir is not None:  # no final watermark: open windows go to the next run
+                    savepoint.write_replica(self.savepoint_dir, self.task.name, self.partition, self.replica,
+                                            self.savepoint_content())
+                else:
+                    self.chain.on_watermark(MAX_WATERMARK)
                 self.chain.on_end()
                 # a replica that never opened its state (no keyed state, never shipped a checkpoint) has
                 # the empty state's digest, so that it compares with a twin that did open it
@@ -271,6 +279,37 @@ class PartitionInstance:
     def run(self) -> bool:
         """The instance's loop.  True when it ended by draining, False when stopped."""
         raise NotImplementedError
+
+    # -- savepoints (replication.savepoint) ------------------------------------------------
+    def savepoint_content(self) -> dict[str, Any]:
+        """What this replica leaves to the next run, once drained: its keyed state and its
+        operators' state outside it."""
+        entries = []
+        if self._backend is not None:
+            self._backend.flush()
+            entries = list(self._backend.iter_key_groups(range(self.num_key_groups)))
+        return {"entries": entries, "operators": {op.name: op.snapshot() for op in chain_operators(self.chain)}}
+
+    def _load_savepoint(self, root: str, meta: dict[str, Any]) -> None:
+        """A new run: the key groups this partition owns now, from every partition of the run that
+        wrote the savepoint, and its operators' state."""
+        name = self.task.name
+        table = self.worker.plan.routing.get(self.task.id)
+        if name not in meta["keyed"] or table is None:
+            return
+
+        def owns(kg: int) -> bool:
+            return table.partition_of_key_group(kg, self.num_key_groups) == self.partition
+
+        entries, operators = savepoint.keyed_entries(root, name, meta["tasks"][name], owns)
+        backend = self.state_backend()
+        for kg, rest, value in entries:
+            backend.put(kg, rest, value)
+        backend.flush()
+        for op in chain_operators(self.chain):
+            if op.name in operators:
+                op.restore_savepoint(operators[op.name], owns)
+        self.metrics.savepoint_entries = len(entries)
 
     def request_stop(self) -> None:
         self.stop_requested.set()
@@ -635,6 +674,19 @@ class SourceInstance(PartitionInstance):
             self._pulses = reader.subscribe()
             reader.start()
         return rt
+
+    def savepoint_content(self) -> dict[str, Any]:
+        """Where the next run starts reading, and the event-time marks to continue from."""
+        return {"offsets": {**self.start_offsets, **self._next_offset}, "max_ts": dict(self._max_ts),
+                "emitted_wm": self._emitted_wm}
+
+    def _load_savepoint(self, root: str, meta: dict[str, Any]) -> None:
+        """The offsets come with the plan; the event-time marks, so that watermarks go on from
+        where the last run left them."""
+        if self.task.name in meta["sources"]:
+            part = savepoint.read_partition(root, self.task.name, self.partition)
+            self._max_ts.update({k: v for k, v in part["max_ts"].items() if k in self._max_ts})
+            self._emitted_wm = self.metrics.watermark = part["emitted_wm"]
 
     def request_drain(self) -> None:
         """Read to the current end and finish (LiveRobin: the final pulse of the log decides)."""

@@ -86,6 +86,7 @@ class InstanceMetrics:
     routed: dict[int, list[int]] = field(default_factory=dict)
     # keyed state bytes per vnode, measured on the driver's request: (request id, bytes by vnode)
     vnode_bytes: tuple[int, list[int]] = (0, [])
+    savepoint_entries: int = 0  # keyed state entries loaded from a savepoint at the start
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 

@@ -49,6 +49,11 @@ class Operator:
     def restore(self, snapshot: Any) -> None:
         """Take back what :meth:`snapshot` returned (a replica restored from a checkpoint)."""
 
+    def restore_savepoint(self, snapshots: list[Any], owns: Callable[[int], bool]) -> None:
+        """A new run from a savepoint: the :meth:`snapshot` of this operator in every partition of
+        the run that wrote it (their number may differ from this run's); ``owns``: whether a key
+        group is this partition's now.  Nothing to take back by default."""
+
     def replace_fn(self, fn: Any) -> None:
         """Run ``fn`` instead of the user function from the next element on (operator replacement,
         docs/handover.md); operators without a user function refuse."""
@@ -134,6 +139,9 @@ class ProcessOperator(Operator):
 
     def restore(self, snapshot: Any) -> None:
         self.ctx.watermark = snapshot
+
+    def restore_savepoint(self, snapshots: list[Any], owns: Callable[[int], bool]) -> None:
+        self.ctx.watermark = min(snapshots, default=self.ctx.watermark)
 
     def on_end(self) -> None:
         self.fn.close()
@@ -243,6 +251,13 @@ class WindowOperator(Operator):
 
     def restore(self, snapshot: Any) -> None:
         self.watermark, self.pending = snapshot
+
+    def restore_savepoint(self, snapshots: list[Any], owns: Callable[[int], bool]) -> None:
+        """The lowest watermark of the old partitions (they had the same sources), and the fire
+        index of the keys this partition owns now (their windows' accumulators are in its state)."""
+        self.watermark = min((wm for wm, _ in snapshots), default=self.watermark)
+        self.adopt_keys((end, kb, key, ingest) for _, pending in snapshots for end, keys in pending.items()
+                        for kb, (key, ingest) in keys.items() if owns(key_group(kb, self.env.num_key_groups)))
 
 
 class SinkBase(Operator):

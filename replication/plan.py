@@ -97,6 +97,8 @@ class PhysicalPlan:
     # KaZoo: the order log (topic, first offset of this run) of every partition with several input
     # channels, set by the driver; both replicas follow it from there
     order_logs: dict[Instance, tuple[str, int]] = field(default_factory=dict)
+    # a savepoint this run starts from: (directory, its _meta.json), set by the driver
+    savepoint: tuple[str, dict] | None = None
 
     def source_topics(self) -> dict[str, list[int]]:
         """Every source topic with the Kafka partitions the job reads of it."""

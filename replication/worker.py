@@ -117,6 +117,7 @@ class Worker:
         self._addresses: dict[int, str] = {}
         self._moves_applied: dict[ReplicaId, int] = {}  # restored replicas: the restore upstreams replay to
         self._placement: dict[ReplicaId, int] = dict(boot.placement)  # with the restored replicas' new workers
+        self._savepoint: str | None = None  # the directory a drain writes its savepoint to
         self._lock = threading.Lock()
         self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
 
@@ -279,6 +280,7 @@ class Worker:
         inst.build(self._outputs(inst, req["placement"], runtime["outputs"]))
         self._apply_roles(req.get("sinks", {}), inst)
         inst.attempt = req.get("attempt", 0)
+        inst.savepoint_dir = self._savepoint
         inst.rearm([order_from_wire(o) for o in req.get("handovers", ())], runtime["pulse"])
         with self._lock:
             self._placement.update(req["placement"])
@@ -429,6 +431,10 @@ class Worker:
             self._apply_roles(reply.get("sinks", {}), inst)
         if reply.get("handovers"):
             self._apply_handovers(reply["handovers"])
+        if reply.get("savepoint") and self._savepoint is None:
+            self._savepoint = reply["savepoint"]
+            for inst in list(self.instances.values()):
+                inst.savepoint_dir = self._savepoint
         for task, request in reply.get("measure_state", {}).items():
             for inst in list(self.instances.values()):
                 if inst.task.id == task:
@@ -552,6 +558,8 @@ class Worker:
             req["holding"] = holding
         if self._unsent_acks:
             req["handover_acks"] = list(self._unsent_acks)
+        if self._savepoint is not None:
+            req["savepoint_armed"] = self._savepoint
         try:
             reply = master.call("Heartbeat", req, timeout=5)
         except grpc.RpcError as err:
@@ -607,6 +615,8 @@ class Worker:
         """A standby holds its slot until the job ends."""
         while True:
             reply = self._heartbeat(master, with_metrics=False)
+            if reply is not None and reply.get("savepoint"):
+                self._savepoint = reply["savepoint"]  # nothing to write, but the driver waits for every worker
             if reply is not None and reply["command"] in ("drain", "stop", "evicted"):
                 return self._report("standby")
             time.sleep(self.cfg.heartbeat_interval_ms / 1000)
