@@ -117,6 +117,13 @@ def replicas_agree(result, handle, task: str = "chain") -> int:
     return compared
 
 
+def replicas_sharing_worker(handle, replica: str) -> int:
+    """How many replicas share the worker of ``replica`` (all are lost when its executor dies)."""
+    master = handle.master
+    w = next(w for (t, p, r), w in master.placement.items() if master._replica_label(t, p, r) == replica)
+    return sum(1 for ww in master.placement.values() if ww == w)
+
+
 def every_partition_restorable(master) -> bool:
     """Every partition's restore point (its safe checkpoint) is held by a live worker that runs none
     of its replicas: a replica lost now can be restored (``ReplicationManager.restore_plan``)."""

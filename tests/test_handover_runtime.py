@@ -25,7 +25,14 @@ from replication.examples.ordered import (
 )
 from replication.status import read_status
 from rhino_state import Batched, Fluid, encode_key, key_group, vnode_of
-from tests.ordered_runs import fed_without_pause, read_output, replicas_agree, source_topics
+from tests.ordered_runs import (
+    every_partition_restorable,
+    fed_without_pause,
+    read_output,
+    replicas_agree,
+    replicas_sharing_worker,
+    source_topics,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -178,6 +185,31 @@ def test_rebalancing_from_the_measured_load_relieves_the_busiest_partition_exact
     assert replicas_agree(result, handle) == 2
 
 
+def _move_in_background(handle, vnodes, outcome: dict) -> threading.Thread:
+    """``move_vnodes(chain, vnodes, 1)`` with wide margins (1 s to the switch, 3 s to the release)
+    in a thread, its report or error into ``outcome``."""
+    def move() -> None:
+        try:
+            outcome["report"] = handle.move_vnodes("chain", vnodes, 1, margin_s=1.0, release_s=3.0)
+        except Exception as exc:  # noqa: BLE001 - asserted by the caller
+            outcome["error"] = exc
+
+    mover = threading.Thread(target=move)
+    mover.start()
+    return mover
+
+
+def _exact_after_the_move(stack, handle, name: str, ids, outcome: dict):
+    """Drain, then: the move completed, the output is exact and gap-free; the job's result."""
+    result = handle.drain(timeout=300)
+    assert "error" not in outcome, outcome
+    assert outcome["report"]["state"] == "completed", outcome
+    output = verify_chains(read_output(stack, f"{name}out"), ids)
+    assert output.exact, output
+    assert result.metrics.gaps == 0
+    return result
+
+
 def job_task(handle) -> int:
     return next(t.id for t in handle.plan.tasks if t.name == "chain")
 
@@ -193,17 +225,9 @@ def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack
     job, handle, a, b, owned = _start(stack, spark, name, mode=mode)
     vnodes = owned[:64]
     outcome: dict = {}
-
-    def move() -> None:
-        try:
-            outcome["report"] = handle.move_vnodes("chain", vnodes, 1, margin_s=1.0, release_s=3.0)
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            outcome["error"] = exc
-
     with fed_without_pause(stack, a, b) as ids:
         time.sleep(1.5)
-        mover = threading.Thread(target=move)
-        mover.start()
+        mover = _move_in_background(handle, vnodes, outcome)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with handle.master._cond:
@@ -215,12 +239,7 @@ def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack
         kill_executor(locate(victim, job=job.name))
         mover.join(60)
         time.sleep(1.0)
-    result = handle.drain(timeout=300)
-    assert "error" not in outcome, outcome
-    assert outcome["report"]["state"] == "completed", outcome
-    output = verify_chains(read_output(stack, f"{name}out"), ids)
-    assert output.exact, output
-    assert result.metrics.gaps == 0
+    result = _exact_after_the_move(stack, handle, name, ids, outcome)
     assert sum("declared dead" in text for _, text in result.events) == 1, result.events
 
 
@@ -241,19 +260,11 @@ def test_with_rhino_a_participant_killed_during_a_handover_is_restored_and_the_o
     re-arms the retained orders (routers switch again at P, origins cut again at P + 1, targets
     fetch their cut from an origin replica that kept it), catches up, and then carries its
     partition alone when its twin is killed: still exact, and both replicas end with equal state."""
-    from tests.ordered_runs import every_partition_restorable
-
     name = f"{topic_prefix}hovrh{when[6]}"
     job, handle, a, b, owned = _start(stack, spark, name, **RHINO)
     vnodes = owned[:64]
     outcome: dict = {}
     master = handle.master
-
-    def move() -> None:
-        try:
-            outcome["report"] = handle.move_vnodes("chain", vnodes, 1, margin_s=1.0, release_s=3.0)
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            outcome["error"] = exc
 
     def wait(cond, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -272,35 +283,27 @@ def test_with_rhino_a_participant_killed_during_a_handover_is_restored_and_the_o
 
     with fed_without_pause(stack, a, b) as ids:
         wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere")
-        mover = threading.Thread(target=move)
-        mover.start()
+        mover = _move_in_background(handle, vnodes, outcome)
         if when == "after-completion":
             mover.join(60)
         else:
             wait(lambda: reached(when), 30, when)
         with master._cond:
             order = next(iter({**master.handovers.orders, **master.handovers.history}.values()))
-        lost = sum(1 for (t, p, r), w in master.placement.items()
-                   if w == next(w for k, w in master.placement.items() if master._replica_label(*k) == victim))
+        lost = replicas_sharing_worker(handle, victim)
         kill_executor(locate(victim, job=job.name))
         mover.join(60)
         wait(lambda: len(handle.recoveries()) >= lost, 90, f"{lost} restored replicas to catch up")
         wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere again")
         twin = victim[:-1] + str(1 - int(victim[-1]))
-        lost_again = sum(1 for (t, p, r), w in master.placement.items()
-                         if w == next(w for k, w in master.placement.items() if master._replica_label(*k) == twin))
+        lost_again = replicas_sharing_worker(handle, twin)
         kill_executor(locate(twin, job=job.name))  # chain[1] lives on its restored replica now
         if when == "after-completion":  # and a handover among restored replicas (acks of later incarnations)
             wait(lambda: len(handle.recoveries()) >= lost + lost_again, 90, "the second round of restores")
             back = handle.move_vnodes("chain", vnodes, 0)
             assert back["state"] == "completed", back
         time.sleep(1.0)
-    result = handle.drain(timeout=300)
-    assert "error" not in outcome, outcome
-    assert outcome["report"]["state"] == "completed", outcome
-    output = verify_chains(read_output(stack, f"{name}out"), ids)
-    assert output.exact, output
-    assert result.metrics.gaps == 0
+    result = _exact_after_the_move(stack, handle, name, ids, outcome)
     assert not result.divergences and result.checkpoints_compared > 0
     restored = {r["replica"]: r["checkpoint_id"] for r in result.recoveries}
     assert victim in restored, result.recoveries

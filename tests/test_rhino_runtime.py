@@ -15,7 +15,13 @@ import pytest
 from replication.chaos import kill_executor, locate
 from replication.examples.ordered import verify_chains
 from replication.status import read_status
-from tests.ordered_runs import every_partition_restorable, fed_without_pause, read_output, source_topics
+from tests.ordered_runs import (
+    every_partition_restorable,
+    fed_without_pause,
+    read_output,
+    replicas_sharing_worker,
+    source_topics,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -40,13 +46,6 @@ def _wait(cond, timeout: float, what: str, detail=lambda: "") -> None:
     while not cond():
         assert time.monotonic() < deadline, f"timed out waiting for {what} {detail()}"
         time.sleep(0.05)
-
-
-def _lost_with(handle, replica: str) -> int:
-    """How many replicas share the worker of ``replica`` (all are lost when it dies)."""
-    master = handle.master
-    w = next(w for (t, p, r), w in master.placement.items() if master._replica_label(t, p, r) == replica)
-    return sum(1 for ww in master.placement.values() if ww == w)
 
 
 def _every_checkpoint_held_by_a_live_worker(handle) -> bool:
@@ -92,14 +91,14 @@ def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition
         _wait(lambda: "completed" in read_status(job.name)["checkpoints"].get("chain[0]", {}), 10,
               "the status file to show chain[0]'s completed checkpoint")
         first = "chain[0]r0"
-        lost = _lost_with(handle, first)
+        lost = replicas_sharing_worker(handle, first)
         kill_executor(locate(first, job=job.name))
         _wait(lambda: len(handle.recoveries()) >= lost, 60, f"{lost} restored replicas to catch up")
         # the relaunched worker joins the replica groups: wait until it holds their checkpoints
         _wait(lambda: _every_checkpoint_held_by_a_live_worker(handle), 60, "checkpoints on the new group",
               lambda: (handle.master.rhino.completed, handle.master.rhino.groups, handle.master.rhino.dead))
         second = "chain[0]r1"  # the other, original replica: chain[0] now lives on its restored copy
-        lost_again = _lost_with(handle, second)
+        lost_again = replicas_sharing_worker(handle, second)
         kill_executor(locate(second, job=job.name))
         _wait(lambda: len(handle.recoveries()) >= lost + lost_again, 60, "the second round of restores")
     result = handle.drain(timeout=300)
@@ -186,7 +185,7 @@ def test_without_replication_a_lost_partition_is_rolled_back_from_its_checkpoint
         _wait(lambda: every_partition_restorable(handle.master), 60, "a safe checkpoint everywhere",
               lambda: _rhino_state(handle))
         victim = "chain[0]r0"
-        lost = _lost_with(handle, victim)
+        lost = replicas_sharing_worker(handle, victim)
         kill_executor(locate(victim, job=job.name))
         _wait(lambda: len(handle.recoveries()) >= lost, 120, f"{lost} rolled-back partitions to catch up",
               lambda: _rhino_state(handle))
