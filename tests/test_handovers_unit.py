@@ -492,3 +492,21 @@ def test_a_step_waits_for_the_bytes_in_flight_cap_and_for_lost_replicas_and_says
     assert "lost" in coord.why_not_now(second) and str((chain.id, 0, 1)) in coord.why_not_now(second)
     coord.replica_restored((chain.id, 0, 1), 1)
     assert coord.instruct_next(second, 160, 170) is not None
+
+
+def test_a_completed_replacement_is_retained_for_restored_replicas_until_past_its_switch():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan, retain=True)
+    order = coord.start_replace(chain.id, "chain", b"fn", switch_at=50)
+    replicas = [(chain.id, p) for p in range(chain.parallelism)]
+    for kind in ("armed", "switched"):
+        coord.on_acks([(order.handover_id, 1, (t, p, r), kind, "", 0, 0) for t, p in replicas for r in (0, 1)])
+    assert coord.view() == [] and list(coord.history) == [order.handover_id]
+    restored = coord.replica_restored((chain.id, 1, 0), 1)
+    assert [order_from_wire(o) for o in restored] == [replace(order, committed=True)]
+    assert coord.replica_restored((0, 0, 0), 1) == []  # a source: not a participant
+    points = {(chain.id, 0): 60, (chain.id, 1): 40}
+    assert coord.prune(points.get) == []
+    points[(chain.id, 1)] = 50  # its checkpoint at the switch pulse runs the new code already
+    assert coord.prune(points.get) == [order.handover_id]
