@@ -32,7 +32,9 @@ def topic_partitions(admin: AdminClient, topics: Iterable[str], timeout: float =
 def ensure_topics(admin: AdminClient, topics: Mapping[str, int], timeout: float = 10.0,
                   replication_factor: int = -1, config: Mapping[str, str] | None = None) -> list[str]:
     """Create the topics of ``topics`` (name -> partitions) that do not exist yet and wait until
-    metadata shows them all; returns the created ones."""
+    metadata shows them; returns the created ones.  A topic that exists keeps its partition count,
+    even below the one asked for (a sink of more partitions than its topic writes partition
+    ``p mod N``: a job restored from a savepoint at a higher parallelism, for one)."""
     existing = topic_partitions(admin, topics, timeout)
     missing = [NewTopic(name, num_partitions=n, replication_factor=replication_factor, config=dict(config or {}))
                for name, n in topics.items() if name not in existing]
@@ -45,7 +47,7 @@ def ensure_topics(admin: AdminClient, topics: Mapping[str, int], timeout: float 
             except KafkaException as err:
                 if err.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise KafkaUnavailable(f"cannot create topic {name!r}: {err.args[0].str()}") from err
-    wait_for_topics(admin, dict(topics), timeout)
+    wait_for_topics(admin, {name: n for name, n in topics.items() if name not in existing}, timeout)
     return created
 
 

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from deploy.topics import create_topics, read_all
+from deploy.topics import read_all
 from replication import run
 from replication import savepoint as sp
 from replication.config import ConfigError
@@ -84,7 +84,6 @@ def test_a_drained_job_goes_on_from_its_savepoint_at_another_parallelism(stack, 
     restart; a savepoint with other key groups is refused before anything starts, naming the key."""
     name = f"{topic_prefix}sp{mode[0]}"
     a, b = source_topics(stack, name)
-    create_topics(stack.bootstrap_servers, {f"{name}out": 3})  # the sink runs at the chain's parallelism
     conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, "spark.replication.enabled": "true",
             "spark.replication.mode": mode}
     if mode == "kazoo":
@@ -132,7 +131,6 @@ def test_windows_open_at_the_savepoint_fire_in_the_next_run_with_every_count(sta
     both runs.  Every (key, window) of the input is in the output once, with its exact count."""
     name = f"{topic_prefix}spwin"
     a, b = source_topics(stack, name)
-    create_topics(stack.bootstrap_servers, {f"{name}out": 3})
     conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, "spark.replication.enabled": "true",
             "spark.replication.mode": "liverobin"}
     root = tmp_path / "savepoint"
