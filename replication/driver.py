@@ -273,6 +273,7 @@ class JobMaster:
             if "metrics" in req:
                 self.metrics.update(req["metrics"])
                 self._status_dirty = True
+                self._cond.notify_all()  # e.g. state_bytes_per_vnode waits for the replicas' measurements
                 if self._catching_up:
                     self._check_caught_up()
             self._sink_progress(req.get("sinks", {}))
