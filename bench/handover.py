@@ -1,8 +1,9 @@
 """Runtime handover (issue 7, point 6): latency, duration and phases, and state moved while vnodes of a
 keyed task move between its partitions under load, per mode, operation, strategy and state size.
 
-    .venv/bin/python bench/handover.py [--sizes 1MB,20MB] [--strategies all,batched,fluid] [--rate 200]
-                                       [--modes liverobin,kazoo] [--operations move,rescale]
+    .venv/bin/python bench/handover.py [--sizes 1MB,20MB] [--strategies all,batched,batched:32:660KB,fluid]
+                                       [--rate 200] [--modes liverobin,liverobin+rhino,kazoo] [--rhino]
+                                       [--checkpoint-every 20] [--operations move,rescale]
                                        [--also 'modes=liverobin sizes=20MB strategies=fluid' ...]
                                        [--before 8] [--after 5] [--vnodes 0] [--batch 8] [--keys-per-vnode 1]
                                        [--value-bytes 1000] [--margin 0.5] [--release 0.3] [--period 10]
@@ -15,9 +16,12 @@ The runs are every ``--operations`` x ``--modes`` x ``--sizes`` x ``--strategies
 group (space-separated ``key=a,b`` of those four, each defaulting to its flag), each combination once.
 
 The job (defined here): one topic of 2 partitions -> ``key_by`` -> ``chain`` (parallelism 2) -> exactly-once
-sink, replicated, Rhino off (what handovers need), in LiveRobin mode (``--period`` ms pulses) or KaZoo mode
-(ZooKeeper of the embedded stack, 1 s sessions): KaZoo has no pulses of its own, so every handover job opens
-a *pulse window* (the sources hold their records for pulses of ``--period`` ms until its last pulse).
+sink, replicated, in LiveRobin mode (``--period`` ms pulses) or KaZoo mode (ZooKeeper of the embedded stack,
+1 s sessions): KaZoo has no pulses of its own, so every handover job opens a *pulse window* (the sources
+hold their records for pulses of ``--period`` ms until its last pulse).  Rhino checkpoints are off, except
+in mode ``liverobin+rhino`` (or every LiveRobin run with ``--rhino``): a checkpoint every
+``--checkpoint-every`` pulses, one holder per replica group; KaZoo with Rhino is refused (the runtime
+refuses handovers there).
 ``chain`` folds every key's events into a hash chain (as :mod:`replication.examples.ordered`) and keeps a
 *pad* per key: a map state of ``E`` entries of ``--value-bytes`` incompressible bytes, written by the key's
 first event; every event reads entry ``n mod E``, outputs its first 8 bytes and overwrites it.  The keys
@@ -25,8 +29,11 @@ are chosen so that every vnode holds exactly ``--keys-per-vnode`` keys, and ``E`
 is about the ``--sizes`` value: the state per vnode is controlled.  1 MB = 10^6 bytes.
 
 Per run, on a fresh job: ``--rate`` events/s round robin over the keys; ``--before`` seconds in (every
-key's pad written), the operation, ``all`` at once, ``batched`` (``--batch`` vnodes per step) or ``fluid``
-(one per step); ``--after`` more seconds of load, drain, read the output.  Operations:
+key's pad written), the state measured per vnode (below), the operation, ``all`` at once, ``batched``
+(``--batch`` vnodes per step), ``batched:N`` (N per step), ``batched:N:BYTES`` (at most N vnodes and BYTES of
+state per step, ``BYTES`` as ``--sizes``: the driver measures the state per vnode first and plans the steps
+from it, ``rhino_state.Batched(n, max_bytes)``) or ``fluid`` (one per step); ``--after`` more seconds of
+load, drain, read the output.  Operations:
 
 * ``move``: ``move_vnodes`` moves ``--vnodes`` of partition 0's vnodes (0: half of them) to partition 1;
 * ``rescale``: the chain task is built with ``max_parallelism=3`` (``parallelism=2``: partition 2 spare),
@@ -52,17 +59,26 @@ Measured, per handover job:
   workers' heartbeats (``spark.replication.heartbeatInterval``, 200 ms): the phases are resolved to about
   that much.  Transfer and catch-up are one phase: the driver sees nothing between the cut and the
   targets' LOADED acks;
-* state entries moved (the driver's count of the origins' cuts) and bytes moved (key + value bytes of the
-  moved keys' state in the job's state model, the layout of :mod:`rhino_state.state`: the entries it
-  predicts are checked against the measured ones), against the state size per vnode;
+* state entries moved (the driver's count of the origins' cuts) and bytes moved, twice: *measured*
+  (``bytes_measured``: ``JobHandle.state_bytes_per_vnode``, every partition's RocksDB entries per vnode,
+  key + value, asked for just before each handover request and summed over the vnodes it moved; the
+  smallest and largest moved vnode and the whole task's state too) and *model* (``bytes_moved``: key +
+  value bytes of the moved keys' state in the job's state model at the request, the layout of
+  :mod:`rhino_state.state`: the entries it predicts are checked against the driver's count), against the
+  state size per vnode; with a byte cap, the bytes the driver planned (``bytes_planned``, per step in
+  ``handover_steps.csv`` with each step's measured bytes).  The measurement is not part of the
+  handover: *before* ends where it starts;
+* Rhino on: checkpoints compared between the two replicas of each partition and divergences (any fails
+  the run);
 * exactness: every event once, every chain links up (:func:`verify_chains`), every event read the pad
   value the reference says (a lost or stale piece of moved state shows), and the vnodes ended where the
   operation puts them (``on_target``; move: on partition 1; rescale: exactly its partitions own vnodes,
   balanced to within one, read right after it);
 * the restart floor (``restart.csv``, unless ``--no-restart``): the seconds to start the same job shape and
-  to stop it, idle (LiveRobin, the move job's shape).  It is *not* the issue's stop /
-  restore-from-checkpoint with a new parallelism / restart comparison: handovers need Rhino off, so there
-  is no checkpoint to restore from; it is only the part of any restart that does not depend on the state.
+  to stop it, idle (LiveRobin, Rhino off, the move job's shape).  It is *not* the issue's stop /
+  restore-from-checkpoint with a new parallelism / restart comparison: a job does not resume from its
+  checkpoints in a new run, so there is nothing to restore; it is only the part of any restart that does
+  not depend on the state.
 
 A run that fails (the handover or the job) is a row with its error, never dropped.  Writes
 ``handover.csv``, ``handover_steps.csv``, ``handover_timeline.csv``, ``restart.csv``, ``handover.png``
@@ -100,8 +116,11 @@ from rhino_state.keys import encode_key, key_group, vnode_of  # noqa: E402
 MS = 1000.0
 MB = 1_000_000
 TASK, SOURCE, SINK = "chain", "source", "chain-sink"
-STRATEGIES = ("all", "batched", "fluid")
-MODES = ("liverobin", "kazoo")
+STRATEGIES = ("all", "batched", "fluid")  # and batched:N[:BYTES] (strategy_of)
+RHINO = "+rhino"  # a mode's suffix: Rhino checkpoints on (LiveRobin only)
+MODES = ("liverobin", "liverobin" + RHINO, "kazoo")
+REFUSED_MODES = {"kazoo" + RHINO: "handovers with Rhino on are refused in KaZoo mode (its checkpoints are "
+                 "taken at order numbers, not pulses: docs/handover.md, 'Rhino on'); use liverobin+rhino"}
 OPERATIONS = ("move", "rescale")
 RESCALE_UP, RESCALE_DOWN = "rescale 2->3", "rescale 3->2"  # the rows of a rescale run
 ERROR_CHARS = 300  # an error in a row: at most this many characters (bench.common.one_line)
@@ -455,25 +474,43 @@ def window_columns(obs: Sequence[Obs], lo: float, hi: float, name: str) -> dict[
 
 
 def latency_columns(obs: Sequence[Obs], requested: float, ended: float, load: tuple[float, float],
-                    warm_up_s: float) -> dict[str, float | str]:
-    """Before the request (from ``warm_up_s`` after the load started), during the handover (produced
-    between the request and its end) and after it (to the end of the load); the worst per-second p99
-    during it."""
+                    warm_up_s: float, before_end: float | None = None) -> dict[str, float | str]:
+    """Before the request (from ``warm_up_s`` after the load started to ``before_end``, default the
+    request: the bench's own state measurement just before it is in no window), during the handover
+    (produced between the request and its end) and after it (to the end of the load); the worst
+    per-second p99 during it."""
     during = [(sec, percentile([o.latency for o in g], .99)) for sec, g in per_second(obs, requested).items()
               if sec >= 0 and requested + sec < ended]
-    return {**window_columns(obs, load[0] + warm_up_s, requested, "before"),
+    return {**window_columns(obs, load[0] + warm_up_s, min(before_end or requested, requested), "before"),
             **window_columns(obs, requested, ended, "during"),
             **window_columns(obs, ended, load[1], "after"),
             "worst_second_p99_ms": max((p for _, p in during), default=0.0) * MS}
 
 
 # ------------------------------------------------------------------------------------------ CSV rows
-RUN_COLUMNS = ("mode", "operation", "size", "strategy", "state_bytes", "vnodes", "bytes_per_vnode", "keys", "pad_entries", "value_bytes",
-               "vnodes_moved", "steps", "state", "error", "exact", "outcome", "on_target", "produced", "records",
+MEASURED_COLUMNS = ("bytes_measured", "measured_vs_model", "moved_vnode_bytes_min", "moved_vnode_bytes_max",
+                    "state_bytes_measured", "measured_bytes_per_vnode")
+RUN_COLUMNS = ("mode", "rhino", "operation", "size", "strategy", "state_bytes", "vnodes", "bytes_per_vnode",
+               "keys", "pad_entries", "value_bytes", "vnodes_moved", "steps", "state", "error", "exact", "outcome",
+               "on_target", "produced", "records", "checkpoints", "divergences", "divergence",
                "handover_s", *PHASE_COLUMNS, "max_step_s", "entries_moved", "entries_model", "entries_match",
-               "bytes_moved", "p99_before_ms", "max_before_ms", "moved_p99_before_ms", "moved_max_before_ms",
+               "bytes_moved", *MEASURED_COLUMNS, "measure_s", "bytes_planned", "max_step_bytes_planned",
+               "p99_before_ms", "max_before_ms", "moved_p99_before_ms", "moved_max_before_ms",
                "p99_during_ms", "max_during_ms", "moved_p99_during_ms", "moved_max_during_ms", "p99_after_ms",
                "max_after_ms", "moved_p99_after_ms", "moved_max_after_ms", "worst_second_p99_ms")
+
+
+def measured_columns(sizes: Sequence[int] | None, vnodes: Sequence[int], model_bytes: int) -> dict[str, Any]:
+    """The state the partitions measured per vnode (``sizes``, None: not measured) against the model:
+    summed over the moved ``vnodes`` (``bytes_measured``; ``model_bytes``: the model's bytes of the moved
+    keys), its smallest and largest moved vnode, and the whole task's state."""
+    if not sizes:
+        return dict.fromkeys(MEASURED_COLUMNS, "")
+    moved = [sizes[v] for v in vnodes]
+    total = sum(moved)
+    return {"bytes_measured": total, "measured_vs_model": total / model_bytes if model_bytes else "",
+            "moved_vnode_bytes_min": min(moved, default=""), "moved_vnode_bytes_max": max(moved, default=""),
+            "state_bytes_measured": sum(sizes), "measured_bytes_per_vnode": sum(sizes) / len(sizes)}
 
 
 def run_row(labels: dict[str, Any], report: dict[str, Any] | None, phases: Sequence[StepPhases],
@@ -492,6 +529,9 @@ def run_row(labels: dict[str, Any], report: dict[str, Any] | None, phases: Seque
                     "max_step_s": max((s["seconds"] for s in report["steps"]), default=""),
                     "entries_moved": measured, "entries_model": moved[0],
                     "entries_match": "yes" if measured == moved[0] else "no", "bytes_moved": moved[1]})
+        planned = [s["bytes_planned"] for s in report["steps"] if s.get("bytes_planned") is not None]
+        if planned:  # a byte cap: the driver's plan, from the state it measured per vnode
+            row.update({"bytes_planned": sum(planned), "max_step_bytes_planned": max(planned)})
     if verdict is not None:
         row.update({"exact": "yes" if verdict.exact else "no", "outcome": verdict.outcome,
                     "records": verdict.chains.records})
@@ -500,16 +540,19 @@ def run_row(labels: dict[str, Any], report: dict[str, Any] | None, phases: Seque
 
 
 def step_rows(labels: dict[str, Any], steps: Sequence[dict], phases: Sequence[StepPhases],
-              period_ms: int) -> list[dict[str, Any]]:
+              period_ms: int, measured: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """handover_steps.csv rows: one per step, its pulses, the margins they plan (pulses x ``period_ms``:
-    request -> switch, switch -> release) and its phases."""
+    request -> switch, switch -> release), its phases, the bytes a byte cap planned for it and the bytes
+    its vnodes held as ``measured`` (per vnode) just before the handover job."""
     return [{**labels, "step": i + 1, "handover_id": p.handover_id, "vnodes": p.vnodes,
              "origins": " ".join(map(str, s.get("origins", ()))), "targets": " ".join(map(str, s.get("targets", ()))),
              "state": s["state"], "switch_at": s["switch_at"], "release_at": s["release_at"], "pulse_at_request": s["pulse_at_request"],
              "planned_switch_s": (s["switch_at"] - s["pulse_at_request"]) * period_ms / MS,
              "planned_release_s": (s["release_at"] - s["switch_at"]) * period_ms / MS, "trigger_s": p.trigger_s,
              "alignment_s": p.alignment_s, "transfer_catchup_s": p.transfer_s,
-             "total_s": p.total_s, "seconds": s["seconds"], "entries_moved": p.entries}
+             "total_s": p.total_s, "seconds": s["seconds"], "entries_moved": p.entries,
+             "bytes_planned": s.get("bytes_planned") if s.get("bytes_planned") is not None else "",
+             "bytes_measured": sum(measured[v] for v in s["vnodes"]) if measured else ""}
             for i, (s, p) in enumerate(zip(steps, phases, strict=True))]
 
 
@@ -554,20 +597,73 @@ class Ticker(threading.Thread):
 
 
 # ------------------------------------------------------------------------------------------ runs
+_BATCHED = re.compile(r"batched:(\d+)(?::([^:]+))?", re.IGNORECASE)
+
+
+def strategy_parts(name: str, batch: int) -> tuple[str, int | None, int | None]:
+    """``all`` / ``fluid`` / ``batched`` (``batch`` vnodes per step) / ``batched:N`` (N per step) /
+    ``batched:N:BYTES`` (N per step and at most BYTES of state, measured, per step; BYTES as ``--sizes``:
+    ``660KB`` = 660,000 bytes) -> (kind, vnodes per step, byte cap)."""
+    if name in ("all", "fluid"):
+        return name, None, None
+    if name == "batched":
+        return name, batch, None
+    m = _BATCHED.fullmatch(name)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a strategy: {name!r} (all, fluid, batched, batched:N or "
+                                         "batched:N:BYTES, e.g. batched:32:660KB)")
+    n, cap = int(m.group(1)), parse_size(m.group(2)) if m.group(2) else None
+    if n < 1 or (cap is not None and cap < 1):
+        raise argparse.ArgumentTypeError(f"strategy {name!r}: N and BYTES must be at least 1")
+    return "batched", n, cap
+
+
 def strategy_of(name: str, batch: int) -> AllAtOnce | Batched | Fluid:
-    return {"all": AllAtOnce(), "batched": Batched(batch), "fluid": Fluid()}[name]
+    kind, n, cap = strategy_parts(name, batch)
+    return {"all": AllAtOnce, "fluid": Fluid}[kind]() if n is None else Batched(n, max_bytes=cap)
+
+
+def size_text(n: int) -> str:
+    """Bytes the way ``--sizes`` writes them: 20MB, 660KB, 512B."""
+    return f"{n / MB:g}MB" if n >= MB else f"{n / 1000:g}KB" if n >= 1000 else f"{n}B"
 
 
 def strategy_label(name: str, batch: int) -> str:
-    return {"all": "all-at-once", "batched": f"batched {batch}", "fluid": "fluid"}[name]
+    kind, n, cap = strategy_parts(name, batch)
+    if n is None:
+        return {"all": "all-at-once", "fluid": "fluid"}[kind]
+    return f"batched {n}" + (f" cap {size_text(cap)}" if cap is not None else "")
 
 
-def job_conf(bootstrap: str, period_ms: int, mode: str = "liverobin", zookeeper: str | None = None) -> dict[str, str]:
+def rhino_on(mode: str) -> bool:
+    return mode.endswith(RHINO)
+
+
+def rhino_label(mode: str, checkpoint_every: int) -> str:
+    """The ``rhino`` column: ``off``, or how often the replicas checkpoint."""
+    return f"every {checkpoint_every} pulses" if rhino_on(mode) else "off"
+
+
+def base_mode(mode: str) -> str:
+    """The replication mode of a bench mode: ``liverobin+rhino`` -> ``liverobin``."""
+    return mode.removesuffix(RHINO)
+
+
+def job_conf(bootstrap: str, period_ms: int, mode: str = "liverobin", zookeeper: str | None = None,
+             checkpoint_every: int = 20) -> dict[str, str]:
     """The job's configuration in ``mode``: LiveRobin with ``period_ms`` pulses, or KaZoo (ZooKeeper at
-    ``zookeeper``), whose handovers open pulse windows of ``period_ms`` pulses; Rhino off."""
+    ``zookeeper``), whose handovers open pulse windows of ``period_ms`` pulses; Rhino off, or on for
+    ``liverobin+rhino`` (a checkpoint every ``checkpoint_every`` pulses, one holder per replica group)."""
+    if mode in REFUSED_MODES:
+        raise ValueError(f"mode {mode}: {REFUSED_MODES[mode]}")
+    rhino = rhino_on(mode)
+    mode = base_mode(mode)
     conf = {"spark.replication.kafka.bootstrapServers": bootstrap, "spark.replication.enabled": "true",
             "spark.replication.mode": mode, "spark.replication.liverobin.heartbeatPeriod": f"{period_ms}ms",
-            "spark.replication.rhino.enabled": "false"}
+            "spark.replication.rhino.enabled": "true" if rhino else "false"}
+    if rhino:
+        conf.update({"spark.replication.rhino.checkpointEvery": str(checkpoint_every),
+                     "spark.replication.rhino.replicas": "1"})
     if mode == "kazoo":
         if not zookeeper:
             raise ValueError("KaZoo mode needs ZooKeeper's address")
@@ -625,6 +721,9 @@ class Op:
     requested: float = 0.0
     ended: float = 0.0
     table: Any = None  # the routing table right after it
+    measured: list[int] | None = None  # state bytes per vnode just before it (state_bytes_per_vnode)
+    measure_error: str | None = None
+    measured_at: float = 0.0  # wall clock: the measurement was asked for
 
     def moved_vnodes(self) -> list[int]:
         if self.vnodes:
@@ -643,7 +742,11 @@ def balanced_on(partitions: Sequence[int]) -> Callable[[Any, list[int]], bool]:
 
 
 def max_steps(strategy: str, vnodes: int, batch: int) -> int:
-    return {"all": 1, "batched": -(-vnodes // batch), "fluid": vnodes}[strategy]
+    """The most steps ``strategy`` can take for ``vnodes`` (a byte cap: as many as vnodes)."""
+    kind, n, cap = strategy_parts(strategy, batch)
+    if n is None:
+        return {"all": 1, "fluid": vnodes}[kind]
+    return vnodes if cap is not None else -(-vnodes // n)
 
 
 def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
@@ -654,11 +757,14 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     from replication.workload import sample_of
 
     args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
-    conf = job_conf(bootstrap, args.period, spec.mode, getattr(ctx.stack, "zookeeper_connect", None))
+    conf = job_conf(bootstrap, args.period, spec.mode, getattr(ctx.stack, "zookeeper_connect", None),
+                    args.checkpoint_every)
     model = state_model(spec.size, args, conf)
     label = strategy_label(spec.strategy, args.batch)
     base = {"mode": spec.mode, "size": f"{spec.size / MB:g}MB", "strategy": label}
-    extra: dict[str, Any] = {"state_bytes": model.total_bytes, "vnodes": model.num_vnodes,
+    extra: dict[str, Any] = {"rhino": rhino_label(spec.mode, args.checkpoint_every),
+                             "state_bytes": model.total_bytes,
+                             "vnodes": model.num_vnodes,
                              "bytes_per_vnode": model.bytes_per_vnode, "keys": len(model.keys),
                              "pad_entries": model.entries, "value_bytes": model.value_bytes}
     stamp = f"{int(time.time() * 1000) % 10**10}"
@@ -666,7 +772,8 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     create_topics(bootstrap, {topic: 2})
     phase = {"text": "starting the job"}
     rescale = spec.operation == "rescale"
-    handle = run(build_handover_job(topic, out, f"hov-{spec.operation}-{spec.mode}-{spec.strategy}-{stamp}",
+    name = re.sub(r"[^A-Za-z0-9-]+", "-", f"hov-{spec.operation}-{spec.mode}-{spec.strategy}-{stamp}")
+    handle = run(build_handover_job(topic, out, name,
                                     model.entries, model.value_bytes, max_parallelism=3 if rescale else None),
                  spark=ctx.spark, conf=conf)
     feeder = Feeder(bootstrap, topic, model.keys, args.rate)
@@ -706,9 +813,15 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
             if i and ops[i - 1].error:
                 op.error = "not run: the handover before it failed"
                 continue
+            phase["text"] = f"measuring the state per vnode before {op.name}"
+            op.measured_at = time.time()
+            try:  # what the moved vnodes hold just before the request, as the partitions measure it
+                op.measured = handle.state_bytes_per_vnode(TASK, timeout=30.0)
+            except Exception as err:  # noqa: BLE001 - recorded in the row; the handover still runs
+                op.measure_error = f"measuring the state per vnode: {one_line(err, ERROR_CHARS)}"
             phase["text"] = f"{op.name} ({label})"
             op.requested = time.time()
-            try:
+            try:  # (with a byte cap, the driver measures the state per vnode first)
                 op.report = op.call()
             except Exception as err:  # noqa: BLE001 - recorded in the row
                 op.error = one_line(err, ERROR_CHARS)
@@ -722,8 +835,14 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         produced, load_error = stop_feeder(feeder)
         error = error or load_error
     phase["text"] = "draining"
+    checkpoints: dict[str, Any] = {}
     try:
-        events = handle.drain(timeout=180).events
+        result = handle.drain(timeout=180)
+        events = result.events
+        if rhino_on(spec.mode):
+            first = one_line(result.divergences[0], ERROR_CHARS) if result.divergences else ""
+            checkpoints = {"checkpoints": result.checkpoints_compared, "divergences": len(result.divergences),
+                           "divergence": first}
     except Exception as err:  # noqa: BLE001 - JobFailedError, TimeoutError: recorded
         failure = one_line(err, ERROR_CHARS)
         events = list(handle.master.events)
@@ -752,22 +871,27 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         obs = [Obs(o["ts"] / MS, sink, o["key"] in moved_keys) for sink, o in zip(sinks, outputs, strict=True)]
         phases = step_phases(op.report["steps"], events) if op.report is not None else []
         window = window_spans(events, op.requested, phases) if spec.mode == "kazoo" else None
-        # before: from the load's start (after the warm-up) or the previous handover's end; after: to the
-        # next request or the load's end
+        # before: from the load's start (after the warm-up) or the previous handover's end to the bench's
+        # state measurement (not part of the handover); after: to the next measurement or the load's end
         since = ops[i - 1].ended if i else feeder.started_at
-        until = ops[i + 1].requested if i + 1 < len(ops) and ops[i + 1].requested else load_end
-        latency = (latency_columns(obs, op.requested, op.ended, (since, until), 0.0 if i else args.warm_up)
+        until = ops[i + 1].measured_at if i + 1 < len(ops) and ops[i + 1].measured_at else load_end
+        latency = (latency_columns(obs, op.requested, op.ended, (since, until), 0.0 if i else args.warm_up,
+                                   before_end=op.measured_at or None)
                    if obs and op.requested else {})
         on_target = ("yes" if op.check(op.table, vnodes) else "no") if op.report is not None and op.table else ""
         # the moved keys' state at the cut: each saw about the events produced before the request
         counts = {k: sum(1 for o in outputs if o["key"] == k and o["ts"] / MS < op.requested) for k in moved_keys}
-        row = run_row(labels, op.report, phases, model.state(moved_keys, counts), verdict, latency,
-                      {**extra, "vnodes_moved": len(vnodes), "error": op.error or error or "",
+        moved_model = model.state(moved_keys, counts)
+        row = run_row(labels, op.report, phases, moved_model, verdict, latency,
+                      {**extra, **checkpoints, **measured_columns(op.measured, vnodes, moved_model[1]),
+                       "vnodes_moved": len(vnodes),
+                       "measure_s": op.requested - op.measured_at if op.measured_at else "",
+                       "error": "; ".join(e for e in (op.error or error, op.measure_error) if e),
                        "on_target": on_target, "produced": produced}, window)
         lo, hi = op.requested - args.before, op.ended + args.after
         timeline = timeline_rows([o for o in obs if lo <= o.produced < hi], op.requested, labels) \
             if op.requested else []
-        steps = step_rows(labels, op.report["steps"], phases, args.period) if op.report else []
+        steps = step_rows(labels, op.report["steps"], phases, args.period, op.measured) if op.report else []
         results.append(RunResult(row, steps, timeline))
     return results
 
@@ -840,6 +964,35 @@ def _names(text: str, allowed: Sequence[str], flag: str) -> list[str]:
     return names
 
 
+def _strategies(text: str, flag: str) -> list[str]:
+    """A comma-separated list of strategies (:func:`strategy_parts`), each checked."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{flag}: empty")
+    for name in names:
+        try:
+            strategy_parts(name, 1)
+        except argparse.ArgumentTypeError as err:
+            raise argparse.ArgumentTypeError(f"{flag}: {err}") from None
+    return names
+
+
+def _modes(text: str, flag: str) -> list[str]:
+    """A comma-separated list of modes out of :data:`MODES`; a refused one (``kazoo+rhino``) says why."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    if refused := [s for s in names if s in REFUSED_MODES]:
+        raise argparse.ArgumentTypeError(f"{flag}: {refused[0]}: {REFUSED_MODES[refused[0]]}")
+    return _names(text, MODES, flag)
+
+
+def with_rhino(spec: RunSpec) -> RunSpec:
+    """``--rhino``: the run with Rhino on (ArgumentTypeError for a KaZoo run: refused)."""
+    mode = spec.mode if rhino_on(spec.mode) else spec.mode + RHINO
+    if mode in REFUSED_MODES:
+        raise argparse.ArgumentTypeError(f"--rhino with mode {spec.mode}: {REFUSED_MODES[mode]}")
+    return RunSpec(spec.operation, mode, spec.size, spec.strategy)
+
+
 def _sizes(text: str) -> list[int]:
     sizes = [parse_size(s) for s in text.split(",") if s.strip()]
     if not sizes:
@@ -869,8 +1022,9 @@ def parse_group(text: str, args: argparse.Namespace) -> list[RunSpec]:
                                              "=a,b")
         key = GROUP_KEYS[key]
         chosen[key] = (_sizes(value) if key == "sizes" else
-                       _names(value, {"operations": OPERATIONS, "modes": MODES, "strategies": STRATEGIES}[key],
-                              f"--also {key}"))
+                       _modes(value, "--also modes") if key == "modes" else
+                       _strategies(value, "--also strategies") if key == "strategies" else
+                       _names(value, OPERATIONS, f"--also {key}"))
     return run_specs(chosen["operations"], chosen["modes"], chosen["sizes"], chosen["strategies"])
 
 
@@ -878,10 +1032,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1MB,20MB", help="total state sizes, comma-separated (1MB = 10^6 bytes)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
-                    help=f"handover strategies, comma-separated, of: {', '.join(STRATEGIES)}")
+                    help=f"handover strategies, comma-separated, of: {', '.join(STRATEGIES)}, batched:N (N vnodes "
+                    "per step) and batched:N:BYTES (at most N vnodes and BYTES of state per step, from the state "
+                    "the driver measures per vnode first; BYTES as --sizes, e.g. batched:32:660KB)")
     ap.add_argument("--modes", default="liverobin",
                     help=f"replication modes, comma-separated, of: {', '.join(MODES)} (KaZoo: each handover job "
-                    "opens a pulse window)")
+                    "opens a pulse window; liverobin+rhino: LiveRobin with Rhino checkpoints on)")
+    ap.add_argument("--rhino", action="store_true",
+                    help="every run with Rhino checkpoints on (its mode becomes liverobin+rhino; LiveRobin only: "
+                    "KaZoo with Rhino is refused)")
+    ap.add_argument("--checkpoint-every", type=int, default=20,
+                    help="with Rhino on: spark.replication.rhino.checkpointEvery (pulses; 20 at 10 ms: 5 a second)")
     ap.add_argument("--operations", "--operation", dest="operations", default="move",
                     help="handover operations, comma-separated: move (vnodes of partition 0 to 1), rescale (the "
                     "task built with max_parallelism=3, parallelism=2: rescale to 3, then back to 2)")
@@ -906,16 +1067,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     try:
         args.sizes = _sizes(args.sizes)
-        args.strategies = _names(args.strategies, STRATEGIES, "--strategies")
-        args.modes = _names(args.modes, MODES, "--modes")
+        args.strategies = _strategies(args.strategies, "--strategies")
+        args.modes = _modes(args.modes, "--modes")
         args.operations = _names(args.operations, OPERATIONS, "--operations")
         specs = run_specs(args.operations, args.modes, args.sizes, args.strategies)
         for group in args.also:
             specs += parse_group(group, args)
+        if args.rhino:
+            specs = [with_rhino(s) for s in specs]
     except argparse.ArgumentTypeError as err:
         ap.error(str(err))
     args.runs = list(dict.fromkeys(specs))  # in order, each once
-    for flag in ("batch", "keys_per_vnode", "value_bytes", "period"):
+    for flag in ("batch", "keys_per_vnode", "value_bytes", "period", "checkpoint_every"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.vnodes < 0:
@@ -945,7 +1108,8 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
             done = handover_run(ctx, spec)
         except Exception as err:  # noqa: BLE001 - e.g. the job could not be planned: a row of its own
             ctx.status.done()
-            labels = {"mode": spec.mode, "operation": RESCALE_UP if spec.operation == "rescale" else "move",
+            labels = {"mode": spec.mode, "rhino": rhino_label(spec.mode, ctx.args.checkpoint_every),
+                      "operation": RESCALE_UP if spec.operation == "rescale" else "move",
                       "size": f"{spec.size / MB:g}MB", "strategy": strategy_label(spec.strategy, ctx.args.batch)}
             done = [RunResult(run_row(labels, None, [], (0, 0), None, {},
                                       {"error": one_line(err, ERROR_CHARS), "exact": "no"}))]
@@ -969,8 +1133,9 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
 
 
 SHOWN = ("mode", "operation", "size", "strategy", "state", "exact", "handover_s", "window_open_s", "trigger_s",
-         "alignment_s", "transfer_catchup_s", "between_steps_s", "window_close_s", "entries_moved", "bytes_moved", "p99_before_ms", "p99_during_ms", "max_during_ms",
-         "moved_max_during_ms")
+         "alignment_s", "transfer_catchup_s", "between_steps_s", "window_close_s", "entries_moved", "bytes_moved",
+         "bytes_measured", "bytes_planned", "p99_before_ms", "p99_during_ms",
+         "max_during_ms", "moved_max_during_ms", "checkpoints", "divergences")
 
 
 def print_tables(res: Results) -> None:
@@ -985,9 +1150,11 @@ def print_tables(res: Results) -> None:
     for row in [cols, *cells]:
         print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)), flush=True)
     for r in res.runs:
-        if r["error"] or r["exact"] != "yes" or r["entries_match"] == "no" or r["on_target"] == "no":
+        if (r["error"] or r["exact"] != "yes" or r["entries_match"] == "no" or r["on_target"] == "no"
+                or _diverged(r)):
             print(f"   {run_name(r)}: error {r['error'] or '-'}; output {r['outcome'] or '-'}; "
-                  f"entries moved {r['entries_moved']} vs model {r['entries_model']}; on target {r['on_target']}")
+                  f"entries moved {r['entries_moved']} vs model {r['entries_model']}; on target {r['on_target']}; "
+                  f"divergences {r.get('divergences') or 0} {r.get('divergence') or ''}")
     for r in res.restart:
         print(f"== restart floor: {format_row(r)}")
 
@@ -1013,10 +1180,16 @@ def run_name(row: dict[str, Any]) -> str:
     return f"{row.get('mode') or 'liverobin'} {row.get('operation') or 'move'} {row['size']} {row['strategy']}"
 
 
+def _diverged(row: dict[str, Any]) -> bool:
+    return row.get("divergences") not in ("", None, 0, 0.0, "0")
+
+
 def problems(res: Results) -> list[str]:
-    """What makes the command fail: an error, an inexact output, a wrong entry count, vnodes not moved."""
+    """What makes the command fail: an error, an inexact output, a wrong entry count, vnodes not moved,
+    (Rhino on) replicas whose checkpoints diverged."""
     return [run_name(r) for r in res.runs
-            if r["error"] or r["exact"] != "yes" or r["entries_match"] != "yes" or r["on_target"] != "yes"]
+            if r["error"] or r["exact"] != "yes" or r["entries_match"] != "yes" or r["on_target"] != "yes"
+            or _diverged(r)]
 
 
 def _cell(v: str) -> Any:
@@ -1075,11 +1248,54 @@ PHASE_COLORS = {"window_open_s": "#c4ad66", "trigger_s": "#4c72b0", "alignment_s
 PHASE_NAMES = {"window_open_s": "KaZoo: pulse window opens", "trigger_s": "trigger (-> committed)",
                "alignment_s": "alignment (-> cut)", "transfer_catchup_s": "transfer + catch-up (-> completed)",
                "between_steps_s": "between steps", "window_close_s": "KaZoo: pulse window closes"}
-MODE_STYLE = {"liverobin": ("-", "o"), "kazoo": ("--", "s")}
+MODE_STYLE = {"liverobin": ("-", "o"), "liverobin" + RHINO: ("-.", "^"), "kazoo": ("--", "s")}
+MODE_SHORT = {"liverobin": "li", "liverobin" + RHINO: "li+rh", "kazoo": "ka"}
 
 
 def _mode(r: dict[str, Any]) -> str:
     return r.get("mode") or "liverobin"
+
+
+def _short(r: dict[str, Any]) -> str:
+    return f"{MODE_SHORT.get(_mode(r), _mode(r)[:2])} {r['operation']}\n{r['size']} {r['strategy']}"
+
+
+def _plot_bytes(fig: Any, grid: Any, half: int, res: Results) -> None:
+    """The bottom row: bytes moved per run, the model's against what the partitions measured per vnode
+    just before the handover (and a byte cap's plan); the measured bytes of every step."""
+    ax = fig.add_subplot(grid[2, :half + half // 2])
+    runs = [r for r in res.runs if r.get("bytes_moved") not in ("", None)]
+    x = range(len(runs))
+    for k, (col, name, color) in enumerate((("bytes_moved", "model (moved keys' state)", "#4c72b0"),
+                                            ("bytes_measured", "measured (state_bytes_per_vnode, moved vnodes)",
+                                             "#55a868"),
+                                            ("bytes_planned", "planned by the byte cap", "#c44e52"))):
+        vals = [r.get(col) if r.get(col) not in ("", None) else 0.0 for r in runs]
+        if any(vals):
+            ax.bar([i + (k - 1) * 0.27 for i in x], [v / 1000 for v in vals], width=0.27, color=color,
+                   label=name)
+    ax.set_xticks(list(x), [_short(r) for r in runs], fontsize="x-small", rotation=40, ha="right")
+    ax.set(ylabel="KB", yscale="log", title="Bytes moved: the state model vs the state measured per vnode")
+    ax.grid(alpha=.3, axis="y", which="both")
+    ax.legend(fontsize="x-small")
+
+    ax = fig.add_subplot(grid[2, half + half // 2:])
+    stepped = [r for r in runs if "cap " in str(r["strategy"]) or (r.get("steps") not in ("", None)
+                                                                  and float(r["steps"]) > 1)]
+    for i, r in enumerate(stepped):
+        per_step = [s["bytes_measured"] for s in res.steps if s.get("bytes_measured") not in ("", None)
+                    and all(s.get(k) == r.get(k) for k in ("mode", "operation", "size", "strategy"))]
+        if per_step:
+            ax.plot([i] * len(per_step), [v / 1000 for v in per_step], linestyle="", marker="_",
+                    markersize=14, color="#55a868")
+        cap = re.search(r"cap (\S+)$", str(r["strategy"]))
+        if cap:
+            ax.plot([i - .4, i + .4], [parse_size(cap.group(1)) / 1000] * 2, color="#c44e52", linewidth=1.5)
+    ax.set_xticks(range(len(stepped)), [_short(r) for r in stepped], fontsize="x-small", rotation=40,
+                  ha="right")
+    ax.set(ylabel="KB (measured just before)", yscale="log",
+           title="Bytes per step (runs of several steps or a cap; red: the cap)")
+    ax.grid(alpha=.3, axis="y", which="both")
 
 
 def _plot(out: Path, res: Results) -> None:
@@ -1092,8 +1308,8 @@ def _plot(out: Path, res: Results) -> None:
     import matplotlib.pyplot as plt
 
     operations = list(dict.fromkeys(r["operation"] for r in res.runs))
-    fig = plt.figure(figsize=(max(19, 6.5 * len(operations)), 11))
-    grid = fig.add_gridspec(2, max(len(operations), 2) * 2)
+    fig = plt.figure(figsize=(max(19, 6.5 * len(operations)), 16))
+    grid = fig.add_gridspec(3, max(len(operations), 2) * 2)
     width = max(len(operations), 2) * 2 // len(operations)
     for k, operation in enumerate(operations):
         ax = fig.add_subplot(grid[0, k * width:(k + 1) * width])
@@ -1111,13 +1327,13 @@ def _plot(out: Path, res: Results) -> None:
         ax.axvline(0, color="red", linestyle="--", linewidth=1)
         ax.set(xlabel="seconds since the request (event time; dotted: its end)",
                ylabel="per-second p99 producer→sink (ms)", yscale="log",
-               title=f"Latency around: {operation} (solid LiveRobin, dashed KaZoo)")
+               title=f"Latency around: {operation} (solid LR, dash-dot LR + Rhino, dashed KaZoo)")
         ax.grid(alpha=.3, which="both")
         ax.legend(fontsize="x-small")
 
     half = max(len(operations), 2)
     ax = fig.add_subplot(grid[1, :half + half // 2])
-    names = [f"{_mode(r)[:2]} {r['operation']}\n{r['size']} {r['strategy']}" for r in res.runs]
+    names = [_short(r) for r in res.runs]
     bottom = [0.0] * len(res.runs)
     for col in PHASE_COLUMNS:
         vals = [r.get(col) if r.get(col) not in ("", None) else 0.0 for r in res.runs]
@@ -1130,7 +1346,7 @@ def _plot(out: Path, res: Results) -> None:
             ax.bar(x, rs["start_s"], color="#c44e52", alpha=.6, label="start the job")
             ax.bar(x, rs["stop_s"], bottom=rs["start_s"], color="#8172b3", alpha=.6, label="stop the job")
     ax.set_xticks(range(len(names)), names, fontsize="x-small", rotation=40, ha="right")
-    ax.set(ylabel="seconds", title="Handover duration by phase (li: LiveRobin, ka: KaZoo)")
+    ax.set(ylabel="seconds", title="Handover duration by phase (li: LiveRobin, li+rh: with Rhino, ka: KaZoo)")
     ax.grid(alpha=.3, axis="y")
     ax.legend(fontsize="x-small")
 
@@ -1144,6 +1360,7 @@ def _plot(out: Path, res: Results) -> None:
            title="Duration vs state per vnode")
     ax.grid(alpha=.3, which="both")
     ax.legend(fontsize="xx-small", ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    _plot_bytes(fig, grid, half, res)
     fig.tight_layout()
     fig.savefig(out / "handover.png", dpi=100)
     plt.close(fig)

@@ -285,30 +285,34 @@ def nexmark_recovery_table(results: Path) -> list[str]:
 HANDOVER_STRATEGIES = {"all-at-once": "all at once"}
 
 
-HANDOVER_MODES = {"liverobin": "LiveRobin", "kazoo": "KaZoo"}
+HANDOVER_MODES = {"liverobin": "LiveRobin", "liverobin+rhino": "LiveRobin + Rhino", "kazoo": "KaZoo"}
 
 
 def handover_table(results: Path) -> list[str]:
-    """A markdown table of ``handover/handover.csv``: per mode, operation, state size and strategy, the
-    vnodes moved and the steps, the duration by phase (KaZoo's pulse window opening and closing too), the
-    entries and bytes moved, latency before and during the handover, exactness.  Rows of a CSV from before
-    modes and operations are LiveRobin moves."""
+    """A markdown table of ``handover/handover.csv``: per mode (Rhino on too), operation, state size and
+    strategy, the vnodes moved and the steps, the duration by phase (KaZoo's pulse window opening and closing
+    too), the entries and bytes moved (the state model's), latency before and during the handover,
+    exactness; then :func:`handover_bytes_table` (the bytes measured per vnode against the model).  Rows of
+    a CSV from before modes and operations are LiveRobin moves."""
     rows = read_csv(results / "handover" / "handover.csv")
     if not rows:
         return []
     lines = ["| mode | operation | state | strategy | vnodes / steps | total s | window open / close s | trigger s "
-             "| alignment s | transfer + catch-up s | entries / bytes moved | p99 / max before ms "
+             "| alignment s | transfer + catch-up s | entries / bytes moved (model) | p99 / max before ms "
              "| p99 / max during ms | output |",
              "|---|---|---|---|---|---:|---|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
         mode = r.get("mode") or "liverobin"
         window = (f"{num(r.get('window_open_s'), '{:.2f}')} / {num(r.get('window_close_s'), '{:.2f}')}"
                   if mode == "kazoo" else "-")
-        ok = r["exact"] == "yes" and r.get("entries_match") == "yes" and r.get("on_target") == "yes"
+        diverged = r.get("divergences") not in (None, "", "0")
+        ok = (r["exact"] == "yes" and r.get("entries_match") == "yes" and r.get("on_target") == "yes"
+              and not r.get("error") and not diverged)
         output = "yes" if ok else "**no**: " + "; ".join(x for x in (
             r.get("error", ""), r.get("outcome", "") if r["exact"] != "yes" else "",
             "entries moved differ from the model" if r.get("entries_match") == "no" else "",
-            "vnodes not on the target" if r.get("on_target") == "no" else "") if x)[:160]
+            "vnodes not on the target" if r.get("on_target") == "no" else "",
+            f"{r.get('divergences')} checkpoints diverged" if diverged else "") if x)[:160]
         lines.append(f"| {HANDOVER_MODES.get(mode, mode)} | {(r.get('operation') or 'move').replace('->', '→')} "
                      f"| {r['size']} | {HANDOVER_STRATEGIES.get(r['strategy'], r['strategy'])} "
                      f"| {r['vnodes_moved']} / {r['steps'] or '-'} | {num(r['handover_s'], '{:.2f}')} | {window} "
@@ -317,10 +321,38 @@ def handover_table(results: Path) -> list[str]:
                      f"| {num(r.get('entries_moved'))} / {num(r['bytes_moved'])} "
                      f"| {num(r['p99_before_ms'])} / {num(r['max_before_ms'])} "
                      f"| {num(r['p99_during_ms'])} / {num(r['max_during_ms'])} | {output} |")
+    lines += handover_bytes_table(rows)
     for r in read_csv(results / "handover" / "restart.csv"):
         lines += ["", f"Restart floor (the alternative a handover avoids, as far as it is measured: {r['what']}): "
                   f"start {num(r['start_s'], '{:.1f}')} s + stop {num(r['stop_s'], '{:.1f}')} s"
                   + ("" if r.get("status") in ("", "stopped", None) else f" ({r['status']})") + "."]
+    return lines
+
+
+def handover_bytes_table(rows: list[dict[str, str]]) -> list[str]:
+    """Bytes moved vs vnode state size, for the rows whose state was measured per vnode just before the
+    handover: the state per vnode (model; measured, mean over every vnode of the task), the moved vnodes'
+    smallest and largest, the bytes moved (measured, model, their ratio) and, with a byte cap, what the
+    driver planned per step."""
+    measured = [r for r in rows if r.get("bytes_measured") not in (None, "")]
+    if not measured:
+        return []
+    lines = ["", "Bytes moved vs vnode state size (*measured*: `state_bytes_per_vnode`, each partition's RocksDB "
+             "entries per vnode, key + value, read just before the handover; *model*: the job's state model at "
+             "the request):", "",
+             "| mode | operation | state | strategy | state per vnode: model / measured B | moved vnodes: "
+             "min / max B | vnodes / steps | bytes moved: measured / model | measured ÷ model "
+             "| cap: largest step planned B |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in measured:
+        mode = r.get("mode") or "liverobin"
+        lines.append(f"| {HANDOVER_MODES.get(mode, mode)} | {(r.get('operation') or 'move').replace('->', '→')} "
+                     f"| {r['size']} | {HANDOVER_STRATEGIES.get(r['strategy'], r['strategy'])} "
+                     f"| {num(r['bytes_per_vnode'])} / {num(r.get('measured_bytes_per_vnode'))} "
+                     f"| {num(r.get('moved_vnode_bytes_min'))} / {num(r.get('moved_vnode_bytes_max'))} "
+                     f"| {r['vnodes_moved']} / {r['steps'] or '-'} "
+                     f"| {num(r['bytes_measured'])} / {num(r['bytes_moved'])} "
+                     f"| {num(r.get('measured_vs_model'), '{:.3f}')} | {num(r.get('max_step_bytes_planned'))} |")
     return lines
 
 
@@ -411,6 +443,10 @@ def not_measured(results: Path) -> str:
               "a handover's stop-restore-restart alternative (a job does not resume from its checkpoints in a "
               "new run, so there is nothing to restore at a new parallelism; handover.py measures a restart floor "
               "only), " + (" and ".join(untried) + " handovers (tested, not benchmarked), " if untried else "")
+              + ("handovers with Rhino on other than LiveRobin moves (rescales; an executor killed during the "
+                 "handover is tested, not benchmarked; KaZoo with Rhino is refused), "
+                 if any(r.get("mode") == "liverobin+rhino" for r in handover) else
+                 "handovers with Rhino on (tested, not benchmarked), ")
               + "and handovers of more than 20 MB",
               "recovery on the NEXMark-like query beyond 50 MB (the synthetic job's 100 MB and 1 GB runs are in "
               "bench/results/rhino/, outside the suite)"]
@@ -560,18 +596,27 @@ def render(results: Path, out: Path) -> str:
                   "write-back cache holds). `unordered` is inexact by design.", "", *workloads, ""]
     if handover := handover_table(results):
         lines += ["## Handover", "",
-                  "`bench/handover.py`: handovers of a keyed chain task under 200 events/s (10 ms pulses, Rhino "
-                  "off), a fresh job per mode, operation, size and strategy. *move*: vnodes of partition 0 moved "
+                  "`bench/handover.py`: handovers of a keyed chain task under 200 events/s (10 ms pulses), a fresh "
+                  "job per mode, operation, size and strategy; Rhino off, except *LiveRobin + Rhino* (checkpoints "
+                  "every 20 pulses, one holder per replica group; KaZoo with Rhino is refused by the runtime), "
+                  "whose output check also requires that no checkpoint diverged between the replicas. *move*: "
+                  "vnodes of partition 0 moved "
                   "to partition 1; *rescale*: the task built with `max_parallelism=3` on 2 partitions, rescaled to "
                   "3 (a third of the vnodes, from partitions 0 and 1, to the spare partition 2), then back to 2: "
                   "two rows per run, the output checked once for both. LiveRobin pulses all the time; in KaZoo "
                   "each handover job opens a pulse window (*window open*: request → every source replica holds "
                   "its records; *close*: last step completed → the window's last pulse counted). Strategies: all "
-                  "at once, batched (8 vnodes per step) or fluid (one per step). Phases from the driver's events "
-                  "(about 200 ms resolution): *trigger* → every replica armed, *alignment* → the origins cut at "
-                  "the switch pulse, *transfer + catch-up* → the targets loaded and released. Entries moved: the "
-                  "driver's count (checked against the state model of the moved keys); bytes moved: that model. "
-                  "Latency by event time (ms); for 3→2 *before* is the time since 2→3 ended. Output: every event "
+                  "at once, batched (8 vnodes per step), batched with a byte cap (*batched 32 cap B*: at most 32 "
+                  "vnodes and B bytes of state per step, planned by the driver from the state it measures per vnode "
+                  "first, a measurement that is part of the handover's time) or fluid (one per step). Phases "
+                  "from the driver's events (about 200 ms resolution): *trigger* → every replica armed, "
+                  "*alignment* → the origins cut at the switch pulse, *transfer + catch-up* → the targets loaded and released. Entries moved: the "
+                  "driver's count (checked against the state model of the moved keys); bytes moved: that model, and "
+                  "in the second table *measured* by "
+                  "the partitions per vnode (`state_bytes_per_vnode`, key + value of their RocksDB entries) just "
+                  "before the request, summed over the moved vnodes. "
+                  "Latency by event time (ms); *before* ends where that measurement starts; for 3→2 *before* is "
+                  "the time since 2→3 ended. Output: every event "
                   "once, every chain linked, every pad read right, the vnodes where the operation puts them "
                   "(rescale: balanced to within one).", "", *handover, ""]
     lines += ["## Plots", ""]

@@ -28,10 +28,13 @@ on the terminal; each holds the machine for at most about 12 minutes, about 55 m
   of its steady window before the kill (90 s).
 * ``sss-throughput``: ``bench/sss.py --throughput-rates``: its throughput ramp by ``bench/ordering.py``'s
   criteria (20 s per rate, 100 ms trigger), with the costs of each rate (157 s).
-* ``handover``: ``bench/handover.py``: in LiveRobin and KaZoo mode at 1 and 20 MB of state, all at once and
-  batched (8 per step): 32 vnodes moved, and the task rescaled 2 -> 3 -> 2 partitions within its
-  max_parallelism; fluid (one vnode per step) for the move in LiveRobin at 20 MB only (32 steps, about
-  35 s); the restart floor (565 s).
+* ``handover``: ``bench/handover.py``: 32 vnodes moved in LiveRobin and KaZoo mode at 1 and 20 MB of
+  state, all at once and batched (8 per step); in LiveRobin with Rhino off and on (checkpoints every 20
+  pulses), all at once and batched with a byte cap of 660 KB (4 steps at 20 MB), the bytes moved measured
+  per vnode against the state model; fluid (one vnode per step) in LiveRobin at 20 MB only (32 steps,
+  about 47 s); the task rescaled 2 -> 3 -> 2 partitions within its max_parallelism in both modes, all at
+  once at both sizes and batched at 20 MB only (batched at 1 MB dropped when the Rhino and byte-cap rows
+  came in, to stay under 12 minutes); the restart floor (575 s; 565 s before the Rhino and byte-cap rows).
 
 A step that fails (or whose output is not exact) is recorded in ``suite.json`` with its exit code
 and shown in the report; the suite goes on with the next one and exits non-zero at the end.
@@ -72,10 +75,16 @@ STEPS = {
     "sss-throughput": ["bench/sss.py", "--logic", "chain", "--throughput-rates", "200,400,800,1600,3200",
                        "--throughput-duration", "20", "--throughput-warm-up", "5", "--trigger-ms", "100",
                        "--drain-timeout", "120"],
-    # fluid (32 steps of about 1 s) only once, so that the step holds the machine for about 10 minutes
+    # moves: all at once and batched in both modes; LiveRobin with Rhino off and on, all at once and with a
+    # byte cap (660 KB: 8 of the 78 KB vnodes of 20 MB, 4 steps; 1 MB in one); fluid (32 steps of about
+    # 1 s) once; rescales: all at once at both sizes, batched (11 steps each way) at 20 MB only, so that the
+    # step holds the machine for less than about 12 minutes
     "handover": ["bench/handover.py", "--sizes", "1MB,20MB", "--vnodes", "32", "--batch", "8",
-                 "--modes", "liverobin,kazoo", "--operations", "move,rescale", "--strategies", "all,batched",
-                 "--also", "operations=move modes=liverobin sizes=20MB strategies=fluid"],
+                 "--modes", "liverobin,kazoo", "--operations", "move", "--strategies", "all,batched",
+                 "--also", "operations=move modes=liverobin,liverobin+rhino strategies=all,batched:32:660KB",
+                 "--also", "operations=move modes=liverobin sizes=20MB strategies=fluid",
+                 "--also", "operations=rescale modes=liverobin,kazoo strategies=all",
+                 "--also", "operations=rescale modes=liverobin,kazoo sizes=20MB strategies=batched"],
 }
 
 

@@ -47,9 +47,43 @@ def test_the_command_parses_its_arguments():
     assert args.runs[-2:] == [hb.RunSpec("move", "kazoo", 1_000_000, "fluid"),
                               hb.RunSpec("rescale", "kazoo", 1_000_000, "fluid")]
     for bad in (["--modes", "zookeeper"], ["--operations", "split"], ["--also", "modes"], ["--also", "rate=5"],
-                ["--also", "strategies=fluent"], ["--modes", ""]):
+                ["--also", "strategies=fluent"], ["--modes", ""], ["--strategies", "batched:0:1MB"],
+                ["--strategies", "batched:8:lots"], ["--strategies", "batched:"]):
         with pytest.raises(SystemExit):
             hb.parse_args(bad)
+
+
+def test_rhino_modes_and_byte_capped_strategies(capsys):
+    """liverobin+rhino (or --rhino) turns Rhino checkpoints on, KaZoo with Rhino is refused saying why;
+    batched:N:BYTES caps each step's state (decimal units, as --sizes)."""
+    args = hb.parse_args(["--sizes", "1MB", "--modes", "liverobin,liverobin+rhino",
+                          "--strategies", "all,batched:32:660KB,batched:4"])
+    assert [(r.mode, r.strategy) for r in args.runs] == [
+        (m, s) for m in ("liverobin", "liverobin+rhino") for s in ("all", "batched:32:660KB", "batched:4")]
+    assert hb.strategy_of("batched:32:660KB", 8) == hb.Batched(32, max_bytes=660_000)
+    assert hb.strategy_of("batched:4", 8) == hb.Batched(4) and hb.strategy_of("batched", 8) == hb.Batched(8)
+    assert hb.strategy_label("batched:32:660KB", 8) == "batched 32 cap 660KB"
+    assert hb.strategy_label("batched:32:2.5MB", 8) == "batched 32 cap 2.5MB"
+    assert hb.strategy_label("batched", 8) == "batched 8"
+    assert hb.max_steps("batched:32:660KB", 32, 8) == 32 and hb.max_steps("batched:4", 32, 8) == 8
+    rhino = hb.parse_args(["--rhino", "--sizes", "1MB", "--strategies", "all"])
+    assert [r.mode for r in rhino.runs] == ["liverobin+rhino"]
+    for bad in (["--modes", "kazoo+rhino"], ["--rhino", "--modes", "liverobin,kazoo"],
+                ["--also", "modes=kazoo+rhino"]):
+        with pytest.raises(SystemExit):
+            hb.parse_args(bad)
+        assert "refused in KaZoo mode" in capsys.readouterr().err
+    on = hb.job_conf("b:9092", 10, "liverobin+rhino", checkpoint_every=20)
+    assert on["spark.replication.mode"] == "liverobin" and on["spark.replication.rhino.enabled"] == "true"
+    assert on["spark.replication.rhino.checkpointEvery"] == "20"
+    assert hb.job_conf("b:9092", 10)["spark.replication.rhino.enabled"] == "false"
+    with pytest.raises(ValueError, match="refused"):
+        hb.job_conf("b:9092", 10, "kazoo+rhino", zookeeper="z:2181")
+    # the state measured per vnode against the model, summed over the moved vnodes
+    cols = hb.measured_columns([10, 20, 30, 40], [1, 3], 50)
+    assert cols == {"bytes_measured": 60, "measured_vs_model": 1.2, "moved_vnode_bytes_min": 20,
+                    "moved_vnode_bytes_max": 40, "state_bytes_measured": 100, "measured_bytes_per_vnode": 25.0}
+    assert hb.measured_columns(None, [1], 50) == dict.fromkeys(hb.MEASURED_COLUMNS, "")
 
 
 def test_every_vnode_gets_exactly_the_keys_asked_for():
@@ -239,8 +273,10 @@ def test_rows_csv_and_plot(tmp_path):
     verdict = hb.Verdict(hb.verify_chains([], []))
     extra = {"state_bytes": 1_000_000, "vnodes": 256, "bytes_per_vnode": 3906.25, "vnodes_moved": 2,
              "error": "", "on_target": "yes", "produced": 0}
-    row = hb.run_row(labels, report, phases, (12, 48_000), verdict, latency, extra)
+    row = hb.run_row(labels, report, phases, (12, 48_000), verdict, latency,
+                     {**extra, **hb.measured_columns([30_000, 19_000] + [0] * 254, [0, 1], 48_000)})
     assert list(row) == list(hb.RUN_COLUMNS)
+    assert row["bytes_measured"] == 49_000 and row["bytes_planned"] == ""  # no byte cap: nothing planned
     assert row["entries_match"] == "yes" and row["bytes_moved"] == 48_000 and row["exact"] == "yes"
     assert row["between_steps_s"] == pytest.approx(0.2) and row["max_during_ms"] == pytest.approx(810)
     assert hb.run_row(labels, report, phases, (13, 1), verdict, latency, extra)["entries_match"] == "no"
@@ -253,17 +289,31 @@ def test_rows_csv_and_plot(tmp_path):
     kz = hb.run_row(up, {**report, "steps": kz_steps, "seconds": 1.6}, phases, (12, 48_000), verdict, latency, extra,
                     window=(0.25, 0.15))
     assert kz["window_open_s"] == 0.25 and kz["between_steps_s"] == pytest.approx(0.2) and kz["mode"] == "kazoo"
-    res = hb.Results(runs=[row, {**failed, "strategy": "fluid"}, kz],
-                     steps=hb.step_rows(labels, steps, phases, 10) + hb.step_rows(up, kz_steps, phases, 10),
+    # a Rhino-on byte-capped row: the driver's plan per step, the measured bytes of each step's vnodes
+    capped = {"mode": "liverobin+rhino", "operation": "move", "size": "20MB", "strategy": "batched 32 cap 60KB"}
+    cap_steps = [{**steps[0], "bytes_planned": 49_000}]
+    rh = hb.run_row(capped, {**report, "steps": cap_steps}, phases, (12, 48_000), verdict, latency,
+                    {**extra, "checkpoints": 40, "divergences": 0})
+    assert rh["bytes_planned"] == 49_000 == rh["max_step_bytes_planned"] and rh["checkpoints"] == 40
+    measured = [30_000, 19_000] + [0] * 254
+    (cap_step,) = hb.step_rows(capped, cap_steps, phases, 10, measured)
+    assert cap_step["bytes_planned"] == 49_000 and cap_step["bytes_measured"] == 49_000
+    assert hb.step_rows(labels, steps, phases, 10)[0]["bytes_measured"] == ""
+    assert not hb.problems(hb.Results(runs=[rh])) and hb.problems(hb.Results(runs=[{**rh, "divergences": 1}]))
+    res = hb.Results(runs=[row, {**failed, "strategy": "fluid"}, kz, rh],
+                     steps=hb.step_rows(labels, steps, phases, 10) + hb.step_rows(up, kz_steps, phases, 10)
+                     + [cap_step],
                      timeline=hb.timeline_rows(obs, 100.0, labels) + hb.timeline_rows(obs, 100.0, up),
                      restart=[{"what": "idle", "start_s": 9.5, "stop_s": 1.5, "restart_s": 11.0, "status": "stopped"}])
     assert hb.problems(res) == ["liverobin move 1MB fluid"]
     hb.write_results(tmp_path, res)
     hb.print_tables(res)
     runs = list(csv.DictReader((tmp_path / "handover.csv").open()))
-    assert [r["strategy"] for r in runs] == ["all-at-once", "fluid", "batched 8"] and runs[0]["trigger_s"] == "0.2"
-    assert [(r["mode"], r["operation"]) for r in runs] == [("liverobin", "move")] * 2 + [("kazoo", "rescale 2->3")]
-    step, kz_step = csv.DictReader((tmp_path / "handover_steps.csv").open())
+    assert [r["strategy"] for r in runs] == ["all-at-once", "fluid", "batched 8", "batched 32 cap 60KB"]
+    assert runs[0]["trigger_s"] == "0.2" and runs[0]["bytes_measured"] == "49000"
+    assert [(r["mode"], r["operation"]) for r in runs] == [("liverobin", "move")] * 2 + [("kazoo", "rescale 2->3"),
+                                                                                     ("liverobin+rhino", "move")]
+    step, kz_step, _ = csv.DictReader((tmp_path / "handover_steps.csv").open())
     assert step["alignment_s"] == "0.5" and step["switch_at"] == "100" and step["mode"] == "liverobin"
     assert step["planned_switch_s"] == "0.5" and step["planned_release_s"] == "0.1"
     assert (kz_step["origins"], kz_step["targets"], kz_step["operation"]) == ("0 1", "2", "rescale 2->3")
@@ -273,6 +323,6 @@ def test_rows_csv_and_plot(tmp_path):
         assert (tmp_path / name).stat().st_size > 0, name
     # the CSV files read back (numbers as floats) redraw the plot
     back = hb.load_results(tmp_path)
-    assert back.runs[2]["window_open_s"] == 0.25 and back.runs[1]["handover_s"] == "" and len(back.steps) == 2
+    assert back.runs[2]["window_open_s"] == 0.25 and back.runs[1]["handover_s"] == "" and len(back.steps) == 3
     (tmp_path / "handover.png").unlink()
     assert hb.main(["--replot", "--out", str(tmp_path)]) == 0 and (tmp_path / "handover.png").stat().st_size > 0
