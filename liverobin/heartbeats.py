@@ -210,14 +210,31 @@ class PulseWindows:
         self.current: int | None = None  # the window this replica holds for
         self.handled = 0  # the highest window id seen (entered, or closed before it was seen open)
         self.end_h: int | None = None  # the current window's last pulse, once counted
+        self.pending: int | None = None  # a window announced open while this replica was still in one
+
+    def state(self) -> tuple[int | None, int]:
+        """For a checkpoint: the window held for and the highest handled (the last pulse is read
+        from the log again after a restore, so it is not kept)."""
+        return self.current, self.handled
+
+    def restore(self, current: int | None, handled: int) -> None:
+        self.current, self.handled, self.end_h, self.pending = current, handled, None, None
 
     def announce(self, window: int, is_open: bool, pulses: bool) -> str:
         """The driver's latest word: ``HOLD`` (start holding now and report the position),
-        ``LEAVE`` (stop holding now: the window closed before any pulse was written) or ``""``."""
+        ``LEAVE`` (stop holding now: the window closed before any pulse was written) or ``""``.
+        A window announced while this replica still places an earlier one's pulses (it lags, or
+        was restored behind) is entered once that one is left (:meth:`placed` says HOLD then)."""
         if is_open:
             if window > self.handled:
+                if self.current is not None:
+                    self.pending = window
+                    return ""
                 self.current, self.handled, self.end_h = window, window, None
                 return HOLD
+            return ""
+        if window == self.pending and not pulses:
+            self.pending, self.handled = None, max(self.handled, window)
             return ""
         if window == self.current and not pulses and self.end_h is None:
             self.current = None
@@ -239,3 +256,20 @@ class PulseWindows:
             self.current = self.end_h = None
             return True
         return False
+
+    def take_pending(self) -> bool:
+        """After leaving a window: whether a window announced meanwhile is to be held for now."""
+        if self.pending is None or self.current is not None:
+            return False
+        self.current, self.handled, self.end_h, self.pending = self.pending, self.pending, None, None
+        return True
+
+    def enter_from_log(self, record: PulseRecord) -> bool:
+        """A replica restored from a checkpoint, replaying the log's pulses written before it came
+        back (for windows the driver will not announce to it again): enter ``record``'s window if
+        it is after every window this replica handled.  Which pulses count is decided by the log
+        alone, so it places the same ones its twin did."""
+        if self.current is not None or record.window <= self.handled:
+            return False
+        self.current, self.handled, self.end_h = record.window, record.window, None
+        return True

@@ -54,6 +54,7 @@ class PulseReader:
         self._thread: threading.Thread | None = None
         self.pulses = PulseLog()
         self.error: str | None = None
+        self.caught_up = threading.Event()  # read the log up to its end as it was when reading began
 
     def subscribe(self) -> PulseSubscription:
         """A subscription from the log's first record of this run (before :meth:`start` only)."""
@@ -80,9 +81,12 @@ class PulseReader:
             return
         try:
             consumer.assign([TopicPartition(self.topic, 0, self.start_offset)])
+            end = consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)[1]
             while not self._stop.is_set():
                 counted = []
+                last = -1
                 for msg in consume_ready(consumer, 500, 0.1):
+                    last = max(last, msg.offset())
                     if msg.error() is not None:
                         if msg.error().fatal():
                             raise RuntimeError(f"Kafka consumer fatal error: {msg.error()}")
@@ -100,6 +104,8 @@ class PulseReader:
                         for sub in self._subs:
                             sub._items.extend(counted)
                         self._cond.notify_all()
+                if not self.caught_up.is_set() and (last + 1 >= end or self.start_offset >= end):
+                    self.caught_up.set()  # (after handing out what it read)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         finally:

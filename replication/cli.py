@@ -217,7 +217,7 @@ def _cmd_stack(args: argparse.Namespace) -> int:
 def _handover_parser(sub: Any, name: str, what: str, timeout: float) -> argparse.ArgumentParser:
     """A subcommand that runs a handover job on a keyed task of a running job (its job, task,
     strategy and timeout arguments)."""
-    p = sub.add_parser(name, help=f"{what} (LiveRobin mode; KaZoo mode with Rhino off)")
+    p = sub.add_parser(name, help=f"{what} (LiveRobin or KaZoo mode)")
     p.add_argument("job", help="the job name")
     p.add_argument("task", help="the keyed task")
     p.add_argument("--strategy", default="all", help="all (one step), fluid (one vnode per step), batched:N, or "

@@ -1176,11 +1176,6 @@ class JobHandle:
         if self.cfg.mode not in ("liverobin", "kazoo"):
             raise ValueError(f"{what} at runtime needs spark.replication.mode=liverobin or kazoo (pulses are the "
                              "switch points)")
-        if self.cfg.mode == "kazoo" and self.cfg.rhino_enabled:
-            raise ValueError(f"{what} at runtime with spark.replication.rhino.enabled=true needs "
-                             "spark.replication.mode=liverobin for now: KaZoo checkpoints are taken at order "
-                             "numbers, not pulses, and a source restored during a pulse window is not handled "
-                             "yet (docs/handover.md)")
 
     def _keyed_spec(self, task: str) -> TaskSpec:
         spec = next((t for t in self.plan.tasks if t.name == task), None)

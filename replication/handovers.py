@@ -399,6 +399,14 @@ class PartitionHandovers(_Decisions):
             return any(s.gate is not None and s.order.switch_at < h < s.order.release_at
                        for s in self._steps.values())
 
+    def holds_records(self) -> bool:
+        """KaZoo (checkpoints at order numbers): whether this target may hold records it has not
+        processed now, from its switch pulse on or with anything held, until its release.  The
+        order decides both, so both replicas skip the same checkpoints."""
+        with self._cond:
+            return any(s.gate is not None and (s.gate.held or self.position >= s.order.switch_at)
+                       for s in self._steps.values())
+
     def keep(self, handover_id: int, per_target: dict[int, tuple[list, dict[str, list]]]) -> None:
         with self._cond:
             self._kept[handover_id] = per_target
@@ -563,6 +571,9 @@ class HandoverCoordinator:
         # their cuts as long as the order is listed here)
         self.retain = retain
         self.history: dict[int, HandoverOrder | CodeOrder] = {}
+        # handover id -> participant instance -> the last checkpoint it had taken when it acted
+        # (switched, cut, loaded): a restore point past it includes the action
+        self._acted_after: dict[int, dict[Instance, int]] = {}
 
     def start_move(self, task: int, vnodes: Iterable[int], target: int, switch_at: int,
                    release_at: int) -> HandoverOrder:
@@ -647,8 +658,11 @@ class HandoverCoordinator:
         """Feed the acks of one heartbeat; commits, releases and completions follow.  Returns what
         happened, for the job's event log."""
         events: list[str] = []
-        for hid, epoch, replica, kind, digest, entries, attempt in acks:
+        for hid, epoch, replica, kind, digest, entries, attempt, checkpoint in acks:
             ack = HandoverAck(hid, epoch, tuple(replica), AckKind(kind), attempt, digest)
+            if kind in _ACTIONS:  # its checkpoints after this one include what it did
+                acted = self._acted_after.setdefault(hid, {})
+                acted[tuple(replica[:2])] = max(checkpoint, acted.get(tuple(replica[:2]), checkpoint))
             rec = self.manager.records.get(hid)
             if ack.kind is AckKind.LOADED and rec is not None and not rec.released:
                 self._deferred.append(ack)
@@ -722,16 +736,20 @@ class HandoverCoordinator:
         return sorted([*self.orders, *self.history])
 
     def prune(self, restore_point: Callable[[Instance], int | None]) -> list[int]:
-        """Forget the retained orders every participant's restore point (the checkpoint a replica
-        would be restored from, a pulse) is past: the release for a vnode handover, the switch for
-        a replacement.  Returns their ids."""
+        """Forget the retained orders every participant's restore point (the id of the checkpoint
+        a replica would be restored from) is past: a checkpoint taken after the participant acted
+        on the order (switched, cut, loaded).  Checkpoint ids are per instance (pulses, order
+        numbers or record counts), so each is compared with the last one that instance had taken
+        when it acted.  Returns their ids."""
         gone = []
         for hid, order in sorted(self.history.items()):
-            last = order.release_at if isinstance(order, HandoverOrder) else order.switch_at
-            if all((cp := restore_point(inst)) is not None and cp >= last for inst in self._participants(order)):
+            acted = self._acted_after.get(hid, {})
+            if all(inst in acted and (cp := restore_point(inst)) is not None and cp > acted[inst]
+                   for inst in self._participants(order)):
                 gone.append(hid)
                 del self.history[hid]
                 self._cut_entries.pop(hid, None)
+                self._acted_after.pop(hid, None)
         for task in self.manager.tables:
             left = [o.epoch for o in [*self.orders.values(), *self.history.values()]
                     if isinstance(o, HandoverOrder) and o.task == task]
@@ -757,6 +775,7 @@ class HandoverCoordinator:
 
 
 _ORDER_OF = {s: i for i, s in enumerate(HandoverState)}
+_ACTIONS = ("switched", "cut", "loaded")  # acks of a participant's action (a replacement's too: switched)
 
 
 

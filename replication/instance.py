@@ -15,6 +15,7 @@ import pickle
 import shutil
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,7 @@ class PartitionInstance:
                 return
             self._acked.add((handover_id, kind))
             self._handover_acks.append((handover_id, epoch, (self.task.id, self.partition, self.replica), kind,
-                                        digest, entries, self.attempt))
+                                        digest, entries, self.attempt, self.metrics.checkpoint_id))
 
     def take_handover_acks(self) -> list[tuple]:
         with self._ack_lock:
@@ -359,6 +360,8 @@ class ProcessingInstance(PartitionInstance):
         self._open_channels = set(rt["open"])
         self._current_wm = self.metrics.watermark = rt["current_wm"]
         self._forwarded_pulse = self.metrics.pulse = rt["pulse"]
+        # KaZoo forwards a pulse once every channel delivered it: where each channel was
+        self._channel_pulse.update(rt.get("channel_pulse", {}))
         if isinstance(self.orderer, KazooOrderer):
             state = rt["orderer"]
             self.orderer.restore(state)
@@ -465,7 +468,8 @@ class ProcessingInstance(PartitionInstance):
                     self._consume(channel, elements)
             if kazoo is not None and kazoo.applier.checkpoint_due is not None:
                 state = kazoo.applier.take_checkpoint()  # every element of that order record is consumed
-                self._checkpoint(state.number, state)
+                if self.handovers is None or not self.handovers.holds_records():  # (it would lose them)
+                    self._checkpoint(state.number, state)
         return True
 
     def _consume_counted(self, channel: int, elements: list) -> None:
@@ -483,7 +487,7 @@ class ProcessingInstance(PartitionInstance):
             "positions": dict(self._consumed) if positions is None else positions,
             "channel_wm": dict(self._channel_wm),
             "open": sorted(self._open_channels), "current_wm": self._current_wm, "pulse": self._forwarded_pulse,
-            "orderer": orderer_state})
+            "channel_pulse": dict(self._channel_pulse), "orderer": orderer_state})
 
     def _kazoo_metrics(self, kazoo: KazooOrderer) -> None:
         m = self.metrics
@@ -522,8 +526,8 @@ class ProcessingInstance(PartitionInstance):
                     self.code_switches.position = h  # (an instruction for a pulse already passed is late)
                     if self.code_switches.pending and not self._replace_operators_at(h):
                         return  # stopping while waiting for a replacement's commit
-                    if self.checkpoint_every and h % self.checkpoint_every == 0:
-                        self._checkpoint_at_pulse(h, channel, i + 1)
+                    if self.checkpoint_every and not self._aligned and h % self.checkpoint_every == 0:
+                        self._checkpoint_at_pulse(h, channel, i + 1)  # (KaZoo: at order numbers, not pulses)
                 continue
             self._element(channel, el)
         self._consumed[channel] += len(elements)
@@ -656,7 +660,12 @@ class SourceInstance(PartitionInstance):
         self._emitted_wm = MIN_WATERMARK
         self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         self._after_pulse = 0  # a restored replica: pulses up to this one are behind it
-        self._read = 0  # records taken from Kafka (count-based checkpoints)
+        self._read = 0  # records emitted (count-based checkpoints)
+        if self._windows is not None:
+            self.checkpoint_every = 0  # KaZoo: count-based checkpoints only, inside pulse windows too
+        # KaZoo: counted pulses of windows this replica does not hold for yet (see _feed)
+        self._later: deque = deque()
+        self._reader: Any = None  # a restored replica's own reader of the heartbeat log
         self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
 
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
@@ -667,10 +676,12 @@ class SourceInstance(PartitionInstance):
         self._emitted_wm = self.metrics.watermark = rt["emitted_wm"]
         self._after_pulse = self.metrics.pulse = rt["pulse"]
         self._read = rt.get("read", 0)
+        if self._windows is not None and rt.get("windows") is not None:
+            self._windows.restore(*rt["windows"])
         # the worker's shared reader started long ago: read the log again, from this run's start
         # (what counts is decided by the log alone, so the same pulses come out)
         if self.worker.plan.heartbeat_log is not None:
-            reader = self.worker.own_pulse_reader()
+            reader = self._reader = self.worker.own_pulse_reader()
             self._pulses = reader.subscribe()
             reader.start()
         return rt
@@ -725,19 +736,27 @@ class SourceInstance(PartitionInstance):
         placer = self._pulse_placer() if self._windows is None else None
         if self.count_every and self.restored is None:
             self._source_checkpoint(0, 0)  # an idle source still has a checkpoint to restore from
+        if self._windows is not None and self.restored is not None:
+            placer = self._start_replay()
         try:
             while not self.stop_requested.is_set():
                 # take what is there without waiting for a full batch; block only when idle
                 if self.pending_control is not None:
                     self.poll_control()
+                # (windows already in the log first: one announced now waits until they are placed)
+                if placer is None and self._windows is not None and (self._later or self._windows.pending):
+                    placer = self._next_window()
                 if self._windows is not None and self.pending_window != self._window_word:
                     placer = self._window_changed(placer, consumer)
                 messages = consumer.consume(num_messages=batch, timeout=0)
                 if placer is None:
                     messages = messages or consumer.consume(1, timeout=idle_s)
+                elif self._windows is not None:  # KaZoo, in a window
+                    self._queue_pulses(self._pulses.take(0 if messages else PULSE_WAIT_S))
+                    self._feed(placer)
                 else:  # idle: wait for a pulse, not for a record (records wait for pulses anyway)
                     for record in self._pulses.take(0 if messages else PULSE_WAIT_S):
-                        if self._windows.admits(record) if self._windows is not None else record.h > self._after_pulse:
+                        if record.h > self._after_pulse:
                             placer.add_pulse(record)
                 if not messages:
                     self.idle()
@@ -751,11 +770,7 @@ class SourceInstance(PartitionInstance):
                         log.warning("%s: consumer error: %s", self.name, err)
                         continue
                     if placer is None:
-                        self._emit(msg, time.time())
-                        if self.count_every:
-                            self._read += 1
-                            if self._read % self.count_every == 0:
-                                self._source_checkpoint(self._read, 0)
+                        self._emit_counted(msg, time.time())
                     else:
                         placer.add_record(msg.offset(), (msg, time.time()))
                 if placer is not None:
@@ -798,11 +813,22 @@ class SourceInstance(PartitionInstance):
                 self._emitted_wm = metrics.watermark = wm
                 self.chain.on_watermark(wm)
 
+    def _emit_counted(self, msg: Any, ingest: float) -> None:
+        """:meth:`_emit`, and a count-based checkpoint every ``count_every`` records emitted
+        (unordered and KaZoo modes: both replicas emit the same records, pulses or not)."""
+        self._emit(msg, ingest)
+        if self.count_every:
+            self._read += 1
+            if self._read % self.count_every == 0:
+                self._source_checkpoint(self._read, self.metrics.pulse)
+
     def _source_checkpoint(self, checkpoint_id: int, pulse: int) -> None:
         """Every record before this point is out, none after it: where a restore resumes (a Kafka
-        partition with no record read yet restarts where this run started)."""
+        partition with no record read yet restarts where this run started).  ``pulse``: the last
+        one placed; KaZoo: the pulse window held for."""
         self.take_checkpoint(checkpoint_id, {"offsets": dict(self._next_offset), "max_ts": dict(self._max_ts),
-                                             "emitted_wm": self._emitted_wm, "pulse": pulse, "read": self._read})
+                                             "emitted_wm": self._emitted_wm, "pulse": pulse, "read": self._read,
+                                             "windows": None if self._windows is None else self._windows.state()})
 
     # -- LiveRobin: pulses at positions read from the heartbeat log ---------------------------
     def _pulse_placer(self) -> PulsePlacer | None:
@@ -822,20 +848,84 @@ class SourceInstance(PartitionInstance):
         assert self._windows is not None and word is not None
         action = self._windows.announce(*word)
         if action == HOLD:
-            self._pulses.take(0)  # pulses of windows already left (the new one's come once every replica holds)
-            k = self.kafka_partitions[0]
-            position = self._next_offset.get(k, self.start_offsets.get(k, 0))
-            self._paused = False
-            self.holding = (word[0], {k: position})
-            return PulsePlacer(self.topic, k, fetched_to=position)
+            return self._hold(word[0])
         if action == LEAVE and placer is not None:
             return self._leave_window(placer, consumer)
+        return placer
+
+    def _hold(self, window: int) -> PulsePlacer:
+        """Start holding for ``window`` (announced open) at this replica's position and report it."""
+        placer = self._placer_here()
+        self.holding = (window, {placer.partition: placer.fetched_to})
+        self._queue_pulses(self._pulses.take(0))
+        self._feed(placer)
+        return placer
+
+    def _placer_here(self) -> PulsePlacer:
+        k = self.kafka_partitions[0]
+        self._paused = False
+        return PulsePlacer(self.topic, k, fetched_to=self._next_offset.get(k, self.start_offsets.get(k, 0)))
+
+    def _queue_pulses(self, records: list) -> None:
+        """KaZoo: counted pulses not placed yet, in log order (a restored replica's own reader reads
+        the log from this run's start: what it placed before its checkpoint is behind it)."""
+        self._later.extend(r for r in records if r.h > self._after_pulse)
+
+    def _feed(self, placer: PulsePlacer) -> None:
+        """Give ``placer`` the queued pulses of the window held for; drop those of windows behind
+        it; keep those of later windows (a window may be announced to a replica that lags, or was
+        restored, only once it left the one before)."""
+        windows, later = self._windows, self._later
+        assert windows is not None
+        keep: deque = deque()
+        while later:
+            record = later.popleft()
+            if windows.current is not None and record.window == windows.current:
+                if windows.admits(record):
+                    placer.add_pulse(record)
+            elif record.window > (windows.current or windows.handled):
+                keep.append(record)
+        self._later = keep
+
+    # -- KaZoo, a restored replica: the windows written before it came back ----------------------
+    def _start_replay(self) -> PulsePlacer | None:
+        """Read the heartbeat log to its end as it was now before emitting anything: a window whose
+        pulses are already in it is not announced to this replica again, and a record may only go
+        out once no pulse before it can still be unknown.  Restored inside a window: hold again."""
+        assert self._reader is not None and self._windows is not None
+        while not self._reader.caught_up.wait(0.1):
+            if self.stop_requested.is_set():
+                return None
+        self._queue_pulses(self._pulses.take(0))
+        if self._windows.current is None:
+            return None
+        placer = self._placer_here()
+        self._feed(placer)
+        return placer
+
+    def _next_window(self) -> PulsePlacer | None:
+        """Out of any window: hold for the window announced while this replica was still in the last
+        one, else enter the next window of the queued pulses (written before it was restored, or
+        while it was not yet among the replicas a window waited for); None: none."""
+        windows = self._windows
+        assert windows is not None
+        if windows.take_pending():
+            return self._hold(windows.current)
+        while self._later and not windows.enter_from_log(self._later[0]):
+            self._later.popleft()  # a window it already handled
+        if windows.current is None:
+            return None
+        log.warning("%s: places the pulses of window %d from the heartbeat log (it came back behind them)",
+                    self.name, windows.current)
+        self.metrics.windows_from_log += 1
+        placer = self._placer_here()
+        self._feed(placer)
         return placer
 
     def _leave_window(self, placer: PulsePlacer, consumer: Consumer) -> None:
         """Emit the records held beyond the window's last pulse; from now on records go out as read."""
         for item in placer.release_records():
-            self._emit(*item)
+            self._emit_counted(*item)
         if self._paused:
             consumer.resume([TopicPartition(self.topic, placer.partition)])
             self._paused = False
@@ -865,7 +955,7 @@ class SourceInstance(PartitionInstance):
                 if final:
                     return True
             else:
-                self._emit(*item)
+                self._emit_counted(*item)
         # the records held wait for a pulse beyond them; the heartbeat log is never paused
         if placer.held > self._hold_limit and not self._paused:
             consumer.pause([tp])

@@ -87,6 +87,7 @@ class InstanceMetrics:
     # keyed state bytes per vnode, measured on the driver's request: (request id, bytes by vnode)
     vnode_bytes: tuple[int, list[int]] = (0, [])
     savepoint_entries: int = 0  # keyed state entries loaded from a savepoint at the start
+    windows_from_log: int = 0  # KaZoo source restored behind pulse windows: those it placed from the log
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 

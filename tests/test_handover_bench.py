@@ -160,7 +160,7 @@ def _coordinator_events() -> tuple[list[tuple[float, str]], int, int]:
     coord = HandoverCoordinator(plan)
 
     def acks(order, kind, instances, entries=0):
-        return [(order.handover_id, order.epoch, (t, p, r), kind, "d", entries, 0) for t, p in instances for r in (0, 1)]
+        return [(order.handover_id, order.epoch, (t, p, r), kind, "d", entries, 0, -1) for t, p in instances for r in (0, 1)]
 
     done = coord.start_move(chain.id, [0, 1], 1, switch_at=100, release_at=110)
     texts = coord.on_acks(acks(done, "armed", sorted(done.upstreams) + [(chain.id, 0), (chain.id, 1)]))

@@ -187,7 +187,7 @@ def _plan(max_parallelism: int | None = None):
 
 def _acks(order: HandoverOrder, kind: str, instances, **kw) -> list[tuple]:
     return [(order.handover_id, order.epoch, (t, p, r), kind, kw.get("digest", ""), kw.get("entries", 0),
-             kw.get("attempt", 0))
+             kw.get("attempt", 0), kw.get("checkpoint", -1))
             for t, p in instances for r in (0, 1)]
 
 
@@ -327,9 +327,9 @@ def test_the_coordinator_runs_an_operator_replacement_to_completion():
     order = coord.start_replace(chain.id, "chain", b"fn", switch_at=50)
     assert order.version == 1 and coord.view()[0]["kind"] == "code"
     replicas = [(chain.id, p) for p in range(chain.parallelism)]
-    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "armed", "", 0, 0) for t, p in replicas for r in (0, 1)])
+    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "armed", "", 0, 0, -1) for t, p in replicas for r in (0, 1)])
     assert any("committed" in e for e in events) and coord.view()[0]["committed"]
-    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "switched", "", 0, 0) for t, p in replicas
+    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "switched", "", 0, 0, -1) for t, p in replicas
                             for r in (0, 1)])
     assert any("replaced by version 1" in e for e in events) and coord.view() == []
     assert coord.start_replace(chain.id, "chain", b"fn2", switch_at=80).version == 2
@@ -414,19 +414,20 @@ def test_the_coordinator_retains_completed_orders_for_restored_replicas_until_re
     orders = coord.replica_restored(target, 1)
     assert [order_from_wire(o) for o in orders] == [replace(order, committed=True)]
     assert coord.retained() == [order.handover_id]
-    assert coord.on_acks([(order.handover_id, order.epoch, target, "loaded", "", 3, 0)]) == []  # stale: attempt 0
-    events = coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 1), "loaded", "", 3, 0),
-                            (order.handover_id, order.epoch, target, "loaded", "", 3, 1)])
+    assert coord.on_acks([(order.handover_id, order.epoch, target, "loaded", "", 3, 0, -1)]) == []  # stale: attempt 0
+    events = coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 1), "loaded", "", 3, 0, 100),
+                            (order.handover_id, order.epoch, target, "loaded", "", 3, 1, 80)])
     assert any("completed" in e for e in events) and coord.view() == []
     assert not coord.manager.violations
     assert list(coord.history) == [order.handover_id] and coord.retained() == [order.handover_id]
-    # an upstream replica restored later still gets it, until every participant's restore point is past R
+    # an upstream replica restored later still gets it, until every participant's restore point is a
+    # checkpoint taken after it acted (the target: after checkpoint 100, the later of its replicas')
     upstream = (*sorted(order.upstreams)[0], 1)
     assert [o["id"] for o in coord.replica_restored(upstream, 1)] == [order.handover_id]
     points = dict.fromkeys({*order.upstreams, (chain.id, 0), (chain.id, 1)}, 120)
-    points[(chain.id, 1)] = 105
+    points[(chain.id, 1)] = 100
     assert coord.prune(points.get) == [] and coord.retained() == [order.handover_id]
-    points[(chain.id, 1)] = 110
+    points[(chain.id, 1)] = 101
     assert coord.prune(points.get) == [order.handover_id] and coord.retained() == [] and not coord.history
     assert coord.replica_restored((chain.id, 1, 1), 1) == []
 
@@ -439,11 +440,9 @@ def test_handovers_are_refused_with_the_reason_where_they_are_not_wired():
     def check(mode: str, rhino: bool) -> None:
         JobHandle._require_pulses(SimpleNamespace(cfg=SimpleNamespace(mode=mode, rhino_enabled=rhino)), "moving vnodes")
 
-    check("liverobin", True)
-    check("liverobin", False)
-    check("kazoo", False)
-    with pytest.raises(ValueError, match=r"rhino.enabled=true needs spark.replication.mode=liverobin"):
-        check("kazoo", True)
+    for mode in ("liverobin", "kazoo"):
+        check(mode, True)
+        check(mode, False)
     with pytest.raises(ValueError, match=r"mode=liverobin or kazoo \(pulses are the switch points\)"):
         check("unordered", False)
 
@@ -501,12 +500,12 @@ def test_a_completed_replacement_is_retained_for_restored_replicas_until_past_it
     order = coord.start_replace(chain.id, "chain", b"fn", switch_at=50)
     replicas = [(chain.id, p) for p in range(chain.parallelism)]
     for kind in ("armed", "switched"):
-        coord.on_acks([(order.handover_id, 1, (t, p, r), kind, "", 0, 0) for t, p in replicas for r in (0, 1)])
+        coord.on_acks([(order.handover_id, 1, (t, p, r), kind, "", 0, 0, 49) for t, p in replicas for r in (0, 1)])
     assert coord.view() == [] and list(coord.history) == [order.handover_id]
     restored = coord.replica_restored((chain.id, 1, 0), 1)
     assert [order_from_wire(o) for o in restored] == [replace(order, committed=True)]
     assert coord.replica_restored((0, 0, 0), 1) == []  # a source: not a participant
-    points = {(chain.id, 0): 60, (chain.id, 1): 40}
+    points = {(chain.id, 0): 60, (chain.id, 1): 49}  # acted after checkpoint 49 (the acks say so)
     assert coord.prune(points.get) == []
     points[(chain.id, 1)] = 50  # its checkpoint at the switch pulse runs the new code already
     assert coord.prune(points.get) == [order.handover_id]

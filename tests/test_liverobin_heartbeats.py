@@ -174,3 +174,36 @@ def test_pulse_windows_hold_from_the_announcement_to_the_last_pulse_of_the_windo
     assert w.announce(2, True, False) == ""
     assert w.announce(3, True, False) == HOLD
     assert w.announce(3, False, False) == LEAVE  # closed before any pulse was written
+
+
+def test_a_replica_in_a_window_enters_a_window_announced_meanwhile_only_once_it_left_the_first():
+    from liverobin.heartbeats import HOLD, PulseRecord, PulseWindows
+
+    w = PulseWindows()
+    assert w.announce(1, True, False) == HOLD
+    assert w.announce(2, True, False) == ""  # still placing window 1's pulses: 2 waits
+    assert w.admits(PulseRecord(5, {}, window=1, last=True)) and w.placed(5)
+    assert w.take_pending() and w.current == 2 and w.handled == 2
+    assert not w.take_pending()
+    w2 = PulseWindows()
+    w2.announce(1, True, False)
+    w2.announce(2, True, False)
+    w2.announce(2, False, False)  # closed before any pulse was written: nothing to enter later
+    assert w2.admits(PulseRecord(5, {}, window=1, last=True)) and w2.placed(5)
+    assert not w2.take_pending() and w2.handled == 2
+
+
+def test_a_restored_replica_enters_the_windows_of_the_log_after_the_ones_it_handled():
+    from liverobin.heartbeats import PulseRecord, PulseWindows
+
+    w = PulseWindows()
+    w.restore(None, 3)  # its checkpoint: out of any window, windows up to 3 handled
+    assert not w.enter_from_log(PulseRecord(9, {}, window=3))  # behind it
+    assert w.enter_from_log(PulseRecord(10, {}, window=4)) and w.current == 4
+    assert not w.enter_from_log(PulseRecord(11, {}, window=5))  # one window at a time
+    assert w.admits(PulseRecord(10, {}, window=4)) and w.admits(PulseRecord(12, {}, window=4, last=True))
+    assert not w.admits(PulseRecord(13, {}, window=4))  # after its last pulse
+    assert w.placed(12) and w.state() == (None, 4)
+    restored = PulseWindows()
+    restored.restore(4, 4)  # restored inside window 4: its last pulse is read from the log again
+    assert restored.admits(PulseRecord(12, {}, window=4, last=True)) and restored.end_h == 12
