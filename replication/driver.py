@@ -1358,7 +1358,7 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         ensure_topics(admin, dict.fromkeys(topics.values(), 1))
         plan.order_logs = {inst: (topic, end_offsets_by_fetch(start_conf, topic, [0])[0])
                            for inst, topic in topics.items()}
-    elif cfg.enabled:
+    elif cfg.enabled and cfg.mode == "unordered":  # (LiveRobin orders them by pulses)
         multi = [t.name for t in plan.multi_input_tasks()]
         log.warning("spark.replication.mode=%s: input channels are consumed first come, first served%s", cfg.mode,
                     f"; tasks with several input channels ({', '.join(multi)}) may diverge between their "
