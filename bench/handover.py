@@ -75,10 +75,9 @@ Measured, per handover job:
   operation puts them (``on_target``; move: on partition 1; rescale: exactly its partitions own vnodes,
   balanced to within one, read right after it);
 * the restart floor (``restart.csv``, unless ``--no-restart``): the seconds to start the same job shape and
-  to stop it, idle (LiveRobin, Rhino off, the move job's shape).  It is *not* the issue's stop /
-  restore-from-checkpoint with a new parallelism / restart comparison: a job does not resume from its
-  checkpoints in a new run, so there is nothing to restore; it is only the part of any restart that does
-  not depend on the state.
+  to stop it, idle (LiveRobin, Rhino off, the move job's shape): the part of any restart that does not
+  depend on the state.  The issue's stop / restore with a new parallelism / restart comparison is
+  ``bench/restart.py`` (a drain into a savepoint and a new run from it, against a live rescale).
 
 A run that fails (the handover or the job) is a row with its error, never dropped.  Writes
 ``handover.csv``, ``handover_steps.csv``, ``handover_timeline.csv``, ``restart.csv``, ``handover.png``

@@ -36,6 +36,10 @@ on the terminal; each holds the machine for at most about 12 minutes, about 55 m
   once at both sizes and batched at 20 MB only (batched at 1 MB dropped when the Rhino and byte-cap rows
   came in, to stay under 12 minutes); the restart floor (575 s; 565 s before the Rhino and byte-cap rows).
 
+* ``restart``: ``bench/restart.py``: the task rescaled 2 -> 3 under load at 1 and 20 MB, live (a handover
+  within ``max_parallelism``) and by draining into a savepoint and restarting at parallelism 3 (the
+  issue's stop-restore-restart alternative).
+
 A step that fails (or whose output is not exact) is recorded in ``suite.json`` with its exit code
 and shown in the report; the suite goes on with the next one and exits non-zero at the end.
 """
@@ -85,6 +89,8 @@ STEPS = {
                  "--also", "operations=move modes=liverobin sizes=20MB strategies=fluid",
                  "--also", "operations=rescale modes=liverobin,kazoo strategies=all",
                  "--also", "operations=rescale modes=liverobin,kazoo sizes=20MB strategies=batched"],
+    # rescale 2 -> 3 at 1 and 20 MB: live, and by a restart from a savepoint (about 2 minutes)
+    "restart": ["bench/restart.py"],
 }
 
 
