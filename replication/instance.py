@@ -777,7 +777,7 @@ class SourceInstance(PartitionInstance):
                     if self._place(placer, consumer):
                         return True
                     if self._windows is not None and self._windows.current is None:
-                        placer = self._leave_window(placer, consumer)  # its last pulse is out
+                        placer = self._after_window(placer, consumer)  # its last pulse is out
                 elif not messages and self._drained(consumer, self._next_offset):
                     return True
             return False
@@ -911,16 +911,32 @@ class SourceInstance(PartitionInstance):
         assert windows is not None
         if windows.take_pending():
             return self._hold(windows.current)
-        while self._later and not windows.enter_from_log(self._later[0]):
-            self._later.popleft()  # a window it already handled
-        if windows.current is None:
+        if not self._enter_from_log():
             return None
-        log.warning("%s: places the pulses of window %d from the heartbeat log (it came back behind them)",
-                    self.name, windows.current)
-        self.metrics.windows_from_log += 1
         placer = self._placer_here()
         self._feed(placer)
         return placer
+
+    def _enter_from_log(self) -> bool:
+        """Enter the window of the first queued pulse after the windows handled, if any."""
+        windows = self._windows
+        assert windows is not None
+        while self._later and not windows.enter_from_log(self._later[0]):
+            self._later.popleft()  # a window it already handled
+        if windows.current is None:
+            return False
+        log.warning("%s: places the pulses of window %d from the heartbeat log (it came back behind them)",
+                    self.name, windows.current)
+        self.metrics.windows_from_log += 1
+        return True
+
+    def _after_window(self, placer: PulsePlacer, consumer: Consumer) -> PulsePlacer | None:
+        """The window's last pulse is out.  If the next window's pulses are already queued, the records
+        held may lie on both sides of them: hold on with the same placer; else leave."""
+        if self._later and self._enter_from_log():
+            self._feed(placer)
+            return placer
+        return self._leave_window(placer, consumer)
 
     def _leave_window(self, placer: PulsePlacer, consumer: Consumer) -> None:
         """Emit the records held beyond the window's last pulse; from now on records go out as read."""
