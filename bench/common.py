@@ -25,6 +25,30 @@ def write_csv(path: Path, rows: list[dict]) -> None:
             w.writerow({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()})
 
 
+def print_plain_table(title: str, rows: list[dict[str, Any]], cols: tuple[str, ...]) -> None:
+    """``rows`` as a right-aligned plain-text table of ``cols`` under ``== title`` (floats to 2 places)."""
+    cells = [[f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    print(f"== {title}")
+    for row in [list(cols), *cells]:
+        print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)), flush=True)
+
+
+def read_csv_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a CSV written by :func:`write_csv` (none if it does not exist), numbers as floats."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as f:
+        return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def _cell(v: str) -> Any:
+    try:
+        return float(v) if v != "" else ""
+    except ValueError:
+        return v
+
+
 def write_machine(out: Path) -> None:
     """``machine.txt``: platform, Python, cores, time and the command line of this run."""
     (out / "machine.txt").write_text(

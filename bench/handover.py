@@ -87,7 +87,6 @@ and ``machine.txt``.
 from __future__ import annotations
 
 import argparse
-import csv
 import hashlib
 import json
 import pickle
@@ -103,7 +102,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import PacedFeeder, format_row, one_line, write_csv, write_machine  # noqa: E402
+from bench.common import (  # noqa: E402
+    PacedFeeder,
+    format_row,
+    one_line,
+    print_plain_table,
+    read_csv_rows,
+    write_csv,
+    write_machine,
+)
 from replication.api import Job  # noqa: E402
 from replication.examples.ordered import ChainReport, chain_step, verify_chains  # noqa: E402
 from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext  # noqa: E402
@@ -1139,15 +1146,7 @@ SHOWN = ("mode", "operation", "size", "strategy", "state", "exact", "handover_s"
 
 def print_tables(res: Results) -> None:
     """The runs as a plain table, then what went wrong."""
-    def fmt(v: Any) -> str:
-        return f"{v:.2f}" if isinstance(v, float) else str(v)
-
-    cols = list(SHOWN)
-    cells = [[fmt(r[c]) for c in cols] for r in res.runs]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("== handover (seconds; latency by event time, ms)")
-    for row in [cols, *cells]:
-        print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)), flush=True)
+    print_plain_table("handover (seconds; latency by event time, ms)", res.runs, SHOWN)
     for r in res.runs:
         if (r["error"] or r["exact"] != "yes" or r["entries_match"] == "no" or r["on_target"] == "no"
                 or _diverged(r)):
@@ -1191,22 +1190,10 @@ def problems(res: Results) -> list[str]:
             or _diverged(r)]
 
 
-def _cell(v: str) -> Any:
-    try:
-        return float(v) if v != "" else ""
-    except ValueError:
-        return v
-
-
 def load_results(out: Path) -> Results:
     """The CSV files under ``out`` back (numbers as floats)."""
-    def rows(name: str) -> list[dict[str, Any]]:
-        path = out / f"{name}.csv"
-        if not path.exists():
-            return []
-        with path.open(newline="") as f:
-            return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    return Results(rows("handover"), rows("handover_steps"), rows("handover_timeline"), rows("restart"))
+    return Results(*(read_csv_rows(out / f"{name}.csv")
+                     for name in ("handover", "handover_steps", "handover_timeline", "restart")))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,6 @@ Writes ``restart.csv``, ``restart_timeline.csv``, ``restart.png`` and ``machine.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shutil
 import sys
@@ -73,7 +72,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
-from bench.common import format_row, one_line, write_csv, write_machine  # noqa: E402
+from bench.common import format_row, one_line, print_plain_table, read_csv_rows, write_csv, write_machine  # noqa: E402
 from replication.progress import StatusLine, bar  # noqa: E402
 from replication.workload import percentile  # noqa: E402
 from rhino_state import AllAtOnce  # noqa: E402
@@ -582,16 +581,8 @@ def run_benchmark(ctx: RunContext, res: Results, out: Path | None = None) -> Res
 
 
 def print_table(res: Results) -> None:
-    def fmt(v: Any) -> str:
-        return f"{v:.2f}" if isinstance(v, float) else str(v)
-
-    cols = list(SHOWN)
-    cells = [[fmt(r[c]) for c in cols] for r in res.runs]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    print("== rescale 2 -> 3: live handover vs drain + savepoint + restart "
-          "(seconds; latency by event time, ms)")
-    for row in [cols, *cells]:
-        print("   " + "  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)), flush=True)
+    print_plain_table("rescale 2 -> 3: live handover vs drain + savepoint + restart (seconds; latency by event "
+                      "time, ms)", res.runs, SHOWN)
     for r in res.runs:
         if r["error"] or r["exact"] != "yes" or r["entries_match"] == "no":
             print(f"   {r['size']} {r['way']}: error {r['error'] or '-'}; output {r['outcome'] or '-'}; "
@@ -611,22 +602,9 @@ def write_csvs(out: Path, res: Results) -> None:
     write_machine(out)
 
 
-def _cell(v: str) -> Any:
-    """A CSV cell back: a number as a float, anything else as it is."""
-    try:
-        return float(v) if v != "" else ""
-    except ValueError:
-        return v
-
-
 def load_results(out: Path) -> Results:
-    def rows(name: str) -> list[dict[str, Any]]:
-        path = out / f"{name}.csv"
-        if not path.exists():
-            return []
-        with path.open(newline="") as f:
-            return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    return Results(rows("restart"), rows("restart_timeline"))
+    """The CSV files under ``out`` back (numbers as floats)."""
+    return Results(read_csv_rows(out / "restart.csv"), read_csv_rows(out / "restart_timeline.csv"))
 
 
 def main(argv: list[str] | None = None) -> int:
