@@ -122,10 +122,10 @@ class JobMaster:
         self.recoveries: list[dict[str, Any]] = []  # one per restored replica, with its timings
         self._catching_up: dict[ReplicaId, dict[str, Any]] = {}
         self._restoring: set[ReplicaId] = set()
-        self._attempts: dict[ReplicaId, int] = {}
+        self._attempts: dict[ReplicaId, int] = {}  # restores of each replica: its incarnation, in its acks
         self.savepoint: str | None = None  # a drain ending in a savepoint: its directory
         self.savepoint_armed: set[int] = set()  # workers whose replicas know it
-        self.measure_state: dict[int, int] = {}  # keyed task -> the latest request to measure its state per vnode  # restores of each replica: its incarnation, in its acks
+        self.measure_state: dict[int, int] = {}  # keyed task -> the latest request to measure its state per vnode
         self._unrestorable: set[ReplicaId] = set()  # reported once: no holder of a checkpoint (yet)
         self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
         self._peers: dict[str, rpc.Peer] = {}
@@ -997,7 +997,7 @@ class JobHandle:
                 if order is None:  # e.g. a lost replica not restored yet, or the bytes-in-flight cap: wait
                     if time.monotonic() >= deadline:
                         raise TimeoutError(f"handover job {job} of {task} could not go on within {timeout:g}s: "
-                                           f"{coordinator.why_not_now(job)}")
+                                           f"{coordinator.manager.why_not_next(job)}")
                     master._cond.wait(0.1)
                     continue
                 hid = order.handover_id

@@ -627,20 +627,6 @@ class HandoverCoordinator:
         self.orders[order.handover_id] = order
         return order
 
-    def why_not_now(self, job_id: int) -> str:
-        """Why the job's next step cannot be instructed now (``instruct_next`` returned None)."""
-        manager = self.manager
-        job = manager.job(job_id)
-        task_records = [r for r in manager.records.values() if r.task == job.task and r.kind == "vnodes"]
-        if job.handover_ids and manager.records[job.handover_ids[-1]].state is not HandoverState.COMPLETED:
-            return "its previous step is not completed"
-        if any(r.state in (HandoverState.INSTRUCTED, HandoverState.ARMED) for r in task_records):
-            return "another handover of the task is not committed yet"
-        if manager.lost:
-            return f"replica(s) {sorted(manager.lost)} are lost (restored from checkpoints with Rhino on)"
-        return (f"{manager.in_flight_bytes()} bytes of state are in flight (handover.maxBytesInFlight "
-                f"{manager.max_bytes_in_flight})")
-
     def job_state(self, job_id: int) -> JobState:
         return self.manager.job(job_id).state
 

@@ -974,30 +974,14 @@ class HandoverManager:
         job = self.job(job_id)
         if job.state is not JobState.RUNNING:
             raise ValueError(f"job {job_id} is {job.state.value}: nothing to instruct")
-        if job.handover_ids and self.records[job.handover_ids[-1]].state is not HandoverState.COMPLETED:
+        if self.why_not_next(job_id) is not None:
             return None
         task = job.task
         task_records = [r for r in self.records.values() if r.task == task and r.kind == "vnodes"]
-        if any(r.state in _BEFORE_COMMIT for r in task_records):
-            return None
         step = job.steps[job.next_index]
         before = self.tables[task]
         after = apply_moves(before, step.moves, step.table_after.parallelism)
-        participants = {
-            "upstream": frozenset(self.upstreams[task]),
-            "origin": frozenset((task, p) for p in {m.origin for m in step.moves} | set(step.leaving)),
-            # a joining partition that gets no vnode in this step still has to be up and armed
-            "target": frozenset((task, p) for p in {m.target for m in step.moves} | set(step.joining)),
-            "downstream": (frozenset(self.downstreams.get(task, ())) if step.joining or step.leaving
-                           else frozenset()),
-        }
-        everyone = frozenset().union(*participants.values())
-        if any(r in self.lost for inst in everyone for r in self._replicas_of(inst)):
-            return None
-        cap = self.max_bytes_in_flight
-        in_flight = self.in_flight_bytes()
-        if cap is not None and in_flight > 0 and in_flight + step.size_bytes > cap:
-            return None
+        participants = self._step_participants(task, step)
         previous = self._last_positions(task_records)
         gap_from = self._last_positions([self.records[job.handover_ids[-1]]]) if job.handover_ids else {}
         positions = self._positions("upstream", self.upstreams[task], switch_at, previous, gap_from,
@@ -1012,6 +996,38 @@ class HandoverManager:
         job.handover_ids.append(hid)
         job.next_index += 1
         return instruction
+
+    def _step_participants(self, task: int, step: Step) -> dict[str, frozenset[Instance]]:
+        return {
+            "upstream": frozenset(self.upstreams[task]),
+            "origin": frozenset((task, p) for p in {m.origin for m in step.moves} | set(step.leaving)),
+            # a joining partition that gets no vnode in this step still has to be up and armed
+            "target": frozenset((task, p) for p in {m.target for m in step.moves} | set(step.joining)),
+            "downstream": (frozenset(self.downstreams.get(task, ())) if step.joining or step.leaving
+                           else frozenset()),
+        }
+
+    def why_not_next(self, job_id: int) -> str | None:
+        """Why the running job's next step cannot be instructed now (None: it can): its previous
+        step is not completed, another step of the task is not committed yet, a participant
+        replica is lost, or the bytes-in-flight cap is reached."""
+        job = self.job(job_id)
+        if job.handover_ids and self.records[job.handover_ids[-1]].state is not HandoverState.COMPLETED:
+            return "its previous step is not completed"
+        task = job.task
+        if any(r.task == task and r.kind == "vnodes" and r.state in _BEFORE_COMMIT for r in self.records.values()):
+            return "another handover of the task is not committed yet"
+        step = job.steps[job.next_index]
+        everyone = frozenset().union(*self._step_participants(task, step).values())
+        lost = sorted(r for inst in everyone for r in self._replicas_of(inst) if r in self.lost)
+        if lost:
+            return f"participant replica(s) {lost} are lost (restored from checkpoints with Rhino on)"
+        cap = self.max_bytes_in_flight
+        in_flight = self.in_flight_bytes()
+        if cap is not None and in_flight > 0 and in_flight + step.size_bytes > cap:
+            return (f"{in_flight} bytes of state are in flight; the step's {step.size_bytes} more would pass the "
+                    f"cap of {cap}")
+        return None
 
     def replace_operator(self, request: ReplaceOperatorRequest, switch_at: int | Mapping[Instance, int], *,
                          partitions: int | None = None) -> CodeInstruction:

@@ -479,16 +479,18 @@ def test_a_step_waits_for_the_bytes_in_flight_cap_and_for_lost_replicas_and_says
     second = coord.start_job(chain.id, [v1], 1, Batched(1, max_bytes=500), sizes=sizes)
     order = coord.instruct_next(first, 100, 110)
     assert coord.instruct_next(second, 100, 110) is None
-    assert coord.why_not_now(second) == "another handover of the task is not committed yet"
+    assert coord.manager.why_not_next(second) == "another handover of the task is not committed yet"
     coord.on_acks(_acks(order, "armed", sorted(order.upstreams) + [(chain.id, 0), (chain.id, 1)]))
     assert coord.instruct_next(second, 120, 130) is None  # 300 in flight + 400 > 500
-    assert "300 bytes of state are in flight" in coord.why_not_now(second)
+    assert "300 bytes of state are in flight; the step's 400 more would pass the cap of 500" in \
+        coord.manager.why_not_next(second)
     coord.on_acks(_acks(order, "switched", sorted(order.upstreams)))
     coord.on_acks(_acks(order, "cut", [(chain.id, 0)], digest="d"))
     coord.on_acks(_acks(order, "loaded", [(chain.id, 1)]))
     coord.replica_lost((chain.id, 0, 1))
     assert coord.instruct_next(second, 140, 150) is None
-    assert "lost" in coord.why_not_now(second) and str((chain.id, 0, 1)) in coord.why_not_now(second)
+    why = coord.manager.why_not_next(second)
+    assert "lost" in why and str((chain.id, 0, 1)) in why
     coord.replica_restored((chain.id, 0, 1), 1)
     assert coord.instruct_next(second, 160, 170) is not None
 
