@@ -322,7 +322,7 @@ class PartitionHandovers(_Decisions):
         # Rhino: this origin's cuts, per target partition (entries, extras), kept until the driver
         # says every target's restore point is past the release: a target replica restored from an
         # earlier checkpoint fetches its cut again (the origin's own checkpoints no longer have it)
-        self._kept: dict[int, dict[int, tuple[list, dict[str, list]]]] = {}
+        self._kept: dict[int, dict[int, tuple[list[list], dict[str, list]]]] = {}  # (chunks, extras)
 
     # -- worker thread ------------------------------------------------------------------------
     def arm(self, order: HandoverOrder) -> str:
@@ -369,8 +369,9 @@ class PartitionHandovers(_Decisions):
                 del step.chunks[origin]
                 self._cond.notify_all()
 
-    def kept_cut(self, handover_id: int, target: int) -> tuple[list, dict[str, list]] | None:
-        """This origin's kept cut of ``handover_id`` for partition ``target`` (None: not kept)."""
+    def kept_cut(self, handover_id: int, target: int) -> tuple[list[list], dict[str, list]] | None:
+        """This origin's kept cut of ``handover_id`` for partition ``target``: (chunks, extras);
+        None: not kept."""
         with self._cond:
             return self._kept.get(handover_id, {}).get(target)
 
@@ -407,7 +408,7 @@ class PartitionHandovers(_Decisions):
             return any(s.gate is not None and (s.gate.held or self.position >= s.order.switch_at)
                        for s in self._steps.values())
 
-    def keep(self, handover_id: int, per_target: dict[int, tuple[list, dict[str, list]]]) -> None:
+    def keep(self, handover_id: int, per_target: dict[int, tuple[list[list], dict[str, list]]]) -> None:
         with self._cond:
             self._kept[handover_id] = per_target
 
@@ -530,14 +531,16 @@ def vnode_bytes(backend: RocksDBStateBackend, num_key_groups: int, num_vnodes: i
 
 
 def split_cut(order: HandoverOrder, origin: int, entries: list[tuple[int, bytes, bytes]],
-              extras: Mapping[str, list], num_key_groups: int) -> dict[int, tuple[list, dict[str, list]]]:
-    """Origin partition ``origin``'s cut of ``order``, per target partition: its state entries and
+              extras: Mapping[str, list], num_key_groups: int, chunk_bytes: int
+              ) -> dict[int, tuple[list[list[tuple[int, bytes, bytes]]], dict[str, list]]]:
+    """Origin partition ``origin``'s cut of ``order``, per target partition: its state entries in
+    chunks of about ``chunk_bytes`` (:func:`chunk_entries`, cut once for every send and fetch) and
     operators' in-memory state of the moved keys (operator -> entries whose second item is the
     encoded key)."""
     def target_of(kg: int) -> int:
         return order.table.partition_of_key_group(kg, num_key_groups)
 
-    return {target: ([e for e in entries if target_of(e[0]) == target],
+    return {target: (chunk_entries([e for e in entries if target_of(e[0]) == target], chunk_bytes),
                      {op: [e for e in items if target_of(key_group(e[1], num_key_groups)) == target]
                       for op, items in extras.items()})
             for target in sorted({m.target for m in order.moves if m.origin == origin})}

@@ -594,7 +594,8 @@ class ProcessingInstance(PartitionInstance):
             extras = {op.name: op.cut_keys(moving.__contains__)
                       for op in chain_operators(self.chain) if hasattr(op, "cut_keys")}
             entries, digest = handovers.cut(order, self.state_backend())
-            per_target = split_cut(order, self.partition, entries, extras, self.num_key_groups)
+            per_target = split_cut(order, self.partition, entries, extras, self.num_key_groups,
+                                   self.cfg.handover_chunk_bytes)
             if self.cfg.rhino_enabled:
                 handovers.keep(order.handover_id, per_target)
             self.worker.send_handover_state(order, self.partition, per_target)

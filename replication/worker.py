@@ -38,7 +38,7 @@ from replication.channels import OutputChannel, PushLink, receive_pushes
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
-from replication.handovers import HandoverOrder, chunk_entries, order_from_wire
+from replication.handovers import HandoverOrder, order_from_wire
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.plan import Instance, PhysicalPlan, ReplicaId
 from replication.spark_cluster import current_executor_id, local_advertise_host
@@ -334,12 +334,11 @@ class Worker:
                 inst.apply_handover(order)
 
     def send_handover_state(self, order: HandoverOrder, origin: int,
-                            per_target: dict[int, tuple[list, dict[str, list]]]) -> None:
+                            per_target: dict[int, tuple[list[list], dict[str, list]]]) -> None:
         """Origin partition ``origin``'s cut of ``order``'s vnodes (per target partition: state
-        entries, and operators' in-memory state of the moved keys with the first chunk), to every
-        live replica of each target, in chunks."""
-        for target, (entries, extras) in per_target.items():
-            chunks = chunk_entries(entries, self.cfg.handover_chunk_bytes)
+        entries in chunks, and operators' in-memory state of the moved keys with the first chunk),
+        to every live replica of each target."""
+        for target, (chunks, extras) in per_target.items():
             for r in range(self.plan.replicas):
                 with self._lock:
                     w = self._placement[(order.task, target, r)]
@@ -365,8 +364,7 @@ class Worker:
         kept = inst.handovers.kept_cut(req["handover"], req["partition"]) if inst and inst.handovers else None
         if kept is None:
             return {"missing": True}
-        entries, extras = kept
-        chunks = chunk_entries(entries, self.cfg.handover_chunk_bytes)
+        chunks, extras = kept
         i = req["chunk"]
         return {"entries": chunks[i], "chunks": len(chunks), "extras": extras if i == 0 else {}}
 
@@ -431,18 +429,16 @@ class Worker:
             self._apply_roles(reply.get("sinks", {}), inst)
         if reply.get("handovers"):
             self._apply_handovers(reply["handovers"])
-        if reply.get("savepoint") and self._savepoint is None:
-            self._savepoint = reply["savepoint"]
-            for inst in list(self.instances.values()):
-                inst.savepoint_dir = self._savepoint
+        self._learn_savepoint(reply)
         for task, request in reply.get("measure_state", {}).items():
             for inst in list(self.instances.values()):
                 if inst.task.id == task:
                     inst.measure_request = max(inst.measure_request, request)
         if "retained_handovers" in reply:  # Rhino: the cuts origins keep for restored targets
+            retained = set(reply["retained_handovers"])
             for inst in list(self.instances.values()):
                 if inst.handovers is not None:
-                    inst.handovers.forget_kept(set(reply["retained_handovers"]))
+                    inst.handovers.forget_kept(retained)
         if reply.get("pulse_window"):
             for inst in list(self.instances.values()):
                 if isinstance(inst, SourceInstance):
@@ -450,6 +446,14 @@ class Worker:
         if self.checkpoints is not None and "rhino" in reply:
             self._apply_moves(reply["rhino"].get("moves", {}))
             self.checkpoints.apply_view(reply["rhino"])
+
+    def _learn_savepoint(self, reply: dict) -> None:
+        """A drain that ends in a savepoint: where its replicas write their parts (the heartbeats
+        then confirm it to the driver, which waits for every worker, a standby's too)."""
+        if reply.get("savepoint") and self._savepoint is None:
+            self._savepoint = reply["savepoint"]
+            for inst in list(self.instances.values()):
+                inst.savepoint_dir = self._savepoint
 
     @staticmethod
     def _apply_roles(sinks: dict, inst: PartitionInstance) -> None:
@@ -615,8 +619,8 @@ class Worker:
         """A standby holds its slot until the job ends."""
         while True:
             reply = self._heartbeat(master, with_metrics=False)
-            if reply is not None and reply.get("savepoint"):
-                self._savepoint = reply["savepoint"]  # nothing to write, but the driver waits for every worker
+            if reply is not None:
+                self._learn_savepoint(reply)
             if reply is not None and reply["command"] in ("drain", "stop", "evicted"):
                 return self._report("standby")
             time.sleep(self.cfg.heartbeat_interval_ms / 1000)
