@@ -1034,6 +1034,16 @@ def parse_group(text: str, args: argparse.Namespace) -> list[RunSpec]:
     return run_specs(chosen["operations"], chosen["modes"], chosen["sizes"], chosen["strategies"])
 
 
+def _release(text: str) -> float | None:
+    """``--release``: seconds, or ``auto`` (None: the driver sizes it)."""
+    if text.strip().lower() == "auto":
+        return None
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--release {text!r}: seconds > 0 or 'auto'")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1MB,20MB", help="total state sizes, comma-separated (1MB = 10^6 bytes)")
@@ -1064,7 +1074,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keys-per-vnode", type=int, default=1, help="keys in every vnode")
     ap.add_argument("--value-bytes", type=int, default=1000, help="bytes of one pad entry")
     ap.add_argument("--margin", type=float, default=0.5, help="move_vnodes margin_s: the switch pulse this far ahead")
-    ap.add_argument("--release", type=float, default=0.3, help="move_vnodes release_s: the release after the switch")
+    ap.add_argument("--release", type=_release, default=None,
+                    help="move_vnodes release_s: the release after the switch, seconds or 'auto' (the default: "
+                         "sized by the driver from the task's earlier steps)")
     ap.add_argument("--period", type=int, default=10, help="LiveRobin heartbeat period (ms)")
     ap.add_argument("--warm-up", type=float, default=3.0, help="seconds of load not counted in 'before'")
     ap.add_argument("--no-restart", dest="restart", action="store_false", help="skip the restart floor")

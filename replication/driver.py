@@ -27,7 +27,7 @@ from replication import rpc
 from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig
-from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy
+from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import (
@@ -828,18 +828,21 @@ class JobHandle:
         return "\n".join(lines)
 
     def move_vnodes(self, task: str, vnodes: Sequence[int], target: int, timeout: float = 60.0,
-                    margin_s: float = 0.5, release_s: float = 0.3, strategy: Strategy | None = None,
+                    margin_s: float = 0.5, release_s: float | None = None, strategy: Strategy | None = None,
                     gap_s: float = 0.0) -> dict[str, Any]:
         """Move ``vnodes`` of the keyed ``task`` to its partition ``target`` while the job runs
         (docs/handover.md): every upstream reroutes them at a pulse about ``margin_s`` ahead, the
         origin cuts their state and sends it to the target, which processes their records from
-        the pulse ``release_s`` later on.  Exactly once on both replicas.
+        the pulse ``release_s`` later on (None: sized from the task's earlier steps, see
+        :class:`replication.handovers.ReleaseMargin`; 0.3 s before any).  Exactly once on both
+        replicas.
 
         ``strategy``: ``AllAtOnce()`` (default: one step), ``Fluid()`` (one vnode per step) or
         ``Batched(n)`` (n per step), each step a handover of its own, ``gap_s`` apart so queues
-        drain.  Returns the job's state and, per step, its id, pulses, state entries moved and
-        duration; raises ValueError for a request it refuses and TimeoutError if it did not
-        complete within ``timeout``."""
+        drain.  Returns the job's state and, per step, its id, pulses, release margin, state
+        entries and bytes moved, duration, its participants' timeline (wall clock) and its
+        phases (:func:`replication.handovers.step_phases`); raises ValueError for a request it
+        refuses and TimeoutError if it did not complete within ``timeout``."""
         tid = self._keyed_task(task)
         strategy = strategy or AllAtOnce()
         return self._run_handover_job(
@@ -847,7 +850,7 @@ class JobHandle:
             f"vnodes {format_vnodes(vnodes)} to partition {target}", strategy, timeout, margin_s, release_s, gap_s)
 
     def rescale(self, task: str, parallelism: int, timeout: float = 120.0, margin_s: float = 0.5,
-                release_s: float = 0.3, strategy: Strategy | None = None, gap_s: float = 0.0) -> dict[str, Any]:
+                release_s: float | None = None, strategy: Strategy | None = None, gap_s: float = 0.0) -> dict[str, Any]:
         """Run the keyed ``task`` on ``parallelism`` of its partitions while the job runs, up or
         down: the fewest vnodes move (balanced to within one vnode per partition), the partitions
         beyond ``parallelism`` end with none.  The task hosts ``max_parallelism`` partitions from
@@ -942,7 +945,7 @@ class JobHandle:
         return total
 
     def rebalance(self, task: str, fraction: float = 0.5, target: int | None = None, window_s: float = 3.0,
-                  timeout: float = 120.0, margin_s: float = 0.5, release_s: float = 0.3,
+                  timeout: float = 120.0, margin_s: float = 0.5, release_s: float | None = None,
                   strategy: Strategy | None = None, gap_s: float = 0.0) -> dict[str, Any]:
         """Relieve the busiest partition of the keyed ``task``: measure the records per vnode over
         ``window_s`` seconds, then move up to ``fraction`` of that partition's vnodes, heaviest
@@ -972,7 +975,7 @@ class JobHandle:
         return report
 
     def _run_handover_job(self, task: str, submit: Callable[[HandoverCoordinator, list[int] | None], int],
-                          what: str, strategy: Strategy, timeout: float, margin_s: float, release_s: float,
+                          what: str, strategy: Strategy, timeout: float, margin_s: float, release_s: float | None,
                           gap_s: float) -> dict[str, Any]:
         """Submit a handover job and run its steps one by one, each at pulses about ``margin_s``
         ahead; the report of :meth:`move_vnodes`.  A byte cap (``Batched(max_bytes=...)``) plans
@@ -992,7 +995,9 @@ class JobHandle:
             while coordinator.job_state(job) is JobState.RUNNING:
                 step_started = time.monotonic()
                 pulse, switch_at = _switch_pulse(generators, margin_s, period_ms)
-                release_at = switch_at + max(2, math.ceil(release_s * 1000 / period_ms))
+                margin = coordinator.next_release_s(job, sizes) if release_s is None else release_s
+                release_at = switch_at + max(2, math.ceil(margin * 1000 / period_ms))
+                instructed_at = time.time()
                 order = coordinator.instruct_next(job, switch_at, release_at)
                 if order is None:  # e.g. a lost replica not restored yet, or the bytes-in-flight cap: wait
                     if time.monotonic() >= deadline:
@@ -1003,12 +1008,17 @@ class JobHandle:
                 hid = order.handover_id
                 self._await_handover(coordinator, hid, deadline, f"during handover {hid}",
                                      f"handover {hid} of {task} not completed within {timeout}s")
+                timeline = coordinator.timeline(hid)
                 steps.append({"handover_id": hid, "vnodes": sorted(m.vnode for m in order.moves),
                               "origins": sorted(order.origins), "targets": sorted(order.targets),
                               "state": coordinator.state(hid).value,
                               "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
                               "entries_moved": coordinator.moved_entries(hid),
+                              "bytes_moved": coordinator.moved_bytes(hid),
                               "bytes_planned": coordinator.manager.record(hid).size_bytes if sizes else None,
+                              "release_s": (release_at - switch_at) * period_ms / 1000,
+                              "instructed_at": instructed_at, "timeline": timeline,
+                              "phases": step_phases(instructed_at, timeline),
                               "seconds": time.monotonic() - step_started})
                 if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                     master._cond.wait(gap_s)
@@ -1078,7 +1088,8 @@ class JobHandle:
                 if self.master.handovers is None:
                     self.master.handovers = HandoverCoordinator(
                         self.plan, retain=self.cfg.rhino_enabled,
-                        max_bytes_in_flight=self.cfg.handover_max_bytes_in_flight or None)
+                        max_bytes_in_flight=self.cfg.handover_max_bytes_in_flight or None,
+                        period_s=self.cfg.liverobin_heartbeat_period_ms / 1000)
                     # replicas restored before it existed ack as their incarnation; lost ones take part in nothing
                     manager = self.master.handovers.manager
                     manager.attempts.update(self.master._attempts)

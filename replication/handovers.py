@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -224,6 +226,16 @@ class _Step:
     # target: each origin's in-memory operator state of the moved keys (operator name -> entries),
     # e.g. a window operator's fire index
     extras: dict[int, dict[str, list]] = field(default_factory=dict)
+    # target, wall clock: every origin's cut arrived, pulse R reached, the state loaded (reported
+    # with the LOADED ack: the phases the driver cannot see)
+    arrived_at: float | None = None
+    release_reached_at: float | None = None
+    loaded_at: float | None = None
+
+    def times(self) -> dict[str, float]:
+        """The target's phase times known so far (for its LOADED ack)."""
+        return {k: v for k, v in (("arrived", self.arrived_at), ("release", self.release_reached_at),
+                                  ("loaded", self.loaded_at)) if v is not None}
 
     @property
     def entries(self) -> int:
@@ -367,6 +379,8 @@ class PartitionHandovers(_Decisions):
             if len(parts) == chunks:
                 step.cuts[origin] = [e for i in range(chunks) for e in parts[i]]
                 del step.chunks[origin]
+                if step.origins <= step.cuts.keys():
+                    step.arrived_at = time.time()
                 self._cond.notify_all()
 
     def kept_cut(self, handover_id: int, target: int) -> tuple[list[list], dict[str, list]] | None:
@@ -466,6 +480,7 @@ class PartitionHandovers(_Decisions):
         """At pulse R of a committed handover: wait for the state of every origin, load it, and
         hand back the held elements (None: stopping)."""
         assert step.gate is not None
+        step.release_reached_at = time.time()
         with self._cond:
             while (state := step.state) is None:
                 if stopping():
@@ -474,6 +489,7 @@ class PartitionHandovers(_Decisions):
         for kg, rest, value in state:
             backend.put(kg, rest, value)
         self.moved_entries += len(state)
+        step.loaded_at = time.time()
         step.gate.loaded()
         held = step.gate.release().process
         self._finish(step.order.handover_id, origin=False)
@@ -553,11 +569,45 @@ def _digest(entries: Iterable[tuple[int, bytes, bytes]]) -> str:
     return h.hexdigest()
 
 
+class ReleaseMargin:
+    """How long after the switch pulse a task's targets release (the margin of ``R = P + k``),
+    learnt from its steps so far.
+
+    The moved keys' records wait from the switch to the release, so the margin is latency for
+    them; but a target that reaches the release before its state stalls there with every key.
+    What a step needs is the time from the switch until every cut is at the targets (alignment,
+    cut, transfer), modelled as ``fixed + bytes / rate``.  The margin is ``safety`` times the
+    prediction plus one pulse; ``fixed`` is the largest of the recent steps' residues (so a slow
+    step makes the next ones cautious), ``bytes`` the step's planned bytes or, unknown, its vnodes
+    times the largest recent bytes per vnode.  Before any step: ``default_s``."""
+
+    def __init__(self, period_s: float, default_s: float = 0.3, safety: float = 2.0,
+                 rate_bytes_per_s: float = 50e6, history: int = 8, max_s: float = 5.0) -> None:
+        self.period_s, self.default_s, self.safety = period_s, default_s, safety
+        self.rate, self.max_s = rate_bytes_per_s, max_s
+        self._seen: deque[tuple[int, int, float]] = deque(maxlen=history)  # (vnodes, bytes, need s)
+
+    def observe(self, vnodes: int, moved_bytes: int, need_s: float) -> None:
+        """A completed step of ``vnodes`` moved ``moved_bytes``; its cuts were at the targets
+        ``need_s`` after the switch."""
+        if vnodes > 0 and need_s >= 0:
+            self._seen.append((vnodes, moved_bytes, need_s))
+
+    def margin_s(self, vnodes: int, planned_bytes: int | None = None) -> float:
+        """The margin for a step of ``vnodes`` (``planned_bytes`` of state, if measured)."""
+        if not self._seen:
+            return self.default_s
+        fixed = max(self.period_s, *(need - b / self.rate for _, b, need in self._seen))
+        size = planned_bytes if planned_bytes is not None else vnodes * max(b / v for v, b, _ in self._seen)
+        return min(self.max_s, max(2 * self.period_s, self.safety * (fixed + size / self.rate) + self.period_s))
+
+
 class HandoverCoordinator:
     """Driver side: the :class:`HandoverManager`, the orders every worker is shown, and the acks the
     workers send back (the job master calls it under its lock; no I/O here)."""
 
-    def __init__(self, plan: Any, retain: bool = False, max_bytes_in_flight: int | None = None) -> None:
+    def __init__(self, plan: Any, retain: bool = False, max_bytes_in_flight: int | None = None,
+                 period_s: float = 0.01) -> None:
         upstreams: dict[int, list[Instance]] = {t: [] for t in plan.routing}
         for task in plan.tasks:
             for edge in task.outputs:
@@ -577,6 +627,11 @@ class HandoverCoordinator:
         # handover id -> participant instance -> the last checkpoint it had taken when it acted
         # (switched, cut, loaded): a restore point past it includes the action
         self._acted_after: dict[int, dict[Instance, int]] = {}
+        # handover id -> what happened -> instance -> wall-clock time (the first replica's) or bytes
+        # cut: the step's timeline (:meth:`timeline`), kept for the last TIMELINES handovers
+        self._times: dict[int, dict[str, dict[Instance, float]]] = {}
+        self.period_s = period_s
+        self._margins: dict[int, ReleaseMargin] = {}  # per keyed task
 
     def start_move(self, task: int, vnodes: Iterable[int], target: int, switch_at: int,
                    release_at: int) -> HandoverOrder:
@@ -643,15 +698,18 @@ class HandoverCoordinator:
         self.orders[order.handover_id] = order
         return order
 
-    def on_acks(self, acks: Iterable[tuple]) -> list[str]:
-        """Feed the acks of one heartbeat; commits, releases and completions follow.  Returns what
-        happened, for the job's event log."""
+    def on_acks(self, acks: Iterable[tuple], now: float | None = None) -> list[str]:
+        """Feed the acks of one heartbeat (received at wall-clock ``now``); commits, releases and
+        completions follow.  Returns what happened, for the job's event log."""
         events: list[str] = []
-        for hid, epoch, replica, kind, digest, entries, attempt, checkpoint in acks:
+        now = time.time() if now is None else now
+        for hid, epoch, replica, kind, digest, entries, attempt, checkpoint, *more in acks:
             ack = HandoverAck(hid, epoch, tuple(replica), AckKind(kind), attempt, digest)
             if kind in _ACTIONS:  # its checkpoints after this one include what it did
                 acted = self._acted_after.setdefault(hid, {})
                 acted[tuple(replica[:2])] = max(checkpoint, acted.get(tuple(replica[:2]), checkpoint))
+                if more and hid in self.orders:
+                    self._note_times(hid, kind, tuple(replica[:2]), more[0])
             rec = self.manager.records.get(hid)
             if ack.kind is AckKind.LOADED and rec is not None and not rec.released:
                 self._deferred.append(ack)
@@ -660,10 +718,55 @@ class HandoverCoordinator:
             if ack.kind is AckKind.CUT and outcome is AckOutcome.ACCEPTED:
                 cuts = self._cut_entries.setdefault(hid, {})
                 cuts[replica[1]] = max(cuts.get(replica[1], 0), entries)
-            events += self._advance(hid)
+            events += self._advance(hid, now)
         return events
 
-    def _advance(self, hid: int) -> list[str]:
+    def _note_times(self, hid: int, kind: str, inst: Instance, times: Mapping[str, Any]) -> None:
+        """Keep the earliest replica's time of each thing ``inst`` did (the first copy is what its
+        downstreams take) and the bytes an origin cut."""
+        if hid not in self._times:
+            self._times[hid] = {}
+            for old in sorted(self._times)[:-TIMELINES]:
+                del self._times[old]
+        mine = self._times[hid]
+        for name, value in times.items():
+            if not isinstance(value, (int, float)):
+                continue
+            what = _ACTION_TIME[kind] if name == "at" else name
+            seen = mine.setdefault(what, {})
+            seen[inst] = max(seen.get(inst, value), value) if what in ("bytes", "held") \
+                else min(seen.get(inst, value), value)
+
+    def timeline(self, hid: int) -> dict[str, float | None]:
+        """Wall-clock times of a step, each when the *last* participant of its role had done it
+        (through its first replica): ``committed`` and ``completed`` (the driver learnt it),
+        ``switched`` (upstreams rerouted at the switch pulse), ``cut`` (origins cut), ``arrived``
+        (every cut reached a target), ``release`` (targets reached the release pulse), ``loaded``,
+        ``caught_up`` (targets processed the records they held); None: not (yet) known."""
+        mine = self._times.get(hid, {})
+        return {name: max(mine[name].values()) if mine.get(name) else None for name in TIMELINE}
+
+    def release_margin(self, task: int) -> ReleaseMargin:
+        """The release margin of ``task``'s steps, learnt from its completed ones."""
+        return self._margins.setdefault(task, ReleaseMargin(self.period_s))
+
+    def next_release_s(self, job_id: int, sizes: Sequence[int] | None = None) -> float:
+        """The release margin for the job's next step (``sizes``: measured bytes per vnode)."""
+        job = self.manager.job(job_id)
+        if job.next_index >= len(job.steps):
+            return self.release_margin(job.task).default_s
+        step = job.steps[job.next_index]
+        planned = sum(sizes[v] for v in step.vnodes) if sizes else None
+        return self.release_margin(job.task).margin_s(len(step.vnodes), planned)
+
+    def moved_bytes(self, hid: int) -> int:
+        """Key + value bytes the origins of ``hid`` cut (one replica of each origin counted)."""
+        return int(sum(self._times.get(hid, {}).get("bytes", {}).values()))
+
+    def _stamp(self, hid: int, what: str, now: float) -> None:
+        self._times.setdefault(hid, {}).setdefault(what, {})[(-1, -1)] = now
+
+    def _advance(self, hid: int, now: float) -> list[str]:
         rec = self.manager.records.get(hid)
         order = self.orders.get(hid)
         if rec is None or order is None:
@@ -671,6 +774,7 @@ class HandoverCoordinator:
         name = self.plan.task(order.task).name
         events = []
         if rec.state is HandoverState.ARMED:
+            self._stamp(hid, "committed", now)
             self.manager.commit(hid)
             self.orders[hid] = order = replace(order, committed=True)
             release = f", release at {order.release_at}" if isinstance(order, HandoverOrder) else ""
@@ -681,6 +785,7 @@ class HandoverCoordinator:
             events.append(f"handover {hid} of {name} cancelled: {rec.reason}")
         if isinstance(order, CodeOrder):
             if rec.state is HandoverState.COMPLETED and hid in self.orders:
+                self._stamp(hid, "completed", now)
                 self._completed(hid)
                 events.append(f"operator {order.operator!r} of {name} replaced by version {order.version} on every "
                               f"replica, from pulse {order.switch_at} on")
@@ -694,7 +799,12 @@ class HandoverCoordinator:
             for ack in deferred:
                 self.manager.ack(ack)
         if rec.state is HandoverState.COMPLETED and hid in self.orders:
+            self._stamp(hid, "completed", now)
             self._completed(hid)
+            times = self.timeline(hid)
+            if times["switched"] is not None and times["arrived"] is not None:
+                self.release_margin(order.task).observe(len(order.moves), self.moved_bytes(hid),
+                                                        times["arrived"] - times["switched"])
             events.append(f"handover {hid} of {name} completed: vnodes "
                           f"{format_vnodes(m.vnode for m in order.moves)} now on partition(s) {sorted(order.targets)}")
         return events
@@ -765,7 +875,38 @@ class HandoverCoordinator:
 
 _ORDER_OF = {s: i for i, s in enumerate(HandoverState)}
 _ACTIONS = ("switched", "cut", "loaded")  # acks of a participant's action (a replacement's too: switched)
+_ACTION_TIME = {"switched": "switched", "cut": "cut", "loaded": "caught_up"}  # what an action ack's time ends
+TIMELINE = ("committed", "switched", "cut", "arrived", "release", "loaded", "caught_up", "completed")
+TIMELINES = 256  # the handovers whose timelines a coordinator keeps
 
+
+
+PHASES = ("trigger", "to_switch", "alignment", "transfer", "release_wait", "load", "catch_up", "acks")
+
+
+def step_phases(instructed_at: float, timeline: Mapping[str, float | None]) -> dict[str, float | None]:
+    """A step's duration by phase, in seconds, from the driver's instruction (wall clock) and its
+    :meth:`HandoverCoordinator.timeline`.  In order, adding up to instructed -> completed:
+    *trigger* (-> every replica armed, committed), *to_switch* (-> the upstreams reached the switch
+    pulse: the margin it was placed ahead), *alignment* (-> the origins consumed everything routed
+    to them before the switch and cut), *transfer* (-> every cut reached the targets),
+    *release_wait* (-> the targets reached the release pulse, when the cut was there first),
+    *load*, *catch_up* (-> the held records processed) and *acks* (-> the driver learnt it all).
+    Beside them: *held* (switch -> caught up: how long the moved keys' records waited) and
+    *blocked* (how long a target waited at the release pulse for its state, with every key).
+    None where a time is missing."""
+    t = {"instructed": instructed_at, **timeline}
+    def span(a: str, b: str) -> float | None:
+        return t[b] - t[a] if t.get(a) is not None and t.get(b) is not None else None  # type: ignore[operator]
+    arrived, release = t.get("arrived"), t.get("release")
+    ready = "arrived" if arrived is not None and release is not None and arrived > release else "release"
+    out = {"trigger": span("instructed", "committed"), "to_switch": span("committed", "switched"),
+           "alignment": span("switched", "cut"), "transfer": span("cut", "arrived"),
+           "release_wait": max(0.0, span("arrived", "release") or 0.0) if arrived and release else None,
+           "load": span(ready, "loaded"), "catch_up": span("loaded", "caught_up"),
+           "acks": span("caught_up", "completed"), "held": span("switched", "caught_up"),
+           "blocked": max(0.0, span("release", "arrived") or 0.0) if arrived and release else None}
+    return out
 
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}

@@ -148,14 +148,18 @@ class PartitionInstance:
         for order in orders:
             self.apply_handover(order)
 
-    def handover_ack(self, handover_id: int, epoch: int, kind: str, digest: str = "", entries: int = 0) -> None:
-        """Queue an acknowledgement for the driver (sent with the worker's next heartbeat), once."""
+    def handover_ack(self, handover_id: int, epoch: int, kind: str, digest: str = "", entries: int = 0,
+                     times: dict[str, float] | None = None) -> None:
+        """Queue an acknowledgement for the driver (sent with the worker's next heartbeat), once.
+        It carries the wall-clock time of the action (``at``) and ``times``: what else the driver
+        cannot see (a target's cut arrival, release and load; an origin's bytes cut)."""
         with self._ack_lock:
             if (handover_id, kind) in self._acked:
                 return
             self._acked.add((handover_id, kind))
             self._handover_acks.append((handover_id, epoch, (self.task.id, self.partition, self.replica), kind,
-                                        digest, entries, self.attempt, self.metrics.checkpoint_id))
+                                        digest, entries, self.attempt, self.metrics.checkpoint_id,
+                                        {"at": time.time(), **(times or {})}))
 
     def take_handover_acks(self) -> list[tuple]:
         with self._ack_lock:
@@ -594,12 +598,14 @@ class ProcessingInstance(PartitionInstance):
             extras = {op.name: op.cut_keys(moving.__contains__)
                       for op in chain_operators(self.chain) if hasattr(op, "cut_keys")}
             entries, digest = handovers.cut(order, self.state_backend())
+            cut_at = time.time()  # before the send: the transfer is a phase of its own
             per_target = split_cut(order, self.partition, entries, extras, self.num_key_groups,
                                    self.cfg.handover_chunk_bytes)
             if self.cfg.rhino_enabled:
                 handovers.keep(order.handover_id, per_target)
             self.worker.send_handover_state(order, self.partition, per_target)
-            self.handover_ack(order.handover_id, order.epoch, "cut", digest, len(entries))
+            self.handover_ack(order.handover_id, order.epoch, "cut", digest, len(entries),
+                              {"at": cut_at, "bytes": sum(2 + len(rest) + len(value) for _, rest, value in entries)})
         for step in releases:
             decided = handovers.decided(step.order.handover_id, stopping)
             if decided is None:
@@ -612,7 +618,6 @@ class ProcessingInstance(PartitionInstance):
                 for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
                     for op in windows:
                         op.adopt_keys(step.extras[origin].get(op.name, ()))
-                self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=step.entries)
             else:
                 held = handovers.drop(step)
             for ch, el in held:
@@ -620,6 +625,9 @@ class ProcessingInstance(PartitionInstance):
             if decided:
                 for op in windows:
                     op.fire_behind()
+                # acked once the held records are processed: its time ends the catch-up
+                self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=step.entries,
+                                  times={**step.times(), "held": len(held)})
         return True
 
     def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:

@@ -99,6 +99,21 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
     assert sorted(v for s in capped["steps"] for v in s["vnodes"]) == sorted(rest)
     if sum(1 for v in rest if sizes[v]) >= 2:
         assert len(capped["steps"]) >= 2, capped
+    # every step's timeline, from the participants' acks, is complete and in the order the protocol
+    # forces (the cut before it arrives, the load after the arrival and the release pulse, the held
+    # records after the load); bytes cut exactly when entries were
+    steps = [s for report in (there, back, fluid, capped) for s in report["steps"]]
+    for step in steps:
+        t = step["timeline"]
+        assert None not in t.values(), step
+        assert t["committed"] <= t["completed"] and t["cut"] <= t["arrived"], step
+        assert max(t["arrived"], t["release"]) <= t["loaded"] <= t["caught_up"] <= t["completed"], step
+        assert (step["bytes_moved"] > 0) == (step["entries_moved"] > 0), step
+        assert sum(v for k, v in step["phases"].items() if k not in ("held", "blocked")) == \
+            pytest.approx(t["completed"] - step["instructed_at"]), step
+    # the first step's release margin is the default; later ones are sized from the steps before
+    assert steps[0]["release_s"] == pytest.approx(0.3), steps[0]
+    assert any(s["release_s"] != pytest.approx(0.3) for s in steps[1:]), [s["release_s"] for s in steps]
     if mode == "kazoo":  # one pulse window per handover job, each ended by its last pulse
         closed = [text for _, text in result.events if text.startswith("pulse window") and "closed at pulse" in text]
         assert len(closed) == 4, result.events

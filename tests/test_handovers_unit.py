@@ -16,11 +16,13 @@ from replication.handovers import (
     HandoverCoordinator,
     HandoverOrder,
     PartitionHandovers,
+    ReleaseMargin,
     chunk_entries,
     format_vnodes,
     order_from_wire,
     parse_strategy,
     parse_vnodes,
+    step_phases,
     vnode_bytes,
 )
 from replication.plan import plan_job
@@ -511,3 +513,65 @@ def test_a_completed_replacement_is_retained_for_restored_replicas_until_past_it
     assert coord.prune(points.get) == []
     points[(chain.id, 1)] = 50  # its checkpoint at the switch pulse runs the new code already
     assert coord.prune(points.get) == [order.handover_id]
+
+
+def test_the_coordinator_keeps_each_steps_timeline_from_the_first_replica_of_the_last_participant():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan, period_s=0.01)
+    order = coord.start_move(chain.id, [0, 1], 1, switch_at=100, release_at=110)
+    hid, ep = order.handover_id, order.epoch
+    ups = sorted(order.upstreams)
+
+    def ack(inst, r, kind, times, entries=0):
+        return (hid, ep, (*inst, r), kind, "d" if kind == "cut" else "", entries, 0, -1, times)
+
+    coord.on_acks([ack(i, r, "armed", {"at": 1.0}) for i in ups + [(chain.id, 0), (chain.id, 1)] for r in (0, 1)],
+                  now=2.0)
+    # the upstreams switch: replica 1 of the second one first; the last upstream's first replica counts
+    coord.on_acks([ack(ups[0], 0, "switched", {"at": 3.0}), ack(ups[0], 1, "switched", {"at": 3.2}),
+                   ack(ups[1], 0, "switched", {"at": 3.5}), ack(ups[1], 1, "switched", {"at": 3.4})], now=3.6)
+    coord.on_acks([ack((chain.id, 0), r, "cut", {"at": 4.0 + r, "bytes": 5000}, entries=5) for r in (0, 1)], now=4.1)
+    events = coord.on_acks([ack((chain.id, 1), r, "loaded", {"at": 6.0 + r, "arrived": 4.2 + r, "release": 5.0 + r,
+                                                              "loaded": 5.5 + r, "held": 7})
+                            for r in (0, 1)], now=6.5)
+    assert any("completed" in e for e in events)
+    times = coord.timeline(hid)
+    assert times == {"committed": 2.0, "switched": 3.4, "cut": 4.0, "arrived": 4.2, "release": 5.0, "loaded": 5.5,
+                     "caught_up": 6.0, "completed": 6.5}
+    assert coord.moved_bytes(hid) == 5000  # one replica of the origin counted
+    phases = step_phases(1.5, times)
+    assert phases["trigger"] == pytest.approx(0.5) and phases["alignment"] == pytest.approx(0.6)
+    assert phases["transfer"] == pytest.approx(0.2) and phases["release_wait"] == pytest.approx(0.8)
+    assert phases["held"] == pytest.approx(2.6) and phases["blocked"] == 0.0
+    additive = ("trigger", "to_switch", "alignment", "transfer", "release_wait", "load", "catch_up", "acks")
+    assert sum(phases[k] for k in additive) == pytest.approx(6.5 - 1.5)
+    # the completed step taught the task's release margin: 0.8 s from switch to state there
+    assert coord.next_release_s(coord.start_job(chain.id, [2], 1, AllAtOnce())) != 0.3
+
+
+def test_phases_show_a_target_blocked_at_the_release_for_its_state_and_what_is_unknown():
+    times = {"committed": 1.0, "switched": 2.0, "cut": 2.1, "arrived": 2.9, "release": 2.4, "loaded": 3.0,
+             "caught_up": 3.1, "completed": 3.3}
+    phases = step_phases(0.5, times)
+    assert phases["blocked"] == pytest.approx(0.5) and phases["release_wait"] == 0.0
+    assert phases["load"] == pytest.approx(0.1)  # from the arrival, not from the release it waited at
+    assert sum(v for k, v in phases.items() if k not in ("held", "blocked")) == pytest.approx(3.3 - 0.5)
+    unknown = step_phases(0.5, {**times, "arrived": None})
+    assert unknown["transfer"] is None and unknown["blocked"] is None and unknown["trigger"] == pytest.approx(0.5)
+
+
+def test_the_release_margin_is_learnt_from_the_steps_and_sized_by_the_bytes_that_move():
+    m = ReleaseMargin(period_s=0.01, default_s=0.3, safety=2.0, rate_bytes_per_s=50e6, max_s=5.0)
+    assert m.margin_s(8) == 0.3 and m.margin_s(8, 10**6) == 0.3  # nothing seen: the default
+    m.observe(8, 1_000_000, 0.06)  # 20 ms for the bytes at 50 MB/s, 40 ms fixed
+    assert m.margin_s(8, 1_000_000) == pytest.approx(2 * 0.06 + 0.01)
+    assert m.margin_s(8) == pytest.approx(2 * 0.06 + 0.01)  # unknown bytes: 125 KB per vnode seen
+    assert m.margin_s(16) == pytest.approx(2 * (0.04 + 0.04) + 0.01)
+    assert m.margin_s(1, 0) == pytest.approx(2 * 0.04 + 0.01)
+    m.observe(1, 1000, 0.5)  # a slow step: the next ones are cautious
+    assert m.margin_s(1, 0) > 0.9
+    assert m.margin_s(10**6) == 5.0  # capped
+    fast = ReleaseMargin(period_s=0.01)
+    fast.observe(1, 0, 0.0)
+    assert fast.margin_s(1, 0) == pytest.approx(0.03)  # at least two pulses: R >= P + 2
