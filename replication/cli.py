@@ -205,6 +205,13 @@ def _handover_request(args: argparse.Namespace, req: dict) -> int:
               f"({len(step['vnodes'])}) from {step['origins']} to {step['targets']}, switch at pulse "
               f"{step['switch_at']}, release at {step['release_at']}, {step['entries_moved']} entries, "
               f"{step['seconds']:.2f} s: {step['state']}")
+        phases = step.get("phases") or {}
+        if phases.get("held") is not None:
+            parts = ", ".join(f"{name.replace('_', ' ')} {phases[name] * 1000:.0f}"
+                              for name in ("alignment", "transfer", "release_wait", "load", "catch_up", "blocked")
+                              if phases.get(name) is not None)
+            print(f"    moved keys' records held {phases['held'] * 1000:.0f} ms (release margin "
+                  f"{step['release_s'] * 1000:.0f} ms; ms: {parts}), {step['bytes_moved']:,} bytes cut")
     return 0 if report["state"] == "completed" else 2
 
 

@@ -351,6 +351,7 @@ def test_a_handover_request_that_cannot_be_served_is_refused_with_the_reason(sta
         assert cli_main(["move", name, "chain", f"{owned[0]}-{owned[7]}", "1", "--strategy", "batched:4"]) == 0
         shown = capsys.readouterr().out
         assert "completed" in shown and "2 step(s)" in shown, shown
+        assert shown.count("moved keys' records held") == 2, shown  # each step's phases, from the participants
         assert [handle.routing("chain").partition_of_vnode(v) for v in owned[:8]] == [1] * 8
         assert cli_main(["move", name, "chain", "0-3", "9"]) == 2
         assert "target partition 9 out of range" in capsys.readouterr().err
