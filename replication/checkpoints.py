@@ -50,6 +50,7 @@ class WorkerCheckpoints:
         self._full_next: set[Instance] = set()  # took over shipping: the next checkpoint is a full one
         self._groups: dict[Instance, list[str]] = {}  # the instances this worker ships, and their groups
         self._known_completed: dict[Instance, int] = {}
+        self._group_view: dict[Instance, list[str]] = {}  # every instance's replica group (addresses)
 
     def handlers(self) -> dict[str, Any]:
         return {**self.service.handlers(), **self.shipper.handlers()}
@@ -122,6 +123,7 @@ class WorkerCheckpoints:
     def apply_view(self, view: Mapping[str, Any]) -> None:
         """Groups, shippers, completed checkpoints, where upstream backups may be trimmed to and
         which snapshots members keep, from the driver (each heartbeat)."""
+        self._group_view = dict(view.get("groups", {}))
         completed: Mapping[Instance, int] = view.get("completed", {})
         trim: Mapping[Instance, Mapping[int, int]] = view.get("trim", {})
         for key, inst in list(self.worker.instances.items()):
@@ -147,6 +149,11 @@ class WorkerCheckpoints:
                     self.store.complete(key, cid)
                 except Exception as exc:  # noqa: BLE001 - the standby may lag; the next completion fixes it
                     log.debug("complete %s at %d: %s", key, cid, exc)
+
+    def holders(self, key: Instance, addresses: Mapping[int, str]) -> list[int]:
+        """The workers (of ``addresses``) in ``key``'s replica group: their stores hold its checkpoints."""
+        group = set(self._group_view.get(key, ()))
+        return [w for w, address in addresses.items() if address in group]
 
     def _ship(self, key: Instance, group: list[str], completed_id: int | None) -> None:
         with self._lock:

@@ -211,7 +211,9 @@ def _handover_request(args: argparse.Namespace, req: dict) -> int:
                               for name in ("alignment", "transfer", "release_wait", "load", "catch_up", "blocked")
                               if phases.get(name) is not None)
             print(f"    moved keys' records held {phases['held'] * 1000:.0f} ms (release margin "
-                  f"{step['release_s'] * 1000:.0f} ms; ms: {parts}), {step['bytes_moved']:,} bytes cut")
+                  f"{step['release_s'] * 1000:.0f} ms; ms: {parts}), {step['bytes_moved']:,} bytes cut, "
+                  f"{step['bytes_shipped']:,} sent over the network, {step['bytes_from_store']:,} read from the "
+                  "targets' copies of the origins' checkpoints")
     return 0 if report["state"] == "completed" else 2
 
 

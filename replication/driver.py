@@ -1015,6 +1015,8 @@ class JobHandle:
                               "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
                               "entries_moved": coordinator.moved_entries(hid),
                               "bytes_moved": coordinator.moved_bytes(hid),
+                              "bytes_shipped": coordinator.shipped_bytes(hid),
+                              "bytes_from_store": coordinator.store_bytes(hid),
                               "bytes_planned": coordinator.manager.record(hid).size_bytes if sizes else None,
                               "release_s": (release_at - switch_at) * period_ms / 1000,
                               "instructed_at": instructed_at, "timeline": timeline,

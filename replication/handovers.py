@@ -23,7 +23,6 @@ to be placed in the heartbeat log.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections import deque
@@ -56,6 +55,7 @@ from rhino_state import (
     key_group,
     load_key_groups,
 )
+from rhino_state.cut import Change, CutEntry, cut_digest
 from rhino_state.handover import Strategy
 
 Instance = tuple[int, int]
@@ -213,6 +213,46 @@ class RouterSwitches:
         return switched
 
 
+@dataclass(frozen=True)
+class TargetCut:
+    """What one origin partition's cut holds for one target partition: its entries in chunks,
+    operators' in-memory state of the moved keys, the digest and count of the entries, and, when
+    the origin has a checkpoint chain, the changes since its last checkpoint (``base``) in chunks,
+    all a target holding that checkpoint needs."""
+
+    chunks: list[list[CutEntry]]
+    extras: dict[str, list]
+    digest: str
+    entries: int
+    base: int | None = None
+    changes: list[list[Change]] | None = None
+
+
+@dataclass(frozen=True)
+class DeltaCut:
+    """A target's complete copy of an origin's changes since checkpoint ``base`` (rebuilt into the
+    cut with that checkpoint's content of the moved key groups; ``digest`` and ``entries`` check it)."""
+
+    handover_id: int
+    origin: int
+    base: int
+    changes: list[Change]
+    digest: str
+    entries: int
+    extras: dict[str, list]
+
+
+@dataclass(frozen=True)
+class OriginCut:
+    """What an origin took out of its state: the entries, their digest, and the changes since its
+    last checkpoint ``base`` (None: no checkpoint chain, or not asked for)."""
+
+    entries: list[CutEntry]
+    digest: str
+    base: int | None = None
+    changes: list[Change] | None = None
+
+
 @dataclass
 class _Step:
     order: HandoverOrder
@@ -226,6 +266,10 @@ class _Step:
     # target: each origin's in-memory operator state of the moved keys (operator name -> entries),
     # e.g. a window operator's fire index
     extras: dict[int, dict[str, list]] = field(default_factory=dict)
+    # target: each origin's changes since a checkpoint this worker holds, by that checkpoint, as
+    # their chunks arrive (the cut is rebuilt from the checkpoint once all are in)
+    deltas: dict[int, dict[int, dict[int, list[Change]]]] = field(default_factory=dict)
+    from_store: int = 0  # target: bytes of the cuts read from this worker's copy of the origins' checkpoints
     # target, wall clock: every origin's cut arrived, pulse R reached, the state loaded (reported
     # with the LOADED ack: the phases the driver cannot see)
     arrived_at: float | None = None
@@ -233,9 +277,9 @@ class _Step:
     loaded_at: float | None = None
 
     def times(self) -> dict[str, float]:
-        """The target's phase times known so far (for its LOADED ack)."""
+        """The target's phase times known so far and the bytes it read locally (for its LOADED ack)."""
         return {k: v for k, v in (("arrived", self.arrived_at), ("release", self.release_reached_at),
-                                  ("loaded", self.loaded_at)) if v is not None}
+                                  ("loaded", self.loaded_at), ("from_store", self.from_store)) if v is not None}
 
     @property
     def entries(self) -> int:
@@ -331,10 +375,11 @@ class PartitionHandovers(_Decisions):
         self.position = 0  # the last pulse forwarded
         self.moved_entries = 0  # state entries cut or loaded here
         self.held_records = 0
-        # Rhino: this origin's cuts, per target partition (entries, extras), kept until the driver
-        # says every target's restore point is past the release: a target replica restored from an
-        # earlier checkpoint fetches its cut again (the origin's own checkpoints no longer have it)
-        self._kept: dict[int, dict[int, tuple[list[list], dict[str, list]]]] = {}  # (chunks, extras)
+        # Rhino: this origin's cuts, per target partition, kept until the driver says every
+        # target's restore point is past the release: a target replica restored from an earlier
+        # checkpoint (or whose worker did not hold the checkpoint a delta applies to, or whose local
+        # origin replica failed) fetches its cut (the origin's own checkpoints no longer have it)
+        self._kept: dict[int, dict[int, TargetCut]] = {}
 
     # -- worker thread ------------------------------------------------------------------------
     def arm(self, order: HandoverOrder) -> str:
@@ -377,15 +422,52 @@ class PartitionHandovers(_Decisions):
             if chunk == 0:
                 step.extras.setdefault(origin, extras or {})
             if len(parts) == chunks:
-                step.cuts[origin] = [e for i in range(chunks) for e in parts[i]]
-                del step.chunks[origin]
-                if step.origins <= step.cuts.keys():
-                    step.arrived_at = time.time()
-                self._cond.notify_all()
+                self._cut_complete(step, origin, [e for i in range(chunks) for e in parts[i]])
 
-    def kept_cut(self, handover_id: int, target: int) -> tuple[list[list], dict[str, list]] | None:
-        """This origin's kept cut of ``handover_id`` for partition ``target``: (chunks, extras);
-        None: not kept."""
+    def cut_rebuilt(self, handover_id: int, origin: int, entries: list[tuple[int, bytes, bytes]],
+                    extras: dict[str, list], from_store: int) -> None:
+        """Origin partition ``origin``'s whole cut of ``handover_id``, rebuilt here from this worker's
+        copy of its checkpoint (``from_store`` bytes of it) and the changes since."""
+        with self._cond:
+            step = self._steps.get(handover_id)
+            if step is None or step.gate is None or origin not in step.origins or origin in step.cuts:
+                return
+            step.extras.setdefault(origin, extras)
+            step.from_store += from_store
+            self._cut_complete(step, origin, entries)
+
+    def _cut_complete(self, step: _Step, origin: int, entries: list[tuple[int, bytes, bytes]]) -> None:
+        step.cuts[origin] = entries
+        step.chunks.pop(origin, None)
+        step.deltas.pop(origin, None)
+        if step.origins <= step.cuts.keys():
+            step.arrived_at = time.time()
+        self._cond.notify_all()
+
+    def delta_arrived(self, handover_id: int, origin: int, base: int, changes: list[Change], chunk: int,
+                      chunks: int, digest: str, entries: int, extras: dict[str, list] | None = None
+                      ) -> DeltaCut | None:
+        """Chunk ``chunk`` of ``chunks`` of origin partition ``origin``'s changes since its checkpoint
+        ``base``, for this partition; the complete :class:`DeltaCut` once every chunk is in (to be
+        rebuilt with that checkpoint, then given to :meth:`state_arrived`), else None.  Chunks are
+        collected per ``base``: a chunk from either origin replica counts, as long as they agree on it."""
+        with self._cond:
+            step = self._steps.get(handover_id)
+            if step is None or step.gate is None or origin not in step.origins or origin in step.cuts:
+                return None
+            parts = step.deltas.setdefault(origin, {}).setdefault(base, {})
+            if chunk == 0:
+                step.extras.setdefault(origin, extras or {})
+            if chunk in parts or len(parts) == chunks:
+                return None  # a repeat (the other origin replica's copy), or already complete
+            parts[chunk] = changes
+            if len(parts) < chunks:
+                return None
+            return DeltaCut(handover_id, origin, base, [c for i in range(chunks) for c in parts[i]], digest,
+                            entries, step.extras.get(origin, {}))
+
+    def kept_cut(self, handover_id: int, target: int) -> TargetCut | None:
+        """This origin's kept cut of ``handover_id`` for partition ``target`` (None: not kept)."""
         with self._cond:
             return self._kept.get(handover_id, {}).get(target)
 
@@ -395,10 +477,14 @@ class PartitionHandovers(_Decisions):
             for hid in [h for h in self._kept if h not in still_needed]:
                 del self._kept[hid]
 
-    def missing_cuts(self) -> list[tuple[int, int]]:
-        """(handover id, origin partition) of the cuts this target still waits for."""
+    def missing_cuts(self, blocked_for: float | None = None) -> list[tuple[int, int]]:
+        """(handover id, origin partition) of the cuts this target still waits for; with
+        ``blocked_for``, only those it has waited for at its release pulse that long (seconds)."""
+        now = time.time()
         with self._cond:
             return [(hid, o) for hid, s in self._steps.items() if s.gate is not None and not s.order.cancelled
+                    and (blocked_for is None or (s.release_reached_at is not None
+                                                 and now - s.release_reached_at >= blocked_for))
                     for o in sorted(s.origins - s.cuts.keys())]
 
     # -- instance thread ----------------------------------------------------------------------
@@ -422,7 +508,7 @@ class PartitionHandovers(_Decisions):
             return any(s.gate is not None and (s.gate.held or self.position >= s.order.switch_at)
                        for s in self._steps.values())
 
-    def keep(self, handover_id: int, per_target: dict[int, tuple[list[list], dict[str, list]]]) -> None:
+    def keep(self, handover_id: int, per_target: dict[int, TargetCut]) -> None:
         with self._cond:
             self._kept[handover_id] = per_target
 
@@ -463,17 +549,21 @@ class PartitionHandovers(_Decisions):
         """The key groups this origin gives away in ``order``."""
         return list(cut_key_groups(order.moves, self.partition, self.num_key_groups, self.num_vnodes))
 
-    def cut(self, order: HandoverOrder, backend: RocksDBStateBackend) -> tuple[list[tuple[int, bytes, bytes]], str]:
-        """Take the moved key groups out of the state: their entries and a digest of them."""
+    def cut(self, order: HandoverOrder, backend: RocksDBStateBackend, incremental: bool = False) -> OriginCut:
+        """Take the moved key groups out of the state: their entries, a digest of them and, if
+        ``incremental``, their changes since the last checkpoint (read before they are deleted)."""
         backend.flush()
+        groups = self.cut_groups(order)
+        changes = backend.changes_in(groups) if incremental else None
+        base = backend.last_checkpoint_id if changes is not None else None
         entries: list[tuple[int, bytes, bytes]] = []
-        for groups in self.cut_groups(order):
-            entries += list(backend.iter_key_groups(groups))
+        for r in groups:
+            entries += list(backend.iter_key_groups(r))
         for kg, rest, _ in entries:
             backend.delete(kg, rest)
         self.moved_entries += len(entries)
         self._finish(order.handover_id, origin=True)
-        return entries, _digest(entries)
+        return OriginCut(entries, cut_digest(entries), base, changes)
 
     def release(self, step: _Step, backend: RocksDBStateBackend,
                 stopping: Callable[[], bool]) -> tuple[Any, ...] | None:
@@ -522,13 +612,14 @@ class PartitionHandovers(_Decisions):
                 del self._steps[handover_id]
 
 
-def chunk_entries(entries: list[tuple[int, bytes, bytes]], max_bytes: int) -> list[list[tuple[int, bytes, bytes]]]:
-    """``entries`` in order, cut into chunks of at most about ``max_bytes`` (an entry larger than
-    that goes alone); at least one chunk, empty when there is nothing."""
-    chunks: list[list[tuple[int, bytes, bytes]]] = [[]]
+def chunk_entries(entries: list[Any], max_bytes: int) -> list[list[Any]]:
+    """``entries`` (cut entries, or changes whose value may be None) in order, cut into chunks of
+    at most about ``max_bytes`` (an entry larger than that goes alone); at least one chunk, empty
+    when there is nothing."""
+    chunks: list[list[Any]] = [[]]
     size = 0
     for entry in entries:
-        n = len(entry[1]) + len(entry[2]) + 16
+        n = len(entry[1]) + len(entry[2] or b"") + 16
         if chunks[-1] and size + n > max_bytes:
             chunks.append([])
             size = 0
@@ -546,27 +637,26 @@ def vnode_bytes(backend: RocksDBStateBackend, num_key_groups: int, num_vnodes: i
     return sizes
 
 
-def split_cut(order: HandoverOrder, origin: int, entries: list[tuple[int, bytes, bytes]],
-              extras: Mapping[str, list], num_key_groups: int, chunk_bytes: int
-              ) -> dict[int, tuple[list[list[tuple[int, bytes, bytes]]], dict[str, list]]]:
+def split_cut(order: HandoverOrder, origin: int, cut: OriginCut, extras: Mapping[str, list], num_key_groups: int,
+              chunk_bytes: int) -> dict[int, TargetCut]:
     """Origin partition ``origin``'s cut of ``order``, per target partition: its state entries in
-    chunks of about ``chunk_bytes`` (:func:`chunk_entries`, cut once for every send and fetch) and
-    operators' in-memory state of the moved keys (operator -> entries whose second item is the
-    encoded key)."""
+    chunks of about ``chunk_bytes`` (:func:`chunk_entries`, cut once for every send and fetch), their
+    digest and count, the changes since the origin's last checkpoint in chunks (if the cut has
+    them) and operators' in-memory state of the moved keys (operator -> entries whose second item is
+    the encoded key)."""
     def target_of(kg: int) -> int:
         return order.table.partition_of_key_group(kg, num_key_groups)
 
-    return {target: (chunk_entries([e for e in entries if target_of(e[0]) == target], chunk_bytes),
-                     {op: [e for e in items if target_of(key_group(e[1], num_key_groups)) == target]
-                      for op, items in extras.items()})
-            for target in sorted({m.target for m in order.moves if m.origin == origin})}
-
-
-def _digest(entries: Iterable[tuple[int, bytes, bytes]]) -> str:
-    h = hashlib.sha256()
-    for kg, rest, value in sorted(entries):
-        h.update(kg.to_bytes(2, "big") + len(rest).to_bytes(4, "big") + rest + len(value).to_bytes(4, "big") + value)
-    return h.hexdigest()
+    out = {}
+    for target in sorted({m.target for m in order.moves if m.origin == origin}):
+        mine = [e for e in cut.entries if target_of(e[0]) == target]
+        changes = None if cut.changes is None else \
+            chunk_entries([c for c in cut.changes if target_of(c[0]) == target], chunk_bytes)
+        out[target] = TargetCut(chunk_entries(mine, chunk_bytes),
+                                {op: [e for e in items if target_of(key_group(e[1], num_key_groups)) == target]
+                                 for op, items in extras.items()},
+                                cut_digest(mine), len(mine), cut.base, changes)
+    return out
 
 
 class ReleaseMargin:
@@ -734,8 +824,7 @@ class HandoverCoordinator:
                 continue
             what = _ACTION_TIME[kind] if name == "at" else name
             seen = mine.setdefault(what, {})
-            seen[inst] = max(seen.get(inst, value), value) if what in ("bytes", "held") \
-                else min(seen.get(inst, value), value)
+            seen[inst] = max(seen.get(inst, value), value) if what in _AMOUNTS else min(seen.get(inst, value), value)
 
     def timeline(self, hid: int) -> dict[str, float | None]:
         """Wall-clock times of a step, each when the *last* participant of its role had done it
@@ -762,6 +851,16 @@ class HandoverCoordinator:
     def moved_bytes(self, hid: int) -> int:
         """Key + value bytes the origins of ``hid`` cut (one replica of each origin counted)."""
         return int(sum(self._times.get(hid, {}).get("bytes", {}).values()))
+
+    def shipped_bytes(self, hid: int) -> int:
+        """Key + value bytes the origins of ``hid`` sent over the network to the targets' workers
+        (the most one replica of each origin sent; its twin sends about as much)."""
+        return int(sum(self._times.get(hid, {}).get("shipped", {}).values()))
+
+    def store_bytes(self, hid: int) -> int:
+        """Key + value bytes the targets of ``hid`` read from their workers' copies of the origins'
+        checkpoints instead of receiving them (the most one replica of each target read)."""
+        return int(sum(self._times.get(hid, {}).get("from_store", {}).values()))
 
     def _stamp(self, hid: int, what: str, now: float) -> None:
         self._times.setdefault(hid, {}).setdefault(what, {})[(-1, -1)] = now
@@ -876,6 +975,7 @@ class HandoverCoordinator:
 _ORDER_OF = {s: i for i, s in enumerate(HandoverState)}
 _ACTIONS = ("switched", "cut", "loaded")  # acks of a participant's action (a replacement's too: switched)
 _ACTION_TIME = {"switched": "switched", "cut": "cut", "loaded": "caught_up"}  # what an action ack's time ends
+_AMOUNTS = ("bytes", "held", "shipped", "from_store")  # what action acks count rather than time
 TIMELINE = ("committed", "switched", "cut", "arrived", "release", "loaded", "caught_up", "completed")
 TIMELINES = 256  # the handovers whose timelines a coordinator keeps
 

@@ -44,6 +44,7 @@ from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain, chain_operators
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from rhino_state import RocksDBStateBackend, StateContext, encode_key, key_group
+from rhino_state.cut import entry_bytes
 from rhino_state.increments import digest_hex
 
 log = logging.getLogger(__name__)
@@ -597,15 +598,16 @@ class ProcessingInstance(PartitionInstance):
             moving = frozenset(kg for r in handovers.cut_groups(order) for kg in r)
             extras = {op.name: op.cut_keys(moving.__contains__)
                       for op in chain_operators(self.chain) if hasattr(op, "cut_keys")}
-            entries, digest = handovers.cut(order, self.state_backend())
+            # Rhino: a target whose worker holds this origin's last checkpoint gets the changes since
+            cut = handovers.cut(order, self.state_backend(), incremental=self.cfg.rhino_enabled)
             cut_at = time.time()  # before the send: the transfer is a phase of its own
-            per_target = split_cut(order, self.partition, entries, extras, self.num_key_groups,
+            per_target = split_cut(order, self.partition, cut, extras, self.num_key_groups,
                                    self.cfg.handover_chunk_bytes)
             if self.cfg.rhino_enabled:
                 handovers.keep(order.handover_id, per_target)
-            self.worker.send_handover_state(order, self.partition, per_target)
-            self.handover_ack(order.handover_id, order.epoch, "cut", digest, len(entries),
-                              {"at": cut_at, "bytes": sum(2 + len(rest) + len(value) for _, rest, value in entries)})
+            shipped = self.worker.send_handover_state(order, self.partition, per_target)
+            self.handover_ack(order.handover_id, order.epoch, "cut", cut.digest, len(cut.entries),
+                              {"at": cut_at, "bytes": entry_bytes(cut.entries), "shipped": shipped})
         for step in releases:
             decided = handovers.decided(step.order.handover_id, stopping)
             if decided is None:

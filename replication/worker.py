@@ -23,6 +23,8 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,12 +40,20 @@ from replication.channels import OutputChannel, PushLink, receive_pushes
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
-from replication.handovers import HandoverOrder, order_from_wire
+from replication.handovers import DeltaCut, HandoverOrder, TargetCut, order_from_wire
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.plan import Instance, PhysicalPlan, ReplicaId
 from replication.spark_cluster import current_executor_id, local_advertise_host
+from rhino_state import CheckpointNotHeldError, moved_key_groups
+from rhino_state.cut import Delivery, apply_changes, cut_digest, entry_bytes, plan_delivery
 
 log = logging.getLogger(__name__)
+
+# A target waiting at its release pulse this long for a cut fetches it from a replica that kept it.
+CUT_OVERDUE_S = 0.5
+# How long a target waits for the checkpoint a cut's changes apply to (its increment may still be
+# on its way to this worker) before fetching the whole cut.
+BASE_WAIT_S = 1.0
 
 
 @dataclass
@@ -73,6 +83,21 @@ def election_membership(election_root: str, worker: int, attempt: int) -> str:
 class WorkerEvicted(RuntimeError):
     """The driver declared this worker dead while it could not hear it (hung, or cut off by a
     network partition); raised from the Spark task so that Spark runs it again, as a standby."""
+
+
+def _cut_requests(order: HandoverOrder, origin: int, target: int, cut: TargetCut, delta: bool) -> Iterator[dict]:
+    """The ``HandoverState`` calls that carry ``cut`` to one replica of ``target``: its entries in
+    chunks, or (``delta``) its changes since checkpoint ``cut.base`` in chunks with the digest and
+    count of the entries they must rebuild."""
+    chunks = cut.changes if delta and cut.changes is not None else cut.chunks
+    for i, chunk in enumerate(chunks):
+        req = {"handover": order.handover_id, "task": order.task, "partition": target, "origin": origin,
+               "chunk": i, "chunks": len(chunks), "extras": cut.extras if i == 0 else {}}
+        if chunks is cut.chunks:
+            req["entries"] = chunk
+        else:
+            req.update(changes=chunk, base=cut.base, digest=cut.digest, count=cut.entries)
+        yield req
 
 
 def run_worker(boot: WorkerBootstrap, index: int, attempt: int) -> dict[str, Any]:
@@ -119,6 +144,8 @@ class Worker:
         self._placement: dict[ReplicaId, int] = dict(boot.placement)  # with the restored replicas' new workers
         self._savepoint: str | None = None  # the directory a drain writes its savepoint to
         self._lock = threading.Lock()
+        self._sender: ThreadPoolExecutor | None = None  # handover state to other workers, off the instances' threads
+        self._fetching: set[str] = set()  # target replicas fetching cuts they miss
         self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
 
     def pulse_reader(self) -> PulseReader:
@@ -288,6 +315,8 @@ class Worker:
         self.instances[(task_id, part)] = inst
         inst.start()
         if inst.handovers is not None and inst.handovers.missing_cuts():
+            with self._lock:
+                self._fetching.add(inst.name)
             threading.Thread(target=self._fetch_cuts, args=(inst,), name=f"fetch-cuts-{inst.name}",
                              daemon=True).start()
         log.warning("restored %s from checkpoint %d in %.3fs (state load %.3fs)", inst.name, meta.checkpoint_id,
@@ -333,77 +362,123 @@ class Worker:
             for inst in list(self.instances.values()):
                 inst.apply_handover(order)
 
-    def send_handover_state(self, order: HandoverOrder, origin: int,
-                            per_target: dict[int, tuple[list[list], dict[str, list]]]) -> None:
-        """Origin partition ``origin``'s cut of ``order``'s vnodes (per target partition: state
-        entries in chunks, and operators' in-memory state of the moved keys with the first chunk),
-        to every live replica of each target."""
-        for target, (chunks, extras) in per_target.items():
-            for r in range(self.plan.replicas):
-                with self._lock:
-                    w = self._placement[(order.task, target, r)]
-                try:
-                    for i, chunk in enumerate(chunks):
-                        if w in self.dead_workers:
-                            break
-                        req = {"handover": order.handover_id, "task": order.task, "partition": target,
-                               "origin": origin, "chunk": i, "chunks": len(chunks), "entries": chunk,
-                               "extras": extras if i == 0 else {}}
-                        if w == self.index:
-                            self._handover_state(req)
-                        else:
-                            self._peer(self._addresses[w]).call("HandoverState", req, timeout=30)
-                except Exception as exc:  # noqa: BLE001 - the other target replica carries the handover
-                    log.warning("handover %d: state for %s[%d] not delivered to worker %d: %s", order.handover_id,
-                                self.plan.task(order.task).name, target, w, exc)
+    def send_handover_state(self, order: HandoverOrder, origin: int, per_target: dict[int, TargetCut]) -> int:
+        """Deliver origin partition ``origin``'s cut of ``order``'s vnodes to every live replica of
+        each target (:func:`rhino_state.cut.plan_delivery`): in process on this worker, the changes
+        since the origin's last checkpoint to a worker holding it, nothing to a worker where the
+        other origin replica runs (it hands its own cut over there; with Rhino a target that misses
+        it fetches a kept cut), the whole cut otherwise.  Network sends run in the background, so
+        the origin goes on processing.  Returns the bytes sent over the network."""
+        key = (order.task, origin)
+        rhino = self.checkpoints is not None
+        with self._lock:
+            origin_workers = {w for (t, p, _), w in self._placement.items()
+                              if (t, p) == key and w not in self.dead_workers}
+            targets = [(target, r, self._placement[(order.task, target, r)])
+                       for target in per_target for r in range(self.plan.replicas)]
+        holders = set(self.checkpoints.holders(key, self._addresses)) if rhino else set()
+        shipped = 0
+        for target, _, w in targets:
+            cut = per_target[target]
+            if w in self.dead_workers:
+                continue
+            how = plan_delivery(w, self.index, origin_workers, holders, cut.base is not None, rhino)
+            if how is Delivery.SKIP:
+                continue
+            requests = list(_cut_requests(order, origin, target, cut, delta=how is Delivery.DELTA))
+            if how is Delivery.LOCAL:
+                for req in requests:
+                    self._handover_state(req)
+                continue
+            shipped += sum(entry_bytes(req["entries"] if "entries" in req else req["changes"]) for req in requests)
+            self._handover_sender().submit(self._send_cut, order.handover_id, w, requests)
+        return shipped
+
+    def _handover_sender(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._sender is None:
+                self._sender = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"handover-send-w{self.index}")
+            return self._sender
+
+    def _send_cut(self, hid: int, w: int, requests: list[dict]) -> None:
+        try:
+            for req in requests:
+                if w in self.dead_workers or self._stopping.is_set():
+                    return
+                self._peer(self._addresses[w]).call("HandoverState", req, timeout=30)
+        except Exception as exc:  # noqa: BLE001 - the other origin replica's copy, or a fetch, carries it
+            log.warning("handover %d: state for %s[%d] not delivered to worker %d: %s", hid,
+                        self.plan.task(requests[0]["task"]).name, requests[0]["partition"], w, exc)
 
     def _handover_cut(self, req: dict) -> dict:
         """Chunk ``req["chunk"]`` of the cut an origin replica here keeps for a target partition
-        (Rhino: for a target replica restored from a checkpoint before the release)."""
+        (Rhino: for a target replica restored from a checkpoint before the release, or one that
+        could not rebuild the cut from its copy of the origin's checkpoint)."""
         inst = self.instances.get((req["task"], req["origin"]))
         kept = inst.handovers.kept_cut(req["handover"], req["partition"]) if inst and inst.handovers else None
         if kept is None:
             return {"missing": True}
-        chunks, extras = kept
         i = req["chunk"]
-        return {"entries": chunks[i], "chunks": len(chunks), "extras": extras if i == 0 else {}}
+        return {"entries": kept.chunks[i], "chunks": len(kept.chunks), "extras": kept.extras if i == 0 else {}}
 
-    def _fetch_cuts(self, inst: PartitionInstance) -> None:
-        """A target replica restored from a checkpoint before a release: fetch the origins' cuts
-        from whichever origin replica kept them (an origin replica that cuts again after its own
-        restore sends them too), until none is missing."""
+    def _fetch_cuts(self, inst: PartitionInstance, blocked_for: float | None = None) -> None:
+        """Fetch the origins' cuts a target replica misses from whichever origin replica kept them
+        (an origin replica that cuts again after its own restore sends them too), until none is
+        missing: a replica restored from a checkpoint before a release, or (``blocked_for``) one
+        waiting at its release pulse that long (its local origin replica failed)."""
+        assert inst.handovers is not None
+        try:
+            while not (inst.stop_requested.is_set() or self._stopping.is_set()):
+                missing = inst.handovers.missing_cuts(blocked_for)
+                if not missing:
+                    return
+                for hid, origin in missing:
+                    self._fetch_cut(inst, hid, origin)
+                time.sleep(0.2)
+        finally:
+            with self._lock:
+                self._fetching.discard(inst.name)
+
+    def _fetch_cut(self, inst: PartitionInstance, hid: int, origin: int) -> bool:
+        """One try at the cut of ``hid`` from origin partition ``origin``, from each of its replicas
+        in turn; whether it arrived."""
         assert inst.handovers is not None
         task = inst.task.id
-        while not (inst.stop_requested.is_set() or self._stopping.is_set()):
-            missing = inst.handovers.missing_cuts()
-            if not missing:
-                return
-            for hid, origin in missing:
-                for r in range(self.plan.replicas):
-                    with self._lock:
-                        w = self._placement.get((task, origin, r))
-                    if w is None or w in self.dead_workers or w not in self._addresses:
-                        continue
-                    try:
-                        i, chunks = 0, 1
-                        while i < chunks:
-                            req = {"handover": hid, "task": task, "origin": origin, "partition": inst.partition,
-                                   "chunk": i}
-                            reply = (self._handover_cut(req) if w == self.index
-                                     else self._peer(self._addresses[w]).call("HandoverCut", req, timeout=30))
-                            if reply.get("missing"):
-                                break
-                            chunks = reply["chunks"]
-                            inst.handovers.state_arrived(hid, origin, reply["entries"], i, chunks, reply["extras"])
-                            i += 1
-                        if i and i == chunks:
-                            log.warning("%s: fetched the cut of handover %d from %s[%d] replica %d (%d chunk(s))",
-                                        inst.name, hid, inst.task.name, origin, r, chunks)
-                            break
-                    except Exception as exc:  # noqa: BLE001 - the other origin replica, or the next round
-                        log.warning("%s: fetching the cut of handover %d from worker %d failed: %s", inst.name,
-                                    hid, w, exc)
-            time.sleep(0.2)
+        for r in range(self.plan.replicas):
+            with self._lock:
+                w = self._placement.get((task, origin, r))
+            if w is None or w in self.dead_workers or w not in self._addresses:
+                continue
+            try:
+                i, chunks = 0, 1
+                while i < chunks:
+                    req = {"handover": hid, "task": task, "origin": origin, "partition": inst.partition, "chunk": i}
+                    reply = (self._handover_cut(req) if w == self.index
+                             else self._peer(self._addresses[w]).call("HandoverCut", req, timeout=30))
+                    if reply.get("missing"):
+                        break
+                    chunks = reply["chunks"]
+                    inst.handovers.state_arrived(hid, origin, reply["entries"], i, chunks, reply["extras"])
+                    i += 1
+                if i and i == chunks:
+                    log.warning("%s: fetched the cut of handover %d from %s[%d] replica %d (%d chunk(s))",
+                                inst.name, hid, inst.task.name, origin, r, chunks)
+                    return True
+            except Exception as exc:  # noqa: BLE001 - the other origin replica, or the next round
+                log.warning("%s: fetching the cut of handover %d from worker %d failed: %s", inst.name, hid, w, exc)
+        return False
+
+    def _fetch_overdue_cuts(self) -> None:
+        """Target replicas waiting at a release pulse for a cut that does not come: fetch it."""
+        for inst in list(self.instances.values()):
+            if inst.handovers is None or not inst.handovers.missing_cuts(CUT_OVERDUE_S):
+                continue
+            with self._lock:
+                if inst.name in self._fetching:
+                    continue
+                self._fetching.add(inst.name)
+            threading.Thread(target=self._fetch_cuts, args=(inst, CUT_OVERDUE_S), name=f"fetch-cuts-{inst.name}",
+                             daemon=True).start()
 
     def _handover_state(self, req: dict) -> dict:
         if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
@@ -411,9 +486,57 @@ class Worker:
         inst = self.instances.get((req["task"], req["partition"]))
         if inst is None or inst.handovers is None:
             raise ValueError(f"worker {self.index} hosts no replica of ({req['task']}, {req['partition']})")
-        inst.handovers.state_arrived(req["handover"], req["origin"], req["entries"], req.get("chunk", 0),
-                                     req.get("chunks", 1), req.get("extras"))
+        if "base" not in req:
+            inst.handovers.state_arrived(req["handover"], req["origin"], req["entries"], req.get("chunk", 0),
+                                         req.get("chunks", 1), req.get("extras"))
+            return {}
+        delta = inst.handovers.delta_arrived(req["handover"], req["origin"], req["base"], req["changes"],
+                                             req["chunk"], req["chunks"], req["digest"], req["count"],
+                                             req.get("extras"))
+        if delta is not None:
+            threading.Thread(target=self._rebuild_cut, args=(inst, delta), name=f"rebuild-cut-{inst.name}",
+                             daemon=True).start()
         return {}
+
+    def _rebuild_cut(self, inst: PartitionInstance, delta: DeltaCut) -> None:
+        """Rebuild an origin's cut from this worker's copy of its checkpoint ``delta.base`` and the
+        changes since (waiting a little for that checkpoint if its increment is still on its way
+        here); fetch the whole cut if the copy is not here or the result does not check out."""
+        assert inst.handovers is not None and self.checkpoints is not None
+        step = inst.handovers.step(delta.handover_id)
+        if step is None:
+            return
+        key = (inst.task.id, delta.origin)
+        groups = moved_key_groups(step.order.moves, delta.origin, inst.partition, self.plan.num_key_groups,
+                                  inst.handovers.num_vnodes)
+        store = self.checkpoints.store
+        deadline = time.monotonic() + BASE_WAIT_S
+        why = ""
+        while not (inst.stop_requested.is_set() or self._stopping.is_set()):
+            try:
+                base = store.read_key_groups(key, delta.base, groups)
+            except CheckpointNotHeldError as exc:
+                last = store.last_applied(key)
+                if time.monotonic() < deadline and (last is None or last.checkpoint_id < delta.base):
+                    time.sleep(0.01)  # its increment is on its way here
+                    continue
+                why = str(exc)
+                break
+            entries = apply_changes(base, delta.changes)
+            if len(entries) == delta.entries and cut_digest(entries) == delta.digest:
+                inst.handovers.cut_rebuilt(delta.handover_id, delta.origin, entries, delta.extras, entry_bytes(base))
+                return
+            why = f"rebuilt {len(entries)} entries, digest {cut_digest(entries)[:12]}, the origin cut " \
+                  f"{delta.entries}, digest {delta.digest[:12]}"
+            break
+        else:
+            return
+        log.warning("%s: cannot rebuild the cut of handover %d from the checkpoint %d of %s[%d] here (%s): "
+                    "fetching it whole", inst.name, delta.handover_id, delta.base, inst.task.name, delta.origin, why)
+        while not (inst.stop_requested.is_set() or self._stopping.is_set()) and \
+                (delta.handover_id, delta.origin) in inst.handovers.missing_cuts():
+            if not self._fetch_cut(inst, delta.handover_id, delta.origin):
+                time.sleep(0.2)
 
     def _apply(self, reply: dict) -> None:
         """Dead workers and sink roles from the job master."""
@@ -520,6 +643,8 @@ class Worker:
                 inst.join(5)
             for reader in [*self._own_pulse_readers, *([self._pulse_reader] if self._pulse_reader else [])]:
                 reader.close()
+            if self._sender is not None:
+                self._sender.shutdown(wait=False, cancel_futures=True)
             if self.checkpoints is not None:
                 self.checkpoints.close()
             if self._election is not None:
@@ -595,6 +720,8 @@ class Worker:
                 time.sleep(interval)
                 continue
             unreachable_since = None
+            if self.checkpoints is not None:
+                self._fetch_overdue_cuts()
             if reply["command"] == "evicted":
                 log.error("worker %d was declared dead while it was unresponsive: stopping at once", self.index)
                 return self._report("evicted")

@@ -37,6 +37,7 @@ from rhino_state.handover import (
     cut_key_groups,
     load_key_groups,
     move_vnodes,
+    moved_key_groups,
     plan_drain,
     plan_steps,
     rebalance,
@@ -65,6 +66,7 @@ from rhino_state.keys import (
     vnode_of,
 )
 from rhino_state.replica_store import (
+    CheckpointNotHeldError,
     IncrementDigestError,
     IncrementGapError,
     NoCompletedCheckpointError,
@@ -75,6 +77,7 @@ from rhino_state.state import MapState, NoCurrentKeyError, StateContext, ValueSt
 
 __all__ = [
     "MAX_KEY_GROUPS",
+    "CheckpointNotHeldError",
     "IncrementDigestError",
     "IncrementFormatError",
     "IncrementGapError",
@@ -139,6 +142,7 @@ __all__ = [
     "cut_key_groups",
     "load_key_groups",
     "move_vnodes",
+    "moved_key_groups",
     "plan_drain",
     "plan_steps",
     "rebalance",

@@ -53,7 +53,7 @@ import json
 import os
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from heapq import merge
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
@@ -319,6 +319,26 @@ class RocksDBStateBackend:
     def changed_count(self) -> int | None:
         """Keys put or deleted since the last checkpoint; None if there is none (all is new)."""
         return None if self._changed is None else len(self._changed)
+
+    def changes_in(self, key_groups: Iterable[range]) -> list[tuple[int, bytes, bytes | None]] | None:
+        """``(key_group, rest, value)`` of every key in ``key_groups`` put or deleted since the last
+        checkpoint, with its value now (None: deleted), in key order: what the next delta
+        checkpoint would hold of those key groups.  On top of that checkpoint's content it gives
+        their content now (a handover ships only this to a target that holds the checkpoint).
+        None: there is no checkpoint to apply it to."""
+        db = self._open_db()
+        if self._changed is None:
+            return None
+        bounds = [(_kg_prefix(r.start), None if r.stop >= 1 << 16 else _kg_prefix(r.stop)) for r in key_groups if r]
+        keys = sorted(k for k in self._changed
+                      if any(lo <= k and (hi is None or k < hi) for lo, hi in bounds))
+        stored = [k for k in keys if k not in self._dirty]
+        values: dict[bytes, bytes | None] = {}
+        for start in range(0, len(stored), _MULTI_GET_CHUNK):
+            chunk = stored[start : start + _MULTI_GET_CHUNK]
+            values.update(zip(chunk, db.get(chunk), strict=True))
+        return [(int.from_bytes(k[:2], "big"), k[2:], self._dirty[k] if k in self._dirty else values[k])
+                for k in keys]
 
     def checkpoint(
         self,

@@ -94,6 +94,7 @@ __all__ = [
     "apply_moves",
     "cut_key_groups",
     "load_key_groups",
+    "moved_key_groups",
     "move_vnodes",
     "plan_drain",
     "plan_steps",
@@ -1411,6 +1412,13 @@ def load_key_groups(moves: Iterable[VnodeMove], target: int, num_key_groups: int
                     num_vnodes: int) -> tuple[range, ...]:
     """The key groups ``target`` loads (and holds records of) in a step."""
     return _vnode_ranges((m.vnode for m in moves if m.target == target), num_key_groups, num_vnodes)
+
+
+def moved_key_groups(moves: Iterable[VnodeMove], origin: int, target: int, num_key_groups: int,
+                     num_vnodes: int) -> tuple[range, ...]:
+    """The key groups ``origin`` gives ``target`` in a step (what its cut for that target holds)."""
+    return _vnode_ranges((m.vnode for m in moves if m.origin == origin and m.target == target), num_key_groups,
+                         num_vnodes)
 
 
 def _key_group_set(key_groups: Iterable[range | int]) -> frozenset[int]:

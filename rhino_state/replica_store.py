@@ -29,7 +29,7 @@ import re
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -50,6 +50,7 @@ from rhino_state.increments import (
 )
 
 __all__ = [
+    "CheckpointNotHeldError",
     "IncrementDigestError",
     "IncrementGapError",
     "NoCompletedCheckpointError",
@@ -80,6 +81,10 @@ class NoCompletedCheckpointError(LookupError):
 
 class ReplicaStoreClosedError(RuntimeError):
     """The replica store was closed."""
+
+
+class CheckpointNotHeldError(LookupError):
+    """This store does not hold that checkpoint of the instance (not applied yet, or gone)."""
 
 
 def _options() -> Options:
@@ -398,6 +403,40 @@ class ReplicaStore:
             link_db(source, os.fspath(target_dir))
             return meta
 
+    def read_key_groups(self, instance: Instance, checkpoint_id: int,
+                        key_groups: Iterable[range]) -> list[tuple[int, bytes, bytes]]:
+        """``(key_group, rest, value)`` of every key in ``key_groups`` in checkpoint ``checkpoint_id``
+        of ``instance``, in key order: from the standby if it is at that checkpoint, else from the
+        snapshot kept of it (the completed one, an older one kept for a rollback, or a pending
+        one).  A handover target rebuilds an origin's cut from it.  ``CheckpointNotHeldError``:
+        not here (not applied yet, or no longer kept)."""
+        ranges = [r for r in key_groups if r]
+        with self._locked(instance, create=False) as inst:
+            if inst is None:
+                raise CheckpointNotHeldError(f"instance {instance} has no increments in this store")
+            if inst.db is not None and inst.last is not None and inst.last.checkpoint_id == checkpoint_id:
+                return _read_ranges(inst.db, ranges)
+            if inst.completed is not None and inst.completed.checkpoint_id == checkpoint_id:
+                source = inst.completed_dir
+            elif checkpoint_id in inst.older:
+                source = inst.older[checkpoint_id][1]
+            else:
+                source = inst.snapshots.get(checkpoint_id)
+            if source is None:
+                last = None if inst.last is None else inst.last.checkpoint_id
+                raise CheckpointNotHeldError(f"instance {instance}: checkpoint {checkpoint_id} is not held here "
+                                             f"(the standby is at {last})")
+            private = os.path.join(inst.dir, f"read-{uuid.uuid4().hex}")
+            link_db(source, private)  # the snapshot may be deleted once the lock is released
+        try:
+            db = Rdict(private, _options(), access_type=AccessType.read_only())
+            try:
+                return _read_ranges(db, ranges)
+            finally:
+                db.close()
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
     def export_full(self, instance: Instance, path: str | os.PathLike[str]) -> IncrementMeta:
         """Write the newest completed checkpoint as a full increment payload at ``path``.
 
@@ -490,6 +529,22 @@ def _check_digest(meta: IncrementMeta, digest: str) -> None:
             f"instance {meta.instance}: checkpoint {meta.checkpoint_id} yields digest {digest}, "
             f"its meta says {meta.digest}"
         )
+
+
+def _read_ranges(db: Rdict, ranges: list[range]) -> list[tuple[int, bytes, bytes]]:
+    out: list[tuple[int, bytes, bytes]] = []
+    for r in ranges:
+        read_opt = ReadOptions()
+        if r.stop < 1 << 16:
+            read_opt.set_iterate_upper_bound(r.stop.to_bytes(2, "big"))
+        it = db.iter(read_opt)
+        it.seek(r.start.to_bytes(2, "big"))
+        while it.valid():
+            key = it.key()
+            out.append((int.from_bytes(key[:2], "big"), key[2:], it.value()))
+            it.next()
+        del it
+    return out
 
 
 def _old_hashes(db: Rdict, keys: list[bytes]) -> Iterator[int]:

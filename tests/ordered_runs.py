@@ -52,14 +52,14 @@ def feed(stack, a: str, b: str, ids: list[str], rounds: int = 40, per_round: int
 
 
 @contextlib.contextmanager
-def fed_without_pause(stack, a: str, b: str) -> Iterator[list[str]]:
-    """Feed topics ``a`` and ``b`` (as :func:`feed`, round after round) until the block ends;
-    yields the list of fed event ids, complete once the block is left."""
+def fed_without_pause(stack, a: str, b: str, first_round: int = 0) -> Iterator[list[str]]:
+    """Feed topics ``a`` and ``b`` (as :func:`feed`, round after round, from ``first_round``) until
+    the block ends; yields the list of fed event ids, complete once the block is left."""
     ids: list[str] = []
     done = threading.Event()
 
     def keep_feeding() -> None:
-        first = 0
+        first = first_round
         while not done.is_set():
             feed(stack, a, b, ids, rounds=5, first_round=first)
             first += 5

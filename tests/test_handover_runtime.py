@@ -28,6 +28,7 @@ from rhino_state import Batched, Fluid, encode_key, key_group, vnode_of
 from tests.ordered_runs import (
     every_partition_restorable,
     fed_without_pause,
+    preproduce,
     read_output,
     replicas_agree,
     replicas_sharing_worker,
@@ -339,6 +340,48 @@ def test_with_rhino_a_participant_killed_during_a_handover_is_restored_and_the_o
         # replica's new cut, or fetched the one an origin replica kept
         assert restored[victim] < order.release_at, (restored, order)
     print(f"restored from {restored}; switch at {order.switch_at}, release at {order.release_at}")
+
+
+@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
+def test_with_rhino_a_target_rebuilds_the_moved_state_from_its_copy_of_the_origins_checkpoint(
+        stack, spark, topic_prefix, mode):
+    """Rhino on: the target replica whose worker is in the origin's replica group (not the one
+    sharing a worker with the other origin replica, which gets the cut in process) receives only
+    the changes since the origin's last checkpoint and rebuilds the cut from its copy of that
+    checkpoint.  Ten keys get records before the move and none during it, so their state is in the
+    checkpoint and does not travel: fewer bytes cross the network than the origins cut.  Moves there
+    and back, in batches on the way back; the output is exact and the replicas agree."""
+    name = f"{topic_prefix}hovdelta{mode[0]}"
+    a, b = source_topics(stack, name)
+    ids = preproduce(stack, a, b, 400)  # keys k0..k39; fed_without_pause feeds k0..k29 only
+    job, handle, a, b, owned = _start(stack, spark, name, mode=mode, **RHINO[mode])
+    groups, nvn = handle.plan.num_key_groups, handle.routing("chain").num_vnodes
+    idle = {vnode_of(key_group(encode_key(f"k{i}"), groups), groups, nvn) for i in range(30, 40)} & set(owned)
+    vnodes = sorted(idle | set(owned[:64]))
+    master = handle.master
+    deadline = time.monotonic() + 60
+    while handle.sink_metrics().records_out < len(ids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with fed_without_pause(stack, a, b, first_round=8) as fed:  # (ids after the preproduced ones)
+        deadline = time.monotonic() + 60
+        while not every_partition_restorable(master):
+            assert time.monotonic() < deadline, "no safe checkpoint everywhere"
+            time.sleep(0.1)
+        there = handle.move_vnodes("chain", vnodes, 1)
+        back = handle.move_vnodes("chain", vnodes, 0, strategy=Batched(len(vnodes) // 2 + 1))
+        time.sleep(1.0)
+    result = handle.drain(timeout=300)
+    output = verify_chains(read_output(stack, f"{name}out"), ids + fed)
+    assert output.exact, output
+    assert result.metrics.gaps == 0 and not result.divergences and result.checkpoints_compared > 0
+    assert replicas_agree(result, handle) == 2
+    steps = there["steps"] + back["steps"]
+    assert [s["state"] for s in steps] == ["completed"] * 3, (there, back)
+    moved = [s for s in steps if s["entries_moved"]]
+    assert moved and all(s["bytes_from_store"] > 0 for s in moved), steps
+    # the idle keys' state stayed put in the checkpoint copy: only the changes crossed the network
+    assert 0 < there["steps"][0]["bytes_shipped"] < there["steps"][0]["bytes_moved"], there
+    print({s["handover_id"]: (s["bytes_moved"], s["bytes_shipped"], s["bytes_from_store"]) for s in steps})
 
 
 def test_a_handover_request_that_cannot_be_served_is_refused_with_the_reason(stack, spark, topic_prefix, capsys):

@@ -17,6 +17,7 @@ from replication.handovers import (
     HandoverOrder,
     PartitionHandovers,
     ReleaseMargin,
+    TargetCut,
     chunk_entries,
     format_vnodes,
     order_from_wire,
@@ -77,7 +78,8 @@ def test_the_origin_cuts_exactly_the_moved_key_groups_at_the_pulse_after_the_swi
     ho.arm(_order(committed=True))
     waiter.join(5)
     assert stop.is_set()
-    entries, digest = ho.cut(cuts[0], backend)
+    cut = ho.cut(cuts[0], backend)
+    entries, digest = cut.entries, cut.digest
     assert sorted(entries) == sorted(moved)
     assert [backend.get(kg, rest) for kg, rest, _ in moved] == [None, None]
     assert [backend.get(kg, rest) for kg, rest, _ in kept] == [b"3", b"4"]
@@ -87,7 +89,7 @@ def test_the_origin_cuts_exactly_the_moved_key_groups_at_the_pulse_after_the_swi
         twin.put(kg, rest, value)
     twin_ho = PartitionHandovers(3, 0, G, V)
     twin_ho.arm(_order(committed=True))
-    assert twin_ho.cut(cuts[0], twin)[1] == digest  # the driver compares the two replicas' cut digests
+    assert twin_ho.cut(cuts[0], twin).digest == digest  # the driver compares the two replicas' cut digests
     twin.close()
 
 
@@ -352,8 +354,9 @@ def test_a_target_skips_its_checkpoints_while_it_may_hold_records_and_fetches_mi
 
 def test_an_origin_keeps_its_cut_per_target_until_the_driver_no_longer_lists_the_handover():
     origin = PartitionHandovers(3, 0, G, V)
-    origin.keep(7, {1: ([(_kg(0), b"a", b"1")], {"w": []})})
-    assert origin.kept_cut(7, 1) == ([(_kg(0), b"a", b"1")], {"w": []})
+    kept = TargetCut([[(_kg(0), b"a", b"1")]], {"w": []}, "d", 1)
+    origin.keep(7, {1: kept})
+    assert origin.kept_cut(7, 1) == kept
     assert origin.kept_cut(7, 2) is None and origin.kept_cut(8, 1) is None
     origin.forget_kept({7, 9})
     assert origin.kept_cut(7, 1) is not None
