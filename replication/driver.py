@@ -1020,7 +1020,8 @@ class JobHandle:
                               "bytes_planned": coordinator.manager.record(hid).size_bytes if sizes else None,
                               "release_s": (release_at - switch_at) * period_ms / 1000,
                               "instructed_at": instructed_at, "timeline": timeline,
-                              "phases": step_phases(instructed_at, timeline),
+                              "phases": step_phases(instructed_at, timeline, coordinator.served(hid)),
+                              "served": coordinator.served(hid), "held_records": coordinator.held_records(hid),
                               "seconds": time.monotonic() - step_started})
                 if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                     master._cond.wait(gap_s)

@@ -58,7 +58,8 @@ class KeyedProcessFunction:
 
 
 class Aggregator(Generic[A]):
-    """An incremental window aggregation: ``create`` an accumulator, ``add`` values, ``result``."""
+    """An incremental window aggregation: ``create`` an accumulator, ``add`` values, ``result``;
+    optionally ``merge`` (then a handover serves the window's keys while their state moves)."""
 
     def create(self) -> A:
         raise NotImplementedError
@@ -68,3 +69,16 @@ class Aggregator(Generic[A]):
 
     def result(self, key: Any, window_start: int, window_end: int, acc: A) -> Any:
         return {"key": key, "start": window_start, "end": window_end, "value": acc}
+
+    def merge(self, first: A, second: A) -> A:
+        """Optional: the accumulator of a window's values of ``first`` followed by those of
+        ``second`` (what ``add`` would have built from all of them, in that order).  With it, a
+        partition that takes over keys in a handover aggregates their new records at once into
+        fresh accumulators and merges the moved ones in when they arrive, instead of holding the
+        records until then (docs/handover.md, "Serving windows through a move")."""
+        raise NotImplementedError
+
+
+def mergeable(aggregator: Aggregator) -> bool:
+    """Whether ``aggregator`` defines :meth:`Aggregator.merge`."""
+    return type(aggregator).merge is not Aggregator.merge

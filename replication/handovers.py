@@ -372,6 +372,10 @@ class PartitionHandovers(_Decisions):
         self.task, self.partition = task, partition
         self.num_key_groups, self.num_vnodes = num_key_groups, num_vnodes
         self._steps: dict[int, _Step] = {}
+        # a target whose chain only has windows with mergeable aggregators serves the moved keys
+        # from the switch on instead of holding their records (set when the chain is built)
+        self.serve_through = False
+        self._awaited: frozenset[int] = frozenset()  # serving: key groups whose moved state is not merged in
         self.position = 0  # the last pulse forwarded
         self.moved_entries = 0  # state entries cut or loaded here
         self.held_records = 0
@@ -401,8 +405,10 @@ class PartitionHandovers(_Decisions):
                 step = self._steps[order.handover_id] = _Step(order, cut_pending=origin)
                 if target:
                     step.origins = frozenset(m.origin for m in order.moves if m.target == self.partition)
-                    step.gate = TargetGate(order.handover_id, load_key_groups(
-                        order.moves, self.partition, self.num_key_groups, self.num_vnodes))
+                    groups = load_key_groups(order.moves, self.partition, self.num_key_groups, self.num_vnodes)
+                    step.gate = TargetGate(order.handover_id, () if self.serve_through else groups)
+                    if self.serve_through:
+                        self._awaited |= frozenset(kg for r in groups for kg in r)
             elif order.committed and not step.order.committed:
                 step.order = order
                 self._cond.notify_all()
@@ -565,10 +571,16 @@ class PartitionHandovers(_Decisions):
         self._finish(order.handover_id, origin=True)
         return OriginCut(entries, cut_digest(entries), base, changes)
 
-    def release(self, step: _Step, backend: RocksDBStateBackend,
-                stopping: Callable[[], bool]) -> tuple[Any, ...] | None:
+    def awaited_key_groups(self) -> frozenset[int]:
+        """Serving through a move: the key groups whose moved state is not merged in yet (their
+        windows must not fire before); empty otherwise."""
+        return self._awaited
+
+    def release(self, step: _Step, backend: RocksDBStateBackend, stopping: Callable[[], bool],
+                merge: Callable[[bytes, bytes, bytes], bytes] | None = None) -> tuple[Any, ...] | None:
         """At pulse R of a committed handover: wait for the state of every origin, load it, and
-        hand back the held elements (None: stopping)."""
+        hand back the held elements (None: stopping).  Serving through: ``merge(rest, moved,
+        served)`` combines a moved entry with the one this replica built since the switch."""
         assert step.gate is not None
         step.release_reached_at = time.time()
         with self._cond:
@@ -577,7 +589,8 @@ class PartitionHandovers(_Decisions):
                     return None
                 self._cond.wait(WAIT_SLICE_S)
         for kg, rest, value in state:
-            backend.put(kg, rest, value)
+            served = backend.get(kg, rest) if merge is not None else None
+            backend.put(kg, rest, value if served is None else merge(rest, value, served))
         self.moved_entries += len(state)
         step.loaded_at = time.time()
         step.gate.loaded()
@@ -593,6 +606,7 @@ class PartitionHandovers(_Decisions):
             held = step.gate.release().process
         with self._cond:
             self._steps.pop(step.order.handover_id, None)
+            self._recount_awaited()
         return held
 
     def step(self, handover_id: int) -> _Step | None:
@@ -608,8 +622,14 @@ class PartitionHandovers(_Decisions):
                 step.cut_pending = False
             else:
                 step.gate = None
+                self._recount_awaited()
             if not step.cut_pending and step.gate is None:
                 del self._steps[handover_id]
+
+    def _recount_awaited(self) -> None:
+        self._awaited = frozenset(kg for s in self._steps.values() if s.gate is not None and self.serve_through
+                                  for r in load_key_groups(s.order.moves, self.partition, self.num_key_groups,
+                                                           self.num_vnodes) for kg in r)
 
 
 def chunk_entries(entries: list[Any], max_bytes: int) -> list[list[Any]]:
@@ -857,6 +877,17 @@ class HandoverCoordinator:
         (the most one replica of each origin sent; its twin sends about as much)."""
         return int(sum(self._times.get(hid, {}).get("shipped", {}).values()))
 
+    def held_records(self, hid: int) -> int:
+        """Records of the moved keys the targets of ``hid`` held until the release (the most one
+        replica of each target held)."""
+        return int(sum(self._times.get(hid, {}).get("held", {}).values()))
+
+    def served(self, hid: int) -> bool:
+        """Whether every target of ``hid`` served the moved keys from the switch on (windows with
+        mergeable aggregators) instead of holding their records until the release."""
+        seen = self._times.get(hid, {}).get("served", {})  # (only targets ack LOADED)
+        return bool(seen) and all(seen.values())
+
     def store_bytes(self, hid: int) -> int:
         """Key + value bytes the targets of ``hid`` read from their workers' copies of the origins'
         checkpoints instead of receiving them (the most one replica of each target read)."""
@@ -975,7 +1006,7 @@ class HandoverCoordinator:
 _ORDER_OF = {s: i for i, s in enumerate(HandoverState)}
 _ACTIONS = ("switched", "cut", "loaded")  # acks of a participant's action (a replacement's too: switched)
 _ACTION_TIME = {"switched": "switched", "cut": "cut", "loaded": "caught_up"}  # what an action ack's time ends
-_AMOUNTS = ("bytes", "held", "shipped", "from_store")  # what action acks count rather than time
+_AMOUNTS = ("bytes", "held", "shipped", "from_store", "served")  # what action acks count rather than time
 TIMELINE = ("committed", "switched", "cut", "arrived", "release", "loaded", "caught_up", "completed")
 TIMELINES = 256  # the handovers whose timelines a coordinator keeps
 
@@ -984,7 +1015,8 @@ TIMELINES = 256  # the handovers whose timelines a coordinator keeps
 PHASES = ("trigger", "to_switch", "alignment", "transfer", "release_wait", "load", "catch_up", "acks")
 
 
-def step_phases(instructed_at: float, timeline: Mapping[str, float | None]) -> dict[str, float | None]:
+def step_phases(instructed_at: float, timeline: Mapping[str, float | None],
+                served: bool = False) -> dict[str, float | None]:
     """A step's duration by phase, in seconds, from the driver's instruction (wall clock) and its
     :meth:`HandoverCoordinator.timeline`.  In order, adding up to instructed -> completed:
     *trigger* (-> every replica armed, committed), *to_switch* (-> the upstreams reached the switch
@@ -992,9 +1024,9 @@ def step_phases(instructed_at: float, timeline: Mapping[str, float | None]) -> d
     to them before the switch and cut), *transfer* (-> every cut reached the targets),
     *release_wait* (-> the targets reached the release pulse, when the cut was there first),
     *load*, *catch_up* (-> the held records processed) and *acks* (-> the driver learnt it all).
-    Beside them: *held* (switch -> caught up: how long the moved keys' records waited) and
-    *blocked* (how long a target waited at the release pulse for its state, with every key).
-    None where a time is missing."""
+    Beside them: *held* (switch -> caught up: how long the moved keys' records waited; 0 when the
+    targets ``served`` them from the switch on) and *blocked* (how long a target waited at the
+    release pulse for its state, with every key).  None where a time is missing."""
     t = {"instructed": instructed_at, **timeline}
     def span(a: str, b: str) -> float | None:
         return t[b] - t[a] if t.get(a) is not None and t.get(b) is not None else None  # type: ignore[operator]
@@ -1004,7 +1036,8 @@ def step_phases(instructed_at: float, timeline: Mapping[str, float | None]) -> d
            "alignment": span("switched", "cut"), "transfer": span("cut", "arrived"),
            "release_wait": max(0.0, span("arrived", "release") or 0.0) if arrived and release else None,
            "load": span(ready, "loaded"), "catch_up": span("loaded", "caught_up"),
-           "acks": span("caught_up", "completed"), "held": span("switched", "caught_up"),
+           "acks": span("caught_up", "completed"),
+           "held": 0.0 if served and t.get("caught_up") is not None else span("switched", "caught_up"),
            "blocked": max(0.0, span("release", "arrived") or 0.0) if arrived and release else None}
     return out
 

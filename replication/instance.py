@@ -41,7 +41,7 @@ from replication.handovers import (
     vnode_bytes,
 )
 from replication.metrics import InstanceMetrics
-from replication.operators import Router, build_chain, chain_operators
+from replication.operators import Router, build_chain, chain_operators, serves_through_moves
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from rhino_state import RocksDBStateBackend, StateContext, encode_key, key_group
 from rhino_state.cut import entry_bytes
@@ -244,6 +244,8 @@ class PartitionInstance:
             self.outputs.extend(chans)
         tail = Router(self.name, self, outputs) if outputs else None
         self.chain = build_chain(self.task.chain, self, tail)
+        if self.handovers is not None:
+            self.handovers.serve_through = serves_through_moves(chain_operators(self.chain))
         self._restore_operators()
         if self.worker.plan.savepoint is not None and self.restored is None:
             self._load_savepoint(*self.worker.plan.savepoint)
@@ -614,7 +616,8 @@ class ProcessingInstance(PartitionInstance):
                 return False
             windows = [op for op in chain_operators(self.chain) if hasattr(op, "adopt_keys")]
             if decided:
-                held = handovers.release(step, self.state_backend(), stopping)
+                merge = _merger(windows) if handovers.serve_through else None
+                held = handovers.release(step, self.state_backend(), stopping, merge)
                 if held is None:
                     return False
                 for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
@@ -629,7 +632,7 @@ class ProcessingInstance(PartitionInstance):
                     op.fire_behind()
                 # acked once the held records are processed: its time ends the catch-up
                 self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=step.entries,
-                                  times={**step.times(), "held": len(held)})
+                                  times={**step.times(), "held": len(held), "served": int(handovers.serve_through)})
         return True
 
     def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:
@@ -641,6 +644,13 @@ class ProcessingInstance(PartitionInstance):
         positions = dict(self._consumed)
         positions[channel] += consumed_in_run
         self._checkpoint(h, merge_state, positions)
+
+
+def _merger(windows: list[Any]) -> Any:
+    """A target serving through a move: merges a moved accumulator with the one it built since the
+    switch, by the window operator whose state the entry is (its state id starts the key)."""
+    mergers = {op.state_prefix: op.merge_raw for op in windows}
+    return lambda rest, moved, served: mergers[rest[:4]](moved, served)
 
 
 class SourceInstance(PartitionInstance):

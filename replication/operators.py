@@ -12,13 +12,14 @@ on with the next record.
 from __future__ import annotations
 
 import copy
+import pickle
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from replication.deadletter import describe_error, payload_of
 from replication.elements import DATA, END_ELEMENT, pulse, watermark
-from replication.functions import ProcessContext, RuntimeContext
+from replication.functions import ProcessContext, RuntimeContext, mergeable
 from replication.kafka_io import produce_blocking
 from rhino_state import encode_key, key_group
 
@@ -219,21 +220,43 @@ class WindowOperator(Operator):
         return out
 
     def adopt_keys(self, entries: Iterable[tuple[int, bytes, Any, float]]) -> None:
-        """A target, once it loaded the moved state: the origin's fire-index entries of those keys."""
+        """A target, once it loaded the moved state: the origin's fire-index entries of those keys
+        (merged with its own where it served them meanwhile: the newest ingest time stays)."""
         for end, kb, key, ingest in entries:
-            self.pending.setdefault(end, {})[kb] = [key, ingest]
+            mine = self.pending.setdefault(end, {}).setdefault(kb, [key, ingest])
+            mine[1] = max(mine[1], ingest)
 
     def fire_behind(self) -> None:
         """A target, after the records it held: fire moved windows that are already behind this
         partition's watermark (no record can still come for them in time)."""
         self._fire(self.watermark)
 
+    @property
+    def mergeable(self) -> bool:
+        """Whether its accumulators merge (:meth:`replication.functions.Aggregator.merge`)."""
+        return mergeable(self.agg)
+
+    @property
+    def state_prefix(self) -> bytes:
+        """What every physical key of its accumulators starts with (after the key group)."""
+        return self.windows._state_id
+
+    def merge_raw(self, moved: bytes, served: bytes) -> bytes:
+        """A target that served moved keys: the moved accumulator (the origin's records) merged with
+        the one it built since the switch (the records after them), as stored."""
+        return pickle.dumps(self.agg.merge(pickle.loads(moved), pickle.loads(served)), protocol=5)
+
     def _fire(self, wm: int) -> None:
+        # a target serving moved keys fires their windows once it merged their moved state in
+        handovers = getattr(self.env, "handovers", None)
+        awaited = handovers.awaited_key_groups() if handovers is not None else frozenset()
+        groups = self.env.num_key_groups
         for end in sorted(e for e in self.pending if e <= wm):
-            keys = self.pending.pop(end)
+            keys = self.pending[end]
             start = end - self.size
-            for kb in sorted(keys):
-                key, ingest = keys[kb]
+            due = sorted(kb for kb in keys if not awaited or key_group(kb, groups) not in awaited)
+            for kb in due:
+                key, ingest = keys.pop(kb)
                 self.state.set_current_key(key)
                 acc = self.windows.get(start)
                 self.windows.remove(start)
@@ -245,6 +268,8 @@ class WindowOperator(Operator):
                                          payload=payload, payload_kind=kind)
                     continue
                 self.next.process((DATA, value, key, end - 1, ingest, None))
+            if not keys:
+                del self.pending[end]
 
     def snapshot(self) -> Any:
         return self.watermark, {end: {kb: list(e) for kb, e in keys.items()} for end, keys in self.pending.items()}
@@ -258,6 +283,14 @@ class WindowOperator(Operator):
         self.watermark = min((wm for wm, _ in snapshots), default=self.watermark)
         self.adopt_keys((end, kb, key, ingest) for _, pending in snapshots for end, keys in pending.items()
                         for kb, (key, ingest) in keys.items() if owns(key_group(kb, self.env.num_key_groups)))
+
+
+def serves_through_moves(operators: Iterable[Operator]) -> bool:
+    """Whether a task running ``operators`` can serve keys it takes over in a handover from the
+    switch on: its only keyed state is windows whose aggregators merge (a process function's
+    state cannot be rebuilt from two halves, so its records wait for the moved state)."""
+    stateful = [op for op in operators if isinstance(op, (ProcessOperator, WindowOperator))]
+    return bool(stateful) and all(isinstance(op, WindowOperator) and op.mergeable for op in stateful)
 
 
 class SinkBase(Operator):

@@ -524,7 +524,9 @@ class Worker:
                 break
             entries = apply_changes(base, delta.changes)
             if len(entries) == delta.entries and cut_digest(entries) == delta.digest:
-                inst.handovers.cut_rebuilt(delta.handover_id, delta.origin, entries, delta.extras, entry_bytes(base))
+                changed = {(kg, rest) for kg, rest, _ in delta.changes}
+                local = entry_bytes(e for e in entries if (e[0], e[1]) not in changed)  # what did not travel
+                inst.handovers.cut_rebuilt(delta.handover_id, delta.origin, entries, delta.extras, local)
                 return
             why = f"rebuilt {len(entries)} entries, digest {cut_digest(entries)[:12]}, the origin cut " \
                   f"{delta.entries}, digest {delta.digest[:12]}"

@@ -443,16 +443,20 @@ def test_replacing_the_chain_function_switches_both_replicas_at_the_same_element
         handle.replace_operator("chain", "nope", HashChain())
 
 
-@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
-def test_moving_vnodes_of_an_event_time_window_keeps_every_window_exact(stack, spark, topic_prefix, mode):
+@pytest.mark.parametrize("mode, merge", [("liverobin", True), ("kazoo", True), ("liverobin", False)],
+                         ids=["liverobin-served", "kazoo-served", "liverobin-held"])
+def test_moving_vnodes_of_an_event_time_window_keeps_every_window_exact(stack, spark, topic_prefix, mode, merge):
     """A keyed tumbling-window count (200 ms of event time) under load: vnodes move there and back
     in batches.  A window's accumulator moves with the keyed state and its fire-index entry with it,
-    and a moved window the target's watermark has already passed fires at the release.  Every
+    and a moved window the target's watermark has already passed fires at the release.  With a
+    ``merge`` on the aggregator the targets hold nothing: they count the moved keys' records from
+    the switch on in fresh accumulators and merge the moved ones in at the release (no record was
+    held, and every step says it served them); without, they hold the records until then.  Every
     (key, window) of the input is in the output exactly once with its exact count, nothing is
     dead-lettered, and the replicas agree."""
-    name = f"{topic_prefix}hovwin{mode[0]}"
+    name = f"{topic_prefix}hovwin{mode[0]}{int(merge)}"
     a, b = source_topics(stack, name)
-    job = build_window_count_job(a, b, f"{name}out", name=name, size_ms=200)
+    job = build_window_count_job(a, b, f"{name}out", name=name, size_ms=200, mergeable=merge)
     kazoo = {"spark.replication.zookeeper.connect": stack.zookeeper_connect,
              "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
     handle = run(job, spark=spark, conf={
@@ -477,3 +481,9 @@ def test_moving_vnodes_of_an_event_time_window_keeps_every_window_exact(stack, s
     assert result.metrics.dead_lettered == 0 and result.metrics.late_records == 0
     assert result.metrics.gaps == 0
     assert replicas_agree(result, handle, task="counts") == 2
+    steps = there["steps"] + back["steps"]
+    assert all(s["served"] == merge for s in steps), steps
+    if merge:
+        assert all(s["held_records"] == 0 and s["phases"]["held"] == 0.0 for s in steps), steps
+    else:
+        assert sum(s["held_records"] for s in steps) > 0 and all(s["phases"]["held"] > 0 for s in steps), steps

@@ -117,6 +117,28 @@ def test_the_target_holds_the_moved_key_groups_and_releases_them_in_order_once_l
     assert not ho.gating and not ho.active
 
 
+def test_a_target_that_serves_through_lets_the_moved_records_pass_and_merges_the_moved_state_in(backend):
+    """A target whose chain merges its state (windows with ``merge``) holds nothing: the moved key
+    groups' records are processed at once, their key groups are awaited (their windows do not
+    fire) until the release, where each moved entry is merged with the one served meanwhile."""
+    ho = PartitionHandovers(3, 1, G, V)
+    ho.serve_through = True
+    assert ho.awaited_key_groups() == frozenset()
+    assert ho.arm(_order(committed=True)) == "armed"
+    assert ho.awaited_key_groups() == frozenset(vnode_key_groups(0, G, V)) | frozenset(vnode_key_groups(1, G, V))
+    moved, wm = (DATA, "x", "k", 1, 0.0, None), (WATERMARK, 5)
+    assert ho.gate((0, moved), _kg(0)) == ((0, moved),) and ho.gate((0, wm), None) == ((0, wm),)
+    assert ho.held_records == 0
+    backend.put(_kg(0), b"served", b"2")  # what it built since the switch
+    ho.state_arrived(7, 0, [(_kg(0), b"served", b"5"), (_kg(1), b"only-moved", b"1")])
+    _, releases = ho.at_pulse(14)
+    held = ho.release(releases[0], backend, lambda: False,
+                      merge=lambda rest, moved, served: b"%d" % (int(moved) + int(served)))
+    assert held == ()
+    assert backend.get(_kg(0), b"served") == b"7" and backend.get(_kg(1), b"only-moved") == b"1"
+    assert ho.awaited_key_groups() == frozenset() and not ho.active
+
+
 def test_a_target_fed_by_two_origins_loads_only_once_both_cuts_arrived(backend):
     """A rescale up takes vnodes from partitions 0 and 1 to the new partition 2 in one step: the
     target waits for both origins' cuts (either replica of each; a repeat or a cut from a
@@ -562,6 +584,7 @@ def test_phases_show_a_target_blocked_at_the_release_for_its_state_and_what_is_u
     assert sum(v for k, v in phases.items() if k not in ("held", "blocked")) == pytest.approx(3.3 - 0.5)
     unknown = step_phases(0.5, {**times, "arrived": None})
     assert unknown["transfer"] is None and unknown["blocked"] is None and unknown["trigger"] == pytest.approx(0.5)
+    assert phases["held"] == pytest.approx(1.1) and step_phases(0.5, times, served=True)["held"] == 0.0
 
 
 def test_the_release_margin_is_learnt_from_the_steps_and_sized_by_the_bytes_that_move():

@@ -33,6 +33,7 @@ from replication.operators import (
     SinkOperator,
     WindowOperator,
     build_chain,
+    serves_through_moves,
 )
 from replication.plan import OutputEdge, plan_job
 from rhino_state import (
@@ -411,6 +412,69 @@ def test_a_windows_fire_index_moves_with_its_keys_in_a_handover(tmp_path):
         assert _fired(target_out) == [("moved", 0, 10, (1, 1, 1, 1))]
         target.on_watermark(20)
         assert _fired(target_out)[1:] == [("moved", 10, 20, (2, 2, 1, 1))]
+
+
+class MergeableStats(Stats):
+    def merge(self, first, second):
+        n1, s1, lo1, hi1 = first
+        n2, s2, lo2, hi2 = second
+        return (n1 + n2, s1 + s2, min(x for x in (lo1, lo2) if x is not None),
+                max(x for x in (hi1, hi2) if x is not None))
+
+
+class Awaiting:
+    """What a window operator asks of its instance's handovers: the key groups it serves whose moved
+    state is not merged in yet."""
+
+    def __init__(self, groups=()) -> None:
+        self.groups = frozenset(groups)
+
+    def awaited_key_groups(self) -> frozenset[int]:
+        return self.groups
+
+
+def test_a_task_serves_moved_keys_through_a_handover_only_if_its_windows_merge(tmp_path):
+    with RocksDBStateBackend(tmp_path / "db") as backend:
+        env = FakeEnv(backend)
+        merging = WindowOperator("a", env, 10, MergeableStats())
+        plain = WindowOperator("b", env, 10, Stats())
+        process = ProcessOperator("c", env, Profile())
+        stateless = MapOperator("d", env, lambda v: v)
+        assert serves_through_moves([stateless, merging]) and merging.mergeable and not plain.mergeable
+        assert not serves_through_moves([merging, plain]) and not serves_through_moves([merging, process])
+        assert not serves_through_moves([stateless])  # nothing keyed: nothing to serve
+
+
+def test_a_target_serving_moved_keys_fires_their_windows_only_once_the_moved_state_is_merged_in(tmp_path):
+    """The origin aggregated part of a moved key's windows; the target aggregates the records after
+    the switch into fresh accumulators, and does not fire those windows while their moved state is
+    awaited, even past their end.  Merged in (moved first), they fire with the result a single
+    partition would have had, and a key that did not move fires as usual meanwhile."""
+    with RocksDBStateBackend(tmp_path / "o") as ob, RocksDBStateBackend(tmp_path / "t") as tb:
+        origin, _ = _window(FakeEnv(ob), agg=MergeableStats())
+        env = FakeEnv(tb)
+        target, out = _window(env, agg=MergeableStats())
+        moved_kg = key_group(encode_key("moved"), G)
+        env.handovers = Awaiting({moved_kg})
+        origin.process(rec(5, key="moved", ts=3, ingest=1.0))
+        origin.process(rec(9, key="moved", ts=12, ingest=1.5))
+        entries = origin.cut_keys(lambda kg: kg == moved_kg)
+        state = list(ob.iter_key_groups(range(moved_kg, moved_kg + 1)))
+        target.process(rec(2, key="moved", ts=7, ingest=3.0))  # after the switch, served at once
+        target.process(rec(4, key="stays", ts=8, ingest=3.0))
+        target.on_watermark(10)
+        assert _fired(out) == [("stays", 0, 10, (1, 4, 4, 4))]  # the moved window waits for its state
+        for kg, rest, value in state:  # PartitionHandovers.release with the instance's merge
+            served = tb.get(kg, rest)
+            assert rest.startswith(target.state_prefix)
+            tb.put(kg, rest, value if served is None else target.merge_raw(value, served))
+        target.adopt_keys(entries)
+        env.handovers = Awaiting()
+        target.fire_behind()
+        assert _fired(out)[1:] == [("moved", 0, 10, (2, 7, 2, 5))]
+        assert out.records[-1][4] == 3.0  # the newest ingest time of the window, the served record's
+        target.on_watermark(20)
+        assert _fired(out)[2:] == [("moved", 10, 20, (1, 9, 9, 9))]
 
 
 def test_window_state_does_not_depend_on_ingest_times(tmp_path):

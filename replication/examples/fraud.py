@@ -79,6 +79,9 @@ class MerchantTotals(Aggregator):
     def result(self, key: Any, start: int, end: int, acc: list[int]) -> dict:
         return {"merchant": key, "start": start, "end": end, "count": acc[0], "total": acc[1], "max": acc[2]}
 
+    def merge(self, first: list[int], second: list[int]) -> list[int]:
+        return [first[0] + second[0], first[1] + second[1], max(first[2], second[2])]
+
 
 def build_job(topics: Topics, name: str = "fraud-monitor", parallelism: int | None = None) -> Job:
     job = Job(name)

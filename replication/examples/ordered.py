@@ -72,8 +72,9 @@ def build_ordered_job(topic_a: str, topic_b: str, out_topic: str, name: str = "h
     return job
 
 
-class WindowCount(Aggregator):
-    """Records per key and tumbling window (the windowed variant of the ordered job's input)."""
+class WindowCountWithoutMerge(Aggregator):
+    """Records per key and tumbling window (the windowed variant of the ordered job's input); no
+    ``merge``, so a handover holds the moved keys' records until their state arrives."""
 
     def create(self) -> int:
         return 0
@@ -82,14 +83,23 @@ class WindowCount(Aggregator):
         return acc + 1
 
 
+class WindowCount(WindowCountWithoutMerge):
+    """:class:`WindowCountWithoutMerge` with ``merge``: a handover serves the moved keys throughout."""
+
+    def merge(self, first: int, second: int) -> int:
+        return first + second
+
+
 def build_window_count_job(topic_a: str, topic_b: str, out_topic: str, name: str = "window-count",
-                           size_ms: int = 200, parallelism: int = 2) -> Job:
+                           size_ms: int = 200, parallelism: int = 2, mergeable: bool = True) -> Job:
     """``a ∪ b -> key_by(key) -> window(size_ms, count) -> sink``: output ``{key, start, end, value}``
-    once per key and window (check it with :func:`window_counts` of the input)."""
+    once per key and window (check it with :func:`window_counts` of the input); ``mergeable``: its
+    aggregator defines ``merge``."""
     job = Job(name)
     a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a")
     b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b")
-    (a.union(b).key_by(lambda e: e["key"]).window(size_ms, WindowCount(), name="counts", parallelism=parallelism)
+    count = WindowCount() if mergeable else WindowCountWithoutMerge()
+    (a.union(b).key_by(lambda e: e["key"]).window(size_ms, count, name="counts", parallelism=parallelism)
      .new_task().sink(out_topic, serializer="json", key_serializer="str", name="counts-sink"))
     return job
 
