@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    """Rows (same keys) as CSV, floats rounded to 2 decimals."""
+def write_csv(path: Path, rows: list[dict], digits: int = 2) -> None:
+    """Rows (same keys) as CSV, floats rounded to ``digits`` decimals."""
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         for r in rows:
-            w.writerow({k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()})
+            w.writerow({k: round(v, digits) if isinstance(v, float) else v for k, v in r.items()})
 
 
 def print_plain_table(title: str, rows: list[dict[str, Any]], cols: tuple[str, ...]) -> None:

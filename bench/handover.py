@@ -2,8 +2,9 @@
 keyed task move between its partitions under load, per mode, operation, strategy and state size.
 
     .venv/bin/python bench/handover.py [--sizes 1MB,20MB] [--strategies all,batched,batched:32:660KB,fluid]
-                                       [--rate 200] [--modes liverobin,liverobin+rhino,kazoo] [--rhino]
-                                       [--checkpoint-every 20] [--operations move,rescale]
+                                       [--rate 200] [--modes liverobin,liverobin+rhino,kazoo,kazoo+rhino]
+                                       [--rhino] [--checkpoint-every 20] [--kazoo-checkpoint-every 50]
+                                       [--checkpoint-elements 200] [--operations move,rescale]
                                        [--also 'modes=liverobin sizes=20MB strategies=fluid' ...]
                                        [--before 8] [--after 5] [--vnodes 0] [--batch 8] [--keys-per-vnode 1]
                                        [--value-bytes 1000] [--margin 0.5] [--release 0.3] [--period 10]
@@ -19,9 +20,9 @@ The job (defined here): one topic of 2 partitions -> ``key_by`` -> ``chain`` (pa
 sink, replicated, in LiveRobin mode (``--period`` ms pulses) or KaZoo mode (ZooKeeper of the embedded stack,
 1 s sessions): KaZoo has no pulses of its own, so every handover job opens a *pulse window* (the sources
 hold their records for pulses of ``--period`` ms until its last pulse).  Rhino checkpoints are off, except
-in mode ``liverobin+rhino`` (or every LiveRobin run with ``--rhino``): a checkpoint every
-``--checkpoint-every`` pulses, one holder per replica group; KaZoo with Rhino is refused (the runtime
-refuses handovers there).
+in modes ``liverobin+rhino`` and ``kazoo+rhino`` (or every run with ``--rhino``), one holder per replica
+group: LiveRobin checkpoints every ``--checkpoint-every`` pulses, KaZoo every ``--kazoo-checkpoint-every``
+order records (partitions with several inputs) or ``--checkpoint-elements`` records (one input).
 ``chain`` folds every key's events into a hash chain (as :mod:`replication.examples.ordered`) and keeps a
 *pad* per key: a map state of ``E`` entries of ``--value-bytes`` incompressible bytes, written by the key's
 first event; every event reads entry ``n mod E``, outputs its first 8 bytes and overwrites it.  The keys
@@ -47,26 +48,36 @@ Measured, per handover job:
   second since the request, all records and those of moved keys; p99 and max before the request (after
   ``--warm-up``; for ``rescale 3->2``: since ``rescale 2->3`` ended), during the handover (produced between
   the request and its end) and after (to the next request or the end of the load);
-* the handover's duration and its phases, from the job's events, per step (``handover_steps.csv``, with
-  the switch and release margins its pulses planned) and summed per run: *trigger* (step instructed ->
-  every participant armed, committed), *alignment* (committed -> the origins cut: mostly the wait for the
-  switch pulse, ``--margin`` ahead), *transfer + catch-up* (cut -> completed: the state sent and loaded,
-  the held records processed at the release pulse ``--release`` after the switch) and *between steps*
-  (the rest of the job's time).  In KaZoo mode two more: *window open* (request -> every source replica
-  holds its records and the window's pulses start) and *window close* (the last step completed -> the
-  window's last pulse counted in the log); in LiveRobin they are empty (its pulses always run).  The
-  other phases ride on the window's pulses and are measured the same way.  An event is stamped when the driver learns of it, and acks ride the
-  workers' heartbeats (``spark.replication.heartbeatInterval``, 200 ms): the phases are resolved to about
-  that much.  Transfer and catch-up are one phase: the driver sees nothing between the cut and the
-  targets' LOADED acks;
-* state entries moved (the driver's count of the origins' cuts) and bytes moved, twice: *measured*
-  (``bytes_measured``: ``JobHandle.state_bytes_per_vnode``, every partition's RocksDB entries per vnode,
-  key + value, asked for just before each handover request and summed over the vnodes it moved; the
-  smallest and largest moved vnode and the whole task's state too) and *model* (``bytes_moved``: key +
-  value bytes of the moved keys' state in the job's state model at the request, the layout of
-  :mod:`rhino_state.state`: the entries it predicts are checked against the driver's count), against the
-  state size per vnode; with a byte cap, the bytes the driver planned (``bytes_planned``, per step in
-  ``handover_steps.csv`` with each step's measured bytes).  The measurement is not part of the
+* the handover's duration and its phases, per step (``handover_steps.csv``, with the switch margin its
+  pulses planned and the release margin ``release_s``, sized by the driver unless ``--release``) and summed
+  per run.  A step's phases are the report's (:func:`replication.handovers.step_phases`), from the wall-clock
+  times the participants put in their acks (ms resolution), adding up to the step's instruction ->
+  completion: *trigger* (-> every participant armed, committed), *to switch* (-> the upstreams reached the
+  switch pulse, ``--margin`` ahead), *alignment* (-> the origins processed what was routed to them before
+  the switch and cut), *transfer* (-> every cut reached the targets), *release wait* (-> the targets reached
+  the release pulse, when the cut was there first), *load* (-> the targets loaded it), *catch-up* (-> they
+  processed the records they held) and *acks* (-> the driver learnt it all).  Beside them, per step *held*
+  (switch -> caught up: how long the moved keys' records waited; per run its largest, ``held_max_s``) and
+  *blocked* (how long a target waited at the release pulse for its state; per run summed).  Per run also
+  *between steps* (what of the job's time no step covers: placing each step's pulses, a byte cap's
+  measurement) and, in KaZoo mode, *window open* (request -> every source replica holds its records and
+  the window's pulses start) and *window close* (the last step completed -> the window's last pulse
+  counted in the log), from the driver's events (stamped when its heartbeats bring them, about 200 ms
+  resolution); in LiveRobin they are empty (its pulses always run);
+* state entries moved (the driver's count of the origins' cuts, checked against the state model) and
+  bytes moved: *model* (``bytes_moved``: key + value bytes of the moved keys' state in the job's state
+  model at the request, the layout of :mod:`rhino_state.state`), *measured* (``bytes_measured``:
+  ``JobHandle.state_bytes_per_vnode``, every partition's RocksDB entries per vnode, key + value, asked for
+  just before each handover request and summed over the vnodes it moved; the smallest and largest moved
+  vnode and the whole task's state too), against the state size per vnode; and what the runtime counted:
+  *cut* (``bytes_cut``: key + value bytes the origins cut, one replica of each), *shipped*
+  (``bytes_shipped``: what one replica of each origin sent over the network to target replicas: a target
+  replica on its worker gets the cut in process; with Rhino off every other one the whole cut; with Rhino
+  on none on the other origin replica's worker, one on a worker of the origin's replica group only the
+  changes since the origin's last checkpoint, rebuilding the cut from its local copy of that checkpoint,
+  any other the whole cut) and *from store* (``bytes_from_store``: what the targets read from their local
+  checkpoint copies instead); with a byte cap, the bytes the driver planned
+  (``bytes_planned``).  Per step in ``handover_steps.csv`` too.  The measurement is not part of the
   handover: *before* ends where it starts;
 * Rhino on: checkpoints compared between the two replicas of each partition and divergences (any fails
   the run);
@@ -81,7 +92,8 @@ Measured, per handover job:
 
 A run that fails (the handover or the job) is a row with its error, never dropped.  Writes
 ``handover.csv``, ``handover_steps.csv``, ``handover_timeline.csv``, ``restart.csv``, ``handover.png``
-and ``machine.txt``.
+and ``machine.txt``.  (:func:`step_phases` reads coarser phases from the driver's events for
+``bench/restart.py``'s live rescale.)
 """
 
 from __future__ import annotations
@@ -123,10 +135,8 @@ MS = 1000.0
 MB = 1_000_000
 TASK, SOURCE, SINK = "chain", "source", "chain-sink"
 STRATEGIES = ("all", "batched", "fluid")  # and batched:N[:BYTES] (strategy_of)
-RHINO = "+rhino"  # a mode's suffix: Rhino checkpoints on (LiveRobin only)
-MODES = ("liverobin", "liverobin" + RHINO, "kazoo")
-REFUSED_MODES = {"kazoo" + RHINO: "handovers with Rhino on are refused in KaZoo mode (its checkpoints are "
-                 "taken at order numbers, not pulses: docs/handover.md, 'Rhino on'); use liverobin+rhino"}
+RHINO = "+rhino"  # a mode's suffix: Rhino checkpoints on
+MODES = ("liverobin", "liverobin" + RHINO, "kazoo", "kazoo" + RHINO)
 OPERATIONS = ("move", "rescale")
 RESCALE_UP, RESCALE_DOWN = "rescale 2->3", "rescale 3->2"  # the rows of a rescale run
 ERROR_CHARS = 300  # an error in a row: at most this many characters (bench.common.one_line)
@@ -308,7 +318,78 @@ def verify(outputs: list[dict], event_ids: Iterable[str], entries: int, failure:
     return Verdict(verify_chains(outputs, event_ids), wrong_pad_reads(outputs, entries), failure)
 
 
+# ------------------------------------------------------------------------------------------ phases
+STEP_PHASES = ("trigger", "to_switch", "alignment", "transfer", "release_wait", "load", "catch_up", "acks")
+PHASE_COLUMNS = ("window_open_s", *(f"{p}_s" for p in STEP_PHASES), "between_steps_s", "window_close_s",
+                 "held_max_s", "blocked_s")
+
+
+def _total(values: Iterable[float | None]) -> float | str:
+    """The sum of ``values``: "" when one is unknown (None) or there is none."""
+    known = list(values)
+    return "" if not known or None in known else sum(known)  # type: ignore[arg-type]
+
+
+def _blank(value: float | None) -> float | str:
+    return "" if value is None else value
+
+
+def step_span(step: dict[str, Any]) -> float | None:
+    """A step of a handover report from its instruction to the driver learning of its completion (what
+    its ``phases`` add up to), in seconds; None when it did not complete."""
+    completed = step["timeline"].get("completed")
+    return completed - step["instructed_at"] if completed is not None else None
+
+
+def run_phases(steps: Sequence[dict[str, Any]], total_s: float,
+               window: tuple[float | str, float | str] | None = None) -> dict[str, float | str]:
+    """A run's :data:`PHASE_COLUMNS`: each of :data:`STEP_PHASES` summed over the report's ``steps`` (their
+    ``phases``, from the participants' acks), the largest ``held`` and the summed ``blocked``;
+    *between steps*: what of ``total_s`` (the whole job) no step (instruction -> completion) nor the pulse
+    window's opening and closing covers.  ``window`` (KaZoo mode): the seconds from the request to the
+    window open and from the last step's completion to the window closed (:func:`window_spans`); ``None``
+    (LiveRobin: its pulses run all the time): both empty.  Each "" where a value it needs is unknown."""
+    spans = _total(step_span(s) for s in steps)
+    opening, closing = window if window is not None else ("", "")
+    between = (max(0.0, total_s - spans - (opening or 0.0) - (closing or 0.0))  # type: ignore[operator]
+               if spans != "" and (window is None or "" not in window) else "")
+    held = [s["phases"]["held"] for s in steps]
+    return {"window_open_s": opening, **{f"{p}_s": _total(s["phases"][p] for s in steps) for p in STEP_PHASES},
+            "between_steps_s": between, "window_close_s": closing,
+            "held_max_s": "" if not held or None in held else max(held),
+            "blocked_s": _total(s["phases"]["blocked"] for s in steps)}
+
+
+_WINDOW_OPEN = re.compile(r"^pulse window (\d+) open: ")
+_WINDOW_CLOSED = re.compile(r"^pulse window (\d+)(?: closed at pulse |: its last pulse was not written)")
+
+
+def window_marks(events: Iterable[tuple[float, str]], requested: float) -> tuple[float | None, float | None]:
+    """KaZoo: the wall time the handover job's pulse window opened (the first window opened at or after
+    ``requested``, the wall clock just before the request) and closed (None: no such event)."""
+    opened = window = closed = None
+    for at, text in events:
+        if window is None and at >= requested and (m := _WINDOW_OPEN.match(text)):
+            opened, window = at, m.group(1)
+        elif window is not None and (m := _WINDOW_CLOSED.match(text)) and m.group(1) == window:
+            closed = at
+            break
+    return opened, closed
+
+
+def window_spans(events: Iterable[tuple[float, str]], requested: float,
+                 steps: Sequence[dict[str, Any]]) -> tuple[float | str, float | str]:
+    """(request -> window open, the last of ``steps`` completed -> window closed) in seconds, "" where
+    unknown."""
+    opened, closed = window_marks(events, requested)
+    last = steps[-1]["timeline"].get("completed") if steps else None
+    return (opened - requested if opened is not None else "",
+            closed - last if closed is not None and last is not None else "")
+
+
 # ------------------------------------------------------------------------------------------ phases from events
+# bench/restart.py's live rescale splits its time by these (trigger, alignment, transfer + catch-up), read
+# from the driver's events at about 200 ms resolution; the handover runs above use the participants' acks.
 _COMMITTED = re.compile(r"^handover (\d+) of .+?: every participant armed; committed")
 _CUT = re.compile(r"^handover (\d+) of .+?: the origins cut (\d+) state entries")
 _COMPLETED = re.compile(r"^handover (\d+) of .+? completed: ")
@@ -367,9 +448,9 @@ class StepPhases:
 
 
 def step_phases(steps: Sequence[dict], events: Iterable[tuple[float, str]]) -> list[StepPhases]:
-    """The phases of every step of a ``move_vnodes`` report.  A step's start is its completion event's
-    time minus the step's ``seconds`` (the report measures from just before the instruction to just
-    after the completion; the driver logs no event at the instruction)."""
+    """The phases of every step of a handover report from the driver's events.  A step's start is its
+    completion event's time minus the step's ``seconds`` (the report measures from just before the
+    instruction to just after the completion)."""
     marks = handover_marks(events)
     out = []
     for s in steps:
@@ -381,50 +462,15 @@ def step_phases(steps: Sequence[dict], events: Iterable[tuple[float, str]]) -> l
     return out
 
 
-PHASE_COLUMNS = ("window_open_s", "trigger_s", "alignment_s", "transfer_catchup_s", "between_steps_s",
-                 "window_close_s")
-_WINDOW_OPEN = re.compile(r"^pulse window (\d+) open: ")
-_WINDOW_CLOSED = re.compile(r"^pulse window (\d+)(?: closed at pulse |: its last pulse was not written)")
-
-
-def window_marks(events: Iterable[tuple[float, str]], requested: float) -> tuple[float | None, float | None]:
-    """KaZoo: the wall time the handover job's pulse window opened (the first window opened at or after
-    ``requested``, the wall clock just before the request) and closed (None: no such event)."""
-    opened = window = closed = None
-    for at, text in events:
-        if window is None and at >= requested and (m := _WINDOW_OPEN.match(text)):
-            opened, window = at, m.group(1)
-        elif window is not None and (m := _WINDOW_CLOSED.match(text)) and m.group(1) == window:
-            closed = at
-            break
-    return opened, closed
-
-
-def phase_columns(phases: Sequence[StepPhases], total_s: float,
-                  window: tuple[float | str, float | str] | None = None) -> dict[str, float | str]:
-    """A run's phases summed over its steps; *between steps* is what of ``total_s`` (the whole job) no
-    step nor the pulse window's opening and closing covers.  ``window`` (KaZoo mode): the seconds from the
-    request to the window open (every source replica holds its records) and from the last step's
-    completion to the window closed (its last pulse counted in the log); ``None`` (LiveRobin: its pulses
-    run all the time, there is no window): both empty.  All empty when a step or the window lacks an event
-    (cancelled, or the job failed)."""
+def phase_columns(phases: Sequence[StepPhases], total_s: float) -> dict[str, float | str]:
+    """Event-derived phases summed over the steps (trigger, alignment, transfer + catch-up) and *between
+    steps*, what of ``total_s`` no step covers; all empty when a step lacks an event."""
     spans = [(p.trigger_s, p.alignment_s, p.transfer_s, p.total_s) for p in phases]
-    if not spans or any("" in s for s in spans) or (window is not None and "" in window):
-        return dict.fromkeys(PHASE_COLUMNS, "")
+    if not spans or any("" in s for s in spans):
+        return dict.fromkeys(("trigger_s", "alignment_s", "transfer_catchup_s", "between_steps_s"), "")
     trig, align, transfer, steps = (sum(col) for col in zip(*spans, strict=True))
-    opening, closing = window if window is not None else ("", "")
-    return {"window_open_s": opening, "trigger_s": trig, "alignment_s": align, "transfer_catchup_s": transfer,
-            "between_steps_s": max(0.0, total_s - steps - (opening or 0.0) - (closing or 0.0)),
-            "window_close_s": closing}
-
-
-def window_spans(events: Iterable[tuple[float, str]], requested: float,
-                 phases: Sequence[StepPhases]) -> tuple[float | str, float | str]:
-    """(request -> window open, last step completed -> window closed) in seconds, "" where unknown."""
-    opened, closed = window_marks(events, requested)
-    last = phases[-1].completed if phases else None
-    return (opened - requested if opened is not None else "",
-            closed - last if closed is not None and last is not None else "")
+    return {"trigger_s": trig, "alignment_s": align, "transfer_catchup_s": transfer,
+            "between_steps_s": max(0.0, total_s - steps)}
 
 
 # ------------------------------------------------------------------------------------------ latency
@@ -494,13 +540,17 @@ def latency_columns(obs: Sequence[Obs], requested: float, ended: float, load: tu
 
 
 # ------------------------------------------------------------------------------------------ CSV rows
+# the runtime's byte counts per run, summed over the steps' (STEP_BYTES): cut, sent over the network, read
+# from the targets' local checkpoint copies
+BYTES_COLUMNS = ("bytes_cut", "bytes_shipped", "bytes_from_store")
+STEP_BYTES = ("bytes_moved", "bytes_shipped", "bytes_from_store")
 MEASURED_COLUMNS = ("bytes_measured", "measured_vs_model", "moved_vnode_bytes_min", "moved_vnode_bytes_max",
                     "state_bytes_measured", "measured_bytes_per_vnode")
 RUN_COLUMNS = ("mode", "rhino", "operation", "size", "strategy", "state_bytes", "vnodes", "bytes_per_vnode",
                "keys", "pad_entries", "value_bytes", "vnodes_moved", "steps", "state", "error", "exact", "outcome",
                "on_target", "produced", "records", "checkpoints", "divergences", "divergence",
                "handover_s", *PHASE_COLUMNS, "max_step_s", "entries_moved", "entries_model", "entries_match",
-               "bytes_moved", *MEASURED_COLUMNS, "measure_s", "bytes_planned", "max_step_bytes_planned",
+               "bytes_moved", *BYTES_COLUMNS, *MEASURED_COLUMNS, "measure_s", "bytes_planned", "max_step_bytes_planned",
                "p99_before_ms", "max_before_ms", "moved_p99_before_ms", "moved_max_before_ms",
                "p99_during_ms", "max_during_ms", "moved_p99_during_ms", "moved_max_during_ms", "p99_after_ms",
                "max_after_ms", "moved_p99_after_ms", "moved_max_after_ms", "worst_second_p99_ms")
@@ -519,23 +569,26 @@ def measured_columns(sizes: Sequence[int] | None, vnodes: Sequence[int], model_b
             "state_bytes_measured": sum(sizes), "measured_bytes_per_vnode": sum(sizes) / len(sizes)}
 
 
-def run_row(labels: dict[str, Any], report: dict[str, Any] | None, phases: Sequence[StepPhases],
-            moved: tuple[int, int], verdict: Verdict | None, latency: dict[str, Any],
-            extra: dict[str, Any], window: tuple[float | str, float | str] | None = None) -> dict[str, Any]:
+def run_row(labels: dict[str, Any], report: dict[str, Any] | None, moved: tuple[int, int],
+            verdict: Verdict | None, latency: dict[str, Any], extra: dict[str, Any],
+            window: tuple[float | str, float | str] | None = None) -> dict[str, Any]:
     """One handover.csv row (every :data:`RUN_COLUMNS`, empty where a failed run has nothing).
     ``moved``: (entries, bytes) of the moved keys in the state model; ``extra``: the other columns;
-    ``window``: KaZoo's pulse window spans (:func:`phase_columns`)."""
+    ``window``: KaZoo's pulse window spans (:func:`run_phases`)."""
     row: dict[str, Any] = dict.fromkeys(RUN_COLUMNS, "")
     row.update(labels)
     row.update(extra)
     if report is not None:
+        steps = report["steps"]
         measured = report["entries_moved"]
-        row.update({"steps": len(report["steps"]), "state": report["state"], "handover_s": report["seconds"],
-                    **phase_columns(phases, report["seconds"], window),
-                    "max_step_s": max((s["seconds"] for s in report["steps"]), default=""),
+        row.update({"steps": len(steps), "state": report["state"], "handover_s": report["seconds"],
+                    **run_phases(steps, report["seconds"], window),
+                    "max_step_s": max((s["seconds"] for s in steps), default=""),
                     "entries_moved": measured, "entries_model": moved[0],
-                    "entries_match": "yes" if measured == moved[0] else "no", "bytes_moved": moved[1]})
-        planned = [s["bytes_planned"] for s in report["steps"] if s.get("bytes_planned") is not None]
+                    "entries_match": "yes" if measured == moved[0] else "no", "bytes_moved": moved[1],
+                    **{col: sum(s[key] for s in steps)
+                       for col, key in zip(BYTES_COLUMNS, STEP_BYTES, strict=True)}})
+        planned = [s["bytes_planned"] for s in steps if s.get("bytes_planned") is not None]
         if planned:  # a byte cap: the driver's plan, from the state it measured per vnode
             row.update({"bytes_planned": sum(planned), "max_step_bytes_planned": max(planned)})
     if verdict is not None:
@@ -545,21 +598,25 @@ def run_row(labels: dict[str, Any], report: dict[str, Any] | None, phases: Seque
     return row
 
 
-def step_rows(labels: dict[str, Any], steps: Sequence[dict], phases: Sequence[StepPhases],
-              period_ms: int, measured: Sequence[int] | None = None) -> list[dict[str, Any]]:
-    """handover_steps.csv rows: one per step, its pulses, the margins they plan (pulses x ``period_ms``:
-    request -> switch, switch -> release), its phases, the bytes a byte cap planned for it and the bytes
-    its vnodes held as ``measured`` (per vnode) just before the handover job."""
-    return [{**labels, "step": i + 1, "handover_id": p.handover_id, "vnodes": p.vnodes,
+def step_rows(labels: dict[str, Any], steps: Sequence[dict], period_ms: int,
+              measured: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """handover_steps.csv rows: one per step of a handover report, its pulses, the switch margin they
+    plan (pulses x ``period_ms``) and the release margin, its phases (:data:`STEP_PHASES`, *held*,
+    *blocked*; instruction -> completion as ``total_s``), its bytes cut (``bytes_moved``), sent and read
+    from local checkpoint copies, those a byte cap planned and those its vnodes held as ``measured``
+    (per vnode) just before the handover job."""
+    return [{**labels, "step": i + 1, "handover_id": s["handover_id"], "vnodes": len(s["vnodes"]),
              "origins": " ".join(map(str, s.get("origins", ()))), "targets": " ".join(map(str, s.get("targets", ()))),
-             "state": s["state"], "switch_at": s["switch_at"], "release_at": s["release_at"], "pulse_at_request": s["pulse_at_request"],
+             "state": s["state"], "switch_at": s["switch_at"], "release_at": s["release_at"],
+             "pulse_at_request": s["pulse_at_request"],
              "planned_switch_s": (s["switch_at"] - s["pulse_at_request"]) * period_ms / MS,
-             "planned_release_s": (s["release_at"] - s["switch_at"]) * period_ms / MS, "trigger_s": p.trigger_s,
-             "alignment_s": p.alignment_s, "transfer_catchup_s": p.transfer_s,
-             "total_s": p.total_s, "seconds": s["seconds"], "entries_moved": p.entries,
+             "release_s": s["release_s"],
+             **{f"{p}_s": _blank(s["phases"][p]) for p in (*STEP_PHASES, "held", "blocked")},
+             "total_s": _blank(step_span(s)), "seconds": s["seconds"], "entries_moved": s["entries_moved"],
+             **{key: s[key] for key in STEP_BYTES},
              "bytes_planned": s.get("bytes_planned") if s.get("bytes_planned") is not None else "",
              "bytes_measured": sum(measured[v] for v in s["vnodes"]) if measured else ""}
-            for i, (s, p) in enumerate(zip(steps, phases, strict=True))]
+            for i, s in enumerate(steps)]
 
 
 # ------------------------------------------------------------------------------------------ load
@@ -645,37 +702,60 @@ def rhino_on(mode: str) -> bool:
     return mode.endswith(RHINO)
 
 
-def rhino_label(mode: str, checkpoint_every: int) -> str:
-    """The ``rhino`` column: ``off``, or how often the replicas checkpoint."""
-    return f"every {checkpoint_every} pulses" if rhino_on(mode) else "off"
-
-
 def base_mode(mode: str) -> str:
     """The replication mode of a bench mode: ``liverobin+rhino`` -> ``liverobin``."""
     return mode.removesuffix(RHINO)
 
 
+@dataclass(frozen=True)
+class Checkpointing:
+    """How often the replicas checkpoint with Rhino on: in LiveRobin every ``pulses`` pulses; in KaZoo
+    every ``orders`` order records (partitions with several inputs) or ``elements`` records read or
+    consumed (sources, tasks with one input)."""
+
+    pulses: int = 20
+    orders: int = 50
+    elements: int = 200
+
+    def conf(self, mode: str) -> dict[str, str]:
+        """The Rhino keys of bench mode ``mode`` (Rhino on: one holder per replica group)."""
+        if not rhino_on(mode):
+            return {"spark.replication.rhino.enabled": "false"}
+        kazoo = base_mode(mode) == "kazoo"
+        conf = {"spark.replication.rhino.enabled": "true", "spark.replication.rhino.replicas": "1",
+                "spark.replication.rhino.checkpointEvery": str(self.orders if kazoo else self.pulses)}
+        if kazoo:
+            conf["spark.replication.rhino.checkpointElements"] = str(self.elements)
+        return conf
+
+    def label(self, mode: str) -> str:
+        """The ``rhino`` column: ``off``, or how often the replicas checkpoint."""
+        if not rhino_on(mode):
+            return "off"
+        if base_mode(mode) == "kazoo":
+            return f"every {self.orders} orders / {self.elements} records"
+        return f"every {self.pulses} pulses"
+
+
 def job_conf(bootstrap: str, period_ms: int, mode: str = "liverobin", zookeeper: str | None = None,
-             checkpoint_every: int = 20) -> dict[str, str]:
+             checkpoints: Checkpointing = Checkpointing()) -> dict[str, str]:
     """The job's configuration in ``mode``: LiveRobin with ``period_ms`` pulses, or KaZoo (ZooKeeper at
-    ``zookeeper``), whose handovers open pulse windows of ``period_ms`` pulses; Rhino off, or on for
-    ``liverobin+rhino`` (a checkpoint every ``checkpoint_every`` pulses, one holder per replica group)."""
-    if mode in REFUSED_MODES:
-        raise ValueError(f"mode {mode}: {REFUSED_MODES[mode]}")
-    rhino = rhino_on(mode)
-    mode = base_mode(mode)
+    ``zookeeper``), whose handovers open pulse windows of ``period_ms`` pulses; Rhino off, or on for a
+    ``+rhino`` mode (``checkpoints``)."""
     conf = {"spark.replication.kafka.bootstrapServers": bootstrap, "spark.replication.enabled": "true",
-            "spark.replication.mode": mode, "spark.replication.liverobin.heartbeatPeriod": f"{period_ms}ms",
-            "spark.replication.rhino.enabled": "true" if rhino else "false"}
-    if rhino:
-        conf.update({"spark.replication.rhino.checkpointEvery": str(checkpoint_every),
-                     "spark.replication.rhino.replicas": "1"})
-    if mode == "kazoo":
+            "spark.replication.mode": base_mode(mode),
+            "spark.replication.liverobin.heartbeatPeriod": f"{period_ms}ms", **checkpoints.conf(mode)}
+    if base_mode(mode) == "kazoo":
         if not zookeeper:
             raise ValueError("KaZoo mode needs ZooKeeper's address")
         conf.update({"spark.replication.zookeeper.connect": zookeeper,
                      "spark.replication.kazoo.sessionTimeout": "1s"})
     return conf
+
+
+def checkpointing(args: argparse.Namespace) -> Checkpointing:
+    """The Rhino checkpoint intervals the flags ask for."""
+    return Checkpointing(args.checkpoint_every, args.kazoo_checkpoint_every, args.checkpoint_elements)
 
 
 def state_model(size: int, args: argparse.Namespace, conf: dict[str, str]) -> StateModel:
@@ -763,12 +843,12 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     from replication.workload import sample_of
 
     args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
-    conf = job_conf(bootstrap, args.period, spec.mode, getattr(ctx.stack, "zookeeper_connect", None),
-                    args.checkpoint_every)
+    checkpoints = checkpointing(args)
+    conf = job_conf(bootstrap, args.period, spec.mode, getattr(ctx.stack, "zookeeper_connect", None), checkpoints)
     model = state_model(spec.size, args, conf)
     label = strategy_label(spec.strategy, args.batch)
     base = {"mode": spec.mode, "size": f"{spec.size / MB:g}MB", "strategy": label}
-    extra: dict[str, Any] = {"rhino": rhino_label(spec.mode, args.checkpoint_every),
+    extra: dict[str, Any] = {"rhino": checkpoints.label(spec.mode),
                              "state_bytes": model.total_bytes,
                              "vnodes": model.num_vnodes,
                              "bytes_per_vnode": model.bytes_per_vnode, "keys": len(model.keys),
@@ -875,8 +955,8 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         vnodes = op.moved_vnodes()
         moved_keys = set(model.keys_in(vnodes))
         obs = [Obs(o["ts"] / MS, sink, o["key"] in moved_keys) for sink, o in zip(sinks, outputs, strict=True)]
-        phases = step_phases(op.report["steps"], events) if op.report is not None else []
-        window = window_spans(events, op.requested, phases) if spec.mode == "kazoo" else None
+        steps = op.report["steps"] if op.report is not None else []
+        window = window_spans(events, op.requested, steps) if base_mode(spec.mode) == "kazoo" else None
         # before: from the load's start (after the warm-up) or the previous handover's end to the bench's
         # state measurement (not part of the handover); after: to the next measurement or the load's end
         since = ops[i - 1].ended if i else feeder.started_at
@@ -888,7 +968,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         # the moved keys' state at the cut: each saw about the events produced before the request
         counts = {k: sum(1 for o in outputs if o["key"] == k and o["ts"] / MS < op.requested) for k in moved_keys}
         moved_model = model.state(moved_keys, counts)
-        row = run_row(labels, op.report, phases, moved_model, verdict, latency,
+        row = run_row(labels, op.report, moved_model, verdict, latency,
                       {**extra, **checkpoints, **measured_columns(op.measured, vnodes, moved_model[1]),
                        "vnodes_moved": len(vnodes),
                        "measure_s": op.requested - op.measured_at if op.measured_at else "",
@@ -897,8 +977,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         lo, hi = op.requested - args.before, op.ended + args.after
         timeline = timeline_rows([o for o in obs if lo <= o.produced < hi], op.requested, labels) \
             if op.requested else []
-        steps = step_rows(labels, op.report["steps"], phases, args.period, op.measured) if op.report else []
-        results.append(RunResult(row, steps, timeline))
+        results.append(RunResult(row, step_rows(labels, steps, args.period, op.measured), timeline))
     return results
 
 
@@ -983,20 +1062,9 @@ def _strategies(text: str, flag: str) -> list[str]:
     return names
 
 
-def _modes(text: str, flag: str) -> list[str]:
-    """A comma-separated list of modes out of :data:`MODES`; a refused one (``kazoo+rhino``) says why."""
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    if refused := [s for s in names if s in REFUSED_MODES]:
-        raise argparse.ArgumentTypeError(f"{flag}: {refused[0]}: {REFUSED_MODES[refused[0]]}")
-    return _names(text, MODES, flag)
-
-
 def with_rhino(spec: RunSpec) -> RunSpec:
-    """``--rhino``: the run with Rhino on (ArgumentTypeError for a KaZoo run: refused)."""
-    mode = spec.mode if rhino_on(spec.mode) else spec.mode + RHINO
-    if mode in REFUSED_MODES:
-        raise argparse.ArgumentTypeError(f"--rhino with mode {spec.mode}: {REFUSED_MODES[mode]}")
-    return RunSpec(spec.operation, mode, spec.size, spec.strategy)
+    """``--rhino``: the run with Rhino on."""
+    return RunSpec(spec.operation, spec.mode if rhino_on(spec.mode) else spec.mode + RHINO, spec.size, spec.strategy)
 
 
 def _sizes(text: str) -> list[int]:
@@ -1028,7 +1096,7 @@ def parse_group(text: str, args: argparse.Namespace) -> list[RunSpec]:
                                              "=a,b")
         key = GROUP_KEYS[key]
         chosen[key] = (_sizes(value) if key == "sizes" else
-                       _modes(value, "--also modes") if key == "modes" else
+                       _names(value, MODES, "--also modes") if key == "modes" else
                        _strategies(value, "--also strategies") if key == "strategies" else
                        _names(value, OPERATIONS, f"--also {key}"))
     return run_specs(chosen["operations"], chosen["modes"], chosen["sizes"], chosen["strategies"])
@@ -1053,12 +1121,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "the driver measures per vnode first; BYTES as --sizes, e.g. batched:32:660KB)")
     ap.add_argument("--modes", default="liverobin",
                     help=f"replication modes, comma-separated, of: {', '.join(MODES)} (KaZoo: each handover job "
-                    "opens a pulse window; liverobin+rhino: LiveRobin with Rhino checkpoints on)")
+                    "opens a pulse window; +rhino: with Rhino checkpoints on)")
     ap.add_argument("--rhino", action="store_true",
-                    help="every run with Rhino checkpoints on (its mode becomes liverobin+rhino; LiveRobin only: "
-                    "KaZoo with Rhino is refused)")
+                    help="every run with Rhino checkpoints on (its mode gets +rhino)")
     ap.add_argument("--checkpoint-every", type=int, default=20,
-                    help="with Rhino on: spark.replication.rhino.checkpointEvery (pulses; 20 at 10 ms: 5 a second)")
+                    help="LiveRobin with Rhino on: spark.replication.rhino.checkpointEvery (pulses; 20 at 10 ms: "
+                    "5 a second)")
+    ap.add_argument("--kazoo-checkpoint-every", type=int, default=50,
+                    help="KaZoo with Rhino on: spark.replication.rhino.checkpointEvery (order records)")
+    ap.add_argument("--checkpoint-elements", type=int, default=200,
+                    help="KaZoo with Rhino on: spark.replication.rhino.checkpointElements (records read or "
+                    "consumed, by sources and tasks with one input)")
     ap.add_argument("--operations", "--operation", dest="operations", default="move",
                     help="handover operations, comma-separated: move (vnodes of partition 0 to 1), rescale (the "
                     "task built with max_parallelism=3, parallelism=2: rescale to 3, then back to 2)")
@@ -1086,7 +1159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         args.sizes = _sizes(args.sizes)
         args.strategies = _strategies(args.strategies, "--strategies")
-        args.modes = _modes(args.modes, "--modes")
+        args.modes = _names(args.modes, MODES, "--modes")
         args.operations = _names(args.operations, OPERATIONS, "--operations")
         specs = run_specs(args.operations, args.modes, args.sizes, args.strategies)
         for group in args.also:
@@ -1096,7 +1169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except argparse.ArgumentTypeError as err:
         ap.error(str(err))
     args.runs = list(dict.fromkeys(specs))  # in order, each once
-    for flag in ("batch", "keys_per_vnode", "value_bytes", "period", "checkpoint_every"):
+    for flag in ("batch", "keys_per_vnode", "value_bytes", "period", "checkpoint_every", "kazoo_checkpoint_every",
+                 "checkpoint_elements"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.vnodes < 0:
@@ -1126,10 +1200,10 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
             done = handover_run(ctx, spec)
         except Exception as err:  # noqa: BLE001 - e.g. the job could not be planned: a row of its own
             ctx.status.done()
-            labels = {"mode": spec.mode, "rhino": rhino_label(spec.mode, ctx.args.checkpoint_every),
+            labels = {"mode": spec.mode, "rhino": checkpointing(ctx.args).label(spec.mode),
                       "operation": RESCALE_UP if spec.operation == "rescale" else "move",
                       "size": f"{spec.size / MB:g}MB", "strategy": strategy_label(spec.strategy, ctx.args.batch)}
-            done = [RunResult(run_row(labels, None, [], (0, 0), None, {},
+            done = [RunResult(run_row(labels, None, (0, 0), None, {},
                                       {"error": one_line(err, ERROR_CHARS), "exact": "no"}))]
         for r in done:
             res.runs.append(r.row)
@@ -1150,10 +1224,9 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
     return res
 
 
-SHOWN = ("mode", "operation", "size", "strategy", "state", "exact", "handover_s", "window_open_s", "trigger_s",
-         "alignment_s", "transfer_catchup_s", "between_steps_s", "window_close_s", "entries_moved", "bytes_moved",
-         "bytes_measured", "bytes_planned", "p99_before_ms", "p99_during_ms",
-         "max_during_ms", "moved_max_during_ms", "checkpoints", "divergences")
+SHOWN = ("mode", "operation", "size", "strategy", "state", "exact", "handover_s", *PHASE_COLUMNS, "entries_moved",
+         "bytes_moved", "bytes_measured", *BYTES_COLUMNS, "bytes_planned", "p99_before_ms", "p99_during_ms",
+         "max_during_ms", "worst_second_p99_ms", "moved_max_during_ms", "checkpoints", "divergences")
 
 
 def print_tables(res: Results) -> None:
@@ -1175,7 +1248,7 @@ def write_csvs(out: Path, res: Results) -> None:
     for name, rows in (("handover", res.runs), ("handover_steps", res.steps),
                        ("handover_timeline", res.timeline), ("restart", res.restart)):
         if rows:
-            write_csv(out / f"{name}.csv", rows)
+            write_csv(out / f"{name}.csv", rows, digits=3)  # phases to the ms
     write_machine(out)
 
 
@@ -1241,13 +1314,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ------------------------------------------------------------------------------------------ plot
-PHASE_COLORS = {"window_open_s": "#c4ad66", "trigger_s": "#4c72b0", "alignment_s": "#dd8452",
-                "transfer_catchup_s": "#55a868", "between_steps_s": "#8c8c8c", "window_close_s": "#da8bc3"}
-PHASE_NAMES = {"window_open_s": "KaZoo: pulse window opens", "trigger_s": "trigger (-> committed)",
-               "alignment_s": "alignment (-> cut)", "transfer_catchup_s": "transfer + catch-up (-> completed)",
-               "between_steps_s": "between steps", "window_close_s": "KaZoo: pulse window closes"}
-MODE_STYLE = {"liverobin": ("-", "o"), "liverobin" + RHINO: ("-.", "^"), "kazoo": ("--", "s")}
-MODE_SHORT = {"liverobin": "li", "liverobin" + RHINO: "li+rh", "kazoo": "ka"}
+# the phases that add up to a run's duration, stacked in this order: (colour, legend)
+STACKED_PHASES = {"window_open_s": ("#c4ad66", "KaZoo: pulse window opens"),
+                  "trigger_s": ("#4c72b0", "trigger (-> committed)"),
+                  "to_switch_s": ("#8fa8d8", "to switch (-> switch pulse)"),
+                  "alignment_s": ("#dd8452", "alignment (-> cut)"),
+                  "transfer_s": ("#55a868", "transfer (-> cut at the targets)"),
+                  "release_wait_s": ("#b5dfb0", "release wait (-> release pulse)"),
+                  "load_s": ("#8172b3", "load (-> loaded)"),
+                  "catch_up_s": ("#c44e52", "catch-up (-> held records processed)"),
+                  "acks_s": ("#937860", "acks (-> the driver knows)"),
+                  "between_steps_s": ("#8c8c8c", "between steps"),
+                  "window_close_s": ("#da8bc3", "KaZoo: pulse window closes")}
+MODE_STYLE = {"liverobin": ("-", "o"), "liverobin" + RHINO: ("-.", "^"), "kazoo": ("--", "s"),
+              "kazoo" + RHINO: (":", "D")}
+MODE_SHORT = {"liverobin": "li", "liverobin" + RHINO: "li+rh", "kazoo": "ka", "kazoo" + RHINO: "ka+rh"}
 
 
 def _mode(r: dict[str, Any]) -> str:
@@ -1260,20 +1341,25 @@ def _short(r: dict[str, Any]) -> str:
 
 def _plot_bytes(fig: Any, grid: Any, half: int, res: Results) -> None:
     """The bottom row: bytes moved per run, the model's against what the partitions measured per vnode
-    just before the handover (and a byte cap's plan); the measured bytes of every step."""
+    just before the handover (and a byte cap's plan), what the origins cut, sent over the network and the
+    targets read from their checkpoint copies; the measured bytes of every step."""
     ax = fig.add_subplot(grid[2, :half + half // 2])
     runs = [r for r in res.runs if r.get("bytes_moved") not in ("", None)]
     x = range(len(runs))
-    for k, (col, name, color) in enumerate((("bytes_moved", "model (moved keys' state)", "#4c72b0"),
-                                            ("bytes_measured", "measured (state_bytes_per_vnode, moved vnodes)",
-                                             "#55a868"),
-                                            ("bytes_planned", "planned by the byte cap", "#c44e52"))):
+    bars = (("bytes_moved", "model (moved keys' state)", "#4c72b0"),
+            ("bytes_measured", "measured (state_bytes_per_vnode, moved vnodes)", "#55a868"),
+            ("bytes_planned", "planned by the byte cap", "#c44e52"),
+            ("bytes_cut", "cut by the origins", "#8172b3"),
+            ("bytes_shipped", "sent over the network", "#dd8452"),
+            ("bytes_from_store", "read from the targets' checkpoint copies", "#c4ad66"))
+    width = 0.8 / len(bars)
+    for k, (col, name, color) in enumerate(bars):
         vals = [r.get(col) if r.get(col) not in ("", None) else 0.0 for r in runs]
         if any(vals):
-            ax.bar([i + (k - 1) * 0.27 for i in x], [v / 1000 for v in vals], width=0.27, color=color,
-                   label=name)
+            ax.bar([i + (k - (len(bars) - 1) / 2) * width for i in x], [v / 1000 for v in vals], width=width,
+                   color=color, label=name)
     ax.set_xticks(list(x), [_short(r) for r in runs], fontsize="x-small", rotation=40, ha="right")
-    ax.set(ylabel="KB", yscale="log", title="Bytes moved: the state model vs the state measured per vnode")
+    ax.set(ylabel="KB", yscale="log", title="Bytes moved: model, measured per vnode, cut, sent, read locally")
     ax.grid(alpha=.3, axis="y", which="both")
     ax.legend(fontsize="x-small")
 
@@ -1298,8 +1384,9 @@ def _plot_bytes(fig: Any, grid: Any, half: int, res: Results) -> None:
 
 def _plot(out: Path, res: Results) -> None:
     """``handover.png``: per-second p99 around the request per run, one panel per operation (the line
-    style tells the mode); the duration by phase (stacked) per run, with the restart floor; the
-    handover's duration against the state per vnode, per mode, operation and strategy."""
+    style tells the mode); the duration by phase (stacked) per run, with how long the moved keys'
+    records were held at most, and the restart floor; the handover's duration against the state per
+    vnode, per mode, operation and strategy; the bytes (:func:`_plot_bytes`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1325,7 +1412,8 @@ def _plot(out: Path, res: Results) -> None:
         ax.axvline(0, color="red", linestyle="--", linewidth=1)
         ax.set(xlabel="seconds since the request (event time; dotted: its end)",
                ylabel="per-second p99 producer→sink (ms)", yscale="log",
-               title=f"Latency around: {operation} (solid LR, dash-dot LR + Rhino, dashed KaZoo)")
+               title=f"Latency around: {operation} (solid LR, dash-dot LR + Rhino, dashed KaZoo, dotted KaZoo + "
+                     "Rhino)")
         ax.grid(alpha=.3, which="both")
         ax.legend(fontsize="x-small")
 
@@ -1333,10 +1421,14 @@ def _plot(out: Path, res: Results) -> None:
     ax = fig.add_subplot(grid[1, :half + half // 2])
     names = [_short(r) for r in res.runs]
     bottom = [0.0] * len(res.runs)
-    for col in PHASE_COLUMNS:
+    for col, (color, name) in STACKED_PHASES.items():
         vals = [r.get(col) if r.get(col) not in ("", None) else 0.0 for r in res.runs]
-        ax.bar(range(len(vals)), vals, bottom=bottom, color=PHASE_COLORS[col], label=PHASE_NAMES[col])
+        ax.bar(range(len(vals)), vals, bottom=bottom, color=color, label=name)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    held = [(i, r["held_max_s"]) for i, r in enumerate(res.runs) if r.get("held_max_s") not in ("", None)]
+    if held:
+        ax.plot([i for i, _ in held], [h for _, h in held], linestyle="", marker="_", markersize=16, color="black",
+                label="moved keys' records held (max of its steps)")
     for rs in res.restart:
         if rs["start_s"] != "":
             x = len(names)
@@ -1344,7 +1436,8 @@ def _plot(out: Path, res: Results) -> None:
             ax.bar(x, rs["start_s"], color="#c44e52", alpha=.6, label="start the job")
             ax.bar(x, rs["stop_s"], bottom=rs["start_s"], color="#8172b3", alpha=.6, label="stop the job")
     ax.set_xticks(range(len(names)), names, fontsize="x-small", rotation=40, ha="right")
-    ax.set(ylabel="seconds", title="Handover duration by phase (li: LiveRobin, li+rh: with Rhino, ka: KaZoo)")
+    ax.set(ylabel="seconds", title="Handover duration by phase, from the participants' acks (li: LiveRobin, "
+           "ka: KaZoo, +rh: with Rhino)")
     ax.grid(alpha=.3, axis="y")
     ax.legend(fontsize="x-small")
 

@@ -285,26 +285,41 @@ def nexmark_recovery_table(results: Path) -> list[str]:
 HANDOVER_STRATEGIES = {"all-at-once": "all at once"}
 
 
-HANDOVER_MODES = {"liverobin": "LiveRobin", "liverobin+rhino": "LiveRobin + Rhino", "kazoo": "KaZoo"}
+HANDOVER_MODES = {"liverobin": "LiveRobin", "liverobin+rhino": "LiveRobin + Rhino", "kazoo": "KaZoo",
+                  "kazoo+rhino": "KaZoo + Rhino"}
+
+
+def seconds_of(r: dict[str, str], *cols: str) -> str:
+    """The sum of a row's ``cols`` in seconds to the ms, ``-`` when one is unknown (or not in an older CSV)."""
+    try:
+        return f"{sum(float(r[c]) for c in cols):.3f}"
+    except (KeyError, ValueError):
+        return "-"
+
+
+def handover_labels(r: dict[str, str]) -> str:
+    """The first four cells of a handover row: mode, operation, state size, strategy (rows of a CSV from
+    before modes and operations are LiveRobin moves)."""
+    mode = r.get("mode") or "liverobin"
+    return (f"| {HANDOVER_MODES.get(mode, mode)} | {(r.get('operation') or 'move').replace('->', '→')} "
+            f"| {r['size']} | {HANDOVER_STRATEGIES.get(r['strategy'], r['strategy'])} ")
 
 
 def handover_table(results: Path) -> list[str]:
     """A markdown table of ``handover/handover.csv``: per mode (Rhino on too), operation, state size and
     strategy, the vnodes moved and the steps, the duration by phase (KaZoo's pulse window opening and closing
-    too), the entries and bytes moved (the state model's), latency before and during the handover,
-    exactness; then :func:`handover_bytes_table` (the bytes measured per vnode against the model).  Rows of
-    a CSV from before modes and operations are LiveRobin moves."""
+    too), how long the moved keys' records were held at most, latency before and during the handover (the
+    worst per-second p99 too), exactness; then :func:`handover_bytes_table`."""
     rows = read_csv(results / "handover" / "handover.csv")
     if not rows:
         return []
     lines = ["| mode | operation | state | strategy | vnodes / steps | total s | window open / close s | trigger s "
-             "| alignment s | transfer + catch-up s | entries / bytes moved (model) | p99 / max before ms "
-             "| p99 / max during ms | output |",
-             "|---|---|---|---|---|---:|---|---:|---:|---:|---:|---|---|---|"]
+             "| to switch + alignment s | transfer s | load + catch-up s | held (max) s | p99 / max before ms "
+             "| p99 / max during ms | worst 1 s p99 during ms | output |",
+             "|---|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---|---:|---|"]
     for r in rows:
-        mode = r.get("mode") or "liverobin"
         window = (f"{num(r.get('window_open_s'), '{:.2f}')} / {num(r.get('window_close_s'), '{:.2f}')}"
-                  if mode == "kazoo" else "-")
+                  if (r.get("mode") or "").startswith("kazoo") else "-")
         diverged = r.get("divergences") not in (None, "", "0")
         ok = (r["exact"] == "yes" and r.get("entries_match") == "yes" and r.get("on_target") == "yes"
               and not r.get("error") and not diverged)
@@ -313,14 +328,13 @@ def handover_table(results: Path) -> list[str]:
             "entries moved differ from the model" if r.get("entries_match") == "no" else "",
             "vnodes not on the target" if r.get("on_target") == "no" else "",
             f"{r.get('divergences')} checkpoints diverged" if diverged else "") if x)[:160]
-        lines.append(f"| {HANDOVER_MODES.get(mode, mode)} | {(r.get('operation') or 'move').replace('->', '→')} "
-                     f"| {r['size']} | {HANDOVER_STRATEGIES.get(r['strategy'], r['strategy'])} "
-                     f"| {r['vnodes_moved']} / {r['steps'] or '-'} | {num(r['handover_s'], '{:.2f}')} | {window} "
-                     f"| {num(r['trigger_s'], '{:.2f}')} | {num(r['alignment_s'], '{:.2f}')} "
-                     f"| {num(r['transfer_catchup_s'], '{:.2f}')} "
-                     f"| {num(r.get('entries_moved'))} / {num(r['bytes_moved'])} "
+        lines.append(f"{handover_labels(r)}| {r['vnodes_moved']} / {r['steps'] or '-'} "
+                     f"| {num(r['handover_s'], '{:.2f}')} | {window} | {seconds_of(r, 'trigger_s')} "
+                     f"| {seconds_of(r, 'to_switch_s', 'alignment_s')} | {seconds_of(r, 'transfer_s')} "
+                     f"| {seconds_of(r, 'load_s', 'catch_up_s')} | {seconds_of(r, 'held_max_s')} "
                      f"| {num(r['p99_before_ms'])} / {num(r['max_before_ms'])} "
-                     f"| {num(r['p99_during_ms'])} / {num(r['max_during_ms'])} | {output} |")
+                     f"| {num(r['p99_during_ms'])} / {num(r['max_during_ms'])} "
+                     f"| {num(r.get('worst_second_p99_ms'))} | {output} |")
     lines += handover_bytes_table(rows)
     for r in read_csv(results / "handover" / "restart.csv"):
         lines += ["", f"Restart floor (the alternative a handover avoids, as far as it is measured: {r['what']}): "
@@ -330,29 +344,30 @@ def handover_table(results: Path) -> list[str]:
 
 
 def handover_bytes_table(rows: list[dict[str, str]]) -> list[str]:
-    """Bytes moved vs vnode state size, for the rows whose state was measured per vnode just before the
-    handover: the state per vnode (model; measured, mean over every vnode of the task), the moved vnodes'
-    smallest and largest, the bytes moved (measured, model, their ratio) and, with a byte cap, what the
-    driver planned per step."""
-    measured = [r for r in rows if r.get("bytes_measured") not in (None, "")]
-    if not measured:
+    """Bytes moved vs vnode state size, for the rows with the runtime's byte counts or the state measured
+    per vnode: the state per vnode (model; measured, mean over every vnode of the task), the bytes moved
+    (model, measured, cut by the origins), sent over the network, read from the targets' local checkpoint
+    copies, and network ÷ cut."""
+    counted = [r for r in rows if r.get("bytes_cut") not in (None, "") or r.get("bytes_measured") not in (None, "")]
+    if not counted:
         return []
-    lines = ["", "Bytes moved vs vnode state size (*measured*: `state_bytes_per_vnode`, each partition's RocksDB "
-             "entries per vnode, key + value, read just before the handover; *model*: the job's state model at "
-             "the request):", "",
-             "| mode | operation | state | strategy | state per vnode: model / measured B | moved vnodes: "
-             "min / max B | vnodes / steps | bytes moved: measured / model | measured ÷ model "
-             "| cap: largest step planned B |",
+    lines = ["", "Bytes moved vs vnode state size (*model*: the job's state model at the request; *measured*: "
+             "`state_bytes_per_vnode`, each partition's RocksDB entries per vnode, key + value, read just before "
+             "the handover; *cut*: what the origins cut, one replica each; *network*: what one replica of each "
+             "origin sent to target replicas; *local copy*: what the targets read from their copy of the "
+             "origin's last checkpoint instead):", "",
+             "| mode | operation | state | strategy | state per vnode: model / measured B | vnodes / steps "
+             "| moved: model / measured / cut B | network B | local copy B | network ÷ cut |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    for r in measured:
-        mode = r.get("mode") or "liverobin"
-        lines.append(f"| {HANDOVER_MODES.get(mode, mode)} | {(r.get('operation') or 'move').replace('->', '→')} "
-                     f"| {r['size']} | {HANDOVER_STRATEGIES.get(r['strategy'], r['strategy'])} "
-                     f"| {num(r['bytes_per_vnode'])} / {num(r.get('measured_bytes_per_vnode'))} "
-                     f"| {num(r.get('moved_vnode_bytes_min'))} / {num(r.get('moved_vnode_bytes_max'))} "
+    for r in counted:
+        try:
+            share = f"{float(r['bytes_shipped']) / float(r['bytes_cut']):.3f}"
+        except (KeyError, ValueError, ZeroDivisionError):
+            share = "-"
+        lines.append(f"{handover_labels(r)}| {num(r['bytes_per_vnode'])} / {num(r.get('measured_bytes_per_vnode'))} "
                      f"| {r['vnodes_moved']} / {r['steps'] or '-'} "
-                     f"| {num(r['bytes_measured'])} / {num(r['bytes_moved'])} "
-                     f"| {num(r.get('measured_vs_model'), '{:.3f}')} | {num(r.get('max_step_bytes_planned'))} |")
+                     f"| {num(r['bytes_moved'])} / {num(r.get('bytes_measured'))} / {num(r.get('bytes_cut'))} "
+                     f"| {num(r.get('bytes_shipped'))} | {num(r.get('bytes_from_store'))} | {share} |")
     return lines
 
 
@@ -454,11 +469,21 @@ def not_measured(results: Path) -> str:
     handover = read_csv(results / "handover" / "handover.csv")
     if not handover:
         missing.append("the handover benchmark (moving vnodes under load)")
-    # what no step measures (see bench/README.md), whatever the results; rescale and KaZoo-mode handovers
-    # until the handover step has rows of them
-    untried = [what for what, there in (
-        ("rescale", any((r.get("operation") or "move").startswith("rescale") for r in handover)),
-        ("KaZoo-mode", any(r.get("mode") == "kazoo" for r in handover))) if not there]
+    # what no step measures (see bench/README.md), whatever the results; rescale, KaZoo-mode and Rhino-on
+    # handovers until the handover step has rows of them
+    def rescale(r: dict[str, str]) -> bool:
+        return (r.get("operation") or "move").startswith("rescale")
+
+    untried = [what for what, there in (("rescale", any(rescale(r) for r in handover)),
+                                        ("KaZoo-mode", any((r.get("mode") or "").startswith("kazoo") for r in handover)))
+               if not there]
+    rhino = [r for r in handover if (r.get("mode") or "").endswith("+rhino")]
+    rhino_untried = [what for what, there in (
+        ("in KaZoo mode", any(r["mode"].startswith("kazoo") for r in rhino)),
+        ("in LiveRobin mode", any(r["mode"].startswith("liverobin") for r in rhino)),
+        ("rescales", any(rescale(r) for r in rhino))) if not there]
+    largest = max((float(r["size"].removesuffix("MB")) for r in handover if r.get("size", "").endswith("MB")),
+                  default=20.0)
     beyond = ["the costs (CPU, bytes) of the recovery and handover runs and of Spark Structured Streaming's "
               "kill and recovery (the cost probe runs in ordering.py's latency and ramp runs and over sss.py's "
               "fault-free steady windows only)",
@@ -466,11 +491,9 @@ def not_measured(results: Path) -> str:
                "a handover's stop-restore-restart alternative (bench/restart.py measures it; the suite has no "
                "results of it yet), ")
               + (" and ".join(untried) + " handovers (tested, not benchmarked), " if untried else "")
-              + ("handovers with Rhino on other than LiveRobin moves (rescales and KaZoo mode; an executor killed "
-                 "during the handover is tested, not benchmarked), "
-                 if any(r.get("mode") == "liverobin+rhino" for r in handover) else
-                 "handovers with Rhino on (tested, not benchmarked), ")
-              + "and handovers of more than 20 MB",
+              + ("handovers with Rhino on: " + ", ".join([*rhino_untried, "an executor killed during the handover"])
+                 + " (tested, not benchmarked), " if rhino else "handovers with Rhino on (tested, not benchmarked), ")
+              + f"and handovers of more than {largest:g} MB",
               "recovery on the NEXMark-like query beyond 50 MB (the synthetic job's 100 MB and 1 GB runs are in "
               "bench/results/rhino/, outside the suite)"]
     asked = ("Issue 8 asks for more than this suite measures so far: " + "; ".join(missing) + "."
@@ -620,8 +643,8 @@ def render(results: Path, out: Path) -> str:
     if handover := handover_table(results):
         lines += ["## Handover", "",
                   "`bench/handover.py`: handovers of a keyed chain task under 200 events/s (10 ms pulses), a fresh "
-                  "job per mode, operation, size and strategy; Rhino off, except *LiveRobin + Rhino* (checkpoints "
-                  "every 20 pulses, one holder per replica group), "
+                  "job per mode, operation, size and strategy; Rhino off, except *+ Rhino* (one holder per replica "
+                  "group; LiveRobin checkpoints every 20 pulses, KaZoo every 50 order records or 200 records), "
                   "whose output check also requires that no checkpoint diverged between the replicas. *move*: "
                   "vnodes of partition 0 moved "
                   "to partition 1; *rescale*: the task built with `max_parallelism=3` on 2 partitions, rescaled to "
@@ -631,15 +654,20 @@ def render(results: Path, out: Path) -> str:
                   "its records; *close*: last step completed → the window's last pulse counted). Strategies: all "
                   "at once, batched (8 vnodes per step), batched with a byte cap (*batched 32 cap B*: at most 32 "
                   "vnodes and B bytes of state per step, planned by the driver from the state it measures per vnode "
-                  "first, a measurement that is part of the handover's time) or fluid (one per step). Phases "
-                  "from the driver's events (about 200 ms resolution): *trigger* → every replica armed, "
-                  "*alignment* → the origins cut at the switch pulse, *transfer + catch-up* → the targets loaded and released. Entries moved: the "
-                  "driver's count (checked against the state model of the moved keys); bytes moved: that model, and "
-                  "in the second table *measured* by "
-                  "the partitions per vnode (`state_bytes_per_vnode`, key + value of their RocksDB entries) just "
-                  "before the request, summed over the moved vnodes. "
-                  "Latency by event time (ms); *before* ends where that measurement starts; for 3→2 *before* is "
-                  "the time since 2→3 ended. Output: every event "
+                  "first, a measurement that is part of the handover's time) or fluid (one per step). Phases, "
+                  "summed over the steps, from the wall-clock times the participants put in their acks (ms "
+                  "resolution): *trigger* → every replica armed, *to switch* → the upstreams reached the switch "
+                  "pulse (the margin it was placed ahead), *alignment* → the origins processed what was routed to "
+                  "them before it and cut, *transfer* → every cut at its targets, *load* → loaded, *catch-up* → "
+                  "the records held since the switch processed; the release wait (cut there before the release "
+                  "pulse), the acks reaching the driver and the time between steps make up the rest of the total. "
+                  "*Held (max)*: switch → caught up, how long the moved keys' records waited, in the job's "
+                  "slowest step. The pulse window's opening and closing come from the driver's events (about "
+                  "200 ms resolution). Entries moved: the driver's count, checked against the state model of the "
+                  "moved keys. "
+                  "Latency by event time (ms); *before* ends where the bench's measurement of the state per vnode "
+                  "starts; for 3→2 *before* is the time since 2→3 ended; *worst 1 s p99 during*: the highest "
+                  "p99 of a second of the handover. Output: every event "
                   "once, every chain linked, every pad read right, the vnodes where the operation puts them "
                   "(rescale: balanced to within one).", "", *handover, ""]
     if restart := restart_table(results):

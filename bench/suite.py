@@ -29,12 +29,15 @@ on the terminal; each holds the machine for at most about 12 minutes, about 55 m
 * ``sss-throughput``: ``bench/sss.py --throughput-rates``: its throughput ramp by ``bench/ordering.py``'s
   criteria (20 s per rate, 100 ms trigger), with the costs of each rate (157 s).
 * ``handover``: ``bench/handover.py``: 32 vnodes moved in LiveRobin and KaZoo mode at 1 and 20 MB of
-  state, all at once and batched (8 per step); in LiveRobin with Rhino off and on (checkpoints every 20
-  pulses), all at once and batched with a byte cap of 660 KB (4 steps at 20 MB), the bytes moved measured
-  per vnode against the state model; fluid (one vnode per step) in LiveRobin at 20 MB only (32 steps,
-  about 47 s); the task rescaled 2 -> 3 -> 2 partitions within its max_parallelism in both modes, all at
-  once at both sizes and batched at 20 MB only (batched at 1 MB dropped when the Rhino and byte-cap rows
-  came in, to stay under 12 minutes); the restart floor (575 s; 565 s before the Rhino and byte-cap rows).
+  state, all at once and batched (8 per step); with Rhino on in both modes (LiveRobin: checkpoints every
+  20 pulses; KaZoo: every 50 order records or 200 records) all at once, in LiveRobin also batched with a
+  byte cap of 660 KB (4 steps at 20 MB), and all at once at 100 MB in LiveRobin; fluid (one vnode per
+  step) in LiveRobin at 20 MB only (32 steps, about 45 s); the task rescaled 2 -> 3 -> 2 partitions within
+  its max_parallelism in both modes, all at once at both sizes and batched at 20 MB only; the restart
+  floor.  Per run the phases of each step from the participants' acks, the bytes cut, sent over the
+  network and read from local checkpoint copies against the state model and the state measured per
+  vnode (22 runs, estimated at 10-11 minutes; the committed run, with LiveRobin Rhino-off byte-capped
+  moves instead of the KaZoo + Rhino and 100 MB ones, took 575 s).
 
 * ``restart``: ``bench/restart.py``: the task rescaled 2 -> 3 under load at 1 and 20 MB, live (a handover
   within ``max_parallelism``) and by draining into a savepoint and restarting at parallelism 3 (the
@@ -79,13 +82,17 @@ STEPS = {
     "sss-throughput": ["bench/sss.py", "--logic", "chain", "--throughput-rates", "200,400,800,1600,3200",
                        "--throughput-duration", "20", "--throughput-warm-up", "5", "--trigger-ms", "100",
                        "--drain-timeout", "120"],
-    # moves: all at once and batched in both modes; LiveRobin with Rhino off and on, all at once and with a
-    # byte cap (660 KB: 8 of the 78 KB vnodes of 20 MB, 4 steps; 1 MB in one); fluid (32 steps of about
-    # 1 s) once; rescales: all at once at both sizes, batched (11 steps each way) at 20 MB only, so that the
-    # step holds the machine for less than about 12 minutes
+    # moves: all at once and batched in both modes; with Rhino on (checkpoints every 20 pulses in LiveRobin,
+    # every 50 orders / 200 records in KaZoo) in both modes all at once, in LiveRobin also with a byte cap
+    # (660 KB: 8 of the 78 KB vnodes of 20 MB, 4 steps; 1 MB in one), and once at 100 MB in LiveRobin (a
+    # 34 s run on its own, 1.5 s of handover: about 35 s of the step); fluid (32 steps of about 1 s) once;
+    # rescales: all at once at both sizes, batched (11 steps each way) at 20 MB only. 22 runs: about 10-11
+    # minutes on 2 cores, so that the step holds the machine for less than about 12 minutes
     "handover": ["bench/handover.py", "--sizes", "1MB,20MB", "--vnodes", "32", "--batch", "8",
                  "--modes", "liverobin,kazoo", "--operations", "move", "--strategies", "all,batched",
-                 "--also", "operations=move modes=liverobin,liverobin+rhino strategies=all,batched:32:660KB",
+                 "--also", "operations=move modes=liverobin+rhino strategies=all,batched:32:660KB",
+                 "--also", "operations=move modes=kazoo+rhino strategies=all",
+                 "--also", "operations=move modes=liverobin+rhino sizes=100MB strategies=all",
                  "--also", "operations=move modes=liverobin sizes=20MB strategies=fluid",
                  "--also", "operations=rescale modes=liverobin,kazoo strategies=all",
                  "--also", "operations=rescale modes=liverobin,kazoo sizes=20MB strategies=batched"],

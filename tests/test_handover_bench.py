@@ -1,6 +1,7 @@
 """bench/handover.py without Spark: its job's state against the state model (a real RocksDB), the
-output check, the phases read from the driver's real event texts, per-second binning, the CSV rows
-and the plot (the real runs take minutes: see the module doc)."""
+output check, a step's phases and bytes as a real handover coordinator reports them from the
+participants' acks, KaZoo's pulse window and bench/restart.py's phases from the driver's real event
+texts, per-second binning, the CSV rows and the plot (the real runs take minutes: see the module doc)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
 from replication.functions import ProcessContext, RuntimeContext  # noqa: E402
-from replication.handovers import HandoverCoordinator  # noqa: E402
+from replication.handovers import HandoverCoordinator, step_phases  # noqa: E402
 from replication.plan import plan_job  # noqa: E402
 from rhino_state import RocksDBStateBackend, VnodeMove, cut_key_groups  # noqa: E402
 from rhino_state.state import StateContext  # noqa: E402
@@ -53,9 +54,9 @@ def test_the_command_parses_its_arguments():
             hb.parse_args(bad)
 
 
-def test_rhino_modes_and_byte_capped_strategies(capsys):
-    """liverobin+rhino (or --rhino) turns Rhino checkpoints on, KaZoo with Rhino is refused saying why;
-    batched:N:BYTES caps each step's state (decimal units, as --sizes)."""
+def test_rhino_modes_and_byte_capped_strategies():
+    """A +rhino mode (or --rhino) turns Rhino checkpoints on, in LiveRobin every N pulses, in KaZoo every N
+    order records or M records; batched:N:BYTES caps each step's state (decimal units, as --sizes)."""
     args = hb.parse_args(["--sizes", "1MB", "--modes", "liverobin,liverobin+rhino",
                           "--strategies", "all,batched:32:660KB,batched:4"])
     assert [(r.mode, r.strategy) for r in args.runs] == [
@@ -66,19 +67,28 @@ def test_rhino_modes_and_byte_capped_strategies(capsys):
     assert hb.strategy_label("batched:32:2.5MB", 8) == "batched 32 cap 2.5MB"
     assert hb.strategy_label("batched", 8) == "batched 8"
     assert hb.max_steps("batched:32:660KB", 32, 8) == 32 and hb.max_steps("batched:4", 32, 8) == 8
-    rhino = hb.parse_args(["--rhino", "--sizes", "1MB", "--strategies", "all"])
-    assert [r.mode for r in rhino.runs] == ["liverobin+rhino"]
-    for bad in (["--modes", "kazoo+rhino"], ["--rhino", "--modes", "liverobin,kazoo"],
-                ["--also", "modes=kazoo+rhino"]):
+    rhino = hb.parse_args(["--rhino", "--sizes", "1MB", "--strategies", "all", "--modes", "liverobin,kazoo"])
+    assert [r.mode for r in rhino.runs] == ["liverobin+rhino", "kazoo+rhino"]
+    kazoo = hb.parse_args(["--sizes", "1MB", "--strategies", "all", "--modes", "kazoo",
+                           "--also", "modes=kazoo+rhino sizes=20MB", "--kazoo-checkpoint-every", "30"])
+    assert [(r.mode, r.size) for r in kazoo.runs] == [("kazoo", 1_000_000), ("kazoo+rhino", 20_000_000)]
+    for bad in (["--modes", "kazoo+passive"], ["--checkpoint-elements", "0"], ["--kazoo-checkpoint-every", "0"]):
         with pytest.raises(SystemExit):
             hb.parse_args(bad)
-        assert "refused in KaZoo mode" in capsys.readouterr().err
-    on = hb.job_conf("b:9092", 10, "liverobin+rhino", checkpoint_every=20)
+    every = hb.checkpointing(kazoo)
+    assert every == hb.Checkpointing(pulses=20, orders=30, elements=200)
+    on = hb.job_conf("b:9092", 10, "liverobin+rhino", checkpoints=every)
     assert on["spark.replication.mode"] == "liverobin" and on["spark.replication.rhino.enabled"] == "true"
-    assert on["spark.replication.rhino.checkpointEvery"] == "20"
+    assert on["spark.replication.rhino.checkpointEvery"] == "20" and "spark.replication.rhino.checkpointElements" not in on
+    kz = hb.job_conf("b:9092", 10, "kazoo+rhino", zookeeper="z:2181", checkpoints=hb.Checkpointing())
+    assert kz["spark.replication.mode"] == "kazoo" and kz["spark.replication.zookeeper.connect"] == "z:2181"
+    assert (kz["spark.replication.rhino.enabled"], kz["spark.replication.rhino.checkpointEvery"],
+            kz["spark.replication.rhino.checkpointElements"]) == ("true", "50", "200")
     assert hb.job_conf("b:9092", 10)["spark.replication.rhino.enabled"] == "false"
-    with pytest.raises(ValueError, match="refused"):
-        hb.job_conf("b:9092", 10, "kazoo+rhino", zookeeper="z:2181")
+    assert hb.job_conf("b:9092", 10, "kazoo", zookeeper="z:2181")["spark.replication.rhino.enabled"] == "false"
+    with pytest.raises(ValueError, match="ZooKeeper"):
+        hb.job_conf("b:9092", 10, "kazoo+rhino")
+    assert [every.label(m) for m in hb.MODES] == ["off", "every 20 pulses", "off", "every 30 orders / 200 records"]
     # the state measured per vnode against the model, summed over the moved vnodes
     cols = hb.measured_columns([10, 20, 30, 40], [1, 3], 50)
     assert cols == {"bytes_measured": 60, "measured_vs_model": 1.2, "moved_vnode_bytes_min": 20,
@@ -151,57 +161,102 @@ def test_the_output_check_finds_a_wrong_pad_value_a_lost_and_a_doubled_event(tmp
     assert "job failed: boom" in hb.verify(outputs, ids, 4, failure="boom").outcome
 
 
-def _coordinator_events() -> tuple[list[tuple[float, str]], int, int]:
-    """The event texts the driver's coordinator writes for a completed and a cancelled handover."""
+# a step's wall-clock times as its participants put them in their acks (the coordinator receives each
+# ack at the time it comes with, ``now``): instructed 10.0, committed 10.2, upstreams switched 10.5, the
+# origin cut 10.55, its cut at the target 10.6, the target at the release pulse 10.8, loaded 10.85,
+# the held records processed 10.9, the driver knows 11.0
+INSTRUCTED = 10.0
+CUT = {"at": 10.55, "bytes": 48_000, "shipped": 6_000}
+LOADED = {"at": 10.9, "arrived": 10.6, "release": 10.8, "loaded": 10.85, "from_store": 42_000}
+
+
+def _coordinator_step() -> tuple[list[tuple[float, str]], dict, int]:
+    """A move of vnodes 0 and 1 through a real HandoverCoordinator, its acks carrying the participants'
+    times and bytes as the workers send them; then a move it cancels.  Returns the driver's events
+    (stamped when the acks arrive), the completed step as ``JobHandle.move_vnodes`` reports it, and the
+    cancelled handover's id."""
     plan = plan_job(hb.build_handover_job("in", "out", "x", 2, 10), default_parallelism=2, num_key_groups=G,
                     num_vnodes=V, topic_partitions={"in": 2})
     plan.replicas = 2
     chain = next(t for t in plan.tasks if t.name == hb.TASK)
     coord = HandoverCoordinator(plan)
+    events: list[tuple[float, str]] = [(9.0, "heartbeat generator hb-1 started")]
 
-    def acks(order, kind, instances, entries=0):
-        return [(order.handover_id, order.epoch, (t, p, r), kind, "d", entries, 0, -1) for t, p in instances for r in (0, 1)]
+    def feed(order, kind, instances, now, entries=0, times=None):
+        acks = [(order.handover_id, order.epoch, (t, p, r), kind, "d", entries, 0, -1, *([times] if times else []))
+                for t, p in instances for r in (0, 1)]
+        events.extend((now, text) for text in coord.on_acks(acks, now=now))
 
     done = coord.start_move(chain.id, [0, 1], 1, switch_at=100, release_at=110)
-    texts = coord.on_acks(acks(done, "armed", sorted(done.upstreams) + [(chain.id, 0), (chain.id, 1)]))
-    texts += coord.on_acks(acks(done, "switched", sorted(done.upstreams)))
-    texts += coord.on_acks(acks(done, "cut", [(chain.id, 0)], entries=12))
-    texts += coord.on_acks(acks(done, "loaded", [(chain.id, 1)]))
+    feed(done, "armed", sorted(done.upstreams) + [(chain.id, 0), (chain.id, 1)], 10.2)
+    feed(done, "switched", sorted(done.upstreams), 10.7, times={"at": 10.5})
+    feed(done, "cut", [(chain.id, 0)], 10.7, entries=12, times=CUT)
+    feed(done, "loaded", [(chain.id, 1)], 11.0, times=LOADED)
+    hid = done.handover_id
+    timeline = coord.timeline(hid)
+    step = {"handover_id": hid, "vnodes": [0, 1], "origins": sorted(done.origins), "targets": sorted(done.targets),
+            "state": coord.state(hid).value, "switch_at": 100, "release_at": 110, "pulse_at_request": 50,
+            "entries_moved": coord.moved_entries(hid), "bytes_moved": coord.moved_bytes(hid),
+            "bytes_shipped": coord.shipped_bytes(hid), "bytes_from_store": coord.store_bytes(hid),
+            "bytes_planned": None, "release_s": 0.1, "instructed_at": INSTRUCTED, "timeline": timeline,
+            "phases": step_phases(INSTRUCTED, timeline), "seconds": 1.05}
     cancelled = coord.start_move(chain.id, [2], 1, switch_at=200, release_at=210)
-    texts += coord.on_acks(acks(cancelled, "late", [(chain.id, 0)]))
-    # the times the master would stamp: committed at 10.2, cut at 10.7, completed at 11.0, cancelled at 12
-    at = {"committed": 10.2, "cut 12": 10.7, "completed": 11.0, "cancelled": 12.0}
-    stamped = [(next(t for k, t in at.items() if k in text), text) for text in texts]
-    return [(9.0, "heartbeat generator hb-1 started"), *stamped], done.handover_id, cancelled.handover_id
+    feed(cancelled, "late", [(chain.id, 0)], 12.0)
+    return events, step, cancelled.handover_id
 
 
-def test_phases_come_from_the_driver_events():
-    events, done, cancelled = _coordinator_events()
-    marks = hb.handover_marks(events)
-    assert marks[done] == {"committed": 10.2, "cut": 10.7, "entries": 12, "completed": 11.0}
-    assert marks[cancelled]["cancelled"] == 12.0 and marks[cancelled]["reason"]
-    steps = [{"handover_id": done, "vnodes": [0, 1], "seconds": 1.0, "entries_moved": 12}]
-    (p,) = hb.step_phases(steps, events)
-    assert p.start == pytest.approx(10.0) and p.vnodes == 2 and p.entries == 12
-    assert (p.trigger_s, p.alignment_s, p.transfer_s, p.total_s) == pytest.approx((0.2, 0.5, 0.3, 1.0))
-    cols = hb.phase_columns([p, p], total_s=2.5)
+def test_a_steps_phases_and_bytes_come_from_the_participants_acks():
+    _, step, _ = _coordinator_step()
+    assert step["state"] == "completed" and step["entries_moved"] == 12
+    assert (step["bytes_moved"], step["bytes_shipped"], step["bytes_from_store"]) == (48_000, 6_000, 42_000)
+    assert hb.step_span(step) == pytest.approx(1.0)
+    # two steps like it in a job of 2.5 s: every phase summed, the rest is between the steps
+    cols = hb.run_phases([step, step], total_s=2.5)
+    assert list(cols) == list(hb.PHASE_COLUMNS)
     assert (cols.pop("window_open_s"), cols.pop("window_close_s")) == ("", "")  # LiveRobin: no pulse window
-    assert cols == pytest.approx({"trigger_s": 0.4, "alignment_s": 1.0, "transfer_catchup_s": 0.6,
-                                  "between_steps_s": 0.5})
+    assert cols == pytest.approx({"trigger_s": 0.4, "to_switch_s": 0.6, "alignment_s": 0.1, "transfer_s": 0.1,
+                                  "release_wait_s": 0.4, "load_s": 0.1, "catch_up_s": 0.1, "acks_s": 0.2,
+                                  "between_steps_s": 0.5, "held_max_s": 0.4, "blocked_s": 0.0})
+    # the cut arrived after the release pulse: the target blocked there, and loading starts on arrival;
+    # its held records were processed later too: the run's held is the longest
+    late = {**step, "phases": step_phases(INSTRUCTED, {**step["timeline"], "arrived": 10.82, "caught_up": 10.95})}
+    cols = hb.run_phases([step, late], total_s=2.5)
+    assert (cols["transfer_s"], cols["release_wait_s"], cols["blocked_s"], cols["load_s"]) == pytest.approx(
+        (0.05 + 0.27, 0.2, 0.02, 0.05 + 0.03))
+    assert (cols["catch_up_s"], cols["acks_s"], cols["held_max_s"]) == pytest.approx((0.05 + 0.1, 0.1 + 0.05, 0.45))
     # KaZoo: the pulse window's opening and closing are phases of their own, not "between steps"
-    cols = hb.phase_columns([p, p], total_s=2.5, window=(0.3, 0.1))
-    assert cols == pytest.approx({"window_open_s": 0.3, "trigger_s": 0.4, "alignment_s": 1.0,
-                                  "transfer_catchup_s": 0.6, "between_steps_s": 0.1, "window_close_s": 0.1})
-    assert hb.phase_columns([p], 1.5, window=("", 0.1)) == dict.fromkeys(hb.PHASE_COLUMNS, "")
-    # a step without its events (cancelled, or the job failed): no phases rather than wrong ones
+    cols = hb.run_phases([step, step], total_s=2.5, window=(0.3, 0.1))
+    assert (cols["window_open_s"], cols["between_steps_s"], cols["window_close_s"]) == pytest.approx((0.3, 0.1, 0.1))
+    assert hb.run_phases([step], 1.5, window=("", 0.1))["between_steps_s"] == ""
+    # a step that never completed: what it lacks is unknown, never a wrong sum
+    unfinished = {**step, "timeline": {**step["timeline"], "caught_up": None, "completed": None}}
+    unfinished["phases"] = step_phases(INSTRUCTED, unfinished["timeline"])
+    cols = hb.run_phases([step, unfinished], 2.0)
+    assert cols["trigger_s"] == pytest.approx(0.4) and cols["load_s"] == pytest.approx(0.1)
+    assert cols["catch_up_s"] == cols["acks_s"] == cols["held_max_s"] == cols["between_steps_s"] == ""
+    assert hb.run_phases([], 1.0)["trigger_s"] == ""
+
+
+def test_restart_phases_read_the_driver_events():
+    """bench/restart.py's live rescale: trigger, alignment, transfer + catch-up from the driver's events."""
+    events, step, cancelled = _coordinator_step()
+    marks = hb.handover_marks(events)
+    assert marks[step["handover_id"]] == {"committed": 10.2, "cut": 10.7, "entries": 12, "completed": 11.0}
+    assert marks[cancelled]["cancelled"] == 12.0 and marks[cancelled]["reason"]
+    (p,) = hb.step_phases([step], events)
+    assert p.start == pytest.approx(11.0 - 1.05) and p.vnodes == 2 and p.entries == 12
+    assert (p.trigger_s, p.alignment_s, p.transfer_s, p.total_s) == pytest.approx((0.25, 0.5, 0.3, 1.05))
+    assert hb.phase_columns([p, p], total_s=2.5) == pytest.approx(
+        {"trigger_s": 0.5, "alignment_s": 1.0, "transfer_catchup_s": 0.6, "between_steps_s": 0.4})
     (q,) = hb.step_phases([{"handover_id": cancelled, "vnodes": [2], "seconds": 0.5}], events)
     assert q.trigger_s == "" and q.start == pytest.approx(11.5)
-    assert hb.phase_columns([p, q], 2.0) == dict.fromkeys(hb.PHASE_COLUMNS, "")
+    assert set(hb.phase_columns([p, q], 2.0).values()) == {""}
 
 
 def test_kazoo_pulse_window_spans_from_the_driver_events():
     """The texts JobHandle._open_pulse_window / _close_pulse_window write: the window opened after the
-    request (an earlier one is another handover job's), and the same window's close."""
+    request (an earlier one is another handover job's), and the same window's close, after the last
+    step's completion (its timeline's)."""
     events = [(5.0, "pulse window 1 open: every source replica holds its records (a handover)"),
               (6.0, "pulse window 1 closed at pulse 412"),
               (10.4, "pulse window 2 open: every source replica holds its records (a handover)"),
@@ -209,13 +264,14 @@ def test_kazoo_pulse_window_spans_from_the_driver_events():
               (11.2, "pulse window 3 closed at pulse 9"),  # not ours
               (11.6, "pulse window 2 closed at pulse 530")]
     assert hb.window_marks(events, requested=10.0) == (10.4, 11.6)
-    steps = [hb.StepPhases(7, 3, 10.4, 10.6, 10.9, 11.3, 30)]
+    steps = [{"timeline": {"completed": 11.0}}, {"timeline": {"completed": 11.3}}]
     assert hb.window_spans(events, 10.0, steps) == pytest.approx((0.4, 0.3))
     failed = [(10.4, "pulse window 2 open: every source replica holds its records (a handover)"),
               (12.0, "pulse window 2: its last pulse was not written (timeout); the sources hold their records "
                      "until a generator ends it")]
     assert hb.window_marks(failed, 10.0) == (10.4, 12.0)
     assert hb.window_marks(events[:2], 10.0) == (None, None) and hb.window_spans(events[:2], 10.0, steps) == ("", "")
+    assert hb.window_spans(events, 10.0, []) == pytest.approx((0.4, ""))
 
 
 def test_a_rescale_is_on_target_when_exactly_its_partitions_own_vnodes_balanced():
@@ -262,47 +318,50 @@ def test_per_second_binning_and_the_latency_windows():
 
 
 def test_rows_csv_and_plot(tmp_path):
-    events, done, _ = _coordinator_events()
-    steps = [{"handover_id": done, "vnodes": [0, 1], "state": "completed", "switch_at": 100, "release_at": 110,
-              "pulse_at_request": 50, "entries_moved": 12, "seconds": 1.0}]
+    events, step, _ = _coordinator_step()
+    steps = [step]
     report = {"state": "completed", "steps": steps, "entries_moved": 12, "seconds": 1.2}
-    phases = hb.step_phases(steps, events)
     labels = {"mode": "liverobin", "operation": "move", "size": "1MB", "strategy": "all-at-once"}
     obs = _obs()
     latency = hb.latency_columns(obs, 100.0, 101.0, (97.0, 105.0), 1.0)
     verdict = hb.Verdict(hb.verify_chains([], []))
     extra = {"state_bytes": 1_000_000, "vnodes": 256, "bytes_per_vnode": 3906.25, "vnodes_moved": 2,
              "error": "", "on_target": "yes", "produced": 0}
-    row = hb.run_row(labels, report, phases, (12, 48_000), verdict, latency,
+    row = hb.run_row(labels, report, (12, 48_000), verdict, latency,
                      {**extra, **hb.measured_columns([30_000, 19_000] + [0] * 254, [0, 1], 48_000)})
     assert list(row) == list(hb.RUN_COLUMNS)
     assert row["bytes_measured"] == 49_000 and row["bytes_planned"] == ""  # no byte cap: nothing planned
+    assert (row["bytes_cut"], row["bytes_shipped"], row["bytes_from_store"]) == (48_000, 6_000, 42_000)
     assert row["entries_match"] == "yes" and row["bytes_moved"] == 48_000 and row["exact"] == "yes"
     assert row["between_steps_s"] == pytest.approx(0.2) and row["max_during_ms"] == pytest.approx(810)
-    assert hb.run_row(labels, report, phases, (13, 1), verdict, latency, extra)["entries_match"] == "no"
+    assert (row["transfer_s"], row["held_max_s"]) == pytest.approx((0.05, 0.4))
+    assert hb.run_row(labels, report, (13, 1), verdict, latency, extra)["entries_match"] == "no"
     assert row["mode"] == "liverobin" and row["operation"] == "move" and row["window_open_s"] == ""
-    failed = hb.run_row(labels, None, [], (0, 0), None, {}, {"error": "TimeoutError: x", "exact": "no"})
+    failed = hb.run_row(labels, None, (0, 0), None, {}, {"error": "TimeoutError: x", "exact": "no"})
     assert failed["error"] == "TimeoutError: x" and failed["handover_s"] == "" and failed["exact"] == "no"
+    assert failed["bytes_shipped"] == "" and failed["trigger_s"] == ""
     # a KaZoo rescale row: its pulse window's spans are phases, its steps name origins and targets
     up = {"mode": "kazoo", "operation": hb.RESCALE_UP, "size": "20MB", "strategy": "batched 8"}
-    kz_steps = [{**steps[0], "origins": [0, 1], "targets": [2]}]
-    kz = hb.run_row(up, {**report, "steps": kz_steps, "seconds": 1.6}, phases, (12, 48_000), verdict, latency, extra,
+    kz_steps = [{**step, "origins": [0, 1], "targets": [2]}]
+    kz = hb.run_row(up, {**report, "steps": kz_steps, "seconds": 1.6}, (12, 48_000), verdict, latency, extra,
                     window=(0.25, 0.15))
     assert kz["window_open_s"] == 0.25 and kz["between_steps_s"] == pytest.approx(0.2) and kz["mode"] == "kazoo"
-    # a Rhino-on byte-capped row: the driver's plan per step, the measured bytes of each step's vnodes
-    capped = {"mode": "liverobin+rhino", "operation": "move", "size": "20MB", "strategy": "batched 32 cap 60KB"}
-    cap_steps = [{**steps[0], "bytes_planned": 49_000}]
-    rh = hb.run_row(capped, {**report, "steps": cap_steps}, phases, (12, 48_000), verdict, latency,
-                    {**extra, "checkpoints": 40, "divergences": 0})
-    assert rh["bytes_planned"] == 49_000 == rh["max_step_bytes_planned"] and rh["checkpoints"] == 40
+    # a KaZoo + Rhino byte-capped row: the driver's plan per step, the measured bytes of each step's vnodes
+    capped = {"mode": "kazoo+rhino", "operation": "move", "size": "20MB", "strategy": "batched 32 cap 60KB"}
+    cap_steps = [{**step, "bytes_planned": 49_000}, {**step, "bytes_planned": 11_000, "bytes_shipped": 0}]
+    rh = hb.run_row(capped, {**report, "steps": cap_steps, "seconds": 2.2}, (12, 48_000), verdict, latency,
+                    {**extra, "checkpoints": 40, "divergences": 0}, window=(0.3, 0.1))
+    assert rh["bytes_planned"] == 60_000 and rh["max_step_bytes_planned"] == 49_000 and rh["checkpoints"] == 40
+    assert (rh["bytes_cut"], rh["bytes_shipped"], rh["bytes_from_store"]) == (96_000, 6_000, 84_000)
+    assert (rh["trigger_s"], rh["catch_up_s"], rh["held_max_s"]) == pytest.approx((0.4, 0.1, 0.4))
     measured = [30_000, 19_000] + [0] * 254
-    (cap_step,) = hb.step_rows(capped, cap_steps, phases, 10, measured)
-    assert cap_step["bytes_planned"] == 49_000 and cap_step["bytes_measured"] == 49_000
-    assert hb.step_rows(labels, steps, phases, 10)[0]["bytes_measured"] == ""
+    cap_rows = hb.step_rows(capped, cap_steps, 10, measured)
+    assert [r["bytes_planned"] for r in cap_rows] == [49_000, 11_000] and cap_rows[0]["bytes_measured"] == 49_000
+    assert [r["step"] for r in cap_rows] == [1, 2] and cap_rows[1]["bytes_shipped"] == 0
+    assert hb.step_rows(labels, steps, 10)[0]["bytes_measured"] == ""
     assert not hb.problems(hb.Results(runs=[rh])) and hb.problems(hb.Results(runs=[{**rh, "divergences": 1}]))
     res = hb.Results(runs=[row, {**failed, "strategy": "fluid"}, kz, rh],
-                     steps=hb.step_rows(labels, steps, phases, 10) + hb.step_rows(up, kz_steps, phases, 10)
-                     + [cap_step],
+                     steps=hb.step_rows(labels, steps, 10) + hb.step_rows(up, kz_steps, 10) + cap_rows,
                      timeline=hb.timeline_rows(obs, 100.0, labels) + hb.timeline_rows(obs, 100.0, up),
                      restart=[{"what": "idle", "start_s": 9.5, "stop_s": 1.5, "restart_s": 11.0, "status": "stopped"}])
     assert hb.problems(res) == ["liverobin move 1MB fluid"]
@@ -311,11 +370,14 @@ def test_rows_csv_and_plot(tmp_path):
     runs = list(csv.DictReader((tmp_path / "handover.csv").open()))
     assert [r["strategy"] for r in runs] == ["all-at-once", "fluid", "batched 8", "batched 32 cap 60KB"]
     assert runs[0]["trigger_s"] == "0.2" and runs[0]["bytes_measured"] == "49000"
+    assert runs[0]["alignment_s"] == "0.05" and runs[0]["bytes_shipped"] == "6000"  # to the ms
     assert [(r["mode"], r["operation"]) for r in runs] == [("liverobin", "move")] * 2 + [("kazoo", "rescale 2->3"),
-                                                                                     ("liverobin+rhino", "move")]
-    step, kz_step, _ = csv.DictReader((tmp_path / "handover_steps.csv").open())
-    assert step["alignment_s"] == "0.5" and step["switch_at"] == "100" and step["mode"] == "liverobin"
-    assert step["planned_switch_s"] == "0.5" and step["planned_release_s"] == "0.1"
+                                                                                     ("kazoo+rhino", "move")]
+    first, kz_step, *_ = csv.DictReader((tmp_path / "handover_steps.csv").open())
+    assert (first["alignment_s"], first["release_wait_s"], first["held_s"], first["blocked_s"]) == (
+        "0.05", "0.2", "0.4", "0.0")
+    assert (first["switch_at"], first["mode"], first["release_s"], first["total_s"]) == ("100", "liverobin", "0.1", "1.0")
+    assert first["planned_switch_s"] == "0.5" and first["bytes_moved"] == "48000" and first["bytes_from_store"] == "42000"
     assert (kz_step["origins"], kz_step["targets"], kz_step["operation"]) == ("0 1", "2", "rescale 2->3")
     timeline = list(csv.DictReader((tmp_path / "handover_timeline.csv").open()))
     assert {r["mode"] for r in timeline} == {"liverobin", "kazoo"}
@@ -323,6 +385,7 @@ def test_rows_csv_and_plot(tmp_path):
         assert (tmp_path / name).stat().st_size > 0, name
     # the CSV files read back (numbers as floats) redraw the plot
     back = hb.load_results(tmp_path)
-    assert back.runs[2]["window_open_s"] == 0.25 and back.runs[1]["handover_s"] == "" and len(back.steps) == 3
+    assert back.runs[2]["window_open_s"] == 0.25 and back.runs[1]["handover_s"] == "" and len(back.steps) == 4
+    assert back.runs[3]["held_max_s"] == 0.4
     (tmp_path / "handover.png").unlink()
     assert hb.main(["--replot", "--out", str(tmp_path)]) == 0 and (tmp_path / "handover.png").stat().st_size > 0
