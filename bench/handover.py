@@ -92,8 +92,7 @@ Measured, per handover job:
 
 A run that fails (the handover or the job) is a row with its error, never dropped.  Writes
 ``handover.csv``, ``handover_steps.csv``, ``handover_timeline.csv``, ``restart.csv``, ``handover.png``
-and ``machine.txt``.  (:func:`step_phases` reads coarser phases from the driver's events for
-``bench/restart.py``'s live rescale.)
+and ``machine.txt``.
 """
 
 from __future__ import annotations
@@ -385,92 +384,6 @@ def window_spans(events: Iterable[tuple[float, str]], requested: float,
     last = steps[-1]["timeline"].get("completed") if steps else None
     return (opened - requested if opened is not None else "",
             closed - last if closed is not None and last is not None else "")
-
-
-# ------------------------------------------------------------------------------------------ phases from events
-# bench/restart.py's live rescale splits its time by these (trigger, alignment, transfer + catch-up), read
-# from the driver's events at about 200 ms resolution; the handover runs above use the participants' acks.
-_COMMITTED = re.compile(r"^handover (\d+) of .+?: every participant armed; committed")
-_CUT = re.compile(r"^handover (\d+) of .+?: the origins cut (\d+) state entries")
-_COMPLETED = re.compile(r"^handover (\d+) of .+? completed: ")
-_CANCELLED = re.compile(r"^handover (\d+)(?: of .+?)? cancelled: (.*)$")
-
-
-def handover_marks(events: Iterable[tuple[float, str]]) -> dict[int, dict[str, Any]]:
-    """Per handover id, the wall time of its ``committed``, ``cut``, ``completed`` and ``cancelled``
-    events (the first of each), the entries cut, and why it was cancelled."""
-    marks: dict[int, dict[str, Any]] = {}
-    for at, text in events:
-        for name, pattern in (("committed", _COMMITTED), ("cut", _CUT), ("completed", _COMPLETED),
-                              ("cancelled", _CANCELLED)):
-            m = pattern.match(text)
-            if m:
-                rec = marks.setdefault(int(m.group(1)), {})
-                rec.setdefault(name, at)
-                if name == "cut":
-                    rec.setdefault("entries", int(m.group(2)))
-                if name == "cancelled":
-                    rec.setdefault("reason", m.group(2))
-                break
-    return marks
-
-
-@dataclass(frozen=True)
-class StepPhases:
-    """One step of a handover job, in seconds: instructed -> committed -> cut -> completed."""
-
-    handover_id: int
-    vnodes: int
-    start: float | None  # wall clock: the step was instructed (None: it never ended, so unknown)
-    committed: float | None
-    cut: float | None
-    completed: float | None
-    entries: int
-
-    def _span(self, a: float | None, b: float | None) -> float | str:
-        return b - a if a is not None and b is not None else ""
-
-    @property
-    def trigger_s(self) -> float | str:
-        return self._span(self.start, self.committed)
-
-    @property
-    def alignment_s(self) -> float | str:
-        return self._span(self.committed, self.cut)
-
-    @property
-    def transfer_s(self) -> float | str:
-        return self._span(self.cut, self.completed)
-
-    @property
-    def total_s(self) -> float | str:
-        return self._span(self.start, self.completed)
-
-
-def step_phases(steps: Sequence[dict], events: Iterable[tuple[float, str]]) -> list[StepPhases]:
-    """The phases of every step of a handover report from the driver's events.  A step's start is its
-    completion event's time minus the step's ``seconds`` (the report measures from just before the
-    instruction to just after the completion)."""
-    marks = handover_marks(events)
-    out = []
-    for s in steps:
-        m = marks.get(s["handover_id"], {})
-        end = m.get("completed", m.get("cancelled"))
-        start = end - s["seconds"] if end is not None else None
-        out.append(StepPhases(s["handover_id"], len(s["vnodes"]), start, m.get("committed"), m.get("cut"),
-                              m.get("completed"), m.get("entries", s.get("entries_moved", 0))))
-    return out
-
-
-def phase_columns(phases: Sequence[StepPhases], total_s: float) -> dict[str, float | str]:
-    """Event-derived phases summed over the steps (trigger, alignment, transfer + catch-up) and *between
-    steps*, what of ``total_s`` no step covers; all empty when a step lacks an event."""
-    spans = [(p.trigger_s, p.alignment_s, p.transfer_s, p.total_s) for p in phases]
-    if not spans or any("" in s for s in spans):
-        return dict.fromkeys(("trigger_s", "alignment_s", "transfer_catchup_s", "between_steps_s"), "")
-    trig, align, transfer, steps = (sum(col) for col in zip(*spans, strict=True))
-    return {"trigger_s": trig, "alignment_s": align, "transfer_catchup_s": transfer,
-            "between_steps_s": max(0.0, total_s - steps)}
 
 
 # ------------------------------------------------------------------------------------------ latency

@@ -18,8 +18,17 @@ fresh job, ``--before`` seconds of load (and every key's pad written) before the
 
 * **live**: the chain built with ``parallelism=2, max_parallelism=3`` (partition 2 idle);
   ``handle.rescale("chain", 3)`` all at once, while the load flows.  The operation ends when the call
-  returns; its parts are the handover's phases (:func:`bench.handover.step_phases`: trigger, alignment,
-  transfer + catch-up).
+  returns.  Its parts are the handover's phases as its report gives them (its step's ``phases``,
+  :func:`replication.handovers.step_phases`: from the wall-clock times the participants put in their
+  acks, ms resolution), in ``restart.csv`` as ``bench/handover.py``'s columns (``trigger_s``,
+  ``to_switch_s``, ``alignment_s``, ``transfer_s``, ``release_wait_s``, ``load_s``, ``catch_up_s``,
+  ``acks_s``); the table and the plot group them into parts that each end at a milestone of the step:
+  *trigger* (-> every participant armed, committed), *to switch + alignment* (-> the upstreams reached the
+  switch pulse, ``--margin`` ahead, and the origins processed what was routed to them before it and cut),
+  *transfer + release wait* (-> every cut reached the targets and they reached the release pulse,
+  ``--release`` after the switch), *load + catch-up* (-> the targets loaded it and processed the records
+  they held) and *acks* (-> the driver learnt it all).  ``other_s``: the rest of the call (the request ->
+  the step's instruction, its completion -> ``rescale`` returned).
 * **restart**: the chain built with ``parallelism=2``; ``handle.drain(savepoint=DIR)``; then a new
   ``run(...)`` of the same job with the chain at ``parallelism=3`` and
   ``spark.replication.restoreFrom=DIR``.  The load generator keeps producing into the input topic the whole
@@ -28,13 +37,13 @@ fresh job, ``--before`` seconds of load (and every key's pad written) before the
   *drain* (the request -> ``drain`` returned: every replica drained and wrote its part, the meta file
   written; *arm* is the part of it until every worker knew of the savepoint), *launch* (``run()``:
   planning, the savepoint check, Kafka, the executors' warm-up, the Spark job submitted), *workers*
-  (-> ``wait_started``: every worker task registered), *load* (-> every replica of the new run built,
-  which is where a keyed partition loads its key groups from the savepoint, and reported its first
-  metrics; polled every 20 ms) and *first output* (-> the first record the new run's sink wrote: sources
-  fetch, pulses, processing).  The Spark application itself is not restarted: the new run is a new Spark
-  job on the same session, whose executors are up and warm.  ``spark_app_start_s`` (restart rows, for
-  reference) is what starting this process's application (session and 3 executors) took: what a restart
-  of the whole application would add.
+  (-> ``wait_started``: every worker task registered), *restore* (``restore_s``: -> every replica of the
+  new run built, which is where a keyed partition loads its key groups from the savepoint, and reported
+  its first metrics; polled every 20 ms) and *first output* (-> the first record the new run's sink
+  wrote: sources fetch, pulses, processing).  The Spark application itself is not restarted: the new run
+  is a new Spark job on the same session, whose executors are up and warm.  ``spark_app_start_s``
+  (restart rows, for reference) is what starting this process's application (session and 3 executors)
+  took: what a restart of the whole application would add.
 
 Measured per run: latency by event time (sink time - the producer's timestamp), per second of event time
 around the request (``restart_timeline.csv``: p50, p99, max); p99 and max before the request (after
@@ -42,12 +51,11 @@ around the request (``restart_timeline.csv``: p50, p99, max); p99 and max before
 returned; restart, the new run's first output) and *after* it (to the end of the load; for the restart it
 includes the backlog's catch-up); ``normal_from_s``: the first second of event time since the request whose
 p99 is within the larger of twice the p99 before and the p99 before + 100 ms (empty: none within the run);
-the operation's duration and its parts (live: ``other_s`` is what of it the handover's phases do not cover;
-the restart's parts are consecutive); the savepoint's bytes on disk (both replicas' parts; restart) and the
-state entries moved (live: the origins' cuts) or loaded (restart: replica 0 of every new partition) against
-the state model's; exactness of the whole output, across both runs for the restart
-(:func:`bench.handover.verify`: every event once, every key's chain links up, every event read the pad value
-the reference says).
+the operation's duration and its parts (live: they and ``other_s`` add up to it; the restart's parts are
+consecutive); the savepoint's bytes on disk (both replicas' parts; restart) and the state entries moved
+(live: the origins' cuts) or loaded (restart: replica 0 of every new partition) against the state model's;
+exactness of the whole output, across both runs for the restart (:func:`bench.handover.verify`: every
+event once, every key's chain links up, every event read the pad value the reference says).
 
 After the operation the load goes on for ``--after`` seconds (restart: once the new run caught up with
 the backlog, waited for at most 90 s); then the load stops, the job drains and its output is read.
@@ -83,16 +91,21 @@ WAYS = ("live", "restart")
 ERROR_CHARS = 300
 LOAD_POLL_S = 0.02  # how often the new run's first metrics are looked for
 CATCH_UP_TIMEOUT_S = 90.0
-RESTART_PARTS = ("drain_s", "launch_s", "workers_s", "load_s", "first_output_s")
-LIVE_PARTS = ("trigger_s", "alignment_s", "transfer_catchup_s")
+RESTART_PARTS = ("drain_s", "launch_s", "workers_s", "restore_s", "first_output_s")
+LIVE_PHASES = tuple(f"{p}_s" for p in hb.STEP_PHASES)  # the handover's phases, as bench/handover.py's columns
+# the live parts the table and the plot show: the phases in groups, each ending at a milestone of the step
+LIVE_PARTS = {"trigger_s": ("trigger_s",),  # -> every participant armed, committed
+              "to_switch+alignment_s": ("to_switch_s", "alignment_s"),  # -> the origins cut
+              "transfer+release_wait_s": ("transfer_s", "release_wait_s"),  # -> at the targets, released
+              "load+catch_up_s": ("load_s", "catch_up_s"),  # -> loaded, the held records processed
+              "acks_s": ("acks_s",)}  # -> the driver learnt it all
 RUN_COLUMNS = ("size", "way", "state_bytes", "keys", "pad_entries", "error", "exact", "outcome", "produced",
-               "records", "op_s", *RESTART_PARTS, "arm_s", "start_s", *LIVE_PARTS, "other_s",
+               "records", "op_s", *RESTART_PARTS, "arm_s", "start_s", *LIVE_PHASES, "other_s",
                "spark_app_start_s", "savepoint_bytes", "entries", "entries_model", "entries_match",
                "gap_records", "p99_before_ms", "max_before_ms", "p99_during_ms", "max_during_ms",
                "p99_after_ms", "max_after_ms", "worst_second_p99_ms", "normal_from_s")
-SHOWN = ("size", "way", "exact", "op_s", "drain_s", "start_s", "load_s", "first_output_s", "trigger_s",
-         "alignment_s", "transfer_catchup_s", "savepoint_bytes", "p99_before_ms", "p99_during_ms",
-         "max_during_ms", "normal_from_s")
+SHOWN = ("size", "way", "exact", "op_s", "drain_s", "start_s", "restore_s", "first_output_s", *LIVE_PARTS,
+         "other_s", "savepoint_bytes", "p99_before_ms", "p99_during_ms", "max_during_ms", "normal_from_s")
 
 
 # ------------------------------------------------------------------------------------------ pure helpers
@@ -111,26 +124,40 @@ def restart_parts(marks: dict[str, float]) -> dict[str, float | str]:
     """A restart's duration and its parts from the wall clock of its marks: ``requested`` (drain called),
     ``armed`` (every worker knew of the savepoint), ``drained`` (drain returned, the savepoint complete),
     ``launched`` (the new ``run()`` returned), ``registered`` (``wait_started`` returned), ``loaded``
-    (every replica reported) and ``first_output`` (the new run's first sink record).  A part whose marks
-    are missing is empty; so is ``op_s`` without ``first_output``.  The parts are consecutive: they add up
-    to ``op_s`` (``other_s`` is left empty).  ``start_s``: launch + workers."""
+    (every replica reported: ``restore_s`` ends there) and ``first_output`` (the new run's first sink
+    record).  A part whose marks are missing is empty; so is ``op_s`` without ``first_output``.  The parts
+    are consecutive: they add up to ``op_s`` (``other_s`` is left empty).  ``start_s``: launch + workers."""
     def span(a: str, b: str) -> float | str:
         return marks[b] - marks[a] if a in marks and b in marks else ""
 
     parts = {"drain_s": span("requested", "drained"), "launch_s": span("drained", "launched"),
-             "workers_s": span("launched", "registered"), "load_s": span("registered", "loaded"),
+             "workers_s": span("launched", "registered"), "restore_s": span("registered", "loaded"),
              "first_output_s": span("loaded", "first_output")}
     return {"op_s": span("requested", "first_output"), **parts, "arm_s": span("requested", "armed"),
             "start_s": span("drained", "registered")}
 
 
-def live_parts(op_s: float, phases: Sequence[hb.StepPhases]) -> dict[str, float | str]:
-    """A live rescale's duration (request -> ``rescale`` returned) and the handover's phases summed over
-    its steps; ``other_s``: the rest of ``op_s`` (empty when a phase is unknown)."""
-    cols = hb.phase_columns(phases, op_s)
-    parts = {k: cols[k] for k in LIVE_PARTS}
-    other = op_s - sum(parts.values()) if "" not in parts.values() else ""
-    return {"op_s": op_s, **parts, "other_s": other}
+def live_parts(op_s: float, steps: Sequence[dict[str, Any]]) -> dict[str, float | str]:
+    """A live rescale's duration (request -> ``rescale`` returned) and the handover's phases
+    (:data:`LIVE_PHASES`: the report's ``steps``' own, from the participants' acks, summed over them by
+    :func:`bench.handover.run_phases`); ``other_s``: what of ``op_s`` no step covers (the request ->
+    the step's instruction, its completion -> the call returned), empty when a step did not complete."""
+    cols = hb.run_phases(steps, op_s)
+    return {"op_s": op_s, **{c: cols[c] for c in LIVE_PHASES}, "other_s": cols["between_steps_s"]}
+
+
+def part(row: dict[str, Any], name: str) -> Any:
+    """A column of a restart.csv row, or a live part (:data:`LIVE_PARTS`): the sum of its phases, empty
+    when one is unknown."""
+    if name not in LIVE_PARTS:
+        return row.get(name, "")
+    values = [row.get(c, "") for c in LIVE_PARTS[name]]
+    return "" if any(v in ("", None) for v in values) else sum(values)
+
+
+def shown(row: dict[str, Any]) -> dict[str, Any]:
+    """What the printed table shows of a row (:data:`SHOWN`)."""
+    return {k: part(row, k) for k in SHOWN}
 
 
 def ms_stats(lat: Sequence[float], prefix: str = "") -> dict[str, float | str]:
@@ -272,19 +299,17 @@ def check_new_run_ready(handle: Any) -> bool:
     return names <= set(handle.master.snapshot())
 
 
-def finish_job(handle: Any) -> tuple[list[tuple[float, str]], Any, str | None]:
-    """Drain ``handle``: its events, result (None if it failed) and failure."""
+def finish_job(handle: Any) -> tuple[Any, str | None]:
+    """Drain ``handle``: its result (None if it failed) and failure."""
     try:
-        result = handle.drain(timeout=180)
-        return result.events, result, None
+        return handle.drain(timeout=180), None
     except Exception as err:  # noqa: BLE001 - JobFailedError, TimeoutError: recorded
-        events = list(handle.master.events)
         if handle.running:
             try:
                 handle.stop(30)
             except Exception:  # noqa: BLE001 - it failed already; the row says why
                 pass
-        return events, None, one_line(err, ERROR_CHARS)
+        return None, one_line(err, ERROR_CHARS)
 
 
 def live_run(ctx: RunContext, size: int) -> RunResult:
@@ -328,7 +353,7 @@ def live_run(ctx: RunContext, size: int) -> RunResult:
         produced, load_error = hb.stop_feeder(s.feeder)
         error = error or load_error
     phase["text"] = "draining"
-    events, _result, failure = finish_job(handle)
+    _result, failure = finish_job(handle)
     phase["text"] = "reading and verifying the output"
     outputs, sinks, read_error = _read(ctx, s, produced)
     ticker.stop()
@@ -338,8 +363,7 @@ def live_run(ctx: RunContext, size: int) -> RunResult:
     obs = [hb.Obs(o["ts"] / MS, sink, False) for sink, o in zip(sinks, outputs, strict=True)]
     timeline: list[dict[str, Any]] = []
     if report is not None:
-        phases = hb.step_phases(report["steps"], events)
-        values.update(live_parts(ended - requested, phases))
+        values.update(live_parts(ended - requested, report["steps"]))
         moved = sorted({v for st in report["steps"] for v in st["vnodes"]})
         values.update(entries_columns(report["entries_moved"], s.model.state(s.model.keys_in(moved))[0]))
         if report["state"] != "completed":
@@ -432,7 +456,7 @@ def restart_run(ctx: RunContext, size: int) -> RunResult:
         error = error or load_error
     if second is not None:
         phase["text"] = "draining the new run"
-        _events, result2, failure2 = finish_job(second)
+        result2, failure2 = finish_job(second)
         failure = failure or (f"second run: {failure2}" if failure2 else None)
     else:
         result2 = None
@@ -574,7 +598,7 @@ def run_benchmark(ctx: RunContext, res: Results, out: Path | None = None) -> Res
                                      error=one_line(err, ERROR_CHARS), exact="no"))
         res.runs.append(done.row)
         res.timeline += done.timeline
-        print("   " + format_row({k: done.row[k] for k in SHOWN}), flush=True)
+        print("   " + format_row(shown(done.row)), flush=True)
         if out is not None:
             write_csvs(out, res)
     return res
@@ -582,7 +606,7 @@ def run_benchmark(ctx: RunContext, res: Results, out: Path | None = None) -> Res
 
 def print_table(res: Results) -> None:
     print_plain_table("rescale 2 -> 3: live handover vs drain + savepoint + restart (seconds; latency by event "
-                      "time, ms)", res.runs, SHOWN)
+                      "time, ms)", [shown(r) for r in res.runs], SHOWN)
     for r in res.runs:
         if r["error"] or r["exact"] != "yes" or r["entries_match"] == "no":
             print(f"   {r['size']} {r['way']}: error {r['error'] or '-'}; output {r['outcome'] or '-'}; "
@@ -598,7 +622,7 @@ def write_csvs(out: Path, res: Results) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("restart", res.runs), ("restart_timeline", res.timeline)):
         if rows:
-            write_csv(out / f"{name}.csv", rows)
+            write_csv(out / f"{name}.csv", rows, digits=3)  # the live phases to the ms
     write_machine(out)
 
 
@@ -650,15 +674,21 @@ def main(argv: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------------------------------ plot
 WAY_COLORS = {"live": "#4c72b0", "restart": "#c44e52"}
-PART_COLORS = {"trigger_s": "#8fa8d8", "alignment_s": "#4c72b0", "transfer_catchup_s": "#1f3f7a",
-               "drain_s": "#e8a0a0", "launch_s": "#dd8452", "workers_s": "#c4ad66", "load_s": "#55a868",
+PART_COLORS = {"trigger_s": "#a6bddb", "to_switch+alignment_s": "#6f94cd",
+               "transfer+release_wait_s": "#4c72b0", "load+catch_up_s": "#2b4c8c", "acks_s": "#16284d",
+               "drain_s": "#e8a0a0", "launch_s": "#dd8452", "workers_s": "#c4ad66", "restore_s": "#55a868",
                "first_output_s": "#8172b3", "other_s": "#bbbbbb"}
-PART_NAMES = {"trigger_s": "live: trigger (-> committed)", "alignment_s": "live: alignment (-> cut)",
-              "transfer_catchup_s": "live: transfer + catch-up (-> completed)",
+PART_NAMES = {"trigger_s": "live: trigger (-> committed)",
+              "to_switch+alignment_s": "live: to switch + alignment (-> cut)",
+              "transfer+release_wait_s": "live: transfer + release wait (-> at the targets, released)",
+              "load+catch_up_s": "live: load + catch-up (-> held records processed)",
+              "acks_s": "live: acks (-> the driver knows)",
               "drain_s": "restart: drain + savepoint write",
               "launch_s": "restart: run() (plan, warm-up, submit)",
-              "workers_s": "restart: workers register", "load_s": "restart: replicas built, state loaded",
-              "first_output_s": "restart: -> first output", "other_s": "other"}
+              "workers_s": "restart: workers register",
+              "restore_s": "restart: replicas built, state restored",
+              "first_output_s": "restart: -> first output",
+              "other_s": "live: outside the step (before its instruction, after its completion)"}
 
 
 def _num(v: Any) -> float:
@@ -703,7 +733,7 @@ def plot(out: Path, res: Results) -> None:
     names = [f"{r['size']} {r['way']}" for r in res.runs]
     bottom = [0.0] * len(res.runs)
     for col in (*LIVE_PARTS, *RESTART_PARTS, "other_s"):
-        vals = [max(0.0, _num(r.get(col))) for r in res.runs]
+        vals = [max(0.0, _num(part(r, col))) for r in res.runs]
         if any(vals):
             ax.bar(range(len(vals)), vals, bottom=bottom, color=PART_COLORS[col], label=PART_NAMES[col])
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]

@@ -1,5 +1,6 @@
 """bench/restart.py without Spark: its arguments, the parts of a restart from its marks, a live rescale's
-phases, the latency windows and the per-second timeline, the savepoint's size, the CSV rows and the plot
+phases from its report's steps (their phases as the runtime computes them from the participants' times),
+the latency windows and the per-second timeline, the savepoint's size, the CSV rows and the plot
 (the real runs take minutes: see the module doc)."""
 
 from __future__ import annotations
@@ -15,6 +16,21 @@ sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
 from bench import restart as rb  # noqa: E402
+from replication.handovers import step_phases  # noqa: E402
+
+# a rescale step's wall-clock times as its participants report them: instructed 10.0, committed 10.2, the
+# upstreams at the switch pulse 10.7, the origins cut 10.75, the cut at the targets 10.8, the release pulse
+# 11.0, loaded 11.01, the held records processed 11.03, the driver knows 11.1
+INSTRUCTED = 10.0
+TIMELINE = {"committed": 10.2, "switched": 10.7, "cut": 10.75, "arrived": 10.8, "release": 11.0, "loaded": 11.01,
+            "caught_up": 11.03, "completed": 11.1}
+
+
+def _step(**times: float | None) -> dict:
+    """A step of a ``rescale`` report (what ``live_parts`` reads of it), ``times`` replacing TIMELINE's."""
+    timeline = {**TIMELINE, **times}
+    return {"handover_id": 3, "vnodes": list(range(86)), "instructed_at": INSTRUCTED, "timeline": timeline,
+            "phases": step_phases(INSTRUCTED, timeline)}
 
 
 def test_the_command_parses_its_arguments():
@@ -43,7 +59,7 @@ def test_a_restart_is_split_into_its_parts_which_add_up():
     parts = rb.restart_parts(marks)
     assert parts["op_s"] == pytest.approx(12.0)
     assert (parts["drain_s"], parts["launch_s"], parts["workers_s"]) == pytest.approx((4.0, 2.5, 3.5))
-    assert (parts["load_s"], parts["first_output_s"]) == pytest.approx((1.2, 0.8))
+    assert (parts["restore_s"], parts["first_output_s"]) == pytest.approx((1.2, 0.8))
     assert parts["arm_s"] == pytest.approx(0.3) and parts["start_s"] == pytest.approx(6.0)
     assert sum(parts[k] for k in rb.RESTART_PARTS) == pytest.approx(parts["op_s"])
     # the second run never wrote: no end, so no duration, but the parts it got through
@@ -54,13 +70,29 @@ def test_a_restart_is_split_into_its_parts_which_add_up():
 
 
 def test_a_live_rescale_is_split_into_the_handover_phases():
-    step = hb.StepPhases(7, 86, start=10.0, committed=10.2, cut=10.9, completed=11.1, entries=100)
-    parts = rb.live_parts(1.25, [step])
-    phases = (parts["trigger_s"], parts["alignment_s"], parts["transfer_catchup_s"])
-    assert phases == pytest.approx((0.2, 0.7, 0.2))
+    parts = rb.live_parts(1.25, [_step()])
+    assert list(parts) == ["op_s", *rb.LIVE_PHASES, "other_s"]
+    assert [parts[c] for c in rb.LIVE_PHASES] == pytest.approx([0.2, 0.5, 0.05, 0.05, 0.2, 0.01, 0.02, 0.07])
+    # the step spans 1.1 s of the call's 1.25: the rest is outside it; phases and rest add up to the call
     assert parts["op_s"] == 1.25 and parts["other_s"] == pytest.approx(0.15)
-    unknown = hb.StepPhases(7, 86, start=None, committed=None, cut=None, completed=None, entries=0)
-    assert rb.live_parts(1.0, [unknown])["other_s"] == ""
+    # what the table and the plot show: the phases grouped, up to each milestone of the step
+    assert [rb.part(parts, p) for p in rb.LIVE_PARTS] == pytest.approx([0.2, 0.55, 0.25, 0.03, 0.07])
+    assert sum(rb.part(parts, p) for p in (*rb.LIVE_PARTS, "other_s")) == pytest.approx(1.25)
+    assert rb.part(parts, "op_s") == 1.25 and rb.part(parts, "drain_s") == ""
+    # the cut reached the targets after the release pulse: no release wait, loading starts on its arrival
+    late = rb.live_parts(1.25, [_step(arrived=11.05, loaded=11.07, caught_up=11.09, completed=11.12)])
+    assert (late["transfer_s"], late["release_wait_s"], late["load_s"]) == pytest.approx((0.3, 0.0, 0.02))
+    assert rb.part(late, "transfer+release_wait_s") == pytest.approx(0.3)
+    assert late["other_s"] == pytest.approx(0.13)
+    # two steps: each phase summed
+    two = rb.live_parts(2.5, [_step(), _step()])
+    assert two["to_switch_s"] == pytest.approx(1.0) and two["other_s"] == pytest.approx(0.3)
+    # a step that never completed: what it lacks is unknown, never a wrong rest
+    unfinished = rb.live_parts(1.0, [_step(caught_up=None, completed=None)])
+    assert unfinished["trigger_s"] == pytest.approx(0.2) and unfinished["load_s"] == pytest.approx(0.01)
+    assert unfinished["catch_up_s"] == unfinished["acks_s"] == unfinished["other_s"] == ""
+    assert rb.part(unfinished, "load+catch_up_s") == "" and rb.part(unfinished, "trigger_s") == pytest.approx(0.2)
+    assert set(rb.live_parts(1.0, []).values()) == {1.0, ""}
 
 
 def _obs(points: list[tuple[float, float]]) -> list[hb.Obs]:
@@ -107,13 +139,13 @@ def test_the_savepoint_size_the_first_output_and_the_rows(tmp_path):
     assert rb.entries_columns(None, 10)["entries"] == ""
 
 
-def test_the_csv_files_and_the_plot_are_written_and_read_back(tmp_path):
+def test_the_csv_files_and_the_plot_are_written_and_read_back(tmp_path, capsys):
     req = 1000.0
     res = rb.Results()
     for way, stall in (("live", 0.3), ("restart", 12.0)):
         obs = _obs([(req - 3 + i / 10, 0.1) for i in range(30)] + [(req + i / 10, stall) for i in range(40)])
         labels = {"size": "1MB", "way": way}
-        parts = (rb.live_parts(1.2, [hb.StepPhases(1, 86, 0.0, 0.2, 0.9, 1.1, 10)]) if way == "live" else
+        parts = (rb.live_parts(1.2, [_step()]) if way == "live" else
                  rb.restart_parts({"requested": 0.0, "drained": 4.0, "launched": 6.0, "registered": 9.0,
                                    "loaded": 10.0, "first_output": 11.0}))
         res.runs.append(rb.run_row(labels, exact="yes", savepoint_bytes=2_100_000 if way == "restart" else "",
@@ -127,5 +159,45 @@ def test_the_csv_files_and_the_plot_are_written_and_read_back(tmp_path):
     back = rb.load_results(tmp_path)
     assert [r["way"] for r in back.runs] == ["live", "restart", "restart"]
     assert back.runs[1]["op_s"] == pytest.approx(11.0) and back.runs[2]["error"] == "RuntimeError: boom"
+    assert back.runs[1]["restore_s"] == pytest.approx(1.0) and back.runs[1]["load_s"] == ""
+    # the live row's phases to the ms, grouped again from the CSV
+    live = back.runs[0]
+    assert (live["load_s"], live["catch_up_s"], live["other_s"]) == (0.01, 0.02, 0.1)
+    assert live["restore_s"] == "" and rb.part(live, "load+catch_up_s") == pytest.approx(0.03)
     assert rb.problems(back) == ["20MB restart"]
-    rb.plot(tmp_path, back)  # --replot draws from the CSV files
+    rb.print_table(back)
+    table = capsys.readouterr().out
+    assert "to_switch+alignment_s" in table and "transfer+release_wait_s" in table
+    header, live_line = table.splitlines()[1:3]
+    end = header.index("to_switch+alignment_s") + len("to_switch+alignment_s")  # right-aligned under it
+    assert live_line[:end].split()[-1] == "0.55" and rb.shown(live)["other_s"] == 0.1
+    (tmp_path / "restart.png").unlink()
+    assert rb.main(["--replot", "--out", str(tmp_path)]) == 0  # --replot draws from the CSV files
+    assert (tmp_path / "restart.png").stat().st_size > 10_000
+
+
+def test_the_report_shows_the_live_and_the_restart_parts(tmp_path):
+    from bench import report
+
+    res = rb.Results([rb.run_row({"size": "1MB", "way": "live"}, exact="yes", **rb.live_parts(1.25, [_step()])),
+                      rb.run_row({"size": "1MB", "way": "restart"}, exact="yes", savepoint_bytes=2_198_838,
+                                 **rb.restart_parts({"requested": 0.0, "drained": 1.26, "launched": 2.31,
+                                                     "registered": 2.42, "loaded": 2.48, "first_output": 2.99}))])
+    rb.write_csvs(tmp_path / "restart", res)
+    _, _, live, restart = report.restart_table(tmp_path)
+    assert ("| 1MB | live | 1.25 | trigger 0.200, to switch + alignment 0.550, transfer + release wait 0.250, "
+            "load + catch-up 0.030, acks 0.070, outside the step 0.150 |") in live
+    assert ("| 1MB | restart | 2.99 | drain + savepoint 1.260, launch 1.050, workers 0.110, replicas + state 0.060, "
+            "first output 0.510 | - / - | - | 2.2 | yes |") == restart
+    # a CSV from before the live phases came from the report: the restore was load_s, the live phases
+    # other than the trigger were the driver's events' (not shown)
+    old = tmp_path / "old"
+    (old / "restart").mkdir(parents=True)
+    (old / "restart" / "restart.csv").write_text(
+        "size,way,exact,op_s,drain_s,launch_s,workers_s,load_s,first_output_s,trigger_s,alignment_s,"
+        "transfer_catchup_s,other_s,savepoint_bytes,p99_during_ms,max_during_ms,p99_before_ms\n"
+        "1MB,live,yes,1.01,,,,,,0.4,0.43,0.18,0.0,,303,322,57\n"
+        "1MB,restart,yes,2.99,1.26,1.05,0.11,0.06,0.51,,,,,2198838,2263,2281,71\n")
+    _, _, live, restart = report.restart_table(old)
+    assert "| trigger 0.400, outside the step 0.000 |" in live and "alignment" not in live
+    assert "workers 0.110, replicas + state 0.060, first output 0.510 |" in restart
