@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
@@ -24,11 +25,17 @@ def _spark_session():
 @pytest.fixture
 def spark(_spark_session):
     """A local-cluster Spark with 3 executor JVMs (one task slot each), shared by all tests.
-    Each test gets it with all 3 executors registered (a kill test leaves a replacement)."""
+    Each test gets it with all 3 executors registered (a kill test leaves a replacement), and a
+    test that fails with its job still running has that job cancelled afterwards, so that its
+    workers do not hold the executors' slots through every test after it."""
     from replication.spark_cluster import wait_for_executors
 
-    wait_for_executors(_spark_session.sparkContext, EXECUTORS, timeout=60)
-    return _spark_session
+    sc = _spark_session.sparkContext
+    wait_for_executors(sc, EXECUTORS, timeout=60)
+    yield _spark_session
+    if sc.statusTracker().getActiveJobsIds():
+        logging.getLogger(__name__).warning("a Spark job outlived its test: cancelling it")
+        sc.cancelAllJobs()
 
 
 @pytest.fixture
