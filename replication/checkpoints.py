@@ -79,7 +79,10 @@ class WorkerCheckpoints:
             # after members come back is full)
             regenerated = checkpoint_id <= self._known_completed.get(key, -1)
             shipping = bool(self._groups.get(key)) and not regenerated
-            full = shipping and (key in self._full_next or self.shipper.needs_full(key))
+            try:
+                full = shipping and (key in self._full_next or self.shipper.needs_full(key))
+            except KeyError:  # the group is being set (or dropped) by the heartbeat thread: next time
+                shipping = full = False
             if full:
                 self._full_next.discard(key)
         meta = inst.state_backend().checkpoint(checkpoint_id, path, runtime=runtime, full=full)
@@ -99,6 +102,9 @@ class WorkerCheckpoints:
             offered = False
             with self._lock:
                 self._full_next.add(key)
+        except KeyError:  # the driver's view just handed shipping to the twin (a restored one ships again)
+            log.info("%s: checkpoint %d not shipped: its twin ships now", inst.name, checkpoint_id)
+            offered = False
         if not offered:
             path.unlink(missing_ok=True)
         return meta, offered

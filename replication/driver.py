@@ -1017,7 +1017,7 @@ class JobHandle:
                               "bytes_moved": coordinator.moved_bytes(hid),
                               "bytes_shipped": coordinator.shipped_bytes(hid),
                               "bytes_from_store": coordinator.store_bytes(hid),
-                              "bytes_planned": coordinator.manager.record(hid).size_bytes if sizes else None,
+                              "bytes_planned": coordinator.record(hid).size_bytes if sizes else None,
                               "release_s": (release_at - switch_at) * period_ms / 1000,
                               "instructed_at": instructed_at, "timeline": timeline,
                               "phases": step_phases(instructed_at, timeline, coordinator.served(hid)),
@@ -1065,7 +1065,7 @@ class JobHandle:
             hid = order.handover_id
             self._await_handover(coordinator, hid, started + timeout, f"while replacing {operator!r}",
                                  f"replacement {hid} of {operator!r} not completed within {timeout}s")
-            record = coordinator.manager.record(hid)
+            record = coordinator.record(hid)
         return {"handover_id": hid, "version": order.version, "switch_at": switch_at, "state": record.state.value,
                 "reason": record.reason, "seconds": time.monotonic() - started}
 

@@ -38,6 +38,7 @@ from rhino_state import (
     Fluid,
     HandoverAck,
     HandoverManager,
+    HandoverRecord,
     HandoverState,
     JobState,
     LateInstructionError,
@@ -742,6 +743,7 @@ class HandoverCoordinator:
         self._times: dict[int, dict[str, dict[Instance, float]]] = {}
         self.period_s = period_s
         self._margins: dict[int, ReleaseMargin] = {}  # per keyed task
+        self._pruned: dict[int, HandoverRecord] = {}  # records the manager let go, for the driver's reports
 
     def start_move(self, task: int, vnodes: Iterable[int], target: int, switch_at: int,
                    release_at: int) -> HandoverOrder:
@@ -979,10 +981,14 @@ class HandoverCoordinator:
                 del self.history[hid]
                 self._cut_entries.pop(hid, None)
                 self._acted_after.pop(hid, None)
+        before = dict(self.manager.records)
         for task in self.manager.tables:
             left = [o.epoch for o in [*self.orders.values(), *self.history.values()]
                     if isinstance(o, HandoverOrder) and o.task == task]
             self.manager.prune(task, min(left) - 1 if left else self.manager.tables[task].epoch)
+        self._pruned.update((h, r) for h, r in before.items() if h not in self.manager.records)
+        for old in sorted(self._pruned)[:-TIMELINES]:
+            del self._pruned[old]
         return gone
 
     def replica_lost(self, replica: ReplicaId) -> list[str]:
@@ -995,8 +1001,14 @@ class HandoverCoordinator:
                 events.append(f"handover {cancel.handover_id} cancelled: {cancel.reason}")
         return events
 
+    def record(self, hid: int) -> HandoverRecord:
+        """The manager's record of ``hid``, also once the manager pruned it (the last
+        :data:`TIMELINES` pruned ones): the driver may look at a step after checkpoints let it go."""
+        rec = self.manager.records.get(hid) or self._pruned.get(hid)
+        return rec if rec is not None else self.manager.record(hid)
+
     def state(self, hid: int) -> HandoverState:
-        return self.manager.record(hid).state
+        return self.record(hid).state
 
     def view(self) -> list[dict[str, Any]]:
         """What every heartbeat reply carries: the handovers not completed (cancelled ones too)."""
