@@ -828,6 +828,9 @@ class HandoverCoordinator:
                 continue
             outcome = self.manager.ack(ack)
             if ack.kind is AckKind.CUT and outcome is AckOutcome.ACCEPTED:
+                if hid not in self._cut_entries:
+                    for old in sorted(self._cut_entries)[:-TIMELINES]:  # (kept as long as timelines)
+                        del self._cut_entries[old]
                 cuts = self._cut_entries.setdefault(hid, {})
                 cuts[replica[1]] = max(cuts.get(replica[1], 0), entries)
             events += self._advance(hid, now)
@@ -979,7 +982,6 @@ class HandoverCoordinator:
                    for inst in self._participants(order)):
                 gone.append(hid)
                 del self.history[hid]
-                self._cut_entries.pop(hid, None)
                 self._acted_after.pop(hid, None)
         before = dict(self.manager.records)
         for task in self.manager.tables:

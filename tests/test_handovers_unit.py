@@ -459,7 +459,7 @@ def test_the_coordinator_retains_completed_orders_for_restored_replicas_until_re
     assert coord.replica_restored((chain.id, 1, 1), 1) == []
     # the manager let the record go; the driver, waking up later to report the step, still sees it
     assert order.handover_id not in coord.manager.records
-    assert coord.state(order.handover_id).value == "completed"
+    assert coord.state(order.handover_id).value == "completed" and coord.moved_entries(order.handover_id) == 3
 
 
 def test_handovers_are_refused_with_the_reason_where_they_are_not_wired():
