@@ -680,6 +680,10 @@ class ElectionJanitor:
         self._client.close()
 
 
+# A handover job aborted because a participant was already past the switch pulse goes again this often.
+LATE_RETRIES = 2
+
+
 def _switch_pulse(generators: Sequence[HeartbeatGenerator], margin_s: float, period_ms: int) -> tuple[int, int]:
     """The generators' last pulse, and the pulse about ``margin_s`` after it (at least 5 later)."""
     pulse = max(g.pulses.last_h for g in generators)
@@ -845,8 +849,12 @@ class JobHandle:
         refuses and TimeoutError if it did not complete within ``timeout``."""
         tid = self._keyed_task(task)
         strategy = strategy or AllAtOnce()
+        def submit(c: HandoverCoordinator, sizes: list[int] | None) -> int:  # (a retry: what is not there yet)
+            left = [v for v in vnodes if c.manager.tables[tid].partition_of_vnode(v) != target] or list(vnodes)
+            return c.start_job(tid, left, target, strategy, sizes)
+
         return self._run_handover_job(
-            task, lambda c, sizes: c.start_job(tid, vnodes, target, strategy, sizes),
+            task, submit,
             f"vnodes {format_vnodes(vnodes)} to partition {target}", strategy, timeout, margin_s, release_s, gap_s)
 
     def rescale(self, task: str, parallelism: int, timeout: float = 120.0, margin_s: float = 0.5,
@@ -979,8 +987,10 @@ class JobHandle:
                           gap_s: float) -> dict[str, Any]:
         """Submit a handover job and run its steps one by one, each at pulses about ``margin_s``
         ahead; the report of :meth:`move_vnodes`.  A byte cap (``Batched(max_bytes=...)``) plans
-        the steps from the state bytes per vnode, measured first."""
-        period_ms = self.cfg.liverobin_heartbeat_period_ms
+        the steps from the state bytes per vnode, measured first.  A job aborted because a
+        participant was past the switch pulse when it heard of the step (a loaded worker's
+        heartbeats were late) goes again for what is left, the switch twice as far ahead, up to
+        :data:`LATE_RETRIES` times."""
         started = time.monotonic()
         deadline = started + timeout
         steps: list[dict[str, Any]] = []
@@ -989,48 +999,68 @@ class JobHandle:
         sizes = self.state_bytes_per_vnode(task, timeout=min(30.0, timeout)) if capped else None
         with self._handover_window("a handover", timeout) as (coordinator, generators):
             master = self.master
-            job = submit(coordinator, sizes)
-            master.event(f"handover job {job} of {task}: {what} ({type(strategy).__name__}, "
-                         f"{len(coordinator.manager.job(job).steps)} step(s))")
-            while coordinator.job_state(job) is JobState.RUNNING:
-                step_started = time.monotonic()
-                pulse, switch_at = _switch_pulse(generators, margin_s, period_ms)
-                margin = coordinator.next_release_s(job, sizes) if release_s is None else release_s
-                release_at = switch_at + max(2, math.ceil(margin * 1000 / period_ms))
-                instructed_at = time.time()
-                order = coordinator.instruct_next(job, switch_at, release_at)
-                if order is None:  # e.g. a lost replica not restored yet, or the bytes-in-flight cap: wait
-                    if time.monotonic() >= deadline:
-                        raise TimeoutError(f"handover job {job} of {task} could not go on within {timeout:g}s: "
-                                           f"{coordinator.manager.why_not_next(job)}")
-                    master._cond.wait(0.1)
-                    continue
-                hid = order.handover_id
-                self._await_handover(coordinator, hid, deadline, f"during handover {hid}",
-                                     f"handover {hid} of {task} not completed within {timeout}s")
-                timeline = coordinator.timeline(hid)
-                steps.append({"handover_id": hid, "vnodes": sorted(m.vnode for m in order.moves),
-                              "origins": sorted(order.origins), "targets": sorted(order.targets),
-                              "state": coordinator.state(hid).value,
-                              "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
-                              "entries_moved": coordinator.moved_entries(hid),
-                              "bytes_moved": coordinator.moved_bytes(hid),
-                              "bytes_shipped": coordinator.shipped_bytes(hid),
-                              "bytes_from_store": coordinator.store_bytes(hid),
-                              "bytes_planned": coordinator.record(hid).size_bytes if sizes else None,
-                              "release_s": (release_at - switch_at) * period_ms / 1000,
-                              "instructed_at": instructed_at, "timeline": timeline,
-                              "phases": step_phases(instructed_at, timeline, coordinator.served(hid)),
-                              "served": coordinator.served(hid), "held_records": coordinator.held_records(hid),
-                              "seconds": time.monotonic() - step_started})
-                if gap_s and coordinator.job_state(job) is JobState.RUNNING:
-                    master._cond.wait(gap_s)
+            jobs: list[int] = []
+            while True:
+                job = submit(coordinator, sizes)
+                jobs.append(job)
+                master.event(f"handover job {job} of {task}: {what} ({type(strategy).__name__}, "
+                             f"{len(coordinator.manager.job(job).steps)} step(s))")
+                self._run_steps(coordinator, generators, job, task, strategy, sizes, deadline, timeout, margin_s,
+                                release_s, gap_s, steps)
+                ended = coordinator.manager.job(job)
+                if not (ended.state is JobState.ABORTED and ended.late and len(jobs) <= LATE_RETRIES):
+                    break
+                # nothing of the aborted step happened: the rest goes again, its switch further ahead
+                margin_s = 2 * max(margin_s, 0.25)
+                master.event(f"handover job {job} of {task}: {ended.reason}; the rest again, the switch "
+                             f"{margin_s:g}s ahead")
             state = coordinator.job_state(job)
             reason = coordinator.manager.job(job).reason
             table = coordinator.manager.tables[coordinator.manager.job(job).task]
-        return {"job": job, "state": state.value, "reason": reason, "steps": steps,
+        return {"job": job, "jobs": jobs, "state": state.value, "reason": reason, "steps": steps,
                 "entries_moved": sum(s["entries_moved"] for s in steps), "seconds": time.monotonic() - started,
                 "partitions": sorted(set(table.assignment))}
+
+    def _run_steps(self, coordinator: HandoverCoordinator, generators: Sequence[HeartbeatGenerator], job: int,
+                   task: str, strategy: Strategy, sizes: list[int] | None, deadline: float, timeout: float,
+                   margin_s: float, release_s: float | None, gap_s: float, steps: list[dict[str, Any]]) -> None:
+        """Instruct the steps of handover ``job`` one by one until it ends, each at pulses about
+        ``margin_s`` ahead; each step's report is appended to ``steps``."""
+        period_ms = self.cfg.liverobin_heartbeat_period_ms
+        master = self.master
+        while coordinator.job_state(job) is JobState.RUNNING:
+            step_started = time.monotonic()
+            pulse, switch_at = _switch_pulse(generators, margin_s, period_ms)
+            margin = coordinator.next_release_s(job, sizes) if release_s is None else release_s
+            release_at = switch_at + max(2, math.ceil(margin * 1000 / period_ms))
+            instructed_at = time.time()
+            order = coordinator.instruct_next(job, switch_at, release_at)
+            if order is None:  # e.g. a lost replica not restored yet, or the bytes-in-flight cap: wait
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"handover job {job} of {task} could not go on within {timeout:g}s: "
+                                       f"{coordinator.manager.why_not_next(job)}")
+                master._cond.wait(0.1)
+                continue
+            hid = order.handover_id
+            self._await_handover(coordinator, hid, deadline, f"during handover {hid}",
+                                 f"handover {hid} of {task} not completed within {timeout}s")
+            timeline = coordinator.timeline(hid)
+            steps.append({"handover_id": hid, "vnodes": sorted(m.vnode for m in order.moves),
+                          "origins": sorted(order.origins), "targets": sorted(order.targets),
+                          "state": coordinator.state(hid).value,
+                          "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
+                          "entries_moved": coordinator.moved_entries(hid),
+                          "bytes_moved": coordinator.moved_bytes(hid),
+                          "bytes_shipped": coordinator.shipped_bytes(hid),
+                          "bytes_from_store": coordinator.store_bytes(hid),
+                          "bytes_planned": coordinator.record(hid).size_bytes if sizes else None,
+                          "release_s": (release_at - switch_at) * period_ms / 1000,
+                          "instructed_at": instructed_at, "timeline": timeline,
+                          "phases": step_phases(instructed_at, timeline, coordinator.served(hid)),
+                          "served": coordinator.served(hid), "held_records": coordinator.held_records(hid),
+                          "seconds": time.monotonic() - step_started})
+            if gap_s and coordinator.job_state(job) is JobState.RUNNING:
+                master._cond.wait(gap_s)
 
     def replace_operator(self, task: str, operator: str, fn: Any, timeout: float = 60.0,
                          margin_s: float = 0.5) -> dict[str, Any]:

@@ -745,6 +745,9 @@ class HandoverJob:
     next_index: int = 0
     handover_ids: list[int] = field(default_factory=list)
     reason: str = ""
+    # aborted because a participant was already past the switch position when it heard of the
+    # step (nothing of that step happened): the rest may be submitted again, at a later position
+    late: bool = False
 
     @property
     def vnodes(self) -> frozenset[int]:
@@ -1093,13 +1096,14 @@ class HandoverManager:
                              "forward)")
         return self._abort(rec, reason)
 
-    def _abort(self, rec: HandoverRecord, reason: str) -> Cancel:
+    def _abort(self, rec: HandoverRecord, reason: str, late: bool = False) -> Cancel:
         rec.state = HandoverState.ABORTED
         rec.reason = reason
         if rec.job_id is not None:
             job = self.jobs[rec.job_id]
             job.state = JobState.ABORTED
             job.reason = f"step {job.next_index - 1} (handover {rec.handover_id}) aborted: {reason}"
+            job.late = late
         return Cancel(rec.handover_id, rec.epoch, reason)
 
     def release(self, handover_id: int) -> Release:
@@ -1135,7 +1139,7 @@ class HandoverManager:
                                                 "instructions)")
                 return self._record_ack(acks, ack)  # a restored replica re-armed: changes nothing
             if ack.kind is AckKind.LATE:
-                self._abort(rec, f"replica {replica} is past its position")
+                self._abort(rec, f"replica {replica} is past its position", late=True)
                 return AckOutcome.ABORTED
             outcome = self._record_ack(acks, ack)
             if outcome is AckOutcome.ACCEPTED and self._all_acked(rec, rec.instances, AckKind.ARMED):

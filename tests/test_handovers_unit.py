@@ -297,10 +297,14 @@ def test_the_coordinator_cancels_on_a_late_participant_or_a_lost_one_before_the_
     order = coord.start_move(chain.id, [0], 1, switch_at=100, release_at=110)
     events = coord.on_acks(_acks(order, "late", [(chain.id, 0)]))
     assert any("cancelled" in e for e in events) and coord.view()[0]["cancelled"]
+    # nothing of it happened: the driver may submit the rest again, further ahead (JobHandle retries)
+    late_job = coord.manager.record(order.handover_id).job_id
+    assert coord.manager.job(late_job).late
     second = coord.start_move(chain.id, [0], 1, switch_at=300, release_at=310)
     events = coord.replica_lost((chain.id, 1, 0))
     assert any("cancelled" in e for e in events)
     assert next(o for o in coord.view() if o["id"] == second.handover_id)["cancelled"]
+    assert not coord.manager.job(coord.manager.record(second.handover_id).job_id).late  # a lost replica: wait
     with pytest.raises(ValueError, match="at least 2 after"):
         coord.start_move(chain.id, [0], 1, switch_at=400, release_at=401)
     assert replace(second, cancelled=False).to_wire()["moves"] == [(0, 0, 1)]
