@@ -1325,8 +1325,7 @@ def _plot(out: Path, res: Results) -> None:
         ax.axvline(0, color="red", linestyle="--", linewidth=1)
         ax.set(xlabel="seconds since the request (event time; dotted: its end)",
                ylabel="per-second p99 producer→sink (ms)", yscale="log",
-               title=f"Latency around: {operation} (solid LR, dash-dot LR + Rhino, dashed KaZoo, dotted KaZoo + "
-                     "Rhino)")
+               title=f"Latency around: {operation}\n(solid LR, dash-dot LR + Rhino, dashed KaZoo, dotted KaZoo + Rhino)")
         ax.grid(alpha=.3, which="both")
         ax.legend(fontsize="x-small")
 
