@@ -380,7 +380,8 @@ def test_with_rhino_a_target_rebuilds_the_moved_state_from_its_copy_of_the_origi
     moved = [s for s in steps if s["entries_moved"]]
     assert moved and all(s["bytes_from_store"] > 0 for s in moved), steps
     # the idle keys' state stayed put in the checkpoint copy: only the changes crossed the network
-    assert 0 < there["steps"][0]["bytes_shipped"] < there["steps"][0]["bytes_moved"], there
+    # (none at all when the origin's last checkpoint came right before the cut, as KaZoo's can)
+    assert there["steps"][0]["bytes_shipped"] < there["steps"][0]["bytes_moved"], there
     print({s["handover_id"]: (s["bytes_moved"], s["bytes_shipped"], s["bytes_from_store"]) for s in steps})
 
 
