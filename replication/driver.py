@@ -849,6 +849,7 @@ class JobHandle:
         refuses and TimeoutError if it did not complete within ``timeout``."""
         tid = self._keyed_task(task)
         strategy = strategy or AllAtOnce()
+
         def submit(c: HandoverCoordinator, sizes: list[int] | None) -> int:  # (a retry: what is not there yet)
             left = [v for v in vnodes if c.manager.tables[tid].partition_of_vnode(v) != target] or list(vnodes)
             return c.start_job(tid, left, target, strategy, sizes)
@@ -1005,8 +1006,8 @@ class JobHandle:
                 jobs.append(job)
                 master.event(f"handover job {job} of {task}: {what} ({type(strategy).__name__}, "
                              f"{len(coordinator.manager.job(job).steps)} step(s))")
-                self._run_steps(coordinator, generators, job, task, strategy, sizes, deadline, timeout, margin_s,
-                                release_s, gap_s, steps)
+                self._run_steps(coordinator, generators, job, task, sizes, deadline, timeout, margin_s, release_s,
+                                gap_s, steps)
                 ended = coordinator.manager.job(job)
                 if not (ended.state is JobState.ABORTED and ended.late and len(jobs) <= LATE_RETRIES):
                     break
@@ -1022,7 +1023,7 @@ class JobHandle:
                 "partitions": sorted(set(table.assignment))}
 
     def _run_steps(self, coordinator: HandoverCoordinator, generators: Sequence[HeartbeatGenerator], job: int,
-                   task: str, strategy: Strategy, sizes: list[int] | None, deadline: float, timeout: float,
+                   task: str, sizes: list[int] | None, deadline: float, timeout: float,
                    margin_s: float, release_s: float | None, gap_s: float, steps: list[dict[str, Any]]) -> None:
         """Instruct the steps of handover ``job`` one by one until it ends, each at pulses about
         ``margin_s`` ahead; each step's report is appended to ``steps``."""
@@ -1044,7 +1045,7 @@ class JobHandle:
             hid = order.handover_id
             self._await_handover(coordinator, hid, deadline, f"during handover {hid}",
                                  f"handover {hid} of {task} not completed within {timeout}s")
-            timeline = coordinator.timeline(hid)
+            timeline, served = coordinator.timeline(hid), coordinator.served(hid)
             steps.append({"handover_id": hid, "vnodes": sorted(m.vnode for m in order.moves),
                           "origins": sorted(order.origins), "targets": sorted(order.targets),
                           "state": coordinator.state(hid).value,
@@ -1056,8 +1057,8 @@ class JobHandle:
                           "bytes_planned": coordinator.record(hid).size_bytes if sizes else None,
                           "release_s": (release_at - switch_at) * period_ms / 1000,
                           "instructed_at": instructed_at, "timeline": timeline,
-                          "phases": step_phases(instructed_at, timeline, coordinator.served(hid)),
-                          "served": coordinator.served(hid), "held_records": coordinator.held_records(hid),
+                          "phases": step_phases(instructed_at, timeline, served),
+                          "served": served, "held_records": coordinator.held_records(hid),
                           "seconds": time.monotonic() - step_started})
             if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                 master._cond.wait(gap_s)

@@ -408,8 +408,7 @@ class PartitionHandovers(_Decisions):
                     step.origins = frozenset(m.origin for m in order.moves if m.target == self.partition)
                     groups = load_key_groups(order.moves, self.partition, self.num_key_groups, self.num_vnodes)
                     step.gate = TargetGate(order.handover_id, () if self.serve_through else groups)
-                    if self.serve_through:
-                        self._awaited |= frozenset(kg for r in groups for kg in r)
+                    self._recount_awaited()
             elif order.committed and not step.order.committed:
                 step.order = order
                 self._cond.notify_all()
@@ -456,7 +455,7 @@ class PartitionHandovers(_Decisions):
                       ) -> DeltaCut | None:
         """Chunk ``chunk`` of ``chunks`` of origin partition ``origin``'s changes since its checkpoint
         ``base``, for this partition; the complete :class:`DeltaCut` once every chunk is in (to be
-        rebuilt with that checkpoint, then given to :meth:`state_arrived`), else None.  Chunks are
+        rebuilt with that checkpoint, then given to :meth:`cut_rebuilt`), else None.  Chunks are
         collected per ``base``: a chunk from either origin replica counts, as long as they agree on it."""
         with self._cond:
             step = self._steps.get(handover_id)

@@ -89,14 +89,15 @@ def _cut_requests(order: HandoverOrder, origin: int, target: int, cut: TargetCut
     """The ``HandoverState`` calls that carry ``cut`` to one replica of ``target``: its entries in
     chunks, or (``delta``) its changes since checkpoint ``cut.base`` in chunks with the digest and
     count of the entries they must rebuild."""
-    chunks = cut.changes if delta and cut.changes is not None else cut.chunks
+    delta = delta and cut.changes is not None
+    chunks = cut.changes if delta else cut.chunks
     for i, chunk in enumerate(chunks):
         req = {"handover": order.handover_id, "task": order.task, "partition": target, "origin": origin,
                "chunk": i, "chunks": len(chunks), "extras": cut.extras if i == 0 else {}}
-        if chunks is cut.chunks:
-            req["entries"] = chunk
-        else:
+        if delta:
             req.update(changes=chunk, base=cut.base, digest=cut.digest, count=cut.entries)
+        else:
+            req["entries"] = chunk
         yield req
 
 
