@@ -520,7 +520,9 @@ class PartitionHandovers(_Decisions):
 
     @property
     def gating(self) -> bool:
-        return any(s.gate is not None for s in self._steps.values())
+        """Whether a target step may hold records (read by the instance thread per element, without
+        the lock: a snapshot of the steps, which the heartbeat thread adds and removes)."""
+        return any(s.gate is not None for s in list(self._steps.values()))
 
     def gate(self, element: Any, key_group: int | None) -> tuple[Any, ...]:
         """Offer an input element (data with its key group, or None for a watermark) to every
