@@ -407,30 +407,36 @@ class ProcessingInstance(PartitionInstance):
         return orderer
 
     def deliver(self, header: BatchHeader, payload: bytes, block: bool = True) -> bool:
-        """Called by receiver threads: dedup, then enqueue (blocking = back-pressure).  With
-        ``block=False`` a batch that finds its queue full is refused (False) and not counted: the
-        sender sends it again."""
+        """Called by receiver threads: dedup, then enqueue.  A full queue: with ``block`` wait for
+        room (back-pressure) and try again, without ``block`` refuse the batch (False, not counted:
+        the sender sends it again).  Nothing is held while waiting: a remote call delivering
+        batches of several channels must never wait behind a full queue of one of them."""
         lock = self._channel_locks.get(header.channel)
         if lock is None:
             raise ValueError(f"{self.name}: channel {header.channel} is not an input of this instance")
-        with lock:  # one deliverer per channel: the check below stays true until the commit
-            with self._dedup_lock:
-                adm = self.dedup.check(header.channel, header.first_seq, header.count)
-            if adm.gap:
-                log.error("%s: gap of %d seqs on channel %d before seq %d (not delivered)",
-                          self.name, adm.gap, header.channel, header.first_seq)
-            elif adm.delivers:
-                elements = decode_elements(payload, header)
-                try:
-                    if not self.queues.put(header.channel, elements[adm.start:adm.stop], block):
-                        return False
-                except QueuesClosed:
-                    pass  # the instance is stopping: it consumes nothing more
-            with self._dedup_lock:
-                self.dedup.commit(header.channel, header.first_seq, adm)
-                self.metrics.dedup_dropped = self.dedup.dropped
-                self.metrics.gaps = self.dedup.gaps
-            return True
+        while True:
+            with lock:  # one deliverer per channel: the check below stays true until the commit
+                with self._dedup_lock:
+                    adm = self.dedup.check(header.channel, header.first_seq, header.count)
+                if adm.gap:
+                    log.error("%s: gap of %d seqs on channel %d before seq %d (not delivered)",
+                              self.name, adm.gap, header.channel, header.first_seq)
+                elif adm.delivers:
+                    elements = decode_elements(payload, header)
+                    try:
+                        if not self.queues.put(header.channel, elements[adm.start:adm.stop], block=False):
+                            if not block:
+                                return False
+                            adm = None  # full: wait below, outside the lock, then decide afresh
+                    except QueuesClosed:
+                        pass  # the instance is stopping: it consumes nothing more
+                if adm is not None:
+                    with self._dedup_lock:
+                        self.dedup.commit(header.channel, header.first_seq, adm)
+                        self.metrics.dedup_dropped = self.dedup.dropped
+                        self.metrics.gaps = self.dedup.gaps
+                    return True
+            self.queues.wait_room(header.channel, 0.1)
 
     def request_stop(self) -> None:
         super().request_stop()

@@ -176,3 +176,51 @@ def test_a_peer_given_up_fails_the_waiting_sends():
     with pytest.raises(grpc.RpcError):
         link.send(framing.encode_batch(0, 1, 3, 0, [(0, "a")]))
     link.close()
+
+
+def _receiving_instance(channels: list[int], capacity: int):
+    """The receiving side of ``ProcessingInstance.deliver`` itself (its channel locks, dedup and
+    per-channel queues), without a worker around it."""
+    from types import SimpleNamespace
+
+    from replication.instance import ProcessingInstance
+    from replication.metrics import InstanceMetrics
+
+    inst = SimpleNamespace(name="chain[0]r1", _channel_locks={c: threading.Lock() for c in channels},
+                           _dedup_lock=threading.Lock(), dedup=Dedup(), metrics=InstanceMetrics(),
+                           queues=InputQueues(channels, capacity, per_channel=True))
+    return inst, lambda h, payload, block=True: ProcessingInstance.deliver(inst, h, payload, block)
+
+
+def _batch(channel: int, first_seq: int) -> tuple[framing.BatchHeader, bytes]:
+    payload = framing.encode_batch(0, 0, channel, first_seq, [(0, first_seq)])
+    return framing.decode_header(payload), payload
+
+
+def test_a_same_worker_sender_waiting_on_a_full_queue_does_not_hold_up_a_remote_call():
+    """A same-worker upstream delivers channel 1 with back-pressure and waits on its full queue;
+    meanwhile a PushMany from another worker carries a batch of channel 1 and one of channel 2.
+    That call must answer at once (1: busy, 2: delivered): were the waiting sender to hold the
+    channel's lock, the call (and every channel behind it) would wait until channel 1 is consumed,
+    which a merge waiting for channel 2 never does."""
+    from replication.channels import PUSH_BUSY, PUSH_OK, decode_push_reply
+
+    inst, deliver = _receiving_instance([1, 2], capacity=1)
+    assert deliver(*_batch(1, 0))  # channel 1 is full now
+    local = threading.Thread(target=deliver, args=_batch(1, 1), daemon=True)  # back-pressured
+    local.start()
+    time.sleep(0.1)
+    replies: list[bytes] = []
+    remote = threading.Thread(daemon=True, target=lambda: replies.append(receive_pushes(
+        encode_pushes([_batch(1, 1)[1], _batch(2, 0)[1]]), lambda h, p: deliver(h, p, block=False))))
+    remote.start()
+    remote.join(2.0)
+    assert not remote.is_alive(), "the remote call waited behind the same-worker sender"
+    statuses, _ = decode_push_reply(replies[0], 2)
+    assert list(statuses) == [PUSH_BUSY, PUSH_OK]
+    assert inst.queues.take_from(2, 0) == [(0, 0)]
+    assert local.is_alive()  # still back-pressured ...
+    assert inst.queues.take_from(1, 0) == [(0, 0)]
+    local.join(2.0)  # ... until channel 1 is consumed
+    assert not local.is_alive() and inst.queues.take_from(1, 0) == [(0, 1)]
+    assert inst.dedup.gaps == 0
