@@ -21,7 +21,7 @@ from replication.deadletter import describe_error, payload_of
 from replication.elements import DATA, END_ELEMENT, pulse, watermark
 from replication.functions import ProcessContext, RuntimeContext, mergeable
 from replication.kafka_io import produce_blocking
-from rhino_state import encode_key, key_group
+from rhino_state import canonical_dumps, encode_key, key_group
 
 
 class Operator:
@@ -244,7 +244,7 @@ class WindowOperator(Operator):
     def merge_raw(self, moved: bytes, served: bytes) -> bytes:
         """A target that served moved keys: the moved accumulator (the origin's records) merged with
         the one it built since the switch (the records after them), as stored."""
-        return pickle.dumps(self.agg.merge(pickle.loads(moved), pickle.loads(served)), protocol=5)
+        return canonical_dumps(self.agg.merge(pickle.loads(moved), pickle.loads(served)))
 
     def _fire(self, wm: int) -> None:
         # a target serving moved keys fires their windows once it merged their moved state in

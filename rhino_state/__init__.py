@@ -73,7 +73,7 @@ from rhino_state.replica_store import (
     ReplicaStore,
     ReplicaStoreClosedError,
 )
-from rhino_state.state import MapState, NoCurrentKeyError, StateContext, ValueState
+from rhino_state.state import MapState, NoCurrentKeyError, StateContext, ValueState, canonical_dumps
 
 __all__ = [
     "MAX_KEY_GROUPS",
@@ -95,6 +95,7 @@ __all__ = [
     "StateBackendClosedError",
     "StateContext",
     "ValueState",
+    "canonical_dumps",
     "apply_increment",
     "decode_key",
     "encode_key",

@@ -6,14 +6,18 @@ Physical layout (after the backend's 2-byte key-group prefix)::
     + len(encoded key) (4 bytes, big endian) + encoded key
     [+ encoded map key]                        # MapState only
 
-Values are pickled (protocol 5): state never leaves the replica in object form
-(checkpoints ship the raw bytes), so both replicas decode what they encoded.
+Values are pickled (protocol 5) canonically (:func:`canonical_dumps`): sets and frozensets in a
+sorted order, so that equal values are equal bytes in every process (a set of strings iterates
+in an order that depends on the process's ``PYTHONHASHSEED``) and the two replicas' state
+digests agree.  State never leaves the replica in object form (checkpoints ship the raw bytes),
+so both replicas decode what they encoded.
 Every read returns a freshly unpickled object, so mutating a value read from
 state changes nothing until it is written back with ``update``/``put``.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +27,7 @@ import xxhash
 from rhino_state.backend import RocksDBStateBackend
 from rhino_state.keys import Key, decode_key, encode_key, stable_hash, validate_num_key_groups
 
-__all__ = ["MapState", "NoCurrentKeyError", "StateContext", "ValueState"]
+__all__ = ["MapState", "NoCurrentKeyError", "StateContext", "ValueState", "canonical_dumps"]
 
 _PICKLE_PROTOCOL = 5
 _MISSING = object()
@@ -33,8 +37,60 @@ class NoCurrentKeyError(RuntimeError):
     """A state handle was used before ``StateContext.set_current_key``."""
 
 
-def _dumps(value: Any) -> bytes:
-    return pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
+# the opcodes with which protocol 5 writes a set or frozenset (the C pickler's fast path)
+_SET_OPCODES = (pickle.EMPTY_SET, pickle.FROZENSET)
+
+
+def _sorted(items: set | frozenset) -> list:
+    try:
+        return sorted(items)
+    except TypeError:  # elements of mixed or unorderable types
+        return sorted(items, key=canonical_dumps)
+
+
+class _CanonicalPickler(pickle._Pickler):
+    """The pure-Python pickler (the C one pickles exact sets without consulting any hook), with
+    sets and frozensets written in sorted order; everything else as ``pickle`` writes it."""
+
+    dispatch = dict(pickle._Pickler.dispatch)
+
+    def _save_set(self, obj: set) -> None:
+        self.write(pickle.EMPTY_SET)
+        self.memoize(obj)
+        items = _sorted(obj)
+        for i in range(0, len(items), self._BATCHSIZE):
+            self.write(pickle.MARK)
+            for item in items[i:i + self._BATCHSIZE]:
+                self.save(item)
+            self.write(pickle.ADDITEMS)
+
+    def _save_frozenset(self, obj: frozenset) -> None:
+        self.write(pickle.MARK)
+        for item in _sorted(obj):
+            self.save(item)
+        if id(obj) in self.memo:  # recursive: drop what was pushed, fetch it from the memo
+            self.write(pickle.POP_MARK + self.get(self.memo[id(obj)][0]))
+            return
+        self.write(pickle.FROZENSET)
+        self.memoize(obj)
+
+    dispatch[set] = _save_set
+    dispatch[frozenset] = _save_frozenset
+
+
+def canonical_dumps(value: Any) -> bytes:
+    """``value`` pickled (protocol 5) so that equal values give equal bytes in every process:
+    by ``pickle`` itself when that wrote no set (the usual case, at C speed), else again by
+    :class:`_CanonicalPickler` (also when those opcode bytes only occur inside a string)."""
+    data = pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
+    if not any(op in data for op in _SET_OPCODES):
+        return data
+    out = io.BytesIO()
+    _CanonicalPickler(out, protocol=_PICKLE_PROTOCOL).dump(value)
+    return out.getvalue()
+
+
+_dumps = canonical_dumps
 
 
 class StateContext:
