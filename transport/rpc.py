@@ -1,0 +1,159 @@
+"""gRPC plumbing without code generation: signed raw-bytes unary methods on a generic service.
+
+Every server (the driver's job master, each worker's data and control plane, Rhino's chain
+replication) is started by :func:`serve` on one host, never on every interface unless told so,
+and refuses any call not signed with the application's secret before it reads the payload
+(:mod:`transport.security`); with TLS material it listens on TLS only, and every
+:class:`Peer` dials with TLS.  The data plane sends pre-framed batches as bytes; the control
+plane sends typed messages in :mod:`transport.wire`'s safe encoding (:func:`typed`,
+:meth:`Peer.call`), never pickles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+
+from transport import wire
+from transport.security import MAC_SIZE, STAMP_SIZE, Refusals, RpcSecurity, TlsMaterial
+
+__all__ = ["BytesHandler", "Peer", "RpcServer", "UnauthenticatedReply", "is_retryable", "serve", "typed"]
+
+SERVICE = "replication.v1.Runtime"
+_OPTIONS = [
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+]
+
+BytesHandler = Callable[[bytes], bytes]
+Req = TypeVar("Req")
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 literal in brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class RpcServer:
+    """A started server: its port, the calls it refused, and :meth:`stop`."""
+
+    def __init__(self, server: grpc.Server, port: int, refusals: Refusals) -> None:
+        self._server = server
+        self.port = port
+        self.refusals = refusals
+
+    @property
+    def refused(self) -> int:
+        return self.refusals.count
+
+    def stop(self, grace: float | None = None) -> None:
+        self._server.stop(grace)
+
+
+_HEAD = STAMP_SIZE + MAC_SIZE  # a signed request: signing time, MAC, payload; a reply: MAC, payload
+
+
+def _signed(method: str, fn: BytesHandler, security: RpcSecurity, refusals: Refusals) -> Callable[[bytes, Any], bytes]:
+    def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        view = memoryview(request)
+        stamp, mac, payload = view[:STAMP_SIZE], view[STAMP_SIZE:_HEAD], view[_HEAD:]
+        why = security.check(method, bytes(stamp), bytes(mac), payload) if len(request) >= _HEAD \
+            else "unsigned call"
+        if why is not None:
+            refusals.refuse(context.peer(), method, why)
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"refused: {why}")
+        reply = fn(bytes(payload))
+        return security.sign_reply(bytes(mac), reply) + reply
+    return handle
+
+
+def serve(handlers: dict[str, BytesHandler], *, security: RpcSecurity, bind_host: str, max_workers: int,
+          name: str = "rpc server") -> RpcServer:
+    """Start a server for ``handlers`` (method name -> bytes -> bytes) on a free port of ``bind_host``."""
+    refusals = Refusals(name)
+    method_handlers = {method: grpc.unary_unary_rpc_method_handler(_signed(method, fn, security, refusals))
+                       for method, fn in handlers.items()}
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
+                         options=_OPTIONS)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, method_handlers),))
+    address = host_port(bind_host, 0)
+    if security.tls is not None:
+        tls = security.tls
+        credentials = grpc.ssl_server_credentials([(tls.private_key, tls.cert_chain)], root_certificates=tls.trust,
+                                                  require_client_auth=True)
+        port = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
+    if not port:
+        raise OSError(f"could not bind a gRPC port on {bind_host}")
+    server.start()
+    return RpcServer(server, port, refusals)
+
+
+def typed(fn: Callable[[Req], Any], request_type: type[Req]) -> BytesHandler:
+    """Adapt a message -> message function to a bytes handler (control plane): the request must
+    decode to a ``request_type``, or the call fails without ``fn`` seeing it."""
+    return lambda request: wire.encode(fn(wire.decode(request, request_type)))
+
+
+class UnauthenticatedReply(grpc.RpcError):
+    """A reply whose signature does not match the call: not from a server of this application."""
+
+    def __init__(self, address: str, method: str) -> None:
+        super().__init__(f"the reply of {address} to {method} is not signed with this application's secret")
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAUTHENTICATED
+
+    def details(self) -> str:
+        return str(self)
+
+
+def _channel(address: str, tls: TlsMaterial | None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(address, options=_OPTIONS)
+    options = list(_OPTIONS)
+    if tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    credentials = grpc.ssl_channel_credentials(root_certificates=tls.trust, private_key=tls.private_key,
+                                               certificate_chain=tls.cert_chain)
+    return grpc.secure_channel(address, credentials, options=options)
+
+
+class Peer:
+    """A client to one remote runtime server."""
+
+    def __init__(self, address: str, security: RpcSecurity) -> None:
+        self.address = address
+        self._security = security
+        self._channel = _channel(address, security.tls)
+        self._methods: dict[str, Any] = {}
+
+    def call_bytes(self, method: str, payload: bytes, timeout: float | None = None) -> bytes:
+        stub = self._methods.get(method)
+        if stub is None:
+            stub = self._methods[method] = self._channel.unary_unary(f"/{SERVICE}/{method}")
+        stamp, mac = self._security.sign(method, payload)
+        reply = stub(stamp + mac + payload, timeout=timeout)
+        view = memoryview(reply)
+        if len(reply) < MAC_SIZE or not self._security.check_reply(mac, bytes(view[:MAC_SIZE]), view[MAC_SIZE:]):
+            raise UnauthenticatedReply(self.address, method)
+        return bytes(view[MAC_SIZE:])
+
+    def call(self, method: str, message: Any, reply_type: type | tuple[type, ...] | None = None,
+             timeout: float | None = None) -> Any:
+        """Send a control message; the reply, decoded (and checked to be a ``reply_type``)."""
+        return wire.decode(self.call_bytes(method, wire.encode(message), timeout), reply_type)
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def is_retryable(err: grpc.RpcError) -> bool:
+    """Transport-level failures worth retrying (peer not up yet, connection reset)."""
+    code = err.code() if hasattr(err, "code") else None
+    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
