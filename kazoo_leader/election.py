@@ -56,6 +56,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 from kazoo.retry import KazooRetry
+from kazoo.security import make_digest_acl
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +133,21 @@ class Candidate:
         return f"Candidate({self.path!r}, identity={self._client.identity!r}, epoch={self._epoch})"
 
 
+def zk_client(connect: str, digest: str | None = None, **options: Any) -> KazooClient:
+    """A ZooKeeper session; with ``digest`` (``user:password``) it authenticates as that digest
+    identity and every node it creates gets an ACL giving that identity alone access."""
+    if digest is None:
+        return KazooClient(hosts=connect, **options)
+    user, _, password = digest.partition(":")
+    return KazooClient(hosts=connect, auth_data=[("digest", digest)],
+                       default_acl=[make_digest_acl(user, password, all=True)], **options)
+
+
 class ElectionClient:
     """One ZooKeeper session per process (worker); many candidates share it."""
 
     def __init__(self, connect: str, session_timeout_s: float, identity: str,
-                 membership: str | None = None) -> None:
+                 membership: str | None = None, digest: str | None = None) -> None:
         if not identity:
             raise ValueError("identity must be a non-empty string")
         if membership is not None and (not membership.startswith("/") or membership.endswith("/")):
@@ -146,8 +157,8 @@ class ElectionClient:
         self.membership = membership
         self._expelled = False  # the membership node was found gone (loop thread writes)
         self._data = identity.encode()
-        self._zk = KazooClient(
-            hosts=connect,
+        self._zk = zk_client(
+            connect, digest,
             timeout=session_timeout_s,
             # Reconnect quickly after a blip; kazoo's default backoff grows up to an hour.
             connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0),
@@ -515,16 +526,18 @@ def _kazoo(client: KazooClient | ElectionClient) -> KazooClient:
     return client.kazoo if isinstance(client, ElectionClient) else client
 
 
-def evict(connect_or_client: KazooClient | ElectionClient | str, root: str, identity: str) -> list[str]:
+def evict(connect_or_client: KazooClient | ElectionClient | str, root: str, identity: str,
+          digest: str | None = None) -> list[str]:
     """Delete every candidate node under ``root`` (any depth) whose data is ``identity``.
 
     The driver calls this when it declares a worker dead, so the worker's leaderships fail over
     at once instead of after its session timeout.  A live worker notices, stops leading and
-    re-enters with a higher epoch.  Accepts a started client (preferred) or a connect string.
+    re-enters with a higher epoch.  Accepts a started client (preferred) or a connect string
+    (and then the ``digest`` identity the election nodes' ACLs name, if any).
     Returns the deleted node paths.
     """
     if isinstance(connect_or_client, str):
-        zk = KazooClient(hosts=connect_or_client)
+        zk = zk_client(connect_or_client, digest)
         try:
             zk.start(timeout=15)
         except KazooTimeoutError:

@@ -255,6 +255,11 @@ class OrderApplier:
                 return True
         return False
 
+    def start_state(self, log_start: int) -> ApplierState:
+        """The state before any record was applied (a replica's first checkpoint, at its start): a
+        restore from it reads the log from ``log_start``."""
+        return ApplierState(0, log_start - 1, self.epoch, self.last_seq, dict(self._applied), sorted(self._ended))
+
     def take_checkpoint(self) -> ApplierState:
         """The due checkpoint's state (the runtime took it); consumption goes on."""
         state, self.checkpoint_due = self.checkpoint_due, None
@@ -321,7 +326,7 @@ class ApplierState:
 
     number: int
     offset: int
-    epoch: int
+    epoch: int | None  # None: no record accepted yet
     seq: int
     applied: dict[int, int]
     ended: list[int]

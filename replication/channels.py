@@ -17,7 +17,8 @@ channel), and its replica would fall further and further behind.
 
 Back-pressure follows the fastest live replica: ``emit`` blocks while even the
 fastest has ``max_ready`` batches waiting.  A replica whose transport fails, or
-that falls ``lag_limit`` batches behind, is cut off (logged); it will see a gap
+that falls ``lag_limit`` batches behind, is cut off (logged, and reported through
+``on_cut_off`` so that the driver replaces it: never silently); it will see a gap
 if it comes back, and gaps are never delivered.  When no replica is left the
 channel fails.  A replica that rejoins (below) is not cut off for lagging while it is replayed
 its backlog: that backlog is the backup, bounded by ``backup_limit``.
@@ -31,7 +32,6 @@ restored from that checkpoint can :meth:`rejoin` and be replayed what it lost.
 from __future__ import annotations
 
 import logging
-import pickle
 import struct
 import threading
 import time
@@ -42,7 +42,8 @@ import grpc
 
 from replication import framing
 from replication.plan import ChannelSpec
-from replication.rpc import Peer, is_retryable
+from transport import wire
+from transport.rpc import Peer, is_retryable
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class PushRefused(Exception):
 
 
 # PushMany wire format: a request is a sequence of (4-byte big-endian length, framed batch); the
-# reply has one status byte per batch (then, if any was refused, a pickled list of the reasons).
+# reply has one status byte per batch (then, if any was refused, the list of the reasons, transport.wire).
 PUSH_OK, PUSH_BUSY, PUSH_REFUSED = 0, 1, 2
 _LEN = struct.Struct(">I")
 
@@ -83,11 +84,11 @@ def decode_pushes(request: bytes) -> list[bytes]:
 
 
 def encode_push_reply(statuses: Sequence[int], reasons: Sequence[str]) -> bytes:
-    return bytes(statuses) + (pickle.dumps(list(reasons), protocol=5) if reasons else b"")
+    return bytes(statuses) + (wire.encode([str(r) for r in reasons]) if reasons else b"")
 
 
 def decode_push_reply(reply: bytes, count: int) -> tuple[bytes, list[str]]:
-    return reply[:count], (pickle.loads(reply[count:]) if len(reply) > count else [])
+    return reply[:count], ([str(r) for r in wire.decode(reply[count:], list)] if len(reply) > count else [])
 
 
 def receive_pushes(request: bytes, deliver: Callable[[framing.BatchHeader, bytes], bool]) -> bytes:
@@ -230,9 +231,15 @@ class OutputChannel:
         first_seq: int = 0,
         retain: bool = False,
         backup_limit: int = 4096,
+        on_cut_off: Callable[[ChannelSpec, int, int | None, str], None] | None = None,
+        destinations: Sequence[int] | None = None,
     ) -> None:
         self.spec = spec
+        # (spec, replica, its worker, reason) of a cut-off this channel decided itself
+        self._on_cut_off = on_cut_off
         self._transports = [transports] if callable(transports) else list(transports)
+        self._destinations: list[int | None] = list(destinations) if destinations is not None \
+            else [None] * len(self._transports)  # the worker each transport reaches
         if not self._transports:
             raise ValueError("a channel needs at least one transport")
         self._batch_size = batch_size
@@ -311,12 +318,15 @@ class OutputChannel:
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush, wait until every live replica got everything (or ``timeout``), stop the senders.
-        True if at least one replica received everything (or finished, see :meth:`retire`)."""
+        True if at least one replica received everything (or finished, see :meth:`retire`).  While
+        every destination replica is lost but a backup is kept (it is being restored), wait for one
+        to rejoin and get everything."""
         self.flush()
         with self._cond:
             self._cond.wait_for(
-                lambda: all(p == self._next_seq for p, a in zip(self._pos, self._alive, strict=True) if a)
-                or not any(self._alive), timeout)
+                lambda: (any(self._alive) or not self._rolling_back())
+                and (all(p == self._next_seq for p, a in zip(self._pos, self._alive, strict=True) if a)
+                     or not any(self._alive)), timeout)
             delivered = any(self._retired) or any(p == self._next_seq for p in self._pos)
             self._closed = True
             self._cond.notify_all()
@@ -334,9 +344,9 @@ class OutputChannel:
             self._cond.notify_all()
 
     def cut_off(self, replica: int, reason: str) -> None:
-        """Stop sending to ``replica`` (declared dead by the driver, failed, or too far behind)."""
+        """Stop sending to ``replica``, as the driver says (its worker was declared dead): not reported."""
         with self._cond:
-            self._cut_off(replica, reason)
+            self._cut_off(replica, reason, report=False)
 
     def retire(self, replica: int) -> None:
         """Stop sending to ``replica`` because it finished: it received END on this channel (from
@@ -363,9 +373,9 @@ class OutputChannel:
                 return None
             return self._sealed[0] if self._sealed else self._next_seq
 
-    def rejoin(self, replica: int, transport: Transport, from_seq: int) -> None:
-        """Send to ``replica`` again (restored from a checkpoint at a new place), starting with the
-        batch that holds ``from_seq``; raises BackupTrimmed if that is no longer held."""
+    def rejoin(self, replica: int, transport: Transport, from_seq: int, worker: int | None = None) -> None:
+        """Send to ``replica`` again (restored from a checkpoint at a new place, ``worker``), starting
+        with the batch that holds ``from_seq``; raises BackupTrimmed if that is no longer held."""
         with self._cond:
             if self._closed:
                 raise ChannelClosed(f"channel {self.spec.id} is closed")
@@ -379,6 +389,7 @@ class OutputChannel:
                 pos = held[-1]
             self._gen[replica] += 1  # a sender still stuck in a call to the old place must not move pos
             self._transports[replica] = transport
+            self._destinations[replica] = worker
             self._pos[replica] = pos
             self._alive[replica] = True
             self._retired[replica] = False
@@ -390,13 +401,15 @@ class OutputChannel:
             self._cond.notify_all()
 
     # -- internals (caller holds the condition) ----------------------------------------------
-    def _cut_off(self, replica: int, reason: str) -> None:
+    def _cut_off(self, replica: int, reason: str, report: bool = True) -> None:
         if self._alive[replica]:
             self._alive[replica] = False
             log.warning("channel %d: replica %d of %d[%d] cut off: %s", self.spec.id, replica, self.spec.dst_task,
                         self.spec.dst_partition, reason)
             self._trim()
             self._cond.notify_all()
+            if report and self._on_cut_off is not None:
+                self._on_cut_off(self.spec, replica, self._destinations[replica], reason)
 
     def _backlog(self) -> int:
         """Sealed batches the fastest live replica has not sent yet (cuts off laggards)."""

@@ -40,8 +40,8 @@ class WorkerCheckpoints:
         self.worker = worker
         self.root = root
         self.store = ReplicaStore(root / "store")
-        self.service = IncrementService(self.store.apply, root / "spool")
-        self.shipper = ChainShipper(on_completed=self._on_completed)
+        self.service = IncrementService(self.store.apply, root / "spool", security=worker.security)
+        self.shipper = ChainShipper(security=worker.security, on_completed=self._on_completed)
         self._lock = threading.Lock()
         self._taken: list[tuple[int, int, int, int, str]] = []  # (task, part, replica, id, digest)
         self._completed: list[tuple[int, int, int, dict[int, int], str, list[str], dict[int, int]]] = []

@@ -140,35 +140,36 @@ def _cmd_move(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    return _handover_request(args, {"task": args.task, "vnodes": vnodes, "target": args.target})
+    return _handover_request(args, task=args.task, vnodes=vnodes, target=args.target)
 
 
 def _cmd_rescale(args: argparse.Namespace) -> int:
-    return _handover_request(args, {"task": args.task, "parallelism": args.parallelism})
+    return _handover_request(args, task=args.task, parallelism=args.parallelism)
 
 
 def _cmd_rebalance(args: argparse.Namespace) -> int:
-    req = {"task": args.task, "fraction": args.fraction, "window": args.window}
-    if args.target is not None:
-        req["target"] = args.target
-    return _handover_request(args, req)
+    return _handover_request(args, task=args.task, fraction=args.fraction, window=args.window, target=args.target)
 
 
 def _cmd_drain(args: argparse.Namespace) -> int:
-    return _handover_request(args, {"executor": args.executor})
+    return _handover_request(args, executor=args.executor)
 
 
-def _handover_request(args: argparse.Namespace, req: dict) -> int:
-    """Send a handover request (move or rescale) to the job's driver and print its report."""
-    from replication import rpc
+def _handover_request(args: argparse.Namespace, **what: Any) -> int:
+    """Send a handover request (move, rescale, rebalance, drain) to the job's driver and print its report."""
     from replication.handovers import format_vnodes, parse_strategy
+    from replication.messages import HandoverReport, HandoverRequest
+    from replication.security import read_cli_credentials
     from replication.status import read_status
+    from transport import rpc
 
     try:
         parse_strategy(args.strategy)
         address = read_status(args.job).get("control_address")
+        security = read_cli_credentials(args.job)
     except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: job {args.job!r}: {err.filename or err} not found (is the job running on this machine, "
+              "as this user?)", file=sys.stderr)
         return 2
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -176,19 +177,20 @@ def _handover_request(args: argparse.Namespace, req: dict) -> int:
     if not address:
         print(f"error: job {args.job!r} does not publish a control address (an older driver?)", file=sys.stderr)
         return 2
-    peer = rpc.Peer(address)
+    peer = rpc.Peer(address, security)
     try:
-        report = peer.call("MoveVnodes", {**req, "strategy": args.strategy, "timeout": args.timeout},
-                           timeout=args.timeout + 30)
+        answer = peer.call("MoveVnodes", HandoverRequest(strategy=args.strategy, timeout=args.timeout, **what),
+                           HandoverReport, timeout=args.timeout + 30)
     except Exception as err:  # noqa: BLE001 - grpc.RpcError: the driver is gone
         print(f"error: the driver of job {args.job!r} at {address} did not answer: {err}", file=sys.stderr)
         return 2
     finally:
         peer.close()
-    if "error" in report:
-        print(f"error: {report['error']}", file=sys.stderr)
+    if answer.error is not None:
+        print(f"error: {answer.error}", file=sys.stderr)
         return 2
-    if "executor" in req:
+    report = answer.report
+    if "executor" in what:
         print(f"executor {report['executor']} drained in {report['seconds']:.1f} s: {len(report['restored'])} "
               f"replica(s) restored elsewhere and caught up")
         for rec in report["restored"]:

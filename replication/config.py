@@ -16,9 +16,12 @@ import difflib
 import logging
 import logging.handlers
 import re
+import ssl
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from transport.security import TlsError, TlsMaterial, load_pem
 
 PREFIX = "spark.replication."
 KAFKA_PREFIX = PREFIX + "kafka."
@@ -51,7 +54,14 @@ def _topic(value: str) -> str | None:
     return "expected a Kafka topic name (letters, digits, '.', '_', '-'; at most 249 characters)"
 
 
+def _credentials(value: str) -> str | None:
+    """Problem with a ``user:password`` pair, or None."""
+    user, sep, password = value.partition(":")
+    return None if user and sep and password else "expected user:password"
+
+
 _FORMATS = {
+    "credentials": (_credentials, "user:password"),
     "hostports": (_hostports, "host:port list"),
     "zkconnect": (lambda v: _hostports(v, chroot=True), "host:port list [/chroot]"),
     "topic": (_topic, "Kafka topic name"),
@@ -160,12 +170,12 @@ class Key:
         return ", ".join(parts)
 
 
-def _key(suffix: str, type_: str, default: Any, doc: str, **constraint: Any) -> Any:
-    """A dataclass field declaring the key ``spark.replication.<suffix>``."""
+def _key(suffix: str, type_: str, default: Any, doc: str, *, secret: bool = False, **constraint: Any) -> Any:
+    """A dataclass field declaring the key ``spark.replication.<suffix>`` (``secret``: never in a repr)."""
     spec = Key(PREFIX + suffix, type_, default, doc, **constraint)
     if spec.required:
-        return dataclasses.field(metadata={"key": spec})
-    return dataclasses.field(default=default, metadata={"key": spec})
+        return dataclasses.field(metadata={"key": spec}, repr=not secret)
+    return dataclasses.field(default=default, metadata={"key": spec}, repr=not secret)
 
 
 #: librdkafka properties the runtime owns; pass-through of these is refused with the reason.
@@ -281,9 +291,17 @@ class ReplicationConfig:
         "as a divergence.", min=1, max=1_000_000,
     )
     rhino_checkpoint_elements: int = _key(
-        "rhino.checkpointElements", INT, 10_000,
+        "rhino.checkpointElements", INT, 1_000,
         "`kazoo` mode: sources and tasks with one input channel (no order log) checkpoint every this many "
-        "records read or elements consumed.", min=1, max=100_000_000,
+        "records read or elements consumed (both replicas at the same ones, so their digests compare and "
+        "either may ship them); every partition also checkpoints once at its start.", min=1, max=100_000_000,
+    )
+    rhino_checkpoint_interval_ms: int = _key(
+        "rhino.checkpointInterval", DURATION, 1_000,
+        "`kazoo` mode: sources and tasks with one input channel, which checkpoint by count, also checkpoint "
+        "before a record whose time (its Kafka timestamp at a source, its event time downstream) enters a new "
+        "interval of this length, so that a slow partition has recent checkpoints too; both replicas meet the "
+        "same records, so they checkpoint at the same ones.", min=1, max=3_600_000,
     )
     rhino_backup_limit: int = _key(
         "rhino.backupLimit", INT, 4_096,
@@ -310,6 +328,12 @@ class ReplicationConfig:
         "zookeeper.connect", STR, None,
         "ZooKeeper connect string for leader election and membership; unset: none.",
         fmt="zkconnect",
+    )
+    zookeeper_digest: str | None = _key(
+        "zookeeper.digest", STR, None,
+        "`user:password`: every ZooKeeper session of the job authenticates with this digest identity, and "
+        "the nodes it creates (KaZoo elections, membership) carry an ACL giving that identity alone access; "
+        "unset: open ACLs.", fmt="credentials", secret=True,
     )
     parallelism: int = _key(
         "parallelism", INT, 2, "Default parallelism of operators that do not set their own.", min=1, max=1024,
@@ -389,15 +413,51 @@ class ReplicationConfig:
     )
     metrics_port: int = _key(
         "metrics.port", INT, 0,
-        "TCP port of the driver's Prometheus endpoint (`GET /metrics`, text format 0.0.4, listening on all "
-        "interfaces); 0: no endpoint. See docs/operations.md.", min=0, max=65_535,
+        "TCP port of the driver's Prometheus endpoint (`GET /metrics`, text format 0.0.4, listening on "
+        "`metrics.bindAddress`); 0: no endpoint. See docs/operations.md.", min=0, max=65_535,
+    )
+    metrics_bind_address: str | None = _key(
+        "metrics.bindAddress", STR, None,
+        "Address the Prometheus endpoint listens on; unset: the driver's (`spark.driver.bindAddress`, else "
+        "`spark.driver.host`). `0.0.0.0` listens on every interface.",
+    )
+    metrics_basic_auth: str | None = _key(
+        "metrics.basicAuth", STR, None,
+        "`user:password` that scrapers must send (HTTP basic authentication) to the Prometheus endpoint; "
+        "unset: no authentication.", fmt="credentials", secret=True,
+    )
+    rpc_tls_enabled: bool = _key(
+        "rpc.tls.enabled", BOOL, False,
+        "Mutual TLS on every gRPC channel of the job (driver, workers, checkpoint chains) with the PEM files "
+        "of `rpc.tls.certChain`, `rpc.tls.privateKey` and `rpc.tls.trustCerts`, read on the driver (the "
+        "workers get them with the job, as they get its RPC secret). Spark's `spark.ssl.rpc.enabled` (or `spark.ssl.enabled`) turns it on "
+        "too, and then its PEM `spark.ssl.rpc.certChain` and `spark.ssl.rpc.privateKey` are used where these "
+        "keys are unset. Calls are authenticated with or without it (docs/operations.md#security).",
+    )
+    rpc_tls_cert_chain: str | None = _key(
+        "rpc.tls.certChain", STR, None,
+        "PEM certificate chain every process of the job presents (server and client side).",
+    )
+    rpc_tls_private_key: str | None = _key(
+        "rpc.tls.privateKey", STR, None, "PEM private key (unencrypted) of `rpc.tls.certChain`.",
+    )
+    rpc_tls_trust_certs: str | None = _key(
+        "rpc.tls.trustCerts", STR, None,
+        "PEM certificates of the authorities peers' certificates must chain to; unset: `rpc.tls.certChain` "
+        "itself (one self-signed certificate for the job).",
+    )
+    rpc_tls_server_name: str | None = _key(
+        "rpc.tls.serverName", STR, None,
+        "Check peers' certificates against this name instead of the address dialled (one certificate for "
+        "the whole cluster); unset: the address.",
     )
     sink_linger_ms: int = _key(
         "sink.lingerMs", INT, 5, "Producer `linger.ms` for sinks, in milliseconds.", min=0, max=900_000,
     )
-    kafka_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
-    consumer_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
-    producer_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    # (not in the repr: SASL passwords and key passphrases pass through here)
+    kafka_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, repr=False)
+    consumer_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, repr=False)
+    producer_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, _, _ in _OVERRIDES:
@@ -480,6 +540,14 @@ class ReplicationConfig:
             "linger.ms": self.sink_linger_ms,
         }
 
+    def tls_material(self) -> TlsMaterial | None:
+        """The PEM material of ``rpc.tls.*`` (read now), or None when TLS is off."""
+        if not self.rpc_tls_enabled:
+            return None
+        assert self.rpc_tls_cert_chain is not None and self.rpc_tls_private_key is not None
+        return TlsMaterial.from_files(self.rpc_tls_cert_chain, self.rpc_tls_private_key, self.rpc_tls_trust_certs,
+                                      self.rpc_tls_server_name)
+
     def kafka_admin_config(self) -> dict[str, Any]:
         """confluent-kafka AdminClient config: brokers and the shared pass-through properties."""
         return {"bootstrap.servers": self.kafka_bootstrap_servers, **self.kafka_overrides}
@@ -526,7 +594,36 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
         out.append((PREFIX + "rhino.enabled",
                     f"{PREFIX}rhino.enabled=true: needs {PREFIX}mode=liverobin or kazoo (checkpoints are taken "
                     "at pulses or orders, the positions a restored partition and its upstreams agree on)"))
-    return out + list(_kafka_problems(values))
+    return out + list(_tls_problems(values, bad)) + list(_kafka_problems(values))
+
+
+def _tls_problems(values: Mapping[str, Any], bad: set[str]) -> Iterator[tuple[str, str]]:
+    """With ``rpc.tls.enabled``: the PEM files must be there, readable, and the key must fit the chain."""
+    if not values["rpc_tls_enabled"] or "rpc_tls_enabled" in bad:
+        return
+    files = (("rpc_tls_cert_chain", "certificate chain", "CERTIFICATE"), ("rpc_tls_private_key", "private key", "PRIVATE KEY"),
+             ("rpc_tls_trust_certs", "trusted certificates", "CERTIFICATE"))
+    usable = True
+    for attr, what, marker in files:
+        name, path = _ATTRS[attr].name, values[attr]
+        if path is None:
+            if attr != "rpc_tls_trust_certs":
+                usable = False
+                yield name, f"{name}: is required by {PREFIX}rpc.tls.enabled=true (or spark.ssl.rpc.enabled=true)"
+            continue
+        try:
+            load_pem(path, what, marker)
+        except TlsError as exc:
+            usable = False
+            yield name, f"{name}={path}: {exc}"
+    if usable:
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(values["rpc_tls_cert_chain"],
+                                                                     values["rpc_tls_private_key"])
+        except (ssl.SSLError, OSError) as exc:
+            name = _ATTRS["rpc_tls_private_key"].name
+            yield name, f"{name}={values['rpc_tls_private_key']}: does not fit {PREFIX}rpc.tls.certChain " \
+                        f"({getattr(exc, 'reason', None) or exc})"
 
 
 #: Cross-key bounds (attribute, attribute it must not exceed).
@@ -534,7 +631,10 @@ _AT_MOST = (("state_vnodes", "state_key_groups"), ("kazoo_min_batch", "kazoo_max
 
 
 def _kafka_problems(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """Problems of the pass-through librdkafka properties: owned, unknown, bad value, wrong client role."""
+    """Problems of the pass-through librdkafka properties: owned, unknown, bad value, wrong client role.
+
+    Each property is probed alone; one that fails alone is probed again beside every other
+    property its clients get (``security.protocol=SASL_SSL`` needs its ``sasl.mechanisms``)."""
     for field, prefix, roles in _OVERRIDES:
         for prop, value in values[field].items():
             name = prefix + prop
@@ -542,7 +642,9 @@ def _kafka_problems(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
                 yield name, f"{name}: cannot be set, {OWNED_KAFKA_PROPERTIES[prop]}"
                 continue
             for role in roles:
-                error, ignored = _probe(role, prop, value)
+                error, ignored = _probe(role, {prop: value})
+                if error and not error.startswith("No such configuration"):
+                    error = _probe(role, {**_role_properties(values, role), prop: value})[0] and error
                 if error:
                     hint = _suggestion(name) if error.startswith("No such configuration") else None
                     yield name, f"{name}={value}: {error}" + (f" (did you mean {hint}?)" if hint else "")
@@ -552,17 +654,26 @@ def _kafka_problems(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
                     yield name, f"{name}={value}: {ignored} (did you mean {other}{prop}?)"
 
 
-def _probe(role: str, prop: str, value: str) -> tuple[str | None, str | None]:
-    """Construct a throwaway confluent-kafka client with ``prop=value`` (no broker needed).
+def _role_properties(values: Mapping[str, Any], role: str) -> dict[str, str]:
+    """Every pass-through property a client of ``role`` gets (not the owned ones)."""
+    out: dict[str, str] = {}
+    for field, _, roles in _OVERRIDES:
+        if role in roles:
+            out.update({p: v for p, v in values[field].items() if p not in OWNED_KAFKA_PROPERTIES})
+    return out
 
-    Returns (librdkafka's error, or None; its warning that the property is ignored by this role, or None).
+
+def _probe(role: str, props: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """Construct a throwaway confluent-kafka client with ``props`` (no broker needed).
+
+    Returns (librdkafka's error, or None; its warning that a property is ignored by this role, or None).
     """
     import confluent_kafka
 
     logger = logging.Logger(f"{__name__}.probe")  # unmanaged: never propagates anywhere
     records = logging.handlers.BufferingHandler(capacity=1_000_000)
     logger.addHandler(records)
-    conf: dict[str, Any] = {"bootstrap.servers": _PROBE_BOOTSTRAP, "logger": logger, prop: value}
+    conf: dict[str, Any] = {"bootstrap.servers": _PROBE_BOOTSTRAP, "logger": logger, **props}
     try:
         if role == "consumer":
             client: Any = confluent_kafka.Consumer({**conf, "group.id": "spark-replication-config-probe"})
@@ -582,6 +693,30 @@ def _probe(role: str, prop: str, value: str) -> tuple[str | None, str | None]:
         if "will be ignored by this" in message:
             return None, message.split("]: ", 1)[-1]
     return None, None
+
+
+#: Spark's TLS settings for its RPC, which ``rpc.tls.*`` follows where it is not set itself
+SPARK_SSL_FALLBACKS = (
+    ("rpc.tls.certChain", ("spark.ssl.rpc.certChain", "spark.ssl.certChain")),
+    ("rpc.tls.privateKey", ("spark.ssl.rpc.privateKey", "spark.ssl.privateKey")),
+)
+
+
+def follow_spark_ssl(spark_conf: Mapping[str, Any]) -> dict[str, str]:
+    """The ``spark.replication.rpc.tls.*`` settings implied by Spark's own ``spark.ssl.*`` (to be
+    overridden by explicit ones): TLS on when Spark encrypts its RPC, with its PEM files."""
+    def on(key: str) -> bool:
+        return str(spark_conf.get(key, "")).strip().lower() == "true"
+
+    enabled = on("spark.ssl.rpc.enabled") if "spark.ssl.rpc.enabled" in spark_conf else on("spark.ssl.enabled")
+    if not enabled:
+        return {}
+    out = {PREFIX + "rpc.tls.enabled": "true"}
+    for ours, theirs in SPARK_SSL_FALLBACKS:
+        value = next((spark_conf[k] for k in theirs if spark_conf.get(k)), None)
+        if value:
+            out[PREFIX + ours] = str(value)
+    return out
 
 
 def _override_target(name: str) -> tuple[str, str] | None:

@@ -16,7 +16,9 @@ import logging
 import traceback
 from typing import Any
 
+from replication.config import ReplicationConfig
 from replication.elements import Origin
+from replication.exactly_once import ExactlyOnceOutput
 from replication.kafka_io import produce_blocking
 
 log = logging.getLogger(__name__)
@@ -39,8 +41,23 @@ def payload_of(value: Any) -> tuple[bytes, str]:
         return repr(value).encode(), "repr"
 
 
+def _letter(job_name: str, reason: str, operator: str, origin: Origin | None,
+            payload_kind: str) -> tuple[bytes | None, list[tuple[str, bytes]]]:
+    """The key and headers of a dead letter: the reason, the operator, the job, how the payload
+    is encoded and the source coordinates (the key identifies the record)."""
+    headers = [("reason", reason.encode()), ("operator", operator.encode()), ("job", job_name.encode()),
+               ("payload", payload_kind.encode())]
+    if origin is not None:
+        topic, partition, offset = origin
+        headers += [("source.topic", topic.encode()), ("source.partition", str(partition).encode()),
+                    ("source.offset", str(offset).encode())]
+    key = f"{operator}/{origin[0]}/{origin[1]}/{origin[2]}".encode() if origin is not None else None
+    return key, headers
+
+
 class DeadLetterWriter:
-    """Writes dead letters with a confluent-kafka producer shared by a worker."""
+    """Writes dead letters with a confluent-kafka producer shared by a worker (a job that is
+    neither replicated nor checkpointed: one instance per partition, at most once on a failure)."""
 
     def __init__(self, producer: Any, topic: str, job_name: str) -> None:
         self.producer = producer
@@ -51,13 +68,38 @@ class DeadLetterWriter:
              payload_kind: str = "original") -> None:
         """``payload_kind`` is ``original`` for the record's bytes as read from Kafka, else how
         the in-flight value was encoded (see :func:`payload_of`)."""
-        headers = [("reason", reason.encode()), ("operator", operator.encode()), ("job", self.job_name.encode()),
-                   ("payload", payload_kind.encode())]
-        if origin is not None:
-            topic, partition, offset = origin
-            headers += [("source.topic", topic.encode()), ("source.partition", str(partition).encode()),
-                        ("source.offset", str(offset).encode())]
-        # the key identifies the record: with replication each live replica writes its dead letters
-        key = f"{operator}/{origin[0]}/{origin[1]}/{origin[2]}".encode() if origin is not None else None
+        key, headers = _letter(self.job_name, reason, operator, origin, payload_kind)
         produce_blocking(self.producer, self.topic, key=key, value=payload, headers=headers)
         log.warning("dead letter from %s: %s (origin %s)", operator, reason, origin)
+
+
+class ExactlyOnceDeadLetters:
+    """One partition replica's dead letters, written once for the partition: both replicas meet
+    the same bad records in the same order, number them alike, and only the partition's writer
+    replica writes them, fenced like a sink (:class:`replication.exactly_once.ExactlyOnceOutput`,
+    output ``<sink id>:dlq``).  Its seq is checkpointed with the replica."""
+
+    kind = "dlq"  # which of the partition's outputs the driver's writer role is for
+
+    def __init__(self, name: str, cfg: ReplicationConfig, replica: int, sink_id: str, topic: str,
+                 job_name: str) -> None:
+        self.job_name = job_name
+        self.out = ExactlyOnceOutput(f"{name} dead letters", cfg, replica, f"{sink_id}:dlq", topic, 0,
+                                     cfg.channel_buffer_timeout_ms / 1000)
+
+    def send(self, *, reason: str, operator: str, origin: Origin | None, payload: bytes,
+             payload_kind: str = "original") -> None:
+        key, headers = _letter(self.job_name, reason, operator, origin, payload_kind)
+        self.out.append(payload, key, headers)
+        if self.out.writer:
+            log.warning("dead letter from %s: %s (origin %s)", operator, reason, origin)
+
+    def on_idle(self) -> None:
+        self.out.on_idle()
+
+    def control(self, writer_replica: int, epoch: int, committed_seq: int, committed_offset: int) -> None:
+        self.out.control(writer_replica, epoch, committed_seq, committed_offset)
+
+    @property
+    def committed(self) -> tuple[int, int]:
+        return self.out.committed_seq, self.out.committed_offset

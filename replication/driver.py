@@ -21,14 +21,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kazoo_leader.election import delete_tree, evict, expel
+from kazoo_leader.election import delete_tree, evict, expel, zk_client
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
-from replication import rpc
 from replication import savepoint as savepoints
 from replication.api import Job
-from replication.config import PREFIX, ConfigError, ReplicationConfig
+from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
+from replication.messages import (
+    Ack,
+    HandoverReport,
+    HandoverRequest,
+    Heartbeat,
+    Instructions,
+    Register,
+    Registered,
+    Restored,
+    RestoreReplica,
+    WorkerFinished,
+)
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import (
     Instance,
@@ -40,12 +51,16 @@ from replication.plan import (
     plan_job,
     replica_name,
 )
-from replication.spark_cluster import driver_advertise_host, executor_ids, warm_up
+from replication.security import job_security, remove_cli_credentials, write_cli_credentials
+from replication.spark_cluster import driver_advertise_host, driver_bind_host, executor_ids, warm_up
 from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
 from rhino_state import AllAtOnce, Batched, HandoverState, JobState, RoutingTable
 from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager
+from transport import rpc
+from transport.rpc import host_port
+from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +91,7 @@ class JobMaster:
 
     def __init__(self, plan: PhysicalPlan, placement: dict[ReplicaId, int], num_workers: int,
                  cfg: ReplicationConfig, job_name: str = "", app_id: str = "",
-                 executor_ids: Callable[[], list[str]] | None = None) -> None:
+                 executor_ids: Callable[[], list[str]] | None = None, security: RpcSecurity | None = None) -> None:
         self.plan = plan
         self.placement = placement
         self.num_workers = num_workers
@@ -92,14 +107,19 @@ class JobMaster:
         self.lost: dict[ReplicaId, float] = {}  # replicas whose worker died, not restored: when (wall clock)
         self.command = "run"
         self.metrics: dict[str, InstanceMetrics] = {}
-        self.reports: dict[int, dict] = {}
+        self.reports: dict[int, WorkerFinished] = {}
         self.failure: str | None = None
         self.started_at: float | None = None
         self.events: list[tuple[float, str]] = []
-        # sink partition -> [writer replica, epoch, committed seq, committed offset]
-        self.sinks: dict[Instance, list[int]] = {
-            (t.id, p): [0, 0, -1, -1] for t in plan.tasks if any(n.kind == "sink" for n in t.chain)
+        # the exactly-once outputs: (task, partition, kind) -> [writer replica, epoch, committed seq,
+        # committed offset]; kind "out" for sink partitions, "dlq" for every partition's dead letters
+        # (replicated or checkpointed jobs: written once, by one replica, fenced like a sink)
+        exactly_once = self.replicated or cfg.rhino_enabled
+        self.sinks: dict[tuple[int, int, str], list[int]] = {
+            (t.id, p, "out"): [0, 0, -1, -1] for t in plan.tasks if any(n.kind == "sink" for n in t.chain)
             for p in range(t.parallelism)}
+        if exactly_once:
+            self.sinks.update({(t.id, p, "dlq"): [0, 0, -1, -1] for t in plan.tasks for p in range(t.parallelism)})
         self._cond = threading.Condition()
         self._closed = threading.Event()
         self._status_dirty = True
@@ -129,6 +149,9 @@ class JobMaster:
         self._unrestorable: set[ReplicaId] = set()  # reported once: no holder of a checkpoint (yet)
         self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
         self._peers: dict[str, rpc.Peer] = {}
+        self.security = security or RpcSecurity.generate()
+        self.server: rpc.RpcServer | None = None  # the job master's own server, once started
+        self.rpc_refused: dict[str, int] = {}  # calls each worker's server refused ("worker N"), as reported
         self.metrics_url: str | None = None  # the Prometheus endpoint, set by the JobHandle that serves it
         self.handovers: HandoverCoordinator | None = None  # created by the first handover request
         # KaZoo pulse windows (liverobin.heartbeats.PulseWindows): the latest (id, open, pulses written)
@@ -136,8 +159,13 @@ class JobMaster:
         self.pulse_window: tuple[int, bool, bool] | None = None
         self.holding: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
         self.drained: set[int] = set()  # workers drained by request: no restored replica goes there
+        # a drain without pulses (unordered, KaZoo): where each source replica stopped reading, and where
+        # every replica of a source partition ends, once all its live replicas reported (the furthest)
+        self.drain_positions: dict[ReplicaId, dict[int, int]] = {}
+        self.drain_at: dict[Instance, dict[int, int]] = {}
+        self.dropped: dict[ReplicaId, int] = {}  # replicas replaced after a cut-off: up to which restore attempt
         self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
-        self.mover: Callable[[dict], dict] | None = None  # the JobHandle's answer to a CLI "move" request
+        self.mover: Callable[[HandoverRequest], HandoverReport] | None = None  # the JobHandle's, to the CLI
 
     # -- state changes (caller holds the condition unless noted) ---------------------------------
     def event(self, text: str) -> None:
@@ -182,129 +210,195 @@ class JobMaster:
                        "spark.replication.enabled) nor roll the lost partitions back (spark.replication.rhino.enabled)")
             return
         now = time.time()
-        for (t, p, r), ww in self.placement.items():
-            if ww != w:
-                continue
-            self.lost.setdefault((t, p, r), now)
-            if self.handovers is not None:
-                for text in self.handovers.replica_lost((t, p, r)):
-                    self.event(text)
-            if all((t, p, rr) in self.lost for rr in range(self.plan.replicas)):
-                name = self.plan.task(t).name
-                lost = f"both replicas of {name}[{p}] are" if self.replicated else f"{name}[{p}] (one instance) is"
-                if self.rhino is None:
-                    self._fail(f"{lost} lost (worker {w} was the last); rolling it back needs "
-                               "spark.replication.rhino.enabled")
-                    return
-                if self.rhino.restore_point((t, p)) is None:
-                    self._fail(f"{lost} lost (worker {w}) before a consistent set of checkpoints to roll it back "
-                               "to was completed")
-                    return
-                self.event(f"{lost} lost: it is rolled back to its safe checkpoint")
-                continue
-            role = self.sinks.get((t, p))
-            if role is not None and role[0] == r:
-                role[0], role[1] = 1 - r, role[1] + 1
-                self.event(f"sink {self._replica_label(t, p, 1 - r)} takes over writing (epoch {role[1]})")
+        for replica, ww in list(self.placement.items()):
+            if ww == w and not self._lose(replica, f"worker {w}", now):
+                return
+        if self.drain_positions:
+            self._settle_drain()  # a replica that had not reported is gone: the others decide
         if self.rhino is not None:
             self._start_restores()
         self._cond.notify_all()
 
-    def _sink_roles(self) -> dict[Instance, tuple[int, int, int, int]]:
+    def _lose(self, replica: ReplicaId, where: str, now: float) -> bool:
+        """``replica`` is lost (``where``: on what, for the messages): a writer role it held passes to
+        its twin; the last replica of a partition is rolled back, or the job fails at once when that
+        cannot be done.  False if the job failed."""
+        t, p, r = replica
+        self.lost.setdefault(replica, now)
+        if self.handovers is not None:
+            for text in self.handovers.replica_lost(replica):
+                self.event(text)
+        if all((t, p, rr) in self.lost for rr in range(self.plan.replicas)):
+            name = self.plan.task(t).name
+            lost = f"both replicas of {name}[{p}] are" if self.replicated else f"{name}[{p}] (one instance) is"
+            if self.rhino is None:
+                self._fail(f"{lost} lost ({where} was the last); rolling it back needs "
+                           "spark.replication.rhino.enabled")
+                return False
+            cp = self.rhino.restore_point((t, p))
+            if cp is None:
+                self._fail(f"{lost} lost ({where}) before a consistent set of checkpoints to roll it back "
+                           "to was completed")
+                return False
+            if not cp.holders - self.rhino.dead:
+                self._fail(f"{lost} lost ({where}) and so is every worker holding the checkpoint {cp.checkpoint_id} "
+                           f"it would be rolled back to: nothing is left to restore it from")
+                return False
+            self.event(f"{lost} lost: it is rolled back to its safe checkpoint")
+            return True
+        for kind in ("out", "dlq"):
+            role = self.sinks.get((t, p, kind))
+            if role is not None and role[0] == r:
+                role[0], role[1] = 1 - r, role[1] + 1
+                what = "sink" if kind == "out" else "dead letters of"
+                self.event(f"{what} {self._replica_label(t, p, 1 - r)} takes over writing (epoch {role[1]})")
+        return True
+
+    def _replica_cut_off(self, replica: ReplicaId, worker: int, why: str) -> None:
+        """An upstream channel cut ``replica`` (on ``worker``) off by itself: it failed or lagged too
+        far.  It is stopped there and replaced (restored from a checkpoint with Rhino, else the
+        partition goes on with its twin alone, and the status shows it lost)."""
+        if replica in self.lost or self.placement.get(replica) != worker or worker in self.dead:
+            return  # lost already, moved since, or its worker is known dead
+        name = self._replica_label(*replica)
+        self.event(f"{name} on worker {worker} replaced: an upstream cut it off ({why})")
+        self.dropped[replica] = self._attempts.get(replica, 0)
+        if self.rhino is not None:
+            for (t, p), group in self.rhino.replica_lost(replica).items():
+                self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
+        if not self._lose(replica, f"{name} cut off", time.time()):
+            return
+        if self.drain_positions:
+            self._settle_drain()
+        if self.rhino is not None:
+            self._start_restores()
+        self._status_dirty = True
+        self._cond.notify_all()
+
+    def _sink_roles(self) -> dict[tuple[int, int, str], tuple[int, int, int, int]]:
         return {key: tuple(role) for key, role in self.sinks.items()}
 
     # -- handlers ---------------------------------------------------------------------------------
-    def register(self, req: dict) -> dict:
-        w, attempt = req["worker"], req["attempt"]
+    def _addresses(self) -> dict[int, str]:
+        return {i: info.address for i, info in self.workers.items()}
+
+    def register(self, req: Register) -> Registered:
+        w, attempt = req.worker, req.attempt
         with self._cond:
             if w in self.workers:  # Spark relaunched it after its executor was lost
                 self._declare_dead(w, f"relaunched by Spark (attempt {attempt})")
                 if self.failure:  # (also: neither replicated nor checkpointed, so the loss failed the job)
-                    return {"status": "abort", "reason": self.failure or "job failed"}
-                self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"], req.get("python_pid"),
+                    return Registered("abort", self.failure or "job failed")
+                self.workers[w] = WorkerInfo(w, attempt, req.executor, req.address, req.python_pid,
                                              time.monotonic(), standby=True)
                 if self.rhino is not None:  # it can hold checkpoints and host restored replicas: alive again
                     del self.dead[w]
-                self.event(f"worker {w} relaunched on executor {req['executor']} as a standby: " + (
+                self.event(f"worker {w} relaunched on executor {req.executor} as a standby: " + (
                     "it joins replica groups and can host restored replicas" if self.rhino is not None else
                     "its replicas' state is lost (restoring it needs spark.replication.rhino.enabled); the other "
                     "replicas carry on"))
                 if self.rhino is not None:
                     for (t, p), group in self.rhino.worker_alive(w).items():
                         self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
-                return {"status": "standby", "reason": "its replicas run elsewhere now" if self.rhino is not None
-                        else "state of the lost replicas cannot be restored (no Rhino checkpoints)",
-                        "addresses": {i: info.address for i, info in self.workers.items()},
-                        "dead": list(self.dead), "sinks": self._sink_roles()}
-            self.workers[w] = WorkerInfo(w, attempt, req["executor"], req["address"], req.get("python_pid"),
-                                         time.monotonic())
-            log.info("worker %d registered from executor %s at %s", w, req["executor"], req["address"])
+                return Registered("standby", "its replicas run elsewhere now" if self.rhino is not None
+                                  else "state of the lost replicas cannot be restored (no Rhino checkpoints)",
+                                  self._addresses(), Instructions(self.command, list(self.dead), self._sink_roles()))
+            self.workers[w] = WorkerInfo(w, attempt, req.executor, req.address, req.python_pid, time.monotonic())
+            log.info("worker %d registered from executor %s at %s", w, req.executor, req.address)
             self._status_dirty = True
             self._cond.notify_all()
             ok = self._cond.wait_for(lambda: len(self.workers) >= self.num_workers or self.failure,
                                      self.start_timeout_s)
             if self.failure:
-                return {"status": "abort", "reason": self.failure}
+                return Registered("abort", self.failure)
             if not ok:
                 self._fail(f"only {len(self.workers)} of {self.num_workers} workers registered within "
                            f"spark.replication.startTimeout; are there {self.num_workers} free task slots?")
-                return {"status": "abort", "reason": self.failure}
+                return Registered("abort", self.failure or "")
             executors = [i.executor for i in self.workers.values()]
             if (self.replicated or self.rhino is not None) and len(set(executors)) < len(executors):
                 self._fail(f"two workers share an executor ({executors}): replicas (or checkpoints and the "
                            "partitions they are of) would not be apart; run executors with one task slot each "
                            "(spark.executor.cores = spark.task.cpus)")
-                return {"status": "abort", "reason": self.failure}
+                return Registered("abort", self.failure or "")
             if self.started_at is None:
                 self.started_at = time.monotonic()
                 self._write_status()  # now, so the kill tooling can find the replicas at once
                 self._cond.notify_all()
             self.workers[w].last_seen = time.monotonic()
-            return {"status": "ok", "addresses": {i: info.address for i, info in self.workers.items()},
-                    "dead": list(self.dead), "sinks": self._sink_roles()}
+            # the Rhino view too: replicas ship their first checkpoint the moment they start
+            return Registered("ok", "", self._addresses(), Instructions(
+                self.command, list(self.dead), self._sink_roles(),
+                rhino=self._rhino_view() if self.rhino is not None else None))
 
-    def heartbeat(self, req: dict) -> dict:
-        w, attempt = req["worker"], req["attempt"]
+    def heartbeat(self, req: Heartbeat) -> Instructions:
+        w, attempt = req.worker, req.attempt
+        arrived = time.monotonic()  # (before the lock: waiting for it is this driver's delay, not the worker's)
         with self._cond:
             info = self.workers.get(w)
             if info is None or info.attempt != attempt or (w in self.dead and not info.standby):
-                return {"command": "evicted"}  # declared dead while unresponsive, or an old attempt
-            info.last_seen = time.monotonic()
-            if "metrics" in req:
-                self.metrics.update(req["metrics"])
+                return Instructions("evicted")  # declared dead while unresponsive, or an old attempt
+            info.last_seen = max(info.last_seen, arrived)
+            if req.rpc_refused != self.rpc_refused.get(f"worker {w}", 0):
+                self.rpc_refused[f"worker {w}"] = req.rpc_refused
+                self._status_dirty = True
+            if req.metrics is not None:
+                self.metrics.update(req.metrics)
                 self._status_dirty = True
                 self._cond.notify_all()  # e.g. state_bytes_per_vnode waits for the replicas' measurements
                 if self._catching_up:
                     self._check_caught_up()
-            self._sink_progress(req.get("sinks", {}))
-            reply = {"command": self.command, "dead": list(self.dead), "sinks": self._sink_roles(),
-                     "finished": [w for w, r in self.reports.items() if r.get("status") == "finished"]}
+            self._sink_progress(req.sinks)
+            handovers: list[dict[str, Any]] = []
+            retained = None
             if self.handovers is not None:
-                for text in self.handovers.on_acks(req.get("handover_acks", ())):
+                for text in self.handovers.on_acks(req.handover_acks):
                     self.event(text)
-                reply["handovers"] = self.handovers.view()
+                handovers = self.handovers.view()
                 if self.handovers.retain:
-                    reply["retained_handovers"] = self.handovers.retained()
+                    retained = self.handovers.retained()
                 self._cond.notify_all()
-            if req.get("holding"):  # KaZoo sources holding their records for a pulse window
-                self.holding.update(req["holding"])
+            if req.holding:  # KaZoo sources holding their records for a pulse window
+                self.holding.update(req.holding)
                 self._cond.notify_all()
-            if self.pulse_window is not None:
-                reply["pulse_window"] = self.pulse_window
-            if self.measure_state:
-                reply["measure_state"] = dict(self.measure_state)
-            if self.savepoint is not None:
-                reply["savepoint"] = self.savepoint
-                if req.get("savepoint_armed") == self.savepoint and w not in self.savepoint_armed:
-                    self.savepoint_armed.add(w)
-                    self._cond.notify_all()
+            if req.drain_positions:
+                self.drain_positions.update(req.drain_positions)
+                self._settle_drain()
+            for replica, (worker, why) in req.cut_offs.items():
+                self._replica_cut_off(replica, worker, why)
+            if self.savepoint is not None and req.savepoint_armed == self.savepoint and w not in self.savepoint_armed:
+                self.savepoint_armed.add(w)
+                self._cond.notify_all()
+            rhino = None
             if self.rhino is not None:
-                self._checkpoint_reports(req.get("checkpoints", {}))
-                reply["rhino"] = self._rhino_view()
-        if req.get("errors"):
-            self.fail("; ".join(req["errors"]))
-            reply["command"] = "stop"
-        return reply
+                self._checkpoint_reports(req.checkpoints or {})
+                rhino = self._rhino_view()
+            command = self.command
+            if req.errors:
+                self._fail("; ".join(req.errors))
+                command = "stop"
+            return Instructions(
+                command, list(self.dead), self._sink_roles(),
+                [w for w, r in self.reports.items() if r.status == "finished"], handovers, retained,
+                self.pulse_window, dict(self.measure_state), self.savepoint, rhino, dict(self.drain_at),
+                dict(self.dropped))
+
+    def _settle_drain(self) -> None:
+        """Where each source partition's replicas end a drain without pulses: once every live
+        replica reported where it stopped, the furthest of them (the others read on to it)."""
+        for t in self.plan.tasks:
+            if not t.is_source:
+                continue
+            for p in range(t.parallelism):
+                if (t.id, p) in self.drain_at:
+                    continue
+                live = [(t.id, p, r) for r in range(self.plan.replicas)
+                        if (t.id, p, r) not in self.lost and self.placement[(t.id, p, r)] not in self.dead]
+                if not live or any(rep not in self.drain_positions for rep in live):
+                    continue
+                reported = [self.drain_positions[rep] for rep in live]
+                self.drain_at[(t.id, p)] = {k: max(pos.get(k, -1) for pos in reported)
+                                            for k in sorted({k for pos in reported for k in pos})}
 
     # -- Rhino checkpoints (caller holds the condition) ----------------------------------------
     def _checkpoint_reports(self, report: dict) -> None:
@@ -373,11 +467,10 @@ class JobMaster:
             self._restoring.add(replica)
             address = self.workers[host].address
             attempt = self._attempts[replica] = self._attempts.get(replica, 0) + 1
-            req = {"replica": replica, "checkpoint_id": cp.checkpoint_id, "placement": dict(self.placement),
-                   "sinks": self._sink_roles(), "addresses": {w: i.address for w, i in self.workers.items()},
-                   # the committed handovers it takes part in that its checkpoint may predate
-                   "attempt": attempt, "handovers": ([] if self.handovers is None
-                                                     else self.handovers.replica_restored(replica, attempt))}
+            req = RestoreReplica(replica, cp.checkpoint_id, dict(self.placement), self._sink_roles(),
+                                 self._addresses(), attempt,
+                                 # the committed handovers it takes part in that its checkpoint may predate
+                                 [] if self.handovers is None else self.handovers.replica_restored(replica, attempt))
             threading.Thread(target=self._restore, args=(replica, host, address, req, rollback),
                              name=f"restore-{replica}", daemon=True).start()
 
@@ -386,21 +479,23 @@ class JobMaster:
         finished, or it is the one being restored): the replica being restored writes, with a higher
         epoch, so it first scans the output for what the lost writer committed."""
         t, p, r = replica
-        role = self.sinks.get((t, p))
-        if role is not None and (t, p, role[0]) in self.lost:
-            role[0], role[1] = r, role[1] + 1
-            self.event(f"sink {self._replica_label(t, p, r)} writes once restored (epoch {role[1]})")
+        for kind in ("out", "dlq"):
+            role = self.sinks.get((t, p, kind))
+            if role is not None and (t, p, role[0]) in self.lost:
+                role[0], role[1] = r, role[1] + 1
+                what = "sink" if kind == "out" else "dead letters of"
+                self.event(f"{what} {self._replica_label(t, p, r)} writes once restored (epoch {role[1]})")
 
-    def _restore(self, replica: ReplicaId, host: int, address: str, req: dict, rollback: bool) -> None:
+    def _restore(self, replica: ReplicaId, host: int, address: str, req: RestoreReplica, rollback: bool) -> None:
         """Restore a lost replica on ``host``, which holds the checkpoint ``req`` names (its own
         thread); the upstreams then replay to it from their backups.  A rollback: no live replica
         of the partition was left (when the restore started or by the time it finished)."""
         assert self.rhino is not None
         t, p, r = replica
         name = self._replica_label(t, p, r)
-        peer = self._peers.setdefault(address, rpc.Peer(address))
+        peer = self._peers.get(address) or self._peers.setdefault(address, rpc.Peer(address, self.security))
         try:
-            reply = peer.call("Restore", req, timeout=120)
+            reply = peer.call("Restore", req, Restored, timeout=120)
         except Exception as exc:  # noqa: BLE001 - reported; the partition keeps running on one replica
             with self._cond:
                 self._restoring.discard(replica)
@@ -420,18 +515,18 @@ class JobMaster:
             for (tt, pp), group in self.rhino.replica_moved(replica, host).items():  # moves it in placement
                 self.event(f"replica group of {self.plan.task(tt).name}[{pp}] is now workers {group}")
             self._restores_done += 1
-            self.moves[replica] = (host, address, reply["positions"], self._restores_done)
+            self.moves[replica] = (host, address, reply.positions, self._restores_done)
             # caught up: at the pulse its twin had (after a rollback: the furthest either replica had)
             sibling = self.metrics.get(self._replica_label(t, p, 1 - r))
             itself = self.metrics.get(self._replica_label(t, p, r)) if rollback else None
             now = time.time()
             self._catching_up[replica] = {
-                "replica": name, "worker": host, "checkpoint_id": reply["checkpoint_id"],
-                "failed_at": dead_at, "restored_at": now, "load_s": reply["load_s"],
-                "restore_s": reply["restore_s"], "rollback": rollback,
-                "target_pulse": max(reply["pulse"], sibling.pulse if sibling else 0, itself.pulse if itself else 0)}
+                "replica": name, "worker": host, "checkpoint_id": reply.checkpoint_id,
+                "failed_at": dead_at, "restored_at": now, "load_s": reply.load_s,
+                "restore_s": reply.restore_s, "rollback": rollback,
+                "target_pulse": max(reply.pulse, sibling.pulse if sibling else 0, itself.pulse if itself else 0)}
             self.event(f"{name} {'rolled back' if rollback else 'restored'} on worker {host} from checkpoint "
-                       f"{reply['checkpoint_id']} in {reply['restore_s']:.3f}s ({now - dead_at:.2f}s after the "
+                       f"{reply.checkpoint_id} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
                        "failure); its upstreams replay from their backups")
             self._status_dirty = True
 
@@ -469,29 +564,29 @@ class JobMaster:
             if role is not None:
                 role[2], role[3] = max(role[2], seq), max(role[3], offset)
 
-    def finished(self, req: dict) -> dict:
-        w = req["worker"]
+    def finished(self, req: WorkerFinished) -> Ack:
+        w = req.worker
         with self._cond:
             info = self.workers.get(w)
-            current = info is not None and info.attempt == req["attempt"]
-            self.metrics.update(req.get("metrics", {}))
-            if current and req.get("status") != "evicted":
-                self._sink_progress(req.get("sinks", {}))
+            current = info is not None and info.attempt == req.attempt
+            self.metrics.update(req.metrics)
+            if current and req.status != "evicted":
+                self._sink_progress(req.sinks)
                 self.reports[w] = req
-            if req.get("status") == "failed":
+            if req.status == "failed":
                 if w in self.dead:  # its replicas were cut off already: what broke there is no failure
-                    self.event(f"worker {w}, declared dead before, reported: {'; '.join(req.get('errors', []))}")
+                    self.event(f"worker {w}, declared dead before, reported: {'; '.join(req.errors)}")
                 else:
-                    self._fail("; ".join(req.get("errors", [])))
+                    self._fail("; ".join(req.errors))
             self._status_dirty = True
             self._cond.notify_all()
-        return {}
+        return Ack()
 
     # -- watching ---------------------------------------------------------------------------------
-    def move(self, req: dict) -> dict:
+    def move(self, req: HandoverRequest) -> HandoverReport:
         """The CLI's ``replication move`` (a gRPC handler): the answer of the job's handle."""
         if self.mover is None:
-            return {"error": "the job is not ready for handovers yet"}
+            return HandoverReport(error="the job is not ready for handovers yet")
         return self.mover(req)
 
     def all_done(self) -> bool:
@@ -502,15 +597,24 @@ class JobMaster:
 
     def monitor(self, period_s: float = 0.1) -> None:
         """Liveness loop (a driver thread) until :meth:`close`."""
+        last_round = time.monotonic()
         while not self._closed.wait(period_s):
             try:
                 alive_executors = set(self._executor_ids()) if self._executor_ids else None
             except Exception as err:  # noqa: BLE001 - the SparkContext may be stopping
                 log.debug("executor list unavailable: %s", err)
                 alive_executors = None
+            status = None
             with self._cond:
+                now = time.monotonic()
+                if now - last_round > max(0.5, self.failure_timeout_s / 4):
+                    # this driver stalled (GIL, GC, a slow Spark call): the heartbeats that could not be
+                    # handled meanwhile say nothing about the workers
+                    log.warning("job master stalled for %.1fs: worker silence is counted from now", now - last_round)
+                    for info in self.workers.values():
+                        info.last_seen = max(info.last_seen, now)
+                last_round = now
                 if self.started_at is not None:
-                    now = time.monotonic()
                     for w, info in list(self.workers.items()):
                         if w in self.dead or w in self.reports or (info.standby and self.rhino is None):
                             continue
@@ -520,10 +624,12 @@ class JobMaster:
                             self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
                 if self.rhino is not None and self.lost and not self._restoring:
                     self._start_restores()
-                if self._status_dirty and time.monotonic() - self._status_written >= 0.5:
+                if self._status_dirty and time.monotonic() - self._status_written >= 0.5 and self.job_name:
                     self._status_dirty = False
                     self._status_written = time.monotonic()
-                    self._write_status()
+                    status = self._status_or_none("running")
+            if status is not None:  # written (fsync) outside the lock: heartbeats do not wait for the disk
+                self._publish_status(status)
 
     def close(self, state: str) -> None:
         self._closed.set()
@@ -531,13 +637,17 @@ class JobMaster:
             self._write_status(state)
 
     def _write_status(self, state: str = "running") -> None:
-        if not self.job_name:
-            return
+        if self.job_name and (status := self._status_or_none(state)) is not None:
+            self._publish_status(status)
+
+    def _status_or_none(self, state: str) -> dict[str, Any] | None:
         try:
-            status = self._status(state)
+            return self._status(state)
         except Exception:  # noqa: BLE001 - the status view must never stop the monitor or a registration
             log.exception("cannot build the job status")
-            return
+            return None
+
+    def _publish_status(self, status: dict[str, Any]) -> None:
         try:
             write_status(self.job_name, status)
         except OSError as err:
@@ -554,7 +664,7 @@ class JobMaster:
             "replicas": {self._replica_label(t, p, r): {"task": t, "partition": p, "replica": r, "worker": w}
                          for (t, p, r), w in self.placement.items()},
             "sinks": {self._replica_label(t, p, role[0]): {"epoch": role[1], "committed_seq": role[2]}
-                      for (t, p), role in self.sinks.items()},
+                      for (t, p, kind), role in self.sinks.items() if kind == "out"},
             "events": [{"time": ts, "text": text} for ts, text in self.events[-50:]],
             "checkpoints": {} if self.rhino is None else {
                 f"{self.plan.task(t).name}[{p}]": {
@@ -593,7 +703,13 @@ class JobMaster:
                           f"{len(o.moves)} vnode(s) from {sorted(o.origins)} to {sorted(o.targets)}")}
                 for o in self.handovers.orders.values()],
             "pulse_window": self.pulse_window, "drained": sorted(self.drained),
+            "rpc_refused": self.refused_calls(),
         }
+
+    def refused_calls(self) -> dict[str, int]:
+        """Unauthenticated calls each server refused: the driver's and each worker's (as reported)."""
+        with self._cond:
+            return {"driver": self.server.refused if self.server is not None else 0, **self.rpc_refused}
 
     def snapshot(self) -> dict[str, InstanceMetrics]:
         with self._cond:
@@ -644,12 +760,10 @@ class ElectionJanitor:
     under a current epoch), after expelling it (deleting its membership node) so that it can never
     enter an election again; at the end it removes the run's election tree."""
 
-    def __init__(self, connect: str, root: str, master: JobMaster) -> None:
-        from kazoo.client import KazooClient
-
+    def __init__(self, connect: str, root: str, master: JobMaster, digest: str | None = None) -> None:
         self.root = root
         self._master = master
-        self._client = KazooClient(hosts=connect, timeout=10)
+        self._client = zk_client(connect, digest, timeout=10)
         try:
             self._client.start(timeout=15)
         except Exception as exc:  # noqa: BLE001 - a clear message instead of kazoo's timeout
@@ -719,15 +833,18 @@ class JobHandle:
         bound is logged and recorded as an event, and the job runs without the endpoint."""
         from replication.prometheus import MetricsServer, collect, render
 
+        host = self.cfg.metrics_bind_address or driver_bind_host(self._sc)
         try:
-            self.metrics_server = MetricsServer(lambda: render(collect(self.master)), port)
+            self.metrics_server = MetricsServer(lambda: render(collect(self.master)), port, host,
+                                                self.cfg.metrics_basic_auth)
         except OSError as err:
             with self.master._cond:
-                self.master.event(f"no metrics endpoint: cannot listen on port {port} "
-                                  f"(spark.replication.metrics.port): {err}")
+                self.master.event(f"no metrics endpoint: cannot listen on {host} port {port} "
+                                  f"(spark.replication.metrics.port, metrics.bindAddress): {err}")
             return
         with self.master._cond:
-            self.master.metrics_url = self.metrics_server.url(driver_advertise_host(self._sc))
+            wildcard = host in ("0.0.0.0", "::", "")
+            self.master.metrics_url = self.metrics_server.url(driver_advertise_host(self._sc) if wildcard else host)
             self.master._status_dirty = True  # the status file shows it
         log.info("job %s: Prometheus metrics at %s", self.job.name, self.metrics_url)
 
@@ -1190,24 +1307,31 @@ class JobHandle:
         if not done:
             raise TimeoutError(f"{timed_out} (state {coordinator.state(hid).value})")
 
-    def move_request(self, req: dict) -> dict:
-        """A ``replication move`` or ``replication rescale`` from the CLI: ``move_vnodes`` or
-        ``rescale`` with the strategy named ("all", "fluid" or "batched:N"); the report, or
-        ``{"error": why}``."""
+    def move_request(self, req: HandoverRequest) -> HandoverReport:
+        """A ``replication move``, ``rescale``, ``rebalance`` or ``drain`` from the CLI, with the
+        strategy named ("all", "fluid" or "batched:N"): the report, or the error."""
+        def timeout(default: float) -> float:
+            return default if req.timeout is None else req.timeout
+
         try:
-            if "executor" in req:
-                return self.drain_executor(req["executor"], timeout=req.get("timeout", 120.0))
-            strategy = parse_strategy(req.get("strategy", "all"))
-            if "fraction" in req:
-                return self.rebalance(req["task"], req["fraction"], req.get("target"), req.get("window", 3.0),
-                                      timeout=req.get("timeout", 120.0), strategy=strategy)
-            if "parallelism" in req:
-                return self.rescale(req["task"], req["parallelism"], timeout=req.get("timeout", 120.0),
-                                    strategy=strategy)
-            return self.move_vnodes(req["task"], req["vnodes"], req["target"], timeout=req.get("timeout", 60.0),
-                                    strategy=strategy)
+            if req.executor is not None:
+                return HandoverReport(self.drain_executor(req.executor, timeout=timeout(120.0)))
+            strategy = parse_strategy(req.strategy)
+            if req.task is None:
+                raise ValueError("a handover request names its task")
+            if req.fraction is not None:
+                return HandoverReport(self.rebalance(req.task, req.fraction, req.target,
+                                                     3.0 if req.window is None else req.window,
+                                                     timeout=timeout(120.0), strategy=strategy))
+            if req.parallelism is not None:
+                return HandoverReport(self.rescale(req.task, req.parallelism, timeout=timeout(120.0),
+                                                   strategy=strategy))
+            if req.vnodes is None or req.target is None:
+                raise ValueError("a move names its vnodes and its target partition")
+            return HandoverReport(self.move_vnodes(req.task, req.vnodes, req.target, timeout=timeout(60.0),
+                                                   strategy=strategy))
         except (ValueError, TimeoutError, JobFailedError) as err:
-            return {"error": f"{type(err).__name__}: {err}"}
+            return HandoverReport(error=f"{type(err).__name__}: {err}")
 
     def routing(self, task: str) -> RoutingTable:
         """The vnode -> partition map of the keyed ``task`` now (after the handovers committed)."""
@@ -1346,6 +1470,7 @@ class JobHandle:
                                      list(m.events), list(m.recoveries), m.checkpoints_compared,
                                      list(m.divergences))
             m.close(status)
+            remove_cli_credentials(self.job.name)
             if self._elections is not None:
                 self._elections.close()
         if self._result.status == "failed":
@@ -1422,8 +1547,11 @@ def _task_of(plan: PhysicalPlan, node: Any) -> int:
 
 
 def resolve_config(sc: Any, conf: Mapping[str, Any] | None) -> ReplicationConfig:
-    """``spark.replication.*`` from the Spark conf, overridden by ``conf``; validated."""
-    settings: dict[str, Any] = {k: v for k, v in sc.getConf().getAll() if k.startswith(PREFIX)} if sc else {}
+    """``spark.replication.*`` from the Spark conf (``rpc.tls.*`` following Spark's ``spark.ssl.*``
+    where unset), overridden by ``conf``; validated."""
+    spark = dict(sc.getConf().getAll()) if sc else {}
+    settings: dict[str, Any] = follow_spark_ssl(spark)
+    settings.update({k: v for k, v in spark.items() if k.startswith(PREFIX)})
     settings.update(conf or {})
     return ReplicationConfig.from_mapping(settings)
 
@@ -1450,17 +1578,25 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                             f"{plan.replicas + 1} executors (checkpoints are held apart from the {plan.replicas} "
                             f"instance(s) of each partition), the cluster has {num_workers}")])
     placement = place(plan, num_workers)
-    master = JobMaster(plan, placement, num_workers, cfg, job.name, sc.applicationId, lambda: executor_ids(sc))
+    security = job_security(dict(sc.getConf().getAll()), cfg)
+    master = JobMaster(plan, placement, num_workers, cfg, job.name, sc.applicationId, lambda: executor_ids(sc),
+                       security)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     election_root = f"/replication/{job.name}/{run_id}" if plan.order_logs else None
-    elections = ElectionJanitor(cfg.zookeeper_connect, election_root, master) if election_root else None
+    elections = ElectionJanitor(cfg.zookeeper_connect, election_root, master, cfg.zookeeper_digest) \
+        if election_root else None
     threading.Thread(target=master.monitor, name=f"monitor-{job.name}", daemon=True).start()
-    server, port = rpc.serve({"Register": rpc.pickled(master.register), "Heartbeat": rpc.pickled(master.heartbeat),
-                              "Finished": rpc.pickled(master.finished), "MoveVnodes": rpc.pickled(master.move)},
-                             max_workers=num_workers * 2 + 8)
-    address = f"{driver_advertise_host(sc)}:{port}"
+    server = rpc.serve({"Register": rpc.typed(master.register, Register),
+                        "Heartbeat": rpc.typed(master.heartbeat, Heartbeat),
+                        "Finished": rpc.typed(master.finished, WorkerFinished),
+                        "MoveVnodes": rpc.typed(master.move, HandoverRequest)},
+                       security=security, bind_host=driver_bind_host(sc), max_workers=num_workers * 2 + 8,
+                       name="job master")
+    master.server = server
+    address = host_port(driver_advertise_host(sc), server.port)
     master.control_address = address
-    boot = WorkerBootstrap(job.name, run_id, plan, placement, cfg, address, num_workers, election_root)
+    write_cli_credentials(job.name, security, cfg)
+    boot = WorkerBootstrap(job.name, run_id, plan, placement, cfg, address, num_workers, election_root, security)
     handle = JobHandle(job, cfg, plan, placement, master, server, sc, f"replication-{job.name}-{run_id}", elections)
     master.mover = handle.move_request
     log.info("%s\nwarm executors: %s; %d workers; job master at %s", plan.describe(), sorted(warm), num_workers,

@@ -27,7 +27,7 @@ from liverobin.heartbeats import HOLD, LEAVE, PULSE_ITEM, PulseWindows
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
 from replication import savepoint
 from replication.channels import OutputChannel
-from replication.deadletter import describe_error
+from replication.deadletter import ExactlyOnceDeadLetters, describe_error
 from replication.dedup import Dedup
 from replication.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
 from replication.framing import BatchHeader, decode_elements
@@ -76,7 +76,14 @@ class PartitionInstance:
         self.sink_id = f"{worker.boot.run_id}:{task.id}:{partition}"
         self._sink_partitions = plan.sink_topic_partitions
         self.sinks: list[Any] = []
-        self.pending_control: tuple | None = None  # sink role from the job master, set by the worker
+        # the exactly-once outputs (sinks, dead letters), each written by the replica the driver names
+        self.writers: list[Any] = []
+        self.dead_letters = ExactlyOnceDeadLetters(
+            self.name, self.cfg, replica, self.sink_id, self.cfg.dead_letter_topic(worker.job_name),
+            worker.job_name) if self.exactly_once_sink else None
+        if self.dead_letters is not None:
+            self.writers.append(self.dead_letters)
+        self.pending_control: dict[str, tuple] | None = None  # writer roles by output kind, set by the worker
         self.num_key_groups = plan.num_key_groups
         keyed_outputs = {e.dst_task for e in task.outputs if e.partitioning == "hash"}
         self.router_switches = RouterSwitches({t: plan.routing[t] for t in keyed_outputs}, plan.num_key_groups)
@@ -108,6 +115,10 @@ class PartitionInstance:
         self.count_every = self.cfg.rhino_checkpoint_elements if rhino and not ordered else 0
         self.restored: Any = None  # IncrementMeta of the checkpoint this replica was restored from
         self._restored_runtime: dict[str, Any] | None = None
+        # count-based checkpoints also when the record time (Kafka timestamp at a source, event time
+        # downstream) enters a new rhino.checkpointInterval: at the same records on both replicas
+        self._interval_ms = self.cfg.rhino_checkpoint_interval_ms
+        self._time_bucket: int | None = None  # the latest interval seen (restored with the checkpoint)
 
     # -- environment offered to operators -------------------------------------------------
     def state_backend(self) -> RocksDBStateBackend:
@@ -177,6 +188,9 @@ class PartitionInstance:
         self.metrics.restored_from = meta.checkpoint_id
         self.router_switches.restore(rt.get("routing", {}))  # the handovers it had switched at
         self.code = dict(rt.get("code", {}))  # the operator replacements it had made
+        self._time_bucket = rt.get("time_bucket")
+        if self.dead_letters is not None:
+            self.dead_letters.out.seq = rt.get("dead_letters", -1)  # those after it are written again
         return rt
 
     def _restore_operators(self) -> None:
@@ -187,14 +201,24 @@ class PartitionInstance:
                 if op.name in self.code:
                     op.replace_fn(pickle.loads(self.code[op.name]))
 
+    def _new_interval(self, ts: int) -> bool:
+        """Whether record time ``ts`` (ms) enters a later checkpoint interval than any seen before;
+        the first record only starts counting."""
+        bucket = ts // self._interval_ms
+        known, self._time_bucket = self._time_bucket, bucket if self._time_bucket is None else max(
+            self._time_bucket, bucket)
+        return known is not None and bucket > known
+
     def take_checkpoint(self, checkpoint_id: int, runtime: dict[str, Any]) -> None:
         """Checkpoint the state as it is now, at a position both replicas share; the runtime
         state (positions, orderer, operators, output seqs) rides along."""
         started = time.perf_counter()
+        runtime["time_bucket"] = self._time_bucket
         runtime["operators"] = [op.snapshot() for op in chain_operators(self.chain)]
         runtime["outputs"] = {ch.spec.id: ch.next_seq for ch in self.outputs}
         runtime["routing"] = self.router_switches.tables()
         runtime["code"] = dict(self.code)
+        runtime["dead_letters"] = self.dead_letters.out.seq if self.dead_letters is not None else -1
         meta, shipped = self.worker.checkpoints.take(self, checkpoint_id, pickle.dumps(runtime, protocol=5),
                                                      runtime.get("positions", {}), runtime["outputs"])
         m = self.metrics
@@ -208,8 +232,8 @@ class PartitionInstance:
     def dead_letter(self, *, reason: str, operator: str, origin: Any, payload: bytes,
                     payload_kind: str = "original") -> None:
         self.metrics.dead_lettered += 1
-        self.worker.dead_letters.send(reason=reason, operator=operator, origin=origin, payload=payload,
-                                      payload_kind=payload_kind)
+        writer = self.dead_letters if self.dead_letters is not None else self.worker.dead_letters
+        writer.send(reason=reason, operator=operator, origin=origin, payload=payload, payload_kind=payload_kind)
 
     def sink_producer(self) -> Any:
         return self.worker.sink_producer
@@ -219,19 +243,23 @@ class PartitionInstance:
         return self.partition % self._sink_partitions[topic]
 
     def register_sink(self, sink: Any) -> None:
+        """An exactly-once sink of the chain (it takes the driver's writer role of kind ``out``)."""
         self.sinks.append(sink)
+        self.writers.append(sink)
 
     def poll_control(self) -> None:
-        """Apply the latest sink role from the job master (instance thread only)."""
+        """Apply the latest writer roles from the job master (instance thread only)."""
         control, self.pending_control = self.pending_control, None
         if control is not None:
-            for sink in self.sinks:
-                sink.control(*control)
+            for writer in self.writers:
+                role = control.get(writer.kind)
+                if role is not None:
+                    writer.control(*role)
 
     def idle(self) -> None:
         """Called by the instance loop between batches: commit what is due."""
-        for sink in self.sinks:
-            sink.on_idle()
+        for writer in self.writers:
+            writer.on_idle()
 
     def flush_producer(self, producer: Any) -> None:
         remaining = producer.flush(self.cfg.stop_timeout_ms / 1000)
@@ -264,6 +292,8 @@ class PartitionInstance:
                 else:
                     self.chain.on_watermark(MAX_WATERMARK)
                 self.chain.on_end()
+                if self.dead_letters is not None:
+                    self.dead_letters.out.finish(self.poll_control)
                 # a replica that never opened its state (no keyed state, never shipped a checkpoint) has
                 # the empty state's digest, so that it compares with a twin that did open it
                 self.metrics.state_digest = (self.state_backend().digest() if self._backend is not None
@@ -356,6 +386,7 @@ class ProcessingInstance(PartitionInstance):
         self._current_wm = MIN_WATERMARK
         self._forwarded_pulse = 0
         self._aligned = self.cfg.mode == "kazoo"  # pulses (of handover windows) forwarded once aligned
+        self._last_counted = 0  # the last count-based checkpoint (its id: elements consumed)
         self._channel_pulse = dict.fromkeys(self.channels, 0)
 
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
@@ -363,6 +394,7 @@ class ProcessingInstance(PartitionInstance):
         for channel, position in rt["positions"].items():
             self.dedup.resume(channel, position)  # the upstreams replay from here
         self._consumed = dict(rt["positions"])
+        self._last_counted = meta.checkpoint_id
         self._channel_wm = dict(rt["channel_wm"])
         self._open_channels = set(rt["open"])
         self._current_wm = self.metrics.watermark = rt["current_wm"]
@@ -457,8 +489,10 @@ class ProcessingInstance(PartitionInstance):
                 self._candidate.withdraw()
 
     def _run(self, kazoo: KazooOrderer | None) -> bool:
-        if self.count_every and self.restored is None:
-            self._checkpoint(0, None)  # a replica that rarely gets input still has one to restore from
+        if self.cfg.rhino_enabled and self.restored is None:
+            # at once, before any input (both replicas alike): every partition is restorable from its
+            # first seconds on, also one that gets little or no input
+            self._checkpoint(0, self._start_orderer_state(kazoo))
         wait_s = 0.2 if not self.sinks else min(0.2, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001)
         while self._open_channels:
             if self.stop_requested.is_set():
@@ -485,15 +519,39 @@ class ProcessingInstance(PartitionInstance):
                     self._checkpoint(state.number, state)
         return True
 
+    def _start_orderer_state(self, kazoo: KazooOrderer | None) -> Any:
+        """The orderer's state before any input, for the first checkpoint."""
+        if kazoo is not None:
+            return kazoo.applier.start_state(self._order_log[1])
+        if isinstance(self.orderer, LiveRobinOrderer):
+            return self.orderer.merge.state()
+        return None
+
     def _consume_counted(self, channel: int, elements: list) -> None:
-        """One input channel, no orderer state: checkpoint every ``count_every`` elements consumed."""
+        """One input channel, no orderer state: checkpoint every ``count_every`` elements consumed,
+        and before a record whose event time enters a new ``rhino.checkpointInterval`` (both
+        replicas at the same positions, with the same ids: either may ship them)."""
         while elements:
             done = self._consumed[channel]
             due = (done // self.count_every + 1) * self.count_every
+            cut = next((i for i, el in enumerate(elements[:due - done]) if el[0] == DATA and self._new_interval(el[3])),
+                       None)
+            if cut is not None:  # the records before it, then a checkpoint (unless one is there already)
+                self._consume(channel, elements[:cut])
+                elements = elements[cut:]
+                self._checkpoint_counted(self._consumed[channel])
+                self._consume(channel, elements[:1])
+                elements = elements[1:]
+                continue
             head, elements = elements[:due - done], elements[due - done:]
             self._consume(channel, head)
             if self._consumed[channel] == due:
-                self._checkpoint(due, None)
+                self._checkpoint_counted(due)
+
+    def _checkpoint_counted(self, position: int) -> None:
+        if position > self._last_counted:
+            self._last_counted = position
+            self._checkpoint(position, None)
 
     def _checkpoint(self, checkpoint_id: int, orderer_state: Any, positions: dict[int, int] | None = None) -> None:
         self.take_checkpoint(checkpoint_id, {
@@ -659,6 +717,16 @@ def _merger(windows: list[Any]) -> Any:
     return lambda rest, moved, served: mergers[rest[:4]](moved, served)
 
 
+def drain_position(next_offset: dict[int, int], ends: dict[int, int]) -> dict[int, int] | None:
+    """How far a source replica reads in a drain without pulses: per Kafka partition, the end a
+    fetch response told (the high watermark) or its next offset if it emitted more; None while a
+    partition has had no fetch response (a negative end), since its end is not known yet (an empty
+    partition says 0)."""
+    if any(end < 0 for end in ends.values()):
+        return None
+    return {k: max(next_offset.get(k, -1), end) for k, end in ends.items()}
+
+
 class SourceInstance(PartitionInstance):
     """Reads assigned Kafka partitions; emits watermarks at deterministic record positions."""
 
@@ -673,6 +741,11 @@ class SourceInstance(PartitionInstance):
         self.out_of_orderness = spec["max_out_of_orderness_ms"]
         self.start_offsets = plan.source_start_offsets.get(task.id, {})
         self.drain_requested_at: float | None = None
+        # a drain without pulses (unordered, KaZoo): how far this replica reads (its partitions' ends when
+        # the drain came, or further), for the driver, and where every replica of the partition ends (the
+        # furthest report; -1: nothing to read there)
+        self.drain_position: dict[int, int] | None = None
+        self.drain_at: dict[int, int] | None = None  # set by the worker from the driver's word
         # LiveRobin: the counted pulses of the heartbeat log, from the worker's reader (END follows the
         # final pulse)
         # (a restored replica subscribes to a reader of its own: the shared one started long ago)
@@ -688,6 +761,7 @@ class SourceInstance(PartitionInstance):
         self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         self._after_pulse = 0  # a restored replica: pulses up to this one are behind it
         self._read = 0  # records emitted (count-based checkpoints)
+        self._last_counted = 0  # the last count-based checkpoint (its id: records emitted)
         if self._windows is not None:
             self.checkpoint_every = 0  # KaZoo: count-based checkpoints only, inside pulse windows too
         # KaZoo: counted pulses of windows this replica does not hold for yet (see _feed)
@@ -703,6 +777,7 @@ class SourceInstance(PartitionInstance):
         self._emitted_wm = self.metrics.watermark = rt["emitted_wm"]
         self._after_pulse = self.metrics.pulse = rt["pulse"]
         self._read = rt.get("read", 0)
+        self._last_counted = self._read
         if self._windows is not None and rt.get("windows") is not None:
             self._windows.restore(*rt["windows"])
         # the worker's shared reader started long ago: read the log again, from this run's start
@@ -736,23 +811,36 @@ class SourceInstance(PartitionInstance):
         conf = self.cfg.kafka_consumer_config(
             group_id=f"replication-{self.worker.job_name}-{self.task.id}-{self.partition}")
         conf.setdefault("fetch.wait.max.ms", FETCH_WAIT_MS)
-        self._fetch_wait_ms = int(conf["fetch.wait.max.ms"])
         consumer = Consumer(conf)
         consumer.assign([TopicPartition(self.topic, k, self.start_offsets.get(k, OFFSET_BEGINNING))
                          for k in self.kafka_partitions])
         return consumer
 
-    def _drained(self, consumer: Consumer, next_offset: dict[int, int]) -> bool:
-        """Every partition consumed up to the high watermark of a fetch made after the
-        drain request (ListOffsets is not trusted: see DESIGN §10)."""
-        grace = 2 * self._fetch_wait_ms / 1000 + 0.3
-        if self.drain_requested_at is None or time.monotonic() - self.drain_requested_at < grace:
+    def _drain_hold(self, consumer: Consumer) -> bool:
+        """A drain without pulses: once a fetch made after the request could have told each Kafka
+        partition's end (the high watermark in fetch responses: ListOffsets is not trusted, DESIGN
+        §10), report how far this replica reads (that end, or further if it emitted more) and hold
+        until the driver names where every replica of the partition ends (the furthest report)."""
+        if self.drain_requested_at is None:
             return False
+        if self.drain_position is None:
+            if time.monotonic() - self.drain_requested_at < 2 * FETCH_WAIT_MS / 1000 + 0.3:
+                return False  # read on meanwhile: the report covers what is emitted
+            ends = {k: consumer.get_watermark_offsets(TopicPartition(self.topic, k), cached=True)[1]
+                    for k in self.kafka_partitions}
+            self.drain_position = drain_position(self._next_offset, ends)
+            return self.drain_position is not None
+        return True
+
+    def _read_to(self, consumer: Consumer, target: dict[int, int]) -> bool:
+        """A drain without pulses: every Kafka partition read up to the offset the replicas agreed
+        on (records from it on are not emitted)."""
         for k in self.kafka_partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, k), cached=True)
-            if high < 0:
-                return False  # no fetch response yet
-            if next_offset.get(k, low) < high:
+            end = target.get(k, -1)
+            if end < 0:
+                continue  # no replica read anything there
+            position = consumer.position([TopicPartition(self.topic, k)])[0].offset
+            if max(self._next_offset.get(k, -1), position) < end:
                 return False
         return True
 
@@ -761,8 +849,8 @@ class SourceInstance(PartitionInstance):
         idle_s = min(0.05, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001) if self.sinks else 0.05
         consumer = self._consumer()
         placer = self._pulse_placer() if self._windows is None else None
-        if self.count_every and self.restored is None:
-            self._source_checkpoint(0, 0)  # an idle source still has a checkpoint to restore from
+        if self.cfg.rhino_enabled and self.restored is None:
+            self._source_checkpoint(0, 0)  # at once: restorable from its first seconds on, idle or not
         if self._windows is not None and self.restored is not None:
             placer = self._start_replay()
         try:
@@ -775,6 +863,10 @@ class SourceInstance(PartitionInstance):
                     placer = self._next_window()
                 if self._windows is not None and self.pending_window != self._window_word:
                     placer = self._window_changed(placer, consumer)
+                if placer is None and self.drain_at is None and self._drain_hold(consumer):
+                    self.idle()
+                    time.sleep(0.01)
+                    continue
                 messages = consumer.consume(num_messages=batch, timeout=0)
                 if placer is None:
                     messages = messages or consumer.consume(1, timeout=idle_s)
@@ -797,6 +889,8 @@ class SourceInstance(PartitionInstance):
                         log.warning("%s: consumer error: %s", self.name, err)
                         continue
                     if placer is None:
+                        if self.drain_at is not None and msg.offset() >= self.drain_at.get(msg.partition(), -1):
+                            continue  # beyond where the replicas end
                         self._emit_counted(msg, time.time())
                     else:
                         placer.add_record(msg.offset(), (msg, time.time()))
@@ -805,7 +899,7 @@ class SourceInstance(PartitionInstance):
                         return True
                     if self._windows is not None and self._windows.current is None:
                         placer = self._after_window(placer, consumer)  # its last pulse is out
-                elif not messages and self._drained(consumer, self._next_offset):
+                elif self.drain_at is not None and self._read_to(consumer, self.drain_at):
                     return True
             return False
         finally:
@@ -841,12 +935,17 @@ class SourceInstance(PartitionInstance):
                 self.chain.on_watermark(wm)
 
     def _emit_counted(self, msg: Any, ingest: float) -> None:
-        """:meth:`_emit`, and a count-based checkpoint every ``count_every`` records emitted
-        (unordered and KaZoo modes: both replicas emit the same records, pulses or not)."""
+        """:meth:`_emit`, with count-based checkpoints (KaZoo mode: both replicas emit the same
+        records, pulses or not): before a record whose Kafka timestamp enters a new
+        ``rhino.checkpointInterval``, and every ``count_every`` records."""
+        if self.count_every and self._new_interval(msg.timestamp()[1]) and self._read > self._last_counted:
+            self._last_counted = self._read
+            self._source_checkpoint(self._read, self.metrics.pulse)
         self._emit(msg, ingest)
         if self.count_every:
             self._read += 1
             if self._read % self.count_every == 0:
+                self._last_counted = self._read
                 self._source_checkpoint(self._read, self.metrics.pulse)
 
     def _source_checkpoint(self, checkpoint_id: int, pulse: int) -> None:

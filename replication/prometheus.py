@@ -13,8 +13,11 @@ to a bound counts in the next bucket up).
 
 from __future__ import annotations
 
+import base64
+import hmac
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -25,6 +28,7 @@ from urllib.parse import urlsplit
 
 from replication.metrics import InstanceMetrics, LatencyHistogram
 from replication.plan import replica_name
+from transport.rpc import host_port
 
 if TYPE_CHECKING:
     from replication.driver import JobMaster
@@ -78,6 +82,7 @@ class DriverState:
     checkpoints_compared: int = 0
     workers_alive: int = 0
     workers_dead: int = 0
+    rpc_refused: dict[str, int] = field(default_factory=dict)  # process ("driver", "worker 3") -> calls
 
 
 def collect(master: JobMaster, now: float | None = None) -> DriverState:
@@ -111,7 +116,7 @@ def collect(master: JobMaster, now: float | None = None) -> DriverState:
             replicas=replicas, partitions=partitions, events=len(master.events),
             divergences=len(master.divergences), recoveries=len(master.recoveries),
             checkpoints_compared=master.checkpoints_compared, workers_alive=alive,
-            workers_dead=len(master.workers) - alive)
+            workers_dead=len(master.workers) - alive, rpc_refused=master.refused_calls())
 
 
 # -- the text format ------------------------------------------------------------------------------
@@ -254,6 +259,11 @@ def render(state: DriverState) -> str:
         ("replication_workers_dead", "gauge", "Registered workers declared dead.", state.workers_dead),
     ):
         family(name, type_, help_).add(job, value)
+    refused = family("replication_rpc_refused_calls_total", "counter",
+                     "Calls an RPC server of the job refused before reading them (unsigned, wrongly signed or "
+                     "stale): someone who is not part of the job reached its port.")
+    for process, count in sorted(state.rpc_refused.items()):
+        refused.add(job + (("process", process),), count)
     return "".join(line + "\n" for fam in fams if fam.samples for line in fam.lines())
 
 
@@ -261,8 +271,12 @@ def render(state: DriverState) -> str:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], render_metrics: Callable[[], str]) -> None:
+    def __init__(self, address: tuple[str, int], render_metrics: Callable[[], str],
+                 basic_auth: str | None = None) -> None:
         self.render_metrics = render_metrics
+        self.authorization = None if basic_auth is None else \
+            "Basic " + base64.b64encode(basic_auth.encode()).decode()
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, _Handler)
 
 
@@ -281,7 +295,17 @@ class _Handler(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(body)
 
+    def _authorized(self, head: bool) -> bool:
+        expected = self.server.authorization
+        if expected is None or hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected.encode()):
+            return True
+        self._reply(401, b"unauthorized: this endpoint wants HTTP basic authentication\n", head=head,
+                    headers={"WWW-Authenticate": 'Basic realm="replication metrics", charset="UTF-8"'})
+        return False
+
     def _metrics(self, head: bool) -> None:
+        if not self._authorized(head):
+            return
         if urlsplit(self.path).path != "/metrics":
             self._reply(404, b"not found: the metrics are at /metrics\n", head=head)
             return
@@ -313,10 +337,12 @@ class _Handler(BaseHTTPRequestHandler):
 
 class MetricsServer:
     """``GET /metrics`` on ``host:port`` (port 0: an ephemeral one), served from a daemon thread;
-    ``render_metrics`` is called once per scrape.  Raises OSError if the port cannot be bound."""
+    ``render_metrics`` is called once per scrape; with ``basic_auth`` (``user:password``) a scrape
+    without those credentials gets 401.  Raises OSError if the port cannot be bound."""
 
-    def __init__(self, render_metrics: Callable[[], str], port: int, host: str = "") -> None:
-        self._server = _Server((host, port), render_metrics)
+    def __init__(self, render_metrics: Callable[[], str], port: int, host: str = "",
+                 basic_auth: str | None = None) -> None:
+        self._server = _Server((host, port), render_metrics, basic_auth)
         self.host = host
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -326,7 +352,7 @@ class MetricsServer:
 
     def url(self, host: str | None = None) -> str:
         """The scrape URL, with ``host`` (default: the bound host, or 127.0.0.1 when bound to all)."""
-        return f"http://{host or self.host or '127.0.0.1'}:{self.port}/metrics"
+        return f"http://{host_port(host or self.host or '127.0.0.1', self.port)}/metrics"
 
     def close(self) -> None:
         """Stop serving and release the port (idempotent)."""

@@ -302,6 +302,20 @@ def driver_advertise_host(sc: SparkContext) -> str:
     return host or local_advertise_host("8.8.8.8")
 
 
+def driver_bind_host(sc: SparkContext) -> str:
+    """Where the driver's servers listen, as Spark's own do: ``spark.driver.bindAddress``, else
+    ``spark.driver.host``, else the address that routes outward."""
+    conf = sc.getConf()
+    return conf.get("spark.driver.bindAddress") or conf.get("spark.driver.host") or local_advertise_host("8.8.8.8")
+
+
+def executor_bind_host(peer_host: str) -> str:
+    """Where a worker's servers listen: its executor's host as Spark started it (``--hostname``),
+    else ``SPARK_LOCAL_IP``, else the local address that reaches ``peer_host``."""
+    ep = current_executor()
+    return (ep.host if ep is not None and ep.host else None) or local_advertise_host(peer_host)
+
+
 def local_advertise_host(peer_host: str) -> str:
     """The local IP address this process would use to reach ``peer_host``; ``SPARK_LOCAL_IP`` wins.
 

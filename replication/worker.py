@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import shutil
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,33 @@ from confluent_kafka import Producer
 from kazoo_leader.election import ElectionClient
 from kazoo_leader.order_log import OrderLog
 from liverobin.reader import PulseReader
-from replication import framing, rpc
+from replication import framing
 from replication.channels import OutputChannel, PushLink, receive_pushes
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
 from replication.handovers import DeltaCut, HandoverOrder, TargetCut, order_from_wire
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
+from replication.messages import (
+    Ack,
+    CutChunk,
+    CutRequest,
+    Heartbeat,
+    Instructions,
+    KeptCut,
+    Register,
+    Registered,
+    Restored,
+    RestoreReplica,
+    WorkerFinished,
+)
 from replication.plan import Instance, PhysicalPlan, ReplicaId
-from replication.spark_cluster import current_executor_id, local_advertise_host
+from replication.spark_cluster import current_executor_id, executor_bind_host, local_advertise_host
 from rhino_state import CheckpointNotHeldError, moved_key_groups
 from rhino_state.cut import Delivery, apply_changes, cut_digest, entry_bytes, plan_delivery
+from transport import rpc, wire
+from transport.rpc import host_port
+from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +85,7 @@ class WorkerBootstrap:
     master_address: str
     num_workers: int
     election_root: str | None = None  # KaZoo: this run's ZooKeeper path; a partition's election below it
+    security: RpcSecurity | None = field(default=None, repr=False)  # the run's RPC secret (and TLS material)
 
 
 def election_identity(worker: int, attempt: int) -> str:
@@ -80,25 +98,67 @@ def election_membership(election_root: str, worker: int, attempt: int) -> str:
     return f"{election_root}/members/{election_identity(worker, attempt)}"
 
 
+class _Mailbox:
+    """The latest heartbeat reply, from the heartbeat thread to the worker's main loop (replies
+    carry the driver's whole view, so a newer one replaces one not yet applied)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._reply: Instructions | None = None
+        self._done = False
+        self._unreachable_since: float | None = None
+
+    def post(self, reply: Instructions | None, done: bool, at: float) -> None:
+        with self._cond:
+            if reply is None:
+                self._unreachable_since = self._unreachable_since or at
+            else:
+                self._unreachable_since = None
+                self._reply, self._done = reply, done
+            self._cond.notify_all()
+
+    def take(self, timeout: float) -> tuple[Instructions | None, bool, float | None]:
+        """The newest reply not taken yet (None after ``timeout``), whether every instance had
+        finished when it was asked for, and since when the driver has been unreachable."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._reply is not None, timeout)
+            reply, self._reply = self._reply, None
+            return reply, self._done, self._unreachable_since
+
+
 class WorkerEvicted(RuntimeError):
     """The driver declared this worker dead while it could not hear it (hung, or cut off by a
     network partition); raised from the Spark task so that Spark runs it again, as a standby."""
 
 
-def _cut_requests(order: HandoverOrder, origin: int, target: int, cut: TargetCut, delta: bool) -> Iterator[dict]:
+def _cut_chunks(cut: TargetCut, delta: bool) -> list[list]:
+    """What travels of ``cut`` to one target replica: its changes since checkpoint ``cut.base``
+    (``delta``, when it has them) or its entries, in chunks."""
+    return cut.changes if delta and cut.changes is not None else cut.chunks
+
+
+def _cut_requests(order: HandoverOrder, origin: int, target: int, cut: TargetCut, delta: bool) -> Iterator[CutChunk]:
     """The ``HandoverState`` calls that carry ``cut`` to one replica of ``target``: its entries in
     chunks, or (``delta``) its changes since checkpoint ``cut.base`` in chunks with the digest and
     count of the entries they must rebuild."""
     delta = delta and cut.changes is not None
-    chunks = cut.changes if delta else cut.chunks
+    chunks = _cut_chunks(cut, delta)
     for i, chunk in enumerate(chunks):
-        req = {"handover": order.handover_id, "task": order.task, "partition": target, "origin": origin,
-               "chunk": i, "chunks": len(chunks), "extras": cut.extras if i == 0 else {}}
-        if delta:
-            req.update(changes=chunk, base=cut.base, digest=cut.digest, count=cut.entries)
-        else:
-            req["entries"] = chunk
-        yield req
+        rows = wire.pack_rows(chunk)
+        yield CutChunk(order.handover_id, order.task, target, origin, i, len(chunks),
+                       extras=_pack_extras(cut.extras) if i == 0 else b"",
+                       entries=None if delta else rows, changes=rows if delta else None,
+                       base=cut.base if delta else None, digest=cut.digest if delta else "",
+                       count=cut.entries if delta else 0)
+
+
+def _pack_extras(extras: dict[str, list]) -> bytes:
+    """Operators' in-memory state of moved keys (user keys among it): pickled, as user records are."""
+    return pickle.dumps(extras, protocol=5) if any(extras.values()) else b""
+
+
+def _unpack_extras(data: bytes) -> dict[str, list]:
+    return pickle.loads(data) if data else {}
 
 
 def run_worker(boot: WorkerBootstrap, index: int, attempt: int) -> dict[str, Any]:
@@ -147,6 +207,11 @@ class Worker:
         self._lock = threading.Lock()
         self._sender: ThreadPoolExecutor | None = None  # handover state to other workers, off the instances' threads
         self._fetching: set[str] = set()  # target replicas fetching cuts they miss
+        self._cut_offs: dict[ReplicaId, tuple[int, str]] = {}  # replicas the channels cut off, for the driver
+        if boot.security is None:
+            raise ValueError("a worker needs the run's RPC security (WorkerBootstrap.security)")
+        self.security: RpcSecurity = boot.security
+        self.server: rpc.RpcServer | None = None
         self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
 
     def pulse_reader(self) -> PulseReader:
@@ -192,7 +257,8 @@ class Worker:
             self._election = ElectionClient(
                 self.cfg.zookeeper_connect, self.cfg.kazoo_session_timeout_ms / 1000,
                 identity=election_identity(self.index, self.attempt),
-                membership=election_membership(self.boot.election_root, self.index, self.attempt))
+                membership=election_membership(self.boot.election_root, self.index, self.attempt),
+                digest=self.cfg.zookeeper_digest)
             if self._ready.is_set():
                 self._election.start(timeout_s=self.cfg.start_timeout_ms / 1000)
         return self._election
@@ -280,7 +346,8 @@ class Worker:
                 ch = OutputChannel(spec, [self._transport(w) for w in targets], batch_size=cfg.channel_batch_size,
                                    buffer_timeout_s=cfg.channel_buffer_timeout_ms / 1000,
                                    max_ready=2 if plan.replicas == 1 else 8, first_seq=first_seqs.get(spec.id, 0),
-                                   retain=cfg.rhino_enabled, backup_limit=cfg.rhino_backup_limit)
+                                   retain=cfg.rhino_enabled, backup_limit=cfg.rhino_backup_limit,
+                                   on_cut_off=self._cut_off_reported, destinations=targets)
                 with self._lock:
                     for r, w in enumerate(targets):
                         self._transports_to.setdefault(w, []).append((ch, r))
@@ -289,29 +356,29 @@ class Worker:
         return outputs
 
     # -- Rhino: restoring a lost replica here, and replaying to replicas restored elsewhere -------
-    def restore(self, req: dict) -> dict:
-        """Run the lost replica ``req["replica"]`` here, from the latest completed checkpoint this
-        worker holds (hard links, no transfer); its upstreams replay from the returned positions."""
+    def restore(self, req: RestoreReplica) -> Restored:
+        """Run the lost replica ``req.replica`` here, from the completed checkpoint this worker
+        holds (hard links, no transfer); its upstreams replay from the returned positions."""
         assert self.checkpoints is not None
         if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
             raise RuntimeError(f"worker {self.index} not ready")
-        task_id, part, replica = req["replica"]
+        task_id, part, replica = req.replica
         if (task_id, part) in self.instances:
             raise RuntimeError(f"worker {self.index} already runs a replica of {(task_id, part)}")
         started = time.monotonic()
-        self._addresses.update(req.get("addresses", {}))
+        self._addresses.update(req.addresses)
         inst = self._instance(task_id, part, replica, restoring=True)
         target = self.state_root / f"t{task_id}-p{part}-restored"
-        meta = self.checkpoints.restore((task_id, part), target, req.get("checkpoint_id"))
+        meta = self.checkpoints.restore((task_id, part), target, req.checkpoint_id)
         loaded = time.monotonic()
         runtime = inst.restore_from(meta, target)
-        inst.build(self._outputs(inst, req["placement"], runtime["outputs"]))
-        self._apply_roles(req.get("sinks", {}), inst)
-        inst.attempt = req.get("attempt", 0)
+        inst.build(self._outputs(inst, req.placement, runtime["outputs"]))
+        self._apply_roles(req.sinks, inst)
+        inst.attempt = req.attempt
         inst.savepoint_dir = self._savepoint
-        inst.rearm([order_from_wire(o) for o in req.get("handovers", ())], runtime["pulse"])
+        inst.rearm([order_from_wire(o) for o in req.handovers], runtime["pulse"])
         with self._lock:
-            self._placement.update(req["placement"])
+            self._placement.update(req.placement)
             self._placement[(task_id, part, replica)] = self.index
         self.instances[(task_id, part)] = inst
         inst.start()
@@ -322,8 +389,8 @@ class Worker:
                              daemon=True).start()
         log.warning("restored %s from checkpoint %d in %.3fs (state load %.3fs)", inst.name, meta.checkpoint_id,
                     time.monotonic() - started, loaded - started)
-        return {"checkpoint_id": meta.checkpoint_id, "positions": runtime.get("positions", {}),
-                "load_s": loaded - started, "restore_s": time.monotonic() - started, "pulse": runtime["pulse"]}
+        return Restored(meta.checkpoint_id, runtime.get("positions", {}), loaded - started,
+                        time.monotonic() - started, runtime["pulse"])
 
     def _apply_moves(self, moves: dict) -> None:
         """Replicas restored on other workers: send to them there, replaying from their checkpoint."""
@@ -340,7 +407,7 @@ class Worker:
                     spec = ch.spec
                     if (spec.dst_task, spec.dst_partition) == (task_id, part):
                         try:
-                            ch.rejoin(replica, self._transport(w), positions.get(spec.id, 0))
+                            ch.rejoin(replica, self._transport(w), positions.get(spec.id, 0), w)
                         except Exception as exc:  # noqa: BLE001
                             # this upstream is itself restored (its backup starts at its own checkpoint):
                             # the other replica of this upstream partition replays what it lacks
@@ -351,15 +418,23 @@ class Worker:
                         with self._lock:
                             self._transports_to.setdefault(w, []).append((ch, replica))
 
+    def _cut_off_reported(self, spec: Any, replica: int, worker: int | None, reason: str) -> None:
+        """A channel cut a destination replica off by itself (it failed, or lagged too far): the
+        driver hears of it with the next heartbeat and replaces it (never silently dropped)."""
+        if worker is None or worker in self.dead_workers:
+            return  # the driver knows already
+        with self._lock:
+            self._cut_offs[(spec.dst_task, spec.dst_partition, replica)] = (worker, f"channel {spec.id}: {reason}")
+
     def _peer(self, address: str) -> rpc.Peer:
         if address not in self._peers:
-            self._peers[address] = rpc.Peer(address)
+            self._peers[address] = rpc.Peer(address, self.security)
         return self._peers[address]
 
     # -- handovers: instructions from the job master, the cut state between replicas ------------
     def _apply_handovers(self, orders: list[dict]) -> None:
-        for wire in orders:
-            order = order_from_wire(wire)
+        for wired in orders:
+            order = order_from_wire(wired)
             for inst in list(self.instances.values()):
                 inst.apply_handover(order)
 
@@ -391,7 +466,7 @@ class Worker:
                 for req in requests:
                     self._handover_state(req)
                 continue
-            shipped += sum(entry_bytes(req["entries"] if "entries" in req else req["changes"]) for req in requests)
+            shipped += sum(entry_bytes(chunk) for chunk in _cut_chunks(cut, how is Delivery.DELTA))
             self._handover_sender().submit(self._send_cut, order.handover_id, w, requests)
         return shipped
 
@@ -401,26 +476,27 @@ class Worker:
                 self._sender = ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"handover-send-w{self.index}")
             return self._sender
 
-    def _send_cut(self, hid: int, w: int, requests: list[dict]) -> None:
+    def _send_cut(self, hid: int, w: int, requests: list[CutChunk]) -> None:
         try:
             for req in requests:
                 if w in self.dead_workers or self._stopping.is_set():
                     return
-                self._peer(self._addresses[w]).call("HandoverState", req, timeout=30)
+                self._peer(self._addresses[w]).call("HandoverState", req, Ack, timeout=30)
         except Exception as exc:  # noqa: BLE001 - the other origin replica's copy, or a fetch, carries it
             log.warning("handover %d: state for %s[%d] not delivered to worker %d: %s", hid,
-                        self.plan.task(requests[0]["task"]).name, requests[0]["partition"], w, exc)
+                        self.plan.task(requests[0].task).name, requests[0].partition, w, exc)
 
-    def _handover_cut(self, req: dict) -> dict:
-        """Chunk ``req["chunk"]`` of the cut an origin replica here keeps for a target partition
+    def _handover_cut(self, req: CutRequest) -> KeptCut:
+        """Chunk ``req.chunk`` of the cut an origin replica here keeps for a target partition
         (Rhino: for a target replica restored from a checkpoint before the release, or one that
         could not rebuild the cut from its copy of the origin's checkpoint)."""
-        inst = self.instances.get((req["task"], req["origin"]))
-        kept = inst.handovers.kept_cut(req["handover"], req["partition"]) if inst and inst.handovers else None
-        if kept is None:
-            return {"missing": True}
-        i = req["chunk"]
-        return {"entries": kept.chunks[i], "chunks": len(kept.chunks), "extras": kept.extras if i == 0 else {}}
+        inst = self.instances.get((req.task, req.origin))
+        kept = inst.handovers.kept_cut(req.handover, req.partition) if inst and inst.handovers else None
+        if kept is None or not 0 <= req.chunk < len(kept.chunks):
+            return KeptCut(missing=True)
+        i = req.chunk
+        return KeptCut(entries=wire.pack_rows(kept.chunks[i]), chunks=len(kept.chunks),
+                       extras=_pack_extras(kept.extras) if i == 0 else b"")
 
     def _fetch_cuts(self, inst: PartitionInstance, blocked_for: float | None = None) -> None:
         """Fetch the origins' cuts a target replica misses from whichever origin replica kept them
@@ -453,13 +529,14 @@ class Worker:
             try:
                 i, chunks = 0, 1
                 while i < chunks:
-                    req = {"handover": hid, "task": task, "origin": origin, "partition": inst.partition, "chunk": i}
+                    req = CutRequest(hid, task, origin, inst.partition, i)
                     reply = (self._handover_cut(req) if w == self.index
-                             else self._peer(self._addresses[w]).call("HandoverCut", req, timeout=30))
-                    if reply.get("missing"):
+                             else self._peer(self._addresses[w]).call("HandoverCut", req, KeptCut, timeout=30))
+                    if reply.missing:
                         break
-                    chunks = reply["chunks"]
-                    inst.handovers.state_arrived(hid, origin, reply["entries"], i, chunks, reply["extras"])
+                    chunks = reply.chunks
+                    inst.handovers.state_arrived(hid, origin, wire.unpack_rows(reply.entries), i, chunks,
+                                                 _unpack_extras(reply.extras))
                     i += 1
                 if i and i == chunks:
                     log.warning("%s: fetched the cut of handover %d from %s[%d] replica %d (%d chunk(s))",
@@ -481,23 +558,24 @@ class Worker:
             threading.Thread(target=self._fetch_cuts, args=(inst, CUT_OVERDUE_S), name=f"fetch-cuts-{inst.name}",
                              daemon=True).start()
 
-    def _handover_state(self, req: dict) -> dict:
+    def _handover_state(self, req: CutChunk) -> Ack:
         if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
             raise RuntimeError(f"worker {self.index} not ready")
-        inst = self.instances.get((req["task"], req["partition"]))
+        inst = self.instances.get((req.task, req.partition))
         if inst is None or inst.handovers is None:
-            raise ValueError(f"worker {self.index} hosts no replica of ({req['task']}, {req['partition']})")
-        if "base" not in req:
-            inst.handovers.state_arrived(req["handover"], req["origin"], req["entries"], req.get("chunk", 0),
-                                         req.get("chunks", 1), req.get("extras"))
-            return {}
-        delta = inst.handovers.delta_arrived(req["handover"], req["origin"], req["base"], req["changes"],
-                                             req["chunk"], req["chunks"], req["digest"], req["count"],
-                                             req.get("extras"))
+            raise ValueError(f"worker {self.index} hosts no replica of ({req.task}, {req.partition})")
+        extras = _unpack_extras(req.extras)
+        if req.changes is None:
+            inst.handovers.state_arrived(req.handover, req.origin, wire.unpack_rows(req.entries) if req.entries else [],
+                                         req.chunk, req.chunks, extras)
+            return Ack()
+        assert req.base is not None
+        delta = inst.handovers.delta_arrived(req.handover, req.origin, req.base, wire.unpack_rows(req.changes),
+                                             req.chunk, req.chunks, req.digest, req.count, extras)
         if delta is not None:
             threading.Thread(target=self._rebuild_cut, args=(inst, delta), name=f"rebuild-cut-{inst.name}",
                              daemon=True).start()
-        return {}
+        return Ack()
 
     def _rebuild_cut(self, inst: PartitionInstance, delta: DeltaCut) -> None:
         """Rebuild an origin's cut from this worker's copy of its checkpoint ``delta.base`` and the
@@ -541,86 +619,108 @@ class Worker:
             if not self._fetch_cut(inst, delta.handover_id, delta.origin):
                 time.sleep(0.2)
 
-    def _apply(self, reply: dict) -> None:
+    def _drop(self, drop: dict[ReplicaId, int]) -> None:
+        """Stop the replicas the driver replaces (an upstream cut them off: they failed or lagged),
+        unless this one is a later incarnation (restored after that decision)."""
+        for (t, p, r), attempt in drop.items():
+            inst = self.instances.get((t, p))
+            if inst is None or inst.replica != r or inst.attempt > attempt:
+                continue
+            log.warning("%s: stopped, the driver replaces it (an upstream cut it off)", inst.name)
+            del self.instances[(t, p)]
+            inst.request_stop()
+
+    def _apply(self, reply: Instructions) -> None:
         """Dead workers and sink roles from the job master."""
-        for w in set(reply.get("dead", ())) - self.dead_workers:
+        if reply.drop:
+            self._drop(reply.drop)
+        for w in set(reply.dead) - self.dead_workers:
             self.dead_workers.add(w)
             for ch, r in self._transports_to.get(w, ()):
                 ch.cut_off(r, f"worker {w} declared dead by the driver")
-        for w in set(reply.get("finished", ())) - self.finished_workers:
+        for w in set(reply.finished) - self.finished_workers:
             self.finished_workers.add(w)
             for ch, r in self._transports_to.get(w, ()):
                 ch.retire(r)
         for inst in list(self.instances.values()):
-            self._apply_roles(reply.get("sinks", {}), inst)
-        if reply.get("handovers"):
-            self._apply_handovers(reply["handovers"])
+            self._apply_roles(reply.sinks, inst)
+        if reply.handovers:
+            self._apply_handovers(reply.handovers)
         self._learn_savepoint(reply)
-        for task, request in reply.get("measure_state", {}).items():
+        for task, request in reply.measure_state.items():
             for inst in list(self.instances.values()):
                 if inst.task.id == task:
                     inst.measure_request = max(inst.measure_request, request)
-        if "retained_handovers" in reply:  # Rhino: the cuts origins keep for restored targets
-            retained = set(reply["retained_handovers"])
+        if reply.retained_handovers is not None:  # Rhino: the cuts origins keep for restored targets
+            retained = set(reply.retained_handovers)
             for inst in list(self.instances.values()):
                 if inst.handovers is not None:
                     inst.handovers.forget_kept(retained)
-        if reply.get("pulse_window"):
-            for inst in list(self.instances.values()):
-                if isinstance(inst, SourceInstance):
-                    inst.pending_window = tuple(reply["pulse_window"])
-        if self.checkpoints is not None and "rhino" in reply:
-            self._apply_moves(reply["rhino"].get("moves", {}))
-            self.checkpoints.apply_view(reply["rhino"])
+        for inst in list(self.instances.values()):
+            if isinstance(inst, SourceInstance):
+                if reply.pulse_window:
+                    inst.pending_window = tuple(reply.pulse_window)
+                if inst.drain_at is None and (inst.task.id, inst.partition) in reply.drain_at:
+                    inst.drain_at = reply.drain_at[(inst.task.id, inst.partition)]
+        if self.checkpoints is not None and reply.rhino is not None:
+            self._apply_moves(reply.rhino.get("moves", {}))
+            self.checkpoints.apply_view(reply.rhino)
 
-    def _learn_savepoint(self, reply: dict) -> None:
+    def _learn_savepoint(self, reply: Instructions) -> None:
         """A drain that ends in a savepoint: where its replicas write their parts (the heartbeats
         then confirm it to the driver, which waits for every worker, a standby's too)."""
-        if reply.get("savepoint") and self._savepoint is None:
-            self._savepoint = reply["savepoint"]
+        if reply.savepoint and self._savepoint is None:
+            self._savepoint = reply.savepoint
             for inst in list(self.instances.values()):
                 inst.savepoint_dir = self._savepoint
 
     @staticmethod
-    def _apply_roles(sinks: dict, inst: PartitionInstance) -> None:
-        role = sinks.get((inst.task.id, inst.partition))
-        if role is not None and inst.sinks:
-            inst.pending_control = role
+    def _apply_roles(roles: dict, inst: PartitionInstance) -> None:
+        """The writer roles of ``inst``'s exactly-once outputs (sinks, dead letters), by kind."""
+        mine = {w.kind: roles[key] for w in inst.writers
+                if (key := (inst.task.id, inst.partition, w.kind)) in roles}
+        if mine:
+            inst.pending_control = mine
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        handlers = {"PushMany": self._push_many, "HandoverState": rpc.pickled(self._handover_state),
-                    "HandoverCut": rpc.pickled(self._handover_cut)}
+        handlers = {"PushMany": self._push_many, "HandoverState": rpc.typed(self._handover_state, CutChunk),
+                    "HandoverCut": rpc.typed(self._handover_cut, CutRequest)}
         if self.checkpoints is not None:
             handlers.update(self.checkpoints.handlers())
-            handlers["Restore"] = rpc.pickled(self.restore)
-        server, port = rpc.serve(handlers, max_workers=self._inbound_calls() + 16)
-        master = rpc.Peer(self.boot.master_address)
-        master_host = self.boot.master_address.rsplit(":", 1)[0]
+            handlers["Restore"] = rpc.typed(self.restore, RestoreReplica)
+        master_host = self.boot.master_address.rsplit(":", 1)[0].strip("[]")
+        bind_host = executor_bind_host(master_host)
+        server = rpc.serve(handlers, security=self.security, bind_host=bind_host,
+                           max_workers=self._inbound_calls() + 16, name=f"worker {self.index}")
+        self.server = server
+        master = rpc.Peer(self.boot.master_address, self.security)
         report = self._report("aborted")
         try:
-            address = f"{local_advertise_host(master_host)}:{port}"
+            address = host_port(bind_host if bind_host not in ("0.0.0.0", "::") else local_advertise_host(master_host),
+                                server.port)
             if self.checkpoints is not None:
                 self.checkpoints.start(address)
-            reply = master.call("Register", {
-                "worker": self.index, "attempt": self.attempt, "executor": current_executor_id(),
-                "address": address, "python_pid": os.getpid(),
-            }, timeout=self.cfg.start_timeout_ms / 1000)
-            if reply["status"] == "standby":
-                log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply["reason"])
+            reply = master.call("Register", Register(self.index, self.attempt, current_executor_id(), address,
+                                                     os.getpid()), Registered,
+                                timeout=self.cfg.start_timeout_ms / 1000)
+            if reply.status == "standby":
+                log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply.reason)
                 if self.checkpoints is None:
                     report = self._idle(master)
                     return report
-                self._build_host(reply["addresses"])  # it may host restored replicas
-                self._apply(reply)
+                self._build_host(reply.addresses)  # it may host restored replicas
+                assert reply.instructions is not None
+                self._apply(reply.instructions)
                 self._ready.set()
                 report = self._serve(master)
                 return report
-            if reply["status"] != "ok":
-                report["reason"] = reply.get("reason", "")
+            if reply.status != "ok":
+                report["reason"] = reply.reason
                 return report
-            self._build(reply["addresses"])
-            self._apply(reply)
+            self._build(reply.addresses)
+            assert reply.instructions is not None
+            self._apply(reply.instructions)
             self._ready.set()
             if self._pulse_reader is not None:
                 self._pulse_reader.start()
@@ -658,8 +758,9 @@ class Worker:
                 self.producer.flush(self.cfg.stop_timeout_ms / 1000)
             server.stop(grace=1.0)
             try:
-                master.call("Finished", {**report, "metrics": self._metrics(), "sinks": self._sink_progress()},
-                            timeout=5)
+                master.call("Finished", WorkerFinished(
+                    self.index, self.attempt, report["status"], report.get("reason", ""), report.get("errors", []),
+                    self._metrics(), self._sink_progress()), Ack, timeout=5)
             except grpc.RpcError as err:
                 log.warning("could not report the end to the driver: %s", err)
             for link in self._links.values():
@@ -671,79 +772,109 @@ class Worker:
     def _metrics(self) -> dict[str, Any]:
         return {inst.name: inst.metrics for inst in self.instances.values()}
 
-    def _sink_progress(self) -> dict[Instance, tuple[int, int]]:
-        return {key: (inst.metrics.sink_committed_seq, inst.metrics.sink_committed_offset)
-                for key, inst in self.instances.items() if inst.sinks}
+    def _sink_progress(self) -> dict[tuple[int, int, str], tuple[int, int]]:
+        """What each exactly-once output (sink, dead letters) of the hosted replicas committed."""
+        return {(t, p, w.kind): w.committed for (t, p), inst in list(self.instances.items()) for w in inst.writers}
 
-    def _heartbeat(self, master: rpc.Peer, with_metrics: bool) -> dict | None:
-        req: dict[str, Any] = {"worker": self.index, "attempt": self.attempt, "sinks": self._sink_progress(),
-                               "errors": [inst.error for inst in self.instances.values() if inst.error]}
-        if self.checkpoints is not None:
-            req["checkpoints"] = self.checkpoints.report()
-        if with_metrics:
-            req["metrics"] = self._metrics()
+    def _heartbeat(self, master: rpc.Peer, with_metrics: bool) -> Instructions | None:
         for inst in list(self.instances.values()):
             self._unsent_acks += inst.take_handover_acks()
-        holding = {(inst.task.id, inst.partition, inst.replica): inst.holding for inst in list(self.instances.values())
-                   if isinstance(inst, SourceInstance) and inst.holding is not None}
-        if holding:
-            req["holding"] = holding
-        if self._unsent_acks:
-            req["handover_acks"] = list(self._unsent_acks)
-        if self._savepoint is not None:
-            req["savepoint_armed"] = self._savepoint
+        sources = [inst for inst in list(self.instances.values()) if isinstance(inst, SourceInstance)]
+        with self._lock:
+            cut_offs = dict(self._cut_offs)
+        holding = {(inst.task.id, inst.partition, inst.replica): inst.holding for inst in sources
+                   if inst.holding is not None}
+        drain_positions = {(inst.task.id, inst.partition, inst.replica): inst.drain_position for inst in sources
+                           if inst.drain_position is not None and inst.drain_at is None}
+        req = Heartbeat(
+            self.index, self.attempt, sinks=self._sink_progress(),
+            errors=[inst.error for inst in self.instances.values() if inst.error],
+            checkpoints=self.checkpoints.report() if self.checkpoints is not None else None,
+            metrics=self._metrics() if with_metrics else None, holding=holding,
+            handover_acks=list(self._unsent_acks), savepoint_armed=self._savepoint, drain_positions=drain_positions,
+            cut_offs=cut_offs,
+            rpc_refused=self.server.refused if self.server is not None else 0)
         try:
-            reply = master.call("Heartbeat", req, timeout=5)
+            reply = master.call("Heartbeat", req, Instructions, timeout=5)
         except grpc.RpcError as err:
             log.warning("heartbeat failed: %s", err.code())
             return None
         self._unsent_acks = []
+        with self._lock:
+            for replica in req.cut_offs:
+                self._cut_offs.pop(replica, None)
         return reply
 
-    def _serve(self, master: rpc.Peer) -> dict[str, Any]:
-        """Heartbeat until every instance finished or the driver says stop (or evicts us)."""
+    def _all_finished(self) -> bool:
+        # (a standby hosts nothing until a replica is restored here)
+        return bool(self.instances) and all(inst.finished.is_set() for inst in list(self.instances.values()))
+
+    def _beat(self, master: rpc.Peer, stop: threading.Event, mailbox: _Mailbox) -> None:
+        """The liveness loop: a heartbeat every interval, whatever the main loop is busy with
+        (applying a reply may wait on a restore's locks for a while); each reply goes to
+        ``mailbox`` with whether every instance had finished when it was asked for."""
         interval = self.cfg.heartbeat_interval_ms / 1000
         metrics_every = self.cfg.metrics_interval_ms / 1000
         next_metrics = 0.0
-        unreachable_since: float | None = None
-        while True:
-            # (a standby hosts nothing until a replica is restored here)
-            done = bool(self.instances) and all(inst.finished.is_set() for inst in list(self.instances.values()))
-            if self.producer is not None:
-                self.producer.poll(0)
-            now = time.monotonic()
-            reply = self._heartbeat(master, with_metrics=done or now >= next_metrics)
-            if now >= next_metrics:
-                next_metrics = now + metrics_every
-            if reply is None:
-                unreachable_since = unreachable_since or now
-                if now - unreachable_since > self.cfg.stop_timeout_ms / 1000:
+        last = time.monotonic()
+        while not stop.is_set():
+            started = time.monotonic()
+            if started - last > 4 * interval:
+                log.warning("heartbeat thread of worker %d ran %.2fs after its last beat (starved)", self.index,
+                            started - last)
+            last = started
+            done = self._all_finished()
+            reply = self._heartbeat(master, with_metrics=done or started >= next_metrics)
+            if time.monotonic() - started > 1.0:
+                log.warning("heartbeat of worker %d took %.2fs", self.index, time.monotonic() - started)
+            if started >= next_metrics:
+                next_metrics = started + metrics_every
+            mailbox.post(reply, done, started)
+            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+
+    def _serve(self, master: rpc.Peer) -> dict[str, Any]:
+        """Apply the driver's replies until every instance finished or the driver says stop (or
+        evicts us); the heartbeats themselves go out from :meth:`_beat`."""
+        interval = self.cfg.heartbeat_interval_ms / 1000
+        mailbox = _Mailbox()
+        stop = threading.Event()
+        beater = threading.Thread(target=self._beat, args=(master, stop, mailbox), name=f"heartbeat-w{self.index}",
+                                  daemon=True)
+        beater.start()
+        try:
+            while True:
+                reply, done, unreachable_since = mailbox.take(4 * interval)
+                if self.producer is not None:
+                    self.producer.poll(0)
+                if unreachable_since is not None and \
+                        time.monotonic() - unreachable_since > self.cfg.stop_timeout_ms / 1000:
                     log.error("driver unreachable for too long: stopping")
                     return self._report("driver-lost")
-                time.sleep(interval)
-                continue
-            unreachable_since = None
-            if self.checkpoints is not None:
-                self._fetch_overdue_cuts()
-            if reply["command"] == "evicted":
-                log.error("worker %d was declared dead while it was unresponsive: stopping at once", self.index)
-                return self._report("evicted")
-            self._apply(reply)
-            errors = [inst.error for inst in self.instances.values() if inst.error]
-            if errors:
-                return self._report("failed", errors=errors)
-            command = reply["command"]
-            if command == "drain":
-                for inst in self.instances.values():
-                    if isinstance(inst, SourceInstance):
-                        inst.request_drain()
-            elif command == "stop":
-                return self._report("stopped")
-            if done:
-                return self._report("finished")
-            if command == "drain" and not self.instances:
-                return self._report("standby")
-            time.sleep(interval)
+                if reply is None:
+                    continue
+                if self.checkpoints is not None:
+                    self._fetch_overdue_cuts()
+                if reply.command == "evicted":
+                    log.error("worker %d was declared dead while it was unresponsive: stopping at once", self.index)
+                    return self._report("evicted")
+                self._apply(reply)
+                errors = [inst.error for inst in self.instances.values() if inst.error]
+                if errors:
+                    return self._report("failed", errors=errors)
+                command = reply.command
+                if command == "drain":
+                    for inst in self.instances.values():
+                        if isinstance(inst, SourceInstance):
+                            inst.request_drain()
+                elif command == "stop":
+                    return self._report("stopped")
+                if done:
+                    return self._report("finished")
+                if command == "drain" and not self.instances:
+                    return self._report("standby")
+        finally:
+            stop.set()
+            beater.join(5)
 
     def _idle(self, master: rpc.Peer) -> dict[str, Any]:
         """A standby holds its slot until the job ends."""
@@ -751,6 +882,6 @@ class Worker:
             reply = self._heartbeat(master, with_metrics=False)
             if reply is not None:
                 self._learn_savepoint(reply)
-            if reply is not None and reply["command"] in ("drain", "stop", "evicted"):
+            if reply is not None and reply.command in ("drain", "stop", "evicted"):
                 return self._report("standby")
             time.sleep(self.cfg.heartbeat_interval_ms / 1000)

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING
 import xxhash
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
+from transport import wire
+
 if TYPE_CHECKING:
     from rhino_state.backend import RocksDBStateBackend
 
@@ -66,6 +68,7 @@ DIGEST_MODULUS = 1 << 256
 EMPTY_DIGEST = "0" * 64
 
 
+@wire.record
 @dataclass(frozen=True)
 class IncrementMeta:
     """One checkpoint of one partition instance, as shipped to its replica group."""

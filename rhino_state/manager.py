@@ -213,6 +213,13 @@ class ReplicationManager:
                 table[inst] = without(table[inst])
         return lost, self._regroup(self.instances())
 
+    def replica_lost(self, replica: ReplicaId) -> dict[Instance, list[int]]:
+        """``replica`` alone is lost (its worker lives on): it is to be restored; the groups that
+        changed (its worker may hold its partition's checkpoints now)."""
+        self.lost.add(replica)
+        self.restore_failed(replica)
+        return self._regroup([replica[:2]])
+
     def worker_alive(self, w: int) -> dict[Instance, list[int]]:
         """``w`` (a relaunched worker) can hold checkpoints again: groups short of members take it."""
         self.dead.discard(w)
@@ -227,7 +234,9 @@ class ReplicationManager:
         Always the safe checkpoint (or the one a restore in progress replays from), even with a
         live twin: a replica restored from the latest one could not give a downstream that is
         rolled back later the output before that checkpoint, and its twin may die before it is
-        delivered.  ``rollback``: no live replica of the instance is left."""
+        delivered.  (Nor a downstream replica that lags behind that output, e.g. one restored a
+        little earlier still catching up: it would wait for a gap nobody can fill.)
+        ``rollback``: no live replica of the instance is left."""
         inst = replica[:2]
         busy = self.replica_workers(inst)
         rollback = not busy

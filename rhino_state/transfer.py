@@ -1,6 +1,6 @@
 """The gRPC edge of chain replication (DESIGN §6): ships increments along replica chains.
 
-Three pieces, all over :mod:`replication.rpc` raw-bytes unary calls:
+Three pieces, all over :mod:`transport.rpc` signed raw-bytes unary calls:
 
 * :func:`send_increment` ships one increment (meta + payload file) to one chain member as
   a sequence of ``IncrementChunk`` calls of at most ``chunk_size`` payload bytes.  Each call
@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import pickle
 import re
 import shutil
 import struct
@@ -49,7 +48,6 @@ from typing import Any
 
 import grpc
 
-from replication import rpc
 from rhino_state.chain import (
     DEFAULT_MAX_BYTES_IN_FLIGHT,
     Ack,
@@ -62,6 +60,8 @@ from rhino_state.chain import (
     Store,
 )
 from rhino_state.increments import IncrementMeta
+from transport import rpc, wire
+from transport.security import RpcSecurity
 
 __all__ = [
     "ACK_METHOD",
@@ -95,19 +95,56 @@ class TransferRejected(Exception):
         self.missing_base = missing_base
 
 
-def _encode(header: dict[str, Any], data: bytes = b"") -> bytes:
-    head = pickle.dumps(header, protocol=5)
+@wire.record
+@dataclass(frozen=True)
+class ChunkHeader:
+    """What precedes the payload bytes of an ``IncrementChunk`` call; the last chunk of a transfer
+    also carries the meta, the chain, the receiver's position, the total size and a SHA-256."""
+
+    tid: str
+    offset: int
+    last: bool
+    meta: IncrementMeta | None = None
+    chain: tuple[str, ...] = ()
+    position: int = 0
+    size: int = 0
+    sha256: str = ""
+
+
+@wire.record
+@dataclass(frozen=True)
+class ChunkReply:
+    ok: bool
+    error: str = ""
+    missing_base: bool = False
+
+
+@wire.record
+@dataclass(frozen=True)
+class ChainAck:
+    """``IncrementAck``: chain member ``sender`` stored ``checkpoint_id`` of ``instance`` (the tail's
+    ack completes it), or (``nack``) could not forward it, and why."""
+
+    instance: Instance
+    checkpoint_id: int
+    sender: str
+    nack: str | None = None
+    missing_base: bool = False
+
+
+def _encode(header: ChunkHeader, data: bytes = b"") -> bytes:
+    head = wire.encode(header)
     return _HEAD.pack(len(head)) + head + data
 
 
-def _decode(request: bytes) -> tuple[dict[str, Any], memoryview]:
+def _decode(request: bytes) -> tuple[ChunkHeader, memoryview]:
     view = memoryview(request)
     (n,) = _HEAD.unpack_from(view)
-    return pickle.loads(view[_HEAD.size:_HEAD.size + n]), view[_HEAD.size + n:]
+    return wire.decode(view[_HEAD.size:_HEAD.size + n], ChunkHeader), view[_HEAD.size + n:]
 
 
 def _reply(ok: bool, error: str = "", missing_base: bool = False) -> bytes:
-    return pickle.dumps({"ok": ok, "error": error, "missing_base": missing_base}, protocol=5)
+    return wire.encode(ChunkReply(ok, error, missing_base))
 
 
 def send_increment(
@@ -137,13 +174,11 @@ def send_increment(
             data = f.read(min(chunk_size, size - offset)) if offset < size else b""
             digest.update(data)
             last = not data or offset + len(data) >= size
-            header: dict[str, Any] = {"tid": tid, "offset": offset, "last": last}
-            if last:
-                header.update(meta=meta, chain=tuple(chain), position=position,
-                              size=offset + len(data), sha256=digest.hexdigest())
-            reply = pickle.loads(peer.call_bytes(CHUNK_METHOD, _encode(header, data), timeout=timeout))
-            if not reply["ok"]:
-                raise TransferRejected(reply["error"], reply.get("missing_base", False))
+            header = ChunkHeader(tid, offset, last) if not last else ChunkHeader(
+                tid, offset, last, meta, tuple(chain), position, offset + len(data), digest.hexdigest())
+            reply = wire.decode(peer.call_bytes(CHUNK_METHOD, _encode(header, data), timeout=timeout), ChunkReply)
+            if not reply.ok:
+                raise TransferRejected(reply.error, reply.missing_base)
             offset += len(data)
             if last:
                 return
@@ -179,7 +214,7 @@ class _Job:
     deadline: float
     forward: Forward | None = None
     payload: Path | None = None  # forward: the spooled file, deleted once the job is done
-    message: dict[str, Any] | None = None  # ack / nack to an origin
+    message: ChainAck | None = None  # ack / nack to an origin
 
 
 class _Outbox:
@@ -187,7 +222,7 @@ class _Outbox:
 
     def __init__(self, service: IncrementService, address: str) -> None:
         self.address = address
-        self.peer = rpc.Peer(address)
+        self.peer = rpc.Peer(address, service.security)
         self._service = service
         self._jobs: deque[_Job] = deque()
         self._cond = threading.Condition()
@@ -237,6 +272,7 @@ class IncrementService:
         store_apply: StoreApply,
         spool_dir: str | Path,
         *,
+        security: RpcSecurity,
         stored: Mapping[Instance, int] | None = None,
         chunk_size: int = CHUNK_SIZE,
         call_timeout: float = 30.0,
@@ -244,6 +280,7 @@ class IncrementService:
         spool_ttl: float = 600.0,
     ) -> None:
         self._store_apply = store_apply
+        self.security = security
         self.spool_dir = Path(spool_dir)
         self._stored = dict(stored or {})
         self.chunk_size = chunk_size
@@ -290,8 +327,8 @@ class IncrementService:
             log.exception("increment chunk failed")
             return _reply(False, f"{type(e).__name__}: {e}")
 
-    def _chunk(self, header: dict[str, Any], data: memoryview) -> bytes:
-        tid, offset = header["tid"], header["offset"]
+    def _chunk(self, header: ChunkHeader, data: memoryview) -> bytes:
+        tid, offset = header.tid, header.offset
         if not isinstance(tid, str) or not _TID.fullmatch(tid):
             return _reply(False, f"bad transfer id {tid!r}")
         with self._lock:
@@ -311,15 +348,15 @@ class IncrementService:
         partial.digest.update(data)
         partial.size += len(data)
         partial.touched = time.monotonic()
-        if not header["last"]:
+        if not header.last:
             return _reply(True)
         with self._lock:
             self._partials.pop(tid, None)
-        if partial.size != header["size"] or partial.digest.hexdigest() != header["sha256"]:
+        if partial.size != header.size or partial.digest.hexdigest() != header.sha256 or header.meta is None:
             partial.path.unlink(missing_ok=True)
             return _reply(False, f"transfer {tid}: size or checksum mismatch "
-                                 f"({partial.size} bytes received, {header['size']} sent)")
-        return self._complete(header["meta"], tuple(header["chain"]), header["position"], partial.path)
+                                 f"({partial.size} bytes received, {header.size} sent)")
+        return self._complete(header.meta, tuple(header.chain), header.position, partial.path)
 
     def _complete(self, meta: IncrementMeta, chain: tuple[str, ...], position: int, path: Path) -> bytes:
         with self._lock:
@@ -348,8 +385,8 @@ class IncrementService:
         else:
             assert isinstance(action, Ack)
             path.unlink(missing_ok=True)
-            self._enqueue(action.to, _Job(deadline, message={
-                "instance": action.instance, "checkpoint_id": action.checkpoint_id, "from": action.from_member}))
+            self._enqueue(action.to, _Job(deadline, message=ChainAck(action.instance, action.checkpoint_id,
+                                                                     action.from_member)))
         return _reply(True)
 
     def _sweep(self) -> None:
@@ -378,7 +415,7 @@ class IncrementService:
         assert job.message is not None
         try:
             _retrying(job.deadline, self.call_timeout, box.stopping, lambda t: box.peer.call_bytes(
-                ACK_METHOD, pickle.dumps(job.message, protocol=5), timeout=t))
+                ACK_METHOD, wire.encode(job.message), timeout=t))
         except grpc.RpcError as e:
             log.warning("could not deliver %s to origin %s: %s", job.message, box.address, e.code())
 
@@ -402,9 +439,8 @@ class IncrementService:
             path.unlink(missing_ok=True)
         if reason:
             log.warning("checkpoint %d of %s: %s", fwd.meta.checkpoint_id, fwd.meta.instance, reason)
-            self._enqueue(fwd.chain[0], _Job(time.monotonic() + self.forward_timeout, message={
-                "instance": fwd.meta.instance, "checkpoint_id": fwd.meta.checkpoint_id,
-                "from": fwd.chain[fwd.position - 1], "nack": reason, "missing_base": missing_base}))
+            self._enqueue(fwd.chain[0], _Job(time.monotonic() + self.forward_timeout, message=ChainAck(
+                fwd.meta.instance, fwd.meta.checkpoint_id, fwd.chain[fwd.position - 1], reason, missing_base)))
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -435,6 +471,7 @@ class ChainShipper:
     def __init__(
         self,
         *,
+        security: RpcSecurity,
         on_completed: Callable[[IncrementMeta], None] | None = None,
         on_released: Callable[[Any], None] | None = None,
         chunk_size: int = CHUNK_SIZE,
@@ -445,6 +482,7 @@ class ChainShipper:
         max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT,
         max_pending: int = 16,
     ) -> None:
+        self.security = security
         self.on_completed = on_completed
         self.on_released = on_released or _delete_payload
         self.chunk_size = chunk_size
@@ -655,19 +693,19 @@ class ChainShipper:
     def _peer(self, address: str) -> rpc.Peer:
         peer = self._peers.get(address)
         if peer is None:
-            peer = self._peers[address] = rpc.Peer(address)
+            peer = self._peers[address] = rpc.Peer(address, self.security)
         return peer
 
     def _on_ack(self, request: bytes) -> bytes:
-        msg = pickle.loads(request)
-        instance, cid, sender = tuple(msg["instance"]), msg["checkpoint_id"], msg["from"]
+        msg = wire.decode(request, ChainAck)
+        instance, cid, sender = tuple(msg.instance), msg.checkpoint_id, msg.sender
         with self._cond:
             origin = self._origins.get(instance)
             if origin is None:
                 return _reply(False, f"unknown instance {instance}")
-            if "nack" in msg:
+            if msg.nack is not None:
                 if sender in origin.group:
-                    self._fail(instance, cid, f"{sender}: {msg['nack']}", missing_base=msg.get("missing_base", False))
+                    self._fail(instance, cid, f"{sender}: {msg.nack}", missing_base=msg.missing_base)
                 return _reply(True)
             outcome = origin.on_ack(cid, sender)
             if outcome.accepted:

@@ -71,7 +71,7 @@ def choose_victim(scenario: str, master) -> tuple[int, str]:
     if scenario == "liverobin-replica":
         return master.placement[find(master, "chain[0]r0")], "chain[0]r0"
     t, p, _ = find(master, "chain-sink[0]r0")
-    writer = master.sinks[(t, p)][0]
+    writer = master.sinks[(t, p, "out")][0]
     return master.placement[(t, p, writer)], f"chain-sink[0]r{writer} (sink writer)"
 
 
@@ -123,7 +123,7 @@ def scenario(args, mode: str, hosts: TestHosts, stack, endpoints, spark, out: di
         host = hosts.host_of(address)
         assert host is not None, f"worker {victim} at {address} is on no test host"
         lost = sorted(label_of(master, k) for k, w in master.placement.items() if w == victim)
-        sink_key = next(k[:2] for k in master.placement if label_of(master, k) == "chain-sink[0]r0")
+        sink_key = next((*k[:2], "out") for k in master.placement if label_of(master, k) == "chain-sink[0]r0")
         before = {"sink_role": list(master.sinks[sink_key]),
                   "leaders": {k: (m.leader, m.order_epoch) for k, m in master.metrics.items() if m.leader}}
         attempt = master.workers[victim].attempt

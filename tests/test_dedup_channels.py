@@ -446,6 +446,30 @@ def test_blocked_replica_is_cut_off_exactly_when_it_lags_more_than_lag_limit(har
     assert blocked.count <= 1  # at most the batch it was stuck on; nothing after the cut
 
 
+def test_a_replica_cut_off_by_the_channel_itself_is_reported_with_its_worker(harness):
+    """The lag cut-off and a failed send are the channel's own decisions: reported (so the driver
+    replaces the replica), with the worker it was sent to; a cut-off the driver ordered is not."""
+    gate = harness.gate()
+    reported: list[tuple] = []
+    fast, blocked, failing = FakeTransport(), FakeTransport(gate=gate), FakeTransport(fail_after=0)
+    ch = harness.channel([fast, blocked], batch_size=1, max_ready=2, lag_limit=4, destinations=[7, 8],
+                         on_cut_off=lambda spec, r, w, why: reported.append((spec.dst_task, r, w, why)))
+    for i in range(6):
+        ch.emit(i)
+        assert _wait_for(lambda i=i: fast.count == i + 1)
+    assert reported and reported[0][:3] == (2, 1, 8) and "behind the other replica" in reported[0][3]
+    gate.set()
+    other = harness.channel([fast, failing], destinations=[7, 9],
+                            on_cut_off=lambda spec, r, w, why: reported.append((spec.dst_task, r, w, why)))
+    other.emit(0)
+    assert _wait_for(lambda: len(reported) == 2) and reported[1][1:3] == (1, 9) and "send failed" in reported[1][3]
+    third = harness.channel([FakeTransport(), FakeTransport()], destinations=[7, 9],
+                            on_cut_off=lambda spec, r, w, why: reported.append(why))
+    third.cut_off(1, "worker 9 declared dead by the driver")
+    third.rejoin(1, FakeTransport(), 0, worker=5)
+    assert len(reported) == 2  # the driver's own decision is not reported back to it
+
+
 def test_blocked_replica_does_not_stall_a_free_running_emitter(harness):
     gate = harness.gate()
     fast, blocked = FakeTransport(), FakeTransport(gate=gate)

@@ -369,3 +369,45 @@ def test_start_fails_fast_when_nothing_listens() -> None:
     with pytest.raises(RuntimeError):
         client.candidate("/x", lambda e: None)
     client.close()
+
+
+def test_with_a_digest_the_election_nodes_are_closed_to_other_clients(stack) -> None:
+    """``spark.replication.zookeeper.digest``: the election and membership nodes carry a digest ACL,
+    so a client without that identity can neither read, delete nor join them; the driver's
+    eviction, authenticated, still works."""
+    from kazoo.exceptions import NoAuthError
+
+    from kazoo_leader.election import zk_client
+
+    digest = "job:s3cret"
+    root = f"/test-election-acl/{uuid.uuid4().hex}"
+    client = ElectionClient(stack.zookeeper_connect, SESSION_S, "w1a0", membership=f"{root}/members/w1a0",
+                            digest=digest)
+    stranger = KazooClient(hosts=stack.zookeeper_connect)
+    wrong = zk_client(stack.zookeeper_connect, "job:guess")
+    owner = zk_client(stack.zookeeper_connect, digest)
+    for zk in (stranger, wrong, owner):
+        zk.start(timeout=15)
+    try:
+        client.start()
+        rec = Recorder(Ledger())
+        client.candidate(f"{root}/p0", rec)
+        rec.wait_leader()
+        [node] = owner.get_children(f"{root}/p0")
+        for zk in (stranger, wrong):
+            with pytest.raises(NoAuthError):
+                zk.get(f"{root}/p0/{node}")
+            with pytest.raises(NoAuthError):
+                zk.get_children(f"{root}/p0")
+            with pytest.raises(NoAuthError):
+                zk.delete(f"{root}/members/w1a0")
+            with pytest.raises(NoAuthError):
+                zk.create(f"{root}/p0/n_", b"intruder", ephemeral=True, sequence=True)
+        assert evict(stack.zookeeper_connect, root, "w1a0", digest=digest) == [f"{root}/p0/{node}"]
+        assert rec.wait_events(2)[1] is None  # deposed by the eviction
+    finally:
+        client.close()
+        delete_tree(owner, root)
+        for zk in (stranger, wrong, owner):
+            zk.stop()
+            zk.close()

@@ -385,7 +385,7 @@ def test_job_handle_serves_the_endpoint_on_the_configured_port() -> None:
     try:  # a port in use: the job runs without the endpoint, and says why
         other = _handle(busy.port)
         assert other.metrics_server is None and other.metrics_url is None
-        assert any(f"cannot listen on port {busy.port}" in text for _, text in other.master.events)
+        assert any(f"cannot listen on 127.0.0.1 port {busy.port}" in text for _, text in other.master.events)
     finally:
         busy.close()
     assert _handle(0).metrics_server is None  # 0: no endpoint

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replication import rpc
 from rhino_state.chain import Ack, ChainMember, ChainOrigin, Forward, Reject, Store
 from rhino_state.increments import IncrementMeta
 from rhino_state.transfer import (
@@ -27,8 +26,11 @@ from rhino_state.transfer import (
     TransferRejected,
     send_increment,
 )
+from transport import rpc
+from transport.security import RpcSecurity
 
 INST = (3, 1)
+SECURITY = RpcSecurity.generate()
 
 
 def inc(cid: int, prev: int | None, size: int = 10, instance: tuple[int, int] = INST) -> IncrementMeta:
@@ -409,9 +411,10 @@ def start_member(root: Path, name: str, fail_first: int = 0, **kw: Any) -> Membe
             raise OSError("injected store failure")
         got.append((meta, path.read_bytes()))
 
-    service = IncrementService(apply, root / name / "spool", forward_timeout=1.0, call_timeout=5.0, **kw)
-    server, port = rpc.serve(service.handlers(), max_workers=8, bind_host="127.0.0.1")
-    address = f"127.0.0.1:{port}"
+    service = IncrementService(apply, root / name / "spool", security=SECURITY, forward_timeout=1.0,
+                               call_timeout=5.0, **kw)
+    server = rpc.serve(service.handlers(), security=SECURITY, max_workers=8, bind_host="127.0.0.1")
+    address = f"127.0.0.1:{server.port}"
     service.start(address)
     return Member(service, server, address, got)
 
@@ -420,10 +423,10 @@ def start_member(root: Path, name: str, fail_first: int = 0, **kw: Any) -> Membe
 def net(tmp_path: Path) -> Any:
     """An origin worker (a ChainShipper on its own server) plus a factory of member workers."""
     completed: list[IncrementMeta] = []
-    shipper = ChainShipper(on_completed=completed.append, ack_timeout=5.0, call_timeout=5.0,
+    shipper = ChainShipper(security=SECURITY, on_completed=completed.append, ack_timeout=5.0, call_timeout=5.0,
                            retry_backoff=(0.05, 0.2))
-    server, port = rpc.serve(shipper.handlers(), max_workers=8, bind_host="127.0.0.1")
-    shipper.start(f"127.0.0.1:{port}")
+    server = rpc.serve(shipper.handlers(), security=SECURITY, max_workers=8, bind_host="127.0.0.1")
+    shipper.start(f"127.0.0.1:{server.port}")
     members: list[Member] = []
 
     def member(name: str, **kw: Any) -> Member:
@@ -560,7 +563,7 @@ def test_receiver_verifies_checksum_rejects_bad_chains_and_survives_store_failur
             raise OSError("disk full")
         got.append((meta.checkpoint_id, path.read_bytes()))
 
-    service = IncrementService(apply, tmp_path / "spool", chunk_size=CHUNK_SIZE)
+    service = IncrementService(apply, tmp_path / "spool", security=SECURITY, chunk_size=CHUNK_SIZE)
     handler = service.handlers()[CHUNK_METHOD]
     src = tmp_path / "payload"
     src.write_bytes(os.urandom(3000))
@@ -588,7 +591,7 @@ def test_receiver_verifies_checksum_rejects_bad_chains_and_survives_store_failur
 
 
 def test_stale_partial_transfers_are_swept(tmp_path: Path) -> None:
-    service = IncrementService(lambda meta, path: None, tmp_path / "spool", spool_ttl=0.0)
+    service = IncrementService(lambda meta, path: None, tmp_path / "spool", security=SECURITY, spool_ttl=0.0)
     handler = service.handlers()[CHUNK_METHOD]
     service.start("me")
     stop = threading.Event()

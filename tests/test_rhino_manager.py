@@ -165,3 +165,25 @@ def test_a_failed_restore_or_a_lost_restored_replica_unpins():
     m.worker_dead(0)  # the restored replica dies before it caught up
     assert (1, 0) not in m.pinned
 
+
+
+def test_a_later_checkpoint_never_stands_in_for_the_safe_one_even_with_a_live_twin():
+    """An upstream (0, 0) on workers 0 and 1 feeds a downstream (1, 0) on 2 and 3.  The upstream's
+    safe checkpoint 1 (what the downstream's checkpoint covers) went to worker 2, which dies; its
+    checkpoint 2 went to the new member 3.  Replica 0 of the upstream is then lost: restored from
+    checkpoint 2, its output would start after what a downstream replica restored from its own
+    checkpoint needs, so it waits until the safe cut reaches a checkpoint a free worker holds."""
+    m = ReplicationManager({(0, 0, 0): 0, (0, 0, 1): 1, (1, 0, 0): 2, (1, 0, 1): 3}, 4,
+                           channels=[(7, (0, 0), (1, 0))])
+    assert m.groups[(0, 0)] == [2]
+    m.checkpoint_completed((0, 0), 1, {}, holders=[2], outputs={7: 5})
+    m.checkpoint_completed((1, 0), 1, {7: 5}, outputs={})
+    assert m.safe[(0, 0)].checkpoint_id == 1
+    m.worker_dead(2)
+    assert m.groups[(0, 0)] == [3]
+    m.checkpoint_completed((0, 0), 2, {}, holders=[3], outputs={7: 9})
+    m.worker_dead(0)
+    assert m.restore_plan((0, 0, 0)) is None  # the downstream has not checkpointed past 5 yet
+    m.checkpoint_completed((1, 0), 2, {7: 9}, outputs={})
+    host, cp, rollback = m.restore_plan((0, 0, 0))
+    assert (host, cp.checkpoint_id, rollback) == (3, 2, False)

@@ -204,3 +204,27 @@ def test_every_destination_replica_lost_keeps_the_output_for_a_rollback_then_blo
     with pytest.raises(ChannelClosed, match="every replica"):
         plain.emit(("d", 0))
     plain.close(1)
+
+
+def test_close_waits_for_a_destination_being_restored_to_rejoin_and_get_everything():
+    """Both destination replicas are lost and the partition is being rolled back (a backup is
+    kept): an upstream that finishes meanwhile waits for a restored replica to rejoin instead of
+    failing with "could not deliver its last batches"; without one in time, it does fail."""
+    a, b = Receiver(fail=True), Receiver(fail=True)
+    ch = OutputChannel(SPEC, [a, b], batch_size=4, buffer_timeout_s=0.001, max_ready=100, retain=True)
+    emit(ch, 12, 0)
+    wait_for(lambda: ch.live_replicas == [])
+    closed: list[bool] = []
+    closer = threading.Thread(target=lambda: closed.append(ch.close(5)))
+    closer.start()
+    time.sleep(0.2)
+    assert closer.is_alive()  # not given up on the lost destination
+    restored = Receiver()
+    ch.rejoin(0, restored, 0)
+    closer.join(5)
+    assert closed == [True] and restored.delivered == list(range(12))
+
+    lost = OutputChannel(SPEC, [Receiver(fail=True)], batch_size=4, buffer_timeout_s=0.001, retain=True)
+    emit(lost, 4, 0)
+    wait_for(lambda: lost.live_replicas == [])
+    assert lost.close(0.2) is False  # nobody came back in time

@@ -6,13 +6,14 @@ from types import SimpleNamespace
 
 from replication.checkpoints import WorkerCheckpoints
 from rhino_state import RocksDBStateBackend
+from transport.security import RpcSecurity
 
 
 def test_a_checkpoint_taken_while_the_driver_hands_shipping_to_the_twin_is_not_shipped_and_fails_nothing(tmp_path):
     """``take`` decides to ship, then the heartbeat thread applies a view in which the twin ships
     (a restored replica ships again) and the shipper forgets the instance before ``offer``: the
     checkpoint is just not shipped (its twin's are), the replica goes on."""
-    checkpoints = WorkerCheckpoints(SimpleNamespace(instances={}), tmp_path / "rhino")
+    checkpoints = WorkerCheckpoints(SimpleNamespace(instances={}, security=RpcSecurity.generate()), tmp_path / "rhino")
     backend = RocksDBStateBackend(tmp_path / "db", instance=(4, 0))
     inst = SimpleNamespace(task=SimpleNamespace(id=4), partition=0, replica=1, name="sink[0]r1",
                            state_backend=lambda: backend)

@@ -1,0 +1,223 @@
+"""Exactly-once output of one replicated partition to one Kafka partition, without relying on
+``read_committed`` (the sinks and the dead letters of a replicated or checkpointed job).
+
+Both replicas of a partition produce the same records in the same order and number them with
+the same output seq.  Only the *writer* replica (chosen by the job master; replica 0 first)
+produces them, in Kafka transactions, each record tagged with headers ``rsink`` (this output of
+this partition of this run) and ``rseq``.  The other replica keeps what is not yet known to be
+committed (the driver relays the writer's committed seq).
+
+When the writer's worker is declared dead, the master promotes the other replica with a higher
+epoch.  The new writer opens a producer with the same transactional id (which fences the old
+one at the broker: a hung writer that wakes up cannot write), scans the partition from the last
+committed offset it heard of for the highest seq of this output, and writes only what comes
+after it.  The scan reads with ``read_committed``.
+
+What a reader sees, exactly:
+
+* **Apache Kafka**: a ``read_committed`` consumer sees every record once (Kafka's own
+  exactly-once contract is for such readers).  The dead writer's open transaction is aborted by
+  the fencing; the scan skips its records and the new writer writes them again, so a
+  ``read_uncommitted`` consumer may see the records of that aborted transaction twice.
+* **The embedded broker** (DESIGN §10), which does not hide aborted records: the scan sees them
+  and the new writer does not write them again, so every consumer sees every record once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from replication.config import ReplicationConfig
+from replication.kafka_io import produce_blocking
+
+log = logging.getLogger(__name__)
+
+COMMIT_EVERY = 500  # records per transaction at most
+
+Headers = list[tuple[str, bytes]]
+
+
+def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: str, start_offset: int,
+                    timeout_s: float = 30.0) -> int:
+    """Highest ``rseq`` of ``output_id`` in ``topic``/``partition`` from ``start_offset`` on (-1: none)."""
+    consumer = Consumer({**consumer_conf, "enable.auto.commit": False, "enable.partition.eof": True,
+                         "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
+    key = output_id.encode()
+    best = -1
+    try:
+        start = start_offset if start_offset >= 0 else OFFSET_BEGINNING
+        consumer.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"scanning {topic}[{partition}] for {output_id} took over {timeout_s}s")
+            for msg in consumer.consume(num_messages=1000, timeout=0.1):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return best
+                    raise KafkaException(err)
+                headers = dict(msg.headers() or ())
+                if headers.get("rsink") == key:
+                    best = max(best, int(headers["rseq"]))
+    finally:
+        consumer.close()
+
+
+class ExactlyOnceOutput:
+    """One partition replica's side of one exactly-once output (the instance thread's object).
+
+    ``append`` numbers and keeps a record (and writes it when this replica writes); ``control``
+    applies the driver's role; ``on_idle`` commits what is due; ``finish`` waits until the output
+    is confirmed.  ``on_role`` hears "writer"/"standby"; ``on_written`` the wall-clock time a
+    record was produced and its ingest time (latency); ``on_committed`` the committed seq and
+    offset as they advance."""
+
+    def __init__(self, name: str, cfg: ReplicationConfig, replica: int, output_id: str, topic: str,
+                 kafka_partition: int, linger_s: float, on_role: Callable[[str], None] | None = None,
+                 on_written: Callable[[float, float], None] | None = None,
+                 on_committed: Callable[[int, int], None] | None = None) -> None:
+        self.name, self.cfg, self.replica = name, cfg, replica
+        self.output_id, self.topic, self.kafka_partition = output_id, topic, kafka_partition
+        self.seq = -1  # last output seq assigned
+        self.buffer: deque[tuple[int, bytes, bytes | None, Headers]] = deque()  # not yet known committed
+        self.writer = False
+        self.epoch = -1
+        self.producer: Producer | None = None
+        self.txn_records = 0
+        self.txn_started = 0.0
+        self.txn_last_seq = -1
+        self.committed_seq = -1
+        self.committed_offset = -1
+        self._offset_seen = -1
+        self._linger_s = linger_s
+        self._on_role = on_role or (lambda role: None)
+        self._on_written = on_written
+        self._on_committed = on_committed or (lambda seq, offset: None)
+
+    # -- records ------------------------------------------------------------------------
+    def append(self, value: bytes, key: bytes | None, headers: Headers, ingest_ts: float | None = None) -> None:
+        self.seq += 1
+        if self.seq <= self.committed_seq:
+            return  # regenerated after a restore from a checkpoint: the output has it already
+        entry = (self.seq, value, key, [("rsink", self.output_id.encode()), ("rseq", str(self.seq).encode()),
+                                        *headers])
+        self.buffer.append(entry)
+        if self.writer:
+            self._write(entry, ingest_ts)
+            if self.writer:
+                self._maybe_commit()
+
+    def on_idle(self) -> None:
+        if self.writer:
+            self._maybe_commit()
+
+    def _write(self, entry: tuple, ingest_ts: float | None = None) -> None:
+        assert self.producer is not None
+        seq, value, key, headers = entry
+        now = time.time()
+        try:
+            if self.txn_records == 0:
+                self.producer.begin_transaction()
+                self.txn_started = time.monotonic()
+            produce_blocking(self.producer, self.topic, partition=self.kafka_partition, value=value, key=key,
+                             headers=[*headers, ("sink_ts", repr(now).encode())], on_delivery=self._delivered)
+        except KafkaException as err:  # fenced meanwhile (this replica was hung: another one writes now)
+            if not err.args[0].fatal():
+                raise
+            self._fenced(err)
+            return
+        self.txn_records += 1
+        self.txn_last_seq = seq
+        if ingest_ts is not None and self._on_written is not None:
+            self._on_written(now, ingest_ts)
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is None:
+            self._offset_seen = max(self._offset_seen, msg.offset())
+
+    def _maybe_commit(self, force: bool = False) -> None:
+        if self.txn_records == 0:
+            return
+        if not force and self.txn_records < COMMIT_EVERY and time.monotonic() - self.txn_started < self._linger_s:
+            return
+        assert self.producer is not None
+        try:
+            self.producer.commit_transaction(30)
+        except KafkaException as err:
+            self._fenced(err)
+            return
+        self.txn_records = 0
+        self._committed(self.txn_last_seq, self._offset_seen)
+
+    def _committed(self, seq: int, offset: int) -> None:
+        self.committed_seq = max(self.committed_seq, seq)
+        self.committed_offset = max(self.committed_offset, offset)
+        while self.buffer and self.buffer[0][0] <= self.committed_seq:
+            self.buffer.popleft()
+        self._on_committed(self.committed_seq, self.committed_offset)
+
+    def _fenced(self, err: KafkaException) -> None:
+        log.warning("%s: fenced as writer (%s): another replica took over", self.name, err.args[0])
+        self.writer = False
+        self.txn_records = 0
+        self.producer = None
+        self._on_role("standby")
+
+    # -- roles (the instance thread, with the master's view) -------------------------------
+    def control(self, writer_replica: int, epoch: int, committed_seq: int, committed_offset: int) -> None:
+        if epoch < self.epoch:
+            return
+        self._committed(committed_seq, committed_offset)
+        # only a strictly newer assignment makes a writer: a fenced writer never reopens at its own epoch
+        if writer_replica == self.replica and epoch > self.epoch:
+            self._become_writer(epoch)
+        elif writer_replica != self.replica and self.writer:
+            self.writer = False  # demoted: the new writer's producer fences ours
+            self.producer = None
+            self.txn_records = 0
+        self.epoch = epoch
+
+    def _become_writer(self, epoch: int) -> None:
+        conf = self.cfg.kafka_producer_config()
+        conf.update({"transactional.id": f"replication.{self.output_id}", "enable.idempotence": True,
+                     "acks": "all"})
+        producer = Producer(conf)
+        producer.init_transactions(30)  # fences any older producer of this output
+        if epoch > 0:  # taking over: what did the previous writer get into the log?
+            written = max_written_seq(self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"),
+                                      self.topic, self.kafka_partition, self.output_id, self.committed_offset)
+            log.warning("%s: took over as writer (epoch %d): output has seq <= %d, %d records buffered",
+                        self.name, epoch, written, len(self.buffer))
+            self._committed(written, self.committed_offset)
+        self.producer = producer
+        self.writer = True
+        self._on_role("writer")
+        for entry in list(self.buffer):
+            if not self.writer:
+                return  # fenced already
+            self._write(entry)
+        self._maybe_commit(force=True)
+
+    def finish(self, poll_control: Callable[[], None]) -> None:
+        """At the end: commit (the writer), or wait until the writer confirmed everything."""
+        deadline = time.monotonic() + self.cfg.stop_timeout_ms / 1000 * 3
+        while True:
+            if self.writer:
+                self._maybe_commit(force=True)
+                if self.writer and self.producer is not None:
+                    self.producer.flush(30)
+                    return
+            elif self.committed_seq >= self.seq:
+                return  # the writer has everything this replica produced
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: output up to seq {self.seq} not confirmed by a writer "
+                                   f"(committed {self.committed_seq})")
+            poll_control()
+            time.sleep(0.02)

@@ -1,0 +1,216 @@
+"""The typed messages of the control plane: worker <-> driver, worker <-> worker, CLI -> driver.
+
+Each RPC method takes one of these dataclasses and answers with one (``transport.rpc.typed``);
+they travel in :mod:`transport.wire`'s safe encoding, never pickled.  What they carry is plain
+data (the per-service parts of a heartbeat are still dicts and tuples of plain values).  User
+objects (moved operator state, keys) travel only inside them as opaque pickled ``bytes``, read by
+the runtime that hosts the user's code, after the call was authenticated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from replication.metrics import InstanceMetrics, LatencyHistogram
+from transport import wire
+
+Instance = tuple[int, int]
+ReplicaId = tuple[int, int, int]
+
+wire.register(InstanceMetrics, LatencyHistogram)
+
+
+# -- worker -> driver ----------------------------------------------------------------------------
+
+@wire.record
+@dataclass(frozen=True)
+class Register:
+    """A worker attempt announces itself (``Register``)."""
+
+    worker: int
+    attempt: int
+    executor: str | None
+    address: str
+    python_pid: int
+
+
+@wire.record
+@dataclass(frozen=True)
+class Heartbeat:
+    """Liveness, progress and the services' reports of one worker attempt (``Heartbeat``)."""
+
+    worker: int
+    attempt: int
+    # what each exactly-once output committed: (task, partition, kind "out" | "dlq") -> (seq, offset)
+    sinks: dict[tuple[int, int, str], tuple[int, int]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    checkpoints: dict[str, list] | None = None  # Rhino: taken and completed since the last beat
+    metrics: dict[str, InstanceMetrics] | None = None
+    holding: dict[ReplicaId, tuple] = field(default_factory=dict)  # KaZoo sources held for a pulse window
+    handover_acks: list[tuple] = field(default_factory=list)
+    savepoint_armed: str | None = None
+    rpc_refused: int = 0  # calls its server refused (unauthenticated) so far
+    # a drain without pulses: where each source replica stopped reading (Kafka partition -> next offset)
+    drain_positions: dict[ReplicaId, dict[int, int]] = field(default_factory=dict)
+    # destination replicas a channel cut off by itself (failed sends, too far behind): (worker, why)
+    cut_offs: dict[ReplicaId, tuple[int, str]] = field(default_factory=dict)
+
+
+@wire.record
+@dataclass(frozen=True)
+class WorkerFinished:
+    """A worker attempt's end (``Finished``): ``status`` is finished, stopped, failed, evicted,
+    standby, aborted or driver-lost."""
+
+    worker: int
+    attempt: int
+    status: str
+    reason: str = ""
+    errors: list[str] = field(default_factory=list)
+    metrics: dict[str, InstanceMetrics] = field(default_factory=dict)
+    sinks: dict[tuple[int, int, str], tuple[int, int]] = field(default_factory=dict)
+
+
+# -- driver -> worker ----------------------------------------------------------------------------
+
+@wire.record
+@dataclass(frozen=True)
+class Instructions:
+    """What the driver tells every worker on each heartbeat reply (and on registration)."""
+
+    command: str  # run | drain | stop | evicted
+    dead: list[int] = field(default_factory=list)
+    # writer roles of the exactly-once outputs: (task, partition, kind) -> (writer, epoch, seq, offset)
+    sinks: dict[tuple[int, int, str], tuple[int, int, int, int]] = field(default_factory=dict)
+    finished: list[int] = field(default_factory=list)
+    handovers: list[dict[str, Any]] = field(default_factory=list)  # orders not completed, in wire form
+    retained_handovers: list[int] | None = None  # Rhino: the handovers whose cuts origins keep
+    pulse_window: tuple | None = None
+    measure_state: dict[int, int] = field(default_factory=dict)
+    savepoint: str | None = None
+    rhino: dict[str, Any] | None = None
+    # a drain without pulses: where every replica of each source partition ends (the furthest reported)
+    drain_at: dict[Instance, dict[int, int]] = field(default_factory=dict)
+    # replicas to stop wherever they run, up to the restore attempt given: the driver replaces them
+    # (cut off by an upstream)
+    drop: dict[ReplicaId, int] = field(default_factory=dict)
+
+
+@wire.record
+@dataclass(frozen=True)
+class Registered:
+    """The answer to :class:`Register`: ``status`` ok, standby or abort, and, unless aborted,
+    every worker's address and the instructions in force."""
+
+    status: str
+    reason: str = ""
+    addresses: dict[int, str] = field(default_factory=dict)
+    instructions: Instructions | None = None
+
+
+@wire.record
+@dataclass(frozen=True)
+class RestoreReplica:
+    """Run the lost replica ``replica`` on the worker called, from the completed checkpoint it holds."""
+
+    replica: ReplicaId
+    checkpoint_id: int
+    placement: dict[ReplicaId, int]
+    sinks: dict[tuple[int, int, str], tuple[int, int, int, int]]
+    addresses: dict[int, str]
+    attempt: int
+    handovers: list[dict[str, Any]] = field(default_factory=list)
+
+
+@wire.record
+@dataclass(frozen=True)
+class Restored:
+    """Where a restored replica's upstreams replay from, and how long the restore took."""
+
+    checkpoint_id: int
+    positions: dict[int, int]
+    load_s: float
+    restore_s: float
+    pulse: int
+
+
+# -- worker <-> worker: handover state -----------------------------------------------------------
+
+@wire.record
+@dataclass(frozen=True)
+class CutChunk:
+    """Chunk ``chunk`` of ``chunks`` of an origin partition's cut for one target partition
+    (``HandoverState``): its entries (``transport.wire.pack_rows``), or the changes since the
+    origin's checkpoint ``base`` with the ``digest`` and ``count`` of the entries they rebuild.
+    ``extras``: the moved keys' operator state, pickled (user keys), in chunk 0 only."""
+
+    handover: int
+    task: int
+    partition: int
+    origin: int
+    chunk: int
+    chunks: int
+    extras: bytes = b""
+    entries: bytes | None = None
+    changes: bytes | None = None
+    base: int | None = None
+    digest: str = ""
+    count: int = 0
+
+
+@wire.record
+@dataclass(frozen=True)
+class CutRequest:
+    """Ask for chunk ``chunk`` of the cut an origin replica keeps for a target (``HandoverCut``)."""
+
+    handover: int
+    task: int
+    origin: int
+    partition: int
+    chunk: int
+
+
+@wire.record
+@dataclass(frozen=True)
+class KeptCut:
+    """The answer to :class:`CutRequest`: ``missing`` (not kept here), or the chunk."""
+
+    missing: bool = False
+    entries: bytes = b""
+    chunks: int = 0
+    extras: bytes = b""
+
+
+@wire.record
+@dataclass(frozen=True)
+class Ack:
+    """An empty answer."""
+
+
+# -- CLI -> driver ------------------------------------------------------------------------------
+
+@wire.record
+@dataclass(frozen=True)
+class HandoverRequest:
+    """A ``replication move``/``rescale``/``rebalance``/``drain`` of a running job (``MoveVnodes``):
+    which one is given by the fields set."""
+
+    strategy: str = "all"
+    timeout: float | None = None
+    task: str | None = None
+    vnodes: list[int] | None = None
+    target: int | None = None
+    parallelism: int | None = None
+    fraction: float | None = None
+    window: float | None = None
+    executor: str | None = None
+
+
+@wire.record
+@dataclass(frozen=True)
+class HandoverReport:
+    """The answer to :class:`HandoverRequest`: the report (plain data), or why it failed."""
+
+    report: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None

@@ -1,0 +1,116 @@
+"""The job master's decisions without Spark: heartbeats in, instructions out (replication.driver)."""
+
+from __future__ import annotations
+
+import time
+
+from replication.config import ReplicationConfig
+from replication.driver import JobMaster, WorkerInfo
+from replication.examples.ordered import build_ordered_job
+from replication.messages import Heartbeat
+from replication.plan import place, plan_job
+
+
+def _master(mode: str = "kazoo", rhino: bool = False, workers: int = 3) -> JobMaster:
+    """The ordered job (two sources of two partitions, union, keyed chain, sink) replicated on
+    ``workers`` registered workers."""
+    job = build_ordered_job("a", "b", "out", name="jm")
+    plan = plan_job(job, default_parallelism=2, num_key_groups=64, num_vnodes=8, topic_partitions={"a": 2, "b": 2})
+    plan.replicas = 2
+    conf = {"spark.replication.kafka.bootstrapServers": "127.0.0.1:1", "spark.replication.enabled": "true",
+            "spark.replication.mode": mode, "spark.replication.rhino.enabled": str(rhino).lower()}
+    if mode == "kazoo":
+        conf["spark.replication.zookeeper.connect"] = "127.0.0.1:2181"
+    master = JobMaster(plan, place(plan, workers), workers, ReplicationConfig.from_mapping(conf), "", "app-1")
+    master.workers = {w: WorkerInfo(w, 0, str(w), f"127.0.0.1:{4000 + w}", last_seen=time.monotonic())
+                      for w in range(workers)}
+    master.started_at = time.monotonic()
+    return master
+
+
+def _replicas(master: JobMaster, task: str) -> list[tuple[int, int, int]]:
+    tid = next(t.id for t in master.plan.tasks if t.name == task)
+    return sorted(r for r in master.placement if r[0] == tid)
+
+
+def _beat(master: JobMaster, w: int, **parts) -> object:
+    return master.heartbeat(Heartbeat(worker=w, attempt=0, **parts))
+
+
+# -- a drain without pulses ends both replicas of a source at the same offsets ------------------
+
+def test_a_drain_ends_every_replica_of_a_source_where_the_furthest_reported():
+    master = _master()
+    source = _replicas(master, "source-a")
+    t, p0, _ = source[0]
+    assert source[0][:2] == source[1][:2]
+    w0, w1 = master.placement[source[0]], master.placement[source[1]]
+    reply = _beat(master, w0, drain_positions={source[0]: {0: 120}})
+    assert (t, p0) not in reply.drain_at  # the other replica has not said where it is
+    reply = _beat(master, w1, drain_positions={source[1]: {0: 135}})
+    assert reply.drain_at[(t, p0)] == {0: 135}  # both read to 135: the same records on both
+    assert _beat(master, w0).drain_at[(t, p0)] == {0: 135}  # and it stays
+
+
+def test_a_replica_that_dies_before_it_reported_leaves_the_decision_to_the_live_one():
+    master = _master(rhino=True, workers=4)
+    source = _replicas(master, "source-b")[:2]
+    w0, w1 = (master.placement[r] for r in source)
+    _beat(master, w0, drain_positions={source[0]: {1: 40, 0: -1}})
+    with master._cond:
+        master._declare_dead(w1, "killed")
+    assert master.drain_at[source[0][:2]] == {0: -1, 1: 40}
+
+
+# -- a replica an upstream cut off by itself is replaced, never silently dropped -----------------
+
+def test_a_cut_off_replica_is_stopped_where_it_runs_and_shown_lost():
+    master = _master(mode="liverobin")
+    victim = _replicas(master, "chain")[0]
+    upstream_worker = master.placement[_replicas(master, "union-2")[0]]
+    reply = _beat(master, upstream_worker,
+                  cut_offs={victim: (master.placement[victim], "channel 4: 1025 batches behind the other replica")})
+    assert victim in master.lost and reply.drop == {victim: 0}
+    assert any("replaced: an upstream cut it off" in text and "1025 batches behind" in text
+               for _, text in master.events)
+    assert master._status("running")["lost"] == [master._replica_label(*victim)]
+
+
+def test_a_cut_off_reported_for_a_replica_that_moved_since_is_ignored():
+    master = _master(mode="liverobin")
+    victim = _replicas(master, "chain")[0]
+    elsewhere = next(w for w in master.workers if w != master.placement[victim])
+    _beat(master, elsewhere, cut_offs={victim: (elsewhere, "send failed")})  # not where it runs
+    assert victim not in master.lost and not master.dropped
+
+
+def test_losing_a_sink_writer_passes_both_its_writer_roles_to_the_twin():
+    master = _master(mode="liverobin")
+    sink = _replicas(master, "chain-sink")[0]
+    t, p, r = sink
+    assert master.sinks[(t, p, "out")][:2] == [r, 0] and master.sinks[(t, p, "dlq")][:2] == [r, 0]
+    with master._cond:
+        master._declare_dead(master.placement[sink], "killed")
+    assert master.sinks[(t, p, "out")][:2] == [1 - r, 1] and master.sinks[(t, p, "dlq")][:2] == [1 - r, 1]
+
+
+# -- when nothing is left to restore from, the job fails at once, saying what was lost ----------
+
+def test_losing_both_replicas_and_every_holder_of_the_checkpoint_fails_the_job_at_once():
+    """Every partition has a completed checkpoint on its group member.  The holder of chain[0]'s
+    dies, then the workers of its two replicas: nothing is left to roll it back from, and the job
+    fails at once, naming what was lost (before, it waited for a holder that could never come
+    back: a relaunched worker holds none of the old checkpoints)."""
+    master = _master(mode="liverobin", rhino=True, workers=3)
+    rhino = master.rhino
+    for inst in rhino.instances():
+        rhino.checkpoint_completed(inst, 7, {}, holders=rhino.groups[inst])
+    chain = _replicas(master, "chain")[:2]
+    holder = rhino.groups[chain[0][:2]][0]
+    with master._cond:
+        master._declare_dead(holder, "killed")
+        assert master.failure is None  # one loss per partition: every one of them is masked
+        for replica in chain:
+            master._declare_dead(master.placement[replica], "killed")
+    assert master.failure is not None and master.command == "stop"
+    assert "both replicas of" in master.failure and "every worker holding the checkpoint 7" in master.failure

@@ -1,0 +1,72 @@
+"""A worker's handling of the driver's word, without Spark (replication.worker)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+from replication.instance import drain_position
+from replication.messages import Instructions
+from replication.worker import Worker, _Mailbox
+
+
+class _Replica:
+    def __init__(self, task: int, partition: int, replica: int, attempt: int = 0, kinds=("dlq",)) -> None:
+        self.task, self.partition, self.replica, self.attempt = SimpleNamespace(id=task), partition, replica, attempt
+        self.name = f"t{task}[{partition}]r{replica}"
+        self.stopped = False
+        self.writers = [SimpleNamespace(kind=k) for k in kinds]
+        self.pending_control = None
+
+    def request_stop(self) -> None:
+        self.stopped = True
+
+
+def _worker(*replicas: _Replica) -> Worker:
+    worker = Worker.__new__(Worker)
+    worker.instances = {(r.task.id, r.partition): r for r in replicas}
+    return worker
+
+
+def test_a_replica_the_driver_replaces_is_stopped_unless_it_is_a_later_incarnation():
+    old, later, other = _Replica(3, 0, 1), _Replica(3, 1, 0, attempt=2), _Replica(4, 0, 0)
+    worker = _worker(old, later, other)
+    worker._drop({(3, 0, 1): 0, (3, 1, 0): 1, (4, 0, 1): 0})  # (4, 0, 1) does not run here
+    assert old.stopped and (3, 0) not in worker.instances  # pushes to it are refused from now on
+    assert not later.stopped and not other.stopped  # restored after the decision / another replica
+
+
+def test_writer_roles_reach_each_output_by_kind():
+    sink_partition = _Replica(4, 1, 0, kinds=("dlq", "out"))
+    source = _Replica(0, 0, 1)
+    roles = {(4, 1, "out"): (1, 2, 10, 20), (4, 1, "dlq"): (0, 1, 3, 4), (0, 0, "dlq"): (1, 0, -1, -1)}
+    Worker._apply_roles(roles, sink_partition)
+    Worker._apply_roles(roles, source)
+    assert sink_partition.pending_control == {"out": (1, 2, 10, 20), "dlq": (0, 1, 3, 4)}
+    assert source.pending_control == {"dlq": (1, 0, -1, -1)}
+
+
+def test_the_heartbeat_mailbox_hands_over_the_newest_reply_and_says_since_when_the_driver_is_unreachable():
+    box = _Mailbox()
+    assert box.take(0.01) == (None, False, None)
+    box.post(Instructions("run"), False, 1.0)
+    box.post(Instructions("drain"), True, 2.0)  # a newer view replaces the one not applied yet
+    reply, done, unreachable = box.take(0.01)
+    assert reply.command == "drain" and done and unreachable is None
+    box.post(None, False, 5.0)
+    box.post(None, False, 6.0)
+    assert box.take(0.01) == (None, True, 5.0)
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(box.take(5.0)))
+    waiter.start()
+    time.sleep(0.05)
+    box.post(Instructions("stop"), False, 7.0)  # wakes the main loop at once
+    waiter.join(2)
+    assert got and got[0][0].command == "stop" and got[0][2] is None
+
+
+def test_a_drain_without_pulses_waits_for_a_fetch_response_before_naming_where_it_ends():
+    assert drain_position({0: 7}, {0: -1001, 1: 40}) is None  # partition 0 not fetched yet: end unknown
+    assert drain_position({0: 7}, {0: 5, 1: 40}) == {0: 7, 1: 40}  # read past a stale end: its own offset
+    assert drain_position({}, {0: 0}) == {0: 0}  # an empty partition: nothing to read there
