@@ -370,12 +370,17 @@ class EmbeddedStack:
         ]))
         log4j = self.run_dir / "zookeeper-log4j2.properties"
         log4j.write_text(_LOG4J2)
+        self._spawn_zookeeper()
+
+    def _spawn_zookeeper(self) -> None:
         java = _java_executable() or "java"
         self._spawn("zookeeper", [
             # C1 only (TieredStopAtLevel=1): about half the JVM startup time; ZooKeeper load here is tiny.
             java, "-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-            "-Djava.net.preferIPv4Stack=true", f"-Dlog4j2.configurationFile={log4j}",
-            "-cp", zookeeper_classpath(), "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg),
+            "-Djava.net.preferIPv4Stack=true",
+            f"-Dlog4j2.configurationFile={self.run_dir / 'zookeeper-log4j2.properties'}",
+            "-cp", zookeeper_classpath(), "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            str(self.run_dir / "zoo.cfg"),
         ])
 
     def _start_kafka(self, port: int) -> None:
@@ -431,6 +436,22 @@ class EmbeddedStack:
             ok["kafka"] = ok["kafka"] or kafka_ok(endpoints.bootstrap_servers, timeout=1.0)
             if not all(ok.values()):
                 time.sleep(0.05)
+
+    def restart_zookeeper(self, down_s: float = 1.0, timeout_s: float = 60.0) -> None:
+        """Kill ZooKeeper (SIGKILL: a crash), keep it down ``down_s``, start it again on the same port
+        with the same data (sessions that outlive the gap survive), and wait until it answers."""
+        if self.endpoints is None:
+            raise StackError("the stack is not started")
+        proc = self._procs.pop("zookeeper")
+        proc.kill()
+        proc.wait(10)
+        time.sleep(down_s)
+        self._spawn_zookeeper()
+        deadline = time.monotonic() + timeout_s
+        while not zookeeper_ok(self.endpoints.zookeeper_connect, timeout=0.5):
+            if time.monotonic() > deadline:
+                raise StackError(f"ZooKeeper not back after {timeout_s}s\n" + _log_tail(self.run_dir / "zookeeper.log"))
+            time.sleep(0.05)
 
     # ---- observe / stop
     def health(self) -> dict[str, bool]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from replication import chaos
+from replication import chaos, soak
 from replication.api import Job, JobDefinitionError
 from replication.config import ConfigError, ReplicationConfig, config_reference_markdown
 from replication.kafka_io import KafkaUnavailable
@@ -302,6 +302,11 @@ def parser() -> argparse.ArgumentParser:
     dr.add_argument("executor", help="the Spark executor id (see `replication status JOB`)")
     dr.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for every replica to be restored")
     dr.set_defaults(fn=_cmd_drain, strategy="all")
+    sk = sub.add_parser("soak", help="the fault soak: a replicated job under load and a seeded schedule of single "
+                                     "faults (own stack and Spark), every output record checked (exit code 1: not "
+                                     "everything held)")
+    soak.add_arguments(sk)
+    sk.set_defaults(fn=soak.command)
     chaos.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
     return p
 

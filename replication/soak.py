@@ -1,0 +1,587 @@
+"""The fault soak: an order-sensitive two-source job under steady load while a seeded schedule of
+single faults hits it, then every output record checked by a reader built on another Kafka client.
+
+``replication soak --mode liverobin --duration 600 --seed 7`` starts the embedded stack and a
+``local-cluster`` Spark of ``--executors`` executor JVMs (``--workers`` of them host the job; the
+others are warm spares on which Spark relaunches a lost worker at once, while it starts a new
+executor JVM in the background, tens of seconds on two loaded cores), runs a union of two topics into a keyed
+process function with value and map state (a hash chain per key: the output depends on the order
+in which both replicas consume their inputs) and a sink, replicated with Rhino checkpoints, feeds
+it at ``--rate`` events/s with a malformed record every ``--bad-every``, and every ``--gap``
+seconds (once the job is healthy again: two live replicas of every partition, every partition
+restorable) injects one fault drawn from the mode's catalogue with ``random.Random(seed)``:
+
+* ``kill-executor``: SIGKILL the executor JVM of a random replica;
+* ``kill-python``: SIGKILL only the Python worker of a random replica;
+* ``pause-short`` / ``pause-long``: SIGSTOP an executor for half / two and a half times
+  ``failureTimeout``, then SIGCONT it;
+* ``kill-two``: kill the executors of two random replicas a few seconds apart;
+* ``kill-generator`` (LiveRobin): kill the heartbeat generators, start one again a second later;
+* ``kill-leader`` (KaZoo): kill the executor of a partition's leader replica;
+* ``restart-zookeeper`` (KaZoo): crash ZooKeeper and start it again a second later.
+
+At the end it drains the job and reads the output and dead-letter topics with ``kafka-python``
+(the runtime uses confluent-kafka): every input event exactly once, each key's records a gapless
+hash chain in the order of its sources, the map state's counts consistent, every malformed
+record dead-lettered exactly once, both replicas of every partition ending with equal state, no
+divergence.  It prints the faults injected and survived, records lost and duplicated, recovery
+times and the seed; the exit code says whether everything held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from replication.api import Job
+from replication.examples.ordered import chain_step
+from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("a", "b")
+FAULTS = {
+    "liverobin": ("kill-executor", "kill-python", "pause-short", "pause-long", "kill-two", "kill-generator"),
+    "kazoo": ("kill-executor", "kill-python", "pause-short", "pause-long", "kill-two", "kill-leader",
+              "restart-zookeeper"),
+}
+FAILURE_TIMEOUT_MS = 2_000
+STAGES = ("lost", "restoring", "catching up", "not restorable")  # what unhealthy() says, in order
+HEALTHY_TIMEOUT_S = 90.0  # a fault not recovered from within this is not survived
+
+
+# -- the job -----------------------------------------------------------------------------------
+
+class ChainWithCounts(KeyedProcessFunction):
+    """Per key, a hash chain over its events (value state) and how many came from each source (map
+    state); one output record per event."""
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.head = ctx.value_state("head", default="")
+        self.n = ctx.value_state("n", default=0)
+        self.by_source = ctx.map_state("by_source")
+
+    def process(self, event: dict, ctx: ProcessContext) -> Iterable[dict]:
+        prev = self.head.value()
+        h = chain_step(prev, event["id"])
+        n = self.n.value() + 1
+        source = event["id"].split("-", 1)[0]
+        seen = (self.by_source.get(source) or 0) + 1
+        self.head.update(h)
+        self.n.update(n)
+        self.by_source.put(source, seen)
+        yield {"key": ctx.key, "n": n, "id": event["id"], "prev": prev, "h": h, "source": source, "seen": seen}
+
+
+def build_soak_job(topic_a: str, topic_b: str, out_topic: str, name: str) -> Job:
+    job = Job(name)
+    a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a")
+    b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b")
+    (a.union(b).key_by(lambda e: e["key"]).process(ChainWithCounts(), name="chain")
+     .new_task().sink(out_topic, serializer="json", key_serializer="str", name="chain-sink"))
+    return job
+
+
+# -- the load ----------------------------------------------------------------------------------
+
+class Feeder:
+    """Produces ``rate`` events/s over the two topics (b at half a's rate), 40 keys, and a
+    malformed record every ``bad_every``; remembers every event id and where each malformed
+    record landed (from the delivery reports)."""
+
+    def __init__(self, bootstrap: str, topics: dict[str, str], rate: float, bad_every: int) -> None:
+        from confluent_kafka import Producer
+
+        self.topics, self.rate, self.bad_every = topics, rate, bad_every
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all",
+                                  "enable.idempotence": True})
+        self.ids: list[str] = []
+        self.malformed: set[tuple[str, int, int]] = set()
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="soak-feeder", daemon=True)
+
+    def start(self) -> Feeder:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.producer.flush(30)
+
+    def _delivered(self, bad: bool) -> Callable[[Any, Any], None]:
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.failed += 1
+            elif bad:
+                self.malformed.add((msg.topic(), msg.partition(), msg.offset()))
+        return report
+
+    def _run(self) -> None:
+        sent, started = 0, time.monotonic()
+        counts = dict.fromkeys(SOURCES, 0)
+        while not self._stop.is_set():
+            due = int((time.monotonic() - started) * self.rate)
+            while sent < due:
+                sent += 1
+                source = "a" if sent % 3 else "b"  # b at half a's rate
+                topic = self.topics[source]
+                if self.bad_every and sent % self.bad_every == 0:
+                    self.producer.produce(topic, value=b'{"broken": ', key=b"bad", on_delivery=self._delivered(True))
+                    continue
+                i = counts[source]
+                counts[source] += 1
+                event_id = f"{source}-{i}"
+                key = f"k{(i * 7 + (0 if source == 'a' else 3)) % 40}"
+                value = json.dumps({"id": event_id, "key": key, "ts": int(time.time() * 1000)}).encode()
+                self.producer.produce(topic, value=value, key=key.encode(), on_delivery=self._delivered(False))
+                self.ids.append(event_id)
+            self.producer.poll(0)
+            time.sleep(0.005)
+
+
+# -- the faults --------------------------------------------------------------------------------
+
+@dataclass
+class Fault:
+    kind: str
+    at_s: float  # since the job started
+    target: str = ""
+    recovered_s: float | None = None  # from the injection until healthy again
+    survived: bool = False
+    note: str = ""
+    # seconds from the injection until: the driver noticed it, no replica was lost or restoring, none
+    # was catching up (the replicas are back), and every partition was restorable again (protected
+    # from the next fault: recovered_s)
+    phases: dict[str, float] = field(default_factory=dict)
+
+    trail: list[tuple[float, str]] = field(default_factory=list)  # (s after the injection, why not healthy)
+
+    @property
+    def back_s(self) -> float | None:
+        return self.phases.get("caught_up")
+
+
+class Injector:
+    """Picks and injects faults on a running job (the handle, its status file and the stack)."""
+
+    def __init__(self, handle: Any, stack: Any, rnd: random.Random) -> None:
+        self.handle, self.stack, self.rnd = handle, stack, rnd
+
+    def _replicas(self) -> list[str]:
+        from replication.status import read_status
+
+        status = read_status(self.handle.job.name)
+        alive = {w for w, info in status.get("workers", {}).items() if info.get("alive")}
+        return sorted(r for r, e in status.get("replicas", {}).items() if str(e["worker"]) in alive)
+
+    def _locate(self, replica: str) -> Any:
+        from replication.chaos import locate
+
+        return locate(replica, job=self.handle.job.name)
+
+    def _kill(self, replica: str) -> tuple[str, int]:
+        from replication.chaos import kill_executor
+
+        target = self._locate(replica)
+        kill_executor(target)
+        return f"executor {target.executor} of {replica}", target.worker
+
+    def _lost(self, worker: int) -> Callable[[], bool]:
+        """Whether the driver has noticed that ``worker``'s current attempt is gone."""
+        master = self.handle.master
+        attempt = master.workers[worker].attempt
+
+        def noticed() -> bool:
+            with master._cond:
+                return worker in master.dead or master.workers[worker].attempt != attempt
+        return noticed
+
+    def inject(self, kind: str) -> tuple[str, list[Callable[[], bool]]]:
+        """Inject ``kind``; what was hit, and the conditions that say the driver noticed it."""
+        from replication.chaos import kill_python, pause_executor, resume_executor
+
+        replica = self.rnd.choice(self._replicas())
+        if kind == "kill-executor":
+            what, worker = self._kill(replica)
+            return what, [self._lost(worker)]
+        if kind == "kill-python":
+            target = self._locate(replica)
+            noticed = self._lost(target.worker)
+            kill_python(target)
+            return f"python worker {target.python_pid} of {replica} (executor {target.executor})", [noticed]
+        if kind in ("pause-short", "pause-long"):
+            target = self._locate(replica)
+            noticed = self._lost(target.worker)
+            pause_s = FAILURE_TIMEOUT_MS / 1000 * (0.5 if kind == "pause-short" else 2.5)
+            pause_executor(target)
+            resumed = threading.Event()
+            threading.Timer(pause_s, lambda: (resume_executor(target), resumed.set())).start()
+            return (f"executor {target.executor} of {replica} paused {pause_s:.1f}s",
+                    [noticed] if kind == "pause-long" else [resumed.is_set])
+        if kind == "kill-two":
+            first, w1 = self._kill(replica)
+            noticed = [self._lost(w1)]
+            time.sleep(self.rnd.uniform(4.0, 6.0))
+            others = [r for r in self._replicas() if self._locate(r).worker != w1]
+            if not others:
+                return f"{first}, then nothing (no other executor)", noticed
+            second, w2 = self._kill(self.rnd.choice(others))
+            return f"{first}, then {second}", [*noticed, self._lost(w2)]
+        if kind == "kill-generator":
+            killed = self.handle.kill_pulse_generators()
+            time.sleep(1.0)
+            self.handle.start_pulse_generator()
+            return f"heartbeat generators {killed}, one started again 1 s later", []
+        if kind == "kill-leader":
+            live = set(self._replicas())
+            leaders = [name for name, m in self.handle.master.snapshot().items()
+                       if m.leader and not m.finished and name in live]
+            what, worker = self._kill(self.rnd.choice(leaders) if leaders else replica)
+            return what + (" (a KaZoo leader)" if leaders else ""), [self._lost(worker)]
+        if kind == "restart-zookeeper":
+            self.stack.restart_zookeeper(down_s=1.0)
+            return "ZooKeeper, down 1 s", []
+        raise ValueError(f"unknown fault {kind!r}")
+
+
+def unhealthy(handle: Any) -> str:
+    """Why the job is not healthy yet ("" once it is): two live replicas of every partition, none
+    lost, restoring or catching up, and every partition restorable from a checkpoint a live
+    worker holds (so the next fault is masked too)."""
+    master = handle.master
+    with master._cond:
+        label = master._replica_label
+        if master.failure:
+            return f"failed: {master.failure}"
+        if master.lost:
+            return "lost: " + ", ".join(label(*r) for r in sorted(master.lost))
+        if master._restoring:
+            return "restoring: " + ", ".join(label(*r) for r in sorted(master._restoring))
+        if master._catching_up:
+            return "catching up: " + ", ".join(rec["replica"] for rec in master._catching_up.values())
+        rhino = master.rhino
+        if rhino is None:
+            return ""
+
+        def held(cp: Any) -> str:
+            return "none" if cp is None else f"{cp.checkpoint_id} on {sorted(cp.holders)}"
+
+        bare = [f"{master.plan.task(t).name}[{p}] (safe {held(rhino.restore_point((t, p)))}, latest "
+                f"{held(rhino.completed.get((t, p)))}, group {rhino.groups.get((t, p))}, replicas on "
+                f"{sorted(rhino.replica_workers((t, p)))})"
+                for t, p in rhino.instances() if rhino.restore_plan((t, p, 0)) is None]
+        return "not restorable: " + ", ".join(bare) if bare else ""
+
+
+def healthy(handle: Any) -> bool:
+    return not unhealthy(handle)
+
+
+# -- the check ---------------------------------------------------------------------------------
+
+def read_topic(bootstrap: str, topic: str, quiet_s: float = 3.0, timeout_s: float = 120.0) -> list[Any]:
+    """Every record of ``topic`` with kafka-python (not the runtime's client): read until each
+    partition is at the high watermark its fetches report and nothing new came for ``quiet_s``."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                             consumer_timeout_ms=500)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (known := consumer.partitions_for_topic(topic)):  # None until metadata came in
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no metadata for {topic} within {timeout_s}s")
+            consumer.topics()  # asks the broker
+            time.sleep(0.1)
+        parts = [TopicPartition(topic, p) for p in sorted(known)]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        records: list[Any] = []
+        last_new = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=500, max_records=5000)
+            for recs in batch.values():
+                records.extend(recs)
+            if batch:
+                last_new = time.monotonic()
+            at_end = all((hw := consumer.highwater(tp)) is not None and consumer.position(tp) >= hw for tp in parts)
+            if at_end and time.monotonic() - last_new >= quiet_s:
+                return records
+        raise TimeoutError(f"reading {topic} did not reach its end within {timeout_s}s")
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Verdict:
+    events: int = 0
+    records: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    broken_keys: list[str] = field(default_factory=list)  # chain gaps, wrong links or counts, reordered
+    dead_letters_expected: int = 0
+    dead_letters: int = 0
+    dead_letters_missing: int = 0
+    dead_letters_duplicated: int = 0
+    replicas_compared: int = 0
+    replicas_differing: list[str] = field(default_factory=list)
+    divergences: int = 0
+
+    @property
+    def exact(self) -> bool:
+        return not (self.lost or self.duplicated or self.unexpected or self.broken_keys
+                    or self.dead_letters_missing or self.dead_letters_duplicated or self.replicas_differing
+                    or self.divergences)
+
+
+def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, int]],
+           malformed: set[tuple[str, int, int]]) -> Verdict:
+    """Exactly once, per-key chains in their sources' order with consistent counts, dead letters
+    exactly once (the replicas' part is added by the caller)."""
+    v = Verdict(events=len(ids), records=len(outputs))
+    seen: dict[str, int] = {}
+    for rec in outputs:
+        seen[rec["id"]] = seen.get(rec["id"], 0) + 1
+    expected = set(ids)
+    v.lost = len(expected - set(seen))
+    v.duplicated = sum(n - 1 for n in seen.values() if n > 1)
+    v.unexpected = len(set(seen) - expected)
+    by_key: dict[str, list[dict]] = {}
+    for rec in outputs:
+        by_key.setdefault(rec["key"], []).append(rec)
+    for key, recs in sorted(by_key.items()):
+        recs = sorted({r["n"]: r for r in recs}.values(), key=lambda r: r["n"])
+        prev, counts, last = "", dict.fromkeys(SOURCES, 0), dict.fromkeys(SOURCES, -1)
+        for i, rec in enumerate(recs, start=1):
+            source, index = rec["id"].split("-", 1)
+            counts[source] += 1
+            if (rec["n"] != i or rec["prev"] != prev or rec["h"] != chain_step(prev, rec["id"])
+                    or rec["seen"] != counts[source] or int(index) < last[source]):
+                v.broken_keys.append(key)
+                break
+            prev, last[source] = rec["h"], int(index)
+    v.dead_letters_expected, v.dead_letters = len(malformed), len(letters)
+    got: dict[tuple[str, int, int], int] = {}
+    for letter in letters:
+        got[letter] = got.get(letter, 0) + 1
+    v.dead_letters_missing = len(malformed - set(got))
+    v.dead_letters_duplicated = sum(n - 1 for n in got.values() if n > 1) + len(set(got) - malformed)
+    return v
+
+
+def compare_replicas(result: Any, plan: Any, v: Verdict) -> None:
+    """Both replicas of every partition ended with equal state; no checkpoint diverged."""
+    for t in plan.tasks:
+        for p in range(t.parallelism):
+            digests = {r: m.state_digest for r in range(plan.replicas)
+                       if (m := result.per_instance.get(f"{t.name}[{p}]r{r}")) is not None and m.state_digest}
+            if len(digests) == plan.replicas:
+                v.replicas_compared += 1
+                if len(set(digests.values())) > 1:
+                    v.replicas_differing.append(f"{t.name}[{p}]")
+    v.divergences = len(result.divergences)
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+@dataclass
+class SoakReport:
+    mode: str
+    seed: int
+    duration_s: float
+    rate: float
+    executors: int
+    workers: int
+    faults: list[Fault] = field(default_factory=list)
+    verdict: Verdict = field(default_factory=Verdict)
+    status: str = ""
+    failure: str | None = None
+
+    @property
+    def survived(self) -> int:
+        return sum(f.survived for f in self.faults)
+
+    @property
+    def ok(self) -> bool:
+        return (self.status == "finished" and self.failure is None and self.verdict.exact
+                and self.survived == len(self.faults))
+
+    def lines(self) -> list[str]:
+        v = self.verdict
+        worst = max((f.recovered_s for f in self.faults if f.recovered_s is not None), default=None)
+        worst_back = max((f.back_s for f in self.faults if f.back_s is not None), default=None)
+        out = [f"soak {self.mode} + Rhino, seed {self.seed}: {self.duration_s:.0f} s at {self.rate:.0f} events/s, "
+               f"{self.workers} workers on {self.executors} executors: {'PASSED' if self.ok else 'FAILED'}",
+               f"  faults injected {len(self.faults)}, survived {self.survived}"
+               + (f"; worst: replicas back (restored, caught up) {worst_back:.2f} s" if worst_back is not None else "")
+               + (f", protected again (every partition restorable) {worst:.2f} s" if worst is not None else "")]
+        for f in self.faults:
+            rec = f"protected in {f.recovered_s:.2f} s" if f.recovered_s is not None else "NOT RECOVERED"
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in f.phases.items())
+            out.append(f"    {f.at_s:7.1f} s  {f.kind:17s} {rec:22s} {f.target}{'  ' + f.note if f.note else ''}"
+                       + (f"  [{phases}]" if phases else ""))
+        out += [f"  job {self.status}" + (f": {self.failure}" if self.failure else ""),
+                f"  events {v.events:,}, output records {v.records:,}: lost {v.lost}, duplicated {v.duplicated}, "
+                f"unexpected {v.unexpected}, keys out of order or broken {len(v.broken_keys)}",
+                f"  dead letters {v.dead_letters} of {v.dead_letters_expected} malformed: missing "
+                f"{v.dead_letters_missing}, duplicated {v.dead_letters_duplicated}",
+                f"  replicas compared {v.replicas_compared}, differing {v.replicas_differing or 0}, "
+                f"checkpoint divergences {v.divergences}"]
+        return out
+
+
+def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, executors: int = 5, workers: int = 4,
+             gap_s: float = 12.0, bad_every: int = 250, say: Callable[[str], None] = print) -> SoakReport:
+    """Run one soak (its own stack and Spark) and verify it; see the module docstring."""
+    from deploy.stack import EmbeddedStack, require_java17
+    from replication.spark_cluster import build_session, stop_session
+
+    require_java17()
+    with EmbeddedStack() as stack:
+        spark = build_session(f"local-cluster[{executors},1,512]", app_name=f"replication-soak-{mode}")
+        try:
+            return _soak(stack, spark, mode, duration_s, seed, rate, executors, workers, gap_s, bad_every, say)
+        finally:
+            stop_session(spark)
+
+
+def _soak(stack: Any, spark: Any, mode: str, duration_s: float, seed: int, rate: float, executors: int,
+          workers: int, gap_s: float, bad_every: int, say: Callable[[str], None]) -> SoakReport:
+    from deploy.topics import create_topics
+    from replication import run
+    from replication.driver import JobFailedError
+
+    rnd = random.Random(seed)
+    name = f"soak-{mode}-{uuid.uuid4().hex[:6]}"
+    topics = {s: f"{name}-{s}" for s in SOURCES}
+    out_topic = f"{name}-out"
+    create_topics(stack.bootstrap_servers, {topics["a"]: 2, topics["b"]: 2, out_topic: 2})
+    conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
+            "spark.replication.enabled": "true", "spark.replication.mode": mode,
+            "spark.replication.rhino.enabled": "true", "spark.replication.failureTimeout": f"{FAILURE_TIMEOUT_MS}ms",
+            "spark.replication.workers": str(workers)}
+    if mode == "kazoo":
+        conf.update({"spark.replication.zookeeper.connect": stack.zookeeper_connect,
+                     "spark.replication.rhino.checkpointEvery": "50"})
+    else:
+        conf["spark.replication.rhino.checkpointEvery"] = "50"  # pulses: about two checkpoints a second
+    report = SoakReport(mode, seed, duration_s, rate, executors, workers)
+    job = build_soak_job(topics["a"], topics["b"], out_topic, name)
+    handle = run(job, spark=spark, conf=conf)
+    handle.wait_started(180)
+    feeder = Feeder(stack.bootstrap_servers, topics, rate, bad_every).start()
+    injector = Injector(handle, stack, rnd)
+    started = time.monotonic()
+    say(f"== {name}: seed {seed}, {mode} + Rhino, {rate:.0f} events/s, faults every {gap_s:.0f} s for "
+        f"{duration_s:.0f} s")
+    try:
+        next_at = started + rnd.uniform(0.5, 1.0) * gap_s
+        while next_at < started + duration_s - 10 and not handle.master.failure:
+            time.sleep(max(0.0, next_at - time.monotonic()))
+            kind = rnd.choice(FAULTS[mode])
+            fault = Fault(kind, time.monotonic() - started)
+            injected = time.monotonic()
+            try:
+                fault.target, noticed = injector.inject(kind)
+            except Exception as exc:  # noqa: BLE001 - e.g. a replica's worker being relaunched
+                fault.note = f"not injected: {exc}"
+                say(f"   {fault.at_s:6.1f}s {kind}: {fault.note}")
+                next_at = time.monotonic() + 2.0
+                continue
+            report.faults.append(fault)
+            deadline = time.monotonic() + HEALTHY_TIMEOUT_S
+            while not all(n() for n in noticed) and time.monotonic() < deadline and not handle.master.failure:
+                time.sleep(0.05)  # (healthy before the driver noticed the fault means nothing)
+            fault.phases["noticed"] = time.monotonic() - injected
+            while True:
+                why = unhealthy(handle)
+                if why and (not fault.trail or fault.trail[-1][1] != why) and len(fault.trail) < 12:
+                    fault.trail.append((round(time.monotonic() - injected, 1), why))
+                stage = why.split(":", 1)[0]
+                rank = STAGES.index(stage) if stage in STAGES else len(STAGES)
+                for phase, after in (("restored", 1), ("caught_up", 2)):
+                    if rank > after and phase not in fault.phases:
+                        fault.phases[phase] = time.monotonic() - injected
+                if not why or time.monotonic() >= deadline or handle.master.failure:
+                    break
+                time.sleep(0.1)
+            if healthy(handle):
+                fault.recovered_s, fault.survived = time.monotonic() - injected, True
+            else:
+                fault.note = unhealthy(handle)
+            say(f"   {fault.at_s:6.1f}s {kind}: {fault.target}: "
+                + (f"healthy again after {fault.recovered_s:.2f}s" if fault.survived
+                   else f"NOT RECOVERED ({fault.note})"))
+            next_at = max(time.monotonic() + 2.0, injected + rnd.uniform(0.8, 1.2) * gap_s)
+        time.sleep(max(0.0, started + duration_s - time.monotonic()))
+    finally:
+        feeder.stop()
+    try:
+        result = handle.drain(timeout=300)
+        report.status = result.status
+    except (JobFailedError, TimeoutError) as exc:
+        report.status, report.failure = "failed", str(exc)
+        say(f"== job failed: {exc}")
+        for name, m in sorted(handle.master.snapshot().items()):
+            if not m.finished:
+                say(f"   not finished: {name}: in {m.records_in}, queue {m.queue_batches}, pulse {m.pulse}, "
+                    f"leader {m.leader}, order epoch {m.order_epoch}, orders {m.orders_accepted}, "
+                    f"restored from {m.restored_from}")
+        handle.stop()
+        return report
+    outputs = [json.loads(r.value) for r in read_topic(stack.bootstrap_servers, out_topic)]
+    letters = []
+    for r in read_topic(stack.bootstrap_servers, f"{name}.dlq"):
+        h = {k: v.decode() for k, v in r.headers}
+        if h.get("job") == name and "source.topic" in h:
+            letters.append((h["source.topic"], int(h["source.partition"]), int(h["source.offset"])))
+    report.verdict = verify(outputs, feeder.ids, letters, feeder.malformed)
+    compare_replicas(result, handle.plan, report.verdict)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="replication soak", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return command(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=sorted(FAULTS), default="liverobin")
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds of load and faults (default 120)")
+    parser.add_argument("--seed", type=int, default=None, help="fault schedule seed (default: random, printed)")
+    parser.add_argument("--rate", type=float, default=300.0, help="events/s over both topics (default 300)")
+    parser.add_argument("--executors", type=int, default=5, help="executor JVMs (default 5)")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="workers hosting the job (default 4; the other executors are spares)")
+    parser.add_argument("--gap", type=float, default=12.0, help="seconds between faults (default 12)")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+
+
+def command(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import kafka  # noqa: F401 - the checking reader: another client than the runtime's
+    except ImportError:
+        print("error: the soak reads its output with kafka-python: pip install kafka-python "
+              "(./dev installs it with the development dependencies)", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    report = run_soak(args.mode, args.duration, seed, args.rate, args.executors, args.workers, args.gap)
+    print("\n".join(report.lines()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**asdict(report), "ok": report.ok}, f, indent=1)
+    return 0 if report.ok else 1

@@ -1,0 +1,51 @@
+"""The fault soak (``replication soak``), as a user runs it: its own embedded stack and a
+4-executor ``local-cluster`` in a subprocess, a seeded schedule of single faults under steady load,
+every output record checked with kafka-python.
+
+    ./dev test tests/test_fault_soak.py              # two minutes per ordering mode (default suite)
+    ./dev test -m slow tests/test_fault_soak.py      # ten minutes, three seeds per mode
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _soak(mode: str, seed: int, duration_s: int, tmp_path: Path) -> dict:
+    out = tmp_path / f"soak-{mode}-{seed}.json"
+    proc = subprocess.run([sys.executable, "-m", "replication.cli", "soak", "--mode", mode, "--seed", str(seed),
+                           "--duration", str(duration_s), "--json", str(out)],
+                          capture_output=True, text=True, timeout=duration_s + 600)
+    print(proc.stdout)
+    assert out.exists(), f"no report (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}"
+    report = json.loads(out.read_text())
+    verdict = report["verdict"]
+    assert report["status"] == "finished" and report["failure"] is None, (report["failure"], proc.stderr[-5000:])
+    assert report["faults"], "no fault was injected"
+    assert [f for f in report["faults"] if not f["survived"]] == []
+    assert (verdict["lost"], verdict["duplicated"], verdict["unexpected"], verdict["broken_keys"]) == (0, 0, 0, [])
+    assert verdict["events"] > 0 and verdict["records"] == verdict["events"]
+    assert verdict["dead_letters_expected"] > 0
+    assert (verdict["dead_letters_missing"], verdict["dead_letters_duplicated"]) == (0, 0)
+    assert verdict["replicas_compared"] > 0 and verdict["replicas_differing"] == [] and verdict["divergences"] == 0
+    assert report["ok"] and proc.returncode == 0
+    return report
+
+
+@pytest.mark.parametrize("mode, seed", [("liverobin", 2026), ("kazoo", 1126)])
+def test_a_two_minute_soak_masks_every_fault_and_every_record_arrives_once(mode, seed, tmp_path):
+    _soak(mode, seed, 120, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
+def test_a_ten_minute_soak_masks_every_fault_and_every_record_arrives_once(mode, seed, tmp_path):
+    _soak(mode, seed, 600, tmp_path)
