@@ -33,7 +33,7 @@ from typing import Any
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
 from liverobin.heartbeats import Offsets, PulseLog, PulseRecord, next_pulse
-from replication.kafka_io import consume_ready
+from replication.kafka_io import consume_ready, end_offsets_by_fetch
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class HeartbeatGenerator:
         self.error: str | None = None
         self._stop = threading.Event()
         self._finish_at: float | None = None
+        self._final_ends: Offsets | None = None  # the sources' ends by fetches made after the drain request
         self._eager_until = 0.0  # until then a pulse every period even while no partition grows
         self._thread: threading.Thread | None = None
         self.windowed = windowed
@@ -200,6 +201,8 @@ class HeartbeatGenerator:
                 if ends is None:
                     continue
                 finishing = self._finish_at is not None and now >= self._finish_at and not self.windowed
+                if finishing:
+                    ends = self._with_final_ends(ends)
                 closing = window is not None and self._closing
                 if (finishing or closing) and in_flight:
                     continue  # the final (or a window's last) pulse builds on everything written before it
@@ -228,6 +231,15 @@ class HeartbeatGenerator:
             producer.flush(5)
         finally:
             consumer.close()
+
+    def _with_final_ends(self, ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
+        """``ends``, raised to what fetches made after the drain request tell: the shared
+        consumer's cached high watermarks may come from a fetch answered before the last records
+        produced ahead of the drain (a loaded broker or machine), and a final pulse below them
+        would end the run without them."""
+        if self._final_ends is None:
+            self._final_ends = {t: end_offsets_by_fetch(self._consumer_conf, t, ks) for t, ks in self.sources.items()}
+        return {t: {k: max(end, self._final_ends[t].get(k, end)) for k, end in ks.items()} for t, ks in ends.items()}
 
     def _ends(self, consumer: Consumer, tps: list[TopicPartition]) -> dict[str, dict[int, int]] | None:
         """End offset of every source partition from the last fetch; None until all are known."""

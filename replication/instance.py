@@ -40,6 +40,7 @@ from replication.handovers import (
     split_cut,
     vnode_bytes,
 )
+from replication.kafka_io import end_offsets_by_fetch
 from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain, chain_operators, serves_through_moves
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
@@ -717,13 +718,10 @@ def _merger(windows: list[Any]) -> Any:
     return lambda rest, moved, served: mergers[rest[:4]](moved, served)
 
 
-def drain_position(next_offset: dict[int, int], ends: dict[int, int]) -> dict[int, int] | None:
+def drain_position(next_offset: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
     """How far a source replica reads in a drain without pulses: per Kafka partition, the end a
-    fetch response told (the high watermark) or its next offset if it emitted more; None while a
-    partition has had no fetch response (a negative end), since its end is not known yet (an empty
-    partition says 0)."""
-    if any(end < 0 for end in ends.values()):
-        return None
+    fetch told (the high watermark; 0 for an empty partition) or its next offset if it emitted
+    more."""
     return {k: max(next_offset.get(k, -1), end) for k, end in ends.items()}
 
 
@@ -816,20 +814,18 @@ class SourceInstance(PartitionInstance):
                          for k in self.kafka_partitions])
         return consumer
 
-    def _drain_hold(self, consumer: Consumer) -> bool:
-        """A drain without pulses: once a fetch made after the request could have told each Kafka
-        partition's end (the high watermark in fetch responses: ListOffsets is not trusted, DESIGN
-        §10), report how far this replica reads (that end, or further if it emitted more) and hold
-        until the driver names where every replica of the partition ends (the furthest report)."""
+    def _drain_hold(self) -> bool:
+        """A drain without pulses: report how far this replica reads (each Kafka partition's end by
+        a fetch made after the request, or further if it emitted more: the high watermark in fetch
+        responses, ListOffsets is not trusted, DESIGN §10) and hold until the driver names where
+        every replica of the partition ends (the furthest report)."""
         if self.drain_requested_at is None:
             return False
         if self.drain_position is None:
-            if time.monotonic() - self.drain_requested_at < 2 * FETCH_WAIT_MS / 1000 + 0.3:
-                return False  # read on meanwhile: the report covers what is emitted
-            ends = {k: consumer.get_watermark_offsets(TopicPartition(self.topic, k), cached=True)[1]
-                    for k in self.kafka_partitions}
+            conf = self.cfg.kafka_consumer_config(
+                group_id=f"replication-{self.worker.job_name}-{self.task.id}-{self.partition}")
+            ends = end_offsets_by_fetch(conf, self.topic, self.kafka_partitions, timeout=30.0)
             self.drain_position = drain_position(self._next_offset, ends)
-            return self.drain_position is not None
         return True
 
     def _read_to(self, consumer: Consumer, target: dict[int, int]) -> bool:
@@ -863,7 +859,7 @@ class SourceInstance(PartitionInstance):
                     placer = self._next_window()
                 if self._windows is not None and self.pending_window != self._window_word:
                     placer = self._window_changed(placer, consumer)
-                if placer is None and self.drain_at is None and self._drain_hold(consumer):
+                if placer is None and self.drain_at is None and self._drain_hold():
                     self.idle()
                     time.sleep(0.01)
                     continue
