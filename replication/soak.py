@@ -172,6 +172,10 @@ class Fault:
         return self.phases.get("caught_up")
 
 
+class NoTarget(Exception):
+    """No process to hit right now (its worker is being relaunched): the fault is drawn again later."""
+
+
 class Injector:
     """Picks and injects faults on a running job (the handle, its status file and the stack)."""
 
@@ -183,7 +187,10 @@ class Injector:
 
         status = read_status(self.handle.job.name)
         alive = {w for w, info in status.get("workers", {}).items() if info.get("alive")}
-        return sorted(r for r, e in status.get("replicas", {}).items() if str(e["worker"]) in alive)
+        replicas = sorted(r for r, e in status.get("replicas", {}).items() if str(e["worker"]) in alive)
+        if not replicas:
+            raise NoTarget("no replica on a live worker")
+        return replicas
 
     def _locate(self, replica: str) -> Any:
         from replication.chaos import locate
@@ -208,7 +215,16 @@ class Injector:
         return noticed
 
     def inject(self, kind: str) -> tuple[str, list[Callable[[], bool]]]:
-        """Inject ``kind``; what was hit, and the conditions that say the driver noticed it."""
+        """Inject ``kind``; what was hit, and the conditions that say the driver noticed it.
+        Raises NoTarget when the process to hit is not there now (the soak draws again later)."""
+        from replication.chaos import ChaosError
+
+        try:
+            return self._inject(kind)
+        except ChaosError as exc:
+            raise NoTarget(str(exc)) from exc
+
+    def _inject(self, kind: str) -> tuple[str, list[Callable[[], bool]]]:
         from replication.chaos import kill_python, pause_executor, resume_executor
 
         replica = self.rnd.choice(self._replicas())
@@ -449,20 +465,22 @@ def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, execu
     from replication.spark_cluster import build_session, stop_session
 
     require_java17()
-    with EmbeddedStack() as stack:
+    embedded = EmbeddedStack()
+    with embedded:
         spark = build_session(f"local-cluster[{executors},1,512]", app_name=f"replication-soak-{mode}")
         try:
-            return _soak(stack, spark, mode, duration_s, seed, rate, executors, workers, gap_s, bad_every, say)
+            return _soak(embedded, spark, mode, duration_s, seed, rate, executors, workers, gap_s, bad_every, say)
         finally:
             stop_session(spark)
 
 
-def _soak(stack: Any, spark: Any, mode: str, duration_s: float, seed: int, rate: float, executors: int,
+def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, rate: float, executors: int,
           workers: int, gap_s: float, bad_every: int, say: Callable[[str], None]) -> SoakReport:
     from deploy.topics import create_topics
     from replication import run
     from replication.driver import JobFailedError
 
+    stack = embedded.endpoints  # (the EmbeddedStack itself restarts ZooKeeper)
     rnd = random.Random(seed)
     name = f"soak-{mode}-{uuid.uuid4().hex[:6]}"
     topics = {s: f"{name}-{s}" for s in SOURCES}
@@ -482,7 +500,7 @@ def _soak(stack: Any, spark: Any, mode: str, duration_s: float, seed: int, rate:
     handle = run(job, spark=spark, conf=conf)
     handle.wait_started(180)
     feeder = Feeder(stack.bootstrap_servers, topics, rate, bad_every).start()
-    injector = Injector(handle, stack, rnd)
+    injector = Injector(handle, embedded, rnd)
     started = time.monotonic()
     say(f"== {name}: seed {seed}, {mode} + Rhino, {rate:.0f} events/s, faults every {gap_s:.0f} s for "
         f"{duration_s:.0f} s")
@@ -495,7 +513,7 @@ def _soak(stack: Any, spark: Any, mode: str, duration_s: float, seed: int, rate:
             injected = time.monotonic()
             try:
                 fault.target, noticed = injector.inject(kind)
-            except Exception as exc:  # noqa: BLE001 - e.g. a replica's worker being relaunched
+            except NoTarget as exc:
                 fault.note = f"not injected: {exc}"
                 say(f"   {fault.at_s:6.1f}s {kind}: {fault.note}")
                 next_at = time.monotonic() + 2.0
