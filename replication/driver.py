@@ -569,8 +569,10 @@ class JobMaster:
         with self._cond:
             info = self.workers.get(w)
             current = info is not None and info.attempt == req.attempt
-            self.metrics.update(req.metrics)
             if current and req.status != "evicted":
+                # (an evicted attempt's replicas run elsewhere now: its stale figures must not
+                # replace what their restored incarnations report, e.g. their final digests)
+                self.metrics.update(req.metrics)
                 self._sink_progress(req.sinks)
                 self.reports[w] = req
             if req.status == "failed":

@@ -7,7 +7,8 @@ import time
 from replication.config import ReplicationConfig
 from replication.driver import JobMaster, WorkerInfo
 from replication.examples.ordered import build_ordered_job
-from replication.messages import Heartbeat
+from replication.messages import Heartbeat, WorkerFinished
+from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 
 
@@ -114,3 +115,20 @@ def test_losing_both_replicas_and_every_holder_of_the_checkpoint_fails_the_job_a
             master._declare_dead(master.placement[replica], "killed")
     assert master.failure is not None and master.command == "stop"
     assert "both replicas of" in master.failure and "every worker holding the checkpoint 7" in master.failure
+
+
+def test_an_evicted_worker_s_last_report_does_not_replace_a_restored_replica_s_figures():
+    """chain[0]r0 ran on a worker declared dead and was restored elsewhere, where it finished with
+    its state's digest; the evicted attempt's Finished report comes later, with its never-finished
+    copy of the replica: the driver keeps the restored replica's figures."""
+    master = _master(mode="liverobin", workers=3)
+    replica = _replicas(master, "chain")[0]
+    label = master._replica_label(*replica)
+    old_worker = master.placement[replica]
+    with master._cond:
+        master._declare_dead(old_worker, "killed")
+    restored = InstanceMetrics(finished=True, state_digest="ab" * 32)
+    other = next(w for w in master.workers if w != old_worker)
+    _beat(master, other, metrics={label: restored})
+    master.finished(WorkerFinished(old_worker, 0, "evicted", metrics={label: InstanceMetrics()}))
+    assert master.snapshot()[label].state_digest == "ab" * 32
