@@ -25,6 +25,7 @@ from replication import Job, KeyedProcessFunction, run
 from replication.chaos import kill_executor, kill_python, locate, pause_executor, resume_executor
 from replication.examples.fraud import PaymentGenerator, build_replicated_job, canonical, generate, reference
 from replication.status import read_status
+from tests.ordered_runs import feed
 
 pytestmark = pytest.mark.integration
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # executors cannot import this module
@@ -135,7 +136,8 @@ def test_unordered_mode_diverges_on_a_two_input_task(stack, spark, topic_prefix,
     """The paper's "no ordering" baseline: two sources into one task, replicated, first come
     first served; the two replicas of the order-sensitive operator end in different states.
     Whether they do depends on timing (two replicas can happen to see the batches in the same
-    order), so up to three runs; one divergence proves the point."""
+    order), so the input also arrives live, in rounds, while the job runs (many interleavings
+    for the two replicas to differ in), and up to three runs; one divergence proves the point."""
     a, b = f"{topic_prefix}a", f"{topic_prefix}b"
     create_topics(stack.bootstrap_servers, {a: 1, b: 1})
     produce(stack.bootstrap_servers, a, [b"a%d" % i for i in range(4000)])
@@ -147,7 +149,10 @@ def test_unordered_mode_diverges_on_a_two_input_task(stack, spark, topic_prefix,
         (merged.key_by(lambda v: "all", prepartitioned=True).process(RunningHash(), name="hash")
          .new_task().map(str, name="noop").sink(f"{topic_prefix}out{attempt}", serializer="str"))
         with caplog.at_level(logging.WARNING, logger="replication.driver"):
-            result = run(job, spark=spark, conf=_conf(stack)).drain(timeout=300)
+            handle = run(job, spark=spark, conf=_conf(stack))
+            handle.wait_started(120)
+            feed(stack, a, b, [], rounds=20, first_round=20 * attempt)
+            result = handle.drain(timeout=300)
         assert any("may diverge" in r.getMessage() and "union" in r.getMessage() for r in caplog.records)
         d0, d1 = result.per_instance["hash[0]r0"].state_digest, result.per_instance["hash[0]r1"].state_digest
         assert d0 and d1
