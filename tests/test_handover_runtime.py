@@ -262,8 +262,10 @@ def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack
 RHINO = {  # LiveRobin: every 20 pulses, about 5 checkpoints a second; KaZoo: every 50 orders, 200 records
     "liverobin": {"rhino__enabled": "true", "rhino__checkpointEvery": "20"},
     "kazoo": {"rhino__enabled": "true", "rhino__checkpointEvery": "50", "rhino__checkpointElements": "200"},
-    # sources checkpoint every 3000 records (a few seconds): restored from before the window
-    "kazoo-sparse": {"rhino__enabled": "true", "rhino__checkpointEvery": "50", "rhino__checkpointElements": "3000"},
+    # sources checkpoint every 3000 records (a few seconds), not every second of record time: restored
+    # from before the window
+    "kazoo-sparse": {"rhino__enabled": "true", "rhino__checkpointEvery": "50", "rhino__checkpointElements": "3000",
+                     "rhino__checkpointInterval": "3600s"},
 }
 
 
