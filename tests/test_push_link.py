@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -17,14 +18,19 @@ from hypothesis import strategies as st
 from merge.queues import InputQueues
 from replication import framing
 from replication.channels import (
+    PUSH_BUSY,
+    PUSH_OK,
     OutputChannel,
     PushLink,
     PushRefused,
+    decode_push_reply,
     decode_pushes,
     encode_pushes,
     receive_pushes,
 )
 from replication.dedup import Dedup
+from replication.instance import ProcessingInstance
+from replication.metrics import InstanceMetrics
 from replication.plan import ChannelSpec
 
 
@@ -181,11 +187,6 @@ def test_a_peer_given_up_fails_the_waiting_sends():
 def _receiving_instance(channels: list[int], capacity: int):
     """The receiving side of ``ProcessingInstance.deliver`` itself (its channel locks, dedup and
     per-channel queues), without a worker around it."""
-    from types import SimpleNamespace
-
-    from replication.instance import ProcessingInstance
-    from replication.metrics import InstanceMetrics
-
     inst = SimpleNamespace(name="chain[0]r1", _channel_locks={c: threading.Lock() for c in channels},
                            _dedup_lock=threading.Lock(), dedup=Dedup(), metrics=InstanceMetrics(),
                            queues=InputQueues(channels, capacity, per_channel=True))
@@ -203,8 +204,6 @@ def test_a_same_worker_sender_waiting_on_a_full_queue_does_not_hold_up_a_remote_
     That call must answer at once (1: busy, 2: delivered): were the waiting sender to hold the
     channel's lock, the call (and every channel behind it) would wait until channel 1 is consumed,
     which a merge waiting for channel 2 never does."""
-    from replication.channels import PUSH_BUSY, PUSH_OK, decode_push_reply
-
     inst, deliver = _receiving_instance([1, 2], capacity=1)
     assert deliver(*_batch(1, 0))  # channel 1 is full now
     local = threading.Thread(target=deliver, args=_batch(1, 1), daemon=True)  # back-pressured

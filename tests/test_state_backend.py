@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import random
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +24,7 @@ from rhino_state import (
     StateBackendClosedError,
     StateContext,
     ValueState,
+    canonical_dumps,
 )
 
 G = 1 << 15
@@ -442,10 +447,6 @@ sys.stdout.write(out.hex())
 
 
 def _pickled_in_process(seed: int, how: str) -> str:
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "PYTHONHASHSEED": str(seed)}
     return subprocess.run([sys.executable, "-c", _SCRIPT, how], env=env, check=True, capture_output=True,
                           text=True).stdout
@@ -460,7 +461,7 @@ def test_state_values_pickle_to_the_same_bytes_whatever_the_process_hash_seed() 
     assert len({_pickled_in_process(seed, "canonical") for seed in range(1, 9)}) == 1
 
 
-values = st.recursive(
+picklable_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5) | st.binary(max_size=5),
     lambda inner: (st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4)
                    | st.sets(st.text(max_size=4) | st.integers(), max_size=5)
@@ -468,11 +469,7 @@ values = st.recursive(
     max_leaves=15)
 
 
-@given(values)
+@given(picklable_values)
 def test_canonical_pickles_load_back_equal(value: Any) -> None:
-    import pickle
-
-    from rhino_state import canonical_dumps
-
     assert pickle.loads(canonical_dumps(value)) == value
     assert canonical_dumps(pickle.loads(canonical_dumps(value))) == canonical_dumps(value)
