@@ -189,6 +189,12 @@ class JobMaster:
             if self.command != "stop":
                 self.command = command
 
+    def _bystander(self, info: WorkerInfo) -> bool:
+        """A relaunched worker that can host nothing (no Rhino checkpoints to restore from): it stays
+        counted dead and is left alone until the job ends.  With Rhino a relaunched worker is live
+        again, and declared dead like any other."""
+        return info.standby and self.rhino is None
+
     def _replica_label(self, t: int, p: int, r: int) -> str:
         return replica_name(self.plan.task(t).name, p, r)
 
@@ -336,7 +342,7 @@ class JobMaster:
         arrived = time.monotonic()  # (before the lock: waiting for it is this driver's delay, not the worker's)
         with self._cond:
             info = self.workers.get(w)
-            if info is None or info.attempt != attempt or (w in self.dead and not info.standby):
+            if info is None or info.attempt != attempt or (w in self.dead and not self._bystander(info)):
                 return Instructions("evicted")  # declared dead while unresponsive, or an old attempt
             info.last_seen = max(info.last_seen, arrived)
             if req.rpc_refused != self.rpc_refused.get(f"worker {w}", 0):
@@ -594,7 +600,7 @@ class JobMaster:
     def all_done(self) -> bool:
         """Every worker has reported its end, or is dead with no relaunch running."""
         with self._cond:
-            return all(w in self.reports or (w in self.dead and not self.workers[w].standby)
+            return all(w in self.reports or (w in self.dead and not self._bystander(self.workers[w]))
                        for w in range(self.num_workers) if w in self.workers) and len(self.workers) > 0
 
     def monitor(self, period_s: float = 0.1) -> None:
@@ -618,7 +624,7 @@ class JobMaster:
                 last_round = now
                 if self.started_at is not None:
                     for w, info in list(self.workers.items()):
-                        if w in self.dead or w in self.reports or (info.standby and self.rhino is None):
+                        if w in self.dead or w in self.reports or self._bystander(info):
                             continue
                         if alive_executors is not None and info.executor not in alive_executors:
                             self._declare_dead(w, f"executor {info.executor} left the cluster")
@@ -661,7 +667,7 @@ class JobMaster:
             "job": self.job_name, "app_id": self.app_id, "driver_pid": os.getpid(), "updated": time.time(),
             "state": state, "control_address": self.control_address,
             "workers": {str(w): {"executor": i.executor, "address": i.address, "python_pid": i.python_pid,
-                                 "attempt": i.attempt, "alive": w not in self.dead or i.standby,
+                                 "attempt": i.attempt, "alive": w not in self.dead or self._bystander(i),
                                  "standby": i.standby} for w, i in self.workers.items()},
             "replicas": {self._replica_label(t, p, r): {"task": t, "partition": p, "replica": r, "worker": w}
                          for (t, p, r), w in self.placement.items()},

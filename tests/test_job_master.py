@@ -7,7 +7,7 @@ import time
 from replication.config import ReplicationConfig
 from replication.driver import JobMaster, WorkerInfo
 from replication.examples.ordered import build_ordered_job
-from replication.messages import Heartbeat, WorkerFinished
+from replication.messages import Heartbeat, Register, WorkerFinished
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 
@@ -132,3 +132,31 @@ def test_an_evicted_worker_s_last_report_does_not_replace_a_restored_replica_s_f
     _beat(master, other, metrics={label: restored})
     master.finished(WorkerFinished(old_worker, 0, "evicted", metrics={label: InstanceMetrics()}))
     assert master.snapshot()[label].state_digest == "ab" * 32
+
+
+# -- a relaunched worker declared dead in turn is stopped, so Spark relaunches it again ----------
+
+def test_a_relaunched_worker_declared_dead_again_is_evicted_when_it_is_heard_from():
+    """Worker 1 is relaunched (a standby that hosts restored replicas and holds checkpoints), then
+    paused past the failure timeout: declared dead, its replicas restored elsewhere.  When it wakes
+    up it must be told to stop (Spark then runs it again as a fresh standby); left running, it
+    stayed dead to the driver for good and its groups lost a member for the rest of the run."""
+    master = _master(mode="kazoo", rhino=True, workers=4)
+    master.start_timeout_s = 1.0
+    with master._cond:
+        master._declare_dead(1, "killed")
+    registered = master.register(Register(1, 1, "9", "127.0.0.1:4901", 4242))
+    assert registered.status == "standby" and 1 not in master.dead
+    assert master.heartbeat(Heartbeat(worker=1, attempt=1)).command != "evicted"
+    with master._cond:
+        master._declare_dead(1, "silent for 2.0s")
+    assert master.heartbeat(Heartbeat(worker=1, attempt=1)).command == "evicted"
+
+
+def test_without_rhino_a_relaunched_worker_stays_a_bystander_and_is_not_evicted():
+    master = _master(mode="liverobin", rhino=False, workers=3)
+    master.start_timeout_s = 1.0
+    with master._cond:
+        master._declare_dead(2, "killed")
+    assert master.register(Register(2, 1, "9", "127.0.0.1:4902", 4242)).status == "standby"
+    assert master.heartbeat(Heartbeat(worker=2, attempt=1)).command != "evicted"
