@@ -319,17 +319,24 @@ class ReplicaStore:
                     f"instance {instance}: the state of checkpoint {checkpoint_id} is no longer available"
                 )
             if inst.completed is not None and inst.completed_dir is not None:
-                if inst.retain_from is not None and inst.completed.checkpoint_id >= inst.retain_from:
-                    inst.older[inst.completed.checkpoint_id] = (inst.completed, inst.completed_dir)
-                else:
-                    shutil.rmtree(inst.completed_dir, ignore_errors=True)
+                self._keep_or_drop(inst, inst.completed, inst.completed_dir)
             inst.completed, inst.completed_dir = meta, snap
-            for old in [i for i in inst.snapshots if i < checkpoint_id]:
-                shutil.rmtree(inst.snapshots.pop(old), ignore_errors=True)
+            # completing a checkpoint completes every earlier one the chain delivered: those a
+            # rollback may still need are kept like any other completed snapshot
+            for old in sorted(i for i in inst.snapshots if i < checkpoint_id):
+                self._keep_or_drop(inst, inst.metas.get(old), inst.snapshots.pop(old))
             for old in [i for i in inst.payloads if i <= checkpoint_id]:
                 _unlink_quietly(inst.payloads.pop(old))
             for old in [i for i in inst.metas if i < checkpoint_id]:
                 del inst.metas[old]
+
+    @staticmethod
+    def _keep_or_drop(inst: _Instance, meta: IncrementMeta | None, snap: str) -> None:
+        """A completed snapshot older than the newest: kept if :meth:`retain` asks for it."""
+        if meta is not None and inst.retain_from is not None and meta.checkpoint_id >= inst.retain_from:
+            inst.older[meta.checkpoint_id] = (meta, snap)
+        else:
+            shutil.rmtree(snap, ignore_errors=True)
 
     def _snapshot(self, inst: _Instance, checkpoint_id: int) -> str:
         """A RocksDB checkpoint (hard-linked) of the standby, which is at ``checkpoint_id``."""

@@ -194,6 +194,28 @@ def test_retained_completed_snapshots_can_be_restored_for_a_rollback(
     assert store.completed_ids(INSTANCE) == [5]
 
 
+def test_checkpoints_completed_together_are_all_kept_for_a_rollback(
+    tmp_path: Path, origin: Origin, store: ReplicaStore
+) -> None:
+    """The member applied 2, 3 and 4 before it heard that 4 completed (the driver's view names
+    only the latest): completing 4 completes 2 and 3 as well, and those the driver may roll back
+    to (from 3 on) are kept, not thrown away with the uncompleted snapshots."""
+    store.retain(INSTANCE, 3)
+    for cid in range(1, 5):
+        origin.write(cid * 3, cid * 3 + 10, b"v%d" % cid)
+        store.apply(*origin.checkpoint(cid))
+        if cid == 1:
+            store.complete(INSTANCE, 1)
+    store.complete(INSTANCE, 4)
+    assert store.completed_ids(INSTANCE) == [3, 4]
+    meta = store.restore(INSTANCE, tmp_path / "r3", 3)
+    assert meta == origin.metas[3]
+    with RocksDBStateBackend(tmp_path / "r3", instance=INSTANCE) as backend:
+        assert content(backend) == origin.contents[3] and backend.last_checkpoint_id == 3
+    inst_dir = tmp_path / "store" / "t2-p0"
+    assert sorted(p.name for p in inst_dir.iterdir() if p.name.startswith("snap")) == ["snap-3", "snap-4"]
+
+
 def test_restore_while_later_increments_are_applied(
     tmp_path: Path, origin: Origin, store: ReplicaStore
 ) -> None:
