@@ -45,6 +45,7 @@ class KazooOrderer:
         idle_timeout_s: float = 0.002,
         hold_limit: int = 4096,
         checkpoint_every: int = 0,
+        checkpoint_mark: Callable[[tuple], bool] | None = None,
         name: str = "",
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -53,7 +54,7 @@ class KazooOrderer:
             raise ValueError("KaZoo needs per-channel input queues (InputQueues(per_channel=True))")
         self.queues = queues
         self.name = name
-        self.applier = OrderApplier(queues.channels, checkpoint_every)
+        self.applier = OrderApplier(queues.channels, checkpoint_every, checkpoint_mark)
         self.proposer = OrderProposer(self.applier, max_batch=max_batch, min_batch=min_batch,
                                       idle_timeout_s=idle_timeout_s)
         self.hold_limit = max(hold_limit, max_batch)

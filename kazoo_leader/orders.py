@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 import struct
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 # Element kinds (first tuple field).  Only END matters here; they are the runtime's
@@ -129,15 +129,19 @@ class Order:
 class OrderApplier:
     """Consumes the input channels in the order the accepted log records give (every replica)."""
 
-    def __init__(self, channels: Iterable[int], checkpoint_every: int = 0) -> None:
+    def __init__(self, channels: Iterable[int], checkpoint_every: int = 0,
+                 checkpoint_mark: Callable[[tuple], bool] | None = None) -> None:
         self.channels: list[int] = sorted(set(channels))
         if not self.channels:
             raise ValueError("an order applier needs at least one input channel")
-        # Rhino: every checkpoint_every-th accepted record, once it and all before it are applied,
+        # Rhino: every checkpoint_every-th accepted record, and every record holding an element
+        # checkpoint_mark is true of (e.g. its record time enters a new interval: a function of the
+        # applied sequence, so the same on every replica), once it and all before it are applied,
         # pull() stops there and sets checkpoint_due to the state a restore continues from
         self.checkpoint_every = checkpoint_every
+        self.checkpoint_mark = checkpoint_mark if checkpoint_every else None
         self.checkpoint_due: ApplierState | None = None
-        self._records: deque[list] = deque()  # accepted, not fully applied: [number, offset, remaining]
+        self._records: deque[list] = deque()  # accepted, not fully applied (see on_record)
         self._queues: dict[int, deque[tuple]] = {c: deque() for c in self.channels}
         self._received = dict.fromkeys(self.channels, 0)
         self._covered = dict.fromkeys(self.channels, 0)
@@ -185,8 +189,8 @@ class OrderApplier:
         self.epoch = order.epoch
         self.last_seq = order.seq
         self.accepted += 1
-        if self.checkpoint_every:
-            self._records.append([self.accepted, order.offset, order.size, order.epoch, order.seq])
+        if self.checkpoint_every:  # [number, offset, remaining, epoch, seq, marked]
+            self._records.append([self.accepted, order.offset, order.size, order.epoch, order.seq, False])
         for channel, count in order.entries:
             self._covered[channel] += count
             if self._runs and self._runs[-1][0] == channel:
@@ -229,10 +233,13 @@ class OrderApplier:
                 take = min(take, self._records[0][2])
             if take == 0:
                 break  # blocked on this channel
+            mark = self.checkpoint_mark if self._records else None
             for _ in range(take):
                 element = queue.popleft()
                 if element[0] == END:
                     self._ended.add(channel)
+                elif mark is not None and mark(element):
+                    self._records[0][5] = True
                 out.append((channel, element))
             self._applied[channel] += take
             run[1] -= take
@@ -248,8 +255,8 @@ class OrderApplier:
         """Pop the fully applied records in order; True if one of them is a checkpoint position."""
         records = self._records
         while records and records[0][2] == 0:
-            number, offset, _, epoch, seq = records.popleft()
-            if number % self.checkpoint_every == 0:
+            number, offset, _, epoch, seq, marked = records.popleft()
+            if marked or number % self.checkpoint_every == 0:
                 self.checkpoint_due = ApplierState(number, offset, epoch, seq, dict(self._applied),
                                                    sorted(self._ended))
                 return True

@@ -298,10 +298,12 @@ class ReplicationConfig:
     )
     rhino_checkpoint_interval_ms: int = _key(
         "rhino.checkpointInterval", DURATION, 1_000,
-        "`kazoo` mode: sources and tasks with one input channel, which checkpoint by count, also checkpoint "
-        "before a record whose time (its Kafka timestamp at a source, its event time downstream) enters a new "
-        "interval of this length, so that a slow partition has recent checkpoints too; both replicas meet the "
-        "same records, so they checkpoint at the same ones.", min=1, max=3_600_000,
+        "`kazoo` mode: besides their count-based checkpoints, sources and tasks with one input channel "
+        "also checkpoint before a record whose time (its Kafka timestamp at a source, its event time "
+        "downstream) enters a new interval of this length, and partitions with an order log after the "
+        "order record holding such a record, so that slow partitions and large orders have recent "
+        "checkpoints too; both replicas meet the same records in the same order, so they checkpoint at "
+        "the same ones.", min=1, max=3_600_000,
     )
     rhino_backup_limit: int = _key(
         "rhino.backupLimit", INT, 4_096,

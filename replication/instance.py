@@ -210,6 +210,10 @@ class PartitionInstance:
             self._time_bucket, bucket)
         return known is not None and bucket > known
 
+    def _record_enters_new_interval(self, element: tuple) -> bool:
+        """An ordered partition also checkpoints after the order record holding such a record."""
+        return element[0] == DATA and self._new_interval(element[3])
+
     def take_checkpoint(self, checkpoint_id: int, runtime: dict[str, Any]) -> None:
         """Checkpoint the state as it is now, at a position both replicas share; the runtime
         state (positions, orderer, operators, output seqs) rides along."""
@@ -429,7 +433,7 @@ class ProcessingInstance(PartitionInstance):
             self.queues, publish_while_leader, max_batch=cfg.kazoo_max_batch, min_batch=cfg.kazoo_min_batch,
             idle_timeout_s=cfg.kazoo_idle_timeout_ms / 1000,
             hold_limit=max(4 * cfg.channel_batch_size, 2 * cfg.kazoo_max_batch),
-            checkpoint_every=self.checkpoint_every, name=self.name)
+            checkpoint_every=self.checkpoint_every, checkpoint_mark=self._record_enters_new_interval, name=self.name)
         self._order_log = order_log
         if not self.restoring:  # (a restored replica reads the log from its checkpoint on: restore_from)
             self._publish_order = self.worker.order_log().register(

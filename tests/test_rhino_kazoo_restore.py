@@ -63,3 +63,47 @@ def test_a_restored_applier_continues_like_the_original(seqs, seed, every):
         again = consume(restored, log, state.offset + 1, rest, rnd)
         assert again == out[consumed:]
         assert restored.finished
+
+
+
+def marked(element: tuple) -> bool:
+    """A stand-in for "this record's time enters a new interval": a function of the element."""
+    return element[0] == 0 and element[1].endswith(("-1", "-4"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(channel_sequences(), st.integers(0, 2**32), st.integers(1, 50))
+def test_records_holding_a_marked_element_are_checkpoints_too_on_every_replica(seqs, seed, every):
+    """Besides every ``every``-th accepted record, each record holding a marked element is a
+    checkpoint (large orders still checkpoint often): the same records whatever the arrival
+    interleaving, so both replicas take the same checkpoints, and a restore from any of them
+    continues exactly."""
+    rnd = random.Random(seed)
+    cluster = Cluster(seqs, rnd)
+    cluster.elect(0, others_resign=True)
+    for _ in range(rnd.randint(0, 200)):
+        cluster.step()
+    cluster.finish()
+    log = cluster.log
+    judge, sizes = OrderApplier(seqs), []  # the accepted records' sizes, in log order
+    for i, data in enumerate(log):
+        order = Order.decode(data, offset=i)
+        if judge.on_record(order):
+            sizes.append(order.size)
+    for _ in range(2):  # two replicas: the same log, their inputs arriving in other chunks
+        checkpoints: list = []
+        applier = OrderApplier(seqs, checkpoint_every=every, checkpoint_mark=marked)
+        out = consume(applier, log, 0, seqs, rnd, checkpoints)
+        assert applier.finished and out == cluster.replicas[0].out
+        expected, end = [], 0
+        for number, size in enumerate(sizes, 1):
+            start, end = end, end + size
+            if number % every == 0 or any(marked(e) for _, e in out[start:end]):
+                expected.append((number, end))
+        assert [(state.number, consumed) for state, consumed in checkpoints] == expected
+    for state, consumed in checkpoints:
+        restored = OrderApplier(seqs, checkpoint_every=every, checkpoint_mark=marked)
+        restored.restore(state)
+        rest = {c: seq[state.applied.get(c, 0):] for c, seq in seqs.items()}
+        again = consume(restored, log, state.offset + 1, rest, rnd)
+        assert again == out[consumed:]
