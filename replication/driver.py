@@ -522,15 +522,19 @@ class JobMaster:
                 self.event(f"replica group of {self.plan.task(tt).name}[{pp}] is now workers {group}")
             self._restores_done += 1
             self.moves[replica] = (host, address, reply.positions, self._restores_done)
-            # caught up: at the pulse its twin had (after a rollback: the furthest either replica had)
+            # caught up: where its twin was (after a rollback: the furthest either replica was), by
+            # pulses in LiveRobin, by the checkpoints both replicas take at the same positions in KaZoo
             sibling = self.metrics.get(self._replica_label(t, p, 1 - r))
             itself = self.metrics.get(self._replica_label(t, p, r)) if rollback else None
+            known = [m for m in (sibling, itself) if m is not None]
             now = time.time()
             self._catching_up[replica] = {
                 "replica": name, "worker": host, "checkpoint_id": reply.checkpoint_id,
                 "failed_at": dead_at, "restored_at": now, "load_s": reply.load_s,
                 "restore_s": reply.restore_s, "rollback": rollback,
-                "target_pulse": max(reply.pulse, sibling.pulse if sibling else 0, itself.pulse if itself else 0)}
+                "target_pulse": max([reply.pulse, *(m.pulse for m in known)]),
+                "target_checkpoint": (max([reply.checkpoint_id, *(m.checkpoint_id for m in known)])
+                                      if self.mode == "kazoo" else -1)}
             self.event(f"{name} {'rolled back' if rollback else 'restored'} on worker {host} from checkpoint "
                        f"{reply.checkpoint_id} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
                        "failure); its upstreams replay from their backups")
@@ -540,7 +544,8 @@ class JobMaster:
         """A restored replica that reached the pulse its twin had at the restore: two replicas again."""
         for replica, rec in list(self._catching_up.items()):
             m = self.metrics.get(rec["replica"])
-            if m is not None and m.restored_from >= 0 and m.pulse >= rec["target_pulse"]:
+            if m is not None and m.restored_from >= 0 and m.pulse >= rec["target_pulse"] \
+                    and max(m.checkpoint_id, m.restored_from) >= rec["target_checkpoint"]:
                 del self._catching_up[replica]
                 now = time.time()
                 rec.update(caught_up_at=now, recovery_s=now - rec["failed_at"])

@@ -7,7 +7,7 @@ import time
 from replication.config import ReplicationConfig
 from replication.driver import JobMaster, WorkerInfo
 from replication.examples.ordered import build_ordered_job
-from replication.messages import Heartbeat, Register, WorkerFinished
+from replication.messages import Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 
@@ -160,3 +160,39 @@ def test_without_rhino_a_relaunched_worker_stays_a_bystander_and_is_not_evicted(
         master._declare_dead(2, "killed")
     assert master.register(Register(2, 1, "9", "127.0.0.1:4902", 4242)).status == "standby"
     assert master.heartbeat(Heartbeat(worker=2, attempt=1)).command != "evicted"
+
+
+# -- a restored replica is caught up once it is where its twin was ------------------------------
+
+class _RestoringPeer:
+    def __init__(self, checkpoint_id: int) -> None:
+        self.checkpoint_id = checkpoint_id
+
+    def call(self, method: str, request: object, reply_type: type, timeout: float) -> object:
+        assert method == "Restore"
+        return Restored(self.checkpoint_id, {}, 0.01, 0.02, pulse=0)
+
+
+def test_in_kazoo_a_restored_replica_catches_up_at_the_checkpoint_its_twin_had_taken():
+    """KaZoo has no pulses to compare: the replica restored from checkpoint 100 is caught up once
+    it took the checkpoint its twin had taken at the restore (250), not at once."""
+    master = _master(mode="kazoo", rhino=True, workers=4)
+    replica = _replicas(master, "chain")[0]
+    t, p, r = replica
+    twin = master._replica_label(t, p, 1 - r)
+    label = master._replica_label(*replica)
+    master.metrics[twin] = InstanceMetrics(checkpoint_id=250)
+    host = next(w for w in master.workers if w not in master.rhino.replica_workers((t, p)))
+    address = master.workers[host].address
+    master._peers[address] = _RestoringPeer(100)
+    with master._cond:
+        master.lost[replica] = time.time()
+    master._restore(replica, host, address, RestoreReplica(replica, 100, {}, {}, {}, 1), rollback=False)
+    assert replica in master._catching_up
+    with master._cond:
+        master.metrics[label] = InstanceMetrics(restored_from=100, checkpoint_id=200)
+        master._check_caught_up()
+        assert replica in master._catching_up
+        master.metrics[label] = InstanceMetrics(restored_from=100, checkpoint_id=250)
+        master._check_caught_up()
+        assert replica not in master._catching_up and master.recoveries[-1]["replica"] == label
