@@ -57,6 +57,8 @@ FAULTS = {
 FAILURE_TIMEOUT_MS = 2_000
 STAGES = ("lost", "restoring", "catching up", "not restorable")  # what unhealthy() says, in order
 HEALTHY_TIMEOUT_S = 90.0  # a fault not recovered from within this is not survived
+SLOW_S = 20.0  # a fault not recovered from within this: the replicas' figures are printed
+TRAIL = 16  # why-not-healthy changes kept per fault (JSON report): the first and the latest
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -300,6 +302,15 @@ def unhealthy(handle: Any) -> str:
         return "not restorable: " + ", ".join(bare) if bare else ""
 
 
+def say_replicas(handle: Any, say: Callable[[str], None], what: str) -> None:
+    """Where each unfinished replica stands (for a fault not recovered from, or a failed drain)."""
+    for name, m in sorted(handle.master.snapshot().items()):
+        if not m.finished:
+            say(f"   {what}: {name}: in {m.records_in}, queue {m.queue_batches}, pulse {m.pulse}, "
+                f"leader {m.leader}, order epoch {m.order_epoch}, orders {m.orders_accepted}, "
+                f"checkpoint {m.checkpoint_id}, restored from {m.restored_from}")
+
+
 def healthy(handle: Any) -> bool:
     return not unhealthy(handle)
 
@@ -459,8 +470,14 @@ class SoakReport:
 
 
 def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, executors: int = 5, workers: int = 4,
-             gap_s: float = 12.0, bad_every: int = 250, say: Callable[[str], None] = print) -> SoakReport:
-    """Run one soak (its own stack and Spark) and verify it; see the module docstring."""
+             gap_s: float = 12.0, bad_every: int = 250, say: Callable[[str], None] = print,
+             faults: tuple[str, ...] | None = None) -> SoakReport:
+    """Run one soak (its own stack and Spark) and verify it; see the module docstring.  ``faults``
+    narrows the mode's catalogue (default: all of it)."""
+    catalogue = FAULTS[mode] if not faults else tuple(faults)
+    unknown = sorted(set(catalogue) - set(FAULTS[mode]))
+    if unknown:
+        raise ValueError(f"faults {unknown} are not in the {mode} catalogue {list(FAULTS[mode])}")
     from deploy.stack import EmbeddedStack, require_java17
     from replication.spark_cluster import build_session, stop_session
 
@@ -469,13 +486,15 @@ def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, execu
     with embedded:
         spark = build_session(f"local-cluster[{executors},1,512]", app_name=f"replication-soak-{mode}")
         try:
-            return _soak(embedded, spark, mode, duration_s, seed, rate, executors, workers, gap_s, bad_every, say)
+            return _soak(embedded, spark, mode, duration_s, seed, rate, executors, workers, gap_s, bad_every, say,
+                         catalogue)
         finally:
             stop_session(spark)
 
 
 def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, rate: float, executors: int,
-          workers: int, gap_s: float, bad_every: int, say: Callable[[str], None]) -> SoakReport:
+          workers: int, gap_s: float, bad_every: int, say: Callable[[str], None],
+          catalogue: tuple[str, ...]) -> SoakReport:
     from deploy.topics import create_topics
     from replication import run
     from replication.driver import JobFailedError
@@ -508,7 +527,7 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
         next_at = started + rnd.uniform(0.5, 1.0) * gap_s
         while next_at < started + duration_s - 10 and not handle.master.failure:
             time.sleep(max(0.0, next_at - time.monotonic()))
-            kind = rnd.choice(FAULTS[mode])
+            kind = rnd.choice(catalogue)
             fault = Fault(kind, time.monotonic() - started)
             injected = time.monotonic()
             try:
@@ -523,9 +542,12 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
             while not all(n() for n in noticed) and time.monotonic() < deadline and not handle.master.failure:
                 time.sleep(0.05)  # (healthy before the driver noticed the fault means nothing)
             fault.phases["noticed"] = time.monotonic() - injected
+            told_slow = False
             while True:
                 why = unhealthy(handle)
-                if why and (not fault.trail or fault.trail[-1][1] != why) and len(fault.trail) < 12:
+                if why and (not fault.trail or fault.trail[-1][1] != why):
+                    if len(fault.trail) >= TRAIL:
+                        del fault.trail[TRAIL // 2]
                     fault.trail.append((round(time.monotonic() - injected, 1), why))
                 stage = why.split(":", 1)[0]
                 rank = STAGES.index(stage) if stage in STAGES else len(STAGES)
@@ -534,6 +556,10 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
                         fault.phases[phase] = time.monotonic() - injected
                 if not why or time.monotonic() >= deadline or handle.master.failure:
                     break
+                if time.monotonic() - injected > SLOW_S and not told_slow:
+                    told_slow = True
+                    say(f"   {fault.at_s:6.1f}s {kind}: not healthy after {SLOW_S:.0f} s: {why}")
+                    say_replicas(handle, say, "replica")
                 time.sleep(0.1)
             if healthy(handle):
                 fault.recovered_s, fault.survived = time.monotonic() - injected, True
@@ -552,11 +578,7 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
     except (JobFailedError, TimeoutError) as exc:
         report.status, report.failure = "failed", str(exc)
         say(f"== job failed: {exc}")
-        for name, m in sorted(handle.master.snapshot().items()):
-            if not m.finished:
-                say(f"   not finished: {name}: in {m.records_in}, queue {m.queue_batches}, pulse {m.pulse}, "
-                    f"leader {m.leader}, order epoch {m.order_epoch}, orders {m.orders_accepted}, "
-                    f"restored from {m.restored_from}")
+        say_replicas(handle, say, "not finished")
         handle.stop()
         return report
     outputs = [json.loads(r.value) for r in read_topic(stack.bootstrap_servers, out_topic)]
@@ -585,11 +607,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=4,
                         help="workers hosting the job (default 4; the other executors are spares)")
     parser.add_argument("--gap", type=float, default=12.0, help="seconds between faults (default 12)")
+    parser.add_argument("--faults", metavar="KIND,...", default="",
+                        help="draw only these faults (default: the whole catalogue of the mode)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
 
 
 def command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
+    unknown = sorted(set(faults) - set(FAULTS[args.mode]))
+    if unknown:
+        print(f"error: --faults: {', '.join(unknown)} not in the {args.mode} catalogue "
+              f"({', '.join(FAULTS[args.mode])})", file=sys.stderr)
+        return 2
     try:
         import kafka  # noqa: F401 - the checking reader: another client than the runtime's
     except ImportError:
@@ -597,7 +627,8 @@ def command(args: argparse.Namespace) -> int:
               "(./dev installs it with the development dependencies)", file=sys.stderr)
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    report = run_soak(args.mode, args.duration, seed, args.rate, args.executors, args.workers, args.gap)
+    report = run_soak(args.mode, args.duration, seed, args.rate, args.executors, args.workers, args.gap,
+                      faults=faults)
     print("\n".join(report.lines()))
     if args.json:
         with open(args.json, "w") as f:
