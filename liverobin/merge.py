@@ -32,11 +32,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 # Element kinds (first tuple field) the merge acts on; the rest is payload to it.  They are the
 # runtime's (replication.elements, pinned by a test): liverobin does not import the runtime.
 END = 2
 PULSE = 3
+_kind = itemgetter(0)
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class LiveRobinMerge:
         self.next: int = self.channels[0]
         self.gen = 0  # highest pulse seen
         self._queues: dict[int, deque[tuple]] = {c: deque() for c in self.channels}
+        self._pulses = dict.fromkeys(self.channels, 0)  # pulses pushed and not consumed yet
         self.checkpoint_every = checkpoint_every
         self.states: dict[int, MergeState] = {}
 
@@ -79,6 +82,7 @@ class LiveRobinMerge:
         self.open, self.active = set(open_), set(active)
         for queue in self._queues.values():
             queue.clear()
+        self._pulses = dict.fromkeys(self.channels, 0)
         self.states.clear()
 
     # -- input ---------------------------------------------------------------------------
@@ -87,6 +91,12 @@ class LiveRobinMerge:
         if channel not in self._queues:
             raise KeyError(f"channel {channel} is not an input of this merge")
         self._queues[channel].extend(elements)
+        self._pulses[channel] += list(map(_kind, elements)).count(PULSE)
+
+    def holds_pulse(self, channel: int) -> bool:
+        """Whether a pulse of ``channel`` was pushed and is not consumed yet: the merge holds the
+        rest of that channel's current cycle."""
+        return self._pulses[channel] > 0
 
     # -- output --------------------------------------------------------------------------
     @property
@@ -112,6 +122,7 @@ class LiveRobinMerge:
         kind = element[0]
         forward = False
         if kind == PULSE:
+            self._pulses[channel] -= 1
             h = element[1]
             if h > self.gen:
                 forward = True

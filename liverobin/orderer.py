@@ -1,11 +1,19 @@
 """LiveRobin as the orderer of a partition instance: the merge fed from the input queues.
 
-The merge holds at most the batch it is working through per channel; everything else stays
-in the bounded per-channel input queues, so back-pressure still reaches the senders and a
-channel the merge waits for is never stuck behind the others (``InputQueues(per_channel=True)``).
+Input stays in the bounded per-channel input queues (``InputQueues(per_channel=True)``), so
+back-pressure reaches the senders and a channel the merge waits for is never stuck behind the
+others, with one exception.  While the merge waits for one channel, it takes in the other
+channels' current cycles (up to and including their next pulse).  Bounded queues alone can
+deadlock: an upstream that feeds several partitions blocks on the full queue of one of them, the
+one whose merge waits for another upstream, itself blocked on the full queue of the first
+upstream's partner.  Holding one cycle per channel, every upstream can always emit the cycle the
+slowest merge needs, so no cycle of waits can form; a cycle's size is bounded at the sources
+(``liverobin.maxPulseStep``).
 """
 
 from __future__ import annotations
+
+import time
 
 from liverobin.merge import LiveRobinMerge
 from merge.queues import InputQueues
@@ -29,17 +37,26 @@ class LiveRobinOrderer:
 
     def next_runs(self, timeout: float) -> list[tuple[int, list]]:
         """Everything consumable now; waits up to ``timeout`` only while nothing is."""
-        merge = self.merge
+        merge, queues = self.merge, self.queues
         steps = merge.pull(PULL_LIMIT)
+        deadline: float | None = None
         while len(steps) < PULL_LIMIT:
             channel = merge.blocked_on
             if channel is None:
                 break
-            batch = self.queues.take_from(channel, 0 if steps else timeout)
-            if batch is None:
+            batch = queues.take_from(channel, 0)
+            if batch is not None:
+                merge.push(channel, batch)
+                steps += merge.pull(PULL_LIMIT - len(steps))
+                continue
+            others = self._take_cycles(channel)
+            if steps:
                 break
-            merge.push(channel, batch)
-            steps += merge.pull(PULL_LIMIT - len(steps))
+            now = time.monotonic()
+            deadline = now + timeout if deadline is None else deadline
+            if now >= deadline or queues.closed:
+                break
+            queues.wait([channel, *others], deadline - now)
         runs: list[tuple[int, list]] = []
         for step in steps:
             if runs and runs[-1][0] == step.channel:
@@ -47,3 +64,19 @@ class LiveRobinOrderer:
             else:
                 runs.append((step.channel, [step.element]))
         return runs
+
+    def _take_cycles(self, waiting_for: int) -> list[int]:
+        """Move the other channels' queued batches into the merge up to their next pulse; the
+        channels that may still need taking from (no pulse held yet)."""
+        merge, queues = self.merge, self.queues
+        open_ = []
+        for c in merge.channels:
+            if c == waiting_for or c not in merge.open:
+                continue
+            while not merge.holds_pulse(c):
+                batch = queues.take_from(c, 0)
+                if batch is None:
+                    open_.append(c)
+                    break
+                merge.push(c, batch)
+        return open_

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
+import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +13,7 @@ from hypothesis import strategies as st
 
 from liverobin import LiveRobinOrderer, PulseLog, PulsePlacer, PulseRecord, next_pulse
 from merge import InputQueues
+from merge.queues import QueuesClosed
 from replication.elements import DATA, END_ELEMENT, pulse
 
 T = "payments"
@@ -131,6 +135,55 @@ def test_orderer_feeds_the_merge_from_per_channel_queues():
     runs = o.next_runs(0.01)  # round robin per element; then channel 1's turn again (END waits)
     assert runs == [(0, [(DATA, "a1")]), (1, [(DATA, "b1")]), (0, [(DATA, "a2")]), (1, [pulse(1)]), (0, [pulse(1)])]
     assert o.gen == 1 and q.size() == 0 and o.merge.blocked_on == 1
+
+
+def _cross_fed(cycles: int, per_cycle: int, capacity: int, timeout_s: float) -> list[int]:
+    """Two upstreams each feeding two LiveRobin downstreams (hash partitioning, skewed) through
+    bounded per-channel queues: per cycle, ``per_cycle`` one-element batches to its near downstream,
+    then one to the far one.  Elements each downstream consumed within ``timeout_s``."""
+    #     (downstream, channel): near first        D0 reads channels 0 (U0), 1 (U1); D1 2 (U1), 3 (U0)
+    channels = {"U0": [(0, 0), (1, 3)], "U1": [(1, 2), (0, 1)]}
+    queues = [InputQueues([0, 1], capacity, per_channel=True), InputQueues([2, 3], capacity, per_channel=True)]
+    orderers = [LiveRobinOrderer(q) for q in queues]
+    consumed = [0, 0]
+
+    def upstream(name: str) -> None:
+        with contextlib.suppress(QueuesClosed):
+            (near, near_ch), (far, far_ch) = channels[name]
+            for h in range(1, cycles + 1):  # most of the cycle to one downstream, then one to the other
+                for i in range(per_cycle):
+                    queues[near].put(near_ch, [(DATA, f"{name}-{h}-{i}")])
+                queues[far].put(far_ch, [(DATA, f"{name}-{h}-far")])
+                for d, ch in channels[name]:
+                    queues[d].put(ch, [pulse(h)])
+            for d, ch in channels[name]:
+                queues[d].put(ch, [END_ELEMENT])
+
+    def downstream(d: int) -> None:
+        while not orderers[d].merge.finished and not queues[d].closed:
+            for _, elements in orderers[d].next_runs(0.05):
+                consumed[d] += len(elements)
+
+    threads = [threading.Thread(target=upstream, args=(n,), daemon=True) for n in channels]
+    threads += [threading.Thread(target=downstream, args=(d,), daemon=True) for d in (0, 1)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    for q in queues:
+        q.close()
+    return consumed
+
+
+def test_a_cycle_larger_than_the_queues_cannot_deadlock_a_cross_fed_merge():
+    """D0 waits for U0's cycle while U0 waits for room at D1, which waits for U1's cycle while U1
+    waits for room at D0: with bounded queues alone, a cycle bigger than a queue stops all four for
+    good (seen after restores, when one pulse cycle carried many batches).  A merge waiting for one
+    channel takes the current cycle of the others in, so every upstream can finish its cycle."""
+    cycles, per_cycle = 5, 20
+    expected = cycles * (per_cycle + 1) + cycles * 2 + 2  # near: data, pulse; far: one datum, pulse; ENDs
+    assert _cross_fed(cycles, per_cycle, capacity=2, timeout_s=20) == [expected, expected]
 
 
 # ---------------------------------------------------------------------------------- KaZoo windows
