@@ -343,16 +343,20 @@ class OutputChannel:
             self._current = []
             self._cond.notify_all()
 
-    def cut_off(self, replica: int, reason: str) -> None:
-        """Stop sending to ``replica``, as the driver says (its worker was declared dead): not reported."""
+    def cut_off(self, replica: int, reason: str, worker: int | None = None) -> None:
+        """Stop sending to ``replica``, as the driver says (its worker was declared dead): not
+        reported.  With ``worker``: only while the replica is still sent to there (it may have
+        been restored elsewhere since)."""
         with self._cond:
-            self._cut_off(replica, reason, report=False)
+            if self._sent_to(replica, worker):
+                self._cut_off(replica, reason, report=False)
 
-    def retire(self, replica: int) -> None:
+    def retire(self, replica: int, worker: int | None = None) -> None:
         """Stop sending to ``replica`` because it finished: it received END on this channel (from
-        either upstream replica), so it has everything; this counts as delivered."""
+        either upstream replica), so it has everything; this counts as delivered.  With ``worker``:
+        only while the replica is still sent to there."""
         with self._cond:
-            if self._alive[replica]:
+            if self._alive[replica] and self._sent_to(replica, worker):
                 self._retired[replica] = True
                 self._alive[replica] = False
                 self._trim()
@@ -401,6 +405,10 @@ class OutputChannel:
             self._cond.notify_all()
 
     # -- internals (caller holds the condition) ----------------------------------------------
+    def _sent_to(self, replica: int, worker: int | None) -> bool:
+        known = self._destinations[replica]
+        return worker is None or known is None or known == worker
+
     def _cut_off(self, replica: int, reason: str, report: bool = True) -> None:
         if self._alive[replica]:
             self._alive[replica] = False

@@ -636,12 +636,12 @@ class Worker:
             self._drop(reply.drop)
         for w in set(reply.dead) - self.dead_workers:
             self.dead_workers.add(w)
-            for ch, r in self._transports_to.get(w, ()):
-                ch.cut_off(r, f"worker {w} declared dead by the driver")
+            for ch, r in self._transports_to.get(w, ()):  # (a replica restored elsewhere since is spared)
+                ch.cut_off(r, f"worker {w} declared dead by the driver", worker=w)
         for w in set(reply.finished) - self.finished_workers:
             self.finished_workers.add(w)
             for ch, r in self._transports_to.get(w, ()):
-                ch.retire(r)
+                ch.retire(r, worker=w)
         for inst in list(self.instances.values()):
             self._apply_roles(reply.sinks, inst)
         if reply.handovers:

@@ -166,3 +166,23 @@ def test_a_sender_that_is_behind_sends_the_waiting_batches_in_one_call():
     assert got == [("d", i) for i in range(20)]
     assert len(calls) < 20 and all(count <= 8 for _, count in calls)
     assert [first for first, _ in calls] == sorted(first for first, _ in calls)
+
+
+def test_the_driver_s_word_about_a_worker_spares_a_replica_restored_elsewhere_since():
+    """Replica 0 of the destination ran on worker 1 and was restored on worker 3: when worker 1 is
+    declared dead (again, after a relaunch) or finishes, the channel keeps sending to replica 0 on
+    worker 3.  It used to cut it off, and the restored replica waited for that channel for good."""
+    sent: list = []
+    spec = ChannelSpec(id=7, edge_id=0, src_task=2, src_partition=1, dst_task=3, dst_partition=1)
+    ch = OutputChannel(spec, [_collecting_transport(sent), _collecting_transport([])], batch_size=1,
+                       buffer_timeout_s=0.001, retain=True, destinations=[1, 2])
+    ch.cut_off(0, "worker 1 declared dead", worker=1)
+    assert ch.live_replicas == [1]
+    ch.rejoin(0, _collecting_transport(sent), 0, worker=3)
+    ch.cut_off(0, "worker 1 declared dead by the driver", worker=1)
+    ch.retire(0, worker=1)
+    assert ch.live_replicas == [0, 1]
+    ch.emit(("d", 1))
+    ch.cut_off(0, "worker 3 declared dead by the driver", worker=3)
+    assert ch.live_replicas == [1]
+    assert ch.close(2)
