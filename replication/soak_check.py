@@ -1,0 +1,119 @@
+"""The fault soak's verdict: the output and dead-letter topics read with kafka-python (another
+Kafka client than the runtime's) and checked record by record: every input event exactly once,
+each key's records a gapless hash chain in the order of its sources with consistent counts,
+every malformed record dead-lettered exactly once, both replicas of every partition ending with
+equal state and no checkpoint divergence (:mod:`replication.soak` runs the job)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from replication.examples.ordered import chain_step
+
+
+def read_topic(bootstrap: str, topic: str, quiet_s: float = 3.0, timeout_s: float = 120.0) -> list[Any]:
+    """Every record of ``topic`` with kafka-python (not the runtime's client): read until each
+    partition is at the high watermark its fetches report and nothing new came for ``quiet_s``."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                             consumer_timeout_ms=500)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not (known := consumer.partitions_for_topic(topic)):  # None until metadata came in
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no metadata for {topic} within {timeout_s}s")
+            consumer.topics()  # asks the broker
+            time.sleep(0.1)
+        parts = [TopicPartition(topic, p) for p in sorted(known)]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        records: list[Any] = []
+        last_new = time.monotonic()
+        while time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=500, max_records=5000)
+            for recs in batch.values():
+                records.extend(recs)
+            if batch:
+                last_new = time.monotonic()
+            at_end = all((hw := consumer.highwater(tp)) is not None and consumer.position(tp) >= hw for tp in parts)
+            if at_end and time.monotonic() - last_new >= quiet_s:
+                return records
+        raise TimeoutError(f"reading {topic} did not reach its end within {timeout_s}s")
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Verdict:
+    events: int = 0
+    records: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    broken_keys: list[str] = field(default_factory=list)  # chain gaps, wrong links or counts, reordered
+    dead_letters_expected: int = 0
+    dead_letters: int = 0
+    dead_letters_missing: int = 0
+    dead_letters_duplicated: int = 0
+    replicas_compared: int = 0
+    replicas_differing: list[str] = field(default_factory=list)
+    divergences: int = 0
+
+    @property
+    def exact(self) -> bool:
+        return not (self.lost or self.duplicated or self.unexpected or self.broken_keys
+                    or self.dead_letters_missing or self.dead_letters_duplicated or self.replicas_differing
+                    or self.divergences)
+
+
+def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, int]],
+           malformed: set[tuple[str, int, int]], sources: Sequence[str]) -> Verdict:
+    """Exactly once, per-key chains in their sources' order with consistent counts, dead letters
+    exactly once (the replicas' part is added by :func:`compare_replicas`).  An event id is
+    ``<source>-<index>``, the indexes increasing per source."""
+    v = Verdict(events=len(ids), records=len(outputs))
+    seen: dict[str, int] = {}
+    for rec in outputs:
+        seen[rec["id"]] = seen.get(rec["id"], 0) + 1
+    expected = set(ids)
+    v.lost = len(expected - set(seen))
+    v.duplicated = sum(n - 1 for n in seen.values() if n > 1)
+    v.unexpected = len(set(seen) - expected)
+    by_key: dict[str, list[dict]] = {}
+    for rec in outputs:
+        by_key.setdefault(rec["key"], []).append(rec)
+    for key, recs in sorted(by_key.items()):
+        recs = sorted({r["n"]: r for r in recs}.values(), key=lambda r: r["n"])
+        prev, counts, last = "", dict.fromkeys(sources, 0), dict.fromkeys(sources, -1)
+        for i, rec in enumerate(recs, start=1):
+            source, index = rec["id"].split("-", 1)
+            counts[source] += 1
+            if (rec["n"] != i or rec["prev"] != prev or rec["h"] != chain_step(prev, rec["id"])
+                    or rec["seen"] != counts[source] or int(index) < last[source]):
+                v.broken_keys.append(key)
+                break
+            prev, last[source] = rec["h"], int(index)
+    v.dead_letters_expected, v.dead_letters = len(malformed), len(letters)
+    got: dict[tuple[str, int, int], int] = {}
+    for letter in letters:
+        got[letter] = got.get(letter, 0) + 1
+    v.dead_letters_missing = len(malformed - set(got))
+    v.dead_letters_duplicated = sum(n - 1 for n in got.values() if n > 1) + len(set(got) - malformed)
+    return v
+
+
+def compare_replicas(result: Any, plan: Any, v: Verdict) -> None:
+    """Both replicas of every partition ended with equal state; no checkpoint diverged."""
+    for t in plan.tasks:
+        for p in range(t.parallelism):
+            digests = {r: m.state_digest for r in range(plan.replicas)
+                       if (m := result.per_instance.get(f"{t.name}[{p}]r{r}")) is not None and m.state_digest}
+            if len(digests) == plan.replicas:
+                v.replicas_compared += 1
+                if len(set(digests.values())) > 1:
+                    v.replicas_differing.append(f"{t.name}[{p}]")
+    v.divergences = len(result.divergences)

@@ -1,0 +1,50 @@
+"""``replication soak`` without a cluster: what it refuses before starting anything, and its
+verdict, which must catch every kind of wrong output (replication.soak, replication.soak_check)."""
+
+from __future__ import annotations
+
+import pytest
+
+from replication import soak
+from replication.examples.ordered import chain_step
+from replication.soak_check import verify
+
+
+def test_a_fault_outside_the_mode_s_catalogue_is_refused_in_one_line(capsys):
+    assert soak.main(["--mode", "kazoo", "--faults", "pause-long,kill-generator"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "kill-generator" in err and "kazoo catalogue" in err
+
+
+def test_run_soak_refuses_unknown_faults_before_starting_a_stack():
+    with pytest.raises(ValueError, match="not in the liverobin catalogue"):
+        soak.run_soak("liverobin", 10, 1, faults=("restart-zookeeper",))
+
+
+def _chain(key: str, ids: list[str]) -> list[dict]:
+    out, prev, seen = [], "", {}
+    for n, event_id in enumerate(ids, start=1):
+        source = event_id.split("-", 1)[0]
+        seen[source] = seen.get(source, 0) + 1
+        h = chain_step(prev, event_id)
+        out.append({"key": key, "n": n, "id": event_id, "prev": prev, "h": h, "source": source,
+                    "seen": seen[source]})
+        prev = h
+    return out
+
+
+def test_the_verdict_passes_exact_output_and_names_every_kind_of_fault():
+    ids = ["a-0", "b-0", "a-1", "b-1"]
+    good = _chain("k1", ["a-0", "b-0"]) + _chain("k2", ["a-1", "b-1"])
+    letters = [("t-a", 0, 5)]
+    assert verify(good, ids, letters, {("t-a", 0, 5)}, ("a", "b")).exact
+    lost = verify(good[:-1], ids, letters, {("t-a", 0, 5)}, ("a", "b"))
+    assert lost.lost == 1 and not lost.exact
+    twice = verify(good + good[:1], ids, letters, {("t-a", 0, 5)}, ("a", "b"))
+    assert twice.duplicated == 1 and not twice.exact
+    reordered = _chain("k1", ["b-0", "a-0"]) + _chain("k2", ["b-1", "a-1"])  # a valid chain, other order
+    assert verify(reordered, ids, letters, {("t-a", 0, 5)}, ("a", "b")).exact
+    swapped = _chain("k1", ["a-1", "a-0"]) + _chain("k2", ["b-0", "b-1"])  # a source's order broken
+    assert verify(swapped, ids, letters, {("t-a", 0, 5)}, ("a", "b")).broken_keys == ["k1"]
+    letters_twice = verify(good, ids, letters * 2, {("t-a", 0, 5), ("t-b", 1, 2)}, ("a", "b"))
+    assert (letters_twice.dead_letters_missing, letters_twice.dead_letters_duplicated) == (1, 1)
