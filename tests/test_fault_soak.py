@@ -2,12 +2,12 @@
 4-executor ``local-cluster`` in a subprocess, a seeded schedule of single faults under steady load,
 every output record checked with kafka-python.
 
-    ./dev test -m slow -k two_minute tests/test_fault_soak.py   # two minutes per ordering mode
-    ./dev test -m slow tests/test_fault_soak.py                  # and ten minutes, three seeds per mode
+    ./dev test -k two_minute tests/test_fault_soak.py   # two minutes per ordering mode (default suite)
+    ./dev test -m slow tests/test_fault_soak.py          # ten minutes, three seeds per mode (slow)
 
-All are marked slow: inside the default suite (beside the session's own Spark and stack, on two
-cores) the two-minute soaks did not yet pass reliably (a restore waiting for a checkpoint its
-holders no longer keep, a partition whose two kills took every holder of its safe checkpoint).
+A fault counts as survived once the job is healthy again within 90 s (two live replicas of every
+partition, every partition restorable); on two cores a double kill can take most of a minute,
+since Spark starts a new executor JVM for the second lost worker (see docs/replication.md).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ def _soak(mode: str, seed: int, duration_s: int, tmp_path: Path) -> dict:
     return report
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode, seed", [("liverobin", 2026), ("kazoo", 1126)])
 def test_a_two_minute_soak_masks_every_fault_and_every_record_arrives_once(mode, seed, tmp_path):
     _soak(mode, seed, 120, tmp_path)
