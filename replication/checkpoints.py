@@ -109,14 +109,13 @@ class WorkerCheckpoints:
             path.unlink(missing_ok=True)
         return meta, offered
 
-    def _on_completed(self, meta: IncrementMeta) -> None:
-        # the members that hold it: the chain it went along (the group may have changed since)
-        chain = list(self.shipper.status().get(meta.instance, {}).get("group", ()))
+    def _on_completed(self, meta: IncrementMeta, chain: tuple[str, ...]) -> None:
+        """``chain``: the members that hold it (the group may have changed since)."""
         with self._lock:
             positions, outputs = self._positions.pop((meta.instance, meta.checkpoint_id), ({}, {}))
             for old in [k for k in self._positions if k[0] == meta.instance and k[1] < meta.checkpoint_id]:
                 del self._positions[old]
-            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, chain, outputs))
+            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, list(chain), outputs))
 
     def report(self) -> dict[str, list]:
         """Checkpoints taken and completed since the last report (for the driver's heartbeat)."""

@@ -23,7 +23,7 @@ Three pieces, all over :mod:`transport.rpc` signed raw-bytes unary calls:
   origin's flow-control window; receives acks and nacks on its ``IncrementAck`` handler
   (the tail acks straight to the origin); fails an increment whose ack does not arrive
   within ``ack_timeout``; retries failures with exponential backoff; and calls
-  ``on_completed(meta)`` in checkpoint order and ``on_released(payload)`` (default: delete the
+  ``on_completed(meta, chain)`` in checkpoint order and ``on_released(payload)`` (default: delete the
   file) for payloads it no longer needs.
 
 Member ids in chains are the workers' advertised ``host:port`` addresses.
@@ -463,8 +463,9 @@ class ChainShipper:
 
     Call :meth:`set_group` for an instance before offering its increments; :meth:`offer`
     hands the payload file over to the shipper, which releases it (``on_released``, default:
-    delete it) once completed, dropped or refused.  ``on_completed(meta)`` runs on the shipper
-    thread, in checkpoint order per instance.  Increments still pending at :meth:`close` are
+    delete it) once completed, dropped or refused.  ``on_completed(meta, chain)`` runs on the
+    shipper thread, in checkpoint order per instance; ``chain`` is the group whose tail acked it
+    (its members hold it), whatever the group became since.  Increments still pending at :meth:`close` are
     not released.
     """
 
@@ -472,7 +473,7 @@ class ChainShipper:
         self,
         *,
         security: RpcSecurity,
-        on_completed: Callable[[IncrementMeta], None] | None = None,
+        on_completed: Callable[[IncrementMeta, tuple[str, ...]], None] | None = None,
         on_released: Callable[[Any], None] | None = None,
         chunk_size: int = CHUNK_SIZE,
         call_timeout: float = 30.0,
@@ -673,9 +674,10 @@ class ChainShipper:
                 checkpoint_id, instance, reason, backoff)
         self._emit(outcome)
 
-    def _emit(self, outcome: Outcome) -> None:
-        """Queue an outcome's callbacks for the shipper thread (called with the lock held)."""
-        self._outputs.extend(("completed", m) for m in outcome.completed)
+    def _emit(self, outcome: Outcome, chain: tuple[str, ...] = ()) -> None:
+        """Queue an outcome's callbacks for the shipper thread (called with the lock held);
+        ``chain``: the group that completed ``outcome.completed``."""
+        self._outputs.extend(("completed", (m, chain)) for m in outcome.completed)
         self._outputs.extend(("released", r) for r in outcome.released)
         self._cond.notify_all()
 
@@ -684,7 +686,7 @@ class ChainShipper:
             try:
                 if kind == "completed":
                     if self.on_completed is not None:
-                        self.on_completed(item)
+                        self.on_completed(*item)
                 else:
                     self.on_released(item)
             except Exception:
@@ -710,5 +712,5 @@ class ChainShipper:
             outcome = origin.on_ack(cid, sender)
             if outcome.accepted:
                 self._backoff.pop(instance, None)
-                self._emit(outcome)
+                self._emit(outcome, origin.group)
         return _reply(True)

@@ -19,14 +19,16 @@ from hypothesis import strategies as st
 from rhino_state.chain import Ack, ChainMember, ChainOrigin, Forward, Reject, Store
 from rhino_state.increments import IncrementMeta
 from rhino_state.transfer import (
+    ACK_METHOD,
     CHUNK_METHOD,
     CHUNK_SIZE,
+    ChainAck,
     ChainShipper,
     IncrementService,
     TransferRejected,
     send_increment,
 )
-from transport import rpc
+from transport import rpc, wire
 from transport.security import RpcSecurity
 
 INST = (3, 1)
@@ -423,7 +425,8 @@ def start_member(root: Path, name: str, fail_first: int = 0, **kw: Any) -> Membe
 def net(tmp_path: Path) -> Any:
     """An origin worker (a ChainShipper on its own server) plus a factory of member workers."""
     completed: list[IncrementMeta] = []
-    shipper = ChainShipper(security=SECURITY, on_completed=completed.append, ack_timeout=5.0, call_timeout=5.0,
+    shipper = ChainShipper(security=SECURITY, on_completed=lambda meta, chain: completed.append(meta),
+                           ack_timeout=5.0, call_timeout=5.0,
                            retry_backoff=(0.05, 0.2))
     server = rpc.serve(shipper.handlers(), security=SECURITY, max_workers=8, bind_host="127.0.0.1")
     shipper.start(f"127.0.0.1:{server.port}")
@@ -611,3 +614,26 @@ def test_stale_partial_transfers_are_swept(tmp_path: Path) -> None:
     send_increment(LoopbackPeer(handler), inc(1, None), src, ("o", "me"), 1, chunk_size=1000)
     assert not list((tmp_path / "spool").glob("*.part"))
     service.close()
+
+
+def test_a_completed_checkpoint_names_the_chain_that_acked_it_not_the_group_of_later(tmp_path: Path) -> None:
+    """The tail of chain [a] acks checkpoint 1; before the shipper thread reports it, the group
+    becomes [b] (a new member, which holds nothing): the report still names [a], the member that
+    holds it (the driver would otherwise restore from a worker that has nothing)."""
+    done: list[tuple[int, tuple[str, ...]]] = []
+    shipper = ChainShipper(security=SECURITY, on_completed=lambda meta, chain: done.append((meta.checkpoint_id,
+                                                                                           chain)))
+    payload = tmp_path / "1.inc"
+    payload.write_bytes(b"x" * 10)
+    shipper.set_group(INST, ["a"])
+    assert shipper.offer(inc(1, None), payload)  # (a full snapshot: no previous checkpoint)
+    shipper.handlers()[ACK_METHOD](wire.encode(ChainAck(INST, 1, "a")))
+    shipper.set_group(INST, ["b"])
+    shipper.start("127.0.0.1:1")  # (the thread reports what completed)
+    try:
+        deadline = time.monotonic() + 5
+        while not done and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        shipper.close()
+    assert done == [(1, ("a",))]
