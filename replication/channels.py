@@ -281,6 +281,11 @@ class OutputChannel:
         with self._cond:
             return self._next_seq + len(self._current)
 
+    def destination(self, replica: int) -> int | None:
+        """The worker ``replica`` is sent to (None: not known)."""
+        with self._cond:
+            return self._destinations[replica]
+
     @property
     def live_replicas(self) -> list[int]:
         with self._cond:

@@ -37,7 +37,7 @@ from kazoo_leader.election import ElectionClient
 from kazoo_leader.order_log import OrderLog
 from liverobin.reader import PulseReader
 from replication import framing
-from replication.channels import OutputChannel, PushLink, receive_pushes
+from replication.channels import BackupTrimmed, OutputChannel, PushLink, receive_pushes
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
@@ -202,6 +202,8 @@ class Worker:
         self._election: ElectionClient | None = None
         self._addresses: dict[int, str] = {}
         self._moves_applied: dict[ReplicaId, int] = {}  # restored replicas: the restore upstreams replay to
+        # where each restored replica runs now, and what its upstreams replay to it from
+        self._moves_known: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
         self._placement: dict[ReplicaId, int] = dict(boot.placement)  # with the restored replicas' new workers
         self._savepoint: str | None = None  # the directory a drain writes its savepoint to
         self._lock = threading.Lock()
@@ -381,6 +383,7 @@ class Worker:
             self._placement.update(req.placement)
             self._placement[(task_id, part, replica)] = self.index
         self.instances[(task_id, part)] = inst
+        self._send_to_moved(inst)
         inst.start()
         if inst.handovers is not None and inst.handovers.missing_cuts():
             with self._lock:
@@ -401,22 +404,48 @@ class Worker:
             self._addresses[w] = address
             with self._lock:
                 self._placement[(task_id, part, replica)] = w
+                self._moves_known[(task_id, part, replica)] = (w, dict(positions))
             self.dead_workers.discard(w)  # relaunched: a replica lives there now
             for inst in list(self.instances.values()):
                 for ch in inst.outputs:
-                    spec = ch.spec
-                    if (spec.dst_task, spec.dst_partition) == (task_id, part):
-                        try:
-                            ch.rejoin(replica, self._transport(w), positions.get(spec.id, 0), w)
-                        except Exception as exc:  # noqa: BLE001
-                            # this upstream is itself restored (its backup starts at its own checkpoint):
-                            # the other replica of this upstream partition replays what it lacks
-                            log.warning("channel %d cannot replay to the restored replica %s (%s); the other "
-                                        "replica of this upstream partition does", spec.id,
-                                        (task_id, part, replica), exc)
-                            continue
-                        with self._lock:
-                            self._transports_to.setdefault(w, []).append((ch, replica))
+                    if (ch.spec.dst_task, ch.spec.dst_partition) == (task_id, part):
+                        self._rejoin(ch, replica, w, positions)
+
+    def _send_to_moved(self, inst: Any) -> None:
+        """A replica restored here: its channels were built from the placement of when its restore
+        started, so a destination restored elsewhere meanwhile (a move this worker applied before
+        the instance existed) is sent to where it runs now."""
+        with self._lock:
+            known = dict(self._moves_known)
+        for ch in inst.outputs:
+            spec = ch.spec
+            for replica in range(self.plan.replicas):
+                move = known.get((spec.dst_task, spec.dst_partition, replica))
+                if move is not None and ch.destination(replica) != move[0]:
+                    self._rejoin(ch, replica, move[0], move[1])
+
+    def _rejoin(self, ch: OutputChannel, replica: int, w: int, positions: dict[int, int]) -> None:
+        """Send to the restored ``replica`` on ``w``, replaying from where it restarted, or (this
+        upstream is itself restored: its backup starts at its own checkpoint) from the oldest batch
+        it still holds: the other replica of this upstream partition replays the rest."""
+        spec, transport = ch.spec, self._transport(w)
+        try:
+            try:
+                ch.rejoin(replica, transport, positions.get(spec.id, 0), w)
+            except BackupTrimmed as exc:
+                held = ch.backup_from
+                if held is None:
+                    raise
+                log.warning("channel %d replays to the restored replica %s from seq %d (%s); the other replica "
+                            "of this upstream partition replays what comes before", spec.id,
+                            (spec.dst_task, spec.dst_partition, replica), held, exc)
+                ch.rejoin(replica, transport, held, w)
+        except Exception as exc:  # noqa: BLE001 - e.g. the channel closed: nothing more to send anyway
+            log.warning("channel %d cannot send to the restored replica %s (%s)", spec.id,
+                        (spec.dst_task, spec.dst_partition, replica), exc)
+            return
+        with self._lock:
+            self._transports_to.setdefault(w, []).append((ch, replica))
 
     def _cut_off_reported(self, spec: Any, replica: int, worker: int | None, reason: str) -> None:
         """A channel cut a destination replica off by itself (it failed, or lagged too far): the

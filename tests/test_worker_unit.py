@@ -6,8 +6,10 @@ import threading
 import time
 from types import SimpleNamespace
 
+from replication.channels import OutputChannel
 from replication.instance import drain_position
 from replication.messages import Instructions
+from replication.plan import ChannelSpec
 from replication.worker import Worker, _Mailbox
 
 
@@ -69,3 +71,28 @@ def test_the_heartbeat_mailbox_hands_over_the_newest_reply_and_says_since_when_t
 def test_a_drain_without_pulses_ends_where_a_fetch_said_or_past_it():
     assert drain_position({0: 7}, {0: 5, 1: 40}) == {0: 7, 1: 40}  # read past the end fetched: its own offset
     assert drain_position({}, {0: 0}) == {0: 0}  # an empty partition: nothing to read there
+
+
+# -- a replica restored here sends to destinations restored elsewhere before it existed -------------
+
+def test_a_restored_upstream_sends_to_where_its_destinations_were_restored_meanwhile():
+    """chain[0]r1 is restored here from a checkpoint at output seq 100; its channel was built from
+    the placement of when its restore started, which still had the sink's replica 0 on the dead
+    worker 1, but this worker had already learned that it runs on worker 3 now (needing seqs from
+    40 on).  The new channel sends there, from the oldest seq it holds (the other upstream replica
+    replays 40..99); it used to cut the replica off as unreachable, and when the other upstream
+    replica died too the sink replica waited for those seqs for good."""
+    spec = ChannelSpec(id=8, edge_id=0, src_task=3, src_partition=0, dst_task=4, dst_partition=0)
+    reached: list[int] = []
+    ch = OutputChannel(spec, [lambda payload: None, lambda payload: None], batch_size=4, buffer_timeout_s=0.001,
+                       first_seq=100, retain=True, destinations=[1, 2])
+    worker = Worker.__new__(Worker)
+    worker._lock = threading.Lock()
+    worker.plan = SimpleNamespace(replicas=2)
+    worker._transports_to = {}
+    worker._moves_known = {(4, 0, 0): (3, {8: 40})}
+    worker._transport = lambda w: (reached.append(w), lambda payload: None)[1]
+    worker._send_to_moved(SimpleNamespace(outputs=[ch]))
+    assert ch.destination(0) == 3 and ch.destination(1) == 2 and reached == [3]
+    assert ch.live_replicas == [0, 1] and worker._transports_to == {3: [(ch, 0)]}
+    ch.abort()
