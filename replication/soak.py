@@ -31,6 +31,7 @@ times and the seed; the exit code says whether everything held.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
@@ -474,7 +475,8 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
         report.status, report.failure = "failed", str(exc)
         say(f"== job failed: {exc}")
         say_replicas(handle, say, "not finished")
-        handle.stop()
+        with contextlib.suppress(JobFailedError, TimeoutError):  # (the failure is the report's)
+            handle.stop()
         return report
     outputs = [json.loads(r.value) for r in read_topic(stack.bootstrap_servers, out_topic)]
     letters = []
