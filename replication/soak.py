@@ -365,15 +365,22 @@ class SoakReport:
         return out
 
 
+def fault_catalogue(mode: str, faults: Iterable[str] | None) -> tuple[str, ...]:
+    """The faults a soak of ``mode`` draws from: ``faults`` (all of the mode's when empty); raises
+    ValueError, in one line, for any the mode does not have."""
+    chosen = tuple(faults or ()) or FAULTS[mode]
+    unknown = sorted(set(chosen) - set(FAULTS[mode]))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} not in the {mode} catalogue ({', '.join(FAULTS[mode])})")
+    return chosen
+
+
 def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, executors: int = 5, workers: int = 4,
              gap_s: float = 12.0, bad_every: int = 250, say: Callable[[str], None] = print,
              faults: tuple[str, ...] | None = None) -> SoakReport:
     """Run one soak (its own stack and Spark) and verify it; see the module docstring.  ``faults``
     narrows the mode's catalogue (default: all of it)."""
-    catalogue = FAULTS[mode] if not faults else tuple(faults)
-    unknown = sorted(set(catalogue) - set(FAULTS[mode]))
-    if unknown:
-        raise ValueError(f"faults {unknown} are not in the {mode} catalogue {list(FAULTS[mode])}")
+    catalogue = fault_catalogue(mode, faults)
     from deploy.stack import EmbeddedStack, require_java17
     from replication.spark_cluster import build_session, stop_session
 
@@ -511,11 +518,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    faults = tuple(f.strip() for f in args.faults.split(",") if f.strip())
-    unknown = sorted(set(faults) - set(FAULTS[args.mode]))
-    if unknown:
-        print(f"error: --faults: {', '.join(unknown)} not in the {args.mode} catalogue "
-              f"({', '.join(FAULTS[args.mode])})", file=sys.stderr)
+    try:
+        faults = fault_catalogue(args.mode, (f.strip() for f in args.faults.split(",") if f.strip()))
+    except ValueError as exc:
+        print(f"error: --faults: {exc}", file=sys.stderr)
         return 2
     try:
         import kafka  # noqa: F401 - the checking reader: another client than the runtime's
