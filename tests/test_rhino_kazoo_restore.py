@@ -41,29 +41,40 @@ def consume(applier: OrderApplier, log: list[bytes], first: int, seqs: dict[int,
     return out
 
 
-@settings(max_examples=200, deadline=None)
-@given(channel_sequences(), st.integers(0, 2**32), st.integers(1, 4))
-def test_a_restored_applier_continues_like_the_original(seqs, seed, every):
-    rnd = random.Random(seed)
+def _finished_cluster(seqs: dict[int, list], rnd: random.Random) -> Cluster:
+    """A log written by a random run of leader changes, up to every channel's END."""
     cluster = Cluster(seqs, rnd)
     cluster.elect(0, others_resign=True)
     for _ in range(rnd.randint(0, 200)):
         cluster.step()
     cluster.finish()
-    log = cluster.log
-    checkpoints: list = []
-    original = OrderApplier(seqs, checkpoint_every=every)
-    out = consume(original, log, 0, seqs, rnd, checkpoints)
-    assert original.finished and out == cluster.replicas[0].out
-    assert [s.number for s, _ in checkpoints] == [n for n in range(every, original.accepted + 1, every)]
+    return cluster
+
+
+def _assert_restores_continue(seqs: dict[int, list], log: list[bytes], rnd: random.Random, checkpoints: list,
+                              out: list, **applier: object) -> None:
+    """An applier restored from each checkpoint's state continues exactly like the original."""
     for state, consumed in checkpoints:
-        restored = OrderApplier(seqs, checkpoint_every=every)
+        restored = OrderApplier(seqs, **applier)
         restored.restore(state)
         rest = {c: seq[state.applied.get(c, 0):] for c, seq in seqs.items()}
         again = consume(restored, log, state.offset + 1, rest, rnd)
         assert again == out[consumed:]
         assert restored.finished
 
+
+@settings(max_examples=200, deadline=None)
+@given(channel_sequences(), st.integers(0, 2**32), st.integers(1, 4))
+def test_a_restored_applier_continues_like_the_original(seqs, seed, every):
+    rnd = random.Random(seed)
+    cluster = _finished_cluster(seqs, rnd)
+    log = cluster.log
+    checkpoints: list = []
+    original = OrderApplier(seqs, checkpoint_every=every)
+    out = consume(original, log, 0, seqs, rnd, checkpoints)
+    assert original.finished and out == cluster.replicas[0].out
+    assert [s.number for s, _ in checkpoints] == [n for n in range(every, original.accepted + 1, every)]
+    _assert_restores_continue(seqs, log, rnd, checkpoints, out, checkpoint_every=every)
 
 
 def marked(element: tuple) -> bool:
@@ -79,11 +90,7 @@ def test_records_holding_a_marked_element_are_checkpoints_too_on_every_replica(s
     interleaving, so both replicas take the same checkpoints, and a restore from any of them
     continues exactly."""
     rnd = random.Random(seed)
-    cluster = Cluster(seqs, rnd)
-    cluster.elect(0, others_resign=True)
-    for _ in range(rnd.randint(0, 200)):
-        cluster.step()
-    cluster.finish()
+    cluster = _finished_cluster(seqs, rnd)
     log = cluster.log
     judge, sizes = OrderApplier(seqs), []  # the accepted records' sizes, in log order
     for i, data in enumerate(log):
@@ -101,9 +108,4 @@ def test_records_holding_a_marked_element_are_checkpoints_too_on_every_replica(s
             if number % every == 0 or any(marked(e) for _, e in out[start:end]):
                 expected.append((number, end))
         assert [(state.number, consumed) for state, consumed in checkpoints] == expected
-    for state, consumed in checkpoints:
-        restored = OrderApplier(seqs, checkpoint_every=every, checkpoint_mark=marked)
-        restored.restore(state)
-        rest = {c: seq[state.applied.get(c, 0):] for c, seq in seqs.items()}
-        again = consume(restored, log, state.offset + 1, rest, rnd)
-        assert again == out[consumed:]
+    _assert_restores_continue(seqs, log, rnd, checkpoints, out, checkpoint_every=every, checkpoint_mark=marked)
