@@ -54,6 +54,13 @@ def _every_checkpoint_held_by_a_live_worker(handle) -> bool:
                and cp.holders - rhino.replica_workers(inst) for inst in rhino.instances())
 
 
+def _every_replica_back(handle) -> bool:
+    """No replica lost, being restored or catching up: every partition on two live replicas."""
+    master = handle.master
+    with master._cond:
+        return not (master.lost or master._restoring or master._catching_up)
+
+
 @contextlib.contextmanager
 def _fed_job(stack, spark, name: str, mode: str, replicated: bool = True):
     """The ordered job, fed without pause until the block ends: in kazoo mode an idle partition
@@ -100,7 +107,8 @@ def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition
         second = "chain[0]r1"  # the other, original replica: chain[0] now lives on its restored copy
         lost_again = replicas_sharing_worker(handle, second)
         kill_executor(locate(second, job=job.name))
-        _wait(lambda: len(handle.recoveries()) >= lost + lost_again, 60, "the second round of restores")
+        _wait(lambda: len(handle.recoveries()) >= lost + lost_again and _every_replica_back(handle), 60,
+              "the second round of restores", lambda: _rhino_state(handle))
     result = handle.drain(timeout=300)
     report = verify_chains(read_output(stack, f"{job.name}out"), ids)
     assert report.exact, report
@@ -156,8 +164,9 @@ def test_losing_both_replicas_rolls_the_partition_back_with_exact_output(stack, 
         _wait(lambda: any(move[0] == second for move in list(master.moves.values())), 30,
               f"a replica restored on worker {second}", lambda: _rhino_state(handle))
         kill_executor(targets[1])
-        _wait(lambda: len(handle.recoveries()) >= lost, 180, f"{lost} restored replicas to catch up",
-              lambda: _rhino_state(handle))
+        # every replica back (a count of recoveries is met by the first round's before the last restore)
+        _wait(lambda: len(handle.recoveries()) >= lost and _every_replica_back(handle), 180,
+              f"{lost} restored replicas to catch up", lambda: _rhino_state(handle))
     result = handle.drain(timeout=300)
     report = verify_chains(read_output(stack, f"{job.name}out"), ids)
     assert report.exact, report
