@@ -54,6 +54,7 @@ class PulseRecord:
     generator: str = ""  # who wrote it (diagnostics only; never affects placement)
     window: int = 0  # KaZoo: the pulse window it belongs to (0: LiveRobin, no windows)
     last: bool = False  # KaZoo: the last pulse of its window
+    at: int = field(default=-1, compare=False)  # the heartbeat-log offset it was read at (not written)
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {"h": self.h, "o": {t: {str(k): o for k, o in parts.items()}
@@ -69,7 +70,7 @@ class PulseRecord:
         return json.dumps(body, separators=(",", ":")).encode()
 
     @staticmethod
-    def decode(raw: bytes | None) -> PulseRecord:
+    def decode(raw: bytes | None, at: int = -1) -> PulseRecord:
         try:
             body = json.loads(raw or b"")
             h = body["h"]
@@ -77,7 +78,7 @@ class PulseRecord:
             if not isinstance(h, int) or h < 1:
                 raise ValueError(f"h must be a positive integer, got {h!r}")
             return PulseRecord(h, offsets, bool(body.get("final", False)), str(body.get("g", "")),
-                               int(body.get("w", 0)), bool(body.get("last", False)))
+                               int(body.get("w", 0)), bool(body.get("last", False)), at)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed heartbeat record {(raw or b'')[:80]!r}: {exc}") from exc
 
@@ -91,6 +92,15 @@ class PulseLog:
         self.final = False
         self.ignored = 0
 
+    @classmethod
+    def after(cls, counted: PulseRecord) -> PulseLog:
+        """The log as counted up to and including ``counted`` (a record :meth:`accept` returned):
+        fed the records after ``counted.at``, it counts the same pulses as one fed from the start."""
+        log = cls()
+        log.last_h, log.final = counted.h, counted.final
+        log.offsets = {t: dict(parts) for t, parts in counted.offsets.items()}
+        return log
+
     def accept(self, record: PulseRecord) -> PulseRecord | None:
         """The record as it counts (offsets raised to the previous pulse's), or None if it does not."""
         if self.final or record.h <= self.last_h:
@@ -103,7 +113,7 @@ class PulseLog:
                 known[k] = max(off, known.get(k, off))
         self.last_h, self.offsets, self.final = record.h, merged, record.final
         return PulseRecord(record.h, {t: dict(p) for t, p in merged.items()}, record.final, record.generator,
-                           record.window, record.last)
+                           record.window, record.last, record.at)
 
 
 def next_pulse(log: PulseLog, ends: Offsets, max_step: int, *, starts: Offsets | None = None,
@@ -149,16 +159,17 @@ class PulsePlacer:
     topic: str
     partition: int
     fetched_to: int = 0
-    _pulses: deque[tuple[int, int, bool]] = field(default_factory=deque)  # (h, offset, final)
+    _pulses: deque[tuple[int, PulseRecord]] = field(default_factory=deque)  # (offset, counted record)
     _records: deque[tuple[int, Any]] = field(default_factory=deque)  # (offset, item)
     ended: bool = False
+    last_placed: PulseRecord | None = None  # the counted record of the last pulse taken
 
     def add_pulse(self, record: PulseRecord) -> None:
         """A counted record (from :meth:`PulseLog.accept`)."""
         off = record.offsets.get(self.topic, {}).get(self.partition)
         if off is None:
-            off = self._pulses[-1][1] if self._pulses else 0
-        self._pulses.append((record.h, off, record.final))
+            off = self._pulses[-1][0] if self._pulses else 0
+        self._pulses.append((off, record))
 
     def add_record(self, offset: int, item: Any) -> None:
         self._records.append((offset, item))
@@ -185,13 +196,14 @@ class PulsePlacer:
         nothing after a final pulse."""
         pulses, records = self._pulses, self._records
         while pulses and not self.ended:
-            h, off, final = pulses[0]
+            off, record = pulses[0]
             if records and records[0][0] < off:
                 yield RECORD_ITEM, records.popleft()[1]
             elif records or self.fetched_to >= off:
                 pulses.popleft()
-                self.ended = final
-                yield PULSE_ITEM, (h, final)
+                self.ended = record.final
+                self.last_placed = record
+                yield PULSE_ITEM, (record.h, record.final)
             else:
                 return  # records below the pulse's offset are still to be fetched
 

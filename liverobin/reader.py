@@ -45,19 +45,26 @@ class PulseSubscription:
 
 
 class PulseReader:
-    def __init__(self, heartbeat_log: tuple[str, int], consumer_conf: Mapping[str, Any]) -> None:
+    """Reads the heartbeat log from this run's start, or right after ``after`` (a counted record
+    read earlier: a restored source needs nothing before the last pulse it placed), and hands
+    every counted pulse to each subscription."""
+
+    def __init__(self, heartbeat_log: tuple[str, int], consumer_conf: Mapping[str, Any],
+                 after: PulseRecord | None = None) -> None:
         self.topic, self.start_offset = heartbeat_log
+        self.pulses = PulseLog()
+        if after is not None and after.at >= self.start_offset:
+            self.start_offset, self.pulses = after.at + 1, PulseLog.after(after)
         self._conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
         self._subs: list[PulseSubscription] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.pulses = PulseLog()
         self.error: str | None = None
         self.caught_up = threading.Event()  # read the log up to its end as it was when reading began
 
     def subscribe(self) -> PulseSubscription:
-        """A subscription from the log's first record of this run (before :meth:`start` only)."""
+        """A subscription from the first record read (before :meth:`start` only)."""
         if self._thread is not None:
             raise RuntimeError("subscribe before the reader starts: a late subscriber would miss pulses")
         sub = PulseSubscription(self)
@@ -92,7 +99,7 @@ class PulseReader:
                             raise RuntimeError(f"Kafka consumer fatal error: {msg.error()}")
                         continue
                     try:
-                        record = PulseRecord.decode(msg.value())
+                        record = PulseRecord.decode(msg.value(), at=msg.offset())
                     except ValueError as exc:  # every reader skips the same record
                         log.error("heartbeat log offset %d skipped: %s", msg.offset(), exc)
                         continue

@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from kazoo_leader.orderer import KazooOrderer
 from liverobin import LiveRobinOrderer, PulsePlacer
-from liverobin.heartbeats import HOLD, LEAVE, PULSE_ITEM, PulseWindows
+from liverobin.heartbeats import HOLD, LEAVE, PULSE_ITEM, PulseRecord, PulseWindows
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
 from replication import savepoint
 from replication.channels import OutputChannel
@@ -762,6 +762,7 @@ class SourceInstance(PartitionInstance):
         self._emitted_wm = MIN_WATERMARK
         self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         self._after_pulse = 0  # a restored replica: pulses up to this one are behind it
+        self._pulse_placed: PulseRecord | None = None  # the counted record of the last pulse placed
         self._read = 0  # records emitted (count-based checkpoints)
         self._last_counted = 0  # the last count-based checkpoint (its id: records emitted)
         if self._windows is not None:
@@ -778,14 +779,16 @@ class SourceInstance(PartitionInstance):
         self._max_ts = dict(rt["max_ts"])
         self._emitted_wm = self.metrics.watermark = rt["emitted_wm"]
         self._after_pulse = self.metrics.pulse = rt["pulse"]
+        self._pulse_placed = rt.get("pulse_placed")
         self._read = rt.get("read", 0)
         self._last_counted = self._read
         if self._windows is not None and rt.get("windows") is not None:
             self._windows.restore(*rt["windows"])
-        # the worker's shared reader started long ago: read the log again, from this run's start
-        # (what counts is decided by the log alone, so the same pulses come out)
+        # the worker's shared reader started long ago: read the log again, from right after the last
+        # pulse placed before the checkpoint (what counts is decided by the log alone, and the
+        # counting goes on from that pulse's record, so the same pulses come out)
         if self.worker.plan.heartbeat_log is not None:
-            reader = self._reader = self.worker.own_pulse_reader()
+            reader = self._reader = self.worker.own_pulse_reader(self._pulse_placed)
             self._pulses = reader.subscribe()
             reader.start()
         return rt
@@ -952,8 +955,10 @@ class SourceInstance(PartitionInstance):
         """Every record before this point is out, none after it: where a restore resumes (a Kafka
         partition with no record read yet restarts where this run started).  ``pulse``: the last
         one placed; KaZoo: the pulse window held for."""
+        placed = self._pulse_placed if self._pulse_placed is not None and self._pulse_placed.h == pulse else None
         self.take_checkpoint(checkpoint_id, {"offsets": dict(self._next_offset), "max_ts": dict(self._max_ts),
                                              "emitted_wm": self._emitted_wm, "pulse": pulse, "read": self._read,
+                                             "pulse_placed": placed,
                                              "windows": None if self._windows is None else self._windows.state()})
 
     # -- LiveRobin: pulses at positions read from the heartbeat log ---------------------------
@@ -1088,6 +1093,7 @@ class SourceInstance(PartitionInstance):
             if kind == PULSE_ITEM:
                 h, final = item
                 self.metrics.pulse = h
+                self._pulse_placed = placer.last_placed
                 self.chain.on_pulse(h)
                 if self._windows is not None and self._windows.placed(h):
                     break  # the window's last pulse: the records after it go out as read

@@ -35,6 +35,7 @@ from confluent_kafka import Producer
 
 from kazoo_leader.election import ElectionClient
 from kazoo_leader.order_log import OrderLog
+from liverobin.heartbeats import PulseRecord
 from liverobin.reader import PulseReader
 from replication import framing
 from replication.channels import BackupTrimmed, OutputChannel, PushLink, receive_pushes
@@ -224,12 +225,13 @@ class Worker:
                 group_id=f"replication-{self.job_name}-pulses-w{self.index}"))
         return self._pulse_reader
 
-    def own_pulse_reader(self) -> PulseReader:
-        """A reader of the heartbeat log from this run's start, for one restored source (it
-        subscribes, then starts it)."""
+    def own_pulse_reader(self, after: PulseRecord | None) -> PulseReader:
+        """A reader of the heartbeat log for one restored source (it subscribes, then starts it),
+        from right after ``after``, the last pulse its checkpoint placed (None: from this run's
+        start)."""
         assert self.plan.heartbeat_log is not None
         reader = PulseReader(self.plan.heartbeat_log, self.cfg.kafka_consumer_config(
-            group_id=f"replication-{self.job_name}-pulses-w{self.index}-{len(self._own_pulse_readers)}"))
+            group_id=f"replication-{self.job_name}-pulses-w{self.index}-{len(self._own_pulse_readers)}"), after)
         self._own_pulse_readers.append(reader)
         return reader
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from liverobin import LiveRobinOrderer, PulseLog, PulsePlacer, PulseRecord, next_pulse
+from liverobin.reader import PulseReader
 from merge import InputQueues
 from merge.queues import QueuesClosed
 from replication.elements import DATA, END_ELEMENT, pulse
@@ -122,6 +123,51 @@ def test_both_replicas_place_every_pulse_at_the_same_position(case, rnd_a, rnd_b
         if c is not None:
             i = a.index(("pulse", (c.h, False)))
             assert {x for k, x in a[:i] if k == "record"} == {o for o in offsets if o < c.offsets[T][0]}
+
+
+@st.composite
+def multi_partition_log(draw):
+    """Records of two generators for two partitions (some late, some omitting a partition, one
+    maybe final), each with the log offset it was read at."""
+    log = []
+    for at in range(draw(st.integers(1, 30))):
+        offsets = {T: {k: draw(st.integers(0, 100)) for k in draw(st.sets(st.integers(0, 1), max_size=2))}}
+        log.append(PulseRecord(draw(st.integers(1, at + 3)), offsets, draw(st.booleans()) and at > 20, at=at))
+    return log
+
+
+def _counted(log_: PulseLog, records) -> list:
+    return [c for r in records if (c := log_.accept(r)) is not None]
+
+
+@settings(max_examples=300, deadline=None)
+@given(multi_partition_log(), st.data())
+def test_counting_resumed_after_a_counted_record_counts_what_the_whole_log_counts(log, data):
+    """A restored source reads the log from right after the last pulse it placed: the pulses it
+    counts from there are those a reader from the start counts after that pulse, offsets too."""
+    whole = _counted(PulseLog(), log)
+    cut = data.draw(st.integers(0, len(whole) - 1))
+    resumed = _counted(PulseLog.after(whole[cut]), [r for r in log if r.at > whole[cut].at])
+    assert [(c.h, c.offsets, c.final, c.at) for c in resumed] == [(c.h, c.offsets, c.final, c.at)
+                                                                   for c in whole[cut + 1:]]
+
+
+def test_a_reader_for_a_restored_source_starts_right_after_the_pulse_its_checkpoint_placed():
+    placed = PulseLog().accept(PulseRecord(9, {T: {0: 30, 1: 12}}, at=140))
+    reader = PulseReader(("hb", 100), {"bootstrap.servers": "unused"}, after=placed)
+    assert reader.start_offset == 141 and reader.pulses.last_h == 9 and reader.pulses.offsets == {T: {0: 30, 1: 12}}
+    # a record of no log (a checkpoint of an earlier run's log) or none: from this run's start
+    assert PulseReader(("hb", 100), {}, after=PulseRecord(9, {}, at=40)).start_offset == 100
+    assert PulseReader(("hb", 100), {}).start_offset == 100
+
+
+def test_the_placer_names_the_counted_record_of_the_last_pulse_taken():
+    p = PulsePlacer(T, 0)
+    p.add_record(0, "r0")
+    p.add_pulse(PulseLog().accept(PulseRecord(1, {T: {0: 1}}, at=7)))
+    assert p.last_placed is None
+    assert list(p.take()) == [("record", "r0"), ("pulse", (1, False))]
+    assert p.last_placed.h == 1 and p.last_placed.at == 7
 
 
 def test_orderer_feeds_the_merge_from_per_channel_queues():
