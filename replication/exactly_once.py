@@ -70,6 +70,12 @@ def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: 
         consumer.close()
 
 
+def _is_fatal(error: KafkaError) -> bool:
+    """A producer that can write no more: the fatal error itself, or the local ``_FATAL`` that
+    librdkafka raises for every produce once it learned of one elsewhere (a delivery report)."""
+    return error.fatal() or error.code() == KafkaError._FATAL
+
+
 class ExactlyOnceOutput:
     """One partition replica's side of one exactly-once output (the instance thread's object).
 
@@ -129,7 +135,7 @@ class ExactlyOnceOutput:
             produce_blocking(self.producer, self.topic, partition=self.kafka_partition, value=value, key=key,
                              headers=[*headers, ("sink_ts", repr(now).encode())], on_delivery=self._delivered)
         except KafkaException as err:  # fenced meanwhile (this replica was hung: another one writes now)
-            if not err.args[0].fatal():
+            if not _is_fatal(err.args[0]):
                 raise
             self._fenced(err)
             return
