@@ -124,6 +124,12 @@ class WorkerCheckpoints:
             completed, self._completed = self._completed, []
         return {"taken": taken, "completed": completed}
 
+    def unreport(self, report: dict[str, list]) -> None:
+        """A report the driver did not get (its heartbeat failed): it goes with the next one, first."""
+        with self._lock:
+            self._taken[:0] = report.get("taken", ())
+            self._completed[:0] = report.get("completed", ())
+
     # -- the driver's view ---------------------------------------------------------------------
     def apply_view(self, view: Mapping[str, Any]) -> None:
         """Groups, shippers, completed checkpoints, where upstream backups may be trimmed to and

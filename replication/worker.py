@@ -829,6 +829,8 @@ class Worker:
             reply = master.call("Heartbeat", req, Instructions, timeout=5)
         except grpc.RpcError as err:
             log.warning("heartbeat failed: %s", err.code())
+            if req.checkpoints and self.checkpoints is not None:
+                self.checkpoints.unreport(req.checkpoints)  # the driver would never hear of them
             return None
         self._unsent_acks = []
         with self._lock:

@@ -6,7 +6,10 @@ import threading
 import time
 from types import SimpleNamespace
 
+import grpc
+
 from replication.channels import OutputChannel
+from replication.checkpoints import WorkerCheckpoints
 from replication.instance import drain_position
 from replication.messages import Instructions
 from replication.plan import ChannelSpec
@@ -66,6 +69,43 @@ def test_the_heartbeat_mailbox_hands_over_the_newest_reply_and_says_since_when_t
     box.post(Instructions("stop"), False, 7.0)  # wakes the main loop at once
     waiter.join(2)
     assert got and got[0][0].command == "stop" and got[0][2] is None
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+class _Unreachable:
+    def __init__(self) -> None:
+        self.fail = True
+        self.sent: list = []
+
+    def call(self, method, req, reply_type, timeout):
+        if self.fail:
+            raise _Unavailable()
+        self.sent.append(req)
+        return Instructions("run")
+
+
+def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
+    """The driver unpins a restored replica's checkpoint and records completions only from these
+    reports: one lost with a failed heartbeat would leave the partition unrestorable until the
+    next checkpoint."""
+    worker = _worker()
+    worker.index, worker.attempt, worker.server, worker._savepoint = 1, 0, None, None
+    worker._lock, worker._cut_offs, worker._unsent_acks = threading.Lock(), {}, []
+    worker.checkpoints = WorkerCheckpoints.__new__(WorkerCheckpoints)
+    worker.checkpoints._lock, worker.checkpoints._taken, worker.checkpoints._completed = threading.Lock(), [], []
+    worker.checkpoints._taken.append((2, 0, 0, 3500, "d1"))
+    worker.checkpoints._completed.append((2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7}))
+    master = _Unreachable()
+    assert worker._heartbeat(master, with_metrics=False) is None
+    worker.checkpoints._taken.append((2, 0, 0, 3550, "d2"))
+    master.fail = False
+    assert worker._heartbeat(master, with_metrics=False).command == "run"
+    assert master.sent[0].checkpoints == {"taken": [(2, 0, 0, 3500, "d1"), (2, 0, 0, 3550, "d2")],
+                                          "completed": [(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})]}
 
 
 def test_a_drain_without_pulses_ends_where_a_fetch_said_or_past_it():
