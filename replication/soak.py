@@ -301,7 +301,10 @@ def unhealthy(handle: Any) -> str:
                 f"{held(rhino.completed.get((t, p)))}, group {rhino.groups.get((t, p))}, replicas on "
                 f"{sorted(rhino.replica_workers((t, p)))})"
                 for t, p in rhino.instances() if rhino.restore_plan((t, p, 0)) is None]
-        return "not restorable: " + ", ".join(bare) if bare else ""
+        # a restore's pin holds its upstreams' safe checkpoints back too
+        pins = [f"{master.plan.task(t).name}[{p}] to {cp.checkpoint_id} by r{rhino.pinned_by.get((t, p))}"
+                for (t, p), cp in sorted(rhino.pinned.items())]
+        return "not restorable: " + ", ".join(bare) + (f"; pinned: {', '.join(pins)}" if pins else "") if bare else ""
 
 
 def say_replicas(handle: Any, say: Callable[[str], None], what: str) -> None:
