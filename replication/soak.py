@@ -301,10 +301,12 @@ def unhealthy(handle: Any) -> str:
                 f"{held(rhino.completed.get((t, p)))}, group {rhino.groups.get((t, p))}, replicas on "
                 f"{sorted(rhino.replica_workers((t, p)))})"
                 for t, p in rhino.instances() if rhino.restore_plan((t, p, 0)) is None]
+        if not bare:
+            return ""
         # a restore's pin holds its upstreams' safe checkpoints back too
         pins = [f"{master.plan.task(t).name}[{p}] to {cp.checkpoint_id} by r{rhino.pinned_by.get((t, p))}"
                 for (t, p), cp in sorted(rhino.pinned.items())]
-        return "not restorable: " + ", ".join(bare) + (f"; pinned: {', '.join(pins)}" if pins else "") if bare else ""
+        return "not restorable: " + ", ".join(bare) + (f"; pinned: {', '.join(pins)}" if pins else "")
 
 
 def say_replicas(handle: Any, say: Callable[[str], None], what: str) -> None:
