@@ -15,6 +15,7 @@ from deploy.topics import create_topics, produce, read_all
 from replication import run
 from replication.examples.ordered import build_ordered_job, make_events
 from replication.kafka_io import produce_blocking
+from replication.soak_check import read_topic
 
 START_TS = 1_700_000_000_000
 
@@ -39,14 +40,25 @@ def feed(stack, a: str, b: str, ids: list[str], rounds: int = 40, per_round: int
          first_round: int = 0) -> None:
     """About 4 s of live input, topic b at half the rate of topic a; appends the ids to ``ids``
     (``first_round``: continue the ids of an earlier call)."""
-    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 2})
+    # idempotent: a retried batch neither duplicates nor overtakes the next one (the checks compare
+    # each source's order in the output with the id order); every delivery is confirmed
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 2, "acks": "all",
+                         "enable.idempotence": True})
+    failed: list[str] = []
+
+    def delivered(err, msg) -> None:
+        if err is not None:
+            failed.append(f"{msg.topic()}: {err}")
+
     for i in range(first_round, first_round + rounds):
         ea = make_events("a", per_round, keys=30, start_ts=START_TS, first=i * per_round)
         eb = make_events("b", per_round // 2, keys=30, start_ts=START_TS, first=i * per_round // 2, step_ms=2)
         for topic, recs in ((a, ea), (b, eb)):
             for key, value in recs:
-                produce_blocking(producer, topic, key=key, value=value)
-        producer.flush(30)
+                produce_blocking(producer, topic, key=key, value=value, on_delivery=delivered)
+        left = producer.flush(30)
+        if left or failed:
+            raise RuntimeError(f"feeding round {i}: {left} records undelivered after 30 s, failed: {failed[:3]}")
         ids.extend(json.loads(v)["id"] for _, v in ea + eb)
         time.sleep(0.1)
 
@@ -88,6 +100,19 @@ def start_under_load(stack, spark, name: str, conf: dict):
 
 def read_output(stack, topic: str) -> list[dict]:
     return [json.loads(r.value) for r in read_all(stack.bootstrap_servers, topic)]
+
+
+def where_missing(stack, name: str, missing: list[str]) -> str:
+    """For a failed check: where each missing id of the job on ``<name>a`` / ``<name>b`` is in
+    its input topic, and whether a reader on another client (kafka-python, which reads aborted and
+    open transactions too) finds it in ``<name>out``: tells a feed, runtime or reader fault apart."""
+    wanted = set(missing[:20])
+    found = {json.loads(r.value)["id"]: f"{r.topic}[{r.partition}]@{r.offset}"
+             for t in (f"{name}a", f"{name}b") for r in read_topic(stack.bootstrap_servers, t)
+             if json.loads(r.value)["id"] in wanted}
+    out = {json.loads(r.value)["id"] for r in read_topic(stack.bootstrap_servers, f"{name}out")}
+    return "; ".join(f"{i}: input {found.get(i, 'absent')}, output {'present' if i in out else 'absent'}"
+                     for i in sorted(wanted))
 
 
 def latencies_s(stack, name: str) -> list[tuple[float, float]]:

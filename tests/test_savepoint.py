@@ -23,7 +23,7 @@ from replication.examples.ordered import (
 )
 from replication.operators import WindowOperator
 from rhino_state import encode_key, key_group
-from tests.ordered_runs import feed, read_output, source_topics
+from tests.ordered_runs import feed, read_output, source_topics, where_missing
 
 
 def test_a_savepoint_is_complete_only_with_its_meta_and_every_partition_part(tmp_path):
@@ -119,7 +119,7 @@ def test_a_drained_job_goes_on_from_its_savepoint_at_another_parallelism(stack, 
     loaded = sum(result2.per_instance[f"chain[{p}]r0"].savepoint_entries for p in range(3))
     assert loaded > 0, "the second run loaded no state"
     output = verify_chains(read_output(stack, f"{name}out"), ids)
-    assert output.exact, output
+    assert output.exact, (output, where_missing(stack, name, output.missing))
     assert output.keys == 30
 
 
