@@ -535,6 +535,9 @@ class JobMaster:
                 "target_pulse": max([reply.pulse, *(m.pulse for m in known)]),
                 "target_checkpoint": (max([reply.checkpoint_id, *(m.checkpoint_id for m in known)])
                                       if self.mode == "kazoo" else -1)}
+            # the lost incarnation's last figures (its pulse reached near its twin's) must not count
+            # as the restored one's: it is caught up only by what the restored one reports
+            self.metrics.pop(name, None)
             self.event(f"{name} {'rolled back' if rollback else 'restored'} on worker {host} from checkpoint "
                        f"{reply.checkpoint_id} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
                        "failure); its upstreams replay from their backups")

@@ -196,3 +196,30 @@ def test_in_kazoo_a_restored_replica_catches_up_at_the_checkpoint_its_twin_had_t
         master.metrics[label] = InstanceMetrics(restored_from=100, checkpoint_id=250)
         master._check_caught_up()
         assert replica not in master._catching_up and master.recoveries[-1]["replica"] == label
+
+
+def test_a_restored_replica_is_not_caught_up_by_the_figures_of_its_lost_incarnation():
+    """The lost replica last reported pulse 3032 (it had been restored once before); restored from
+    checkpoint 2900 it is caught up only once it reports its twin's pulse itself."""
+    master = _master(mode="liverobin", rhino=True, workers=4)
+    replica = _replicas(master, "chain")[0]
+    t, p, r = replica
+    twin = master._replica_label(t, p, 1 - r)
+    label = master._replica_label(*replica)
+    master.metrics[twin] = InstanceMetrics(pulse=3032)
+    master.metrics[label] = InstanceMetrics(pulse=3032, restored_from=2300, checkpoint_id=3000)
+    host = next(w for w in master.workers if w not in master.rhino.replica_workers((t, p)))
+    address = master.workers[host].address
+    master._peers[address] = _RestoringPeer(2900)
+    with master._cond:
+        master.lost[replica] = time.time()
+    master._restore(replica, host, address, RestoreReplica(replica, 2900, {}, {}, {}, 1), rollback=False)
+    with master._cond:
+        master._check_caught_up()  # what any heartbeat does
+        assert replica in master._catching_up
+        master.metrics[label] = InstanceMetrics(pulse=2950, restored_from=2900)
+        master._check_caught_up()
+        assert replica in master._catching_up
+        master.metrics[label] = InstanceMetrics(pulse=3032, restored_from=2900)
+        master._check_caught_up()
+        assert replica not in master._catching_up and master.recoveries[-1]["replica"] == label
