@@ -106,7 +106,10 @@ class Feeder:
         from confluent_kafka import Producer
 
         self.topics, self.rate, self.bad_every = topics, rate, bad_every
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "acks": "all",
+        # batches of about a tenth of a second, as a client producing steadily would send them: the
+        # embedded broker lists every batch of a partition on each fetch that returns records, so
+        # one-record batches make every reader of a long soak slower (docs/embedded-broker.md)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100, "acks": "all",
                                   "enable.idempotence": True})
         self.ids: list[str] = []
         self.malformed: set[tuple[str, int, int]] = set()
