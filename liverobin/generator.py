@@ -1,12 +1,16 @@
 """The heartbeat generator: a driver thread appending pulses to the heartbeat log.
 
 Every period it reads the end offset of every source partition (the high watermark of its own
-fetches: never ListOffsets, DESIGN §10) and appends the next :class:`PulseRecord` with an
-idempotent ``acks=all`` producer.  The rules that make it safe to kill, restart or run twice
-are in :mod:`liverobin.heartbeats` and depend on the log alone:
+fetches: never ListOffsets, DESIGN §10) and appends the next :class:`PulseRecord` to the
+segment of the log it belongs to (:mod:`liverobin.segments`), ``acks=all``.  The rules that
+make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` and
+:mod:`liverobin.segments` and depend on the log alone:
 
-* before its first pulse a generator reads the log to its end and continues after the largest
-  ``h`` there (a restart never starts over at 1);
+* before its first pulse a generator reads the log to its end (from ``from_segment``: the
+  newest segments are enough) and continues after the largest ``h`` there (a restart never
+  starts over at 1);
+* it writes into a segment only once the last pulse of the segment before it was read back as
+  counted (a lost one is written again), and makes the topics of the next segments exist first;
 * it reads the log back and builds on what counted, whoever wrote it (plus its own few pulses
   still in flight); when two generators write the same ``h`` the first record wins for every
   reader and the loser simply goes on after it;
@@ -27,12 +31,13 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
 from liverobin.heartbeats import Offsets, PulseLog, PulseRecord, next_pulse
+from liverobin.segments import HeartbeatLog, LogCursor
 from replication.kafka_io import consume_ready, end_offsets_by_fetch
 
 log = logging.getLogger(__name__)
@@ -57,18 +62,24 @@ class HeartbeatGenerator:
     for the partitions of ``sources`` (topic -> partitions); ``starts`` are the sources' first
     offsets where the driver resolved them (the low watermark is used for the others)."""
 
-    def __init__(self, *, name: str, heartbeat_log: tuple[str, int], sources: Mapping[str, list[int]],
+    def __init__(self, *, name: str, heartbeat_log: HeartbeatLog, sources: Mapping[str, list[int]],
                  starts: Offsets, period_s: float, max_step: int, consumer_conf: Mapping[str, Any],
-                 producer_conf: Mapping[str, Any], windowed: bool = False) -> None:
+                 producer_conf: Mapping[str, Any], create_topics: Callable[[list[str]], None],
+                 from_segment: int = 0, windowed: bool = False) -> None:
         self.name = name
-        self.topic, self.log_start = heartbeat_log
+        self.log = heartbeat_log
+        self._create_topics = create_topics
+        self._created = -1  # segments up to this one are known to exist
+        self.cursor = LogCursor(heartbeat_log, segment=from_segment)
         self.sources = {t: list(ks) for t, ks in sources.items()}
         self.starts = {t: dict(ks) for t, ks in starts.items()}
         self.period_s = period_s
         self.max_step = max_step
         self._consumer_conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
-        self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
-        self.pulses = PulseLog()
+        # not idempotent: a retried pulse that lands twice or late is ignored by the counting rules,
+        # and every idempotent produce makes the embedded broker rewrite its producer table, which
+        # each fetch then parses again (docs/embedded-broker.md)
+        self._producer_conf = {**producer_conf, "enable.idempotence": False, "acks": "all", "linger.ms": 0}
         self.written = 0  # records this generator produced
         self.error: str | None = None
         self._stop = threading.Event()
@@ -120,6 +131,11 @@ class HeartbeatGenerator:
             return self._last_h if self._window is None else None
 
     @property
+    def pulses(self) -> PulseLog:
+        """What this generator counted of the log so far (its own pulses read back, and others')."""
+        return self.cursor.pulses
+
+    @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -139,12 +155,9 @@ class HeartbeatGenerator:
     def _run(self) -> None:
         consumer = Consumer(self._consumer_conf)
         producer = Producer(self._producer_conf)
-        hb = TopicPartition(self.topic, 0)
+        cursor = self.cursor
         source_tps = [TopicPartition(t, k) for t, ks in self.sources.items() for k in ks]
-        # the sources are read from their end only for the high watermarks the fetches carry
-        consumer.assign([TopicPartition(self.topic, 0, self.log_start)]
-                        + [TopicPartition(tp.topic, tp.partition, OFFSET_END) for tp in source_tps])
-        log_next = self.log_start
+        segments: dict[str, int] = {}  # the heartbeat-log topics assigned -> their segment
         in_flight: list[tuple[PulseRecord, float]] = []  # written, not read back: (record, when)
         next_tick = time.monotonic()
         last_write = 0.0
@@ -160,16 +173,18 @@ class HeartbeatGenerator:
                     if wait > 0:
                         wait = max(wait, MIN_WAIT_S)
                 blocked = False
+                if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
+                    segments = self._follow(consumer, source_tps)
                 for msg in consume_ready(consumer, 1000, wait):
-                    if msg.error() is not None or msg.topic() != self.topic:
+                    segment = segments.get(msg.topic())
+                    if msg.error() is not None or segment is None:
                         continue
-                    log_next = msg.offset() + 1
                     try:
-                        record = PulseRecord.decode(msg.value())
+                        record = PulseRecord.decode(msg.value(), at=msg.offset())
                     except ValueError as exc:
-                        log.error("heartbeat log offset %d skipped: %s", msg.offset(), exc)
+                        log.error("heartbeat log %s offset %d skipped: %s", msg.topic(), msg.offset(), exc)
                         continue
-                    self.pulses.accept(record)
+                    cursor.add(segment, record)
                     # ours came back (counted, or beaten by another generator's record of that h)
                     in_flight = [(r, t) for r, t in in_flight if r.h > record.h]
                     if self._last_h and self.pulses.last_h >= self._last_h:
@@ -194,8 +209,9 @@ class HeartbeatGenerator:
                 blocked = True  # until a pulse is written below
                 if len(in_flight) >= MAX_IN_FLIGHT:
                     continue
+                hb = TopicPartition(self.log.topic(cursor.segment), 0)
                 log_end = consumer.get_watermark_offsets(hb, cached=True)[1]
-                if log_end < 0 or log_next < log_end:
+                if log_end < 0 or cursor.next_offset(cursor.segment) < log_end:
                     continue  # read the log to its end first: continue after its largest h
                 ends = self._ends(consumer, source_tps)
                 if ends is None:
@@ -206,12 +222,14 @@ class HeartbeatGenerator:
                 closing = window is not None and self._closing
                 if (finishing or closing) and in_flight:
                     continue  # the final (or a window's last) pulse builds on everything written before it
-                blocked = False
                 base = self.pulses
                 if in_flight:
                     base = copy.deepcopy(self.pulses)
                     for r, _ in in_flight:
                         base.accept(r)
+                if not cursor.may_write(base.last_h + 1):
+                    continue  # this segment's last pulse, in flight, must be read back first
+                blocked = False
                 record, behind = next_pulse(base, ends, self.max_step, starts=self.starts,
                                             final=finishing, generator=self.name,
                                             floor=window[1] if window else None, window=window[0] if window else 0,
@@ -221,8 +239,12 @@ class HeartbeatGenerator:
                     next_tick = max(next_tick + self.period_s, now)
                     continue
                 last_write = now
-                producer.produce(self.topic, value=record.encode(), key=str(record.h).encode(), partition=0,
-                                 on_delivery=_report_failure)
+                segment = self.log.segment_of(record.h)
+                if self._created < segment + 2:  # readers of this segment read the next one ahead
+                    self._create_topics([self.log.topic(n) for n in range(self._created + 1, segment + 5)])
+                    self._created = segment + 4
+                producer.produce(self.log.topic(segment), value=record.encode(), key=str(record.h).encode(),
+                                 partition=0, on_delivery=_report_failure)
                 self.written += 1
                 in_flight.append((record, now))
                 if record.last:
@@ -231,6 +253,16 @@ class HeartbeatGenerator:
             producer.flush(5)
         finally:
             consumer.close()
+
+    def _follow(self, consumer: Consumer, source_tps: list[TopicPartition]) -> dict[str, int]:
+        """Assign the cursor's two segments, the sources where they are read (their end at first:
+        they are read only for the high watermarks the fetches carry); the segment of each topic."""
+        cursor = self.cursor
+        positions = cursor.positions()
+        sources = [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
+                   for tp in (consumer.position(source_tps) if consumer.assignment() else source_tps)]
+        consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()] + sources)
+        return {topic: cursor.segment + i for i, topic in enumerate(positions)}
 
     def _with_final_ends(self, ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
         """``ends``, raised to what fetches made after the drain request tell: the shared

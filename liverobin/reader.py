@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from liverobin.heartbeats import PulseLog, PulseRecord
+from liverobin.segments import HeartbeatLog, LogCursor
 from replication.kafka_io import consume_ready
 
 log = logging.getLogger(__name__)
@@ -47,21 +48,25 @@ class PulseSubscription:
 class PulseReader:
     """Reads the heartbeat log from this run's start, or right after ``after`` (a counted record
     read earlier: a restored source needs nothing before the last pulse it placed), and hands
-    every counted pulse to each subscription."""
+    every counted pulse to each subscription.  It reads the log's current segment and the next
+    one (:class:`liverobin.segments.LogCursor`)."""
 
-    def __init__(self, heartbeat_log: tuple[str, int], consumer_conf: Mapping[str, Any],
+    def __init__(self, heartbeat_log: HeartbeatLog, consumer_conf: Mapping[str, Any],
                  after: PulseRecord | None = None) -> None:
-        self.topic, self.start_offset = heartbeat_log
-        self.pulses = PulseLog()
-        if after is not None and after.at >= self.start_offset:
-            self.start_offset, self.pulses = after.at + 1, PulseLog.after(after)
+        self.log = heartbeat_log
+        self.cursor = LogCursor(heartbeat_log, after)
         self._conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
         self._subs: list[PulseSubscription] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
-        self.caught_up = threading.Event()  # read the log up to its end as it was when reading began
+        self.caught_up = threading.Event()  # read the log to its end as it was after reading began
+
+    @property
+    def pulses(self) -> PulseLog:
+        """What this reader counted so far."""
+        return self.cursor.pulses
 
     def subscribe(self) -> PulseSubscription:
         """A subscription from the first record read (before :meth:`start` only)."""
@@ -87,36 +92,49 @@ class PulseReader:
             self._fail(exc)
             return
         try:
-            consumer.assign([TopicPartition(self.topic, 0, self.start_offset)])
-            end = consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=10)[1]
+            cursor = self.cursor
+            segments: dict[str, int] = {}  # the topics assigned -> their segment
             while not self._stop.is_set():
+                if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
+                    positions = cursor.positions()
+                    segments = {topic: cursor.segment + i for i, topic in enumerate(positions)}
+                    consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()])
                 counted = []
-                last = -1
                 for msg in consume_ready(consumer, 500, 0.1):
-                    last = max(last, msg.offset())
-                    if msg.error() is not None:
-                        if msg.error().fatal():
-                            raise RuntimeError(f"Kafka consumer fatal error: {msg.error()}")
-                        continue
+                    err = msg.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise RuntimeError(f"Kafka consumer fatal error: {err}")
+                        continue  # e.g. the next segment's topic not known to the client yet
+                    segment = segments.get(msg.topic())
+                    if segment is None:
+                        continue  # a segment left already
                     try:
                         record = PulseRecord.decode(msg.value(), at=msg.offset())
                     except ValueError as exc:  # every reader skips the same record
-                        log.error("heartbeat log offset %d skipped: %s", msg.offset(), exc)
+                        log.error("heartbeat log %s offset %d skipped: %s", msg.topic(), msg.offset(), exc)
                         continue
-                    accepted = self.pulses.accept(record)
-                    if accepted is not None:
-                        counted.append(accepted)
+                    counted += cursor.add(segment, record)
                 if counted:
                     with self._cond:
                         for sub in self._subs:
                             sub._items.extend(counted)
                         self._cond.notify_all()
-                if not self.caught_up.is_set() and (last + 1 >= end or self.start_offset >= end):
+                if not self.caught_up.is_set() and self._at_end(consumer):
                     self.caught_up.set()  # (after handing out what it read)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         finally:
             consumer.close()
+
+    def _at_end(self, consumer: Consumer) -> bool:
+        """The current segment read up to the high watermark a fetch made since reading began
+        reported (the segments after it are empty until it completes)."""
+        cursor = self.cursor
+        if cursor.pulses.final:
+            return True
+        high = consumer.get_watermark_offsets(TopicPartition(self.log.topic(cursor.segment), 0), cached=True)[1]
+        return 0 <= high <= cursor.next_offset(cursor.segment)
 
     def _fail(self, exc: BaseException) -> None:
         log.exception("heartbeat log reader failed")

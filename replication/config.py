@@ -247,7 +247,8 @@ class ReplicationConfig:
     )
     liverobin_heartbeat_topic: str | None = _key(
         "liverobin.heartbeatTopic", STR, None,
-        "The heartbeat log (one partition; `liverobin` mode); unset: `_replication.<job name>.heartbeats`.",
+        "Where the heartbeat log goes (`liverobin` mode; `kazoo`: pulse windows): each run writes topics "
+        "`<this>.<run>.<n>` of one partition, a segment of 100 pulses each; unset: `_replication.<job name>.heartbeats`.",
         fmt="topic",
     )
     kazoo_session_timeout_ms: int = _key(

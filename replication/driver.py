@@ -23,6 +23,7 @@ from typing import Any
 
 from kazoo_leader.election import delete_tree, evict, expel, zk_client
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
+from liverobin.segments import HeartbeatLog
 from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
@@ -875,20 +876,29 @@ class JobHandle:
         """Start one more heartbeat generator in this driver (LiveRobin); several may run at once
         and one may be killed and restarted at any time: the log decides which pulses count.
         ``windowed``: KaZoo's, which writes only the pulse windows of handovers."""
-        if self.plan.heartbeat_log is None:
+        log_ = self.plan.heartbeat_log
+        if log_ is None:
             raise RuntimeError("heartbeat generators only exist with spark.replication.mode=liverobin or kazoo")
         cfg = self.cfg
         gen = HeartbeatGenerator(
-            name=f"g{len(self.pulse_generators) + 1}", heartbeat_log=self.plan.heartbeat_log,
+            name=f"g{len(self.pulse_generators) + 1}", heartbeat_log=log_,
             sources=self.plan.source_topics(),
             starts={t.head.spec["topic"]: self.plan.source_start_offsets.get(t.id, {})
                     for t in self.plan.tasks if t.is_source},
             period_s=cfg.liverobin_heartbeat_period_ms / 1000, max_step=cfg.liverobin_max_pulse_step,
             consumer_conf=cfg.kafka_consumer_config(group_id=f"replication-{self.job.name}-pulses"),
-            producer_conf=cfg.kafka_producer_config(), windowed=windowed)
+            producer_conf=cfg.kafka_producer_config(), create_topics=self._create_log_segments,
+            # a generator started later reads the newest segments only (what the others counted)
+            from_segment=max(0, max((log_.segment_of(g.pulses.last_h + 1) for g in self.pulse_generators),
+                                    default=0) - 1),
+            windowed=windowed)
         self.pulse_generators.append(gen.start())
         self.master.event(f"heartbeat generator {gen.name} started")
         return gen
+
+    def _create_log_segments(self, topics: list[str]) -> None:
+        """Make the heartbeat log's next segments exist (a generator's call)."""
+        ensure_topics(admin_client(self.cfg.kafka_admin_config()), dict.fromkeys(topics, 1))
 
     def kill_pulse_generators(self) -> list[str]:
         """Stop every running heartbeat generator at once, without a final pulse (a crash for the
@@ -1534,9 +1544,9 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         check_replicable(plan, partitions)
     start_conf = cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start")
     if cfg.mode in ("liverobin", "kazoo"):  # KaZoo: pulses only in the windows a handover opens
-        topic = cfg.heartbeat_topic(job.name)
-        ensure_topics(admin, {topic: 1})
-        plan.heartbeat_log = (topic, end_offsets_by_fetch(start_conf, topic, [0])[0])
+        # this run's own segments (liverobin.segments): generators make the later ones exist
+        plan.heartbeat_log = HeartbeatLog(f"{cfg.heartbeat_topic(job.name)}.{uuid.uuid4().hex[:8]}")
+        ensure_topics(admin, {plan.heartbeat_log.topic(n): 1 for n in range(3)})
     if cfg.mode == "kazoo":
         # each run follows its order logs from their current end: orders of an earlier run of the
         # job (and their epochs) are not this run's

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from liverobin.segments import HeartbeatLog
 from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError, Node
 from rhino_state import RoutingTable
 
@@ -91,9 +92,9 @@ class PhysicalPlan:
     source_start_offsets: dict[int, dict[int, int]] = field(default_factory=dict)
     replicas: int = 1  # copies of every partition: 2 with spark.replication.enabled
     sink_topic_partitions: dict[str, int] = field(default_factory=dict)  # set by the driver
-    # LiveRobin: the heartbeat log (topic, first offset of this run), set by the driver; sources
-    # read it from there, so both replicas of a source partition count the same pulses
-    heartbeat_log: tuple[str, int] | None = None
+    # LiveRobin (KaZoo: for pulse windows): this run's heartbeat log, set by the driver; both
+    # replicas of a source partition read it from its start, so they count the same pulses
+    heartbeat_log: HeartbeatLog | None = None
     # KaZoo: the order log (topic, first offset of this run) of every partition with several input
     # channels, set by the driver; both replicas follow it from there
     order_logs: dict[Instance, tuple[str, int]] = field(default_factory=dict)

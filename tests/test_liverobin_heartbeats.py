@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from liverobin import LiveRobinOrderer, PulseLog, PulsePlacer, PulseRecord, next_pulse
 from liverobin.reader import PulseReader
+from liverobin.segments import HeartbeatLog
 from merge import InputQueues
 from merge.queues import QueuesClosed
 from replication.elements import DATA, END_ELEMENT, pulse
@@ -153,12 +154,12 @@ def test_counting_resumed_after_a_counted_record_counts_what_the_whole_log_count
 
 
 def test_a_reader_for_a_restored_source_starts_right_after_the_pulse_its_checkpoint_placed():
-    placed = PulseLog().accept(PulseRecord(9, {T: {0: 30, 1: 12}}, at=140))
-    reader = PulseReader(("hb", 100), {"bootstrap.servers": "unused"}, after=placed)
-    assert reader.start_offset == 141 and reader.pulses.last_h == 9 and reader.pulses.offsets == {T: {0: 30, 1: 12}}
-    # a record of no log (a checkpoint of an earlier run's log) or none: from this run's start
-    assert PulseReader(("hb", 100), {}, after=PulseRecord(9, {}, at=40)).start_offset == 100
-    assert PulseReader(("hb", 100), {}).start_offset == 100
+    log = HeartbeatLog("hb", per_segment=100)
+    placed = PulseLog().accept(PulseRecord(109, {T: {0: 30, 1: 12}}, at=140))
+    reader = PulseReader(log, {"bootstrap.servers": "unused"}, after=placed)
+    assert reader.cursor.positions() == {"hb.1": 141, "hb.2": 0}
+    assert reader.pulses.last_h == 109 and reader.pulses.offsets == {T: {0: 30, 1: 12}}
+    assert PulseReader(log, {}).cursor.positions() == {"hb.0": 0, "hb.1": 0}  # none: from this run's start
 
 
 def test_the_placer_names_the_counted_record_of_the_last_pulse_taken():

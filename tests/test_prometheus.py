@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from liverobin.segments import HeartbeatLog
 from replication.config import ReplicationConfig
 from replication.driver import JobMaster, WorkerInfo
 from replication.examples.ordered import build_ordered_job
@@ -234,7 +235,7 @@ def _master(rhino: bool = True) -> JobMaster:
     job = build_ordered_job("a", "b", "out", name="prom")
     plan = plan_job(job, default_parallelism=2, num_key_groups=64, num_vnodes=8,
                     topic_partitions={"a": 2, "b": 2})
-    plan.replicas, plan.heartbeat_log = 2, ("_replication.prom.heartbeats", 0)  # as prepare() sets them
+    plan.replicas, plan.heartbeat_log = 2, HeartbeatLog("_replication.prom.heartbeats.r1")  # as prepare() sets them
     conf = {"spark.replication.kafka.bootstrapServers": "127.0.0.1:1", "spark.replication.enabled": "true",
             "spark.replication.mode": "liverobin", "spark.replication.rhino.enabled": str(rhino).lower()}
     return JobMaster(plan, place(plan, 3), 3, ReplicationConfig.from_mapping(conf), "prom", "app-1")

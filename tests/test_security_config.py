@@ -143,6 +143,7 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
     from kazoo_leader.order_log import OrderLog
     from liverobin.generator import HeartbeatGenerator
     from liverobin.reader import PulseReader
+    from liverobin.segments import HeartbeatLog
 
     cfg = _config(**{f"kafka.{k}": v for k, v in kafka_security.items()})
     made: dict[str, dict] = {}
@@ -177,11 +178,11 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
         assert role in made, role
     made["order log reader"] = OrderLog(cfg.kafka_consumer_config(), cfg.kafka_producer_config())._consumer_conf
     made["order log writer"] = OrderLog(cfg.kafka_consumer_config(), cfg.kafka_producer_config())._producer_conf
-    generator = HeartbeatGenerator(name="g", heartbeat_log=("hb", 0), sources={}, starts={}, period_s=0.01,
+    generator = HeartbeatGenerator(name="g", heartbeat_log=HeartbeatLog("hb"), sources={}, starts={}, period_s=0.01,
                                    max_step=10, consumer_conf=cfg.kafka_consumer_config(),
-                                   producer_conf=cfg.kafka_producer_config())
+                                   producer_conf=cfg.kafka_producer_config(), create_topics=lambda topics: None)
     made["pulse generator reader"], made["pulse generator writer"] = generator._consumer_conf, generator._producer_conf
-    made["pulse reader"] = PulseReader(("hb", 0), cfg.kafka_consumer_config())._conf
+    made["pulse reader"] = PulseReader(HeartbeatLog("hb"), cfg.kafka_consumer_config())._conf
     assert len(made) == 11
     for role, conf in made.items():
         assert {k: conf.get(k) for k in kafka_security} == kafka_security, role
