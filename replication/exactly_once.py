@@ -43,31 +43,65 @@ COMMIT_EVERY = 500  # records per transaction at most
 Headers = list[tuple[str, bytes]]
 
 
+# The writers' transaction timeout unless the Kafka client properties set one.  A takeover's scan
+# waits this long plus STALL_MARGIN_S for the partition's last stable offset to move: on Apache
+# Kafka no transaction of the job's writers stays open longer (the coordinator checks for timed-out
+# transactions every 10 s).
+TRANSACTION_TIMEOUT_MS = 30_000
+STALL_MARGIN_S = 30.0
+SCAN_STALL_S = TRANSACTION_TIMEOUT_MS / 1000 + STALL_MARGIN_S
+
+
 def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: str, start_offset: int,
-                    timeout_s: float = 30.0) -> int:
-    """Highest ``rseq`` of ``output_id`` in ``topic``/``partition`` from ``start_offset`` on (-1: none)."""
-    consumer = Consumer({**consumer_conf, "enable.auto.commit": False, "enable.partition.eof": True,
-                         "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
+                    stall_s: float = SCAN_STALL_S, consumer: Callable[[dict], Any] | None = None) -> int:
+    """Highest ``rseq`` of ``output_id`` in ``topic``/``partition`` from ``start_offset`` on (-1: none),
+    as a ``read_committed`` reader sees it.
+
+    A partition whose last stable offset does not move while records lie beyond it (``stall_s``
+    without anything new) is scanned again ``read_uncommitted``, up to its high watermark, with
+    a warning: on Apache Kafka every transaction of this job ends within ``stall_s``; on the
+    embedded broker, which hides no aborted record from any reader, a writer fenced while its
+    produce was in flight can leave the last stable offset stuck for good (docs/replication.md)."""
     key = output_id.encode()
-    best = -1
+    consumer = consumer or Consumer
+    start = start_offset if start_offset >= 0 else OFFSET_BEGINNING
+    best, at_end, position = _scan(consumer, consumer_conf, topic, partition, key, start, "read_committed", stall_s)
+    if at_end:
+        return best
+    again, at_end, high = _scan(consumer, consumer_conf, topic, partition, key, start, "read_uncommitted", stall_s)
+    log.warning("scanning %s[%d] for %s: nothing new for %.0f s at offset %d with read_committed (the partition's "
+                "last stable offset does not move); read_uncommitted up to offset %d instead: output has seq <= %d",
+                topic, partition, output_id, stall_s, position, high, max(best, again))
+    if not at_end:
+        raise TimeoutError(f"scanning {topic}[{partition}] for {output_id}: no end of partition within {stall_s:g}s "
+                           "of no progress, read_committed or not")
+    return max(best, again)
+
+
+def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: int, key: bytes, start: int,
+          isolation: str, stall_s: float) -> tuple[int, bool, int]:
+    """(highest rseq of ``key``, whether the end of the partition was reached, the offset read up
+    to) reading with ``isolation`` until the end, or until ``stall_s`` passed without a record."""
+    reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
+                       "isolation.level": isolation, "fetch.wait.max.ms": 10})
+    best, position = -1, start
     try:
-        start = start_offset if start_offset >= 0 else OFFSET_BEGINNING
-        consumer.assign([TopicPartition(topic, partition, start)])
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"scanning {topic}[{partition}] for {output_id} took over {timeout_s}s")
-            for msg in consumer.consume(num_messages=1000, timeout=0.1):
+        reader.assign([TopicPartition(topic, partition, start)])
+        last_new = time.monotonic()
+        while time.monotonic() - last_new < stall_s:
+            for msg in reader.consume(num_messages=1000, timeout=0.1):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        return best
+                        return best, True, msg.offset()
                     raise KafkaException(err)
+                last_new, position = time.monotonic(), msg.offset() + 1
                 headers = dict(msg.headers() or ())
                 if headers.get("rsink") == key:
                     best = max(best, int(headers["rseq"]))
+        return best, False, position
     finally:
-        consumer.close()
+        reader.close()
 
 
 def _is_fatal(error: KafkaError) -> bool:
@@ -194,11 +228,13 @@ class ExactlyOnceOutput:
         conf = self.cfg.kafka_producer_config()
         conf.update({"transactional.id": f"replication.{self.output_id}", "enable.idempotence": True,
                      "acks": "all"})
+        conf.setdefault("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
         producer = Producer(conf)
         producer.init_transactions(30)  # fences any older producer of this output
         if epoch > 0:  # taking over: what did the previous writer get into the log?
             written = max_written_seq(self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"),
-                                      self.topic, self.kafka_partition, self.output_id, self.committed_offset)
+                                      self.topic, self.kafka_partition, self.output_id, self.committed_offset,
+                                      stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S)
             log.warning("%s: took over as writer (epoch %d): output has seq <= %d, %d records buffered",
                         self.name, epoch, written, len(self.buffer))
             self._committed(written, self.committed_offset)

@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from replication.config import ReplicationConfig
-from replication.exactly_once import ExactlyOnceOutput
+from replication.exactly_once import ExactlyOnceOutput, max_written_seq
 
 
 class FencedProducer:
@@ -43,3 +43,73 @@ def test_any_other_produce_error_is_raised():
     out.writer, out.epoch, out.producer = True, 0, FencedProducer(KafkaError(KafkaError._MSG_TIMED_OUT))
     with pytest.raises(KafkaException):
         out.append(b"payload", None, [])
+
+
+class _Msg:
+    def __init__(self, offset: int, seq: int | None = None, eof: bool = False) -> None:
+        self._offset, self._seq, self._eof = offset, seq, eof
+
+    def error(self):
+        return KafkaError(KafkaError._PARTITION_EOF) if self._eof else None
+
+    def offset(self) -> int:
+        return self._offset
+
+    def headers(self):
+        return [("rsink", b"out-1"), ("rseq", str(self._seq).encode())]
+
+
+def _partition(stable: int, high: int):
+    """A scan's consumers on a partition whose records 0..high-1 carry seqs 0..high-1 and whose
+    last stable offset is ``stable``: read_committed readers get records up to it, and the end
+    of the partition only when it is the high watermark."""
+    made = []
+
+    class Reader:
+        def __init__(self, conf: dict) -> None:
+            self.committed = conf["isolation.level"] == "read_committed"
+            self.at = 0
+            made.append(conf["isolation.level"])
+
+        def assign(self, parts) -> None:
+            self.at = max(parts[0].offset, 0)
+
+        def consume(self, num_messages: int, timeout: float):
+            end = stable if self.committed else high
+            if self.at < end:
+                out = [_Msg(o, o) for o in range(self.at, end)]
+                self.at = end
+                return out
+            return [_Msg(end, eof=True)] if end == high else []
+
+        def close(self) -> None:
+            pass
+
+    return Reader, made
+
+
+def test_a_takeover_scan_reads_up_to_the_end_of_the_partition_as_read_committed():
+    reader, made = _partition(stable=10, high=10)
+    assert max_written_seq({}, "out", 0, "out-1", 3, stall_s=0.3, consumer=reader) == 9
+    assert made == ["read_committed"]
+
+
+def test_a_takeover_scan_whose_last_stable_offset_is_stuck_reads_what_the_log_holds(caplog):
+    """The embedded broker can leave a partition's last stable offset stuck for good (a fenced
+    writer's batch filed after the abort): the scan would wait for ever and the new writer would
+    rewrite records every reader sees.  After the stall it reads up to the high watermark."""
+    reader, made = _partition(stable=4, high=10)
+    assert max_written_seq({}, "out", 0, "out-1", -1, stall_s=0.3, consumer=reader) == 9
+    assert made == ["read_committed", "read_uncommitted"]
+    assert "last stable offset does not move" in caplog.text
+
+
+def test_a_takeover_scan_that_reaches_no_end_either_way_fails():
+    reader, _ = _partition(stable=4, high=10)
+
+    class Never(reader):
+        def consume(self, num_messages: int, timeout: float):
+            return []
+
+    with pytest.raises(TimeoutError, match="no end of partition"):
+        max_written_seq({}, "out", 0, "out-1", -1, stall_s=0.2, consumer=Never)
