@@ -39,6 +39,10 @@ from replication.kafka_io import produce_blocking
 log = logging.getLogger(__name__)
 
 COMMIT_EVERY = 500  # records per transaction at most
+# A transaction stays open at least this many times as long as the last commits took, so that a
+# writer spends at most about a fifth of its time committing: with commits slow (a loaded broker or
+# machine) it would fall behind its standby, which only keeps records, and be cut off as lagging.
+COMMIT_SHARE = 4
 
 Headers = list[tuple[str, bytes]]
 
@@ -133,6 +137,7 @@ class ExactlyOnceOutput:
         self.txn_records = 0
         self.txn_started = 0.0
         self.txn_last_seq = -1
+        self.commit_s = 0.0  # how long commits take, lately
         self.committed_seq = -1
         self.committed_offset = -1
         self._offset_seen = -1
@@ -185,14 +190,17 @@ class ExactlyOnceOutput:
     def _maybe_commit(self, force: bool = False) -> None:
         if self.txn_records == 0:
             return
-        if not force and self.txn_records < COMMIT_EVERY and time.monotonic() - self.txn_started < self._linger_s:
+        if not force and self.txn_records < COMMIT_EVERY and \
+                time.monotonic() - self.txn_started < max(self._linger_s, COMMIT_SHARE * self.commit_s):
             return
         assert self.producer is not None
+        started = time.monotonic()
         try:
             self.producer.commit_transaction(30)
         except KafkaException as err:
             self._fenced(err)
             return
+        self.commit_s += (time.monotonic() - started - self.commit_s) / 4  # a moving average
         self.txn_records = 0
         self._committed(self.txn_last_seq, self._offset_seen)
 

@@ -3,6 +3,8 @@ steps down instead of failing its replica."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -113,3 +115,42 @@ def test_a_takeover_scan_that_reaches_no_end_either_way_fails():
 
     with pytest.raises(TimeoutError, match="no end of partition"):
         max_written_seq({}, "out", 0, "out-1", -1, stall_s=0.2, consumer=Never)
+
+
+class SlowCommitProducer:
+    """A transactional producer whose commits take ``commit_s`` (a loaded broker)."""
+
+    def __init__(self, commit_s: float) -> None:
+        self.commit_s, self.commits, self.produced = commit_s, 0, 0
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, *args, **kwargs) -> None:
+        self.produced += 1
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def commit_transaction(self, timeout: float) -> None:
+        time.sleep(self.commit_s)
+        self.commits += 1
+
+
+def test_a_writer_whose_commits_are_slow_commits_less_often_and_keeps_up():
+    """Commits of 20 ms with a 1 ms linger: committing after every record would leave no time for
+    anything else.  The writer keeps each transaction open four times as long as its commits take,
+    so that committing takes about a fifth of its time."""
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    out = ExactlyOnceOutput("sink[0]r0", cfg, 0, "run:1:0", "out", 0, 0.001)
+    producer = SlowCommitProducer(0.02)
+    out.writer, out.epoch, out.producer = True, 0, producer
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:
+        out.append(b"v", None, [])
+        time.sleep(0.001)
+    spent = producer.commits * producer.commit_s
+    assert producer.produced > 300 and spent < 0.35, (producer.commits, producer.produced)
+    out.on_idle()
+    out._maybe_commit(force=True)
+    assert out.committed_seq == out.seq  # everything committed in the end
