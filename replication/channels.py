@@ -322,16 +322,28 @@ class OutputChannel:
                 self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> bool:
-        """Flush, wait until every live replica got everything (or ``timeout``), stop the senders.
-        True if at least one replica received everything (or finished, see :meth:`retire`).  While
-        every destination replica is lost but a backup is kept (it is being restored), wait for one
-        to rejoin and get everything."""
+        """Flush, wait until every live replica got everything (or until ``timeout`` passed without
+        any replica receiving more: a slow downstream is waited for), stop the senders.  True if at
+        least one replica received everything (or finished, see :meth:`retire`).  While every
+        destination replica is lost but a backup is kept (it is being restored), wait for one to
+        rejoin and get everything."""
         self.flush()
         with self._cond:
-            self._cond.wait_for(
-                lambda: (any(self._alive) or not self._rolling_back())
-                and (all(p == self._next_seq for p, a in zip(self._pos, self._alive, strict=True) if a)
-                     or not any(self._alive)), timeout)
+            def done() -> bool:
+                return (any(self._alive) or not self._rolling_back()) and (
+                    all(p == self._next_seq for p, a in zip(self._pos, self._alive, strict=True) if a)
+                    or not any(self._alive))
+
+            seen = list(self._pos)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not done():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left)
+                if self._pos != seen:  # a replica received more: the wait starts again
+                    seen = list(self._pos)
+                    deadline = None if timeout is None else time.monotonic() + timeout
             delivered = any(self._retired) or any(p == self._next_seq for p in self._pos)
             self._closed = True
             self._cond.notify_all()

@@ -567,6 +567,32 @@ def test_close_waits_for_a_slow_but_alive_replica(harness):
     assert fast.pairs == slow.pairs == [(i, i) for i in range(20)]
 
 
+def test_close_waits_as_long_as_the_replicas_keep_receiving(harness):
+    """Both replicas slow (a drain into a busy downstream): everything takes about a second to
+    arrive, far longer than close's timeout, which only bounds a wait without progress."""
+    t0, t1 = FakeTransport(delay=0.05), FakeTransport(delay=0.05)
+    ch = harness.channel([t0, t1], batch_size=1, max_ready=30)
+    for i in range(20):
+        ch.emit(i)
+    assert ch.close(0.3)
+    assert t0.pairs == t1.pairs == [(i, i) for i in range(20)]
+
+
+def test_close_gives_up_once_no_replica_receives_anything_for_its_timeout(harness):
+    gate = harness.gate()
+    ch = harness.channel([FakeTransport(gate=gate), FakeTransport(gate=gate)], batch_size=1, max_ready=5)
+    for i in range(3):
+        ch.emit(i)
+    releaser = threading.Timer(0.5, gate.set)  # close() joins the stuck senders: let them go afterwards
+    releaser.start()
+    try:
+        started = time.monotonic()
+        assert not ch.close(0.1)
+        assert time.monotonic() - started < 0.45
+    finally:
+        releaser.join()
+
+
 def test_close_flushes_the_open_batch(harness):
     t0, t1 = FakeTransport(), FakeTransport()
     ch = harness.channel([t0, t1], batch_size=100, buffer_timeout_s=60)  # never sealed by size or time
