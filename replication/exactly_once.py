@@ -11,7 +11,9 @@ When the writer's worker is declared dead, the master promotes the other replica
 epoch.  The new writer opens a producer with the same transactional id (which fences the old
 one at the broker: a hung writer that wakes up cannot write), scans the partition from the last
 committed offset it heard of for the highest seq of this output, and writes only what comes
-after it.  The scan reads with ``read_committed``.
+after it.  The scan reads with ``read_committed``.  The takeover runs in a thread of its own:
+meanwhile the replica goes on processing (and checkpointing) and keeps its output as a standby
+does, so a slow scan delays this output only, not the partition.
 
 What a reader sees, exactly:
 
@@ -26,9 +28,11 @@ What a reader sees, exactly:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -54,41 +58,68 @@ Headers = list[tuple[str, bytes]]
 TRANSACTION_TIMEOUT_MS = 30_000
 STALL_MARGIN_S = 30.0
 SCAN_STALL_S = TRANSACTION_TIMEOUT_MS / 1000 + STALL_MARGIN_S
+# After this long without progress the scan looks at what holds the last stable offset: when it is
+# only this output's own records (its fenced writer's), the stable offset is stuck (see below).
+STUCK_CHECK_S = 3.0
+
+
+@dataclass
+class _Scan:
+    best: int = -1  # highest rseq of the output read
+    at_end: bool = False  # the end of the partition was reached
+    position: int = 0  # the offset read up to
+    foreign: bool = False  # records of another output were read
 
 
 def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: str, start_offset: int,
-                    stall_s: float = SCAN_STALL_S, consumer: Callable[[dict], Any] | None = None) -> int:
+                    stall_s: float = SCAN_STALL_S, consumer: Callable[[dict], Any] | None = None,
+                    stuck_check_s: float = STUCK_CHECK_S) -> int:
     """Highest ``rseq`` of ``output_id`` in ``topic``/``partition`` from ``start_offset`` on (-1: none),
-    as a ``read_committed`` reader sees it.
+    as a ``read_committed`` reader sees it, once the caller fenced the output's previous writer.
 
-    A partition whose last stable offset does not move while records lie beyond it (``stall_s``
-    without anything new) is scanned again ``read_uncommitted``, up to its high watermark, with
-    a warning: on Apache Kafka every transaction of this job ends within ``stall_s``; on the
-    embedded broker, which hides no aborted record from any reader, a writer fenced while its
-    produce was in flight can leave the last stable offset stuck for good (docs/replication.md)."""
+    When the partition's last stable offset does not move while records lie beyond it, the scan
+    reads on ``read_uncommitted`` up to the high watermark, with a warning: at once (after
+    ``stuck_check_s``) if every record beyond it is this output's own, else after ``stall_s``
+    without anything new.  On Apache Kafka neither happens: fencing the previous writer aborted
+    its transaction, and every other transaction of the job's writers ends within ``stall_s``.
+    The embedded broker, which hides no aborted record from any reader, can leave the last
+    stable offset stuck for good behind a writer fenced while its produce was in flight
+    (docs/replication.md)."""
     key = output_id.encode()
     consumer = consumer or Consumer
     start = start_offset if start_offset >= 0 else OFFSET_BEGINNING
-    best, at_end, position = _scan(consumer, consumer_conf, topic, partition, key, start, "read_committed", stall_s)
-    if at_end:
-        return best
-    again, at_end, high = _scan(consumer, consumer_conf, topic, partition, key, start, "read_uncommitted", stall_s)
-    log.warning("scanning %s[%d] for %s: nothing new for %.0f s at offset %d with read_committed (the partition's "
-                "last stable offset does not move); read_uncommitted up to offset %d instead: output has seq <= %d",
-                topic, partition, output_id, stall_s, position, high, max(best, again))
-    if not at_end:
+    stuck_check_s = min(stuck_check_s, stall_s)
+    committed = _scan(consumer, consumer_conf, topic, partition, key, start, "read_committed", stuck_check_s)
+    if committed.at_end:
+        return committed.best
+    beyond = _scan(consumer, consumer_conf, topic, partition, key, committed.position, "read_uncommitted",
+                   stall_s)
+    if not (beyond.at_end and not beyond.foreign):  # another writer's transaction may still end
+        rest = _scan(consumer, consumer_conf, topic, partition, key, committed.position, "read_committed",
+                     max(stall_s - stuck_check_s, 0.0))
+        committed.best = max(committed.best, rest.best)
+        if rest.at_end:
+            return committed.best
+        committed.position = rest.position
+        beyond = _scan(consumer, consumer_conf, topic, partition, key, rest.position, "read_uncommitted", stall_s)
+    if not beyond.at_end:
         raise TimeoutError(f"scanning {topic}[{partition}] for {output_id}: no end of partition within {stall_s:g}s "
                            "of no progress, read_committed or not")
-    return max(best, again)
+    held_by = "another writer's transaction" if beyond.foreign else "this output's fenced writer only"
+    best = max(committed.best, beyond.best)
+    log.warning("scanning %s[%d] for %s: the last stable offset stays at %d (held by %s); read_uncommitted up "
+                "to offset %d instead: output has seq <= %d", topic, partition, output_id, committed.position,
+                held_by, beyond.position, best)
+    return best
 
 
 def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: int, key: bytes, start: int,
-          isolation: str, stall_s: float) -> tuple[int, bool, int]:
-    """(highest rseq of ``key``, whether the end of the partition was reached, the offset read up
-    to) reading with ``isolation`` until the end, or until ``stall_s`` passed without a record."""
+          isolation: str, stall_s: float) -> _Scan:
+    """What reading with ``isolation`` from ``start`` finds, until the end of the partition or
+    until ``stall_s`` passed without a record."""
     reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
                        "isolation.level": isolation, "fetch.wait.max.ms": 10})
-    best, position = -1, start
+    found = _Scan(position=start)
     try:
         reader.assign([TopicPartition(topic, partition, start)])
         last_new = time.monotonic()
@@ -97,15 +128,30 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        return best, True, msg.offset()
+                        found.at_end, found.position = True, msg.offset()
+                        return found
                     raise KafkaException(err)
-                last_new, position = time.monotonic(), msg.offset() + 1
+                last_new, found.position = time.monotonic(), msg.offset() + 1
                 headers = dict(msg.headers() or ())
                 if headers.get("rsink") == key:
-                    best = max(best, int(headers["rseq"]))
-        return best, False, position
+                    found.best = max(found.best, int(headers["rseq"]))
+                else:
+                    found.foreign = True
+        return found
     finally:
         reader.close()
+
+
+@dataclass
+class _Takeover:
+    """A takeover as writer in progress (its own thread): fence the old writer, scan the output."""
+
+    epoch: int
+    from_offset: int
+    done: threading.Event = field(default_factory=threading.Event)
+    producer: Any = None
+    written: int = -1
+    error: BaseException | None = None
 
 
 def _is_fatal(error: KafkaError) -> bool:
@@ -145,6 +191,7 @@ class ExactlyOnceOutput:
         self._on_role = on_role or (lambda role: None)
         self._on_written = on_written
         self._on_committed = on_committed or (lambda seq, offset: None)
+        self._takeover: _Takeover | None = None
 
     # -- records ------------------------------------------------------------------------
     def append(self, value: bytes, key: bytes | None, headers: Headers, ingest_ts: float | None = None) -> None:
@@ -154,12 +201,16 @@ class ExactlyOnceOutput:
         entry = (self.seq, value, key, [("rsink", self.output_id.encode()), ("rseq", str(self.seq).encode()),
                                         *headers])
         self.buffer.append(entry)
+        if self._takeover is not None:
+            self._poll_takeover()
         if self.writer:
             self._write(entry, ingest_ts)
             if self.writer:
                 self._maybe_commit()
 
     def on_idle(self) -> None:
+        if self._takeover is not None:
+            self._poll_takeover()
         if self.writer:
             self._maybe_commit()
 
@@ -225,27 +276,71 @@ class ExactlyOnceOutput:
         self._committed(committed_seq, committed_offset)
         # only a strictly newer assignment makes a writer: a fenced writer never reopens at its own epoch
         if writer_replica == self.replica and epoch > self.epoch:
+            self.epoch = epoch
             self._become_writer(epoch)
         elif writer_replica != self.replica and self.writer:
             self.writer = False  # demoted: the new writer's producer fences ours
             self.producer = None
             self.txn_records = 0
         self.epoch = epoch
+        if self._takeover is not None:
+            self._poll_takeover()  # a takeover for an older epoch is dropped
 
-    def _become_writer(self, epoch: int) -> None:
+    @property
+    def taking_over(self) -> bool:
+        """A takeover as writer is in progress (fencing the old writer, scanning the output)."""
+        return self._takeover is not None
+
+    def _producer(self) -> Producer:
         conf = self.cfg.kafka_producer_config()
         conf.update({"transactional.id": f"replication.{self.output_id}", "enable.idempotence": True,
                      "acks": "all"})
         conf.setdefault("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
         producer = Producer(conf)
         producer.init_transactions(30)  # fences any older producer of this output
-        if epoch > 0:  # taking over: what did the previous writer get into the log?
-            written = max_written_seq(self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"),
-                                      self.topic, self.kafka_partition, self.output_id, self.committed_offset,
-                                      stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S)
-            log.warning("%s: took over as writer (epoch %d): output has seq <= %d, %d records buffered",
-                        self.name, epoch, written, len(self.buffer))
-            self._committed(written, self.committed_offset)
+        return producer
+
+    def _become_writer(self, epoch: int) -> None:
+        if epoch == 0:  # the first writer: nothing written before it
+            self._start_writing(self._producer())
+            return
+        # taking over: what did the previous writer get into the log?  Found in a thread of its own
+        # (the scan can take long), while this replica goes on and keeps its records meanwhile
+        self._takeover = takeover = _Takeover(epoch, self.committed_offset)
+        threading.Thread(target=self._take_over, args=(takeover,), name=f"takeover-{self.name}",
+                         daemon=True).start()
+
+    def _take_over(self, takeover: _Takeover) -> None:
+        try:
+            producer = self._producer()
+            timeout_ms = self.cfg.kafka_producer_config().get("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
+            takeover.written = max_written_seq(
+                self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"), self.topic,
+                self.kafka_partition, self.output_id, takeover.from_offset,
+                stall_s=int(timeout_ms) / 1000 + STALL_MARGIN_S)
+            takeover.producer = producer
+        except BaseException as exc:  # noqa: BLE001 - raised on the instance thread
+            takeover.error = exc
+        finally:
+            takeover.done.set()
+
+    def _poll_takeover(self) -> None:
+        """Finish a takeover whose scan is done (the instance thread)."""
+        takeover = self._takeover
+        if takeover is None or not takeover.done.is_set():
+            return
+        self._takeover = None
+        if takeover.epoch != self.epoch:
+            return  # superseded meanwhile: a newer writer fences this producer
+        if takeover.error is not None:
+            raise RuntimeError(f"{self.name}: taking over as writer (epoch {takeover.epoch}) failed: "
+                               f"{takeover.error}") from takeover.error
+        log.warning("%s: took over as writer (epoch %d): output has seq <= %d, %d records buffered",
+                    self.name, takeover.epoch, takeover.written, len(self.buffer))
+        self._committed(takeover.written, self.committed_offset)
+        self._start_writing(takeover.producer)
+
+    def _start_writing(self, producer: Producer) -> None:
         self.producer = producer
         self.writer = True
         self._on_role("writer")
@@ -259,6 +354,7 @@ class ExactlyOnceOutput:
         """At the end: commit (the writer), or wait until the writer confirmed everything."""
         deadline = time.monotonic() + self.cfg.stop_timeout_ms / 1000 * 3
         while True:
+            self._poll_takeover()
             if self.writer:
                 self._maybe_commit(force=True)
                 if self.writer and self.producer is not None:
@@ -266,7 +362,7 @@ class ExactlyOnceOutput:
                     return
             elif self.committed_seq >= self.seq:
                 return  # the writer has everything this replica produced
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline and self._takeover is None:  # a takeover's scan has its own bound
                 raise RuntimeError(f"{self.name}: output up to seq {self.seq} not confirmed by a writer "
                                    f"(committed {self.committed_seq})")
             poll_control()

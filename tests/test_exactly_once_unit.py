@@ -3,6 +3,7 @@ steps down instead of failing its replica."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -103,7 +104,7 @@ def test_a_takeover_scan_whose_last_stable_offset_is_stuck_reads_what_the_log_ho
     reader, made = _partition(stable=4, high=10)
     assert max_written_seq({}, "out", 0, "out-1", -1, stall_s=0.3, consumer=reader) == 9
     assert made == ["read_committed", "read_uncommitted"]
-    assert "last stable offset does not move" in caplog.text
+    assert "the last stable offset stays at 4" in caplog.text
 
 
 def test_a_takeover_scan_that_reaches_no_end_either_way_fails():
@@ -154,3 +155,149 @@ def test_a_writer_whose_commits_are_slow_commits_less_often_and_keeps_up():
     out.on_idle()
     out._maybe_commit(force=True)
     assert out.committed_seq == out.seq  # everything committed in the end
+
+
+def _partition_of(stable: int, high: int, foreign: set[int]):
+    """As :func:`_partition`, with the records at offsets ``foreign`` written by another output."""
+    reader, made = _partition(stable, high)
+
+    class Mixed(reader):
+        def consume(self, num_messages: int, timeout: float):
+            out = super().consume(num_messages, timeout)
+            for msg in out:
+                if msg._offset in foreign:
+                    msg.headers = lambda: [("rsink", b"other"), ("rseq", b"0")]
+            return out
+
+    return Mixed, made
+
+
+def test_a_last_stable_offset_held_only_by_the_outputs_own_fenced_writer_is_passed_at_once(caplog):
+    """Fencing the old writer ended its transaction: if nothing but its records lies beyond the
+    last stable offset, that offset is stuck (the embedded broker), and waiting the transaction
+    timeout out would only stall the new writer."""
+    reader, made = _partition_of(stable=4, high=10, foreign=set())
+    started = time.monotonic()
+    assert max_written_seq({}, "out", 0, "out-1", -1, stall_s=30, consumer=reader, stuck_check_s=0.2) == 9
+    assert time.monotonic() - started < 5
+    assert made == ["read_committed", "read_uncommitted"]
+    assert "fenced writer only" in caplog.text
+
+
+def test_a_last_stable_offset_held_by_another_writer_is_waited_for():
+    """Records of another output beyond the stable offset: that writer's transaction may still
+    commit, so the scan waits ``stall_s`` for it before it reads what the log holds."""
+    reader, made = _partition_of(stable=4, high=10, foreign={6})
+    started = time.monotonic()
+    assert max_written_seq({}, "out", 0, "out-1", -1, stall_s=0.6, consumer=reader, stuck_check_s=0.1) == 9
+    assert time.monotonic() - started >= 0.5
+    assert made == ["read_committed", "read_uncommitted", "read_committed", "read_uncommitted"]
+
+
+class TransactionalProducer:
+    """A transactional producer that records what it writes."""
+
+    def __init__(self, conf: dict) -> None:
+        self.values: list[bytes] = []
+        self.commits = 0
+
+    def init_transactions(self, timeout: float) -> None:
+        pass
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, topic, value=None, **kwargs) -> None:
+        self.values.append(value)
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.commits += 1
+
+
+def test_a_replica_taking_over_goes_on_while_its_scan_runs(monkeypatch):
+    """The takeover's scan can take long (a stuck last stable offset: up to the transaction timeout
+    and more).  Meanwhile the replica must go on (its checkpoints, its downstreams and the safe cut
+    of the whole job wait for it otherwise): it keeps its records as a standby does and writes
+    those the scan did not find once the scan is done."""
+    from replication import exactly_once
+
+    scanning, release = threading.Event(), threading.Event()
+    producers: list[TransactionalProducer] = []
+
+    def scan(*args, **kwargs) -> int:
+        scanning.set()
+        release.wait(30)
+        return 1  # the lost writer got seqs 0 and 1 into the output
+
+    def producer(conf: dict) -> TransactionalProducer:
+        producers.append(TransactionalProducer(conf))
+        return producers[-1]
+
+    monkeypatch.setattr(exactly_once, "max_written_seq", scan)
+    monkeypatch.setattr(exactly_once, "Producer", producer)
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    roles: list[str] = []
+    out = ExactlyOnceOutput("sink[0]r1", cfg, 1, "run:1:0", "out", 0, 0.001, on_role=roles.append)
+    out.control(0, 0, -1, -1)
+    for i in range(3):
+        out.append(b"%d" % i, None, [])
+    done = threading.Event()
+
+    def promoted() -> None:
+        out.control(1, 1, -1, -1)  # the writer died: this replica takes over (epoch 1)
+        for i in range(3, 6):
+            out.append(b"%d" % i, None, [])
+        done.set()
+
+    threading.Thread(target=promoted, daemon=True).start()
+    assert scanning.wait(5) and done.wait(5), "the replica waited for its takeover's scan"
+    assert out.taking_over and not out.writer and roles == []
+    release.set()
+    deadline = time.monotonic() + 5
+    while not out.writer and time.monotonic() < deadline:
+        out.on_idle()
+        time.sleep(0.01)
+    assert out.writer and not out.taking_over and roles == ["writer"]
+    assert producers[-1].values == [b"2", b"3", b"4", b"5"]  # what the lost writer had not written
+    assert out.committed_seq == 5 and not out.buffer
+
+
+def test_a_takeover_superseded_before_its_scan_ended_does_not_write(monkeypatch):
+    from replication import exactly_once
+
+    release = threading.Event()
+    monkeypatch.setattr(exactly_once, "max_written_seq", lambda *a, **k: release.wait(30) and -1)
+    monkeypatch.setattr(exactly_once, "Producer", TransactionalProducer)
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    out = ExactlyOnceOutput("sink[0]r1", cfg, 1, "run:1:0", "out", 0, 0.001)
+    out.control(1, 1, -1, -1)
+    out.append(b"0", None, [])
+    out.control(0, 2, -1, -1)  # the other replica (restored) writes now
+    release.set()
+    time.sleep(0.1)
+    out.on_idle()
+    assert not out.writer and not out.taking_over and out.producer is None
+    assert [seq for seq, *_ in out.buffer] == [0]
+
+
+def test_a_failed_takeover_fails_its_replica(monkeypatch):
+    from replication import exactly_once
+
+    def scan(*args, **kwargs) -> int:
+        raise TimeoutError("no end of partition")
+
+    monkeypatch.setattr(exactly_once, "max_written_seq", scan)
+    monkeypatch.setattr(exactly_once, "Producer", TransactionalProducer)
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    out = ExactlyOnceOutput("sink[0]r1", cfg, 1, "run:1:0", "out", 0, 0.001)
+    with pytest.raises(RuntimeError, match="taking over as writer .epoch 1. failed: no end of partition"):
+        out.control(1, 1, -1, -1)
+        for _ in range(500):
+            out.on_idle()
+            time.sleep(0.01)

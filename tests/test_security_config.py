@@ -166,7 +166,7 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
             cfg=cfg, worker=SimpleNamespace(job_name="j"), task=SimpleNamespace(id=1), partition=0, topic="t",
             kafka_partitions=[0], start_offsets={})),
         "sink and dead-letter writer": lambda: exactly_once.ExactlyOnceOutput(
-            "sink", cfg, 0, "s", "t", 0, 0.005).control(0, 1, -1, -1),
+            "sink", cfg, 0, "s", "t", 0, 0.005).control(0, 0, -1, -1),
         "sink and dead-letter takeover scan": lambda: exactly_once.max_written_seq(
             cfg.kafka_consumer_config(group_id="scan"), "t", 0, "s", 0),
         "end offsets": lambda: kafka_io.end_offsets_by_fetch(cfg.kafka_consumer_config(), "t", [0]),

@@ -39,6 +39,15 @@ class SinkEnv:
         self.dead.append(kw)
 
 
+def _until_writer(out, timeout_s: float = 90.0) -> None:
+    """The takeover (fencing, the scan) runs in its own thread: wait until it made a writer."""
+    deadline = time.monotonic() + timeout_s
+    while not out.writer:
+        assert out.taking_over and time.monotonic() < deadline
+        out.on_idle()
+        time.sleep(0.01)
+
+
 def _rec(i: int) -> tuple:
     return (DATA, {"i": i}, f"k{i % 7}", i, time.time(), None)
 
@@ -85,7 +94,7 @@ def test_takeover_after_a_writer_dies_mid_transaction_writes_every_record_once(s
     if broker == "kafka":  # read_committed on Apache Kafka skips the aborted transaction
         monkeypatch.setattr(exactly_once, "max_written_seq", lambda *args, **kw: 299)
     standby.control(1, 1, 299, committed_offset)  # the driver promotes replica 1 (epoch 1)
-    assert standby.out.writer
+    _until_writer(standby.out)
 
     # the zombie wakes up and tries to finish its transaction: fenced, and it stops writing
     writer.process(_rec(400))
