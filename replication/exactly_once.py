@@ -61,6 +61,10 @@ SCAN_STALL_S = TRANSACTION_TIMEOUT_MS / 1000 + STALL_MARGIN_S
 # After this long without progress the scan looks at what holds the last stable offset: when it is
 # only this output's own records (its fenced writer's), the stable offset is stuck (see below).
 STUCK_CHECK_S = 3.0
+# The embedded broker lists every batch of a partition on each fetch and answers with nothing when
+# that takes longer than the fetch's wait (docs/embedded-broker.md): a short wait never reads a
+# large output partition.  The scan is not latency: a long wait costs it nothing.
+SCAN_FETCH_WAIT_MS = 500
 
 
 @dataclass
@@ -118,7 +122,7 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
     """What reading with ``isolation`` from ``start`` finds, until the end of the partition or
     until ``stall_s`` passed without a record."""
     reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
-                       "isolation.level": isolation, "fetch.wait.max.ms": 10})
+                       "isolation.level": isolation, "fetch.wait.max.ms": SCAN_FETCH_WAIT_MS})
     found = _Scan(position=start)
     try:
         reader.assign([TopicPartition(topic, partition, start)])
