@@ -199,14 +199,14 @@ class ExactlyOnceOutput:
 
     # -- records ------------------------------------------------------------------------
     def append(self, value: bytes, key: bytes | None, headers: Headers, ingest_ts: float | None = None) -> None:
+        if self._takeover is not None:
+            self._poll_takeover()  # before this record is kept: a finished takeover writes what is kept
         self.seq += 1
         if self.seq <= self.committed_seq:
             return  # regenerated after a restore from a checkpoint: the output has it already
         entry = (self.seq, value, key, [("rsink", self.output_id.encode()), ("rseq", str(self.seq).encode()),
                                         *headers])
         self.buffer.append(entry)
-        if self._takeover is not None:
-            self._poll_takeover()
         if self.writer:
             self._write(entry, ingest_ts)
             if self.writer:
