@@ -201,6 +201,13 @@ def test_rebalancing_from_the_measured_load_relieves_the_busiest_partition_exact
     assert replicas_agree(result, handle) == 2
 
 
+def handover_orders(master) -> list:
+    """The handover orders the master runs or keeps in its history now."""
+    with master._cond:
+        coordinator = master.handovers
+        return [] if coordinator is None else [*coordinator.orders.values(), *coordinator.history.values()]
+
+
 def _move_in_background(handle, vnodes, outcome: dict) -> threading.Thread:
     """``move_vnodes(chain, vnodes, 1)`` with wide margins (1 s to the switch, 3 s to the release)
     in a thread, its report or error into ``outcome``."""
@@ -310,12 +317,20 @@ def test_with_rhino_a_participant_killed_during_a_handover_is_restored_and_the_o
     with fed_without_pause(stack, a, b) as ids:
         wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere")
         mover = _move_in_background(handle, vnodes, outcome)
+        # the order, read while the handover runs: once it completed, the next checkpoints past it
+        # may prune it from the history at any time
+        seen: list = []
+
+        def order_known() -> bool:
+            seen.extend(handover_orders(master))
+            return bool(seen)
+
+        wait(order_known, 30, "the handover's order")
+        order = seen[0]
         if when == "after-completion":
             mover.join(60)
         else:
             wait(lambda: reached(when), 30, when)
-        with master._cond:
-            order = next(iter({**master.handovers.orders, **master.handovers.history}.values()))
         lost = replicas_sharing_worker(handle, victim)
         kill_executor(locate(victim, job=job.name))
         mover.join(60)
