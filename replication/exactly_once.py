@@ -295,18 +295,22 @@ class ExactlyOnceOutput:
         """A takeover as writer is in progress (fencing the old writer, scanning the output)."""
         return self._takeover is not None
 
-    def _producer(self) -> Producer:
+    def _producer_conf(self) -> dict[str, Any]:
         conf = self.cfg.kafka_producer_config()
         conf.update({"transactional.id": f"replication.{self.output_id}", "enable.idempotence": True,
                      "acks": "all"})
         conf.setdefault("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
+        return conf
+
+    @staticmethod
+    def _producer(conf: dict[str, Any]) -> Producer:
         producer = Producer(conf)
         producer.init_transactions(30)  # fences any older producer of this output
         return producer
 
     def _become_writer(self, epoch: int) -> None:
         if epoch == 0:  # the first writer: nothing written before it
-            self._start_writing(self._producer())
+            self._start_writing(self._producer(self._producer_conf()))
             return
         # taking over: what did the previous writer get into the log?  Found in a thread of its own
         # (the scan can take long), while this replica goes on and keeps its records meanwhile
@@ -316,12 +320,12 @@ class ExactlyOnceOutput:
 
     def _take_over(self, takeover: _Takeover) -> None:
         try:
-            producer = self._producer()
-            timeout_ms = self.cfg.kafka_producer_config().get("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)
+            conf = self._producer_conf()
+            producer = self._producer(conf)
             takeover.written = max_written_seq(
                 self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"), self.topic,
                 self.kafka_partition, self.output_id, takeover.from_offset,
-                stall_s=int(timeout_ms) / 1000 + STALL_MARGIN_S)
+                stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S)
             takeover.producer = producer
         except BaseException as exc:  # noqa: BLE001 - raised on the instance thread
             takeover.error = exc
