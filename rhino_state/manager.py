@@ -83,19 +83,22 @@ class ReplicationManager:
         return {w for (t, p, r), w in self.placement.items()
                 if (t, p) == inst and w not in self.dead and (t, p, r) not in self.lost}
 
+    def _load(self, w: int) -> int:
+        """What ``w`` carries: the live replicas it runs and the replica groups it is a member of."""
+        replicas = sum(1 for r, ww in self.placement.items() if ww == w and r not in self.lost)
+        return replicas + sum(1 for g in self.groups.values() if w in g)
+
     def _choose(self, inst: Instance, keep: Iterable[int]) -> list[int]:
         """``keep`` (in order, still eligible) plus new members up to ``size``, deterministically:
-        the workers after the instance's first replica, round robin."""
+        the least loaded eligible workers, ties broken round robin after the instance's first replica
+        (so restores, which go to group members, spread instead of piling on one worker)."""
         busy = self.replica_workers(inst)
         group = [w for w in keep if w not in busy and w not in self.dead]
         first = min(w for (t, p, _), w in self.placement.items() if (t, p) == inst)
-        for j in range(1, self.num_workers + 1):
-            if len(group) >= self.size:
-                break
-            w = (first + j) % self.num_workers
-            if w not in busy and w not in self.dead and w not in group:
-                group.append(w)
-        return group
+        ring = [(first + j) % self.num_workers for j in range(1, self.num_workers + 1)]
+        free = [w for w in ring if w not in busy and w not in self.dead and w not in group]
+        free.sort(key=self._load)  # stable: ties keep the ring order
+        return group + free[:max(0, self.size - len(group))]
 
     def _regroup(self, insts: Iterable[Instance]) -> dict[Instance, list[int]]:
         changed = {}
@@ -221,9 +224,31 @@ class ReplicationManager:
         return self._regroup([replica[:2]])
 
     def worker_alive(self, w: int) -> dict[Instance, list[int]]:
-        """``w`` (a relaunched worker) can hold checkpoints again: groups short of members take it."""
+        """``w`` (a relaunched worker) can hold checkpoints again: groups short of members take it,
+        then it takes memberships over from the busiest workers until the load is even (their
+        next checkpoint goes to it in full; the old member keeps what it holds meanwhile)."""
         self.dead.discard(w)
-        return self._regroup(inst for inst, g in self.groups.items() if len(g) < self.size)
+        changed = self._regroup(inst for inst, g in self.groups.items() if len(g) < self.size)
+        while (move := self._membership_to_take(w)) is not None:
+            inst, old = move
+            group = [w if m == old else m for m in self.groups[inst]]
+            self.groups[inst] = changed[inst] = group
+        return changed
+
+    def _membership_to_take(self, w: int) -> tuple[Instance, int] | None:
+        """A group membership that moving from its member to ``w`` evens the load, the busiest
+        member's first (deterministic), or None."""
+        best: tuple[int, Instance, int] | None = None
+        mine = self._load(w)
+        for inst in sorted(self.groups):
+            group = self.groups[inst]
+            if w in group or w in self.replica_workers(inst):
+                continue
+            for member in group:
+                load = self._load(member)
+                if load - mine >= 2 and (best is None or load > best[0]):
+                    best = (load, inst, member)
+        return None if best is None else best[1:]
 
     def restore_plan(self, replica: ReplicaId, avoid: Collection[int] = ()
                      ) -> tuple[int, CompletedCheckpoint, bool] | None:

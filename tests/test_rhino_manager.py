@@ -28,8 +28,9 @@ def test_a_lost_replica_is_restored_on_a_holder_of_the_latest_completed_checkpoi
     assert m.completed[(0, 0)].positions == {0: 10}
     regrouped = m.replica_moved((0, 0, 0), 2)
     assert m.groups[(0, 0)] == [] and regrouped == {(0, 0): []}  # workers 1 and 2 run it, 0 is dead
-    # the relaunched worker joins the groups it left short (their next checkpoint is a full one)
-    assert m.worker_alive(0) == {(0, 0): [0], (0, 1): [0]}
+    # the relaunched worker joins the groups it left short (their next checkpoint is a full one),
+    # then takes (1, 0) over from worker 1, which runs three replicas and was its only member
+    assert m.worker_alive(0) == {(0, 0): [0], (0, 1): [0], (1, 0): [0]}
 
 
 def test_a_dead_holder_cannot_be_restored_from():
@@ -59,6 +60,41 @@ def test_a_lost_replica_on_its_relaunched_worker_is_not_live():
     assert m.replica_workers((0, 0)) == {1} and m.groups[(0, 0)] == [2, 0]
     m.replica_moved((0, 0, 0), 2)  # restored on worker 2
     assert m.replica_workers((0, 0)) == {1, 2} and m.groups[(0, 0)] == [0]
+
+
+def _kill_and_restore(m: ReplicationManager, w: int) -> list[int]:
+    """Worker ``w`` dies and every replica it ran is restored where its plan says: the hosts."""
+    lost, _ = m.worker_dead(w)
+    hosts = []
+    for replica in lost:
+        host, _, _ = m.restore_plan(replica)
+        m.replica_moved(replica, host)
+        hosts.append(host)
+    return hosts
+
+
+def _loads(m: ReplicationManager, workers: int) -> list[int]:
+    """Per worker: the live replicas it runs plus the replica groups it is a member of."""
+    return [sum(1 for r, ww in m.placement.items() if ww == w and r not in m.lost)
+            + sum(1 for g in m.groups.values() if w in g) for w in range(workers)]
+
+
+def test_groups_and_restores_spread_over_the_workers_across_kills_and_relaunches():
+    """Ten partitions on four workers, killed and relaunched one after another: the groups, and
+    so the restores that go to their members, stay spread instead of all piling on one worker
+    (the relaunched one joins no group unless it takes memberships over)."""
+    placement = {(t, p, r): (2 * t + p + r) % 4 for t in range(5) for p in range(2) for r in range(2)}
+    m = ReplicationManager(placement, 4)
+    loads = _loads(m, 4)
+    assert max(loads) - min(loads) <= 1, loads
+    for cid, w in enumerate([3, 0, 2, 1, 3, 0], start=1):
+        for inst in m.instances():  # the groups' checkpoints complete on their members
+            m.checkpoint_completed(inst, cid, {})
+        hosts = _kill_and_restore(m, w)
+        assert len(set(hosts)) >= 2, f"every replica of worker {w} restored on worker {hosts[0]}"
+        m.worker_alive(w)
+        loads = _loads(m, 4)
+        assert max(loads) - min(loads) <= 2, loads
 
 
 # a source (task 0) -> map (task 1) -> sink (task 2) chain, one partition each, channels 10 and 11
