@@ -103,3 +103,8 @@ class ExactlyOnceDeadLetters:
     @property
     def committed(self) -> tuple[int, int]:
         return self.out.committed_seq, self.out.committed_offset
+
+    @property
+    def fenced_at(self) -> int:
+        """The epoch this replica wrote at when it was fenced, or -1 (see ExactlyOnceOutput)."""
+        return self.out.fenced_at

@@ -282,6 +282,21 @@ class JobMaster:
         self._status_dirty = True
         self._cond.notify_all()
 
+    def _writer_fenced(self, replica: ReplicaId, kind: str, epoch: int) -> None:
+        """The writer of an exactly-once output says a newer producer fenced it at ``epoch`` (a
+        superseded takeover that fenced late, a fatal producer error).  Still the writer at that
+        epoch: it is named again with a higher one, so it fences that producer and takes over;
+        else it was rightly fenced and nothing changes."""
+        t, p, r = replica
+        role = self.sinks.get((t, p, kind))
+        if role is None or role[0] != r or role[1] != epoch or replica in self.lost:
+            return
+        role[1] += 1
+        what = "sink" if kind == "out" else "dead letters of"
+        self.event(f"{what} {self._replica_label(t, p, r)} was fenced as writer at epoch {epoch}: "
+                   f"it takes over again (epoch {role[1]})")
+        self._status_dirty = True
+
     def _sink_roles(self) -> dict[tuple[int, int, str], tuple[int, int, int, int]]:
         return {key: tuple(role) for key, role in self.sinks.items()}
 
@@ -373,6 +388,8 @@ class JobMaster:
                 self._settle_drain()
             for replica, (worker, why) in req.cut_offs.items():
                 self._replica_cut_off(replica, worker, why)
+            for (t, p, r, kind), epoch in req.fenced.items():
+                self._writer_fenced((t, p, r), kind, epoch)
             if self.savepoint is not None and req.savepoint_armed == self.savepoint and w not in self.savepoint_armed:
                 self.savepoint_armed.add(w)
                 self._cond.notify_all()

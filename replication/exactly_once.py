@@ -13,7 +13,9 @@ one at the broker: a hung writer that wakes up cannot write), scans the partitio
 committed offset it heard of for the highest seq of this output, and writes only what comes
 after it.  The scan reads with ``read_committed``.  The takeover runs in a thread of its own:
 meanwhile the replica goes on processing (and checkpointing) and keeps its output as a standby
-does, so a slow scan delays this output only, not the partition.
+does, so a slow scan delays this output only, not the partition.  A writer fenced while the
+master still names it (a superseded takeover's producer initialised late) says so (``fenced_at``)
+and is named again with a higher epoch.
 
 What a reader sees, exactly:
 
@@ -196,6 +198,10 @@ class ExactlyOnceOutput:
         self._on_written = on_written
         self._on_committed = on_committed or (lambda seq, offset: None)
         self._takeover: _Takeover | None = None
+        # the epoch this replica wrote at when a producer of the same output fenced it (-1: not
+        # fenced since its last assignment); the driver names a writer again when that is still its
+        # current one (a superseded takeover that fenced late, a local fatal producer error)
+        self.fenced_at = -1
 
     # -- records ------------------------------------------------------------------------
     def append(self, value: bytes, key: bytes | None, headers: Headers, ingest_ts: float | None = None) -> None:
@@ -267,7 +273,9 @@ class ExactlyOnceOutput:
         self._on_committed(self.committed_seq, self.committed_offset)
 
     def _fenced(self, err: KafkaException) -> None:
-        log.warning("%s: fenced as writer (%s): another replica took over", self.name, err.args[0])
+        log.warning("%s: fenced as writer at epoch %d (%s): writes again only when named anew",
+                    self.name, self.epoch, err.args[0])
+        self.fenced_at = self.epoch
         self.writer = False
         self.txn_records = 0
         self.producer = None
@@ -279,6 +287,8 @@ class ExactlyOnceOutput:
             return
         self._committed(committed_seq, committed_offset)
         # only a strictly newer assignment makes a writer: a fenced writer never reopens at its own epoch
+        if epoch > self.epoch:
+            self.fenced_at = -1  # a new assignment: what fenced this replica before is settled
         if writer_replica == self.replica and epoch > self.epoch:
             self.epoch = epoch
             self._become_writer(epoch)

@@ -55,6 +55,9 @@ class Heartbeat:
     drain_positions: dict[ReplicaId, dict[int, int]] = field(default_factory=dict)
     # destination replicas a channel cut off by itself (failed sends, too far behind): (worker, why)
     cut_offs: dict[ReplicaId, tuple[int, str]] = field(default_factory=dict)
+    # exactly-once outputs whose writer replica a newer producer of the output fenced:
+    # (task, partition, replica, kind "out" | "dlq") -> the epoch it wrote at
+    fenced: dict[tuple[int, int, int, str], int] = field(default_factory=dict)
 
 
 @wire.record

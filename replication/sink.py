@@ -60,3 +60,8 @@ class ExactlyOnceSink(SinkBase):
     def committed(self) -> tuple[int, int]:
         """(seq, offset) this output is known to have committed, for the driver."""
         return self.out.committed_seq, self.out.committed_offset
+
+    @property
+    def fenced_at(self) -> int:
+        """The epoch this replica wrote at when it was fenced, or -1 (see ExactlyOnceOutput)."""
+        return self.out.fenced_at

@@ -807,6 +807,11 @@ class Worker:
         """What each exactly-once output (sink, dead letters) of the hosted replicas committed."""
         return {(t, p, w.kind): w.committed for (t, p), inst in list(self.instances.items()) for w in inst.writers}
 
+    def _fenced_writers(self) -> dict[tuple[int, int, int, str], int]:
+        """The exactly-once outputs of the hosted replicas whose writer was fenced: the epoch."""
+        return {(t, p, inst.replica, w.kind): w.fenced_at for (t, p), inst in list(self.instances.items())
+                for w in inst.writers if w.fenced_at >= 0}
+
     def _heartbeat(self, master: rpc.Peer, with_metrics: bool) -> Instructions | None:
         for inst in list(self.instances.values()):
             self._unsent_acks += inst.take_handover_acks()
@@ -823,7 +828,7 @@ class Worker:
             checkpoints=self.checkpoints.report() if self.checkpoints is not None else None,
             metrics=self._metrics() if with_metrics else None, holding=holding,
             handover_acks=list(self._unsent_acks), savepoint_armed=self._savepoint, drain_positions=drain_positions,
-            cut_offs=cut_offs,
+            cut_offs=cut_offs, fenced=self._fenced_writers(),
             rpc_refused=self.server.refused if self.server is not None else 0)
         try:
             reply = master.call("Heartbeat", req, Instructions, timeout=5)

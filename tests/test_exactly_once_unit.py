@@ -38,6 +38,9 @@ def test_a_writer_whose_producer_was_fenced_steps_down_and_keeps_its_records(err
     out.append(b"payload", None, [])
     assert not out.writer and out.producer is None and roles == ["standby"]
     assert [seq for seq, *_ in out.buffer] == [0]  # kept until a writer confirms it
+    assert out.fenced_at == 0  # reported to the driver, which names it again if it is still the writer
+    out.control(1, 1, -1, -1)  # named anew (here: the twin)
+    assert out.fenced_at == -1 and not out.writer
 
 
 def test_any_other_produce_error_is_raised():

@@ -95,6 +95,24 @@ def test_losing_a_sink_writer_passes_both_its_writer_roles_to_the_twin():
     assert master.sinks[(t, p, "out")][:2] == [1 - r, 1] and master.sinks[(t, p, "dlq")][:2] == [1 - r, 1]
 
 
+def test_a_writer_fenced_at_its_current_epoch_is_named_again_with_a_higher_one():
+    """A superseded takeover's producer (a replica declared dead while it initialised, woken up
+    later) fenced the writer named after it: that writer says so and is named again, so it
+    fences the stray producer in turn.  A writer fenced because a newer one took over is not."""
+    master = _master(mode="liverobin")
+    t, p, r = _replicas(master, "chain-sink")[0]
+    writer_worker = master.placement[(t, p, r)]
+    reply = _beat(master, writer_worker, fenced={(t, p, r, "out"): 0})
+    assert master.sinks[(t, p, "out")][:2] == [r, 1] and reply.sinks[(t, p, "out")][:2] == (r, 1)
+    assert master.sinks[(t, p, "dlq")][:2] == [r, 0]  # the other output of the partition is untouched
+    assert any("was fenced as writer at epoch 0: it takes over again (epoch 1)" in text for _, text in master.events)
+    _beat(master, writer_worker, fenced={(t, p, r, "out"): 0})  # the same report again, before the role arrived
+    assert master.sinks[(t, p, "out")][:2] == [r, 1]
+    twin_worker = master.placement[(t, p, 1 - r)]
+    _beat(master, twin_worker, fenced={(t, p, 1 - r, "out"): 1})  # not the writer: rightly fenced
+    assert master.sinks[(t, p, "out")][:2] == [r, 1]
+
+
 # -- when nothing is left to restore from, the job fails at once, saying what was lost ----------
 
 def test_losing_both_replicas_and_every_holder_of_the_checkpoint_fails_the_job_at_once():

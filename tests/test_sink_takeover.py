@@ -118,6 +118,42 @@ def test_takeover_after_a_writer_dies_mid_transaction_writes_every_record_once(s
     assert not writer.out.writer
 
 
+def test_a_writer_fenced_by_a_superseded_takeover_is_named_again_and_writes_every_record_once(
+        stack, topic_prefix):
+    """Replica 1 takes over at epoch 1; a takeover of replica 0 that the driver superseded (its
+    worker was declared dead while it initialised) finishes initialising its producer late and
+    fences it.  Replica 1 reports the epoch it was fenced at; the driver, which still names it,
+    names it again at epoch 2: it fences the stray producer, scans, and goes on, every record once."""
+    from confluent_kafka import Producer
+
+    topic, sink_id = f"{topic_prefix}out", f"{topic_prefix}run:2:0"
+    create_topics(stack.bootstrap_servers, {topic: 1})
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers})
+    sink = ExactlyOnceSink("sink", SinkEnv(cfg, 1, sink_id), topic, lambda v: repr(v).encode(), str.encode)
+    sink.control(1, 1, -1, -1)
+    _until_writer(sink.out)
+    for i in range(100):
+        sink.process(_rec(i))
+    sink.out._maybe_commit(force=True)
+
+    stray = Producer(sink.out._producer_conf())
+    stray.init_transactions(30)  # the superseded takeover's producer, initialised late
+    for i in range(100, 200):
+        sink.process(_rec(i))
+    sink.out._maybe_commit(force=True)
+    assert not sink.out.writer and sink.out.fenced_at == 1  # what the heartbeat tells the driver
+
+    sink.control(1, 2, *sink.committed)  # the driver names it again, at epoch 2
+    _until_writer(sink.out)
+    for i in range(200, 300):
+        sink.process(_rec(i))
+    sink.on_end()
+    assert sink.out.fenced_at == -1
+
+    records = [r for r in read_all(stack.bootstrap_servers, topic) if dict(r.headers)["rsink"] == sink_id.encode()]
+    assert sorted(int(dict(r.headers)["rseq"]) for r in records) == list(range(300))
+
+
 def test_dead_letters_are_written_once_by_the_writer_replica_and_after_a_takeover(stack, topic_prefix):
     """Both replicas meet the same bad records; only the writer writes them, and the replica that
     takes over writes only those the output does not have yet."""
