@@ -339,6 +339,7 @@ class SoakReport:
     verdict: Verdict = field(default_factory=Verdict)
     status: str = ""
     failure: str | None = None
+    feed_failed: int = 0  # records the feeder's producer could not deliver (an event is then missing)
 
     @property
     def survived(self) -> int:
@@ -367,7 +368,9 @@ class SoakReport:
                 f"  events {v.events:,}, output records {v.records:,}: lost {v.lost}, duplicated {v.duplicated}, "
                 f"unexpected {v.unexpected}, keys out of order or broken {len(v.broken_keys)}",
                 f"  dead letters {v.dead_letters} of {v.dead_letters_expected} malformed: missing "
-                f"{v.dead_letters_missing}, duplicated {v.dead_letters_duplicated}",
+                f"{v.dead_letters_missing}, duplicated {v.dead_letters_duplicated}, unexpected "
+                f"{v.dead_letters_unexpected}" + (f" ({', '.join(v.dead_letters_wrong)})" if v.dead_letters_wrong
+                                                  else "") + f"; feed deliveries failed {self.feed_failed}",
                 f"  replicas compared {v.replicas_compared}, differing {v.replicas_differing or 0}, "
                 f"checkpoint divergences {v.divergences}"]
         return out
@@ -499,6 +502,7 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
         h = {k: v.decode() for k, v in r.headers}
         if h.get("job") == name and "source.topic" in h:
             letters.append((h["source.topic"], int(h["source.partition"]), int(h["source.offset"])))
+    report.feed_failed = feeder.failed
     report.verdict = verify(outputs, feeder.ids, letters, feeder.malformed, SOURCES)
     compare_replicas(result, handle.plan, report.verdict)
     return report

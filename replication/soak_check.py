@@ -58,7 +58,9 @@ class Verdict:
     dead_letters_expected: int = 0
     dead_letters: int = 0
     dead_letters_missing: int = 0
-    dead_letters_duplicated: int = 0
+    dead_letters_duplicated: int = 0  # the same malformed record's letter more than once
+    dead_letters_unexpected: int = 0  # letters naming a record the feed did not report malformed
+    dead_letters_wrong: list[str] = field(default_factory=list)  # the first few of either, named
     replicas_compared: int = 0
     replicas_differing: list[str] = field(default_factory=list)
     divergences: int = 0
@@ -66,7 +68,8 @@ class Verdict:
     @property
     def exact(self) -> bool:
         return not (self.lost or self.duplicated or self.unexpected or self.broken_keys
-                    or self.dead_letters_missing or self.dead_letters_duplicated or self.replicas_differing
+                    or self.dead_letters_missing or self.dead_letters_duplicated or self.dead_letters_unexpected
+                    or self.replicas_differing
                     or self.divergences)
 
 
@@ -102,7 +105,11 @@ def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, in
     for letter in letters:
         got[letter] = got.get(letter, 0) + 1
     v.dead_letters_missing = len(malformed - set(got))
-    v.dead_letters_duplicated = sum(n - 1 for n in got.values() if n > 1) + len(set(got) - malformed)
+    v.dead_letters_duplicated = sum(n - 1 for n in got.values() if n > 1)
+    unexpected = sorted(set(got) - malformed)
+    v.dead_letters_unexpected = len(unexpected)
+    v.dead_letters_wrong = ([f"{t}[{p}]@{o} x{n}" for (t, p, o), n in sorted(got.items()) if n > 1]
+                            + [f"{t}[{p}]@{o} not malformed" for t, p, o in unexpected])[:5]
     return v
 
 

@@ -48,3 +48,7 @@ def test_the_verdict_passes_exact_output_and_names_every_kind_of_fault():
     assert verify(swapped, ids, letters, {("t-a", 0, 5)}, ("a", "b")).broken_keys == ["k1"]
     letters_twice = verify(good, ids, letters * 2, {("t-a", 0, 5), ("t-b", 1, 2)}, ("a", "b"))
     assert (letters_twice.dead_letters_missing, letters_twice.dead_letters_duplicated) == (1, 1)
+    assert letters_twice.dead_letters_wrong == ["t-a[0]@5 x2"] and not letters_twice.exact
+    stray = verify(good, ids, [*letters, ("t-a", 0, 9)], {("t-a", 0, 5)}, ("a", "b"))
+    assert (stray.dead_letters_duplicated, stray.dead_letters_unexpected) == (0, 1) and not stray.exact
+    assert stray.dead_letters_wrong == ["t-a[0]@9 not malformed"]
