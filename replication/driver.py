@@ -199,6 +199,10 @@ class JobMaster:
     def _replica_label(self, t: int, p: int, r: int) -> str:
         return replica_name(self.plan.task(t).name, p, r)
 
+    def _output_label(self, t: int, p: int, r: int, kind: str) -> str:
+        """An exactly-once output of a replica, for the events: its sink or its dead letters."""
+        return f"{'sink' if kind == 'out' else 'dead letters of'} {self._replica_label(t, p, r)}"
+
     def _declare_dead(self, w: int, reason: str) -> None:
         if w in self.dead or w in self.reports:
             return
@@ -257,8 +261,7 @@ class JobMaster:
             role = self.sinks.get((t, p, kind))
             if role is not None and role[0] == r:
                 role[0], role[1] = 1 - r, role[1] + 1
-                what = "sink" if kind == "out" else "dead letters of"
-                self.event(f"{what} {self._replica_label(t, p, 1 - r)} takes over writing (epoch {role[1]})")
+                self.event(f"{self._output_label(t, p, 1 - r, kind)} takes over writing (epoch {role[1]})")
         return True
 
     def _replica_cut_off(self, replica: ReplicaId, worker: int, why: str) -> None:
@@ -292,8 +295,7 @@ class JobMaster:
         if role is None or role[0] != r or role[1] != epoch or replica in self.lost:
             return
         role[1] += 1
-        what = "sink" if kind == "out" else "dead letters of"
-        self.event(f"{what} {self._replica_label(t, p, r)} was fenced as writer at epoch {epoch}: "
+        self.event(f"{self._output_label(t, p, r, kind)} was fenced as writer at epoch {epoch}: "
                    f"it takes over again (epoch {role[1]})")
         self._status_dirty = True
 
@@ -507,8 +509,7 @@ class JobMaster:
             role = self.sinks.get((t, p, kind))
             if role is not None and (t, p, role[0]) in self.lost:
                 role[0], role[1] = r, role[1] + 1
-                what = "sink" if kind == "out" else "dead letters of"
-                self.event(f"{what} {self._replica_label(t, p, r)} writes once restored (epoch {role[1]})")
+                self.event(f"{self._output_label(t, p, r, kind)} writes once restored (epoch {role[1]})")
 
     def _restore(self, replica: ReplicaId, host: int, address: str, req: RestoreReplica, rollback: bool) -> None:
         """Restore a lost replica on ``host``, which holds the checkpoint ``req`` names (its own

@@ -286,9 +286,9 @@ class ExactlyOnceOutput:
         if epoch < self.epoch:
             return
         self._committed(committed_seq, committed_offset)
-        # only a strictly newer assignment makes a writer: a fenced writer never reopens at its own epoch
         if epoch > self.epoch:
             self.fenced_at = -1  # a new assignment: what fenced this replica before is settled
+        # only a strictly newer assignment makes a writer: a fenced writer never reopens at its own epoch
         if writer_replica == self.replica and epoch > self.epoch:
             self.epoch = epoch
             self._become_writer(epoch)

@@ -239,15 +239,14 @@ class ReplicationManager:
         """A group membership that moving from its member to ``w`` evens the load, the busiest
         member's first (deterministic), or None."""
         best: tuple[int, Instance, int] | None = None
-        mine = self._load(w)
+        loads = {m: self._load(m) for m in {w, *(m for g in self.groups.values() for m in g)}}
         for inst in sorted(self.groups):
             group = self.groups[inst]
             if w in group or w in self.replica_workers(inst):
                 continue
             for member in group:
-                load = self._load(member)
-                if load - mine >= 2 and (best is None or load > best[0]):
-                    best = (load, inst, member)
+                if loads[member] - loads[w] >= 2 and (best is None or loads[member] > best[0]):
+                    best = (loads[member], inst, member)
         return None if best is None else best[1:]
 
     def restore_plan(self, replica: ReplicaId, avoid: Collection[int] = ()
