@@ -72,6 +72,9 @@ CUT_OVERDUE_S = 0.5
 # How long a target waits for the checkpoint a cut's changes apply to (its increment may still be
 # on its way to this worker) before fetching the whole cut.
 BASE_WAIT_S = 1.0
+# A replica restored here reports its progress with every heartbeat for this long (not every
+# metrics interval): the driver sees it caught up within a heartbeat of it.
+RESTORED_REPORT_S = 10.0
 
 
 @dataclass
@@ -211,6 +214,7 @@ class Worker:
         self._sender: ThreadPoolExecutor | None = None  # handover state to other workers, off the instances' threads
         self._fetching: set[str] = set()  # target replicas fetching cuts they miss
         self._cut_offs: dict[ReplicaId, tuple[int, str]] = {}  # replicas the channels cut off, for the driver
+        self._restored_at: dict[Instance, float] = {}  # replicas restored here: when (monotonic)
         if boot.security is None:
             raise ValueError("a worker needs the run's RPC security (WorkerBootstrap.security)")
         self.security: RpcSecurity = boot.security
@@ -385,6 +389,7 @@ class Worker:
             self._placement.update(req.placement)
             self._placement[(task_id, part, replica)] = self.index
         self.instances[(task_id, part)] = inst
+        self._restored_at[(task_id, part)] = time.monotonic()
         self._send_to_moved(inst)
         inst.start()
         if inst.handovers is not None and inst.handovers.missing_cuts():
@@ -803,6 +808,12 @@ class Worker:
     def _metrics(self) -> dict[str, Any]:
         return {inst.name: inst.metrics for inst in self.instances.values()}
 
+    def _catching_up_metrics(self) -> dict[str, Any] | None:
+        """The metrics of the replicas restored here in the last :data:`RESTORED_REPORT_S`."""
+        since = time.monotonic() - RESTORED_REPORT_S
+        recent = [inst for key, inst in list(self.instances.items()) if self._restored_at.get(key, since) > since]
+        return {inst.name: inst.metrics for inst in recent} or None
+
     def _sink_progress(self) -> dict[tuple[int, int, str], tuple[int, int]]:
         """What each exactly-once output (sink, dead letters) of the hosted replicas committed."""
         return {(t, p, w.kind): w.committed for (t, p), inst in list(self.instances.items()) for w in inst.writers}
@@ -826,7 +837,7 @@ class Worker:
             self.index, self.attempt, sinks=self._sink_progress(),
             errors=[inst.error for inst in self.instances.values() if inst.error],
             checkpoints=self.checkpoints.report() if self.checkpoints is not None else None,
-            metrics=self._metrics() if with_metrics else None, holding=holding,
+            metrics=self._metrics() if with_metrics else self._catching_up_metrics(), holding=holding,
             handover_acks=list(self._unsent_acks), savepoint_armed=self._savepoint, drain_positions=drain_positions,
             cut_offs=cut_offs, fenced=self._fenced_writers(),
             rpc_refused=self.server.refused if self.server is not None else 0)

@@ -13,7 +13,7 @@ from replication.checkpoints import WorkerCheckpoints
 from replication.instance import drain_position
 from replication.messages import Instructions
 from replication.plan import ChannelSpec
-from replication.worker import Worker, _Mailbox
+from replication.worker import RESTORED_REPORT_S, Worker, _Mailbox
 
 
 class _Replica:
@@ -23,6 +23,10 @@ class _Replica:
         self.stopped = False
         self.writers = [SimpleNamespace(kind=k) for k in kinds]
         self.pending_control = None
+        self.error = None
+
+    def take_handover_acks(self) -> list:
+        return []
 
     def request_stop(self) -> None:
         self.stopped = True
@@ -31,6 +35,7 @@ class _Replica:
 def _worker(*replicas: _Replica) -> Worker:
     worker = Worker.__new__(Worker)
     worker.instances = {(r.task.id, r.partition): r for r in replicas}
+    worker._restored_at = {}
     return worker
 
 
@@ -106,6 +111,26 @@ def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
     assert worker._heartbeat(master, with_metrics=False).command == "run"
     assert master.sent[0].checkpoints == {"taken": [(2, 0, 0, 3500, "d1"), (2, 0, 0, 3550, "d2")],
                                           "completed": [(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})]}
+
+
+def test_a_replica_restored_here_reports_its_progress_with_every_heartbeat_for_a_while():
+    """The driver counts a restored replica caught up from its metrics: sent with every heartbeat
+    after its restore (not every metrics interval), the catch-up shows within a heartbeat."""
+    restored, other = _Replica(2, 0, 1, kinds=()), _Replica(3, 1, 0, kinds=())
+    restored.metrics, other.metrics = "restored's", "other's"
+    worker = _worker(restored, other)
+    worker.index, worker.attempt, worker.server, worker._savepoint, worker.checkpoints = 1, 0, None, None, None
+    worker._lock, worker._cut_offs, worker._unsent_acks = threading.Lock(), {}, []
+    master = _Unreachable()
+    master.fail = False
+    worker._heartbeat(master, with_metrics=False)
+    worker._restored_at[(2, 0)] = time.monotonic()
+    worker._heartbeat(master, with_metrics=False)
+    worker._heartbeat(master, with_metrics=True)
+    worker._restored_at[(2, 0)] = time.monotonic() - RESTORED_REPORT_S - 1
+    worker._heartbeat(master, with_metrics=False)
+    assert [beat.metrics for beat in master.sent] == [
+        None, {"t2[0]r1": "restored's"}, {"t2[0]r1": "restored's", "t3[1]r0": "other's"}, None]
 
 
 def test_a_drain_without_pulses_ends_where_a_fetch_said_or_past_it():
