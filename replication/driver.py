@@ -31,6 +31,7 @@ from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes,
 from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.messages import (
     Ack,
+    Attach,
     HandoverReport,
     HandoverRequest,
     Heartbeat,
@@ -596,6 +597,20 @@ class JobMaster:
             role = self.sinks.get(key)
             if role is not None:
                 role[2], role[3] = max(role[2], seq), max(role[3], offset)
+
+    def attach(self, req: Attach) -> Callable[[], None]:
+        """A worker attempt's watch (a gRPC handler): when it ends before the attempt reported its
+        end, the worker's process exited or lost its connection to this driver."""
+        return lambda: self._watch_ended(req.worker, req.attempt)
+
+    def _watch_ended(self, w: int, attempt: int) -> None:
+        if self._closed.is_set():
+            return
+        with self._cond:
+            info = self.workers.get(w)
+            if info is None or info.attempt != attempt or self.started_at is None or self._bystander(info):
+                return
+            self._declare_dead(w, "its process exited (its connection to the driver closed)")
 
     def finished(self, req: WorkerFinished) -> Ack:
         w = req.worker
@@ -1634,7 +1649,10 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                         "Heartbeat": rpc.typed(master.heartbeat, Heartbeat),
                         "Finished": rpc.typed(master.finished, WorkerFinished),
                         "MoveVnodes": rpc.typed(master.move, HandoverRequest)},
-                       security=security, bind_host=driver_bind_host(sc), max_workers=num_workers * 2 + 8,
+                       watches={"Attach": rpc.typed_watch(master.attach, Attach)},
+                       # registrations wait for each other; a watch per attempt (a paused evicted
+                       # one may still hold its own beside its relaunch's)
+                       security=security, bind_host=driver_bind_host(sc), max_workers=num_workers * 4 + 8,
                        name="job master")
     master.server = server
     address = host_port(driver_advertise_host(sc), server.port)

@@ -37,6 +37,16 @@ class Register:
 
 @wire.record
 @dataclass(frozen=True)
+class Attach:
+    """A registered worker attempt's watch on the driver (``Attach``): held open while its process
+    lives, so the driver learns at once that the process exited."""
+
+    worker: int
+    attempt: int
+
+
+@wire.record
+@dataclass(frozen=True)
 class Heartbeat:
     """Liveness, progress and the services' reports of one worker attempt (``Heartbeat``)."""
 

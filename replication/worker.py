@@ -46,6 +46,7 @@ from replication.handovers import DeltaCut, HandoverOrder, TargetCut, order_from
 from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.messages import (
     Ack,
+    Attach,
     CutChunk,
     CutRequest,
     Heartbeat,
@@ -731,6 +732,7 @@ class Worker:
                            max_workers=self._inbound_calls() + 16, name=f"worker {self.index}")
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
+        watch: rpc.Watch | None = None  # held while this attempt runs: the driver sees its process exit at once
         report = self._report("aborted")
         try:
             address = host_port(bind_host if bind_host not in ("0.0.0.0", "::") else local_advertise_host(master_host),
@@ -740,6 +742,8 @@ class Worker:
             reply = master.call("Register", Register(self.index, self.attempt, current_executor_id(), address,
                                                      os.getpid()), Registered,
                                 timeout=self.cfg.start_timeout_ms / 1000)
+            if reply.status in ("ok", "standby"):
+                watch = master.watch("Attach", Attach(self.index, self.attempt))
             if reply.status == "standby":
                 log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply.reason)
                 if self.checkpoints is None:
@@ -799,6 +803,8 @@ class Worker:
                     self._metrics(), self._sink_progress()), Ack, timeout=5)
             except grpc.RpcError as err:
                 log.warning("could not report the end to the driver: %s", err)
+            if watch is not None:
+                watch.close()
             for link in self._links.values():
                 link.close()
             for peer in [*self._peers.values(), master]:

@@ -7,7 +7,7 @@ import time
 from replication.config import ReplicationConfig
 from replication.driver import JobMaster, WorkerInfo
 from replication.examples.ordered import build_ordered_job
-from replication.messages import Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
+from replication.messages import Attach, Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 
@@ -178,6 +178,32 @@ def test_without_rhino_a_relaunched_worker_stays_a_bystander_and_is_not_evicted(
         master._declare_dead(2, "killed")
     assert master.register(Register(2, 1, "9", "127.0.0.1:4902", 4242)).status == "standby"
     assert master.heartbeat(Heartbeat(worker=2, attempt=1)).command != "evicted"
+
+
+# -- a worker whose process exits is dead at once ---------------------------------------------
+
+def test_a_worker_whose_watch_ends_before_its_report_is_declared_dead_at_once():
+    """The watch of an attempt ends when its process exits: dead now, not after failureTimeout of
+    silence.  Ignored for an attempt that reported its end first, or one Spark replaced since."""
+    master = _master(mode="liverobin", rhino=True, workers=4)
+    master.start_timeout_s = 1.0
+    end_of = {w: master.attach(Attach(w, 0)) for w in range(4)}
+    end_of[0]()
+    assert "its process exited" in master.dead[0]
+    assert all(r in master.lost for r, w in master.placement.items() if w == 0)
+    master.finished(WorkerFinished(1, 0, "finished"))
+    end_of[1]()
+    assert 1 not in master.dead
+    with master._cond:
+        master._declare_dead(2, "killed")
+    assert master.register(Register(2, 1, "9", "127.0.0.1:4902", 4242)).status == "standby"
+    end_of[2]()  # the attempt Spark relaunched
+    assert 2 not in master.dead
+    master.attach(Attach(2, 1))()
+    assert "its process exited" in master.dead[2]
+    master.close("stopped")
+    end_of[3]()  # the watches end as the driver's server stops
+    assert 3 not in master.dead
 
 
 # -- a restored replica is caught up once it is where its twin was ------------------------------

@@ -6,7 +6,11 @@ import enum
 import logging
 import os
 import pickle
+import signal
 import socket
+import subprocess
+import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -187,6 +191,77 @@ def test_a_server_listens_on_its_host_only(echo) -> None:
         pass
     with pytest.raises(OSError), socket.create_connection(("127.0.0.2", server.port), timeout=2):
         pass
+
+
+# -- watches ---------------------------------------------------------------------------------
+
+_WATCHER = """
+import sys, time
+from transport import rpc
+from transport.security import RpcSecurity
+peer = rpc.Peer(sys.argv[1], RpcSecurity(bytes.fromhex(sys.argv[2])))
+watch = peer.watch("Watch", sys.argv[3])
+print("watching", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def watched():
+    """A server with one ``Watch`` method: which watches opened, and an event per watch that ended."""
+    opened: list[str] = []
+    ended: dict[str, threading.Event] = {}
+
+    def on_watch(name: str):
+        opened.append(name)
+        return ended.setdefault(name, threading.Event()).set
+
+    server = rpc.serve({}, watches={"Watch": rpc.typed_watch(on_watch, str)}, security=SECRET,
+                       bind_host="127.0.0.1", max_workers=4, name="watched")
+    yield server, opened, ended
+    server.stop(0)
+
+
+def _wait_for(condition, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_watch_ends_on_the_server_when_the_watching_process_is_killed(watched) -> None:
+    """What the driver counts on to notice a killed worker process without waiting out a silence."""
+    server, opened, ended = watched
+    address = f"127.0.0.1:{server.port}"
+    proc = subprocess.Popen([sys.executable, "-c", _WATCHER, address, SECRET.secret.hex(), "w1"],
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert proc.stdout.readline().strip() == "watching"
+        assert _wait_for(lambda: opened == ["w1"])
+        assert not ended["w1"].wait(0.3)  # held open while the process lives
+        proc.send_signal(signal.SIGKILL)
+        assert ended["w1"].wait(30)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_watch_ends_when_closed_and_an_unsigned_one_never_opens(watched) -> None:
+    server, opened, ended = watched
+    address = f"127.0.0.1:{server.port}"
+    peer = rpc.Peer(address, SECRET)
+    stranger = rpc.Peer(address, RpcSecurity.generate())
+    try:
+        watch = peer.watch("Watch", "w2")
+        assert _wait_for(lambda: opened == ["w2"])
+        watch.close()
+        assert ended["w2"].wait(30)
+        stranger.watch("Watch", "w3")
+        assert _wait_for(lambda: server.refused == 1)
+        assert opened == ["w2"]
+    finally:
+        peer.close()
+        stranger.close()
 
 
 # -- TLS ---------------------------------------------------------------------------------------

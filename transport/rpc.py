@@ -6,12 +6,16 @@ and refuses any call not signed with the application's secret before it reads th
 (:mod:`transport.security`); with TLS material it listens on TLS only, and every
 :class:`Peer` dials with TLS.  The data plane sends pre-framed batches as bytes; the control
 plane sends typed messages in :mod:`transport.wire`'s safe encoding (:func:`typed`,
-:meth:`Peer.call`), never pickles.
+:meth:`Peer.call`), never pickles.  A *watch* (:meth:`Peer.watch`) is a signed call the server
+holds open for as long as the caller's process lives: its server learns within milliseconds that
+the process exited (its connection closed), where a silence would take a timeout to tell.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import threading
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -20,7 +24,10 @@ import grpc
 from transport import wire
 from transport.security import MAC_SIZE, STAMP_SIZE, Refusals, RpcSecurity, TlsMaterial
 
-__all__ = ["BytesHandler", "Peer", "RpcServer", "UnauthenticatedReply", "is_retryable", "serve", "typed"]
+__all__ = ["BytesHandler", "Peer", "RpcServer", "UnauthenticatedReply", "Watch", "WatchHandler", "is_retryable",
+           "serve", "typed", "typed_watch"]
+
+log = logging.getLogger(__name__)
 
 SERVICE = "replication.v1.Runtime"
 _OPTIONS = [
@@ -30,6 +37,9 @@ _OPTIONS = [
 ]
 
 BytesHandler = Callable[[bytes], bytes]
+# a watch: the caller's payload -> what to run once the call ends (the caller's process exited,
+# it closed the watch, or the server stops)
+WatchHandler = Callable[[bytes], Callable[[], None]]
 Req = TypeVar("Req")
 
 
@@ -57,26 +67,49 @@ class RpcServer:
 _HEAD = STAMP_SIZE + MAC_SIZE  # a signed request: signing time, MAC, payload; a reply: MAC, payload
 
 
+def _verified(method: str, request: bytes, context: Any, security: RpcSecurity,
+              refusals: Refusals) -> tuple[bytes, bytes]:
+    """The MAC and payload of a signed request; the call is aborted if the signature is not good."""
+    view = memoryview(request)
+    stamp, mac, payload = view[:STAMP_SIZE], view[STAMP_SIZE:_HEAD], view[_HEAD:]
+    why = security.check(method, bytes(stamp), bytes(mac), payload) if len(request) >= _HEAD else "unsigned call"
+    if why is not None:
+        refusals.refuse(context.peer(), method, why)
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, f"refused: {why}")
+    return bytes(mac), bytes(payload)
+
+
 def _signed(method: str, fn: BytesHandler, security: RpcSecurity, refusals: Refusals) -> Callable[[bytes, Any], bytes]:
     def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
-        view = memoryview(request)
-        stamp, mac, payload = view[:STAMP_SIZE], view[STAMP_SIZE:_HEAD], view[_HEAD:]
-        why = security.check(method, bytes(stamp), bytes(mac), payload) if len(request) >= _HEAD \
-            else "unsigned call"
-        if why is not None:
-            refusals.refuse(context.peer(), method, why)
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, f"refused: {why}")
-        reply = fn(bytes(payload))
-        return security.sign_reply(bytes(mac), reply) + reply
+        mac, payload = _verified(method, request, context, security, refusals)
+        reply = fn(payload)
+        return security.sign_reply(mac, reply) + reply
+    return handle
+
+
+def _watched(method: str, fn: WatchHandler, security: RpcSecurity,
+             refusals: Refusals) -> Callable[[bytes, Any], Iterator[bytes]]:
+    def handle(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        _, payload = _verified(method, request, context, security, refusals)
+        on_end = fn(payload)
+        ended = threading.Event()
+        if not context.add_callback(ended.set):  # (False: the call has ended already)
+            ended.set()
+        yield b""  # (holds one of the server's threads until the call ends)
+        ended.wait()
+        on_end()
     return handle
 
 
 def serve(handlers: dict[str, BytesHandler], *, security: RpcSecurity, bind_host: str, max_workers: int,
-          name: str = "rpc server") -> RpcServer:
-    """Start a server for ``handlers`` (method name -> bytes -> bytes) on a free port of ``bind_host``."""
+          name: str = "rpc server", watches: dict[str, WatchHandler] | None = None) -> RpcServer:
+    """Start a server for ``handlers`` (method name -> bytes -> bytes) and ``watches`` on a free
+    port of ``bind_host``; each open watch holds one of the ``max_workers`` threads."""
     refusals = Refusals(name)
     method_handlers = {method: grpc.unary_unary_rpc_method_handler(_signed(method, fn, security, refusals))
                        for method, fn in handlers.items()}
+    method_handlers.update({method: grpc.unary_stream_rpc_method_handler(_watched(method, fn, security, refusals))
+                            for method, fn in (watches or {}).items()})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
                          options=_OPTIONS)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, method_handlers),))
@@ -98,6 +131,11 @@ def typed(fn: Callable[[Req], Any], request_type: type[Req]) -> BytesHandler:
     """Adapt a message -> message function to a bytes handler (control plane): the request must
     decode to a ``request_type``, or the call fails without ``fn`` seeing it."""
     return lambda request: wire.encode(fn(wire.decode(request, request_type)))
+
+
+def typed_watch(fn: Callable[[Req], Callable[[], None]], request_type: type[Req]) -> WatchHandler:
+    """Adapt a message -> end callback function to a watch handler (as :func:`typed`)."""
+    return lambda request: fn(wire.decode(request, request_type))
 
 
 class UnauthenticatedReply(grpc.RpcError):
@@ -149,8 +187,33 @@ class Peer:
         """Send a control message; the reply, decoded (and checked to be a ``reply_type``)."""
         return wire.decode(self.call_bytes(method, wire.encode(message), timeout), reply_type)
 
+    def watch(self, method: str, message: Any) -> Watch:
+        """Open a watch: the server holds the call open until :meth:`Watch.close`, this process
+        exits or the server stops (the server's handler then runs its end callback)."""
+        payload = wire.encode(message)
+        stamp, mac = self._security.sign(method, payload)
+        call = self._channel.unary_stream(f"/{SERVICE}/{method}")(stamp + mac + payload)
+        return Watch(self.address, method, call)
+
     def close(self) -> None:
         self._channel.close()
+
+
+class Watch:
+    """An open watch call (:meth:`Peer.watch`)."""
+
+    def __init__(self, address: str, method: str, call: Any) -> None:
+        self._closing = False
+        self._call = call
+        call.add_done_callback(lambda c: self._ended(address, method, c))
+
+    def _ended(self, address: str, method: str, call: Any) -> None:
+        if not self._closing:
+            log.warning("the watch %s of %s ended: %s", method, address, call.code())
+
+    def close(self) -> None:
+        self._closing = True
+        self._call.cancel()
 
 
 def is_retryable(err: grpc.RpcError) -> bool:
