@@ -164,7 +164,7 @@ class Fault:
     kind: str
     at_s: float  # since the job started
     target: str = ""
-    recovered_s: float | None = None  # from the injection until healthy again
+    recovered_s: float | None = None  # from the injection (its first signal) until healthy again
     survived: bool = False
     note: str = ""
     # seconds from the injection until: the driver noticed it, no replica was lost or restoring, none
@@ -188,6 +188,12 @@ class Injector:
 
     def __init__(self, handle: Any, stack: Any, rnd: random.Random) -> None:
         self.handle, self.stack, self.rnd = handle, stack, rnd
+        self.struck_at: float | None = None  # when the last fault's first signal went out
+
+    def _strike(self) -> None:
+        """A fault's clock starts as its (first) signal goes out, not while its target is looked for."""
+        if self.struck_at is None:
+            self.struck_at = time.monotonic()
 
     def _replicas(self) -> list[str]:
         from replication.status import read_status
@@ -208,6 +214,7 @@ class Injector:
         from replication.chaos import kill_executor
 
         target = self._locate(replica)
+        self._strike()
         kill_executor(target)
         return f"executor {target.executor} of {replica}", target.worker
 
@@ -226,6 +233,7 @@ class Injector:
         Raises NoTarget when the process to hit is not there now (the soak draws again later)."""
         from replication.chaos import ChaosError
 
+        self.struck_at = None
         try:
             return self._inject(kind)
         except ChaosError as exc:
@@ -241,12 +249,14 @@ class Injector:
         if kind == "kill-python":
             target = self._locate(replica)
             noticed = self._lost(target.worker)
+            self._strike()
             kill_python(target)
             return f"python worker {target.python_pid} of {replica} (executor {target.executor})", [noticed]
         if kind in ("pause-short", "pause-long"):
             target = self._locate(replica)
             noticed = self._lost(target.worker)
             pause_s = FAILURE_TIMEOUT_MS / 1000 * (0.5 if kind == "pause-short" else 2.5)
+            self._strike()
             pause_executor(target)
             resumed = threading.Event()
             threading.Timer(pause_s, lambda: (resume_executor(target), resumed.set())).start()
@@ -262,6 +272,7 @@ class Injector:
             second, w2 = self._kill(self.rnd.choice(others))
             return f"{first}, then {second}", [*noticed, self._lost(w2)]
         if kind == "kill-generator":
+            self._strike()
             killed = self.handle.kill_pulse_generators()
             time.sleep(1.0)
             self.handle.start_pulse_generator()
@@ -273,6 +284,7 @@ class Injector:
             what, worker = self._kill(self.rnd.choice(leaders) if leaders else replica)
             return what + (" (a KaZoo leader)" if leaders else ""), [self._lost(worker)]
         if kind == "restart-zookeeper":
+            self._strike()
             self.stack.restart_zookeeper(down_s=1.0)
             return "ZooKeeper, down 1 s", []
         raise ValueError(f"unknown fault {kind!r}")
@@ -446,6 +458,7 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
             injected = time.monotonic()
             try:
                 fault.target, noticed = injector.inject(kind)
+                injected = injector.struck_at or injected
             except NoTarget as exc:
                 fault.note = f"not injected: {exc}"
                 say(f"   {fault.at_s:6.1f}s {kind}: {fault.note}")

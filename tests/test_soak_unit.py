@@ -52,3 +52,30 @@ def test_the_verdict_passes_exact_output_and_names_every_kind_of_fault():
     stray = verify(good, ids, [*letters, ("t-a", 0, 9)], {("t-a", 0, 5)}, ("a", "b"))
     assert (stray.dead_letters_duplicated, stray.dead_letters_unexpected) == (0, 1) and not stray.exact
     assert stray.dead_letters_wrong == ["t-a[0]@9 not malformed"]
+
+
+def test_a_fault_s_clock_starts_when_its_signal_goes_out_not_while_its_target_is_looked_for(monkeypatch):
+    """Recovery times are counted from the kill: finding the process (reading /proc, slow on a
+    loaded machine) is the soak's own time, not the job's."""
+    import random
+    import time
+    from types import SimpleNamespace
+
+    from replication import chaos
+
+    signals: list[float] = []
+    injector = soak.Injector(handle=None, stack=None, rnd=random.Random(1))
+    located = SimpleNamespace(executor="3", worker=1)
+
+    def slow_locate(replica):
+        time.sleep(0.2)
+        return located
+
+    monkeypatch.setattr(injector, "_replicas", lambda: ["chain[0]r1"])
+    monkeypatch.setattr(injector, "_locate", slow_locate)
+    monkeypatch.setattr(injector, "_lost", lambda worker: lambda: True)
+    monkeypatch.setattr(chaos, "kill_executor", lambda target: signals.append(time.monotonic()))
+    before = time.monotonic()
+    injector.inject("kill-executor")
+    assert injector.struck_at is not None and injector.struck_at >= before + 0.2
+    assert injector.struck_at <= signals[0]
