@@ -205,6 +205,7 @@ class Worker:
         self._own_order_logs: list[OrderLog] = []
         self._order_log: OrderLog | None = None
         self._election: ElectionClient | None = None
+        self._election_lock = threading.Lock()  # (a standby opens its session while a restore may need it)
         self._addresses: dict[int, str] = {}
         self._moves_applied: dict[ReplicaId, int] = {}  # restored replicas: the restore upstreams replay to
         # where each restored replica runs now, and what its upstreams replay to it from
@@ -260,17 +261,27 @@ class Worker:
     def election(self) -> ElectionClient:
         """The worker's ZooKeeper session for its replicas' KaZoo elections (started before them, or
         at once for a replica restored here while the worker runs)."""
-        if self._election is None:
-            assert self.cfg.zookeeper_connect is not None
-            assert self.boot.election_root is not None
-            self._election = ElectionClient(
-                self.cfg.zookeeper_connect, self.cfg.kazoo_session_timeout_ms / 1000,
-                identity=election_identity(self.index, self.attempt),
-                membership=election_membership(self.boot.election_root, self.index, self.attempt),
-                digest=self.cfg.zookeeper_digest)
-            if self._ready.is_set():
-                self._election.start(timeout_s=self.cfg.start_timeout_ms / 1000)
-        return self._election
+        with self._election_lock:
+            if self._election is None:
+                assert self.cfg.zookeeper_connect is not None
+                assert self.boot.election_root is not None
+                client = ElectionClient(
+                    self.cfg.zookeeper_connect, self.cfg.kazoo_session_timeout_ms / 1000,
+                    identity=election_identity(self.index, self.attempt),
+                    membership=election_membership(self.boot.election_root, self.index, self.attempt),
+                    digest=self.cfg.zookeeper_digest)
+                if self._ready.is_set():
+                    client.start(timeout_s=self.cfg.start_timeout_ms / 1000)
+                self._election = client
+            return self._election
+
+    def _open_election(self) -> None:
+        """A KaZoo standby's ZooKeeper session, opened before a restore here needs it (a restore
+        that comes first opens it itself)."""
+        try:
+            self.election()
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper down for now: the first restore here tries again
+            log.warning("worker %d: no ZooKeeper session opened ahead of restores: %s", self.index, exc)
 
     def _report(self, status: str, **extra: Any) -> dict[str, Any]:
         return {"worker": self.index, "attempt": self.attempt, "status": status, **extra}
@@ -753,6 +764,8 @@ class Worker:
                 assert reply.instructions is not None
                 self._apply(reply.instructions)
                 self._ready.set()
+                if self.boot.election_root is not None:  # KaZoo: its session is up before a restore needs it
+                    threading.Thread(target=self._open_election, name=f"election-w{self.index}", daemon=True).start()
                 report = self._serve(master)
                 return report
             if reply.status != "ok":

@@ -161,3 +161,40 @@ def test_a_restored_upstream_sends_to_where_its_destinations_were_restored_meanw
     assert ch.destination(0) == 3 and ch.destination(1) == 2 and reached == [3]
     assert ch.live_replicas == [0, 1] and worker._transports_to == {3: [(ch, 0)]}
     ch.abort()
+
+
+def test_a_standby_s_zookeeper_session_is_opened_once_whoever_asks_first(monkeypatch):
+    """A KaZoo standby opens its session ahead of restores, in the background; a restore asking
+    meanwhile gets that same session, and a session that could not start is tried again."""
+    import replication.worker as worker_module
+
+    clients: list = []
+
+    class _Client:
+        def __init__(self, *args, **kwargs) -> None:
+            self.started = False
+            clients.append(self)
+
+        def start(self, timeout_s: float) -> None:
+            time.sleep(0.2)
+            if len(clients) == 1 and fail_first:
+                raise RuntimeError("ZooKeeper is down")
+            self.started = True
+
+    monkeypatch.setattr(worker_module, "ElectionClient", _Client)
+    for fail_first in (False, True):
+        clients.clear()
+        worker = _worker()
+        worker.index, worker.attempt, worker._election, worker._election_lock = 1, 0, None, threading.Lock()
+        worker.cfg = SimpleNamespace(zookeeper_connect="zk:2181", kazoo_session_timeout_ms=2000,
+                                     start_timeout_ms=1000, zookeeper_digest=None)
+        worker.boot = SimpleNamespace(election_root="/replication/j/r")
+        worker._ready = threading.Event()
+        worker._ready.set()
+        opener = threading.Thread(target=worker._open_election)
+        opener.start()
+        time.sleep(0.05)
+        got = worker.election()  # a restore, while the standby's own opening is under way
+        opener.join(5)
+        assert got.started and worker._election is got
+        assert len(clients) == (2 if fail_first else 1)
