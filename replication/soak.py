@@ -352,6 +352,12 @@ class SoakReport:
     status: str = ""
     failure: str | None = None
     feed_failed: int = 0  # records the feeder's producer could not deliver (an event is then missing)
+    rhino_replicas: int = 1  # workers holding each partition's checkpoints (spark.replication.rhino.replicas)
+
+    @property
+    def setup(self) -> str:
+        return f"{self.mode} + Rhino" + (f" ({self.rhino_replicas} checkpoint holders)" if self.rhino_replicas > 1
+                                         else "")
 
     @property
     def survived(self) -> int:
@@ -366,7 +372,7 @@ class SoakReport:
         v = self.verdict
         worst = max((f.recovered_s for f in self.faults if f.recovered_s is not None), default=None)
         worst_back = max((f.back_s for f in self.faults if f.back_s is not None), default=None)
-        out = [f"soak {self.mode} + Rhino, seed {self.seed}: {self.duration_s:.0f} s at {self.rate:.0f} events/s, "
+        out = [f"soak {self.setup}, seed {self.seed}: {self.duration_s:.0f} s at {self.rate:.0f} events/s, "
                f"{self.workers} workers on {self.executors} executors: {'PASSED' if self.ok else 'FAILED'}",
                f"  faults injected {len(self.faults)}, survived {self.survived}"
                + (f"; worst: replicas back (restored, caught up) {worst_back:.2f} s" if worst_back is not None else "")
@@ -400,9 +406,10 @@ def fault_catalogue(mode: str, faults: Iterable[str] | None) -> tuple[str, ...]:
 
 def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, executors: int = 5, workers: int = 4,
              gap_s: float = 12.0, bad_every: int = 250, say: Callable[[str], None] = print,
-             faults: tuple[str, ...] | None = None) -> SoakReport:
+             faults: tuple[str, ...] | None = None, rhino_replicas: int = 1) -> SoakReport:
     """Run one soak (its own stack and Spark) and verify it; see the module docstring.  ``faults``
-    narrows the mode's catalogue (default: all of it)."""
+    narrows the mode's catalogue (default: all of it); ``rhino_replicas``: the workers holding
+    each partition's checkpoints."""
     catalogue = fault_catalogue(mode, faults)
     from deploy.stack import EmbeddedStack, require_java17
     from replication.spark_cluster import build_session, stop_session
@@ -413,14 +420,14 @@ def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, execu
         spark = build_session(f"local-cluster[{executors},1,512]", app_name=f"replication-soak-{mode}")
         try:
             return _soak(embedded, spark, mode, duration_s, seed, rate, executors, workers, gap_s, bad_every, say,
-                         catalogue)
+                         catalogue, rhino_replicas)
         finally:
             stop_session(spark)
 
 
 def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, rate: float, executors: int,
           workers: int, gap_s: float, bad_every: int, say: Callable[[str], None],
-          catalogue: tuple[str, ...]) -> SoakReport:
+          catalogue: tuple[str, ...], rhino_replicas: int) -> SoakReport:
     from deploy.topics import create_topics
     from replication import run
     from replication.driver import JobFailedError
@@ -434,20 +441,20 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
     conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
             "spark.replication.enabled": "true", "spark.replication.mode": mode,
             "spark.replication.rhino.enabled": "true", "spark.replication.failureTimeout": f"{FAILURE_TIMEOUT_MS}ms",
-            "spark.replication.workers": str(workers)}
+            "spark.replication.workers": str(workers), "spark.replication.rhino.replicas": str(rhino_replicas)}
     if mode == "kazoo":
         conf.update({"spark.replication.zookeeper.connect": stack.zookeeper_connect,
                      "spark.replication.rhino.checkpointEvery": "50"})
     else:
         conf["spark.replication.rhino.checkpointEvery"] = "50"  # pulses: about two checkpoints a second
-    report = SoakReport(mode, seed, duration_s, rate, executors, workers)
+    report = SoakReport(mode, seed, duration_s, rate, executors, workers, rhino_replicas=rhino_replicas)
     job = build_soak_job(topics["a"], topics["b"], out_topic, name)
     handle = run(job, spark=spark, conf=conf)
     handle.wait_started(180)
     feeder = Feeder(stack.bootstrap_servers, topics, rate, bad_every).start()
     injector = Injector(handle, embedded, rnd)
     started = time.monotonic()
-    say(f"== {name}: seed {seed}, {mode} + Rhino, {rate:.0f} events/s, faults every {gap_s:.0f} s for "
+    say(f"== {name}: seed {seed}, {report.setup}, {rate:.0f} events/s, faults every {gap_s:.0f} s for "
         f"{duration_s:.0f} s")
     try:
         next_at = started + rnd.uniform(0.5, 1.0) * gap_s
@@ -538,6 +545,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gap", type=float, default=12.0, help="seconds between faults (default 12)")
     parser.add_argument("--faults", metavar="KIND,...", default="",
                         help="draw only these faults (default: the whole catalogue of the mode)")
+    parser.add_argument("--rhino-replicas", type=int, default=1, metavar="N",
+                        help="workers holding each partition's checkpoints (spark.replication.rhino.replicas, "
+                             "default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
 
 
@@ -548,6 +558,9 @@ def command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: --faults: {exc}", file=sys.stderr)
         return 2
+    if args.rhino_replicas < 1:
+        print(f"error: --rhino-replicas: at least 1, not {args.rhino_replicas}", file=sys.stderr)
+        return 2
     try:
         import kafka  # noqa: F401 - the checking reader: another client than the runtime's
     except ImportError:
@@ -556,7 +569,7 @@ def command(args: argparse.Namespace) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     report = run_soak(args.mode, args.duration, seed, args.rate, args.executors, args.workers, args.gap,
-                      faults=faults)
+                      faults=faults, rhino_replicas=args.rhino_replicas)
     print("\n".join(report.lines()))
     if args.json:
         with open(args.json, "w") as f:

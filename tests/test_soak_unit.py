@@ -79,3 +79,9 @@ def test_a_fault_s_clock_starts_when_its_signal_goes_out_not_while_its_target_is
     injector.inject("kill-executor")
     assert injector.struck_at is not None and injector.struck_at >= before + 0.2
     assert injector.struck_at <= signals[0]
+
+
+def test_fewer_than_one_checkpoint_holder_is_refused_in_one_line(capsys):
+    assert soak.main(["--rhino-replicas", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--rhino-replicas" in err
