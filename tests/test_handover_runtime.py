@@ -509,7 +509,9 @@ def test_moving_vnodes_of_an_event_time_window_keeps_every_window_exact(stack, s
         deadline = time.monotonic() + 60
         while handle.sink_metrics().records_out < 50 and time.monotonic() < deadline:
             time.sleep(0.2)
-        there = handle.move_vnodes("counts", moved, 1)
+        # held: the first step's records wait 2 s at the target for their release, so that the
+        # feed (about 1,500 events/s over 30 keys) lands some there even on a stalling machine
+        there = handle.move_vnodes("counts", moved, 1, release_s=None if merge else 2.0)
         back = handle.move_vnodes("counts", way_back, 0, strategy=Batched(16))
         time.sleep(1.0)
     result = handle.drain(timeout=300)
