@@ -681,6 +681,11 @@ class JobMaster:
             if status is not None:  # written (fsync) outside the lock: heartbeats do not wait for the disk
                 self._publish_status(status)
 
+    def end_watching(self) -> None:
+        """The job is over: stop the liveness loop; the watches that end as the server stops then
+        say nothing about the workers."""
+        self._closed.set()
+
     def close(self, state: str) -> None:
         self._closed.set()
         with self._cond:
@@ -1509,6 +1514,7 @@ class JobHandle:
         if not self._wait_done(timeout):
             raise TimeoutError(f"job {self.job.name} still running after {timeout}s")
         if self._result is None:
+            self.master.end_watching()
             self._server.stop(grace=1.0)
             if self.metrics_server is not None:
                 self.metrics_server.close()

@@ -201,8 +201,8 @@ def test_a_worker_whose_watch_ends_before_its_report_is_declared_dead_at_once():
     assert 2 not in master.dead
     master.attach(Attach(2, 1))()
     assert "its process exited" in master.dead[2]
-    master.close("stopped")
-    end_of[3]()  # the watches end as the driver's server stops
+    master.end_watching()  # the job is over: the driver's server stops next, ending every watch
+    end_of[3]()
     assert 3 not in master.dead
 
 
