@@ -608,9 +608,14 @@ class JobMaster:
             return
         with self._cond:
             info = self.workers.get(w)
-            if info is None or info.attempt != attempt or self.started_at is None or self._bystander(info):
-                return
-            self._declare_dead(w, "its process exited (its connection to the driver closed)")
+            if info is not None and info.attempt == attempt and self._liveness_counts(w, info):
+                self._declare_dead(w, "its process exited (its connection to the driver closed)")
+
+    def _liveness_counts(self, w: int, info: WorkerInfo) -> bool:
+        """Whether losing worker ``w`` now would be a death: the job started, and ``w`` is neither
+        dead already, nor ended (reported), nor a bystander (the rule of every failure detector)."""
+        return self.started_at is not None and w not in self.dead and w not in self.reports \
+            and not self._bystander(info)
 
     def finished(self, req: WorkerFinished) -> Ack:
         w = req.worker
@@ -664,14 +669,13 @@ class JobMaster:
                     for info in self.workers.values():
                         info.last_seen = max(info.last_seen, now)
                 last_round = now
-                if self.started_at is not None:
-                    for w, info in list(self.workers.items()):
-                        if w in self.dead or w in self.reports or self._bystander(info):
-                            continue
-                        if alive_executors is not None and info.executor not in alive_executors:
-                            self._declare_dead(w, f"executor {info.executor} left the cluster")
-                        elif now - info.last_seen > self.failure_timeout_s:
-                            self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
+                for w, info in list(self.workers.items()):
+                    if not self._liveness_counts(w, info):
+                        continue
+                    if alive_executors is not None and info.executor not in alive_executors:
+                        self._declare_dead(w, f"executor {info.executor} left the cluster")
+                    elif now - info.last_seen > self.failure_timeout_s:
+                        self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
                 if self.rhino is not None and self.lost and not self._restoring:
                     self._start_restores()
                 if self._status_dirty and time.monotonic() - self._status_written >= 0.5 and self.job_name:
@@ -687,7 +691,7 @@ class JobMaster:
         self._closed.set()
 
     def close(self, state: str) -> None:
-        self._closed.set()
+        self.end_watching()
         with self._cond:
             self._write_status(state)
 
