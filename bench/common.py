@@ -95,7 +95,7 @@ class PacedFeeder(threading.Thread):
     def run(self) -> None:
         from confluent_kafka import Producer
 
-        from replication.kafka_io import produce_blocking
+        from transport.kafka_io import produce_blocking
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
                              "linger.ms": 2})

@@ -832,7 +832,7 @@ class ChainFeeder(threading.Thread):
     def _warm_up(self) -> None:
         from confluent_kafka import Producer
 
-        from replication.kafka_io import produce_blocking
+        from transport.kafka_io import produce_blocking
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
                              "linger.ms": 1})

@@ -16,7 +16,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from replication.kafka_io import ensure_topics, produce_blocking, wait_for_topics
+from transport.kafka_io import ensure_topics, produce_blocking, wait_for_topics
 
 Headers = list[tuple[str, bytes | None]]
 

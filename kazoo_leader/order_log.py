@@ -20,7 +20,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kazoo_leader.orders import Order
-from replication.kafka_io import consume_ready
+from transport.kafka_io import consume_ready
 
 log = logging.getLogger(__name__)
 

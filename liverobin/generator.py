@@ -38,7 +38,7 @@ from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
 from liverobin.heartbeats import Offsets, PulseLog, PulseRecord, next_pulse
 from liverobin.segments import HeartbeatLog, LogCursor
-from replication.kafka_io import consume_ready, end_offsets_by_fetch
+from transport.kafka_io import consume_ready, end_offsets_by_fetch
 
 log = logging.getLogger(__name__)
 

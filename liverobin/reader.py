@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from liverobin.heartbeats import PulseLog, PulseRecord
 from liverobin.segments import HeartbeatLog, LogCursor
-from replication.kafka_io import consume_ready
+from transport.kafka_io import consume_ready
 
 log = logging.getLogger(__name__)
 

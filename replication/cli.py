@@ -29,7 +29,7 @@ from typing import Any
 from replication import chaos, soak
 from replication.api import Job, JobDefinitionError
 from replication.config import ConfigError, ReplicationConfig, config_reference_markdown
-from replication.kafka_io import KafkaUnavailable
+from transport.kafka_io import KafkaUnavailable
 
 
 def _load_job(spec: str) -> tuple[Job, ModuleType]:

@@ -19,7 +19,7 @@ from typing import Any
 from replication.config import ReplicationConfig
 from replication.elements import Origin
 from replication.exactly_once import ExactlyOnceOutput
-from replication.kafka_io import produce_blocking
+from transport.kafka_io import produce_blocking
 
 log = logging.getLogger(__name__)
 

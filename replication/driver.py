@@ -28,7 +28,6 @@ from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
-from replication.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from replication.messages import (
     Ack,
     Attach,
@@ -61,6 +60,7 @@ from rhino_state import AllAtOnce, Batched, HandoverState, JobState, RoutingTabl
 from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager
 from transport import rpc
+from transport.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from transport.rpc import host_port
 from transport.security import RpcSecurity
 

@@ -40,7 +40,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from replication.config import ReplicationConfig
-from replication.kafka_io import produce_blocking
+from transport.kafka_io import produce_blocking
 
 log = logging.getLogger(__name__)
 

@@ -40,13 +40,13 @@ from replication.handovers import (
     split_cut,
     vnode_bytes,
 )
-from replication.kafka_io import end_offsets_by_fetch
 from replication.metrics import InstanceMetrics
 from replication.operators import Router, build_chain, chain_operators, serves_through_moves
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from rhino_state import RocksDBStateBackend, StateContext, encode_key, key_group
 from rhino_state.cut import entry_bytes
 from rhino_state.increments import digest_hex
+from transport.kafka_io import end_offsets_by_fetch
 
 log = logging.getLogger(__name__)
 

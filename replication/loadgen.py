@@ -15,8 +15,8 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from replication.kafka_io import produce_blocking
 from replication.progress import StatusLine, bar
+from transport.kafka_io import produce_blocking
 
 MakeRecord = Callable[[int], tuple[bytes | None, bytes, Any]]
 

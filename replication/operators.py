@@ -20,8 +20,8 @@ from typing import Any
 from replication.deadletter import describe_error, payload_of
 from replication.elements import DATA, END_ELEMENT, pulse, watermark
 from replication.functions import ProcessContext, RuntimeContext, mergeable
-from replication.kafka_io import produce_blocking
 from rhino_state import canonical_dumps, encode_key, key_group
+from transport.kafka_io import produce_blocking
 
 
 class Operator:

@@ -138,8 +138,8 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
     get the pass-through properties."""
     import replication.exactly_once as exactly_once
     import replication.instance as instance
-    import replication.kafka_io as kafka_io
     import replication.worker as worker
+    import transport.kafka_io as kafka_io
     from kazoo_leader.order_log import OrderLog
     from liverobin.generator import HeartbeatGenerator
     from liverobin.reader import PulseReader

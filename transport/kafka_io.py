@@ -1,4 +1,5 @@
-"""Kafka I/O shared by the runtime, the tools and the tests (confluent-kafka).
+"""Kafka client I/O shared by the runtime, the protocol packages, the tools and the tests
+(confluent-kafka).
 
 Works on Apache Kafka and on the embedded broker: end offsets come from a fetch,
 never from ListOffsets (DESIGN §10), and metadata requests never name a topic
