@@ -153,10 +153,15 @@ class HeartbeatGenerator:
             log.exception("heartbeat generator %s failed", self.name)
 
     def _run(self) -> None:
-        consumer = Consumer(self._consumer_conf)
+        consumer = Consumer(self._consumer_conf)  # the heartbeat log: our pulses back, others' pulses
+        # the sources, only for the high watermarks their fetches carry: a consumer of its own, so reading
+        # our pulses back never waits behind a source partition's fetch (a broker may answer the partitions
+        # of one fetch one after another, and the embedded one lists a long partition's every batch)
+        watermarks = Consumer(self._consumer_conf)
         producer = Producer(self._producer_conf)
         cursor = self.cursor
         source_tps = [TopicPartition(t, k) for t, ks in self.sources.items() for k in ks]
+        watermarks.assign([TopicPartition(tp.topic, tp.partition, OFFSET_END) for tp in source_tps])
         segments: dict[str, int] = {}  # the heartbeat-log topics assigned -> their segment
         in_flight: list[tuple[PulseRecord, float]] = []  # written, not read back: (record, when)
         next_tick = time.monotonic()
@@ -174,7 +179,8 @@ class HeartbeatGenerator:
                         wait = max(wait, MIN_WAIT_S)
                 blocked = False
                 if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
-                    segments = self._follow(consumer, source_tps)
+                    segments = self._follow(consumer)
+                consume_ready(watermarks, 10_000, 0)  # (their records are not needed: fetching goes on)
                 for msg in consume_ready(consumer, 1000, wait):
                     segment = segments.get(msg.topic())
                     if msg.error() is not None or segment is None:
@@ -213,7 +219,7 @@ class HeartbeatGenerator:
                 log_end = consumer.get_watermark_offsets(hb, cached=True)[1]
                 if log_end < 0 or cursor.next_offset(cursor.segment) < log_end:
                     continue  # read the log to its end first: continue after its largest h
-                ends = self._ends(consumer, source_tps)
+                ends = self._ends(watermarks, source_tps)
                 if ends is None:
                     continue
                 finishing = self._finish_at is not None and now >= self._finish_at and not self.windowed
@@ -253,16 +259,13 @@ class HeartbeatGenerator:
             producer.flush(5)
         finally:
             consumer.close()
+            watermarks.close()
 
-    def _follow(self, consumer: Consumer, source_tps: list[TopicPartition]) -> dict[str, int]:
-        """Assign the cursor's two segments, the sources where they are read (their end at first:
-        they are read only for the high watermarks the fetches carry); the segment of each topic."""
-        cursor = self.cursor
-        positions = cursor.positions()
-        sources = [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END)
-                   for tp in (consumer.position(source_tps) if consumer.assignment() else source_tps)]
-        consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()] + sources)
-        return {topic: cursor.segment + i for i, topic in enumerate(positions)}
+    def _follow(self, consumer: Consumer) -> dict[str, int]:
+        """Assign the cursor's two segments; the segment of each topic."""
+        positions = self.cursor.positions()
+        consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()])
+        return {topic: self.cursor.segment + i for i, topic in enumerate(positions)}
 
     def _with_final_ends(self, ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
         """``ends``, raised to what fetches made after the drain request tell: the shared

@@ -106,10 +106,11 @@ class Feeder:
         from confluent_kafka import Producer
 
         self.topics, self.rate, self.bad_every = topics, rate, bad_every
-        # batches of about a tenth of a second, as a client producing steadily would send them: the
-        # embedded broker lists every batch of a partition on each fetch that returns records, so
-        # one-record batches make every reader of a long soak slower (docs/embedded-broker.md)
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100, "acks": "all",
+        # batches of a quarter of a second: the embedded broker lists every batch of a partition on
+        # each fetch that returns records, so every reader of a source partition (two replicas and
+        # the heartbeat generator) costs it more with every batch the soak has fed; with batches of a
+        # tenth of a second that took most of a core by the ninth minute (docs/embedded-broker.md)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 250, "acks": "all",
                                   "enable.idempotence": True})
         self.ids: list[str] = []
         self.malformed: set[tuple[str, int, int]] = set()

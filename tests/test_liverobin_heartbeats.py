@@ -307,3 +307,57 @@ def test_a_restored_replica_enters_the_windows_of_the_log_after_the_ones_it_hand
     restored = PulseWindows()
     restored.restore(4, 4)  # restored inside window 4: its last pulse is read from the log again
     assert restored.admits(PulseRecord(12, {}, window=4, last=True)) and restored.end_h == 12
+
+
+class _RecordingConsumer:
+    """A consumer that reads nothing and records what it was assigned."""
+
+    made: list[_RecordingConsumer] = []
+
+    def __init__(self, conf: dict) -> None:
+        self.assigned: set[str] = set()
+        _RecordingConsumer.made.append(self)
+
+    def assign(self, tps: list) -> None:
+        self.assigned |= {tp.topic for tp in tps}
+
+    def assignment(self) -> list:
+        return []
+
+    def poll(self, timeout: float) -> None:
+        time.sleep(min(timeout, 0.005))
+
+    def consume(self, num_messages: int = 1, timeout: float = 0) -> list:
+        return []
+
+    def get_watermark_offsets(self, tp, cached: bool = False) -> tuple[int, int]:
+        return (0, -1)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_generator_reads_its_pulses_back_on_a_consumer_that_fetches_no_source(monkeypatch):
+    """A broker may answer the partitions of one fetch one after another (the embedded one lists a
+    long partition's every batch first): reading pulses back must not share a fetch with the
+    sources, whose high watermarks the generator follows."""
+    from liverobin import generator as gen_module
+
+    _RecordingConsumer.made = []
+    monkeypatch.setattr(gen_module, "Consumer", _RecordingConsumer)
+    monkeypatch.setattr(gen_module, "Producer", lambda conf: type("P", (), {"poll": lambda s, t: 0,
+                                                                            "flush": lambda s, t: 0})())
+    log_ = HeartbeatLog("hb")
+    gen = gen_module.HeartbeatGenerator(name="g", heartbeat_log=log_, sources={"payments": [0, 1], "refunds": [0]},
+                                        starts={}, period_s=0.01, max_step=10, consumer_conf={}, producer_conf={},
+                                        create_topics=lambda topics: None).start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(log_.topic(0) in c.assigned for c in _RecordingConsumer.made):
+        time.sleep(0.01)
+    gen.kill()
+    assert gen.error is None
+    log_readers = [c for c in _RecordingConsumer.made if c.assigned & {log_.topic(0), log_.topic(1)}]
+    source_readers = [c for c in _RecordingConsumer.made if c.assigned & {"payments", "refunds"}]
+    assert log_readers and source_readers
+    assert all(c.assigned <= {log_.topic(0), log_.topic(1)} for c in log_readers)
+    assert all(c.assigned == {"payments", "refunds"} for c in source_readers)
