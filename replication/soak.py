@@ -447,7 +447,9 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
         conf.update({"spark.replication.zookeeper.connect": stack.zookeeper_connect,
                      "spark.replication.rhino.checkpointEvery": "50"})
     else:
-        conf["spark.replication.rhino.checkpointEvery"] = "50"  # pulses: about two checkpoints a second
+        # pulses: about a checkpoint every 1.5 s (the generator writes a pulse when a source grew, and the
+        # feeder's batches make that about 13 times a second)
+        conf["spark.replication.rhino.checkpointEvery"] = "20"
     report = SoakReport(mode, seed, duration_s, rate, executors, workers, rhino_replicas=rhino_replicas)
     job = build_soak_job(topics["a"], topics["b"], out_topic, name)
     handle = run(job, spark=spark, conf=conf)
