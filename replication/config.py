@@ -286,10 +286,12 @@ class ReplicationConfig:
     )
     rhino_checkpoint_every: int = _key(
         "rhino.checkpointEvery", INT, 100,
-        "Checkpoint every this many pulses (`liverobin` mode: 100 at the default 10 ms period is about "
-        "one checkpoint a second) or order records (`kazoo` mode, partitions with several inputs). Both "
-        "replicas checkpoint at the same position, so their digests must be equal; a mismatch is reported "
-        "as a divergence.", min=1, max=1_000_000,
+        "Checkpoint every this many pulses (`liverobin` mode: a pulse is written when a source partition "
+        "grew, at most one a period, and once a second while none does, so 100 at the default 10 ms "
+        "period is about a checkpoint a second under steady input and one every 100 s when idle) or order "
+        "records (`kazoo` mode, partitions with several inputs). Both replicas checkpoint at the same "
+        "position, so their digests must be equal; a mismatch is reported as a divergence.",
+        min=1, max=1_000_000,
     )
     rhino_checkpoint_elements: int = _key(
         "rhino.checkpointElements", INT, 1_000,
