@@ -180,7 +180,7 @@ class HeartbeatGenerator:
                 blocked = False
                 if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
                     segments = self._follow(consumer)
-                consume_ready(watermarks, 10_000, 0)  # (their records are not needed: fetching goes on)
+                watermarks.consume(num_messages=10_000, timeout=0)  # (records unused: keeps its fetches going)
                 for msg in consume_ready(consumer, 1000, wait):
                     segment = segments.get(msg.topic())
                     if msg.error() is not None or segment is None:
@@ -268,7 +268,7 @@ class HeartbeatGenerator:
         return {topic: self.cursor.segment + i for i, topic in enumerate(positions)}
 
     def _with_final_ends(self, ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
-        """``ends``, raised to what fetches made after the drain request tell: the shared
+        """``ends``, raised to what fetches made after the drain request tell: the watermark
         consumer's cached high watermarks may come from a fetch answered before the last records
         produced ahead of the drain (a loaded broker or machine), and a final pulse below them
         would end the run without them."""

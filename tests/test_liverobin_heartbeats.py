@@ -321,9 +321,6 @@ class _RecordingConsumer:
     def assign(self, tps: list) -> None:
         self.assigned |= {tp.topic for tp in tps}
 
-    def assignment(self) -> list:
-        return []
-
     def poll(self, timeout: float) -> None:
         time.sleep(min(timeout, 0.005))
 
