@@ -91,13 +91,16 @@ class WindowCount(WindowCountWithoutMerge):
 
 
 def build_window_count_job(topic_a: str, topic_b: str, out_topic: str, name: str = "window-count",
-                           size_ms: int = 200, parallelism: int = 2, mergeable: bool = True) -> Job:
+                           size_ms: int = 200, parallelism: int = 2, mergeable: bool = True,
+                           out_of_orderness_ms: int = 0) -> Job:
     """``a ∪ b -> key_by(key) -> window(size_ms, count) -> sink``: output ``{key, start, end, value}``
     once per key and window (check it with :func:`window_counts` of the input); ``mergeable``: its
-    aggregator defines ``merge``."""
+    aggregator defines ``merge``; ``out_of_orderness_ms``: the sources' watermark lag."""
     job = Job(name)
-    a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a")
-    b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b")
+    a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a",
+                   max_out_of_orderness_ms=out_of_orderness_ms)
+    b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b",
+                   max_out_of_orderness_ms=out_of_orderness_ms)
     count = WindowCount() if mergeable else WindowCountWithoutMerge()
     (a.union(b).key_by(lambda e: e["key"]).window(size_ms, count, name="counts", parallelism=parallelism)
      .new_task().sink(out_topic, serializer="json", key_serializer="str", name="counts-sink"))
