@@ -127,15 +127,24 @@ def _shadow_spark_home(root: Path) -> Path:
 
     ``local-cluster`` Workers write executor directories to ``$SPARK_HOME/work``;
     this keeps them out of the venv. Everything else (``bin/spark-submit``,
-    ``jars/``) resolves through the symlinks, so the JVMs are unchanged.
+    ``jars/``) resolves through the symlinks, so the JVMs are unchanged, except
+    ``python/``: executors put ``$SPARK_HOME/python/lib/pyspark.zip`` first on
+    their Python workers' path, and Python compiles a zip's modules from source
+    at every import (no ``.pyc`` cache), about 0.5 s of CPU for each daemon and
+    each forked worker, taken from the replicas that mask a failure.  Without the
+    zip, the workers import the same PySpark from the venv, compiled once.
     """
     import pyspark
 
     pkg = Path(pyspark.__file__).resolve().parent
     home = root / "spark-home"
     home.mkdir(parents=True, exist_ok=True)
+    python = home / "python"
+    if python.is_symlink():
+        python.unlink(missing_ok=True)  # (another process may have replaced it first)
+    (python / "lib").mkdir(parents=True, exist_ok=True)
     for entry in pkg.iterdir():
-        if entry.name == "work":
+        if entry.name in ("work", "python"):
             continue
         link = home / entry.name
         if link.is_symlink() and Path(os.readlink(link)) != entry:

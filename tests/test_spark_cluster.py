@@ -145,6 +145,24 @@ def test_executor_work_dir(sc: Any) -> None:
     assert "CoarseGrainedExecutorBackend" in (d / "stderr").read_text(errors="replace")
 
 
+def _where_pyspark_comes_from(_: int) -> tuple[str, list[str]]:
+    import pyspark
+
+    return pyspark.__file__, [p for p in sys.path if p.endswith(".zip")]
+
+
+@pytest.mark.integration
+def test_executor_python_imports_the_compiled_pyspark_not_the_zip(sc: Any) -> None:
+    """Python compiles a zip's modules from source at every import (about 0.5 s of CPU for each
+    executor daemon and forked worker): the executors' workers import PySpark from the venv."""
+    import pyspark
+
+    rows = sc.parallelize(range(N_EXECUTORS), N_EXECUTORS).map(_where_pyspark_comes_from).collect()
+    for file, zips in rows:
+        assert file == pyspark.__file__, file
+        assert not any(Path(z).exists() for z in zips), zips
+
+
 def _alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
     try:
