@@ -97,6 +97,77 @@ def test_groups_and_restores_spread_over_the_workers_across_kills_and_relaunches
         assert max(loads) - min(loads) <= 2, loads
 
 
+def _running(m: ReplicationManager, workers: int) -> list[int]:
+    return [sum(1 for r, w in m.placement.items() if w == ww and r not in m.lost) for ww in range(workers)]
+
+
+def test_replicas_piled_on_two_workers_are_moved_one_by_one_until_even():
+    """Ten partitions whose replicas all run on workers 0 and 1 (what restores leave after a few
+    kills, the relaunched workers 2 and 3 only holding checkpoints): each move goes from the
+    busiest worker to one running at least two fewer that holds the partition's restore point,
+    never next to the partition's other replica, until the counts differ by at most one."""
+    placement = {(t, p, r): r for t in range(5) for p in range(2) for r in range(2)}
+    m = ReplicationManager(placement, 4)
+    assert m.replica_to_move() is None  # nothing completed: no restore point to move from
+    moves = []
+    for cid in range(1, 40):
+        for inst in m.instances():  # each group's next checkpoint completes on its members
+            m.checkpoint_completed(inst, cid, {})
+        move = m.replica_to_move()
+        if move is None:
+            break
+        replica, target = move
+        counts = _running(m, 4)
+        assert counts[m.placement[replica]] - counts[target] >= 2, (move, counts)
+        assert target in m.restore_point(replica[:2]).holders
+        m.replica_lost(replica)
+        assert m.restore_plan(replica, prefer=target)[0] == target
+        m.replica_moved(replica, target)
+        assert len({m.placement[(*replica[:2], r)] for r in range(2)}) == 2  # the twins stay apart
+        moves.append(move)
+    counts = _running(m, 4)
+    assert max(counts) - min(counts) <= 1, counts
+    assert len(moves) == 10, moves  # 20 replicas from 10 + 10 + 0 + 0 to 5 a worker
+    assert moves == _moves_again(), "not deterministic"
+
+
+def _moves_again() -> list:
+    placement = {(t, p, r): r for t in range(5) for p in range(2) for r in range(2)}
+    m = ReplicationManager(placement, 4)
+    out = []
+    for cid in range(1, 40):
+        for inst in m.instances():
+            m.checkpoint_completed(inst, cid, {})
+        if (move := m.replica_to_move()) is None:
+            return out
+        m.replica_lost(move[0])
+        m.replica_moved(*move)
+        out.append(move)
+    return out
+
+
+def test_no_move_to_a_worker_without_the_restore_point_nor_of_a_kept_or_pinned_replica():
+    placement = {(0, p, r): r for p in range(2) for r in range(2)}  # 2 + 2 replicas on workers 0 and 1
+    m = ReplicationManager(placement, 3)
+    assert m.groups == {(0, 0): [2], (0, 1): [2]}
+    m.checkpoint_completed((0, 0), 1, {}, holders=[])  # held by nobody alive
+    assert m.replica_to_move() is None
+    m.checkpoint_completed((0, 1), 1, {})  # held by worker 2
+    assert m.replica_to_move() == ((0, 1, 0), 2)
+    assert m.replica_to_move(avoid={(0, 1, 0)}) == ((0, 1, 1), 2)  # worker 1 is next busiest
+    assert m.replica_to_move(avoid={(0, 1, 0), (0, 1, 1)}) is None
+    assert m.replica_to_move(avoid_workers={2}) is None
+    m.restoring((0, 1, 0), m.restore_point((0, 1)))  # a restore of the partition is under way
+    assert m.replica_to_move() is None
+
+
+def test_balanced_replicas_do_not_move():
+    m = ReplicationManager(dict(PLACEMENT), 3)  # 8 replicas on 3 workers: 3, 3, 2
+    for inst in m.instances():
+        m.checkpoint_completed(inst, 1, {})
+    assert m.replica_to_move() is None
+
+
 # a source (task 0) -> map (task 1) -> sink (task 2) chain, one partition each, channels 10 and 11
 CHAIN_PLACEMENT = {(t, 0, r): (t + r) % 3 for t in range(3) for r in range(2)}
 CHAIN = [(10, (0, 0), (1, 0)), (11, (1, 0), (2, 0))]
