@@ -284,14 +284,6 @@ class ReplicationConfig:
         "Executors in each partition's replica group (holders of its checkpoints, other than those "
         "running its live replicas); increments travel along them as a chain.", min=1, max=16,
     )
-    rhino_spread_replicas: bool = _key(
-        "rhino.spreadReplicas", BOOL, True,
-        "Move running replicas, one at a time and only while every partition runs both replicas and is "
-        "restorable, from the worker running the most to one running at least two fewer (restores pile "
-        "replicas onto the surviving workers; a relaunched executor's worker starts with none). The moved "
-        "replica is restored there from the checkpoint that worker holds, its twin running the partition "
-        "alone meanwhile (about a second); sink writers and KaZoo leaders are not moved.",
-    )
     rhino_checkpoint_every: int = _key(
         "rhino.checkpointEvery", INT, 100,
         "Checkpoint every this many pulses (`liverobin` mode: a pulse is written when a source partition "

@@ -16,7 +16,6 @@ import signal
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +65,6 @@ from transport.rpc import host_port
 from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
-# a pause after each move of a replica onto a less loaded worker (the next goes once the job is healthy)
-SPREAD_PAUSE_S = 2.0
 
 
 class JobFailedError(RuntimeError):
@@ -168,10 +165,7 @@ class JobMaster:
         # every replica of a source partition ends, once all its live replicas reported (the furthest)
         self.drain_positions: dict[ReplicaId, dict[int, int]] = {}
         self.drain_at: dict[Instance, dict[int, int]] = {}
-        self.dropped: dict[ReplicaId, int] = {}  # replicas replaced (cut off, moved): up to which restore attempt
-        self.spread = cfg.rhino_enabled and cfg.rhino_spread_replicas
-        self._moving: dict[ReplicaId, int] = {}  # replicas stopped to be restored on a less loaded worker: where
-        self._spread_after = 0.0  # (monotonic) no move before: one at a time, a pause between them
+        self.dropped: dict[ReplicaId, int] = {}  # replicas replaced after a cut-off: up to which restore attempt
         self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
         self.mover: Callable[[HandoverRequest], HandoverReport] | None = None  # the JobHandle's, to the CLI
 
@@ -288,43 +282,6 @@ class JobMaster:
         if self.drain_positions:
             self._settle_drain()
         if self.rhino is not None:
-            self._start_restores()
-        self._status_dirty = True
-        self._cond.notify_all()
-
-    def _spread_replicas(self, now: float) -> None:
-        """Move one running replica onto a worker running at least two fewer (restores pile replicas
-        onto the surviving workers, and a relaunched one starts with none), only while the job is
-        healthy: every replica running, none restoring or catching up, every partition restorable,
-        no handover, drain or savepoint under way.  The replica is replaced like one an upstream cut
-        off: stopped where it runs and restored on that worker from the checkpoint it holds."""
-        assert self.rhino is not None
-        rhino = self.rhino
-        if now < self._spread_after or self.failure or self.command != "run" or self.started_at is None \
-                or self.lost or self._restoring or self._catching_up or self.savepoint is not None \
-                or self.drain_positions or (self.handovers is not None
-                                            and any(not o.cancelled for o in self.handovers.orders.values())):
-            return
-        if any(rhino.restore_plan((t, p, 0), avoid=self.drained) is None for t, p in rhino.instances()):
-            return
-        keep = {(t, p, role[0]) for (t, p, _), role in self.sinks.items()}  # writers: a move would hand over
-        keep |= {r for r in self.placement if (m := self.metrics.get(self._replica_label(*r))) and m.leader}
-        move = rhino.replica_to_move(avoid=keep, avoid_workers=self.drained)
-        if move is None:
-            return
-        replica, target = move
-        origin = self.placement[replica]
-        name = self._replica_label(*replica)
-        self._spread_after = now + SPREAD_PAUSE_S
-        counts = Counter(w for r, w in self.placement.items() if r not in self.lost)
-        self.event(f"{name} moves from worker {origin} ({counts[origin]} replicas) to worker {target} "
-                   f"({counts[target]}) to spread the load: its twin runs the partition alone until it is "
-                   "restored there and caught up")
-        self._moving[replica] = target
-        self.dropped[replica] = self._attempts.get(replica, 0)
-        for (t, p), group in rhino.replica_lost(replica).items():
-            self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
-        if self._lose(replica, f"{name} moved", time.time()):
             self._start_restores()
         self._status_dirty = True
         self._cond.notify_all()
@@ -523,7 +480,7 @@ class JobMaster:
                 continue
             if any(other[:2] == replica[:2] for other in self._restoring):
                 continue  # one restore per partition at a time (a rollback brings back one replica first)
-            plan = self.rhino.restore_plan(replica, avoid=self.drained, prefer=self._moving.get(replica))
+            plan = self.rhino.restore_plan(replica, avoid=self.drained)
             if plan is None or plan[0] not in self.workers:
                 if replica not in self._unrestorable:
                     self._unrestorable.add(replica)
@@ -591,9 +548,8 @@ class JobMaster:
             itself = self.metrics.get(self._replica_label(t, p, r)) if rollback else None
             known = [m for m in (sibling, itself) if m is not None]
             now = time.time()
-            moved = self._moving.pop(replica, None) is not None
             self._catching_up[replica] = {
-                "replica": name, "worker": host, "checkpoint_id": reply.checkpoint_id, "moved": moved,
+                "replica": name, "worker": host, "checkpoint_id": reply.checkpoint_id,
                 "failed_at": dead_at, "restored_at": now, "load_s": reply.load_s,
                 "restore_s": reply.restore_s, "rollback": rollback,
                 "target_pulse": max([reply.pulse, *(m.pulse for m in known)]),
@@ -602,10 +558,9 @@ class JobMaster:
             # the lost incarnation's last figures (its pulse reached near its twin's) must not count
             # as the restored one's: it is caught up only by what the restored one reports
             self.metrics.pop(name, None)
-            cause = "it was stopped to move" if moved else "the failure"
             self.event(f"{name} {'rolled back' if rollback else 'restored'} on worker {host} from checkpoint "
-                       f"{reply.checkpoint_id} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after {cause}); "
-                       "its upstreams replay from their backups")
+                       f"{reply.checkpoint_id} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
+                       "failure); its upstreams replay from their backups")
             self._status_dirty = True
 
     def _check_caught_up(self) -> None:
@@ -723,8 +678,6 @@ class JobMaster:
                         self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
                 if self.rhino is not None and self.lost and not self._restoring:
                     self._start_restores()
-                if self.spread:
-                    self._spread_replicas(now)
                 if self._status_dirty and time.monotonic() - self._status_written >= 0.5 and self.job_name:
                     self._status_dirty = False
                     self._status_written = time.monotonic()

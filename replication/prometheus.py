@@ -79,7 +79,6 @@ class DriverState:
     events: int = 0
     divergences: int = 0
     recoveries: int = 0
-    moves: int = 0
     checkpoints_compared: int = 0
     workers_alive: int = 0
     workers_dead: int = 0
@@ -115,9 +114,7 @@ def collect(master: JobMaster, now: float | None = None) -> DriverState:
         return DriverState(
             job=master.job_name or plan.job_name, now=time.time() if now is None else now,
             replicas=replicas, partitions=partitions, events=len(master.events),
-            divergences=len(master.divergences),
-            recoveries=sum(1 for r in master.recoveries if not r.get("moved")),
-            moves=sum(1 for r in master.recoveries if r.get("moved")),
+            divergences=len(master.divergences), recoveries=len(master.recoveries),
             checkpoints_compared=master.checkpoints_compared, workers_alive=alive,
             workers_dead=len(master.workers) - alive, rpc_refused=master.refused_calls())
 
@@ -255,9 +252,6 @@ def render(state: DriverState) -> str:
         ("replication_recoveries_total", "counter",
          "Lost replicas restored from a Rhino checkpoint that caught up (two live replicas again).",
          state.recoveries),
-        ("replication_replica_moves_total", "counter",
-         "Replicas moved onto a worker running fewer (rhino.spreadReplicas), restored there and caught up.",
-         state.moves),
         ("replication_checkpoints_compared_total", "counter",
          "Checkpoints whose two replicas' digests the driver compared.", state.checkpoints_compared),
         ("replication_workers_alive", "gauge", "Registered workers that are alive (standbys included).",

@@ -247,9 +247,8 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
     out.append("")
     recoveries = status.get("recoveries") or []
     out.append(f"recoveries (two live replicas again): {len(recoveries)}")
-    out += [f"  {r.get('replica')} {'moved to' if r.get('moved') else 'restored on'} worker {r.get('worker')} from "
-            f"checkpoint {r.get('checkpoint_id')}, caught up {r.get('recovery_s', 0):.2f} s after "
-            f"{'it stopped' if r.get('moved') else 'the failure'} ({_ago(r.get('caught_up_at'), now)})"
+    out += [f"  {r.get('replica')} restored on worker {r.get('worker')} from checkpoint {r.get('checkpoint_id')}, "
+            f"caught up {r.get('recovery_s', 0):.2f} s after the failure ({_ago(r.get('caught_up_at'), now)})"
             for r in recoveries[-10:]]
     divergences = status.get("divergences") or []
     compared = status.get("checkpoints_compared")

@@ -668,13 +668,13 @@ class Worker:
                 time.sleep(0.2)
 
     def _drop(self, drop: dict[ReplicaId, int]) -> None:
-        """Stop the replicas the driver replaces (an upstream cut them off, or they move to a worker
-        running fewer), unless this one is a later incarnation (restored after that decision)."""
+        """Stop the replicas the driver replaces (an upstream cut them off: they failed or lagged),
+        unless this one is a later incarnation (restored after that decision)."""
         for (t, p, r), attempt in drop.items():
             inst = self.instances.get((t, p))
             if inst is None or inst.replica != r or inst.attempt > attempt:
                 continue
-            log.warning("%s: stopped, the driver replaces it (cut off by an upstream, or moved)", inst.name)
+            log.warning("%s: stopped, the driver replaces it (an upstream cut it off)", inst.name)
             del self.instances[(t, p)]
             inst.request_stop()
 

@@ -8,12 +8,6 @@ replica is lost, it is restored on a member holding the latest completed checkpo
 restore: hard links, no bulk transfer); that member then runs the replica, so the group gets a new
 member in its place, which needs a full snapshot first.
 
-**Evening out.** Restores pile replicas onto the group members, and a relaunched worker only
-joins groups: left alone, a job that lost a few workers runs on two of them, and the next loss
-takes a replica of every partition at once.  :meth:`ReplicationManager.replica_to_move` names a
-replica whose move from the busiest worker to one running at least two fewer evens that out; the
-driver replaces it there like a lost one, restored locally from the checkpoint that worker holds.
-
 **Rollback.** When *every* replica of an instance is lost (or its twin dies before a restored
 replica delivered what it should), restoring it from its latest checkpoint is not enough: what
 it had produced before that checkpoint but not yet delivered died with it, and a downstream that
@@ -255,34 +249,7 @@ class ReplicationManager:
                     best = (loads[member], inst, member)
         return None if best is None else best[1:]
 
-    def replica_to_move(self, avoid: Collection[ReplicaId] = (), avoid_workers: Collection[int] = ()
-                        ) -> tuple[ReplicaId, int] | None:
-        """A running replica and a live worker to move it to that evens the load, or None: from the
-        worker running the most replicas to the least loaded one running at least two fewer, a
-        replica whose partition runs there on no replica and whose restore point that worker holds
-        (no restore of the partition in progress).  Deterministic: busiest worker first (lowest
-        index on ties), its replicas in order; ``avoid``: replicas not to move (e.g. sink writers),
-        ``avoid_workers``: workers to move nothing to (e.g. drained ones)."""
-        live = [w for w in range(self.num_workers) if w not in self.dead]
-        running: dict[int, list[ReplicaId]] = {w: [] for w in live}
-        for replica, w in sorted(self.placement.items()):
-            if w in running and replica not in self.lost:
-                running[w].append(replica)
-        targets = sorted((w for w in live if w not in avoid_workers), key=lambda w: (len(running[w]), w))
-        for busiest in sorted(live, key=lambda w: (-len(running[w]), w)):
-            for target in targets:
-                if len(running[busiest]) - len(running[target]) < 2:
-                    break
-                for replica in running[busiest]:
-                    inst = replica[:2]
-                    cp = self.restore_point(inst)
-                    if replica in avoid or inst in self.pinned or cp is None or target not in cp.holders \
-                            or target in self.replica_workers(inst):
-                        continue
-                    return replica, target
-        return None
-
-    def restore_plan(self, replica: ReplicaId, avoid: Collection[int] = (), prefer: int | None = None
+    def restore_plan(self, replica: ReplicaId, avoid: Collection[int] = ()
                      ) -> tuple[int, CompletedCheckpoint, bool] | None:
         """Where and from what to restore ``replica``: ``(worker, checkpoint, rollback)``, or None
         if no live worker that runs no replica of its instance holds the checkpoint needed
@@ -293,8 +260,7 @@ class ReplicationManager:
         rolled back later the output before that checkpoint, and its twin may die before it is
         delivered.  (Nor a downstream replica that lags behind that output, e.g. one restored a
         little earlier still catching up: it would wait for a gap nobody can fill.)
-        ``rollback``: no live replica of the instance is left; ``prefer``: the worker to restore it
-        on if it is eligible (a move, :meth:`replica_to_move`)."""
+        ``rollback``: no live replica of the instance is left."""
         inst = replica[:2]
         busy = self.replica_workers(inst)
         rollback = not busy
@@ -302,8 +268,6 @@ class ReplicationManager:
         if cp is None:
             return None
         order = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
-        if prefer is not None and prefer in cp.holders:
-            order.insert(0, prefer)
         host = next((w for w in order if w not in self.dead and w not in busy and w not in avoid), None)
         return None if host is None else (host, cp, rollback)
 
