@@ -449,8 +449,11 @@ def test_scrape_a_running_replicated_job_and_show_its_status(stack, spark, topic
         assert fams["replication_workers_alive"].get() == 3 and fams["replication_workers_dead"].get() == 0
         assert all(v == 1 for _, _, v in fams["replication_replica_group_size"].samples)
         assert all(v >= 0 for _, _, v in fams["replication_checkpoint_age_seconds"].samples)
-        assert fams["replication_divergences_total"].get() == 0
+        assert fams["replication_pulse"].get(task="chain", partition="0", replica="0") > 0
         assert fams["replication_records_in_total"].get(task="chain", partition="0", replica="1") > 0
+        assert fams["replication_latency_seconds"].get("_count", task="chain-sink", partition="0",
+                                                        replica="0") > 0
+        assert fams["replication_divergences_total"].get() == 0
         print("\n".join(line for line in body.splitlines() if "chain-sink" in line and "partition=\"0\"" in line
                         and "replica=\"0\"" in line and ("records_out" in line or "_count" in line
                                                          or 'le="0.0625"' in line)
