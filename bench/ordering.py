@@ -229,6 +229,23 @@ def failovers(per_instance: dict[str, InstanceMetrics], partitions: list[str], l
     return out
 
 
+def event_makers() -> Callable[[str], Callable[[int], tuple[bytes, bytes, str]]]:
+    """``make(source)``: the load generator's record maker for topic ``source`` ("a" or "b"): the
+    next event of that source, stamped with the wall clock (ids ``a-0``, ``a-1``, ...)."""
+    counters = {"a": 0, "b": 0}
+
+    def make(source: str) -> Callable[[int], tuple[bytes, bytes, str]]:
+        def f(ts: int) -> tuple[bytes, bytes, str]:
+            i = counters[source]
+            counters[source] += 1
+            # make_events numbers event i with ts = start_ts + i ms: start so that its ts is the wall clock
+            key, value = make_events(source, 1, KEYS, start_ts=ts - i, first=i)[0]
+            return key, value, f"{source}-{i}"
+        return f
+
+    return make
+
+
 def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: int, rate: float,
                 duration_s: float, status: StatusLine, kill_at_s: float | None = None,
                 probe: CostProbe | None = None, parallelism: int = 2,
@@ -248,16 +265,7 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                                    parallelism=parallelism), spark=spark, conf=config.conf(stack))
     handle.wait_started(120)
 
-    counters = {"a": 0, "b": 0}
-
-    def make(source: str) -> Callable[[int], tuple[bytes, bytes, str]]:
-        def f(ts: int) -> tuple[bytes, bytes, str]:
-            i = counters[source]
-            counters[source] += 1
-            # make_events numbers event i with ts = start_ts + i ms: start so that its ts is the wall clock
-            key, value = make_events(source, 1, KEYS, start_ts=ts - i, first=i)[0]
-            return key, value, f"{source}-{i}"
-        return f
+    make = event_makers()
 
     def job_status() -> str:
         m = handle.sink_metrics()
