@@ -55,19 +55,13 @@ class InputQueues:
             self._cond.notify_all()
             return True
 
-    def wait_room(self, channel: int, timeout: float) -> bool:
-        """Until ``channel`` could take a batch (or the queues close), at most ``timeout``: lets a
-        producer that must not hold anything while the queue is full wait outside its locks."""
-        with self._cond:
-            queue = self._queues[channel]
-            return self._cond.wait_for(
-                lambda: (len(queue) if self.per_channel else self._size) < self.capacity or self._closed, timeout)
-
     def take_any(self, timeout: float | None = None) -> tuple[int, list] | None:
-        """The oldest batch of any channel (arrival order), or None after ``timeout``."""
+        """The oldest batch of any channel (arrival order), or None after ``timeout`` or a
+        :meth:`wake`."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._arrivals or self._closed, timeout):
+            if not self._cond.wait_for(lambda: self._arrivals or self._closed or self._woken, timeout):
                 return None
+            self._woken = False
             if not self._arrivals:
                 return None
             channel = self._arrivals.popleft()

@@ -2,16 +2,18 @@
 
 The instance thread calls :meth:`OutputChannel.emit`.  A batch is sealed when it
 is full or after the buffer timeout, stamped with the next seq and framed once.
-Each *transport* (one per replica of the destination partition: duplicate
-sending, DESIGN §4 rule 1; one when replication is off) has its own sender
-thread and its own position in the shared list of sealed batches, so a slow or
-dead replica does not hold the other one back.  Transports to another worker go
-through that worker's :class:`PushLink`, which sends the batches of every channel
-waiting at that moment in one call.
+Each replica of the destination partition (duplicate sending, DESIGN §4 rule 1;
+one when replication is off) has its own position in the shared list of sealed
+batches, so a slow or dead replica does not hold the other one back, and is sent
+to by the :class:`BatchSender` of the worker it runs on: one thread per
+destination worker sends the batches of every channel and replica routed there
+(:class:`PushLink` to another worker, in one ``PushMany`` call for everything
+waiting; :class:`LocalSender` to this worker's own instances).  No thread per
+channel: a worker's threads do not grow with the number of channels.
 
-A sender that is behind sends every sealed batch waiting for its replica in one
-call (re-framed as one batch, up to ``batch_size`` elements): one call per sealed
-batch would cap a transport at 1 / (call latency) batches a second, below the rate
+A replica that is behind is sent every sealed batch waiting for it at once
+(re-framed as one batch, up to ``batch_size`` elements): one send per sealed
+batch would cap it at 1 / (call latency) batches a second, below the rate
 at which small batches are sealed (a LiveRobin pulse every 10 ms seals one on every
 channel), and its replica would fall further and further behind.
 
@@ -31,12 +33,14 @@ restored from that checkpoint can :meth:`rejoin` and be replayed what it lost.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import grpc
 
@@ -104,30 +108,157 @@ def receive_pushes(request: bytes, deliver: Callable[[framing.BatchHeader, bytes
     return encode_push_reply(statuses, reasons)
 
 
-class _Push:
-    __slots__ = ("payload", "status", "reason", "done")
-
-    def __init__(self, payload: bytes) -> None:
-        self.payload = payload
-        self.status: int | None = None
-        self.reason: BaseException | str | None = None
-        self.done = threading.Event()
+Status = tuple[int, "BaseException | str | None"]  # (PUSH_OK | PUSH_BUSY | PUSH_REFUSED, why refused)
 
 
-class PushLink:
-    """Everything this worker pushes to one peer worker, in as few calls as possible.
+class _Cursor:
+    """Where one replica of a channel's destination partition is sent from: the channel, the
+    replica's index, the generation of its transport (a rejoin starts a new one) and its sender."""
 
-    The per-channel sender threads hand their batches to the link (:meth:`send`, their
-    transport) and wait; one thread sends whatever is waiting in a single ``PushMany`` call.
+    __slots__ = ("channel", "replica", "gen", "sender", "queued", "retry_at", "backoff")
+
+    def __init__(self, channel: OutputChannel, replica: int, gen: int, sender: BatchSender) -> None:
+        self.channel = channel
+        self.replica = replica
+        self.gen = gen
+        self.sender = sender
+        self.queued = False  # in the sender's ready queue
+        self.retry_at = 0.0  # answered busy: not before then
+        self.backoff = 0.0
+
+
+class BatchSender:
+    """One thread sending the batches of every (channel, replica) routed to one destination.
+
+    A channel *schedules* a cursor when it has a sealed batch for that replica, or *schedules it
+    at* the time its open batch is due (the buffer timeout).  The thread takes every ready cursor,
+    asks its channel for the next batch (everything waiting for that replica, up to the batch
+    size), sends them all at once (:meth:`_send`) and reports each status back to its channel.  A
+    cursor has at most one batch in flight, so each channel stays FIFO per replica.  A batch
+    answered *busy* (a full input queue at the destination) is sent again after a backoff of its
+    own (1-8 ms), without holding up the other cursors.  So a worker has one sending thread per
+    destination worker, however many channels and replicas it sends to.
+    """
+
+    def __init__(self, name: str, linger_s: float = 0.0,
+                 busy_backoff_s: tuple[float, float] = (0.001, 0.008)) -> None:
+        self.name = name
+        self._linger_s = linger_s
+        self._busy_backoff_s = busy_backoff_s
+        self._cond = threading.Condition()
+        self._ready: deque[_Cursor] = deque()
+        self._timers: list[tuple[float, int, _Cursor]] = []  # (when, tie-break, cursor), a heap
+        self._tick = 0
+        self._closed = False
+        self.calls = 0  # sends made (:meth:`_send` calls)
+        self.batches = 0  # batches they carried (busy resends included)
+        self._thread = threading.Thread(target=self._run, name=f"send-{name}", daemon=True)
+        self._thread.start()
+
+    def schedule(self, cursor: _Cursor) -> None:
+        """``cursor`` may have a batch to send now."""
+        with self._cond:
+            if not cursor.queued:
+                cursor.queued = True
+                self._ready.append(cursor)
+                self._cond.notify()
+
+    def schedule_at(self, cursor: _Cursor, when: float) -> None:
+        """Look at ``cursor`` again at ``when`` (monotonic time): its open batch is due then."""
+        with self._cond:
+            self._tick += 1
+            heapq.heappush(self._timers, (when, self._tick, cursor))
+            if self._timers[0][2] is cursor:
+                self._cond.notify()
+
+    def close(self, join: bool = True) -> None:
+        """Stop the thread (a batch in flight is finished first; nothing is sent after it)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if join:
+            self._thread.join(timeout=1.0)
+        log.info("sender %s: %d sends carried %d batches", self.name, self.calls, self.batches)
+
+    def _send(self, payloads: list[bytes]) -> list[Status]:
+        """Deliver ``payloads`` (framed batches of different cursors); one status each."""
+        raise NotImplementedError
+
+    def _due(self) -> None:
+        """Move the cursors whose time came to the ready queue (caller holds the condition)."""
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            cursor = heapq.heappop(self._timers)[2]
+            if not cursor.queued:
+                cursor.queued = True
+                self._ready.append(cursor)
+
+    def _take(self) -> list[_Cursor] | None:
+        """The ready cursors, waiting for one; None once closed."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                self._due()
+                if self._ready:
+                    break
+                self._cond.wait(self._timers[0][0] - time.monotonic() if self._timers else None)
+            if self._linger_s:
+                self._cond.wait(self._linger_s)  # other channels' batches sealed at about this time
+                self._due()
+            now = time.monotonic()
+            cursors, later = [], []
+            for cursor in self._ready:
+                cursor.queued = False
+                (later if cursor.retry_at > now else cursors).append(cursor)
+            self._ready.clear()
+            for cursor in later:  # answered busy a moment ago: its own timer brings it back
+                self._tick += 1
+                heapq.heappush(self._timers, (cursor.retry_at, self._tick, cursor))
+            return cursors
+
+    def _run(self) -> None:
+        while (cursors := self._take()) is not None:
+            work = []
+            for cursor in cursors:
+                try:
+                    if (batch := cursor.channel._next_batch(cursor)) is not None:
+                        work.append((cursor, batch))
+                except Exception as exc:  # noqa: BLE001 - that channel's replica is cut off, the others go on
+                    log.exception("%s: channel %d failed", self.name, cursor.channel.spec.id)
+                    cursor.channel._failed(cursor, exc)
+            if work:
+                self._send_work(work)
+
+    def _send_work(self, work: list[tuple[_Cursor, _Batch]]) -> None:
+        backoff, most = self._busy_backoff_s
+        statuses = self._send([batch.payload for _, batch in work])
+        self.calls += 1
+        self.batches += len(work)
+        for (cursor, batch), (status, reason) in zip(work, statuses, strict=True):
+            if status == PUSH_OK:
+                cursor.backoff = 0.0
+                cursor.channel._sent(cursor, batch)
+            elif status == PUSH_BUSY:
+                cursor.backoff = backoff if not cursor.backoff else min(2 * cursor.backoff, most)
+                cursor.retry_at = time.monotonic() + cursor.backoff
+                self.schedule_at(cursor, cursor.retry_at)
+            else:
+                cursor.channel._failed(cursor, reason if isinstance(reason, BaseException)
+                                       else PushRefused(str(reason)))
+
+
+class PushLink(BatchSender):
+    """Everything this worker pushes to one peer worker, in as few ``PushMany`` calls as possible.
+
     One call per batch cost a gRPC round trip per channel and replica every buffer timeout: with
     LiveRobin pulses every 10 ms on every channel that is thousands of calls a second, and on a
     small machine the job spent its CPU on them (measured: 10 ms pulses were slower than 50 ms).
-
-    The receiver never blocks a call on a full input queue (one busy channel would hold up
-    every other channel to that worker, and a merge waiting for one of those would deadlock):
-    it answers *busy* for that batch, and its sender backs off and sends it again (channel FIFO
-    is kept: a sender sends its next batch only after this one is taken).  Transport failures
-    are retried until ``give_up()`` says the peer is gone (then every waiting send fails).
+    The call waits ``linger_s`` after the first ready batch for the others sealed at about the same
+    time.  The receiver never blocks a call on a full input queue (one busy channel would hold up
+    every other channel to that worker, and a merge waiting for one of those would deadlock): it
+    answers *busy* for that batch.  Transport failures are retried until ``give_up()`` says the
+    peer is gone; then every batch of the call fails (its replica is cut off).
     """
 
     def __init__(self, peer: Peer, give_up: Callable[[], bool], call_timeout_s: float = 10.0,
@@ -137,92 +268,79 @@ class PushLink:
         self._give_up = give_up
         self._call_timeout_s = call_timeout_s
         self._retry_s = retry_s
-        self._busy_backoff_s = busy_backoff_s
-        self._linger_s = linger_s
-        self._pending: list[_Push] = []
-        self._cond = threading.Condition()
-        self._closed = False
-        self.calls = 0  # PushMany calls made
-        self.batches = 0  # batches they carried (busy resends included)
-        self._thread = threading.Thread(target=self._run, name=f"push-{peer.address}", daemon=True)
-        self._thread.start()
+        super().__init__(f"push-{peer.address}", linger_s, busy_backoff_s)
 
-    def send(self, payload: bytes) -> None:
-        """Deliver one framed batch (a :data:`Transport`): returns once the peer took it."""
-        backoff, most = self._busy_backoff_s
-        while True:
-            push = _Push(payload)
-            with self._cond:
-                if self._closed:
-                    raise ChannelClosed(f"push link to {self.peer.address} is closed")
-                self._pending.append(push)
-                self._cond.notify()
-            push.done.wait()
-            if push.status == PUSH_OK:
-                return
-            if push.status == PUSH_BUSY:
-                time.sleep(backoff)
-                backoff = min(2 * backoff, most)
-                continue
-            if isinstance(push.reason, BaseException):
-                raise push.reason
-            raise PushRefused(str(push.reason))
-
-    def close(self) -> None:
-        """Fail what is waiting and stop."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout=1.0)
-        log.info("push link to %s: %d calls carried %d batches", self.peer.address, self.calls, self.batches)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._pending and not self._closed:
-                    self._cond.wait()
-                if self._linger_s and not self._closed:
-                    self._cond.wait(self._linger_s)  # the other channels' batches sealed at about this time
-                pushes, self._pending = self._pending, []
-                closed = self._closed
-            if closed:
-                self._finish(pushes, PUSH_REFUSED, ChannelClosed(f"push link to {self.peer.address} is closed"))
-                return
-            self._call(pushes)
-
-    def _call(self, pushes: list[_Push]) -> None:
-        request = encode_pushes([p.payload for p in pushes])
+    def _send(self, payloads: list[bytes]) -> list[Status]:
+        request = encode_pushes(payloads)
         while True:
             try:
                 reply = self.peer.call_bytes("PushMany", request, timeout=self._call_timeout_s)
                 break
             except grpc.RpcError as err:
                 if not is_retryable(err) or self._give_up() or self._closed:
-                    self._finish(pushes, PUSH_REFUSED, err)
-                    return
+                    return [(PUSH_REFUSED, err)] * len(payloads)
                 time.sleep(self._retry_s)
-        self.calls += 1
-        self.batches += len(pushes)
-        statuses, reasons = decode_push_reply(reply, len(pushes))
+        statuses, reasons = decode_push_reply(reply, len(payloads))
         refused = iter(reasons)
-        for push, status in zip(pushes, statuses, strict=True):
-            push.status = status
-            if status == PUSH_REFUSED:
-                push.reason = next(refused, "refused")
-            push.done.set()
+        return [(s, next(refused, "refused") if s == PUSH_REFUSED else None) for s in statuses]
 
-    @staticmethod
-    def _finish(pushes: list[_Push], status: int, reason: BaseException) -> None:
-        for push in pushes:
-            push.status, push.reason = status, reason
-            push.done.set()
+
+class LocalSender(BatchSender):
+    """The batches to instances of this worker: ``deliver(header, payload)`` without blocking
+    (True: taken, False: busy, ValueError: refused), as a remote ``PushMany`` would."""
+
+    def __init__(self, name: str, deliver: Callable[[framing.BatchHeader, bytes], bool]) -> None:
+        self._deliver = deliver
+        super().__init__(name)
+
+    def _send(self, payloads: list[bytes]) -> list[Status]:
+        out: list[Status] = []
+        for payload in payloads:
+            try:
+                out.append((PUSH_OK if self._deliver(framing.decode_header(payload), payload) else PUSH_BUSY, None))
+            except ValueError as exc:
+                out.append((PUSH_REFUSED, str(exc)))
+            except Exception as exc:  # noqa: BLE001 - that replica is cut off, the others go on
+                out.append((PUSH_REFUSED, exc))
+        return out
+
+
+class CallSender(BatchSender):
+    """A plain :data:`Transport` callable (blocking, raises on failure) as a sender of its own."""
+
+    def __init__(self, transport: Transport, name: str) -> None:
+        self._transport = transport
+        super().__init__(name)
+
+    def _send(self, payloads: list[bytes]) -> list[Status]:
+        out: list[Status] = []
+        for payload in payloads:
+            try:
+                self._transport(payload)
+                out.append((PUSH_OK, None))
+            except Exception as exc:  # noqa: BLE001
+                out.append((PUSH_REFUSED, exc))
+        return out
+
+
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What a cursor sends next: ``count`` elements from ``first_seq``, ``sealed`` batches of the
+    channel framed as one ``payload``."""
+
+    first_seq: int
+    count: int
+    sealed: int
+    payload: bytes
 
 
 class OutputChannel:
     def __init__(
         self,
         spec: ChannelSpec,
-        transports: Transport | Sequence[Transport],
+        transports: Transport | BatchSender | Sequence[Transport | BatchSender],
         *,
         batch_size: int,
         buffer_timeout_s: float,
@@ -237,10 +355,12 @@ class OutputChannel:
         self.spec = spec
         # (spec, replica, its worker, reason) of a cut-off this channel decided itself
         self._on_cut_off = on_cut_off
-        self._transports = [transports] if callable(transports) else list(transports)
+        single = callable(transports) or isinstance(transports, BatchSender)
+        self._owned: list[BatchSender] = []  # senders made here for plain callables: closed with the channel
+        self._senders = [self._sender_for(t, i) for i, t in enumerate([transports] if single else transports)]
         self._destinations: list[int | None] = list(destinations) if destinations is not None \
-            else [None] * len(self._transports)  # the worker each transport reaches
-        if not self._transports:
+            else [None] * len(self._senders)  # the worker each sender reaches
+        if not self._senders:
             raise ValueError("a channel needs at least one transport")
         self._batch_size = batch_size
         self._timeout = buffer_timeout_s
@@ -251,13 +371,13 @@ class OutputChannel:
         self._current_started = 0.0
         self._sealed: deque[int] = deque()  # first seqs of sealed batches not yet sent by every live replica
         self._batches: dict[int, tuple[bytes, int]] = {}  # first seq -> (framed payload, count)
-        n = len(self._transports)
+        n = len(self._senders)
         self._pos = [first_seq] * n  # per replica: the next seq it must send
         self._alive = [True] * n
         self._retired = [False] * n  # the replica finished (had END): it needs nothing more
         self._replaying = [False] * n  # rejoined, still more than lag_limit behind: not a laggard yet
         self._unsent = [0] * n  # per replica: sealed batches it has not sent yet
-        self._gen = [0] * n  # per replica: bumped by rejoin, so a stale sender thread stops
+        self._gen = [0] * n  # per replica: bumped by rejoin, so a stale cursor stops
         # upstream backup: sealed batches from this seq on are kept for a restored replica (None: off)
         self._retain_from: int | None = first_seq if retain else None
         self._backup_limit = backup_limit
@@ -266,13 +386,14 @@ class OutputChannel:
         self._cond = threading.Condition()
         self.batches_sent = [0] * n
         self.elements_sent = [0] * n
-        self._threads = [self._sender(i) for i in range(n)]
+        self._cursors = [_Cursor(self, i, 0, self._senders[i]) for i in range(n)]
 
-    def _sender(self, i: int) -> threading.Thread:
-        thread = threading.Thread(target=self._run, args=(i, self._gen[i]), name=f"send-ch{self.spec.id}-r{i}",
-                                  daemon=True)
-        thread.start()
-        return thread
+    def _sender_for(self, transport: Transport | BatchSender, replica: int) -> BatchSender:
+        if isinstance(transport, BatchSender):
+            return transport
+        sender = CallSender(transport, f"ch{self.spec.id}-r{replica}")
+        self._owned.append(sender)
+        return sender
 
     # -- emitting side ----------------------------------------------------------------------
     @property
@@ -310,16 +431,17 @@ class OutputChannel:
             self._current.append(element)
             if len(self._current) >= self._batch_size:
                 self._seal()
-                self._cond.notify_all()
-            elif started:  # a sender waiting for work starts the buffer timeout; later appends need no wake-up
-                self._cond.notify_all()
+            elif started:  # due after the buffer timeout; later appends need no wake-up
+                due = self._current_started + self._timeout
+                for i, cursor in enumerate(self._cursors):
+                    if self._alive[i]:
+                        cursor.sender.schedule_at(cursor, due)
 
     def flush(self) -> None:
         """Seal the open batch now (it leaves as soon as a sender is free)."""
         with self._cond:
             if self._current:
                 self._seal()
-                self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush, wait until every live replica got everything (or until ``timeout`` passed without
@@ -347,8 +469,8 @@ class OutputChannel:
             delivered = any(self._retired) or any(p == self._next_seq for p in self._pos)
             self._closed = True
             self._cond.notify_all()
-        for t in self._threads:  # a sender stuck in a transport call is left to finish on its own
-            t.join(timeout=0.05)
+        for sender in self._owned:  # one stuck in a transport call is left to finish on its own
+            sender.close(join=False)
         return delivered
 
     def abort(self) -> None:
@@ -359,6 +481,8 @@ class OutputChannel:
             self._batches.clear()
             self._current = []
             self._cond.notify_all()
+        for sender in self._owned:
+            sender.close(join=False)
 
     def cut_off(self, replica: int, reason: str, worker: int | None = None) -> None:
         """Stop sending to ``replica``, as the driver says (its worker was declared dead): not
@@ -394,7 +518,7 @@ class OutputChannel:
                 return None
             return self._sealed[0] if self._sealed else self._next_seq
 
-    def rejoin(self, replica: int, transport: Transport, from_seq: int, worker: int | None = None) -> None:
+    def rejoin(self, replica: int, transport: Transport | BatchSender, from_seq: int, worker: int | None = None) -> None:
         """Send to ``replica`` again (restored from a checkpoint at a new place, ``worker``), starting
         with the batch that holds ``from_seq``; raises BackupTrimmed if that is no longer held."""
         with self._cond:
@@ -408,8 +532,9 @@ class OutputChannel:
                     raise BackupTrimmed(f"channel {self.spec.id}: replica {replica} needs seq {from_seq}, the "
                                         f"backup starts at {self._sealed[0] if self._sealed else self._next_seq}")
                 pos = held[-1]
-            self._gen[replica] += 1  # a sender still stuck in a call to the old place must not move pos
-            self._transports[replica] = transport
+            self._gen[replica] += 1  # a batch still in flight to the old place must not move pos
+            sender = self._senders[replica] = self._sender_for(transport, replica)
+            cursor = self._cursors[replica] = _Cursor(self, replica, self._gen[replica], sender)
             self._destinations[replica] = worker
             self._pos[replica] = pos
             self._alive[replica] = True
@@ -418,7 +543,7 @@ class OutputChannel:
             self._replaying[replica] = True
             log.info("channel %d: replica %d of %d[%d] rejoins at seq %d (%d batches to replay)", self.spec.id,
                      replica, self.spec.dst_task, self.spec.dst_partition, pos, self._unsent[replica])
-            self._threads.append(self._sender(replica))
+            sender.schedule(cursor)
             self._cond.notify_all()
 
     # -- internals (caller holds the condition) ----------------------------------------------
@@ -456,8 +581,10 @@ class OutputChannel:
         self._batches[self._next_seq] = (payload, len(batch))
         self._sealed.append(self._next_seq)
         self._next_seq += len(batch)
-        for i in range(len(self._unsent)):
+        for i, cursor in enumerate(self._cursors):
             self._unsent[i] += 1
+            if self._alive[i]:
+                cursor.sender.schedule(cursor)
 
     def _trim(self) -> None:
         live = [p for p, a in zip(self._pos, self._alive, strict=True) if a]
@@ -489,51 +616,58 @@ class OutputChannel:
             raise ChannelClosed(f"channel {self.spec.id}: every replica of partition {self.spec.dst_partition} "
                                 f"of task {self.spec.dst_task} is lost")
 
-    def _run(self, i: int, gen: int) -> None:
-        transport = self._transports[i]
-        while True:
-            with self._cond:
-                while True:
-                    if self._closed or not self._alive[i] or self._gen[i] != gen:
-                        return
-                    if self._pos[i] in self._batches:
-                        break
-                    if self._current:
-                        remaining = self._current_started + self._timeout - time.monotonic()
-                        if remaining <= 0:
-                            self._seal()
-                            self._cond.notify_all()
-                            continue
-                        self._cond.wait(remaining)
-                    else:
-                        self._cond.wait()
-                first_seq = self._pos[i]
-                payload, count = self._batches[first_seq]
-                more: list[bytes] = []  # the next sealed batches, sent with this one while it fits
+    # -- sending side (called by the cursors' senders) ---------------------------------------
+    def _next_batch(self, cursor: _Cursor) -> _Batch | None:
+        """What ``cursor``'s replica must be sent next: every sealed batch it has not sent yet,
+        framed as one while they fit in a batch (a replica behind catches up in few sends), or the
+        open batch once its buffer timeout passed; None if nothing is due (or the cursor is stale)."""
+        i = cursor.replica
+        with self._cond:
+            if self._closed or not self._alive[i] or self._gen[i] != cursor.gen:
+                return None
+            first_seq = self._pos[i]
+            if first_seq not in self._batches:
+                if not self._current:
+                    return None
+                due = self._current_started + self._timeout
+                if due > time.monotonic():
+                    cursor.sender.schedule_at(cursor, due)
+                    return None
+                self._seal()
+            payload, count = self._batches[first_seq]
+            framed = [payload]
+            nxt = first_seq + count
+            while nxt in self._batches and count + self._batches[nxt][1] <= self._batch_size:
+                framed.append(self._batches[nxt][0])
+                count += self._batches[nxt][1]
                 nxt = first_seq + count
-                while nxt in self._batches and count + self._batches[nxt][1] <= self._batch_size:
-                    more.append(self._batches[nxt][0])
-                    count += self._batches[nxt][1]
-                    nxt = first_seq + count
-            if more:  # behind: one call for everything waiting (the receiver's dedup takes any range)
-                elements = []
-                for framed in (payload, *more):
-                    elements += framing.decode_elements(framed, framing.decode_header(framed))
-                spec = self.spec
-                payload = framing.encode_batch(spec.dst_task, spec.dst_partition, spec.id, first_seq, elements)
-            try:
-                transport(payload)
-            except BaseException as err:  # noqa: BLE001 - the replica is cut off, the others go on
-                with self._cond:
-                    if not self._retired[i] and self._gen[i] == gen:
-                        self._cut_off(i, f"send failed: {err}")
+        if len(framed) > 1:  # (the receiver's dedup takes any range)
+            elements = []
+            for one in framed:
+                elements += framing.decode_elements(one, framing.decode_header(one))
+            spec = self.spec
+            payload = framing.encode_batch(spec.dst_task, spec.dst_partition, spec.id, first_seq, elements)
+        return _Batch(first_seq, count, len(framed), payload)
+
+    def _sent(self, cursor: _Cursor, batch: _Batch) -> None:
+        i = cursor.replica
+        with self._cond:
+            if self._gen[i] != cursor.gen:
                 return
-            with self._cond:
-                if self._gen[i] != gen:
-                    return
-                self._pos[i] = first_seq + count
-                self._unsent[i] -= 1 + len(more)
-                self.batches_sent[i] += 1 + len(more)
-                self.elements_sent[i] += count
-                self._trim()
-                self._cond.notify_all()
+            self._pos[i] = batch.first_seq + batch.count
+            self._unsent[i] -= batch.sealed
+            self.batches_sent[i] += batch.sealed
+            self.elements_sent[i] += batch.count
+            self._trim()
+            self._cond.notify_all()
+            if self._closed or not self._alive[i]:
+                return
+            if self._pos[i] in self._batches:
+                cursor.sender.schedule(cursor)
+            elif self._current:
+                cursor.sender.schedule_at(cursor, self._current_started + self._timeout)
+
+    def _failed(self, cursor: _Cursor, err: BaseException) -> None:
+        with self._cond:
+            if not self._retired[cursor.replica] and self._gen[cursor.replica] == cursor.gen:
+                self._cut_off(cursor.replica, f"send failed: {err}")

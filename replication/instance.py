@@ -443,41 +443,39 @@ class ProcessingInstance(PartitionInstance):
         self.worker.election()
         return orderer
 
-    def deliver(self, header: BatchHeader, payload: bytes, block: bool = True) -> bool:
-        """Called by receiver threads: dedup, then enqueue.  A full queue: with ``block`` wait for
-        room (back-pressure) and try again, without ``block`` refuse the batch (False, not counted:
-        the sender sends it again).  Nothing is held while waiting: a remote call delivering
-        batches of several channels must never wait behind a full queue of one of them."""
+    def deliver(self, header: BatchHeader, payload: bytes) -> bool:
+        """Called by the threads that receive batches (a peer's ``PushMany``, this worker's
+        :class:`~replication.channels.LocalSender`): dedup, then enqueue without ever waiting.  A
+        full queue refuses the batch (False, not counted: its sender sends it again after a
+        backoff), so a call carrying batches of several channels never waits behind one of them."""
         lock = self._channel_locks.get(header.channel)
         if lock is None:
             raise ValueError(f"{self.name}: channel {header.channel} is not an input of this instance")
-        while True:
-            with lock:  # one deliverer per channel: the check below stays true until the commit
-                with self._dedup_lock:
-                    adm = self.dedup.check(header.channel, header.first_seq, header.count)
-                if adm.gap:
-                    log.error("%s: gap of %d seqs on channel %d before seq %d (not delivered)",
-                              self.name, adm.gap, header.channel, header.first_seq)
-                elif adm.delivers:
-                    elements = decode_elements(payload, header)
-                    try:
-                        if not self.queues.put(header.channel, elements[adm.start:adm.stop], block=False):
-                            if not block:
-                                return False
-                            adm = None  # full: wait below, outside the lock, then decide afresh
-                    except QueuesClosed:
-                        pass  # the instance is stopping: it consumes nothing more
-                if adm is not None:
-                    with self._dedup_lock:
-                        self.dedup.commit(header.channel, header.first_seq, adm)
-                        self.metrics.dedup_dropped = self.dedup.dropped
-                        self.metrics.gaps = self.dedup.gaps
-                    return True
-            self.queues.wait_room(header.channel, 0.1)
+        with lock:  # one deliverer per channel: the check below stays true until the commit
+            with self._dedup_lock:
+                adm = self.dedup.check(header.channel, header.first_seq, header.count)
+            if adm.gap:
+                log.error("%s: gap of %d seqs on channel %d before seq %d (not delivered)",
+                          self.name, adm.gap, header.channel, header.first_seq)
+            elif adm.delivers:
+                elements = decode_elements(payload, header)
+                try:
+                    if not self.queues.put(header.channel, elements[adm.start:adm.stop], block=False):
+                        return False
+                except QueuesClosed:
+                    pass  # the instance is stopping: it consumes nothing more
+            with self._dedup_lock:
+                self.dedup.commit(header.channel, header.first_seq, adm)
+                self.metrics.dedup_dropped = self.dedup.dropped
+                self.metrics.gaps = self.dedup.gaps
+            return True
 
     def request_stop(self) -> None:
         super().request_stop()
         self.queues.close()
+
+    def wake(self) -> None:
+        self.queues.wake()
 
     def run(self) -> bool:
         kazoo = self.orderer if isinstance(self.orderer, KazooOrderer) else None

@@ -38,7 +38,14 @@ from kazoo_leader.order_log import OrderLog
 from liverobin.heartbeats import PulseRecord
 from liverobin.reader import PulseReader
 from replication import framing
-from replication.channels import BackupTrimmed, OutputChannel, PushLink, receive_pushes
+from replication.channels import (
+    BackupTrimmed,
+    BatchSender,
+    LocalSender,
+    OutputChannel,
+    PushLink,
+    receive_pushes,
+)
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
@@ -192,7 +199,7 @@ class Worker:
         self.instances: dict[Instance, PartitionInstance] = {}  # one replica per partition at most
         self._ready = threading.Event()
         self._peers: dict[str, rpc.Peer] = {}
-        self._links: dict[tuple[int, str], PushLink] = {}  # (worker, address) -> the pushes to it
+        self._links: dict[tuple[int, str], BatchSender] = {}  # (worker, address) -> what sends to it
         self._unsent_acks: list[tuple] = []  # handover acks of the hosted replicas, for the next heartbeat
         self._stopping = threading.Event()
         self.dead_workers: set[int] = set()
@@ -287,28 +294,23 @@ class Worker:
         return {"worker": self.index, "attempt": self.attempt, "status": status, **extra}
 
     # -- receiving ------------------------------------------------------------------------
-    def _push(self, payload: bytes) -> bytes:
-        if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
-            raise RuntimeError(f"worker {self.index} not ready")
-        header = framing.decode_header(payload)
+    def _deliver(self, header: framing.BatchHeader, payload: bytes) -> bool:
+        """One batch to a hosted instance without blocking (False: its queue is full, busy)."""
         inst = self.instances.get((header.task, header.partition))
         if not isinstance(inst, ProcessingInstance):
             raise ValueError(f"worker {self.index} hosts no replica of ({header.task}, {header.partition})")
-        inst.deliver(header, payload)
-        return b""
+        return inst.deliver(header, payload)
+
+    def _deliver_local(self, header: framing.BatchHeader, payload: bytes) -> bool:
+        if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
+            raise RuntimeError(f"worker {self.index} not ready")
+        return self._deliver(header, payload)
 
     def _push_many(self, request: bytes) -> bytes:
         """The batches of a peer's :class:`PushLink`; never blocks on a full queue (busy instead)."""
         if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
             raise RuntimeError(f"worker {self.index} not ready")
-
-        def deliver(header: framing.BatchHeader, payload: bytes) -> bool:
-            inst = self.instances.get((header.task, header.partition))
-            if not isinstance(inst, ProcessingInstance):
-                raise ValueError(f"worker {self.index} hosts no replica of ({header.task}, {header.partition})")
-            return inst.deliver(header, payload, block=False)
-
-        return receive_pushes(request, deliver)
+        return receive_pushes(request, self._deliver)
 
     def _inbound_calls(self) -> int:
         """Concurrent pushes this worker may receive: each peer's :class:`PushLink` has one call in
@@ -342,17 +344,18 @@ class Worker:
         cls = SourceInstance if task.is_source else ProcessingInstance
         return cls(self, task, part, replica, self.plan, restoring=restoring)
 
-    def _transport(self, w: int) -> Any:
-        if w == self.index:
-            return self._push
-        address = self._addresses[w]
+    def _transport(self, w: int) -> BatchSender:
+        """The sender of every batch to worker ``w`` (this one included): one thread per destination."""
+        address = self._addresses[w] if w != self.index else ""
         with self._lock:
             link = self._links.get((w, address))
-            if link is None:
+            if link is None and w == self.index:
+                link = self._links[(w, address)] = LocalSender(f"local-w{w}", self._deliver_local)
+            elif link is None:
                 link = self._links[(w, address)] = PushLink(
                     self._peer(address),
                     lambda w=w: w in self.dead_workers or w in self.finished_workers or self._stopping.is_set())
-        return link.send
+        return link
 
     def _outputs(self, inst: PartitionInstance, placement: dict[ReplicaId, int],
                  first_seqs: dict[int, int]) -> list[tuple[Any, list[OutputChannel]]]:

@@ -1,4 +1,5 @@
-"""PushLink: every channel's batches to one peer worker in few calls, never blocked by a full queue.
+"""PushLink: every channel's batches to one peer worker in few calls from one thread, never blocked
+by a full queue.
 
 A fake peer runs the receiving side in-process (dedup + bounded per-channel queues, answering
 *busy* for a full queue as ``Worker._push_many`` does); the channels and the link are the real ones.
@@ -11,7 +12,6 @@ import time
 from types import SimpleNamespace
 
 import grpc
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,9 +20,9 @@ from replication import framing
 from replication.channels import (
     PUSH_BUSY,
     PUSH_OK,
+    LocalSender,
     OutputChannel,
     PushLink,
-    PushRefused,
     decode_push_reply,
     decode_pushes,
     encode_pushes,
@@ -122,7 +122,7 @@ def test_many_channels_share_one_link_and_each_delivers_its_sequence_exactly_onc
     ids = list(range(10))
     peer = FakeWorker(ids, capacity=400)  # room for every batch: nobody consumes until the end
     link = PushLink(peer, give_up=lambda: False)
-    chans = [_channel(c, [link.send]) for c in ids]
+    chans = [_channel(c, [link]) for c in ids]
     senders = [_emit_all(ch, 300) for ch in chans]
     for t in senders:
         t.join(10)
@@ -140,7 +140,7 @@ def test_a_full_queue_makes_its_batch_busy_without_holding_up_the_other_channels
     for channel 2), so its queue fills; channel 2 must still get everything through the same link."""
     peer = FakeWorker([1, 2], capacity=2)
     link = PushLink(peer, give_up=lambda: False)
-    stuck, free = _channel(1, [link.send], batch_size=1), _channel(2, [link.send], batch_size=1)
+    stuck, free = _channel(1, [link], batch_size=1), _channel(2, [link], batch_size=1)
     t1, t2 = _emit_all(stuck, 50), _emit_all(free, 50)
     assert peer.drain(2, 50) == [(0, i) for i in range(50)]
     t2.join(5)
@@ -156,32 +156,58 @@ def test_a_refused_batch_cuts_that_replica_off_and_the_other_replica_gets_everyt
     peer = FakeWorker([5])
     link = PushLink(peer, give_up=lambda: False)
     got: list = []
-    ch = _channel(9, [link.send, lambda payload: got.extend(framing.decode_elements(
+    ch = _channel(9, [link, lambda payload: got.extend(framing.decode_elements(
         payload, framing.decode_header(payload)))])  # channel 9 is not an input of the fake worker
     _emit_all(ch, 40).join(5)
     assert ch.close(5)
     assert got == [(0, i) for i in range(40)]
     assert ch.live_replicas == [1]
     assert "is not an input here" in caplog.text
-    with pytest.raises(PushRefused, match="not an input"):
-        link.send(framing.encode_batch(0, 1, 9, 0, [(0, 1)]))
     link.close()
 
 
 def test_an_unreachable_peer_is_retried_until_it_answers():
     peer = FakeWorker([3], capacity=8, fail_calls=3)
     link = PushLink(peer, give_up=lambda: False, retry_s=0.001)
-    link.send(framing.encode_batch(0, 1, 3, 0, [(0, "a")]))
+    ch = _channel(3, [link])
+    ch.emit((0, "a"))
     assert peer.drain(3, 1) == [(0, "a")]
+    assert ch.close(5) and ch.live_replicas == [0]
     link.close()
 
 
-def test_a_peer_given_up_fails_the_waiting_sends():
+def test_a_peer_given_up_cuts_its_replicas_off_and_reports_it():
     peer = FakeWorker([3], fail_calls=10**9)
     link = PushLink(peer, give_up=lambda: True)
-    with pytest.raises(grpc.RpcError):
-        link.send(framing.encode_batch(0, 1, 3, 0, [(0, "a")]))
+    reported: list = []
+    ch = OutputChannel(ChannelSpec(3, 0, 0, 1, 0, 0), [link], batch_size=4, buffer_timeout_s=0.002,
+                       on_cut_off=lambda spec, replica, worker, reason: reported.append((replica, reason)))
+    ch.emit((0, "a"))
+    deadline = time.monotonic() + 5
+    while ch.live_replicas and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ch.live_replicas == []
+    assert reported and reported[0][0] == 0 and "send failed" in reported[0][1]
     link.close()
+
+
+def test_one_sending_thread_per_destination_however_many_channels():
+    """A worker's threads must not grow with its channels: 40 channels of two replicas each, to two
+    destinations, start two sending threads."""
+    before = threading.active_count()
+    peers = [FakeWorker(list(range(40)), capacity=100), FakeWorker(list(range(40)), capacity=100)]
+    links = [PushLink(p, give_up=lambda: False) for p in peers]
+    chans = [_channel(c, links) for c in range(40)]
+    assert threading.active_count() - before == 2
+    for ch in chans:
+        for i in range(10):
+            ch.emit((0, i))
+    assert all(ch.close(10) for ch in chans)
+    for p in peers:
+        for c in range(40):
+            assert p.drain(c, 10) == [(0, i) for i in range(10)]
+    for link in links:
+        link.close()
 
 
 def _receiving_instance(channels: list[int], capacity: int):
@@ -190,7 +216,7 @@ def _receiving_instance(channels: list[int], capacity: int):
     inst = SimpleNamespace(name="chain[0]r1", _channel_locks={c: threading.Lock() for c in channels},
                            _dedup_lock=threading.Lock(), dedup=Dedup(), metrics=InstanceMetrics(),
                            queues=InputQueues(channels, capacity, per_channel=True))
-    return inst, lambda h, payload, block=True: ProcessingInstance.deliver(inst, h, payload, block)
+    return inst, lambda h, payload: ProcessingInstance.deliver(inst, h, payload)
 
 
 def _batch(channel: int, first_seq: int) -> tuple[framing.BatchHeader, bytes]:
@@ -198,28 +224,30 @@ def _batch(channel: int, first_seq: int) -> tuple[framing.BatchHeader, bytes]:
     return framing.decode_header(payload), payload
 
 
-def test_a_same_worker_sender_waiting_on_a_full_queue_does_not_hold_up_a_remote_call():
-    """A same-worker upstream delivers channel 1 with back-pressure and waits on its full queue;
-    meanwhile a PushMany from another worker carries a batch of channel 1 and one of channel 2.
-    That call must answer at once (1: busy, 2: delivered): were the waiting sender to hold the
-    channel's lock, the call (and every channel behind it) would wait until channel 1 is consumed,
-    which a merge waiting for channel 2 never does."""
+def test_a_same_worker_sender_facing_a_full_queue_does_not_hold_up_a_remote_call():
+    """A same-worker upstream sends channel 1 to a full queue; meanwhile a PushMany from another
+    worker carries a batch of channel 1 and one of channel 2.  That call must answer at once (1:
+    busy, 2: delivered): were the local sender to wait holding the channel's lock, the call (and
+    every channel behind it) would wait until channel 1 is consumed, which a merge waiting for
+    channel 2 never does.  The local batches arrive once channel 1 is consumed."""
     inst, deliver = _receiving_instance([1, 2], capacity=1)
     assert deliver(*_batch(1, 0))  # channel 1 is full now
-    local = threading.Thread(target=deliver, args=_batch(1, 1), daemon=True)  # back-pressured
-    local.start()
-    time.sleep(0.1)
+    local = LocalSender("local", deliver)
+    ch = OutputChannel(ChannelSpec(1, 0, 0, 1, 0, 0), [local], batch_size=1, buffer_timeout_s=0.001,
+                       first_seq=1, max_ready=8)
+    ch.emit((0, 1))
+    ch.emit((0, 2))
+    time.sleep(0.1)  # the local sender is answered busy over and over
     replies: list[bytes] = []
     remote = threading.Thread(daemon=True, target=lambda: replies.append(receive_pushes(
-        encode_pushes([_batch(1, 1)[1], _batch(2, 0)[1]]), lambda h, p: deliver(h, p, block=False))))
+        encode_pushes([_batch(1, 1)[1], _batch(2, 0)[1]]), deliver)))
     remote.start()
     remote.join(2.0)
     assert not remote.is_alive(), "the remote call waited behind the same-worker sender"
     statuses, _ = decode_push_reply(replies[0], 2)
     assert list(statuses) == [PUSH_BUSY, PUSH_OK]
     assert inst.queues.take_from(2, 0) == [(0, 0)]
-    assert local.is_alive()  # still back-pressured ...
-    assert inst.queues.take_from(1, 0) == [(0, 0)]
-    local.join(2.0)  # ... until channel 1 is consumed
-    assert not local.is_alive() and inst.queues.take_from(1, 0) == [(0, 1)]
-    assert inst.dedup.gaps == 0
+    assert inst.queues.take_from(1, 0) == [(0, 0)]  # consumed: the local batches go through now
+    assert [inst.queues.take_from(1, 2.0) for _ in range(2)] == [[(0, 1)], [(0, 2)]]
+    assert ch.close(2) and inst.dedup.gaps == 0
+    local.close()
