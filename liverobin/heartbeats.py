@@ -191,6 +191,13 @@ class PulsePlacer:
         """Records waiting for a pulse beyond them."""
         return len(self._records)
 
+    @property
+    def needs_records(self) -> bool:
+        """The next pulse is known and waits for records below its offset still to be fetched."""
+        if not self._pulses or self.ended:
+            return False
+        return not self._records and self.fetched_to < self._pulses[0][0]
+
     def take(self) -> Iterable[tuple[str, Any]]:
         """What can be emitted now, in order: ``("record", item)`` and ``("pulse", (h, final))``;
         nothing after a final pulse."""

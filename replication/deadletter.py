@@ -97,6 +97,9 @@ class ExactlyOnceDeadLetters:
     def on_idle(self) -> None:
         self.out.on_idle()
 
+    def due_in(self) -> float | None:
+        return self.out.due_in()
+
     def control(self, writer_replica: int, epoch: int, committed_seq: int, committed_offset: int) -> None:
         self.out.control(writer_replica, epoch, committed_seq, committed_offset)
 

@@ -224,6 +224,15 @@ class ExactlyOnceOutput:
         if self.writer:
             self._maybe_commit()
 
+    def due_in(self) -> float | None:
+        """Seconds until :meth:`on_idle` has something to do (a takeover to follow, a transaction
+        to commit), None if nothing: lets an idle instance sleep instead of polling."""
+        if self._takeover is not None:
+            return self._linger_s
+        if self.writer and self.txn_records:
+            return max(0.0, self.txn_started + max(self._linger_s, COMMIT_SHARE * self.commit_s) - time.monotonic())
+        return None
+
     def _write(self, entry: tuple, ingest_ts: float | None = None) -> None:
         assert self.producer is not None
         seq, value, key, headers = entry

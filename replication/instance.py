@@ -50,8 +50,12 @@ from transport.kafka_io import end_offsets_by_fetch
 
 log = logging.getLogger(__name__)
 
-# LiveRobin: how long an idle source waits for the next pulse before polling Kafka again.
+# KaZoo, in a pulse window: how long an idle source waits for the next pulse before polling
+# Kafka again; LiveRobin: how long a source whose next pulse waits for records waits for them.
 PULSE_WAIT_S = 0.005
+# LiveRobin: how long an idle source waits for the next pulse (records wait for pulses anyway);
+# its control fields (roles, drain) are looked at after at most this long.
+IDLE_PULSE_WAIT_S = 0.05
 # How long the broker may hold an empty fetch.  Short, so that an idle source notices
 # new records (and a drain sees a fresh high watermark) quickly.
 FETCH_WAIT_MS = 10
@@ -265,6 +269,16 @@ class PartitionInstance:
         """Called by the instance loop between batches: commit what is due."""
         for writer in self.writers:
             writer.on_idle()
+
+    def idle_wait(self, longest: float) -> float:
+        """How long the instance loop may wait for input: until a writer's next commit (or
+        takeover poll) is due, at most ``longest``."""
+        due = [d for w in self.writers if (d := w.due_in()) is not None]
+        return min(longest, *due) if due else longest
+
+    def wake(self) -> None:
+        """Make the instance loop look at its control fields now (any thread).  A source's loop
+        looks at least every 50 ms (:meth:`idle_wait`), so only processing instances need waking."""
 
     def flush_producer(self, producer: Any) -> None:
         remaining = producer.flush(self.cfg.stop_timeout_ms / 1000)
@@ -496,7 +510,6 @@ class ProcessingInstance(PartitionInstance):
             # at once, before any input (both replicas alike): every partition is restorable from its
             # first seconds on, also one that gets little or no input
             self._checkpoint(0, self._start_orderer_state(kazoo))
-        wait_s = 0.2 if not self.sinks else min(0.2, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001)
         while self._open_channels:
             if self.stop_requested.is_set():
                 return False
@@ -505,7 +518,7 @@ class ProcessingInstance(PartitionInstance):
             if self.measure_request > self.metrics.vnode_bytes[0] and self.handovers is not None:
                 self.metrics.vnode_bytes = (self.measure_request, vnode_bytes(
                     self.state_backend(), self.num_key_groups, self.handovers.num_vnodes))
-            runs = self.orderer.next_runs(wait_s)
+            runs = self.orderer.next_runs(self.idle_wait(0.2))
             self.metrics.queue_batches = self.queues.size()
             if kazoo is not None:
                 self._kazoo_metrics(kazoo)
@@ -847,7 +860,6 @@ class SourceInstance(PartitionInstance):
 
     def run(self) -> bool:
         batch = self.cfg.channel_batch_size
-        idle_s = min(0.05, self.cfg.channel_buffer_timeout_ms / 1000 or 0.001) if self.sinks else 0.05
         consumer = self._consumer()
         placer = self._pulse_placer() if self._windows is None else None
         if self.cfg.rhino_enabled and self.restored is None:
@@ -870,12 +882,14 @@ class SourceInstance(PartitionInstance):
                     continue
                 messages = consumer.consume(num_messages=batch, timeout=0)
                 if placer is None:
-                    messages = messages or consumer.consume(1, timeout=idle_s)
+                    messages = messages or consumer.consume(1, timeout=self.idle_wait(0.05))
                 elif self._windows is not None:  # KaZoo, in a window
                     self._queue_pulses(self._pulses.take(0 if messages else PULSE_WAIT_S))
                     self._feed(placer)
-                else:  # idle: wait for a pulse, not for a record (records wait for pulses anyway)
-                    for record in self._pulses.take(0 if messages else PULSE_WAIT_S):
+                else:  # wait for a pulse, not for a record (records wait for pulses anyway) ...
+                    if not messages and placer.needs_records:  # ... unless the next pulse waits for records
+                        messages = consumer.consume(1, timeout=PULSE_WAIT_S)
+                    for record in self._pulses.take(0 if messages else self.idle_wait(IDLE_PULSE_WAIT_S)):
                         if record.h > self._after_pulse:
                             placer.add_pulse(record)
                 if not messages:

@@ -732,6 +732,7 @@ class Worker:
                 if (key := (inst.task.id, inst.partition, w.kind)) in roles}
         if mine:
             inst.pending_control = mine
+            inst.wake()
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:

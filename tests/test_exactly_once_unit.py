@@ -304,3 +304,30 @@ def test_a_failed_takeover_fails_its_replica(monkeypatch):
         for _ in range(500):
             out.on_idle()
             time.sleep(0.01)
+
+
+class OpenProducer:
+    """A transactional producer that takes everything (no broker)."""
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, *args, **kwargs) -> None:
+        pass
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+def test_an_idle_output_asks_to_be_woken_only_when_a_commit_is_due():
+    """An instance with nothing to commit sleeps until input comes (no polling every buffer
+    timeout); with an open transaction, until its commit is due."""
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    out = ExactlyOnceOutput("sink[0]r0", cfg, 0, "run:1:0", "out", 0, 0.05)
+    assert out.due_in() is None  # a standby: nothing to do until it is named writer
+    out.writer, out.epoch, out.producer = True, 0, OpenProducer()
+    assert out.due_in() is None  # a writer with no open transaction
+    out.append(b"payload", None, [])
+    assert 0.0 < out.due_in() <= 0.05
+    time.sleep(0.06)
+    assert out.due_in() == 0.0

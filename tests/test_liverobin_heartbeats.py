@@ -76,6 +76,23 @@ def test_placer_holds_records_until_a_pulse_lies_beyond_them():
     assert list(p.take()) == [("pulse", (3, True))] and p.ended  # nothing after the final pulse
 
 
+def test_placer_says_when_its_next_pulse_waits_for_records_to_be_fetched():
+    """An idle source waits for pulses, not records; once a pulse lies beyond what it fetched, it
+    must wait for the records instead (or the pulse waits a whole idle wait for them)."""
+    p = PulsePlacer(T, 0, fetched_to=5)
+    assert not p.needs_records  # no pulse known
+    p.add_pulse(rec(1, 5))
+    assert not p.needs_records  # everything below it fetched
+    assert list(p.take()) == [("pulse", (1, False))]
+    p.add_pulse(rec(2, 8))
+    assert p.needs_records  # offsets 5..7 still to come
+    p.add_record(5, "r5")
+    assert not p.needs_records  # a record to place first
+    assert list(p.take()) == [("record", "r5")] and p.needs_records
+    p.fetched(8)
+    assert not p.needs_records and list(p.take()) == [("pulse", (2, False))]
+
+
 def test_placer_of_an_idle_partition_emits_every_pulse():
     p = PulsePlacer(T, 0, fetched_to=40)
     for h in range(1, 4):

@@ -23,7 +23,11 @@ class _Replica:
         self.stopped = False
         self.writers = [SimpleNamespace(kind=k) for k in kinds]
         self.pending_control = None
+        self.woken = 0
         self.error = None
+
+    def wake(self) -> None:
+        self.woken += 1
 
     def take_handover_acks(self) -> list:
         return []
@@ -55,6 +59,7 @@ def test_writer_roles_reach_each_output_by_kind():
     Worker._apply_roles(roles, source)
     assert sink_partition.pending_control == {"out": (1, 2, 10, 20), "dlq": (0, 1, 3, 4)}
     assert source.pending_control == {"dlq": (1, 0, -1, -1)}
+    assert sink_partition.woken == source.woken == 1  # each looks at its new roles at once, not at its next input
 
 
 def test_the_heartbeat_mailbox_hands_over_the_newest_reply_and_says_since_when_the_driver_is_unreachable():
