@@ -459,7 +459,7 @@ class ProcessingInstance(PartitionInstance):
 
     def deliver(self, header: BatchHeader, payload: bytes) -> bool:
         """Called by the threads that receive batches (a peer's ``PushMany``, this worker's
-        :class:`~replication.channels.LocalSender`): dedup, then enqueue without ever waiting.  A
+        :class:`~replication.senders.LocalSender`): dedup, then enqueue without ever waiting.  A
         full queue refuses the batch (False, not counted: its sender sends it again after a
         backoff), so a call carrying batches of several channels never waits behind one of them."""
         lock = self._channel_locks.get(header.channel)

@@ -38,14 +38,7 @@ from kazoo_leader.order_log import OrderLog
 from liverobin.heartbeats import PulseRecord
 from liverobin.reader import PulseReader
 from replication import framing
-from replication.channels import (
-    BackupTrimmed,
-    BatchSender,
-    LocalSender,
-    OutputChannel,
-    PushLink,
-    receive_pushes,
-)
+from replication.channels import BackupTrimmed, OutputChannel
 from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
 from replication.deadletter import DeadLetterWriter
@@ -66,6 +59,7 @@ from replication.messages import (
     WorkerFinished,
 )
 from replication.plan import Instance, PhysicalPlan, ReplicaId
+from replication.senders import BatchSender, LocalSender, PushLink, receive_pushes
 from replication.spark_cluster import current_executor_id, executor_bind_host, local_advertise_host
 from rhino_state import CheckpointNotHeldError, moved_key_groups
 from rhino_state.cut import Delivery, apply_changes, cut_digest, entry_bytes, plan_delivery

@@ -17,21 +17,21 @@ from hypothesis import strategies as st
 
 from merge.queues import InputQueues
 from replication import framing
-from replication.channels import (
+from replication.channels import OutputChannel
+from replication.dedup import Dedup
+from replication.instance import ProcessingInstance
+from replication.metrics import InstanceMetrics
+from replication.plan import ChannelSpec
+from replication.senders import (
     PUSH_BUSY,
     PUSH_OK,
     LocalSender,
-    OutputChannel,
     PushLink,
     decode_push_reply,
     decode_pushes,
     encode_pushes,
     receive_pushes,
 )
-from replication.dedup import Dedup
-from replication.instance import ProcessingInstance
-from replication.metrics import InstanceMetrics
-from replication.plan import ChannelSpec
 
 
 class Unavailable(grpc.RpcError):
