@@ -220,7 +220,7 @@ def window(probe: CostProbe, seconds: float, out: Path, stem: str, profile: bool
     row = {"window": stem, "seconds": round(after.at - before.at, 1),
            **{f"cores_{g}": round(v, 3) for g, v in cores(before, after).items()},
            "python_threads": thread_count(sorted(set(probe.groups()["python"]))),
-           "python_processes": len(probe.groups()["python"])}
+           "python_processes": after.processes.get("python", 0)}
     stacks = record(executor_python(probe), seconds, out, stem) if profile else Counter()
     return row, stacks
 

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 
 from replication import framing
 from replication.plan import ChannelSpec
-from replication.senders import BatchSender, CallSender, Cursor, OutgoingBatch, Transport
+from replication.senders import BatchSender, Cursor, LocalSender, OutgoingBatch, Transport
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,11 @@ class OutputChannel:
     def _sender_for(self, transport: Transport | BatchSender, replica: int) -> BatchSender:
         if isinstance(transport, BatchSender):
             return transport
-        sender = CallSender(transport, f"ch{self.spec.id}-r{replica}")
+        def deliver(_header: framing.BatchHeader, payload: bytes) -> bool:
+            transport(payload)  # returns once taken; raises if it failed
+            return True
+
+        sender = LocalSender(f"ch{self.spec.id}-r{replica}", deliver)
         self._owned.append(sender)
         return sender
 

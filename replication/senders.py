@@ -6,7 +6,7 @@ batch is sealed, or *at* the time its open batch is due.  The sender's thread ta
 cursor, asks its channel for the next batch (``next_batch``), sends them all at once and reports
 each status back (``batch_sent``, ``batch_failed``).  :class:`PushLink` sends to another worker in one
 ``PushMany`` call (its wire format is here too), :class:`LocalSender` delivers to this worker's
-own instances, :class:`CallSender` wraps a plain callable (tests, simple transports).
+own instances (or calls a plain callable).
 """
 
 from __future__ import annotations
@@ -256,8 +256,9 @@ class PushLink(BatchSender):
 
 
 class LocalSender(BatchSender):
-    """The batches to instances of this worker: ``deliver(header, payload)`` without blocking
-    (True: taken, False: busy, ValueError: refused), as a remote ``PushMany`` would."""
+    """Batches delivered by a direct call, ``deliver(header, payload)``, without blocking (True:
+    taken, False: busy, ValueError: refused), as a remote ``PushMany`` would: to this worker's own
+    instances, or through a plain :data:`Transport` callable (tests, simple transports)."""
 
     def __init__(self, name: str, deliver: Callable[[framing.BatchHeader, bytes], bool]) -> None:
         self._deliver = deliver
@@ -273,26 +274,6 @@ class LocalSender(BatchSender):
             except Exception as exc:  # noqa: BLE001 - that replica is cut off, the others go on
                 out.append((PUSH_REFUSED, exc))
         return out
-
-
-class CallSender(BatchSender):
-    """A plain :data:`Transport` callable (blocking, raises on failure) as a sender of its own."""
-
-    def __init__(self, transport: Transport, name: str) -> None:
-        self._transport = transport
-        super().__init__(name)
-
-    def _send(self, payloads: list[bytes]) -> list[Status]:
-        out: list[Status] = []
-        for payload in payloads:
-            try:
-                self._transport(payload)
-                out.append((PUSH_OK, None))
-            except Exception as exc:  # noqa: BLE001
-                out.append((PUSH_REFUSED, exc))
-        return out
-
-
 
 
 @dataclass(frozen=True)

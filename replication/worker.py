@@ -340,15 +340,16 @@ class Worker:
 
     def _transport(self, w: int) -> BatchSender:
         """The sender of every batch to worker ``w`` (this one included): one thread per destination."""
-        address = self._addresses[w] if w != self.index else ""
+        address = "" if w == self.index else self._addresses[w]
         with self._lock:
             link = self._links.get((w, address))
-            if link is None and w == self.index:
-                link = self._links[(w, address)] = LocalSender(f"local-w{w}", self._deliver_local)
-            elif link is None:
-                link = self._links[(w, address)] = PushLink(
-                    self._peer(address),
-                    lambda w=w: w in self.dead_workers or w in self.finished_workers or self._stopping.is_set())
+            if link is None:
+                if w == self.index:
+                    link = LocalSender(f"local-w{w}", self._deliver_local)
+                else:
+                    link = PushLink(self._peer(address), lambda w=w: w in self.dead_workers
+                                    or w in self.finished_workers or self._stopping.is_set())
+                self._links[(w, address)] = link
         return link
 
     def _outputs(self, inst: PartitionInstance, placement: dict[ReplicaId, int],
