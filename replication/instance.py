@@ -19,7 +19,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 from kazoo_leader.orderer import KazooOrderer
 from liverobin import LiveRobinOrderer, PulsePlacer
@@ -46,6 +46,7 @@ from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from rhino_state import RocksDBStateBackend, StateContext, encode_key, key_group
 from rhino_state.cut import entry_bytes
 from rhino_state.increments import digest_hex
+from transport.kafka_feeds import PartitionFeed
 from transport.kafka_io import end_offsets_by_fetch
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,6 @@ PULSE_WAIT_S = 0.005
 # LiveRobin: how long an idle source waits for the next pulse (records wait for pulses anyway);
 # its control fields (roles, drain) are looked at after at most this long.
 IDLE_PULSE_WAIT_S = 0.05
-# How long the broker may hold an empty fetch.  Short, so that an idle source notices
-# new records (and a drain sees a fresh high watermark) quickly.
-FETCH_WAIT_MS = 10
 
 
 class PartitionInstance:
@@ -277,8 +275,7 @@ class PartitionInstance:
         return min(longest, *due) if due else longest
 
     def wake(self) -> None:
-        """Make the instance loop look at its control fields now (any thread).  A source's loop
-        looks at least every 50 ms (:meth:`idle_wait`), so only processing instances need waking."""
+        """Make the instance loop look at its control fields now (any thread)."""
 
     def flush_producer(self, producer: Any) -> None:
         remaining = producer.flush(self.cfg.stop_timeout_ms / 1000)
@@ -782,6 +779,7 @@ class SourceInstance(PartitionInstance):
         self._later: deque = deque()
         self._reader: Any = None  # a restored replica's own reader of the heartbeat log
         self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
+        self._reading: PartitionFeed | None = None  # while the loop runs
 
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
         rt = super().restore_from(meta, state_dir)
@@ -822,15 +820,16 @@ class SourceInstance(PartitionInstance):
         if self.drain_requested_at is None:
             self.drain_requested_at = time.monotonic()
 
-    def _consumer(self) -> Consumer:
-        # a group id is required by librdkafka; offsets are never committed (manual assignment)
-        conf = self.cfg.kafka_consumer_config(
-            group_id=f"replication-{self.worker.job_name}-{self.task.id}-{self.partition}")
-        conf.setdefault("fetch.wait.max.ms", FETCH_WAIT_MS)
-        consumer = Consumer(conf)
-        consumer.assign([TopicPartition(self.topic, k, self.start_offsets.get(k, OFFSET_BEGINNING))
-                         for k in self.kafka_partitions])
-        return consumer
+    def _open_feed(self) -> PartitionFeed:
+        """This replica's partitions, read through the worker's one source consumer."""
+        return self.worker.source_consumer().open(
+            self.topic, {k: self.start_offsets.get(k, OFFSET_BEGINNING) for k in self.kafka_partitions},
+            limit=self._hold_limit)
+
+    def wake(self) -> None:
+        feed = self._reading
+        if feed is not None:
+            feed.wake()
 
     def _drain_hold(self) -> bool:
         """A drain without pulses: report how far this replica reads (each Kafka partition's end by
@@ -846,21 +845,20 @@ class SourceInstance(PartitionInstance):
             self.drain_position = drain_position(self._next_offset, ends)
         return True
 
-    def _read_to(self, consumer: Consumer, target: dict[int, int]) -> bool:
+    def _read_to(self, feed: PartitionFeed, target: dict[int, int]) -> bool:
         """A drain without pulses: every Kafka partition read up to the offset the replicas agreed
         on (records from it on are not emitted)."""
         for k in self.kafka_partitions:
             end = target.get(k, -1)
             if end < 0:
                 continue  # no replica read anything there
-            position = consumer.position([TopicPartition(self.topic, k)])[0].offset
-            if max(self._next_offset.get(k, -1), position) < end:
+            if max(self._next_offset.get(k, -1), feed.position(k)) < end:
                 return False
         return True
 
     def run(self) -> bool:
         batch = self.cfg.channel_batch_size
-        consumer = self._consumer()
+        feed = self._reading = self._open_feed()
         placer = self._pulse_placer() if self._windows is None else None
         if self.cfg.rhino_enabled and self.restored is None:
             self._source_checkpoint(0, 0)  # at once: restorable from its first seconds on, idle or not
@@ -875,20 +873,20 @@ class SourceInstance(PartitionInstance):
                 if placer is None and self._windows is not None and (self._later or self._windows.pending):
                     placer = self._next_window()
                 if self._windows is not None and self.pending_window != self._window_word:
-                    placer = self._window_changed(placer, consumer)
+                    placer = self._window_changed(placer, feed)
                 if placer is None and self.drain_at is None and self._drain_hold():
                     self.idle()
                     time.sleep(0.01)
                     continue
-                messages = consumer.consume(num_messages=batch, timeout=0)
+                messages = feed.consume(batch, 0)
                 if placer is None:
-                    messages = messages or consumer.consume(1, timeout=self.idle_wait(0.05))
+                    messages = messages or feed.consume(batch, self.idle_wait(0.05))
                 elif self._windows is not None:  # KaZoo, in a window
                     self._queue_pulses(self._pulses.take(0 if messages else PULSE_WAIT_S))
                     self._feed(placer)
                 else:  # wait for a pulse, not for a record (records wait for pulses anyway) ...
                     if not messages and placer.needs_records:  # ... unless the next pulse waits for records
-                        messages = consumer.consume(1, timeout=PULSE_WAIT_S)
+                        messages = feed.consume(batch, PULSE_WAIT_S)
                     for record in self._pulses.take(0 if messages else self.idle_wait(IDLE_PULSE_WAIT_S)):
                         if record.h > self._after_pulse:
                             placer.add_pulse(record)
@@ -910,15 +908,16 @@ class SourceInstance(PartitionInstance):
                     else:
                         placer.add_record(msg.offset(), (msg, time.time()))
                 if placer is not None:
-                    if self._place(placer, consumer):
+                    if self._place(placer, feed):
                         return True
                     if self._windows is not None and self._windows.current is None:
-                        placer = self._after_window(placer, consumer)  # its last pulse is out
-                elif self.drain_at is not None and self._read_to(consumer, self.drain_at):
+                        placer = self._after_window(placer, feed)  # its last pulse is out
+                elif self.drain_at is not None and self._read_to(feed, self.drain_at):
                     return True
             return False
         finally:
-            consumer.close()
+            self._reading = None
+            feed.close()
 
     def _emit(self, msg: Any, ingest: float) -> None:
         """One Kafka record into the chain (or the dead-letter topic); watermarks follow record
@@ -980,11 +979,10 @@ class SourceInstance(PartitionInstance):
         if len(self.kafka_partitions) != 1:
             raise RuntimeError(f"{self.name}: LiveRobin needs one Kafka partition per source partition")
         k = self.kafka_partitions[0]
-        self._paused = False
         return PulsePlacer(self.topic, k, fetched_to=self.start_offsets.get(k, 0))
 
     # -- KaZoo: pulse windows ----------------------------------------------------------------
-    def _window_changed(self, placer: PulsePlacer | None, consumer: Consumer) -> PulsePlacer | None:
+    def _window_changed(self, placer: PulsePlacer | None, feed: PartitionFeed) -> PulsePlacer | None:
         """The driver's word on the pulse window changed: start holding (and report where this
         replica is), or stop because the window closed before any pulse was written."""
         word = self._window_word = self.pending_window
@@ -993,7 +991,7 @@ class SourceInstance(PartitionInstance):
         if action == HOLD:
             return self._hold(word[0])
         if action == LEAVE and placer is not None:
-            return self._leave_window(placer, consumer)
+            return self._leave_window(placer, feed)
         return placer
 
     def _hold(self, window: int) -> PulsePlacer:
@@ -1006,7 +1004,6 @@ class SourceInstance(PartitionInstance):
 
     def _placer_here(self) -> PulsePlacer:
         k = self.kafka_partitions[0]
-        self._paused = False
         return PulsePlacer(self.topic, k, fetched_to=self._next_offset.get(k, self.start_offsets.get(k, 0)))
 
     def _queue_pulses(self, records: list) -> None:
@@ -1073,32 +1070,29 @@ class SourceInstance(PartitionInstance):
         self.metrics.windows_from_log += 1
         return True
 
-    def _after_window(self, placer: PulsePlacer, consumer: Consumer) -> PulsePlacer | None:
+    def _after_window(self, placer: PulsePlacer, feed: PartitionFeed) -> PulsePlacer | None:
         """The window's last pulse is out.  If the next window's pulses are already queued, the records
         held may lie on both sides of them: hold on with the same placer; else leave."""
         if self._later and self._enter_from_log():
             self._feed(placer)
             return placer
-        return self._leave_window(placer, consumer)
+        return self._leave_window(placer, feed)
 
-    def _leave_window(self, placer: PulsePlacer, consumer: Consumer) -> None:
+    def _leave_window(self, placer: PulsePlacer, feed: PartitionFeed) -> None:
         """Emit the records held beyond the window's last pulse; from now on records go out as read."""
         for item in placer.release_records():
             self._emit_counted(*item)
-        if self._paused:
-            consumer.resume([TopicPartition(self.topic, placer.partition)])
-            self._paused = False
+        feed.resume()
         self.holding = None
         return None
 
-    def _place(self, placer: PulsePlacer, consumer: Consumer) -> bool:
+    def _place(self, placer: PulsePlacer, feed: PartitionFeed) -> bool:
         """Emit what the pulses known so far allow; True once the final pulse is out (drained)."""
-        tp = TopicPartition(self.topic, placer.partition)
-        pos = consumer.position([tp])[0].offset
+        pos = feed.position(placer.partition)
         if pos >= 0:
             placer.fetched(pos)  # also past transaction markers, which are never returned as records
         elif placer.partition not in self._next_offset:
-            low = consumer.get_watermark_offsets(tp, cached=True)[0]
+            low = feed.low_watermark(placer.partition)
             if low >= 0:
                 placer.fetched(low)  # nothing below the low watermark exists
         for kind, item in placer.take():
@@ -1117,10 +1111,8 @@ class SourceInstance(PartitionInstance):
             else:
                 self._emit_counted(*item)
         # the records held wait for a pulse beyond them; the heartbeat log is never paused
-        if placer.held > self._hold_limit and not self._paused:
-            consumer.pause([tp])
-            self._paused = True
-        elif self._paused and placer.held < self._hold_limit // 2:
-            consumer.resume([tp])
-            self._paused = False
+        if placer.held > self._hold_limit:
+            feed.pause()
+        elif placer.held < self._hold_limit // 2:
+            feed.resume()
         return False

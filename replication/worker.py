@@ -64,6 +64,7 @@ from replication.spark_cluster import current_executor_id, executor_bind_host, l
 from rhino_state import CheckpointNotHeldError, moved_key_groups
 from rhino_state.cut import Delivery, apply_changes, cut_digest, entry_bytes, plan_delivery
 from transport import rpc, wire
+from transport.kafka_feeds import SharedConsumer
 from transport.rpc import host_port
 from transport.security import RpcSecurity
 
@@ -77,6 +78,10 @@ BASE_WAIT_S = 1.0
 # A replica restored here reports its progress with every heartbeat for this long (not every
 # metrics interval): the driver sees it caught up within a heartbeat of it.
 RESTORED_REPORT_S = 10.0
+# How long the broker may hold an empty fetch of the sources' consumer (unless the job sets
+# ``fetch.wait.max.ms``).  Short, so that new records (and a drain's fresh high watermark) are
+# seen quickly: the embedded broker answers a waiting fetch only when the wait ends.
+SOURCE_FETCH_WAIT_MS = 10
 
 
 @dataclass
@@ -202,6 +207,7 @@ class Worker:
         self.producer: Producer | None = None
         self.dead_letters: DeadLetterWriter | None = None
         self._pulse_reader: PulseReader | None = None
+        self._source_consumer: SharedConsumer | None = None
         self._own_pulse_readers: list[PulseReader] = []
         self._own_order_logs: list[OrderLog] = []
         self._order_log: OrderLog | None = None
@@ -231,6 +237,15 @@ class Worker:
             self._pulse_reader = PulseReader(self.plan.heartbeat_log, self.cfg.kafka_consumer_config(
                 group_id=f"replication-{self.job_name}-pulses-w{self.index}"))
         return self._pulse_reader
+
+    def source_consumer(self) -> SharedConsumer:
+        """The worker's one Kafka consumer, shared by the source replicas it hosts (each reads
+        its partitions through a feed of it)."""
+        if self._source_consumer is None:
+            conf = self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-sources-w{self.index}")
+            conf.setdefault("fetch.wait.max.ms", SOURCE_FETCH_WAIT_MS)
+            self._source_consumer = SharedConsumer(conf, name=f"sources-w{self.index}")
+        return self._source_consumer
 
     def own_pulse_reader(self, after: PulseRecord | None) -> PulseReader:
         """A reader of the heartbeat log for one restored source (it subscribes, then starts it),
@@ -798,6 +813,8 @@ class Worker:
                 inst.join(5)
             for reader in [*self._own_pulse_readers, *([self._pulse_reader] if self._pulse_reader else [])]:
                 reader.close()
+            if self._source_consumer is not None:
+                self._source_consumer.close()
             if self._sender is not None:
                 self._sender.shutdown(wait=False, cancel_futures=True)
             if self.checkpoints is not None:

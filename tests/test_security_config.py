@@ -137,7 +137,6 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
     heartbeat log (generator and readers), the plain dead-letter writer and the admin client all
     get the pass-through properties."""
     import replication.exactly_once as exactly_once
-    import replication.instance as instance
     import replication.worker as worker
     import transport.kafka_io as kafka_io
     from kazoo_leader.order_log import OrderLog
@@ -155,16 +154,12 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
         return make
 
     monkeypatch.setattr(worker, "Producer", recorder("the worker's producer (plain dead letters and sinks)"))
-    monkeypatch.setattr(instance, "Consumer", recorder("source"))
     monkeypatch.setattr(exactly_once, "Producer", recorder("sink and dead-letter writer"))
     monkeypatch.setattr(exactly_once, "Consumer", recorder("sink and dead-letter takeover scan"))
     monkeypatch.setattr(kafka_io, "Consumer", recorder("end offsets"))
     monkeypatch.setattr(kafka_io, "AdminClient", recorder("admin"))
     calls = {
         "the worker's producer (plain dead letters and sinks)": lambda: worker.Worker._build_host(SimpleNamespace(cfg=cfg, job_name="j"), {}),
-        "source": lambda: instance.SourceInstance._consumer(SimpleNamespace(
-            cfg=cfg, worker=SimpleNamespace(job_name="j"), task=SimpleNamespace(id=1), partition=0, topic="t",
-            kafka_partitions=[0], start_offsets={})),
         "sink and dead-letter writer": lambda: exactly_once.ExactlyOnceOutput(
             "sink", cfg, 0, "s", "t", 0, 0.005).control(0, 0, -1, -1),
         "sink and dead-letter takeover scan": lambda: exactly_once.max_written_seq(
@@ -182,6 +177,8 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
                                    max_step=10, consumer_conf=cfg.kafka_consumer_config(),
                                    producer_conf=cfg.kafka_producer_config(), create_topics=lambda topics: None)
     made["pulse generator reader"], made["pulse generator writer"] = generator._consumer_conf, generator._producer_conf
+    made["sources"] = worker.Worker.source_consumer(SimpleNamespace(
+        cfg=cfg, job_name="j", index=0, _source_consumer=None))._conf
     made["pulse reader"] = PulseReader(HeartbeatLog("hb"), cfg.kafka_consumer_config())._conf
     assert len(made) == 11
     for role, conf in made.items():

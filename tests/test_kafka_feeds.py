@@ -1,0 +1,173 @@
+"""The worker's shared source consumer (transport.kafka_feeds) on the real embedded broker:
+every feed gets its partitions' records exactly once and in order, through back-pressure
+pauses, reader pauses, closes and a partition moving to a new feed; positions never run ahead
+of what a reader was handed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from confluent_kafka import OFFSET_BEGINNING, Producer
+from confluent_kafka.admin import AdminClient
+
+from transport.kafka_feeds import NO_POSITION, PartitionFeed, SharedConsumer
+from transport.kafka_io import ensure_topics
+
+
+def _produce(bootstrap: str, topic: str, partition: int, n: int, start: int = 0) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for i in range(start, start + n):
+        producer.produce(topic, value=str(i).encode(), partition=partition)
+    assert producer.flush(30) == 0
+
+
+def _read(feed: PartitionFeed, n: int, timeout: float = 30.0) -> list[tuple[int, int]]:
+    """``n`` records as (partition, offset)."""
+    got: list[tuple[int, int]] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"{len(got)} of {n} records after {timeout}s"
+        for msg in feed.consume(50, 0.2):
+            assert msg.error() is None, msg.error()
+            got.append((msg.partition(), msg.offset()))
+    return got
+
+
+def _topic(stack, name: str, partitions: int) -> str:
+    ensure_topics(AdminClient({"bootstrap.servers": stack.bootstrap_servers}), {name: partitions})
+    return name
+
+
+def _conf(stack) -> dict:
+    return {"bootstrap.servers": stack.bootstrap_servers, "group.id": "feeds-test", "fetch.wait.max.ms": 10}
+
+
+def test_feeds_of_one_consumer_get_their_partitions_exactly_once_in_order(stack, topic_prefix):
+    a, b = _topic(stack, topic_prefix + "a", 2), _topic(stack, topic_prefix + "b", 1)
+    for k in (0, 1):
+        _produce(stack.bootstrap_servers, a, k, 1500)
+    _produce(stack.bootstrap_servers, b, 0, 1000)
+    shared = SharedConsumer(_conf(stack))
+    assert shared.polls == 0  # no feed: no thread, no fetch
+    try:
+        feed_a = shared.open(a, {0: OFFSET_BEGINNING, 1: 500}, limit=10_000)
+        feed_b = shared.open(b, {0: 200}, limit=10_000)
+        got_a, got_b = _read(feed_a, 2500), _read(feed_b, 800)
+        assert [o for k, o in got_a if k == 0] == list(range(1500))
+        assert [o for k, o in got_a if k == 1] == list(range(500, 1500))
+        assert got_b == [(0, o) for o in range(200, 1000)]
+        assert feed_a.consume(10, 0.3) == [] and feed_b.consume(10, 0) == []
+        # everything handed over: the positions are the partitions' ends
+        assert (feed_a.position(0), feed_a.position(1), feed_b.position(0)) == (1500, 1500, 1000)
+        assert feed_a.low_watermark(0) == 0
+        assert shared.assigned == 3
+    finally:
+        shared.close()
+
+
+def test_a_full_feed_is_paused_and_its_records_come_after_exactly_once(stack, topic_prefix):
+    """A feed whose reader does not take its records holds at most its limit plus one poll's
+    worth; a slow feed does not hold up another one on the same consumer."""
+    slow, fast = _topic(stack, topic_prefix + "slow", 1), _topic(stack, topic_prefix + "fast", 1)
+    _produce(stack.bootstrap_servers, slow, 0, 20_000)
+    shared = SharedConsumer(_conf(stack))
+    try:
+        feed = shared.open(slow, {0: OFFSET_BEGINNING}, limit=300)
+        other = shared.open(fast, {0: OFFSET_BEGINNING}, limit=300)
+        deadline = time.monotonic() + 10
+        while not feed.full:
+            assert time.monotonic() < deadline, "the feed never filled up"
+            time.sleep(0.01)
+        _produce(stack.bootstrap_servers, fast, 0, 1000)
+        assert [o for _, o in _read(other, 1000)] == list(range(1000))  # not held up by the full feed
+        assert feed.full and feed.buffered <= 300 + 2000
+        got = []
+        while len(got) < 20_000:  # a slow reader: pause, resume, pause... as it goes
+            assert time.monotonic() < deadline + 60
+            got += [m.offset() for m in feed.consume(100, 0.2)]
+            assert feed.buffered <= 300 + 2000
+        assert got == list(range(20_000))
+        assert feed.position(0) == 20_000
+    finally:
+        shared.close()
+
+
+def test_a_paused_feed_gets_nothing_new_until_resumed_and_misses_nothing(stack, topic_prefix):
+    topic = _topic(stack, topic_prefix + "p", 1)
+    _produce(stack.bootstrap_servers, topic, 0, 100)
+    shared = SharedConsumer(_conf(stack))
+    try:
+        feed = shared.open(topic, {0: OFFSET_BEGINNING}, limit=10_000)
+        got = [o for _, o in _read(feed, 100)]
+        feed.pause()
+        time.sleep(0.2)  # (the pause is applied before the fetch thread's next poll)
+        _produce(stack.bootstrap_servers, topic, 0, 500, start=100)
+        time.sleep(0.5)
+        assert feed.consume(1000, 0) == []
+        assert feed.position(0) == 100
+        feed.resume()
+        got += [o for _, o in _read(feed, 500)]
+        assert got == list(range(600))
+    finally:
+        shared.close()
+
+
+def test_positions_never_run_ahead_of_what_the_reader_took(stack, topic_prefix):
+    """While records arrive, each partition's position is the offset after the last record
+    taken (unknown before the first): a pulse placed at a position never passes a record still
+    to be handed over, whether records of it are buffered, in flight or not fetched yet."""
+    topic = _topic(stack, topic_prefix + "pos", 2)
+    shared = SharedConsumer(_conf(stack))
+
+    def feeder() -> None:
+        for i in range(0, 4000, 100):
+            _produce(stack.bootstrap_servers, topic, (i // 100) % 2, 100, start=i // 2)
+
+    thread = threading.Thread(target=feeder)
+    try:
+        feed = shared.open(topic, {0: OFFSET_BEGINNING, 1: OFFSET_BEGINNING}, limit=500)
+        thread.start()
+        taken: dict[int, int] = {0: 0, 1: 0}
+        deadline = time.monotonic() + 60
+        while sum(taken.values()) < 4000:
+            assert time.monotonic() < deadline, taken
+            for msg in feed.consume(37, 0.05):
+                k = msg.partition()
+                assert msg.offset() == taken[k]  # in order, none skipped
+                taken[k] += 1
+            for k in (0, 1):
+                assert feed.position(k) == (taken[k] if taken[k] else NO_POSITION) or \
+                    (taken[k] == 0 and feed.position(k) == 0)
+        assert taken == {0: 2000, 1: 2000}
+        assert (feed.position(0), feed.position(1)) == (2000, 2000)
+    finally:
+        thread.join()
+        shared.close()
+
+
+def test_a_closed_feed_gives_up_its_partitions_and_a_new_feed_takes_one_over(stack, topic_prefix):
+    topic = _topic(stack, topic_prefix + "c", 2)
+    for k in (0, 1):
+        _produce(stack.bootstrap_servers, topic, k, 300)
+    shared = SharedConsumer(_conf(stack))
+    try:
+        first = shared.open(topic, {0: OFFSET_BEGINNING, 1: OFFSET_BEGINNING}, limit=10_000)
+        _read(first, 600)
+        # a restored replica reading partition 1 again from 100 while the first still runs
+        second = shared.open(topic, {1: 100}, limit=10_000)
+        assert [o for _, o in _read(second, 200)] == list(range(100, 300))
+        _produce(stack.bootstrap_servers, topic, 1, 10, start=300)
+        assert [o for _, o in _read(second, 10)] == list(range(300, 310))
+        assert first.consume(100, 0.3) == []  # partition 1 is no longer the first feed's
+        first.close()
+        second.close()
+        deadline = time.monotonic() + 5
+        while shared.assigned:
+            assert time.monotonic() < deadline, "partitions still assigned after their feeds closed"
+            time.sleep(0.02)
+        polls = shared.polls
+        time.sleep(0.3)
+        assert shared.polls == polls  # nothing to read: the fetch thread waits without polling
+    finally:
+        shared.close()

@@ -1,0 +1,322 @@
+"""One Kafka consumer per worker process, shared by every source replica it hosts.
+
+A source replica opens a :class:`PartitionFeed` on the Kafka partitions it reads; one fetch
+thread (:class:`SharedConsumer`) polls the consumer and hands each message to its partition's
+feed.  A worker then makes one fetch per wait for all its sources, instead of one per source
+replica, and runs one set of librdkafka threads: the broker serves a fraction of the empty
+fetches, and the threads of a worker no longer grow with the source replicas it hosts.
+
+Every call on the consumer is made by the fetch thread: confluent-kafka serialises the calls
+made on one consumer from several threads (a call waits until a concurrent poll returns, and a
+thread that polls again at once can starve it).  So a feed queues its pause, resume and close
+for the fetch thread, and reads positions and watermarks the thread recorded.
+
+A feed's :meth:`PartitionFeed.position` keeps the meaning the sources' pulse placement needs:
+every record of the partition below it has been handed to the feed's reader (or was no record:
+a transaction marker).  Back-pressure stays per feed: a feed holding more than its limit has its
+partitions paused until its reader takes it below half of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from transport.kafka_io import consume_ready
+
+log = logging.getLogger(__name__)
+
+# How long the fetch thread waits in one poll when nothing arrives: bounds how late a feed's
+# queued pause, resume or close is applied (the consumer cannot be woken from another thread).
+POLL_WAIT_S = 0.02
+# Messages taken from the consumer per poll.
+POLL_BATCH = 2000
+# librdkafka's offset for "no position yet".
+NO_POSITION = -1001
+
+
+class FeedClosed(RuntimeError):
+    """The feed was closed, or its consumer stopped."""
+
+
+class PartitionFeed:
+    """The messages of some partitions of one topic, for one reader thread.
+
+    Created by :meth:`SharedConsumer.open`.  ``consume``, ``position``, ``low_watermark``,
+    ``pause``, ``resume`` and ``close`` are for the reader; the fetch thread appends."""
+
+    def __init__(self, owner: SharedConsumer, feed_id: int, topic: str, starts: Mapping[int, int],
+                 limit: int) -> None:
+        self._owner = owner
+        self.id = feed_id
+        self.topic = topic
+        self.partitions = list(starts)
+        self.starts = dict(starts)
+        self.limit = max(1, limit)
+        self._cond = threading.Condition()
+        self._buffer: deque[Any] = deque()
+        self._buffered = {k: 0 for k in self.partitions}
+        # next offset after the last message handed to the reader (None: none yet)
+        self._taken: dict[int, int | None] = {k: None for k in self.partitions}
+        # next offset after the last message appended (drops a re-fetched one)
+        self._appended: dict[int, int] = {k: o for k, o in starts.items() if o >= 0}
+        self._fetched: dict[int, int] = {}  # the consumer's position, recorded with the last append
+        self._low: dict[int, int] = {}
+        self._woken = False
+        self.reader_paused = False  # the reader asked for a pause (it holds records of its own)
+        self.full = False  # paused by the fetch thread: more than ``limit`` buffered
+        self.closed = False
+        self.error: str | None = None
+        self.assigned = False  # (the fetch thread's) its partitions were assigned
+
+    # -- the reader ---------------------------------------------------------------------------
+    def consume(self, max_messages: int, timeout: float) -> list[Any]:
+        """Up to ``max_messages`` messages, waiting up to ``timeout`` for the first one (less if
+        :meth:`wake` is called)."""
+        with self._cond:
+            if not self._buffer and timeout > 0 and not self._woken and not self.closed:
+                self._cond.wait(timeout)
+            self._woken = False
+            if self.error is not None:
+                raise FeedClosed(self.error)
+            n = min(max_messages, len(self._buffer))
+            out = [self._buffer.popleft() for _ in range(n)]
+            for msg in out:
+                if msg.error() is None:
+                    k = msg.partition()
+                    self._buffered[k] -= 1
+                    self._taken[k] = msg.offset() + 1
+            resume = self.full and self._below_half()
+        if resume:
+            self._owner.request(self)
+        return out
+
+    def position(self, partition: int) -> int:
+        """An offset below which every record of ``partition`` was handed to the reader;
+        :data:`NO_POSITION` while not known (nothing fetched and no start offset)."""
+        with self._cond:
+            if self._buffered.get(partition, 0) == 0 and partition in self._fetched:
+                return self._fetched[partition]  # (past transaction markers too)
+            taken = self._taken.get(partition)
+            if taken is not None:
+                return taken
+            start = self.starts.get(partition, -1)
+            return start if start >= 0 else NO_POSITION
+
+    def low_watermark(self, partition: int) -> int:
+        """The partition's low watermark from the last fetch (-1: none yet)."""
+        with self._cond:
+            return self._low.get(partition, -1)
+
+    def pause(self) -> None:
+        """Stop fetching for this feed (what is buffered can still be consumed)."""
+        if not self.reader_paused:
+            self.reader_paused = True
+            self._owner.request(self)
+
+    def resume(self) -> None:
+        if self.reader_paused:
+            self.reader_paused = False
+            self._owner.request(self)
+
+    def wake(self) -> None:
+        """End a :meth:`consume` wait now (any thread)."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop reading; the partitions are unassigned."""
+        with self._cond:
+            self.closed = True
+            self._buffer.clear()
+            self._cond.notify_all()
+        self._owner.request(self)
+
+    @property
+    def buffered(self) -> int:
+        with self._cond:
+            return len(self._buffer)
+
+    def _below_half(self) -> bool:
+        return len(self._buffer) <= self.limit // 2
+
+    # -- the fetch thread ---------------------------------------------------------------------
+    def _append(self, messages: list[Any], fetched: Mapping[int, int], low: Mapping[int, int]) -> bool:
+        """Hand ``messages`` over and record where the consumer is; whether the feed is full now
+        (over its limit, or, once full, until its reader took it to half of it)."""
+        with self._cond:
+            if self.closed:
+                return False
+            for msg in messages:
+                k = msg.partition()
+                if msg.error() is None:
+                    if msg.offset() < self._appended.get(k, -1):
+                        continue  # fetched again after a pause (it was handed over before)
+                    self._appended[k] = msg.offset() + 1
+                    self._buffered[k] += 1
+                self._buffer.append(msg)
+            self._fetched.update(fetched)
+            self._low.update(low)
+            if messages:
+                self._cond.notify_all()
+            return not self._below_half() if self.full else len(self._buffer) > self.limit
+
+    def _fail(self, error: str) -> None:
+        with self._cond:
+            self.error = error
+            self._cond.notify_all()
+
+
+class SharedConsumer:
+    """One consumer and its fetch thread, serving the :class:`PartitionFeed` s opened on it.
+
+    ``conf`` is a confluent-kafka consumer config (manual assignment: offsets are never
+    committed).  The thread starts with the first feed and stops on :meth:`close`."""
+
+    def __init__(self, conf: Mapping[str, Any], name: str = "sources") -> None:
+        self._conf = {**conf, "enable.auto.commit": False}
+        self.name = name
+        self._lock = threading.Condition()
+        self._requests: dict[int, PartitionFeed] = {}  # feeds whose pause, resume or close is due
+        self._owners: dict[tuple[str, int], PartitionFeed] = {}  # assigned partitions -> their feed
+        self._paused: set[int] = set()  # feeds whose partitions are paused in the consumer
+        self._ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None
+        self.polls = 0  # polls made (for tests and profiles)
+
+    def open(self, topic: str, starts: Mapping[int, int], limit: int) -> PartitionFeed:
+        """A feed of ``topic``'s partitions, each read from its start offset (negative:
+        librdkafka's logical offsets, e.g. ``OFFSET_BEGINNING``).  A partition another feed
+        reads is taken from it (that feed gets nothing more from it)."""
+        feed = PartitionFeed(self, next(self._ids), topic, starts, limit)
+        with self._lock:
+            if self._stop.is_set():
+                raise FeedClosed(f"{self.name}: the consumer is closed")
+            self._requests[feed.id] = feed
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._main, name=f"kafka-{self.name}", daemon=True)
+                self._thread.start()
+            self._lock.notify_all()
+        return feed
+
+    def request(self, feed: PartitionFeed) -> None:
+        """``feed`` changed what it wants (paused, resumed, closed, drained): the fetch thread
+        applies it before its next poll."""
+        with self._lock:
+            self._requests[feed.id] = feed
+            self._lock.notify_all()
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._lock:
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def assigned(self) -> int:
+        """How many partitions the consumer reads now."""
+        with self._lock:
+            return len(self._owners)
+
+    # -- the fetch thread ---------------------------------------------------------------------
+    def _main(self) -> None:
+        consumer = Consumer(self._conf)
+        try:
+            self._run(consumer)
+        except Exception as exc:  # noqa: BLE001 - handed to every feed's reader
+            self.error = f"{self.name}: {type(exc).__name__}: {exc}"
+            log.exception("shared consumer %s failed", self.name)
+            with self._lock:
+                feeds = set(self._owners.values()) | set(self._requests.values())
+            for feed in feeds:
+                feed._fail(self.error)
+        finally:
+            consumer.close()
+
+    def _run(self, consumer: Consumer) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                requests, self._requests = self._requests, {}
+                if not requests and not self._owners:
+                    self._lock.wait()  # nothing to read: no polls
+                    continue
+            for feed in requests.values():
+                self._apply(consumer, feed)
+            if not self._owners:
+                continue
+            messages = consume_ready(consumer, POLL_BATCH, POLL_WAIT_S)
+            self.polls += 1
+            self._dispatch(consumer, messages)
+
+    def _apply(self, consumer: Consumer, feed: PartitionFeed) -> None:
+        """Make the consumer match what ``feed`` wants: assigned, paused or not, unassigned."""
+        mine = [TopicPartition(feed.topic, k) for k in feed.partitions
+                if self._owners.get((feed.topic, k)) is feed]
+        if feed.closed:
+            if mine:
+                consumer.incremental_unassign(mine)
+            with self._lock:
+                for tp in mine:
+                    del self._owners[(tp.topic, tp.partition)]
+            self._paused.discard(feed.id)
+            return
+        if not feed.assigned:
+            taken = [TopicPartition(feed.topic, k) for k in feed.partitions if (feed.topic, k) in self._owners]
+            if taken:
+                consumer.incremental_unassign(taken)
+                log.warning("%s: %s partitions %s move to a new reader", self.name, feed.topic,
+                            [tp.partition for tp in taken])
+            consumer.incremental_assign([TopicPartition(feed.topic, k, o if o >= 0 else OFFSET_BEGINNING)
+                                         for k, o in feed.starts.items()])
+            feed.assigned = True
+            with self._lock:
+                for k in feed.partitions:
+                    self._owners[(feed.topic, k)] = feed
+            mine = [TopicPartition(feed.topic, k) for k in feed.partitions]
+        if feed.full and feed._below_half():
+            feed.full = False
+        paused = feed.reader_paused or feed.full
+        if paused and feed.id not in self._paused:
+            consumer.pause(mine)
+            self._paused.add(feed.id)
+        elif not paused and feed.id in self._paused:
+            consumer.resume(mine)
+            self._paused.discard(feed.id)
+
+    def _dispatch(self, consumer: Consumer, messages: list[Any]) -> None:
+        """Hand the messages to their feeds, with every feed's positions as of now."""
+        by_feed: dict[int, list[Any]] = {}
+        for msg in messages:
+            feed = self._owners.get((msg.topic(), msg.partition()))
+            if feed is not None:
+                by_feed.setdefault(feed.id, []).append(msg)
+            elif msg.error() is not None and msg.topic() is None:
+                if msg.error().fatal():
+                    raise RuntimeError(f"Kafka consumer fatal error: {msg.error()}")
+                log.warning("%s: consumer error: %s", self.name, msg.error())
+        feeds = {feed.id: feed for feed in self._owners.values()}
+        if not feeds:
+            return
+        tps = [TopicPartition(t, k) for t, k in self._owners]
+        fetched = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps) if tp.offset >= 0}
+        for feed in feeds.values():
+            positions, lows = {}, {}
+            for k in feed.partitions:
+                if (feed.topic, k) in fetched:
+                    positions[k] = fetched[(feed.topic, k)]
+                low = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), cached=True)[0]
+                if low >= 0:
+                    lows[k] = low
+            if feed._append(by_feed.get(feed.id, []), positions, lows) != feed.full:
+                feed.full = not feed.full
+                self._apply(consumer, feed)
