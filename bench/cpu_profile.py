@@ -1,7 +1,7 @@
 """Where a worker's CPU goes: py-spy flame graphs of the executors' Python processes, idle and under load.
 
     .venv/bin/python bench/cpu_profile.py [--modes off,liverobin,kazoo] [--rate 400] [--seconds 20]
-                                      [--parallelism 2] [--out bench/results/profile]
+                                      [--parallelism 2] [--gil] [--out bench/results/profile]
 
 One embedded stack and one ``local-cluster[3,1,512]`` Spark.  First the machine with Spark and the
 stack up and no job (*baseline*).  Then, per mode, the ordered job of :mod:`replication.examples.ordered`
@@ -13,7 +13,7 @@ stack up and no job (*baseline*).  Then, per mode, the ordered job of :mod:`repl
 then a drain and a check that the output is exact.  In each window every executor's Python processes
 (the PySpark daemon and its forked workers) are sampled by ``py-spy record --subprocesses --nonblocking``
 (100 Hz, threads not asleep: on a loaded machine that counts threads waiting for a core or for the GIL
-too), written as a flame graph (``<mode>-<phase>.svg``) and as collapsed stacks (``<mode>-<phase>.txt``).
+too; with ``--gil`` only the thread holding the GIL: the Python work itself, without the waits), written as a flame graph (``<mode>-<phase>.svg``) and as collapsed stacks (``<mode>-<phase>.txt``).
 Before each profile, the same length without py-spy measures the CPU of each process group from
 ``/proc`` (``summary.csv``: cores used by the executors' Python, the executor JVMs, the broker, ZooKeeper,
 the driver JVM and this process, which runs the replication driver and, under load, the load generator;
@@ -97,7 +97,7 @@ def thread_count(pids: list[int]) -> int:
     return total
 
 
-def record(roots: list[int], seconds: float, out: Path, stem: str) -> Counter[str]:
+def record(roots: list[int], seconds: float, out: Path, stem: str, gil: bool = False) -> Counter[str]:
     """py-spy every root (with its children) for ``seconds``: one flame graph over all of them
     (``stem``.svg) and their collapsed stacks (``stem``.txt); returns the collapsed stacks' counts."""
     procs, raws = [], []
@@ -106,7 +106,7 @@ def record(roots: list[int], seconds: float, out: Path, stem: str) -> Counter[st
         raws.append(raw)
         procs.append(subprocess.Popen(
             [str(PY_SPY), "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--rate", "100",
-             "--duration", str(int(seconds)), "--format", "raw", "--output", str(raw)],
+             "--duration", str(int(seconds)), "--format", "raw", "--output", str(raw), *(["--gil"] if gil else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     for p in procs:
         p.wait()
@@ -210,7 +210,8 @@ def cores(before: CostSnapshot, after: CostSnapshot) -> dict[str, float]:
     return {g: (after.ticks.get(g, 0) - before.ticks.get(g, 0)) / hz / dt for g in GROUPS}
 
 
-def window(probe: CostProbe, seconds: float, out: Path, stem: str, profile: bool) -> tuple[dict, Counter[str]]:
+def window(probe: CostProbe, seconds: float, out: Path, stem: str, profile: bool,
+           gil: bool = False) -> tuple[dict, Counter[str]]:
     """The cores each group used over ``seconds`` with nothing else running, then (``profile``) the
     same length again under py-spy (py-spy's own CPU would count in this process's group, and on
     two cores it slows what it samples)."""
@@ -221,7 +222,7 @@ def window(probe: CostProbe, seconds: float, out: Path, stem: str, profile: bool
            **{f"cores_{g}": round(v, 3) for g, v in cores(before, after).items()},
            "python_threads": thread_count(sorted(set(probe.groups()["python"]))),
            "python_processes": after.processes.get("python", 0)}
-    stacks = record(executor_python(probe), seconds, out, stem) if profile else Counter()
+    stacks = record(executor_python(probe), seconds, out, stem, gil) if profile else Counter()
     return row, stacks
 
 
@@ -238,7 +239,7 @@ def profile_mode(stack: Any, spark: Any, probe: CostProbe, config: Config, args:
     rows, stacks = [], {}
     time.sleep(5)  # first checkpoints, elections, the generator's first pulses
     status.update(f"{config.label}: idle window")
-    row, stacks["idle"] = window(probe, args.seconds, out, f"{label}-idle", True)
+    row, stacks["idle"] = window(probe, args.seconds, out, f"{label}-idle", True, args.gil)
     rows.append({"mode": config.label, "phase": "idle", "events_per_s": 0, **row})
 
     make = event_makers()
@@ -253,7 +254,7 @@ def profile_mode(stack: Any, spark: Any, probe: CostProbe, config: Config, args:
     producer.start()
     time.sleep(5)
     status.update(f"{config.label}: load window at {args.rate:.0f} events/s")
-    row, stacks["load"] = window(probe, args.seconds, out, f"{label}-load", True)
+    row, stacks["load"] = window(probe, args.seconds, out, f"{label}-load", True, args.gil)
     producer.join()
     per_event = sum(row[f"cores_{g}"] for g in GROUPS if g != "bench") / args.rate
     rows.append({"mode": config.label, "phase": "load", "events_per_s": args.rate,
@@ -275,6 +276,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--period", type=int, default=10, help="LiveRobin heartbeat period, ms")
+    ap.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL")
     ap.add_argument("--out", default="bench/results/profile")
     return ap.parse_args(argv)
 
