@@ -137,7 +137,8 @@ class OutputChannel:
     def emit(self, element: tuple) -> None:
         """Append an element; blocks while the fastest live replica has ``max_ready`` batches waiting."""
         with self._cond:
-            while not self._closed:
+            # room is looked for when a batch starts: the backlog grows only when one is sealed
+            while not self._current and not self._closed:
                 if any(self._alive):
                     if self._backlog() < self._max_ready:
                         break

@@ -38,7 +38,7 @@ class NoCurrentKeyError(RuntimeError):
 
 
 # the opcodes with which protocol 5 writes a set or frozenset (the C pickler's fast path)
-_SET_OPCODES = (pickle.EMPTY_SET, pickle.FROZENSET)
+_EMPTY_SET, _FROZENSET = pickle.EMPTY_SET, pickle.FROZENSET  # the opcodes that start a set
 
 
 def _sorted(items: set | frozenset) -> list:
@@ -83,7 +83,7 @@ def canonical_dumps(value: Any) -> bytes:
     by ``pickle`` itself when that wrote no set (the usual case, at C speed), else again by
     :class:`_CanonicalPickler` (also when those opcode bytes only occur inside a string)."""
     data = pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
-    if not any(op in data for op in _SET_OPCODES):
+    if _EMPTY_SET not in data and _FROZENSET not in data:
         return data
     out = io.BytesIO()
     _CanonicalPickler(out, protocol=_PICKLE_PROTOCOL).dump(value)

@@ -66,6 +66,9 @@ class TlsMaterial:
         return cls(chain, key, roots, server_name)
 
 
+_KEYED: dict[bytes, hmac.HMAC] = {}  # secret -> an HMAC keyed with it, copied for each MAC
+
+
 @dataclass(frozen=True)
 class RpcSecurity:
     """The application's secret (never printed) and, when configured, its TLS material."""
@@ -114,7 +117,10 @@ class RpcSecurity:
         return bool(mac) and hmac.compare_digest(mac, self.sign_reply(request_mac, reply))
 
     def _mac(self, *parts: bytes | memoryview) -> bytes:
-        h = hmac.new(self.secret, digestmod=hashlib.sha256)
+        template = _KEYED.get(self.secret)
+        if template is None:  # (keying HMAC hashes the secret's pads: once per secret, not per call)
+            template = _KEYED[self.secret] = hmac.new(self.secret, digestmod=hashlib.sha256)
+        h = template.copy()
         for part in parts:
             h.update(struct.pack(">Q", len(part)))
             h.update(part)
