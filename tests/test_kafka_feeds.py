@@ -160,6 +160,7 @@ def test_a_closed_feed_gives_up_its_partitions_and_a_new_feed_takes_one_over(sta
         _produce(stack.bootstrap_servers, topic, 1, 10, start=300)
         assert [o for _, o in _read(second, 10)] == list(range(300, 310))
         assert first.consume(100, 0.3) == []  # partition 1 is no longer the first feed's
+        assert first.position(1) == 300  # nor does its position move past what it was handed
         first.close()
         second.close()
         deadline = time.monotonic() + 5

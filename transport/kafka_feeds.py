@@ -312,6 +312,8 @@ class SharedConsumer:
         for feed in feeds.values():
             positions, lows = {}, {}
             for k in feed.partitions:
+                if self._owners.get((feed.topic, k)) is not feed:
+                    continue  # taken over by a newer feed: this one gets nothing more of it
                 if (feed.topic, k) in fetched:
                     positions[k] = fetched[(feed.topic, k)]
                 low = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), cached=True)[0]
