@@ -38,7 +38,7 @@ class NoCurrentKeyError(RuntimeError):
 
 
 # the opcodes with which protocol 5 writes a set or frozenset (the C pickler's fast path)
-_EMPTY_SET, _FROZENSET = pickle.EMPTY_SET, pickle.FROZENSET  # the opcodes that start a set
+_EMPTY_SET, _FROZENSET = pickle.EMPTY_SET, pickle.FROZENSET
 
 
 def _sorted(items: set | frozenset) -> list:

@@ -92,7 +92,7 @@ class PartitionFeed:
                     k = msg.partition()
                     self._buffered[k] -= 1
                     self._taken[k] = msg.offset() + 1
-            resume = self.full and self._below_half()
+            resume = self.full and not self._over_limit()
         if resume:
             self._owner.request(self)
         return out
@@ -144,16 +144,17 @@ class PartitionFeed:
         with self._cond:
             return len(self._buffer)
 
-    def _below_half(self) -> bool:
-        return len(self._buffer) <= self.limit // 2
+    def _over_limit(self) -> bool:
+        """Whether the feed should be paused for what it holds: over its limit, or, once paused
+        so, until its reader took it to half of it."""
+        return len(self._buffer) > (self.limit // 2 if self.full else self.limit)
 
     # -- the fetch thread ---------------------------------------------------------------------
-    def _append(self, messages: list[Any], fetched: Mapping[int, int], low: Mapping[int, int]) -> bool:
-        """Hand ``messages`` over and record where the consumer is; whether the feed is full now
-        (over its limit, or, once full, until its reader took it to half of it)."""
+    def _append(self, messages: list[Any], fetched: Mapping[int, int], low: Mapping[int, int]) -> None:
+        """Hand ``messages`` over and record where the consumer is."""
         with self._cond:
             if self.closed:
-                return False
+                return
             for msg in messages:
                 k = msg.partition()
                 if msg.error() is None:
@@ -166,7 +167,6 @@ class PartitionFeed:
             self._low.update(low)
             if messages:
                 self._cond.notify_all()
-            return not self._below_half() if self.full else len(self._buffer) > self.limit
 
     def _fail(self, error: str) -> None:
         with self._cond:
@@ -283,8 +283,7 @@ class SharedConsumer:
                 for k in feed.partitions:
                     self._owners[(feed.topic, k)] = feed
             mine = [TopicPartition(feed.topic, k) for k in feed.partitions]
-        if feed.full and feed._below_half():
-            feed.full = False
+        feed.full = feed._over_limit()
         paused = feed.reader_paused or feed.full
         if paused and feed.id not in self._paused:
             consumer.pause(mine)
@@ -319,6 +318,6 @@ class SharedConsumer:
                 low = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), cached=True)[0]
                 if low >= 0:
                     lows[k] = low
-            if feed._append(by_feed.get(feed.id, []), positions, lows) != feed.full:
-                feed.full = not feed.full
+            feed._append(by_feed.get(feed.id, []), positions, lows)
+            if feed._over_limit() != feed.full:
                 self._apply(consumer, feed)
