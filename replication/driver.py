@@ -1659,7 +1659,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                         "Heartbeat": rpc.typed(master.heartbeat, Heartbeat),
                         "Finished": rpc.typed(master.finished, WorkerFinished),
                         "MoveVnodes": rpc.typed(master.move, HandoverRequest)},
-                       watches={"Attach": rpc.typed_watch(master.attach, Attach)},
+                       watches={"Attach": rpc.decoding(master.attach, Attach)},
                        # registrations wait for each other; a watch per attempt (a paused evicted
                        # one may still hold its own beside its relaunch's)
                        security=security, bind_host=driver_bind_host(sc), max_workers=num_workers * 4 + 8,

@@ -757,7 +757,7 @@ class Worker:
                            max_workers=self._inbound_calls() + 16, name=f"worker {self.index}")
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
-        watch: rpc.Watch | None = None  # held while this attempt runs: the driver sees its process exit at once
+        watch: rpc.OpenCall | None = None  # held while this attempt runs: the driver sees its process exit at once
         report = self._report("aborted")
         try:
             address = host_port(bind_host if bind_host not in ("0.0.0.0", "::") else local_advertise_host(master_host),

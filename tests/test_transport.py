@@ -216,7 +216,7 @@ def watched():
         opened.append(name)
         return ended.setdefault(name, threading.Event()).set
 
-    server = rpc.serve({}, watches={"Watch": rpc.typed_watch(on_watch, str)}, security=SECRET,
+    server = rpc.serve({}, watches={"Watch": rpc.decoding(on_watch, str)}, security=SECRET,
                        bind_host="127.0.0.1", max_workers=4, name="watched")
     yield server, opened, ended
     server.stop(0)
@@ -262,6 +262,38 @@ def test_a_watch_ends_when_closed_and_an_unsigned_one_never_opens(watched) -> No
     finally:
         peer.close()
         stranger.close()
+
+
+# -- streams ---------------------------------------------------------------------------------
+
+def test_a_stream_delivers_signed_messages_in_order_and_a_forged_one_ends_it() -> None:
+    received: list[int] = []
+    server = rpc.serve({}, streams={"Report": rpc.decoding(received.append, int)}, security=SECRET,
+                       bind_host="127.0.0.1", max_workers=4, name="reports")
+    address = f"127.0.0.1:{server.port}"
+    peer = rpc.Peer(address, SECRET)
+    stranger = rpc.Peer(address, RpcSecurity.generate())
+    try:
+        gate = threading.Event()
+
+        def messages():
+            yield from range(50)
+            gate.wait(30)  # (the stream stays open while its iterator waits)
+            yield 50
+
+        stream = peer.stream("Report", messages())
+        assert _wait_for(lambda: len(received) == 50)
+        assert not stream.ended
+        gate.set()
+        assert _wait_for(lambda: stream.ended)
+        assert received == list(range(51))
+        forged = stranger.stream("Report", iter([99]))
+        assert _wait_for(lambda: forged.ended and server.refused == 1)
+        assert 99 not in received
+    finally:
+        peer.close()
+        stranger.close()
+        server.stop(0)
 
 
 # -- TLS ---------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ and refuses any call not signed with the application's secret before it reads th
 plane sends typed messages in :mod:`transport.wire`'s safe encoding (:func:`typed`,
 :meth:`Peer.call`), never pickles.  A *watch* (:meth:`Peer.watch`) is a signed call the server
 holds open for as long as the caller's process lives: its server learns within milliseconds that
-the process exited (its connection closed), where a silence would take a timeout to tell.
+the process exited (its connection closed), where a silence would take a timeout to tell.  A
+*stream* (:meth:`Peer.stream`) is one long call carrying many one-way messages, each signed on
+its own: frequent small reports without a call's set-up each.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import grpc
 from transport import wire
 from transport.security import MAC_SIZE, STAMP_SIZE, Refusals, RpcSecurity, TlsMaterial
 
-__all__ = ["BytesHandler", "Peer", "RpcServer", "UnauthenticatedReply", "Watch", "WatchHandler", "is_retryable",
-           "serve", "typed", "typed_watch"]
+__all__ = ["BytesHandler", "OpenCall", "Peer", "RpcServer", "StreamHandler", "UnauthenticatedReply", "WatchHandler",
+           "decoding", "is_retryable", "serve", "typed"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,10 @@ BytesHandler = Callable[[bytes], bytes]
 # a watch: the caller's payload -> what to run once the call ends (the caller's process exited,
 # it closed the watch, or the server stops)
 WatchHandler = Callable[[bytes], Callable[[], None]]
+# a stream: called with each message's payload, in order
+StreamHandler = Callable[[bytes], None]
 Req = TypeVar("Req")
+T = TypeVar("T")
 
 
 def host_port(host: str, port: int) -> str:
@@ -101,15 +106,29 @@ def _watched(method: str, fn: WatchHandler, security: RpcSecurity,
     return handle
 
 
+def _streamed(method: str, fn: StreamHandler, security: RpcSecurity,
+              refusals: Refusals) -> Callable[[Iterator[bytes], Any], bytes]:
+    def handle(requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        for request in requests:
+            _, payload = _verified(method, request, context, security, refusals)  # (aborts the stream)
+            fn(payload)
+        return b""
+    return handle
+
+
 def serve(handlers: dict[str, BytesHandler], *, security: RpcSecurity, bind_host: str, max_workers: int,
-          name: str = "rpc server", watches: dict[str, WatchHandler] | None = None) -> RpcServer:
-    """Start a server for ``handlers`` (method name -> bytes -> bytes) and ``watches`` on a free
-    port of ``bind_host``; each open watch holds one of the ``max_workers`` threads."""
+          name: str = "rpc server", watches: dict[str, WatchHandler] | None = None,
+          streams: dict[str, StreamHandler] | None = None) -> RpcServer:
+    """Start a server for ``handlers`` (method name -> bytes -> bytes), ``watches`` and ``streams``
+    on a free port of ``bind_host``; each open watch or stream holds one of the ``max_workers``
+    threads."""
     refusals = Refusals(name)
     method_handlers = {method: grpc.unary_unary_rpc_method_handler(_signed(method, fn, security, refusals))
                        for method, fn in handlers.items()}
     method_handlers.update({method: grpc.unary_stream_rpc_method_handler(_watched(method, fn, security, refusals))
                             for method, fn in (watches or {}).items()})
+    method_handlers.update({method: grpc.stream_unary_rpc_method_handler(_streamed(method, fn, security, refusals))
+                            for method, fn in (streams or {}).items()})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="rpc"),
                          options=_OPTIONS)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, method_handlers),))
@@ -133,8 +152,9 @@ def typed(fn: Callable[[Req], Any], request_type: type[Req]) -> BytesHandler:
     return lambda request: wire.encode(fn(wire.decode(request, request_type)))
 
 
-def typed_watch(fn: Callable[[Req], Callable[[], None]], request_type: type[Req]) -> WatchHandler:
-    """Adapt a message -> end callback function to a watch handler (as :func:`typed`)."""
+def decoding(fn: Callable[[Req], T], request_type: type[Req]) -> Callable[[bytes], T]:
+    """Adapt a message -> anything function to a watch or stream handler: the request must
+    decode to a ``request_type``, or the call fails without ``fn`` seeing it."""
     return lambda request: fn(wire.decode(request, request_type))
 
 
@@ -187,20 +207,30 @@ class Peer:
         """Send a control message; the reply, decoded (and checked to be a ``reply_type``)."""
         return wire.decode(self.call_bytes(method, wire.encode(message), timeout), reply_type)
 
-    def watch(self, method: str, message: Any) -> Watch:
-        """Open a watch: the server holds the call open until :meth:`Watch.close`, this process
+    def watch(self, method: str, message: Any) -> OpenCall:
+        """Open a watch: the server holds the call open until :meth:`OpenCall.close`, this process
         exits or the server stops (the server's handler then runs its end callback)."""
+        call = self._channel.unary_stream(f"/{SERVICE}/{method}")(self._signed(method, message))
+        return OpenCall(self.address, method, call)
+
+    def stream(self, method: str, messages: Iterator[Any]) -> OpenCall:
+        """Open a stream: every control message ``messages`` yields is signed and sent, in order,
+        until it ends (the iterator is run by a gRPC thread: make it end before closing)."""
+        signed = (self._signed(method, message) for message in messages)
+        call = self._channel.stream_unary(f"/{SERVICE}/{method}").future(signed)
+        return OpenCall(self.address, method, call)
+
+    def _signed(self, method: str, message: Any) -> bytes:
         payload = wire.encode(message)
         stamp, mac = self._security.sign(method, payload)
-        call = self._channel.unary_stream(f"/{SERVICE}/{method}")(stamp + mac + payload)
-        return Watch(self.address, method, call)
+        return stamp + mac + payload
 
     def close(self) -> None:
         self._channel.close()
 
 
-class Watch:
-    """An open watch call (:meth:`Peer.watch`)."""
+class OpenCall:
+    """An open watch or stream (:meth:`Peer.watch`, :meth:`Peer.stream`)."""
 
     def __init__(self, address: str, method: str, call: Any) -> None:
         self._closing = False
@@ -210,6 +240,10 @@ class Watch:
     def _ended(self, address: str, method: str, call: Any) -> None:
         if not self._closing:
             log.warning("the watch %s of %s ended: %s", method, address, call.code())
+
+    @property
+    def ended(self) -> bool:
+        return self._call.done()
 
     def close(self) -> None:
         self._closing = True
