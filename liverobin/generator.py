@@ -1,8 +1,9 @@
 """The heartbeat generator: a driver thread appending pulses to the heartbeat log.
 
-Every period it reads the end offset of every source partition (the high watermark of its own
-fetches: never ListOffsets, DESIGN §10) and appends the next :class:`PulseRecord` to the
-segment of the log it belongs to (:mod:`liverobin.segments`), ``acks=all``.  The rules that
+Every period it takes how far the source replicas have read each source partition, as they
+report it (:mod:`liverobin.positions`: the driver fetches no source data), and appends the next
+:class:`PulseRecord` to the segment of the log it belongs to (:mod:`liverobin.segments`),
+``acks=all``.  It writes its first pulse once every source partition was reported.  The rules that
 make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` and
 :mod:`liverobin.segments` and depend on the log alone:
 
@@ -17,8 +18,9 @@ make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` an
 * while no source partition grows it writes a pulse only once a second: with every record
   already placed before the last pulse, no merge waits for another one (unless told to be
   :meth:`eager`: a handover waits for pulses);
-* on a drain it writes one *final* pulse at the end offsets seen after the drain request; the
-  sources end right after it, at the same position on both replicas.
+* on a drain it writes one *final* pulse at the end offsets a fetch made after the drain request
+  shows (the one time it reads the sources); they end right after it, at the same position on
+  both replicas.
 
 ``windowed=True`` (KaZoo mode) writes nothing outside pulse windows: :meth:`open_window` starts
 one at offsets no lower than the sources' reported positions, :meth:`close_window` ends it
@@ -34,9 +36,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from liverobin.heartbeats import Offsets, PulseLog, PulseRecord, next_pulse
+from liverobin.positions import PositionBoard, Positions
 from liverobin.segments import HeartbeatLog, LogCursor
 from transport.kafka_io import consume_ready, end_offsets_by_fetch
 
@@ -50,7 +53,7 @@ IN_FLIGHT_TIMEOUT_S = 2.0
 # While no source partition grows, a pulse would place nothing new (every record is already
 # before the last one, so no merge waits for it): only this often then, to show liveness.
 IDLE_PULSE_EVERY_S = 1.0
-# The fetch long-poll: bounds how stale the end offsets of an idle partition can be.
+# The heartbeat log's fetch long-poll: how soon a pulse written is seen counted.
 FETCH_WAIT_MS = 5
 # librdkafka takes poll timeouts in whole milliseconds (a shorter one is 0): waiting for a tick
 # less than this away would spin.
@@ -58,12 +61,14 @@ MIN_WAIT_S = 0.001
 
 
 class HeartbeatGenerator:
-    """Writes pulses every ``period_s`` to ``heartbeat_log = (topic, first offset of this run)``
-    for the partitions of ``sources`` (topic -> partitions); ``starts`` are the sources' first
-    offsets where the driver resolved them (the low watermark is used for the others)."""
+    """Writes pulses every ``period_s`` to ``heartbeat_log`` for the partitions of ``sources``
+    (topic -> partitions) at the positions the sources report to ``positions``; ``starts`` are
+    the sources' first offsets where the driver resolved them (the first report's start is used
+    for the others)."""
 
     def __init__(self, *, name: str, heartbeat_log: HeartbeatLog, sources: Mapping[str, list[int]],
-                 starts: Offsets, period_s: float, max_step: int, consumer_conf: Mapping[str, Any],
+                 positions: PositionBoard, starts: Offsets, period_s: float, max_step: int,
+                 consumer_conf: Mapping[str, Any],
                  producer_conf: Mapping[str, Any], create_topics: Callable[[list[str]], None],
                  from_segment: int = 0, windowed: bool = False) -> None:
         self.name = name
@@ -72,6 +77,7 @@ class HeartbeatGenerator:
         self._created = -1  # segments up to this one are known to exist
         self.cursor = LogCursor(heartbeat_log, segment=from_segment)
         self.sources = {t: list(ks) for t, ks in sources.items()}
+        self.positions = positions
         self.starts = {t: dict(ks) for t, ks in starts.items()}
         self.period_s = period_s
         self.max_step = max_step
@@ -154,14 +160,8 @@ class HeartbeatGenerator:
 
     def _run(self) -> None:
         consumer = Consumer(self._consumer_conf)  # the heartbeat log: our pulses back, others' pulses
-        # the sources, only for the high watermarks their fetches carry: a consumer of its own, so reading
-        # our pulses back never waits behind a source partition's fetch (a broker may answer the partitions
-        # of one fetch one after another, and the embedded one lists a long partition's every batch)
-        watermarks = Consumer(self._consumer_conf)
         producer = Producer(self._producer_conf)
         cursor = self.cursor
-        source_tps = [TopicPartition(t, k) for t, ks in self.sources.items() for k in ks]
-        watermarks.assign([TopicPartition(tp.topic, tp.partition, OFFSET_END) for tp in source_tps])
         segments: dict[str, int] = {}  # the heartbeat-log topics assigned -> their segment
         in_flight: list[tuple[PulseRecord, float]] = []  # written, not read back: (record, when)
         next_tick = time.monotonic()
@@ -171,7 +171,7 @@ class HeartbeatGenerator:
             while not self._stop.is_set() and not self.pulses.final:
                 # never poll with a zero timeout while there is nothing to do: with one the loop spun
                 # (about 30,000 empty polls a second at a 10 ms period, ~6% of a core taken from the job)
-                if blocked:  # what unblocks it is a message (our pulse back) or a fetch response
+                if blocked:  # what unblocks it is a message (our pulse back)
                     wait = FETCH_WAIT_MS / 1000
                 else:
                     wait = min(max(next_tick - time.monotonic(), 0.0), 0.05)
@@ -180,7 +180,6 @@ class HeartbeatGenerator:
                 blocked = False
                 if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
                     segments = self._follow(consumer)
-                watermarks.consume(num_messages=10_000, timeout=0)  # (records unused: keeps its fetches going)
                 for msg in consume_ready(consumer, 1000, wait):
                     segment = segments.get(msg.topic())
                     if msg.error() is not None or segment is None:
@@ -219,7 +218,7 @@ class HeartbeatGenerator:
                 log_end = consumer.get_watermark_offsets(hb, cached=True)[1]
                 if log_end < 0 or cursor.next_offset(cursor.segment) < log_end:
                     continue  # read the log to its end first: continue after its largest h
-                ends = self._ends(watermarks, source_tps)
+                ends = self._ends(window[1] if window else None)
                 if ends is None:
                     continue
                 finishing = self._finish_at is not None and now >= self._finish_at and not self.windowed
@@ -240,7 +239,7 @@ class HeartbeatGenerator:
                                             final=finishing, generator=self.name,
                                             floor=window[1] if window else None, window=window[0] if window else 0,
                                             last=closing)
-                if (not record.final and record.offsets == base.offsets and now - last_write < IDLE_PULSE_EVERY_S
+                if (not record.final and not _moves(record, base) and now - last_write < IDLE_PULSE_EVERY_S
                         and now >= self._eager_until and window is None):
                     next_tick = max(next_tick + self.period_s, now)
                     continue
@@ -259,7 +258,6 @@ class HeartbeatGenerator:
             producer.flush(5)
         finally:
             consumer.close()
-            watermarks.close()
 
     def _follow(self, consumer: Consumer) -> dict[str, int]:
         """Assign the cursor's two segments; the segment of each topic."""
@@ -268,24 +266,35 @@ class HeartbeatGenerator:
         return {topic: self.cursor.segment + i for i, topic in enumerate(positions)}
 
     def _with_final_ends(self, ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
-        """``ends``, raised to what fetches made after the drain request tell: the watermark
-        consumer's cached high watermarks may come from a fetch answered before the last records
-        produced ahead of the drain (a loaded broker or machine), and a final pulse below them
+        """``ends``, raised to what fetches made after the drain request tell: the sources may not
+        have read the last records produced ahead of the drain yet, and a final pulse below them
         would end the run without them."""
         if self._final_ends is None:
             self._final_ends = {t: end_offsets_by_fetch(self._consumer_conf, t, ks) for t, ks in self.sources.items()}
-        return {t: {k: max(end, self._final_ends[t].get(k, end)) for k, end in ks.items()} for t, ks in ends.items()}
+        return {t: {k: max(end, ends.get(t, {}).get(k, end)) for k, end in fetched.items()}
+                for t, fetched in self._final_ends.items()}
 
-    def _ends(self, consumer: Consumer, tps: list[TopicPartition]) -> dict[str, dict[int, int]] | None:
-        """End offset of every source partition from the last fetch; None until all are known."""
-        ends: dict[str, dict[int, int]] = {}
-        for tp in tps:
-            low, high = consumer.get_watermark_offsets(tp, cached=True)
-            if high < 0:
-                return None
-            self.starts.setdefault(tp.topic, {}).setdefault(tp.partition, low)
-            ends.setdefault(tp.topic, {})[tp.partition] = high
+    def _ends(self, floor: Offsets | None) -> Positions | None:
+        """How far the sources have read each partition, as reported, and at least ``floor`` (a
+        window's, which names every partition with a live replica); without one, None until every
+        partition is known (the first pulse names them all, so where pulses go does not depend on
+        which source reported first)."""
+        for topic, parts in self.positions.starts(self.sources).items():
+            for k, start in parts.items():
+                self.starts.setdefault(topic, {}).setdefault(k, start)
+        ends = self.positions.positions(self.sources)
+        for topic, parts in (floor or {}).items():
+            known = ends.setdefault(topic, {})
+            for k, low in parts.items():
+                known[k] = max(known.get(k, low), low)
+        if floor is None and any(k not in ends.get(topic, {}) for topic, parts in self.sources.items() for k in parts):
+            return None
         return ends
+
+
+def _moves(record: PulseRecord, base: PulseLog) -> bool:
+    """Whether ``record`` places a partition past where the log's last pulse did (or names a new one)."""
+    return any(off > base.offsets.get(t, {}).get(k, -1) for t, parts in record.offsets.items() for k, off in parts.items())
 
 
 def _report_failure(err: Any, msg: Any) -> None:

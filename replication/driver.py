@@ -23,6 +23,7 @@ from typing import Any
 
 from kazoo_leader.election import delete_tree, evict, expel, zk_client
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
+from liverobin.positions import PositionBoard
 from liverobin.segments import HeartbeatLog
 from replication import savepoint as savepoints
 from replication.api import Job
@@ -39,6 +40,7 @@ from replication.messages import (
     Registered,
     Restored,
     RestoreReplica,
+    SourcePositions,
     WorkerFinished,
 )
 from replication.metrics import InstanceMetrics, aggregate
@@ -160,6 +162,7 @@ class JobMaster:
         # for the sources, and what each source replica reported holding: (window, {partition: position})
         self.pulse_window: tuple[int, bool, bool] | None = None
         self.holding: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
+        self.source_positions = PositionBoard()  # how far the sources read: where pulses go
         self.drained: set[int] = set()  # workers drained by request: no restored replica goes there
         # a drain without pulses (unordered, KaZoo): where each source replica stopped reading, and where
         # every replica of a source partition ends, once all its live replicas reported (the furthest)
@@ -598,6 +601,10 @@ class JobMaster:
             if role is not None:
                 role[2], role[3] = max(role[2], seq), max(role[3], offset)
 
+    def report_positions(self, req: SourcePositions) -> None:
+        """A worker's stream of its sources' positions (a gRPC handler; no lock of the master)."""
+        self.source_positions.update(req.positions)
+
     def attach(self, req: Attach) -> Callable[[], None]:
         """A worker attempt's watch (a gRPC handler): when it ends before the attempt reported its
         end, the worker's process exited or lost its connection to this driver."""
@@ -924,7 +931,7 @@ class JobHandle:
         cfg = self.cfg
         gen = HeartbeatGenerator(
             name=f"g{len(self.pulse_generators) + 1}", heartbeat_log=log_,
-            sources=self.plan.source_topics(),
+            sources=self.plan.source_topics(), positions=self.master.source_positions,
             starts={t.head.spec["topic"]: self.plan.source_start_offsets.get(t.id, {})
                     for t in self.plan.tasks if t.is_source},
             period_s=cfg.liverobin_heartbeat_period_ms / 1000, max_step=cfg.liverobin_max_pulse_step,
@@ -1660,9 +1667,10 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                         "Finished": rpc.typed(master.finished, WorkerFinished),
                         "MoveVnodes": rpc.typed(master.move, HandoverRequest)},
                        watches={"Attach": rpc.decoding(master.attach, Attach)},
-                       # registrations wait for each other; a watch per attempt (a paused evicted
-                       # one may still hold its own beside its relaunch's)
-                       security=security, bind_host=driver_bind_host(sc), max_workers=num_workers * 4 + 8,
+                       streams={"SourcePositions": rpc.decoding(master.report_positions, SourcePositions)},
+                       # registrations wait for each other; a watch and a stream per attempt (a paused
+                       # evicted one may still hold its own beside its relaunch's)
+                       security=security, bind_host=driver_bind_host(sc), max_workers=num_workers * 6 + 8,
                        name="job master")
     master.server = server
     address = host_port(driver_advertise_host(sc), server.port)

@@ -780,6 +780,7 @@ class SourceInstance(PartitionInstance):
         self._reader: Any = None  # a restored replica's own reader of the heartbeat log
         self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
         self._reading: PartitionFeed | None = None  # while the loop runs
+        self._position_reported = -1  # the last position told to the heartbeat generators
 
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
         rt = super().restore_from(meta, state_dir)
@@ -981,6 +982,20 @@ class SourceInstance(PartitionInstance):
         k = self.kafka_partitions[0]
         return PulsePlacer(self.topic, k, fetched_to=self.start_offsets.get(k, 0))
 
+    def _report_position(self, placer: PulsePlacer, feed: PartitionFeed) -> None:
+        """Tell the heartbeat generators, when it moved, below which offset every record of this
+        replica's partition exists (what it read, or its fetches' high watermark): they place
+        pulses there.  Not before a fetch told where the partition starts, if the plan does not."""
+        k = placer.partition
+        position = max(placer.fetched_to, feed.high_watermark(k))
+        if position == self._position_reported:
+            return
+        start = self.start_offsets.get(k, feed.low_watermark(k))
+        if start < 0:
+            return
+        self._position_reported = position
+        self.worker.report_position(self.topic, k, start, position)
+
     # -- KaZoo: pulse windows ----------------------------------------------------------------
     def _window_changed(self, placer: PulsePlacer | None, feed: PartitionFeed) -> PulsePlacer | None:
         """The driver's word on the pulse window changed: start holding (and report where this
@@ -1095,6 +1110,7 @@ class SourceInstance(PartitionInstance):
             low = feed.low_watermark(placer.partition)
             if low >= 0:
                 placer.fetched(low)  # nothing below the low watermark exists
+        self._report_position(placer, feed)
         for kind, item in placer.take():
             if kind == PULSE_ITEM:
                 h, final = item

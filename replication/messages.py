@@ -47,6 +47,18 @@ class Attach:
 
 @wire.record
 @dataclass(frozen=True)
+class SourcePositions:
+    """How far a worker's source replicas have read (``SourcePositions``, a stream): for each
+    Kafka partition (topic, partition, where reading started, the offset every record below which
+    was read); the heartbeat generators place pulses there (:mod:`liverobin.positions`)."""
+
+    worker: int
+    attempt: int
+    positions: list[tuple[str, int, int, int]]
+
+
+@wire.record
+@dataclass(frozen=True)
 class Heartbeat:
     """Liveness, progress and the services' reports of one worker attempt (``Heartbeat``)."""
 

@@ -36,6 +36,7 @@ from confluent_kafka import Producer
 from kazoo_leader.election import ElectionClient
 from kazoo_leader.order_log import OrderLog
 from liverobin.heartbeats import PulseRecord
+from liverobin.positions import PositionOutbox
 from liverobin.reader import PulseReader
 from replication import framing
 from replication.channels import BackupTrimmed, OutputChannel
@@ -56,6 +57,7 @@ from replication.messages import (
     Registered,
     Restored,
     RestoreReplica,
+    SourcePositions,
     WorkerFinished,
 )
 from replication.plan import Instance, PhysicalPlan, ReplicaId
@@ -229,6 +231,9 @@ class Worker:
         self.security: RpcSecurity = boot.security
         self.server: rpc.RpcServer | None = None
         self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
+        # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin; KaZoo windows)
+        self._positions = PositionOutbox(self.cfg.liverobin_heartbeat_period_ms / 1000) \
+            if self.plan.heartbeat_log is not None else None
 
     def pulse_reader(self) -> PulseReader:
         """The worker's reader of the LiveRobin heartbeat log (shared by its source replicas)."""
@@ -237,6 +242,11 @@ class Worker:
             self._pulse_reader = PulseReader(self.plan.heartbeat_log, self.cfg.kafka_consumer_config(
                 group_id=f"replication-{self.job_name}-pulses-w{self.index}"))
         return self._pulse_reader
+
+    def report_position(self, topic: str, partition: int, start: int, position: int) -> None:
+        """A hosted source replica read ``partition`` of ``topic`` up to ``position`` (from ``start``)."""
+        if self._positions is not None:
+            self._positions.report(topic, partition, start, position)
 
     def source_consumer(self) -> SharedConsumer:
         """The worker's one Kafka consumer, shared by the source replicas it hosts (each reads
@@ -758,6 +768,7 @@ class Worker:
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
         watch: rpc.OpenCall | None = None  # held while this attempt runs: the driver sees its process exit at once
+        positions: rpc.OpenCall | None = None
         report = self._report("aborted")
         try:
             address = host_port(bind_host if bind_host not in ("0.0.0.0", "::") else local_advertise_host(master_host),
@@ -769,6 +780,9 @@ class Worker:
                                 timeout=self.cfg.start_timeout_ms / 1000)
             if reply.status in ("ok", "standby"):
                 watch = master.watch("Attach", Attach(self.index, self.attempt))
+                if self._positions is not None:
+                    positions = master.stream("SourcePositions", self._positions.batches(
+                        lambda reports: SourcePositions(self.index, self.attempt, reports)))
             if reply.status == "standby":
                 log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply.reason)
                 if self.checkpoints is None:
@@ -832,8 +846,11 @@ class Worker:
                     self._metrics(), self._sink_progress()), Ack, timeout=5)
             except grpc.RpcError as err:
                 log.warning("could not report the end to the driver: %s", err)
-            if watch is not None:
-                watch.close()
+            if self._positions is not None:
+                self._positions.close()
+            for call in (positions, watch):
+                if call is not None:
+                    call.close()
             for link in self._links.values():
                 link.close()
             for peer in [*self._peers.values(), master]:

@@ -18,12 +18,31 @@ from bench.common import format_row, write_csv, write_machine  # noqa: E402
 
 @pytest.mark.parametrize("script", ["bench/baseline.py", "bench/kill_latency.py", "bench/ordering.py", "bench/mib.py",
                                     "bench/workloads.py", "bench/report.py", "bench/rhino.py", "bench/sss.py",
-                                    "bench/handover.py"])
+                                    "bench/handover.py", "bench/broker_cost.py", "bench/cpu_profile.py",
+                                    "bench/pulse_cost.py"])
 def test_benchmark_command_parses_its_arguments(script):
     proc = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--out" in proc.stdout
+
+
+def test_pulse_cost_counts_the_bytes_of_this_process_sockets_only():
+    import socket
+
+    from bench.pulse_cost import tcp_bytes_received
+
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    before = tcp_bytes_received(os.getpid())
+    peer.sendall(b"x" * 5000)
+    got = 0
+    while got < 5000:
+        got += len(client.recv(65536))
+    assert tcp_bytes_received(os.getpid()) - before >= 5000  # (both ends are ours: counted once each way)
+    for s in (client, peer, server):
+        s.close()
 
 
 def test_csv_and_machine_record(tmp_path):

@@ -61,6 +61,7 @@ def test_feeds_of_one_consumer_get_their_partitions_exactly_once_in_order(stack,
         # everything handed over: the positions are the partitions' ends
         assert (feed_a.position(0), feed_a.position(1), feed_b.position(0)) == (1500, 1500, 1000)
         assert feed_a.low_watermark(0) == 0
+        assert (feed_a.high_watermark(0), feed_a.high_watermark(1), feed_b.high_watermark(0)) == (1500, 1500, 1000)
         assert shared.assigned == 3
     finally:
         shared.close()
@@ -139,6 +140,8 @@ def test_positions_never_run_ahead_of_what_the_reader_took(stack, topic_prefix):
             for k in (0, 1):
                 assert feed.position(k) == (taken[k] if taken[k] else NO_POSITION) or \
                     (taken[k] == 0 and feed.position(k) == 0)
+                # records below it exist, taken or not (-1: nothing fetched of it yet)
+                assert feed.high_watermark(k) >= taken[k] or feed.high_watermark(k) == -1 == taken[k] - 1
         assert taken == {0: 2000, 1: 2000}
         assert (feed.position(0), feed.position(1)) == (2000, 2000)
     finally:

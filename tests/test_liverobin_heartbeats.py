@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from liverobin import LiveRobinOrderer, PulseLog, PulsePlacer, PulseRecord, next_pulse
+from liverobin.positions import PositionBoard
 from liverobin.reader import PulseReader
 from liverobin.segments import HeartbeatLog
 from merge import InputQueues
@@ -351,27 +352,35 @@ class _RecordingConsumer:
         pass
 
 
-def test_the_generator_reads_its_pulses_back_on_a_consumer_that_fetches_no_source(monkeypatch):
-    """A broker may answer the partitions of one fetch one after another (the embedded one lists a
-    long partition's every batch first): reading pulses back must not share a fetch with the
-    sources, whose high watermarks the generator follows."""
+def test_the_generator_reads_no_source_data_and_places_pulses_at_reported_positions(monkeypatch):
+    """The driver fetches nothing from the sources (its cost would grow with the input): pulses go
+    where the source replicas say records exist, the furthest report of each partition, and the
+    first pulse waits until every partition was reported (it names them all)."""
     from liverobin import generator as gen_module
 
     _RecordingConsumer.made = []
+    written: list[PulseRecord] = []
     monkeypatch.setattr(gen_module, "Consumer", _RecordingConsumer)
-    monkeypatch.setattr(gen_module, "Producer", lambda conf: type("P", (), {"poll": lambda s, t: 0,
-                                                                            "flush": lambda s, t: 0})())
+    monkeypatch.setattr(_RecordingConsumer, "get_watermark_offsets", lambda self, tp, cached=False: (0, 0))
+    monkeypatch.setattr(gen_module, "Producer", lambda conf: type("P", (), {
+        "poll": lambda s, t: 0, "flush": lambda s, t: 0,
+        "produce": lambda s, topic, value, key, partition, on_delivery: written.append(PulseRecord.decode(value)),
+    })())
+    board = PositionBoard()
+    board.update([("payments", 0, 0, 7), ("payments", 1, 0, 3)])
+    board.update([("payments", 0, 0, 5)])  # the twin, behind: the furthest report counts
     log_ = HeartbeatLog("hb")
     gen = gen_module.HeartbeatGenerator(name="g", heartbeat_log=log_, sources={"payments": [0, 1], "refunds": [0]},
-                                        starts={}, period_s=0.01, max_step=10, consumer_conf={}, producer_conf={},
-                                        create_topics=lambda topics: None).start()
+                                        positions=board, starts={}, period_s=0.01, max_step=10, consumer_conf={},
+                                        producer_conf={}, create_topics=lambda topics: None).start()
+    time.sleep(0.2)
+    assert not written  # refunds[0] not reported yet
+    board.update([("refunds", 0, 2, 2)])
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and not any(log_.topic(0) in c.assigned for c in _RecordingConsumer.made):
+    while time.monotonic() < deadline and not written:
         time.sleep(0.01)
     gen.kill()
     assert gen.error is None
-    log_readers = [c for c in _RecordingConsumer.made if c.assigned & {log_.topic(0), log_.topic(1)}]
-    source_readers = [c for c in _RecordingConsumer.made if c.assigned & {"payments", "refunds"}]
-    assert log_readers and source_readers
-    assert all(c.assigned <= {log_.topic(0), log_.topic(1)} for c in log_readers)
-    assert all(c.assigned == {"payments", "refunds"} for c in source_readers)
+    assert written[0].offsets == {"payments": {0: 7, 1: 3}, "refunds": {0: 2}}
+    assigned = set().union(*(c.assigned for c in _RecordingConsumer.made))
+    assert assigned and assigned <= {log_.topic(0), log_.topic(1)}

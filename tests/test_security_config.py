@@ -141,6 +141,7 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
     import transport.kafka_io as kafka_io
     from kazoo_leader.order_log import OrderLog
     from liverobin.generator import HeartbeatGenerator
+    from liverobin.positions import PositionBoard
     from liverobin.reader import PulseReader
     from liverobin.segments import HeartbeatLog
 
@@ -173,7 +174,8 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
         assert role in made, role
     made["order log reader"] = OrderLog(cfg.kafka_consumer_config(), cfg.kafka_producer_config())._consumer_conf
     made["order log writer"] = OrderLog(cfg.kafka_consumer_config(), cfg.kafka_producer_config())._producer_conf
-    generator = HeartbeatGenerator(name="g", heartbeat_log=HeartbeatLog("hb"), sources={}, starts={}, period_s=0.01,
+    generator = HeartbeatGenerator(name="g", heartbeat_log=HeartbeatLog("hb"), sources={}, positions=PositionBoard(),
+                                   starts={}, period_s=0.01,
                                    max_step=10, consumer_conf=cfg.kafka_consumer_config(),
                                    producer_conf=cfg.kafka_producer_config(), create_topics=lambda topics: None)
     made["pulse generator reader"], made["pulse generator writer"] = generator._consumer_conf, generator._producer_conf

@@ -68,6 +68,7 @@ class PartitionFeed:
         self._appended: dict[int, int] = {k: o for k, o in starts.items() if o >= 0}
         self._fetched: dict[int, int] = {}  # the consumer's position, recorded with the last append
         self._low: dict[int, int] = {}
+        self._high: dict[int, int] = {}
         self._woken = False
         self.reader_paused = False  # the reader asked for a pause (it holds records of its own)
         self.full = False  # paused by the fetch thread: more than ``limit`` buffered
@@ -114,6 +115,12 @@ class PartitionFeed:
         with self._cond:
             return self._low.get(partition, -1)
 
+    def high_watermark(self, partition: int) -> int:
+        """The partition's high watermark from the last fetch (-1: none yet): every record below
+        it exists, read by this feed or not."""
+        with self._cond:
+            return self._high.get(partition, -1)
+
     def pause(self) -> None:
         """Stop fetching for this feed (what is buffered can still be consumed)."""
         if not self.reader_paused:
@@ -150,7 +157,8 @@ class PartitionFeed:
         return len(self._buffer) > (self.limit // 2 if self.full else self.limit)
 
     # -- the fetch thread ---------------------------------------------------------------------
-    def _append(self, messages: list[Any], fetched: Mapping[int, int], low: Mapping[int, int]) -> None:
+    def _append(self, messages: list[Any], fetched: Mapping[int, int], low: Mapping[int, int],
+                high: Mapping[int, int]) -> None:
         """Hand ``messages`` over and record where the consumer is."""
         with self._cond:
             if self.closed:
@@ -165,6 +173,7 @@ class PartitionFeed:
                 self._buffer.append(msg)
             self._fetched.update(fetched)
             self._low.update(low)
+            self._high.update(high)
             if messages:
                 self._cond.notify_all()
 
@@ -309,15 +318,17 @@ class SharedConsumer:
         tps = [TopicPartition(t, k) for t, k in self._owners]
         fetched = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps) if tp.offset >= 0}
         for feed in feeds.values():
-            positions, lows = {}, {}
+            positions, lows, highs = {}, {}, {}
             for k in feed.partitions:
                 if self._owners.get((feed.topic, k)) is not feed:
                     continue  # taken over by a newer feed: this one gets nothing more of it
                 if (feed.topic, k) in fetched:
                     positions[k] = fetched[(feed.topic, k)]
-                low = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), cached=True)[0]
+                low, high = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), cached=True)
                 if low >= 0:
                     lows[k] = low
-            feed._append(by_feed.get(feed.id, []), positions, lows)
+                if high >= 0:
+                    highs[k] = high
+            feed._append(by_feed.get(feed.id, []), positions, lows, highs)
             if feed._over_limit() != feed.full:
                 self._apply(consumer, feed)
