@@ -10,7 +10,9 @@ before placing it (:attr:`liverobin.heartbeats.PulsePlacer.needs_records`), as i
 generator followed the sources itself.
 
 * :class:`PositionOutbox` (a worker): the latest position of each partition its sources read,
-  coalesced, handed out at most once per period; nothing while no position moves.
+  coalesced, handed out at most once per period; nothing while no position moves.  A new sender
+  (the stream to the driver broke and was opened again) starts with every position known, and
+  the one before it stops.
 * :class:`PositionBoard` (the driver): the furthest position reported per partition, and where
   the first report said that partition's reading starts (the generator bounds its first pulse's
   step from there).
@@ -38,8 +40,10 @@ class PositionOutbox:
     def __init__(self, period_s: float) -> None:
         self.period_s = period_s
         self._cond = threading.Condition()
-        self._pending: dict[tuple[str, int], tuple[int, int]] = {}
+        self._known: dict[tuple[str, int], tuple[int, int]] = {}
+        self._pending: set[tuple[str, int]] = set()  # moved since last handed out
         self._closed = False
+        self._sender = 0  # the generation of the current :meth:`batches`
         self.sent = 0  # batches handed out
 
     def report(self, topic: str, partition: int, start: int, position: int) -> None:
@@ -47,11 +51,14 @@ class PositionOutbox:
         reading from ``start`` saw it)."""
         key = (topic, partition)
         with self._cond:
-            known = self._pending.get(key)
+            known = self._known.get(key)
             if known is not None:
-                start, position = min(start, known[0]), max(position, known[1])
-            self._pending[key] = (start, position)
-            self._cond.notify()
+                if position <= known[1]:
+                    return
+                start = min(start, known[0])
+            self._known[key] = (start, position)
+            self._pending.add(key)
+            self._cond.notify_all()
 
     def close(self) -> None:
         """End :meth:`batches` (at once, also while it waits)."""
@@ -60,19 +67,27 @@ class PositionOutbox:
             self._cond.notify_all()
 
     def batches(self, wrap: Callable[[list[Report]], M]) -> Iterator[M]:
-        """The reports, each batch wrapped by ``wrap``: blocks while there are none, hands the
-        first after a quiet spell at once and the next ones no sooner than a period apart; ends
-        once closed."""
+        """The reports, each batch wrapped by ``wrap``: every position known first, then what
+        moved; blocks while nothing did, hands the first batch after a quiet spell at once and
+        the next ones no sooner than a period apart; ends once closed or once a newer
+        :meth:`batches` started (what it had not handed out goes to the newer one)."""
+        with self._cond:
+            self._sender = generation = self._sender + 1
+            self._pending |= set(self._known)
+
+        def stopped() -> bool:
+            return self._closed or self._sender != generation
+
         last = -self.period_s
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._closed)
-                if self._closed:
+                self._cond.wait_for(lambda: self._pending or stopped())
+                if stopped():
                     return
                 delay = last + self.period_s - time.monotonic()
-                if delay > 0 and self._cond.wait_for(lambda: self._closed, delay):
+                if delay > 0 and self._cond.wait_for(stopped, delay):
                     return
-                batch = [(t, k, start, pos) for (t, k), (start, pos) in self._pending.items()]
+                batch = [(t, k, *self._known[(t, k)]) for t, k in sorted(self._pending)]
                 self._pending.clear()
             last = time.monotonic()
             self.sent += 1

@@ -234,6 +234,7 @@ class Worker:
         # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin; KaZoo windows)
         self._positions = PositionOutbox(self.cfg.liverobin_heartbeat_period_ms / 1000) \
             if self.plan.heartbeat_log is not None else None
+        self._position_stream: rpc.OpenCall | None = None
 
     def pulse_reader(self) -> PulseReader:
         """The worker's reader of the LiveRobin heartbeat log (shared by its source replicas)."""
@@ -247,6 +248,18 @@ class Worker:
         """A hosted source replica read ``partition`` of ``topic`` up to ``position`` (from ``start``)."""
         if self._positions is not None:
             self._positions.report(topic, partition, start, position)
+
+    def _stream_positions(self, master: rpc.Peer) -> None:
+        """Keep the stream of the hosted sources' positions to the driver open: opened again (from
+        every position known) when it ended while this attempt runs, or a source's last position
+        might never reach the generators."""
+        call = self._position_stream
+        if self._positions is None or self._stopping.is_set() or (call is not None and not call.ended):
+            return
+        if call is not None:
+            log.warning("worker %d: the stream of source positions to the driver ended: opening it again", self.index)
+        self._position_stream = master.stream("SourcePositions", self._positions.batches(
+            lambda reports: SourcePositions(self.index, self.attempt, reports)))
 
     def source_consumer(self) -> SharedConsumer:
         """The worker's one Kafka consumer, shared by the source replicas it hosts (each reads
@@ -768,7 +781,6 @@ class Worker:
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
         watch: rpc.OpenCall | None = None  # held while this attempt runs: the driver sees its process exit at once
-        positions: rpc.OpenCall | None = None
         report = self._report("aborted")
         try:
             address = host_port(bind_host if bind_host not in ("0.0.0.0", "::") else local_advertise_host(master_host),
@@ -780,9 +792,7 @@ class Worker:
                                 timeout=self.cfg.start_timeout_ms / 1000)
             if reply.status in ("ok", "standby"):
                 watch = master.watch("Attach", Attach(self.index, self.attempt))
-                if self._positions is not None:
-                    positions = master.stream("SourcePositions", self._positions.batches(
-                        lambda reports: SourcePositions(self.index, self.attempt, reports)))
+                self._stream_positions(master)
             if reply.status == "standby":
                 log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply.reason)
                 if self.checkpoints is None:
@@ -848,7 +858,7 @@ class Worker:
                 log.warning("could not report the end to the driver: %s", err)
             if self._positions is not None:
                 self._positions.close()
-            for call in (positions, watch):
+            for call in (self._position_stream, watch):
                 if call is not None:
                     call.close()
             for link in self._links.values():
@@ -926,6 +936,7 @@ class Worker:
             last = started
             done = self._all_finished()
             reply = self._heartbeat(master, with_metrics=done or started >= next_metrics)
+            self._stream_positions(master)
             if time.monotonic() - started > 1.0:
                 log.warning("heartbeat of worker %d took %.2fs", self.index, time.monotonic() - started)
             if started >= next_metrics:

@@ -65,3 +65,19 @@ def test_the_outbox_hands_nothing_until_something_is_reported_and_paces_batches(
     outbox.close()  # ... unless closed
     reader.join(10)
     assert taken.is_set()
+
+
+def test_a_new_sender_starts_with_every_position_known_and_the_old_one_stops():
+    """The stream to the driver broke and is opened again: a partition that stopped moving must
+    still reach the generators, whatever the old sender had taken."""
+    outbox = PositionOutbox(period_s=0.0)
+    outbox.report("a", 0, 0, 5)
+    outbox.report("a", 1, 0, 7)
+    old = outbox.batches(list)
+    assert next(old) == [("a", 0, 0, 5), ("a", 1, 0, 7)]
+    new = outbox.batches(list)
+    assert next(new) == [("a", 0, 0, 5), ("a", 1, 0, 7)]
+    assert next(old, None) is None
+    outbox.report("a", 1, 0, 9)
+    outbox.report("a", 1, 0, 8)  # behind what is known: nothing to send
+    assert next(new) == [("a", 1, 0, 9)]

@@ -203,3 +203,38 @@ def test_a_standby_s_zookeeper_session_is_opened_once_whoever_asks_first(monkeyp
         opener.join(5)
         assert got.started and worker._election is got
         assert len(clients) == (2 if fail_first else 1)
+
+
+def test_the_position_stream_is_opened_again_when_it_ended():
+    from liverobin.positions import PositionOutbox
+
+    class Call:
+        def __init__(self, messages):
+            self.messages, self.ended = messages, False
+
+    class Master:
+        def __init__(self):
+            self.calls: list[Call] = []
+
+        def stream(self, method, messages):
+            assert method == "SourcePositions"
+            self.calls.append(Call(messages))
+            return self.calls[-1]
+
+    outbox = PositionOutbox(period_s=0.0)
+    outbox.report("t", 0, 0, 3)
+    fake = SimpleNamespace(_positions=outbox, _stopping=threading.Event(), _position_stream=None, index=2,
+                           attempt=0)
+    master = Master()
+    Worker._stream_positions(fake, master)
+    Worker._stream_positions(fake, master)  # open: nothing to do
+    assert len(master.calls) == 1 and next(master.calls[0].messages).positions == [("t", 0, 0, 3)]
+    master.calls[0].ended = True
+    Worker._stream_positions(fake, master)
+    assert len(master.calls) == 2
+    first = next(master.calls[1].messages)
+    assert (first.worker, first.positions) == (2, [("t", 0, 0, 3)])  # everything known, again
+    fake._stopping.set()
+    master.calls[1].ended = True
+    Worker._stream_positions(fake, master)  # stopping: not again
+    assert len(master.calls) == 2
