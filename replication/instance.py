@@ -823,9 +823,18 @@ class SourceInstance(PartitionInstance):
 
     def _open_feed(self) -> PartitionFeed:
         """This replica's partitions, read through the worker's one source consumer."""
+        # LiveRobin: the fetch thread reports where records exist at once; waiting for this thread
+        # would wait for a pulse, which waits for the report
+        on_high = self._report_high if self._pulses is not None and self._windows is None else None
         return self.worker.source_consumer().open(
             self.topic, {k: self.start_offsets.get(k, OFFSET_BEGINNING) for k in self.kafka_partitions},
-            limit=self._hold_limit)
+            limit=self._hold_limit, on_high=on_high)
+
+    def _report_high(self, k: int, low: int, high: int) -> None:
+        """(The fetch thread) every record of Kafka partition ``k`` below ``high`` exists."""
+        start = self.start_offsets.get(k, low)
+        if start >= 0:
+            self.worker.report_position(self.topic, k, start, high)
 
     def wake(self) -> None:
         feed = self._reading

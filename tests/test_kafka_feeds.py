@@ -52,7 +52,8 @@ def test_feeds_of_one_consumer_get_their_partitions_exactly_once_in_order(stack,
     assert shared.polls == 0  # no feed: no thread, no fetch
     try:
         feed_a = shared.open(a, {0: OFFSET_BEGINNING, 1: 500}, limit=10_000)
-        feed_b = shared.open(b, {0: 200}, limit=10_000)
+        highs: list[tuple[int, int, int]] = []
+        feed_b = shared.open(b, {0: 200}, limit=10_000, on_high=lambda *told: highs.append(told))
         got_a, got_b = _read(feed_a, 2500), _read(feed_b, 800)
         assert [o for k, o in got_a if k == 0] == list(range(1500))
         assert [o for k, o in got_a if k == 1] == list(range(500, 1500))
@@ -62,6 +63,7 @@ def test_feeds_of_one_consumer_get_their_partitions_exactly_once_in_order(stack,
         assert (feed_a.position(0), feed_a.position(1), feed_b.position(0)) == (1500, 1500, 1000)
         assert feed_a.low_watermark(0) == 0
         assert (feed_a.high_watermark(0), feed_a.high_watermark(1), feed_b.high_watermark(0)) == (1500, 1500, 1000)
+        assert highs == [(0, 0, 1000)]  # told once: the high watermark moved once (the topic was written before)
         assert shared.assigned == 3
     finally:
         shared.close()

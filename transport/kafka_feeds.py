@@ -23,7 +23,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -41,6 +41,11 @@ POLL_BATCH = 2000
 NO_POSITION = -1001
 
 
+# (partition, low watermark, high watermark), called by the fetch thread when a fetch moved the high
+# watermark: every record below it exists, whether the feed's reader took it or not
+HighWatermarkCallback = Callable[[int, int, int], None]
+
+
 class FeedClosed(RuntimeError):
     """The feed was closed, or its consumer stopped."""
 
@@ -52,8 +57,9 @@ class PartitionFeed:
     ``pause``, ``resume`` and ``close`` are for the reader; the fetch thread appends."""
 
     def __init__(self, owner: SharedConsumer, feed_id: int, topic: str, starts: Mapping[int, int],
-                 limit: int) -> None:
+                 limit: int, on_high: HighWatermarkCallback | None = None) -> None:
         self._owner = owner
+        self.on_high = on_high
         self.id = feed_id
         self.topic = topic
         self.partitions = list(starts)
@@ -158,11 +164,13 @@ class PartitionFeed:
 
     # -- the fetch thread ---------------------------------------------------------------------
     def _append(self, messages: list[Any], fetched: Mapping[int, int], low: Mapping[int, int],
-                high: Mapping[int, int]) -> None:
-        """Hand ``messages`` over and record where the consumer is."""
+                high: Mapping[int, int]) -> list[int]:
+        """Hand ``messages`` over and record where the consumer is; the partitions whose high
+        watermark moved."""
         with self._cond:
             if self.closed:
-                return
+                return []
+            moved = [k for k, h in high.items() if h > self._high.get(k, -1)]
             for msg in messages:
                 k = msg.partition()
                 if msg.error() is None:
@@ -176,6 +184,7 @@ class PartitionFeed:
             self._high.update(high)
             if messages:
                 self._cond.notify_all()
+            return moved
 
     def _fail(self, error: str) -> None:
         with self._cond:
@@ -202,11 +211,14 @@ class SharedConsumer:
         self.error: str | None = None
         self.polls = 0  # polls made (for tests and profiles)
 
-    def open(self, topic: str, starts: Mapping[int, int], limit: int) -> PartitionFeed:
+    def open(self, topic: str, starts: Mapping[int, int], limit: int,
+             on_high: HighWatermarkCallback | None = None) -> PartitionFeed:
         """A feed of ``topic``'s partitions, each read from its start offset (negative:
         librdkafka's logical offsets, e.g. ``OFFSET_BEGINNING``).  A partition another feed
-        reads is taken from it (that feed gets nothing more from it)."""
-        feed = PartitionFeed(self, next(self._ids), topic, starts, limit)
+        reads is taken from it (that feed gets nothing more from it).  ``on_high`` is told, on
+        the fetch thread, each time a fetch moves a partition's high watermark (it must not
+        block)."""
+        feed = PartitionFeed(self, next(self._ids), topic, starts, limit, on_high)
         with self._lock:
             if self._stop.is_set():
                 raise FeedClosed(f"{self.name}: the consumer is closed")
@@ -329,6 +341,9 @@ class SharedConsumer:
                     lows[k] = low
                 if high >= 0:
                     highs[k] = high
-            feed._append(by_feed.get(feed.id, []), positions, lows, highs)
+            moved = feed._append(by_feed.get(feed.id, []), positions, lows, highs)
+            if feed.on_high is not None:
+                for k in moved:
+                    feed.on_high(k, lows.get(k, -1), highs[k])
             if feed._over_limit() != feed.full:
                 self._apply(consumer, feed)
