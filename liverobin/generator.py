@@ -18,6 +18,10 @@ make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` an
 * while no source partition grows it writes a pulse only once a second: with every record
   already placed before the last pulse, no merge waits for another one (unless told to be
   :meth:`eager`: a handover waits for pulses);
+* while no partition grows, once every pulse of its own was read back and no other generator's
+  was read for a while, it stops fetching the log until it writes the next one (an idle job's
+  log costs the broker a fetch or two a second, not one per fetch wait); a new generator's
+  pulses are read then, and whichever record of an ``h`` came first counts;
 * on a drain it writes one *final* pulse at the end offsets a fetch made after the drain request
   shows (the one time it reads the sources); they end right after it, at the same position on
   both replicas.
@@ -55,6 +59,8 @@ IN_FLIGHT_TIMEOUT_S = 2.0
 IDLE_PULSE_EVERY_S = 1.0
 # The heartbeat log's fetch long-poll: how soon a pulse written is seen counted.
 FETCH_WAIT_MS = 5
+# While another generator's pulses were read this recently, keep reading the log between our own.
+OTHERS_RECENT_S = 2.0
 # librdkafka takes poll timeouts in whole milliseconds (a shorter one is 0): waiting for a tick
 # less than this away would spin.
 MIN_WAIT_S = 0.001
@@ -167,6 +173,10 @@ class HeartbeatGenerator:
         next_tick = time.monotonic()
         last_write = 0.0
         blocked = False  # a pulse is due but must wait for the log (or a fetch): sleep until it moves
+        caught_up = False  # the log was read to its end once (the largest h there is known)
+        paused = False  # no fetches of the log while none of our pulses is out
+        quiet = False  # the last pulse due placed nothing new (an idle job)
+        others_at = -OTHERS_RECENT_S  # when a pulse of another generator was last read
         try:
             while not self._stop.is_set() and not self.pulses.final:
                 # never poll with a zero timeout while there is nothing to do: with one the loop spun
@@ -180,6 +190,9 @@ class HeartbeatGenerator:
                 blocked = False
                 if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
                     segments = self._follow(consumer)
+                    if paused:  # (a partition assigned again stays paused)
+                        consumer.resume(self._assigned(segments))
+                        paused = False
                 for msg in consume_ready(consumer, 1000, wait):
                     segment = segments.get(msg.topic())
                     if msg.error() is not None or segment is None:
@@ -190,6 +203,8 @@ class HeartbeatGenerator:
                         log.error("heartbeat log %s offset %d skipped: %s", msg.topic(), msg.offset(), exc)
                         continue
                     cursor.add(segment, record)
+                    if record.generator != self.name:
+                        others_at = time.monotonic()
                     # ours came back (counted, or beaten by another generator's record of that h)
                     in_flight = [(r, t) for r, t in in_flight if r.h > record.h]
                     if self._last_h and self.pulses.last_h >= self._last_h:
@@ -198,6 +213,12 @@ class HeartbeatGenerator:
                             self._closed.notify_all()
                 producer.poll(0)
                 now = time.monotonic()
+                in_flight = [(r, t) for r, t in in_flight if now - t < IN_FLIGHT_TIMEOUT_S]
+                if caught_up and quiet and not in_flight and not paused and now - others_at > OTHERS_RECENT_S:
+                    # idle, and every pulse of ours read back: nothing to wait for in the log until
+                    # the next one (a new generator's pulses are read then; the first of each h counts)
+                    consumer.pause(self._assigned(segments))
+                    paused = True
                 window = self._window
                 if self.windowed:
                     if window is None:
@@ -210,7 +231,6 @@ class HeartbeatGenerator:
                         self._last_h = 0  # it was lost: write the last pulse again
                 if now < next_tick:
                     continue
-                in_flight = [(r, t) for r, t in in_flight if now - t < IN_FLIGHT_TIMEOUT_S]
                 blocked = True  # until a pulse is written below
                 if len(in_flight) >= MAX_IN_FLIGHT:
                     continue
@@ -218,6 +238,7 @@ class HeartbeatGenerator:
                 log_end = consumer.get_watermark_offsets(hb, cached=True)[1]
                 if log_end < 0 or cursor.next_offset(cursor.segment) < log_end:
                     continue  # read the log to its end first: continue after its largest h
+                caught_up = True
                 ends = self._ends(window[1] if window else None)
                 if ends is None:
                     continue
@@ -242,7 +263,9 @@ class HeartbeatGenerator:
                 if (not record.final and not _moves(record, base) and now - last_write < IDLE_PULSE_EVERY_S
                         and now >= self._eager_until and window is None):
                     next_tick = max(next_tick + self.period_s, now)
+                    quiet = True
                     continue
+                quiet = False
                 last_write = now
                 segment = self.log.segment_of(record.h)
                 if self._created < segment + 2:  # readers of this segment read the next one ahead
@@ -252,6 +275,9 @@ class HeartbeatGenerator:
                                  partition=0, on_delivery=_report_failure)
                 self.written += 1
                 in_flight.append((record, now))
+                if paused:
+                    consumer.resume(self._assigned(segments))
+                    paused = False
                 if record.last:
                     self._last_h = record.h
                 next_tick = now if behind or finishing else max(next_tick + self.period_s, now)
@@ -264,6 +290,10 @@ class HeartbeatGenerator:
         positions = self.cursor.positions()
         consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()])
         return {topic: self.cursor.segment + i for i, topic in enumerate(positions)}
+
+    @staticmethod
+    def _assigned(segments: dict[str, int]) -> list[TopicPartition]:
+        return [TopicPartition(topic, 0) for topic in segments]
 
     def _with_final_ends(self, ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
         """``ends``, raised to what fetches made after the drain request tell: the sources may not

@@ -339,6 +339,12 @@ class _RecordingConsumer:
     def assign(self, tps: list) -> None:
         self.assigned |= {tp.topic for tp in tps}
 
+    def pause(self, tps: list) -> None:
+        pass
+
+    def resume(self, tps: list) -> None:
+        pass
+
     def poll(self, timeout: float) -> None:
         time.sleep(min(timeout, 0.005))
 
