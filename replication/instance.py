@@ -780,7 +780,6 @@ class SourceInstance(PartitionInstance):
         self._reader: Any = None  # a restored replica's own reader of the heartbeat log
         self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
         self._reading: PartitionFeed | None = None  # while the loop runs
-        self._position_reported = -1  # the last position told to the heartbeat generators
 
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
         rt = super().restore_from(meta, state_dir)
@@ -825,16 +824,19 @@ class SourceInstance(PartitionInstance):
         """This replica's partitions, read through the worker's one source consumer."""
         # LiveRobin: the fetch thread reports where records exist at once; waiting for this thread
         # would wait for a pulse, which waits for the report
-        on_high = self._report_high if self._pulses is not None and self._windows is None else None
+        on_high = self._report_position if self._pulses is not None and self._windows is None else None
         return self.worker.source_consumer().open(
             self.topic, {k: self.start_offsets.get(k, OFFSET_BEGINNING) for k in self.kafka_partitions},
             limit=self._hold_limit, on_high=on_high)
 
-    def _report_high(self, k: int, low: int, high: int) -> None:
-        """(The fetch thread) every record of Kafka partition ``k`` below ``high`` exists."""
+    def _report_position(self, k: int, low: int, position: int) -> None:
+        """Every record of Kafka partition ``k`` below ``position`` exists: the heartbeat
+        generators place pulses there (the worker's outbox drops a report that moves nothing).
+        Not before a fetch told where the partition starts (``low``), if the plan does not.
+        Called by the fetch thread in LiveRobin, by this replica's thread in a KaZoo window."""
         start = self.start_offsets.get(k, low)
         if start >= 0:
-            self.worker.report_position(self.topic, k, start, high)
+            self.worker.report_position(self.topic, k, start, position)
 
     def wake(self) -> None:
         feed = self._reading
@@ -991,20 +993,6 @@ class SourceInstance(PartitionInstance):
         k = self.kafka_partitions[0]
         return PulsePlacer(self.topic, k, fetched_to=self.start_offsets.get(k, 0))
 
-    def _report_position(self, placer: PulsePlacer, feed: PartitionFeed) -> None:
-        """Tell the heartbeat generators, when it moved, below which offset every record of this
-        replica's partition exists (what it read, or its fetches' high watermark): they place
-        pulses there.  Not before a fetch told where the partition starts, if the plan does not."""
-        k = placer.partition
-        position = max(placer.fetched_to, feed.high_watermark(k))
-        if position == self._position_reported:
-            return
-        start = self.start_offsets.get(k, feed.low_watermark(k))
-        if start < 0:
-            return
-        self._position_reported = position
-        self.worker.report_position(self.topic, k, start, position)
-
     # -- KaZoo: pulse windows ----------------------------------------------------------------
     def _window_changed(self, placer: PulsePlacer | None, feed: PartitionFeed) -> PulsePlacer | None:
         """The driver's word on the pulse window changed: start holding (and report where this
@@ -1119,7 +1107,9 @@ class SourceInstance(PartitionInstance):
             low = feed.low_watermark(placer.partition)
             if low >= 0:
                 placer.fetched(low)  # nothing below the low watermark exists
-        self._report_position(placer, feed)
+        if self._windows is not None:  # (LiveRobin: the fetch thread reports, see _open_feed)
+            k = placer.partition
+            self._report_position(k, feed.low_watermark(k), max(placer.fetched_to, feed.high_watermark(k)))
         for kind, item in placer.take():
             if kind == PULSE_ITEM:
                 h, final = item

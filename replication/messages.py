@@ -48,9 +48,9 @@ class Attach:
 @wire.record
 @dataclass(frozen=True)
 class SourcePositions:
-    """How far a worker's source replicas have read (``SourcePositions``, a stream): for each
-    Kafka partition (topic, partition, where reading started, the offset every record below which
-    was read); the heartbeat generators place pulses there (:mod:`liverobin.positions`)."""
+    """Where a worker's source replicas know records exist (``SourcePositions``, a stream): for
+    each Kafka partition (topic, partition, where reading started, an offset every record below
+    which exists); the heartbeat generators place pulses there (:mod:`liverobin.positions`)."""
 
     worker: int
     attempt: int

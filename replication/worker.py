@@ -245,7 +245,8 @@ class Worker:
         return self._pulse_reader
 
     def report_position(self, topic: str, partition: int, start: int, position: int) -> None:
-        """A hosted source replica read ``partition`` of ``topic`` up to ``position`` (from ``start``)."""
+        """Every record of ``partition`` of ``topic`` below ``position`` exists (a hosted source
+        replica reading it from ``start`` saw it)."""
         if self._positions is not None:
             self._positions.report(topic, partition, start, position)
 
