@@ -29,6 +29,7 @@ from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
+from replication.liveness import silent_workers
 from replication.messages import (
     Ack,
     Attach,
@@ -676,13 +677,17 @@ class JobMaster:
                     for info in self.workers.values():
                         info.last_seen = max(info.last_seen, now)
                 last_round = now
+                silence: dict[int, float] = {}
                 for w, info in list(self.workers.items()):
                     if not self._liveness_counts(w, info):
                         continue
                     if alive_executors is not None and info.executor not in alive_executors:
                         self._declare_dead(w, f"executor {info.executor} left the cluster")
-                    elif now - info.last_seen > self.failure_timeout_s:
-                        self._declare_dead(w, f"silent for {now - info.last_seen:.1f}s")
+                    else:
+                        silence[w] = now - info.last_seen
+                for w in silent_workers(silence, self.failure_timeout_s):
+                    if self._liveness_counts(w, self.workers[w]):
+                        self._declare_dead(w, f"silent for {silence[w]:.1f}s")
                 if self.rhino is not None and self.lost and not self._restoring:
                     self._start_restores()
                 if self._status_dirty and time.monotonic() - self._status_written >= 0.5 and self.job_name:

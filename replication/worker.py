@@ -369,8 +369,13 @@ class Worker:
         for (task_id, part, replica), w in sorted(self.boot.placement.items()):
             if w == self.index:
                 self.instances[(task_id, part)] = self._instance(task_id, part, replica)
-        for inst in self.instances.values():
+        for inst in self._hosted():
             inst.build(self._outputs(inst, self.boot.placement, {}))
+
+    def _hosted(self) -> list[PartitionInstance]:
+        """The instances hosted now, as a copy: restores add and removals drop instances from
+        other threads while the heartbeat loop and shutdown go through them."""
+        return list(self.instances.values())
 
     def _instance(self, task_id: int, part: int, replica: int, restoring: bool = False) -> PartitionInstance:
         task = self.plan.task(task_id)
@@ -462,7 +467,7 @@ class Worker:
                 self._placement[(task_id, part, replica)] = w
                 self._moves_known[(task_id, part, replica)] = (w, dict(positions))
             self.dead_workers.discard(w)  # relaunched: a replica lives there now
-            for inst in list(self.instances.values()):
+            for inst in list(self._hosted()):
                 for ch in inst.outputs:
                     if (ch.spec.dst_task, ch.spec.dst_partition) == (task_id, part):
                         self._rejoin(ch, replica, w, positions)
@@ -520,7 +525,7 @@ class Worker:
     def _apply_handovers(self, orders: list[dict]) -> None:
         for wired in orders:
             order = order_from_wire(wired)
-            for inst in list(self.instances.values()):
+            for inst in list(self._hosted()):
                 inst.apply_handover(order)
 
     def send_handover_state(self, order: HandoverOrder, origin: int, per_target: dict[int, TargetCut]) -> int:
@@ -633,7 +638,7 @@ class Worker:
 
     def _fetch_overdue_cuts(self) -> None:
         """Target replicas waiting at a release pulse for a cut that does not come: fetch it."""
-        for inst in list(self.instances.values()):
+        for inst in list(self._hosted()):
             if inst.handovers is None or not inst.handovers.missing_cuts(CUT_OVERDUE_S):
                 continue
             with self._lock:
@@ -727,21 +732,21 @@ class Worker:
             self.finished_workers.add(w)
             for ch, r in self._transports_to.get(w, ()):
                 ch.retire(r, worker=w)
-        for inst in list(self.instances.values()):
+        for inst in list(self._hosted()):
             self._apply_roles(reply.sinks, inst)
         if reply.handovers:
             self._apply_handovers(reply.handovers)
         self._learn_savepoint(reply)
         for task, request in reply.measure_state.items():
-            for inst in list(self.instances.values()):
+            for inst in list(self._hosted()):
                 if inst.task.id == task:
                     inst.measure_request = max(inst.measure_request, request)
         if reply.retained_handovers is not None:  # Rhino: the cuts origins keep for restored targets
             retained = set(reply.retained_handovers)
-            for inst in list(self.instances.values()):
+            for inst in list(self._hosted()):
                 if inst.handovers is not None:
                     inst.handovers.forget_kept(retained)
-        for inst in list(self.instances.values()):
+        for inst in list(self._hosted()):
             if isinstance(inst, SourceInstance):
                 if reply.pulse_window:
                     inst.pending_window = tuple(reply.pulse_window)
@@ -756,7 +761,7 @@ class Worker:
         then confirm it to the driver, which waits for every worker, a standby's too)."""
         if reply.savepoint and self._savepoint is None:
             self._savepoint = reply.savepoint
-            for inst in list(self.instances.values()):
+            for inst in list(self._hosted()):
                 inst.savepoint_dir = self._savepoint
 
     @staticmethod
@@ -820,7 +825,7 @@ class Worker:
                 self._order_log.start()
             if self._election is not None:
                 self._election.start(timeout_s=self.cfg.start_timeout_ms / 1000)
-            for inst in self.instances.values():
+            for inst in self._hosted():
                 inst.start()
             report = self._serve(master)
             return report
@@ -832,9 +837,9 @@ class Worker:
             evicted = report.get("status") == "evicted"
             if evicted and self._election is not None:
                 self._election.close()  # first: an evicted worker leaves its elections before anything slow
-            for inst in self.instances.values():
+            for inst in self._hosted():
                 inst.request_stop()
-            for inst in self.instances.values():
+            for inst in self._hosted():
                 inst.join(5)
             for reader in [*self._own_pulse_readers, *([self._pulse_reader] if self._pulse_reader else [])]:
                 reader.close()
@@ -869,7 +874,7 @@ class Worker:
             shutil.rmtree(self.state_root, ignore_errors=True)
 
     def _metrics(self) -> dict[str, Any]:
-        return {inst.name: inst.metrics for inst in self.instances.values()}
+        return {inst.name: inst.metrics for inst in self._hosted()}
 
     def _catching_up_metrics(self) -> dict[str, Any] | None:
         """The metrics of the replicas restored here in the last :data:`RESTORED_REPORT_S`."""
@@ -887,9 +892,9 @@ class Worker:
                 for w in inst.writers if w.fenced_at >= 0}
 
     def _heartbeat(self, master: rpc.Peer, with_metrics: bool) -> Instructions | None:
-        for inst in list(self.instances.values()):
+        for inst in list(self._hosted()):
             self._unsent_acks += inst.take_handover_acks()
-        sources = [inst for inst in list(self.instances.values()) if isinstance(inst, SourceInstance)]
+        sources = [inst for inst in list(self._hosted()) if isinstance(inst, SourceInstance)]
         with self._lock:
             cut_offs = dict(self._cut_offs)
         holding = {(inst.task.id, inst.partition, inst.replica): inst.holding for inst in sources
@@ -898,7 +903,7 @@ class Worker:
                            if inst.drain_position is not None and inst.drain_at is None}
         req = Heartbeat(
             self.index, self.attempt, sinks=self._sink_progress(),
-            errors=[inst.error for inst in self.instances.values() if inst.error],
+            errors=[inst.error for inst in self._hosted() if inst.error],
             checkpoints=self.checkpoints.report() if self.checkpoints is not None else None,
             metrics=self._metrics() if with_metrics else self._catching_up_metrics(), holding=holding,
             handover_acks=list(self._unsent_acks), savepoint_armed=self._savepoint, drain_positions=drain_positions,
@@ -919,7 +924,7 @@ class Worker:
 
     def _all_finished(self) -> bool:
         # (a standby hosts nothing until a replica is restored here)
-        return bool(self.instances) and all(inst.finished.is_set() for inst in list(self.instances.values()))
+        return bool(self.instances) and all(inst.finished.is_set() for inst in list(self._hosted()))
 
     def _beat(self, master: rpc.Peer, stop: threading.Event, mailbox: _Mailbox) -> None:
         """The liveness loop: a heartbeat every interval, whatever the main loop is busy with
@@ -971,12 +976,12 @@ class Worker:
                     log.error("worker %d was declared dead while it was unresponsive: stopping at once", self.index)
                     return self._report("evicted")
                 self._apply(reply)
-                errors = [inst.error for inst in self.instances.values() if inst.error]
+                errors = [inst.error for inst in self._hosted() if inst.error]
                 if errors:
                     return self._report("failed", errors=errors)
                 command = reply.command
                 if command == "drain":
-                    for inst in self.instances.values():
+                    for inst in self._hosted():
                         if isinstance(inst, SourceInstance):
                             inst.request_drain()
                 elif command == "stop":

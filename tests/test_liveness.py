@@ -1,0 +1,74 @@
+"""Which silent workers the failure detector declares dead (replication.liveness), and the job
+master applying it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replication.liveness import SHARED_SILENCE_FACTOR, silent_workers
+from tests.test_job_master import _master
+
+
+def test_a_worker_silent_alone_is_declared_at_the_timeout():
+    assert silent_workers({0: 0.1, 1: 2.5, 2: 0.3}, 2.0) == [1]
+    assert silent_workers({0: 0.1, 1: 1.9, 2: 0.3}, 2.0) == []
+
+
+def test_a_silence_most_workers_share_is_held_to_the_longer_timeout():
+    assert silent_workers({0: 2.5, 1: 2.5, 2: 0.3}, 2.0) == []
+    assert silent_workers({0: 2.5, 1: 2.5, 2: 2.5}, 2.0) == []
+    assert silent_workers({0: 8.5, 1: 2.5, 2: 8.1}, 2.0) == [0, 2]
+    assert silent_workers({0: 2.5, 1: 2.5, 2: 0.3, 3: 0.2}, 2.0) == [0, 1]  # half, not most
+
+
+silences = st.dictionaries(st.integers(0, 9), st.floats(0, 30, allow_nan=False), max_size=10)
+
+
+@given(silences, st.floats(0.1, 5))
+def test_the_declared_are_silent_past_the_timeout_and_a_long_silence_always_counts(silence, timeout):
+    declared = silent_workers(silence, timeout)
+    assert all(silence[w] > timeout for w in declared)
+    assert all(w in declared for w, s in silence.items() if s > timeout * SHARED_SILENCE_FACTOR)
+    over = [w for w, s in silence.items() if s > timeout]
+    if 2 * len(over) <= len(silence):
+        assert declared == sorted(over)
+
+
+def test_the_job_master_waits_out_a_silence_every_worker_shares_and_declares_one_alone():
+    master = _master(mode="liverobin", workers=3)
+    master.failure_timeout_s = 0.5
+    monitor = threading.Thread(target=master.monitor, args=(0.02,), daemon=True)
+    try:
+        old = time.monotonic() - 0.6
+        for info in master.workers.values():
+            info.last_seen = old
+        monitor.start()
+        time.sleep(0.2)  # every worker 0.8 s silent: past the timeout, short of the shared one (2 s)
+        assert master.dead == {}
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(master.dead) < 3:
+            time.sleep(0.02)
+        assert sorted(master.dead) == [0, 1, 2]
+    finally:
+        master.end_watching()
+        monitor.join(2)
+
+    master = _master(mode="liverobin", workers=3)
+    master.failure_timeout_s = 0.5
+    monitor = threading.Thread(target=master.monitor, args=(0.02,), daemon=True)
+    try:
+        master.workers[1].last_seen = time.monotonic() - 1.0
+        monitor.start()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and 1 not in master.dead:
+            for w in (0, 2):
+                master.workers[w].last_seen = time.monotonic()
+            time.sleep(0.02)
+        assert list(master.dead) == [1] and "silent for" in master.dead[1]
+    finally:
+        master.end_watching()
+        monitor.join(2)
