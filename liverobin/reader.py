@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -31,6 +31,9 @@ class PulseSubscription:
     def __init__(self, reader: PulseReader) -> None:
         self._reader = reader
         self._items: deque[PulseRecord] = deque()
+        # called by the reader's thread after it handed pulses over (or failed): lets a source that
+        # waits on something else too (its records) be woken by a pulse
+        self.on_pulse: Callable[[], None] | None = None
 
     def take(self, timeout: float) -> list[PulseRecord]:
         """Every pulse not taken yet; waits up to ``timeout`` for one if there is none."""
@@ -116,16 +119,21 @@ class PulseReader:
                         continue
                     counted += cursor.add(segment, record)
                 if counted:
-                    with self._cond:
-                        for sub in self._subs:
-                            sub._items.extend(counted)
-                        self._cond.notify_all()
+                    self._hand_over(counted)
                 if not self.caught_up.is_set() and self._at_end(consumer):
                     self.caught_up.set()  # (after handing out what it read)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         finally:
             consumer.close()
+
+    def _hand_over(self, counted: list[PulseRecord]) -> None:
+        """Give every subscription the pulses counted, then ring those that asked to be rung."""
+        with self._cond:
+            for sub in self._subs:
+                sub._items.extend(counted)
+            self._cond.notify_all()
+        self._ring()
 
     def _at_end(self, consumer: Consumer) -> bool:
         """The current segment read up to the high watermark a fetch made since reading began
@@ -141,3 +149,9 @@ class PulseReader:
         with self._cond:
             self.error = f"{type(exc).__name__}: {exc}"
             self._cond.notify_all()
+        self._ring()
+
+    def _ring(self) -> None:
+        for sub in self._subs:
+            if sub.on_pulse is not None:
+                sub.on_pulse()

@@ -52,11 +52,11 @@ from transport.kafka_io import end_offsets_by_fetch
 log = logging.getLogger(__name__)
 
 # KaZoo, in a pulse window: how long an idle source waits for the next pulse before polling
-# Kafka again; LiveRobin: how long a source whose next pulse waits for records waits for them.
+# Kafka again.
 PULSE_WAIT_S = 0.005
-# LiveRobin: how long an idle source waits for the next pulse (records wait for pulses anyway);
-# its control fields (roles, drain) are looked at after at most this long.
-IDLE_PULSE_WAIT_S = 0.05
+# The longest an idle source sleeps: records, pulses and every word from its worker (roles,
+# drain, stop, pulse windows) wake it, so this only bounds the cost of a wake-up missed by a bug.
+IDLE_WAIT_S = 1.0
 
 
 class PartitionInstance:
@@ -87,6 +87,7 @@ class PartitionInstance:
         if self.dead_letters is not None:
             self.writers.append(self.dead_letters)
         self.pending_control: dict[str, tuple] | None = None  # writer roles by output kind, set by the worker
+        self.roles_given: dict[str, tuple] | None = None  # the last roles the worker handed over
         self.num_key_groups = plan.num_key_groups
         keyed_outputs = {e.dst_task for e in task.outputs if e.partitioning == "hash"}
         self.router_switches = RouterSwitches({t: plan.routing[t] for t in keyed_outputs}, plan.num_key_groups)
@@ -819,6 +820,11 @@ class SourceInstance(PartitionInstance):
         """Read to the current end and finish (LiveRobin: the final pulse of the log decides)."""
         if self.drain_requested_at is None:
             self.drain_requested_at = time.monotonic()
+            self.wake()
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        self.wake()
 
     def _open_feed(self) -> PartitionFeed:
         """This replica's partitions, read through the worker's one source consumer."""
@@ -839,6 +845,7 @@ class SourceInstance(PartitionInstance):
             self.worker.report_position(self.topic, k, start, position)
 
     def wake(self) -> None:
+        """End the loop's wait for records (any thread: the worker's word, a pulse)."""
         feed = self._reading
         if feed is not None:
             feed.wake()
@@ -871,6 +878,8 @@ class SourceInstance(PartitionInstance):
     def run(self) -> bool:
         batch = self.cfg.channel_batch_size
         feed = self._reading = self._open_feed()
+        if self._pulses is not None:
+            self._pulses.on_pulse = self.wake
         placer = self._pulse_placer() if self._windows is None else None
         if self.cfg.rhino_enabled and self.restored is None:
             self._source_checkpoint(0, 0)  # at once: restorable from its first seconds on, idle or not
@@ -892,14 +901,16 @@ class SourceInstance(PartitionInstance):
                     continue
                 messages = feed.consume(batch, 0)
                 if placer is None:
-                    messages = messages or feed.consume(batch, self.idle_wait(0.05))
+                    messages = messages or feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
                 elif self._windows is not None:  # KaZoo, in a window
                     self._queue_pulses(self._pulses.take(0 if messages else PULSE_WAIT_S))
                     self._feed(placer)
-                else:  # wait for a pulse, not for a record (records wait for pulses anyway) ...
-                    if not messages and placer.needs_records:  # ... unless the next pulse waits for records
-                        messages = feed.consume(batch, PULSE_WAIT_S)
-                    for record in self._pulses.take(0 if messages else self.idle_wait(IDLE_PULSE_WAIT_S)):
+                else:  # LiveRobin: a pulse rings the feed too, so one wait sees records and pulses
+                    pulses = self._pulses.take(0)
+                    if not messages and not pulses:
+                        messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
+                        pulses = self._pulses.take(0)
+                    for record in pulses:
                         if record.h > self._after_pulse:
                             placer.add_pulse(record)
                 if not messages:

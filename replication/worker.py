@@ -748,10 +748,12 @@ class Worker:
                     inst.handovers.forget_kept(retained)
         for inst in list(self._hosted()):
             if isinstance(inst, SourceInstance):
-                if reply.pulse_window:
+                if reply.pulse_window and tuple(reply.pulse_window) != inst.pending_window:
                     inst.pending_window = tuple(reply.pulse_window)
+                    inst.wake()
                 if inst.drain_at is None and (inst.task.id, inst.partition) in reply.drain_at:
                     inst.drain_at = reply.drain_at[(inst.task.id, inst.partition)]
+                    inst.wake()
         if self.checkpoints is not None and reply.rhino is not None:
             self._apply_moves(reply.rhino.get("moves", {}))
             self.checkpoints.apply_view(reply.rhino)
@@ -766,10 +768,12 @@ class Worker:
 
     @staticmethod
     def _apply_roles(roles: dict, inst: PartitionInstance) -> None:
-        """The writer roles of ``inst``'s exactly-once outputs (sinks, dead letters), by kind."""
+        """The writer roles of ``inst``'s exactly-once outputs (sinks, dead letters), by kind; the
+        instance is woken only when they changed (every heartbeat reply repeats them)."""
         mine = {w.kind: roles[key] for w in inst.writers
                 if (key := (inst.task.id, inst.partition, w.kind)) in roles}
-        if mine:
+        if mine and mine != inst.roles_given:
+            inst.roles_given = mine
             inst.pending_control = mine
             inst.wake()
 

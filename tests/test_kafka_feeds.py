@@ -177,3 +177,21 @@ def test_a_closed_feed_gives_up_its_partitions_and_a_new_feed_takes_one_over(sta
         assert shared.polls == polls  # nothing to read: the fetch thread waits without polling
     finally:
         shared.close()
+
+
+
+def test_a_position_moved_past_records_never_handed_over_ends_a_wait():
+    """Transaction markers are fetched but never handed over: the feed's position moves past
+    them, and that alone ends a reader's wait (a LiveRobin source waiting for records below its
+    next pulse sleeps on its feed); a fetch that moves nothing does not."""
+    feed = PartitionFeed(owner=None, feed_id=1, topic="t", starts={0: 0}, limit=10)
+    feed._append([], {0: 0}, {0: 0}, {0: 0})  # the first fetch: where the consumer is
+    assert feed.consume(10, 0) == []
+    ended = threading.Event()
+    waiter = threading.Thread(target=lambda: (feed.consume(10, 60), ended.set()), daemon=True)
+    waiter.start()
+    feed._append([], {0: 0}, {0: 0}, {0: 0})  # an empty fetch: nothing moved
+    assert not ended.wait(0.3)
+    feed._append([], {0: 4}, {0: 0}, {0: 4})  # past three aborted records and their marker
+    assert ended.wait(30)
+    assert feed.position(0) == 4

@@ -180,6 +180,23 @@ def test_a_reader_for_a_restored_source_starts_right_after_the_pulse_its_checkpo
     assert PulseReader(log, {}).cursor.positions() == {"hb.0": 0, "hb.1": 0}  # none: from this run's start
 
 
+def test_pulses_handed_over_ring_the_subscriptions_that_wait_on_something_else_too():
+    """A source waits on its records and is woken by pulses through ``on_pulse``: every hand-over
+    (and a failure of the reader) rings it, after the pulses are there to take."""
+    reader = PulseReader(HeartbeatLog("hb"), {"bootstrap.servers": "unused"})
+    rung, quiet = reader.subscribe(), reader.subscribe()
+    seen: list[list[PulseRecord] | str] = []
+    rung.on_pulse = lambda: seen.append(rung.take(0) if reader.error is None else "error")
+    pulse_record = PulseLog().accept(PulseRecord(1, {T: {0: 3}}, at=0))
+    reader._hand_over([pulse_record])
+    assert seen == [[pulse_record]]
+    assert quiet.take(0) == [pulse_record]
+    reader._fail(RuntimeError("broker gone"))
+    assert seen[1:] == ["error"]  # rung again: its take raises the reader's error from now on
+    with pytest.raises(RuntimeError, match="broker gone"):
+        rung.take(0)
+
+
 def test_the_placer_names_the_counted_record_of_the_last_pulse_taken():
     p = PulsePlacer(T, 0)
     p.add_record(0, "r0")

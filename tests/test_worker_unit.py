@@ -23,6 +23,7 @@ class _Replica:
         self.stopped = False
         self.writers = [SimpleNamespace(kind=k) for k in kinds]
         self.pending_control = None
+        self.roles_given = None
         self.woken = 0
         self.error = None
 
@@ -60,6 +61,12 @@ def test_writer_roles_reach_each_output_by_kind():
     assert sink_partition.pending_control == {"out": (1, 2, 10, 20), "dlq": (0, 1, 3, 4)}
     assert source.pending_control == {"dlq": (1, 0, -1, -1)}
     assert sink_partition.woken == source.woken == 1  # each looks at its new roles at once, not at its next input
+    sink_partition.pending_control = None  # taken by its loop
+    Worker._apply_roles(dict(roles), sink_partition)  # the next heartbeat reply repeats them
+    assert sink_partition.pending_control is None and sink_partition.woken == 1
+    Worker._apply_roles({**roles, (4, 1, "out"): (1, 2, 11, 22)}, sink_partition)  # the writer committed more
+    assert sink_partition.pending_control == {"out": (1, 2, 11, 22), "dlq": (0, 1, 3, 4)}
+    assert sink_partition.woken == 2
 
 
 def test_the_heartbeat_mailbox_hands_over_the_newest_reply_and_says_since_when_the_driver_is_unreachable():

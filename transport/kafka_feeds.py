@@ -179,10 +179,13 @@ class PartitionFeed:
                     self._appended[k] = msg.offset() + 1
                     self._buffered[k] += 1
                 self._buffer.append(msg)
+            moved_on = any(self._fetched.get(k) != o for k, o in fetched.items())
             self._fetched.update(fetched)
             self._low.update(low)
             self._high.update(high)
-            if messages:
+            if moved_on:  # (also past transaction markers, without messages): kept for the next wait
+                self._woken = True
+            if messages or moved_on:
                 self._cond.notify_all()
             return moved
 
