@@ -18,10 +18,10 @@ make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` an
 * while no source partition grows it writes a pulse only once a second: with every record
   already placed before the last pulse, no merge waits for another one (unless told to be
   :meth:`eager`: a handover waits for pulses);
-* while no partition grows, once every pulse of its own was read back and no other generator's
-  was read for a while, it stops fetching the log until it writes the next one (an idle job's
-  log costs the broker a fetch or two a second, not one per fetch wait); a new generator's
-  pulses are read then, and whichever record of an ``h`` came first counts;
+* once no partition grew for a second, every pulse of its own was read back and no other
+  generator's was read for a while, it stops fetching the log until it writes the next one (an
+  idle job's log costs the broker a fetch or two a second, not one per fetch wait); a new
+  generator's pulses are read then, and whichever record of an ``h`` came first counts;
 * on a drain it writes one *final* pulse at the end offsets a fetch made after the drain request
   shows (the one time it reads the sources); they end right after it, at the same position on
   both replicas.
@@ -45,7 +45,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from liverobin.heartbeats import Offsets, PulseLog, PulseRecord, next_pulse
 from liverobin.positions import PositionBoard, Positions
 from liverobin.segments import HeartbeatLog, LogCursor
-from transport.kafka_io import consume_ready, end_offsets_by_fetch
+from transport.kafka_io import consume_ready, end_offsets_by_fetch, resume_now
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,7 @@ class HeartbeatGenerator:
         caught_up = False  # the log was read to its end once (the largest h there is known)
         paused = False  # no fetches of the log while none of our pulses is out
         quiet = False  # the last pulse due placed nothing new (an idle job)
+        moved_at = 0.0  # when a pulse that placed something new was last written
         others_at = -OTHERS_RECENT_S  # when a pulse of another generator was last read
         try:
             while not self._stop.is_set() and not self.pulses.final:
@@ -191,7 +192,7 @@ class HeartbeatGenerator:
                 if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
                     segments = self._follow(consumer)
                     if paused:  # (a partition assigned again stays paused)
-                        consumer.resume(self._assigned(segments))
+                        resume_now(consumer, self._reading_at())
                         paused = False
                 for msg in consume_ready(consumer, 1000, wait):
                     segment = segments.get(msg.topic())
@@ -214,7 +215,8 @@ class HeartbeatGenerator:
                 producer.poll(0)
                 now = time.monotonic()
                 in_flight = [(r, t) for r, t in in_flight if now - t < IN_FLIGHT_TIMEOUT_S]
-                if caught_up and quiet and not in_flight and not paused and now - others_at > OTHERS_RECENT_S:
+                if (caught_up and quiet and not in_flight and not paused and now - others_at > OTHERS_RECENT_S
+                        and now - moved_at > IDLE_PULSE_EVERY_S):
                     # idle, and every pulse of ours read back: nothing to wait for in the log until
                     # the next one (a new generator's pulses are read then; the first of each h counts)
                     consumer.pause(self._assigned(segments))
@@ -265,6 +267,8 @@ class HeartbeatGenerator:
                     next_tick = max(next_tick + self.period_s, now)
                     quiet = True
                     continue
+                if _moves(record, base):
+                    moved_at = now
                 quiet = False
                 last_write = now
                 segment = self.log.segment_of(record.h)
@@ -276,7 +280,7 @@ class HeartbeatGenerator:
                 self.written += 1
                 in_flight.append((record, now))
                 if paused:
-                    consumer.resume(self._assigned(segments))
+                    resume_now(consumer, self._reading_at())
                     paused = False
                 if record.last:
                     self._last_h = record.h
@@ -290,6 +294,10 @@ class HeartbeatGenerator:
         positions = self.cursor.positions()
         consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()])
         return {topic: self.cursor.segment + i for i, topic in enumerate(positions)}
+
+    def _reading_at(self) -> list[TopicPartition]:
+        """The log's partitions followed, at the offsets reading goes on from."""
+        return [TopicPartition(topic, 0, offset) for topic, offset in self.cursor.positions().items()]
 
     @staticmethod
     def _assigned(segments: dict[str, int]) -> list[TopicPartition]:

@@ -195,3 +195,28 @@ def test_a_position_moved_past_records_never_handed_over_ends_a_wait():
     feed._append([], {0: 4}, {0: 0}, {0: 4})  # past three aborted records and their marker
     assert ended.wait(30)
     assert feed.position(0) == 4
+
+
+def test_a_resumed_partition_is_sought_to_where_reading_goes_on():
+    """librdkafka's resume alone left a partition unfetched for up to a second: ``resume_now``
+    seeks each partition to the offset it carries, or else to the consumer's position."""
+    from confluent_kafka import TopicPartition
+
+    from transport.kafka_io import resume_now
+
+    class _Consumer:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def resume(self, tps):
+            self.calls.append(("resume", [(tp.topic, tp.partition) for tp in tps]))
+
+        def position(self, tps):
+            return [TopicPartition(tp.topic, tp.partition, {1: 17}.get(tp.partition, -1001)) for tp in tps]
+
+        def seek(self, tp):
+            self.calls.append(("seek", tp.topic, tp.partition, tp.offset))
+
+    consumer = _Consumer()
+    resume_now(consumer, [TopicPartition("t", 0, 5), TopicPartition("t", 1), TopicPartition("t", 2)])
+    assert consumer.calls == [("resume", [("t", 0), ("t", 1), ("t", 2)]), ("seek", "t", 0, 5), ("seek", "t", 1, 17)]

@@ -28,7 +28,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from transport.kafka_io import consume_ready
+from transport.kafka_io import consume_ready, resume_now
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +313,7 @@ class SharedConsumer:
             consumer.pause(mine)
             self._paused.add(feed.id)
         elif not paused and feed.id in self._paused:
-            consumer.resume(mine)
+            resume_now(consumer, mine)
             self._paused.discard(feed.id)
 
     def _dispatch(self, consumer: Consumer, messages: list[Any]) -> None:
