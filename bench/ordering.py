@@ -79,6 +79,7 @@ from bench.common import (  # noqa: E402
 )
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
+from replication.chaos import kill_python, locate  # noqa: E402
 from replication.demo import kill_replica_executor  # noqa: E402
 from replication.driver import JobFailedError, JobHandle, run  # noqa: E402
 from replication.examples.ordered import ChainReport, build_ordered_job, make_events, verify_chains  # noqa: E402
@@ -103,6 +104,7 @@ class Config:
     mode: str  # off | passive | unordered | liverobin | kazoo
     period_ms: int | None = None  # liverobin only
     victim: str = VICTIM  # kill runs: a replica name, or "leader" / "follower" (of WATCHED, kazoo)
+    kill: str = "executor"  # kill runs: SIGKILL the victim's executor JVM, or (``python``) its Python worker only
 
     @property
     def replicated(self) -> bool:
@@ -249,17 +251,18 @@ def event_makers() -> Callable[[str], Callable[[int], tuple[bytes, bytes, str]]]
 def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: int, rate: float,
                 duration_s: float, status: StatusLine, kill_at_s: float | None = None,
                 probe: CostProbe | None = None, parallelism: int = 2,
-                weights: tuple[int, int] = (2, 1)) -> OrderedRun:
-    """Start the ordered job (``identity_maps=pipeline-1``, the chain task at ``parallelism``), produce
+                weights: tuple[int, int] = (2, 1), source_partitions: int = 2) -> OrderedRun:
+    """Start the ordered job (``identity_maps=pipeline-1``, the chain task at ``parallelism``, topics a
+    and b of ``source_partitions``), produce
     ``rate`` events/s for ``duration_s`` (``weights`` a:b into topics a and b, 2:1 by default), drain,
-    read and verify the output; optionally kill the executor of
+    read and verify the output; optionally kill the executor (``config.kill``: or the Python worker) of
     ``config.victim`` (for KaZoo: of ``WATCHED``'s leader or follower at that moment) ``kill_at_s`` in.
     With a ``probe``, the run's costs (:func:`bench.common.cost_columns`) from the start of the load to
     the end of the drain, per 1,000 events produced."""
     bootstrap = stack.bootstrap_servers
     stamp = f"{int(time.time() * 1000) % 10**10}"
     topic_a, topic_b, out = f"ord{stamp}-a", f"ord{stamp}-b", f"ord{stamp}-out"
-    create_topics(bootstrap, {topic_a: 2, topic_b: 2})
+    create_topics(bootstrap, {topic_a: source_partitions, topic_b: source_partitions})
     name = f"ord-{config.label.replace(' ', '')}-L{pipeline}-{stamp}"
     handle = run(build_ordered_job(topic_a, topic_b, out, name=name, identity_maps=pipeline - 1,
                                    parallelism=parallelism), spark=spark, conf=config.conf(stack))
@@ -288,7 +291,13 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                 injected["victim"] = victim
                 injected["before"] = handle.master.snapshot()  # who leads what (metrics of the last second)
                 injected["at"] = time.time()
-                injected["what"] = kill_replica_executor(handle, victim)
+                if config.kill == "python":
+                    target = locate(victim, job=handle.job.name)
+                    pids = kill_python(target)
+                    injected["what"] = (f"SIGKILLed the Python worker of {victim} (pids {pids}) on executor "
+                                        f"{target.executor}; the JVM stays")
+                else:
+                    injected["what"] = kill_replica_executor(handle, victim)
             except Exception as err:  # noqa: BLE001 - reported in the summary
                 injected["what"] = f"kill failed: {type(err).__name__}: {err}"
         timer = threading.Timer(kill_at_s, inject)

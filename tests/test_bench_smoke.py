@@ -19,7 +19,7 @@ from bench.common import format_row, write_csv, write_machine  # noqa: E402
 @pytest.mark.parametrize("script", ["bench/baseline.py", "bench/kill_latency.py", "bench/ordering.py", "bench/mib.py",
                                     "bench/workloads.py", "bench/report.py", "bench/rhino.py", "bench/sss.py",
                                     "bench/handover.py", "bench/broker_cost.py", "bench/cpu_profile.py",
-                                    "bench/pulse_cost.py"])
+                                    "bench/pulse_cost.py", "bench/capacity.py"])
 def test_benchmark_command_parses_its_arguments(script):
     proc = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True,
                           timeout=120)
@@ -733,3 +733,35 @@ def test_report_not_measured_when_everything_is_there(tmp_path):
     assert "Not measured by any step of the suite:" in missing
     assert "the costs (CPU, bytes) of the recovery and handover runs and of Spark Structured Streaming's kill" in missing
     assert "costs (CPU, bytes) of Spark Structured Streaming and" not in missing
+
+
+def test_capacity_targets_table_puts_each_figure_beside_its_target():
+    from bench.capacity import targets
+
+    ceiling = {"events_per_s": 90_000.0, "cpu_us_per_event": 11.0, "broker_cpu_us_per_event": 3.0, "exact": "yes"}
+    flat = {"verdict": "flat", "python_cpu_us_per_event": 900.0, "broker_cpu_us_per_event": 400.0}
+    throughput = [
+        {"config": "off", "parallelism": 2, "offered_rate": 400.0, **flat},
+        {"config": "off", "parallelism": 2, "offered_rate": 800.0, "verdict": "not flat: backlog"},
+        {"config": "off", "parallelism": 8, "offered_rate": 400.0, "verdict": "not flat: p99"},
+    ]
+    idle = [{"config": "off", "parallelism": 2, "cores_job": 0.04, "cores_python": 0.01, "cores_broker": 0.03,
+             "cores_driver": 0.0, "threads_largest_process": 40},
+            {"config": "kazoo", "parallelism": 8, "cores_job": 0.9, "cores_python": 0.5, "cores_broker": 0.4,
+             "cores_driver": 0.05, "threads_largest_process": 300}]
+    latency = [{"config": "off", "offered_rate": 1000.0, "p50_ms": 20.0, "p99_ms": 40.0, "exact": "yes"},
+               {"config": "liverobin 10ms", "offered_rate": 1000.0, "p50_ms": 39.0, "p99_ms": 90.0, "exact": "yes"}]
+    kills = [{"config": "liverobin 10ms", "kill": "python", "worst_p99_after_ms": 300.0, "p99_before_ms": 100.0,
+              "factor": 3.0, "exact": "yes"}]
+    sss = [{"config": "SSS", "offered_rate": 800.0, "verdict": "flat"},
+           {"config": "SSS", "offered_rate": 1600.0, "verdict": "not flat: p99"}]
+    rows = {r["target"]: r for r in targets(ceiling, idle, throughput, latency, kills, [], sss)}
+    off2 = rows["max sustainable off, P=2 >= 20,000/s"]
+    assert off2["met"] == "no" and off2["figure"].startswith("400") and off2["of_ceiling"] == "0.004"
+    assert off2["of_sss"] == "0.50"
+    assert rows["off: flat or better from P=2 to P=8"]["met"] == "no"  # 400 at P=2, none at P=8
+    assert rows["idle off, P=2 <= 0.05 cores"]["met"] == "yes"
+    assert rows["idle kazoo, P=8 <= 0.05 cores"]["met"] == "no"
+    assert rows["fault-free p50 off at 1,000/s <= 10 ms"]["met"] == "no"
+    assert rows["fault-free p50 liverobin 10ms at 1,000/s <= 40 ms"]["met"] == "yes"  # off + 2 periods
+    assert rows["kill liverobin 10ms (python): worst p99 in 10 s <= 2x fault-free"]["met"] == "no"
