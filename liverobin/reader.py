@@ -3,7 +3,9 @@
 A consumer per source replica would make the broker answer one fetch per pulse per replica
 (hundreds per second at a 10 ms period); one per worker is enough, because what counts in
 the log is decided by the log alone (:class:`liverobin.heartbeats.PulseLog`): every reader,
-in this worker or another, hands out the same counted pulses in the same order.
+in this worker or another, hands out the same counted pulses in the same order.  The worker's
+reader fetches through feeds of the consumer its sources share (one fetch per wait for both); a
+restored source's own reader, which starts further back in the log, has a consumer of its own.
 """
 
 from __future__ import annotations
@@ -18,11 +20,17 @@ from confluent_kafka import Consumer, TopicPartition
 
 from liverobin.heartbeats import PulseLog, PulseRecord
 from liverobin.segments import HeartbeatLog, LogCursor
+from transport.kafka_feeds import PartitionFeed, SharedConsumer
 from transport.kafka_io import consume_ready
 
 log = logging.getLogger(__name__)
 
 FETCH_WAIT_MS = 5
+# Through the worker's shared consumer: the most records a segment's feed holds before it is paused
+# (never reached: the reader takes what arrives at once), and the longest wait with nothing new
+# (every arrival sets the bell: a bound on a missed one, not a poll).
+FEED_LIMIT = 100_000
+FEED_IDLE_WAIT_S = 1.0
 
 
 class PulseSubscription:
@@ -55,10 +63,13 @@ class PulseReader:
     one (:class:`liverobin.segments.LogCursor`)."""
 
     def __init__(self, heartbeat_log: HeartbeatLog, consumer_conf: Mapping[str, Any],
-                 after: PulseRecord | None = None) -> None:
+                 after: PulseRecord | None = None, shared: SharedConsumer | None = None) -> None:
         self.log = heartbeat_log
         self.cursor = LogCursor(heartbeat_log, after)
         self._conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
+        # read through feeds of this consumer (the worker's sources' one) instead of one of its own
+        self._shared = shared
+        self._bell = threading.Event()
         self._subs: list[PulseSubscription] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -85,10 +96,14 @@ class PulseReader:
 
     def close(self) -> None:
         self._stop.set()
+        self._bell.set()
         if self._thread is not None:
             self._thread.join(5)
 
     def _main(self) -> None:
+        if self._shared is not None:
+            self._read_feeds(self._shared)
+            return
         try:
             consumer = Consumer(self._conf)
         except Exception as exc:  # noqa: BLE001 - surfaced to every source through take()
@@ -102,22 +117,7 @@ class PulseReader:
                     positions = cursor.positions()
                     segments = {topic: cursor.segment + i for i, topic in enumerate(positions)}
                     consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()])
-                counted = []
-                for msg in consume_ready(consumer, 500, 0.1):
-                    err = msg.error()
-                    if err is not None:
-                        if err.fatal():
-                            raise RuntimeError(f"Kafka consumer fatal error: {err}")
-                        continue  # e.g. the next segment's topic not known to the client yet
-                    segment = segments.get(msg.topic())
-                    if segment is None:
-                        continue  # a segment left already
-                    try:
-                        record = PulseRecord.decode(msg.value(), at=msg.offset())
-                    except ValueError as exc:  # every reader skips the same record
-                        log.error("heartbeat log %s offset %d skipped: %s", msg.topic(), msg.offset(), exc)
-                        continue
-                    counted += cursor.add(segment, record)
+                counted = self._count(consume_ready(consumer, 500, 0.1), segments)
                 if counted:
                     self._hand_over(counted)
                 if not self.caught_up.is_set() and self._at_end(consumer):
@@ -126,6 +126,61 @@ class PulseReader:
             self._fail(exc)
         finally:
             consumer.close()
+
+    def _read_feeds(self, shared: SharedConsumer) -> None:
+        """:meth:`_main` through feeds of the worker's shared consumer: the sources and the log
+        are read by one fetch per wait, and the broker serves one consumer less per worker."""
+        feeds: dict[str, PartitionFeed] = {}
+        cursor = self.cursor
+        try:
+            while not self._stop.is_set():
+                positions = cursor.positions()
+                if feeds.keys() != positions.keys():
+                    for topic in feeds.keys() - positions.keys():
+                        feeds.pop(topic).close()
+                    for topic in positions.keys() - feeds.keys():
+                        feeds[topic] = shared.open(topic, {0: positions[topic]}, limit=FEED_LIMIT, bell=self._bell)
+                segments = {topic: cursor.segment + i for i, topic in enumerate(positions)}
+                self._bell.clear()  # (cleared before the feeds are read: nothing set after it is missed)
+                counted, read = [], 0
+                for feed in list(feeds.values()):
+                    messages = feed.consume(500, 0)
+                    read += len(messages)
+                    counted += self._count(messages, segments)
+                if counted:
+                    self._hand_over(counted)
+                current = feeds[self.log.topic(cursor.segment)] if self.log.topic(cursor.segment) in feeds else None
+                if not self.caught_up.is_set() and current is not None and (
+                        cursor.pulses.final or 0 <= current.high_watermark(0) <= cursor.next_offset(cursor.segment)):
+                    self.caught_up.set()  # (after handing out what it read)
+                if not read:
+                    self._bell.wait(FEED_IDLE_WAIT_S)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+        finally:
+            for feed in feeds.values():
+                feed.close()
+
+    def _count(self, messages: list[Any], segments: Mapping[str, int]) -> list[PulseRecord]:
+        """The records that count among ``messages`` read from the log's ``segments`` (topic ->
+        segment), in order."""
+        counted: list[PulseRecord] = []
+        for msg in messages:
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise RuntimeError(f"Kafka consumer fatal error: {err}")
+                continue  # e.g. the next segment's topic not known to the client yet
+            segment = segments.get(msg.topic())
+            if segment is None:
+                continue  # a segment left already
+            try:
+                record = PulseRecord.decode(msg.value(), at=msg.offset())
+            except ValueError as exc:  # every reader skips the same record
+                log.error("heartbeat log %s offset %d skipped: %s", msg.topic(), msg.offset(), exc)
+                continue
+            counted += self.cursor.add(segment, record)
+        return counted
 
     def _hand_over(self, counted: list[PulseRecord]) -> None:
         """Give every subscription the pulses counted, then ring those that asked to be rung."""

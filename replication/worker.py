@@ -241,7 +241,7 @@ class Worker:
         if self._pulse_reader is None:
             assert self.plan.heartbeat_log is not None
             self._pulse_reader = PulseReader(self.plan.heartbeat_log, self.cfg.kafka_consumer_config(
-                group_id=f"replication-{self.job_name}-pulses-w{self.index}"))
+                group_id=f"replication-{self.job_name}-pulses-w{self.index}"), shared=self.source_consumer())
         return self._pulse_reader
 
     def report_position(self, topic: str, partition: int, start: int, position: int) -> None:

@@ -220,3 +220,44 @@ def test_a_resumed_partition_is_sought_to_where_reading_goes_on():
     consumer = _Consumer()
     resume_now(consumer, [TopicPartition("t", 0, 5), TopicPartition("t", 1), TopicPartition("t", 2)])
     assert consumer.calls == [("resume", [("t", 0), ("t", 1), ("t", 2)]), ("seek", "t", 0, 5), ("seek", "t", 1, 17)]
+
+
+def test_a_pulse_reader_through_the_shared_consumer_counts_every_pulse_across_segments(stack, topic_prefix):
+    """The worker's heartbeat-log reader reads through a feed of the sources' shared consumer (one
+    fetch per wait for both): every pulse is counted once, in order, across segment switches, and
+    the sources' feeds go on getting their records."""
+    from liverobin.heartbeats import PulseRecord
+    from liverobin.reader import PulseReader
+    from liverobin.segments import HeartbeatLog
+
+    log = HeartbeatLog(topic_prefix + "hb", per_segment=5)
+    ensure_topics(AdminClient({"bootstrap.servers": stack.bootstrap_servers}),
+                  {log.topic(s): 1 for s in range(4)})
+    source = _topic(stack, topic_prefix + "src", 1)
+    shared = SharedConsumer(_conf(stack))
+    reader = PulseReader(log, {"bootstrap.servers": stack.bootstrap_servers}, shared=shared)
+    sub = reader.subscribe()
+    rung = threading.Event()
+    sub.on_pulse = rung.set
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "linger.ms": 0})
+    try:
+        feed = shared.open(source, {0: OFFSET_BEGINNING}, limit=100)
+        reader.start()
+        got: list[int] = []
+        deadline = time.monotonic() + 60
+        for h in range(1, 13):  # three segments; the reader follows a segment once the last one is done
+            producer.produce(log.topic(log.segment_of(h)), value=PulseRecord(h, {source: {0: h}}).encode(),
+                             partition=0)
+            producer.flush(10)
+            while len(got) < h:
+                assert time.monotonic() < deadline, f"pulses counted: {got}"
+                rung.wait(1)
+                rung.clear()
+                got += [r.h for r in sub.take(0)]
+        assert got == list(range(1, 13))
+        _produce(stack.bootstrap_servers, source, 0, 20)
+        assert _read(feed, 20) == [(0, i) for i in range(20)]
+        assert reader.error is None and reader.caught_up.is_set()
+    finally:
+        reader.close()
+        shared.close()

@@ -57,9 +57,11 @@ class PartitionFeed:
     ``pause``, ``resume`` and ``close`` are for the reader; the fetch thread appends."""
 
     def __init__(self, owner: SharedConsumer, feed_id: int, topic: str, starts: Mapping[int, int],
-                 limit: int, on_high: HighWatermarkCallback | None = None) -> None:
+                 limit: int, on_high: HighWatermarkCallback | None = None,
+                 bell: threading.Event | None = None) -> None:
         self._owner = owner
         self.on_high = on_high
+        self.bell = bell  # set whenever a consume could return more (a reader of several feeds waits on it)
         self.id = feed_id
         self.topic = topic
         self.partitions = list(starts)
@@ -187,12 +189,16 @@ class PartitionFeed:
                 self._woken = True
             if messages or moved_on:
                 self._cond.notify_all()
+                if self.bell is not None:
+                    self.bell.set()
             return moved
 
     def _fail(self, error: str) -> None:
         with self._cond:
             self.error = error
             self._cond.notify_all()
+            if self.bell is not None:
+                self.bell.set()
 
 
 class SharedConsumer:
@@ -215,13 +221,13 @@ class SharedConsumer:
         self.polls = 0  # polls made (for tests and profiles)
 
     def open(self, topic: str, starts: Mapping[int, int], limit: int,
-             on_high: HighWatermarkCallback | None = None) -> PartitionFeed:
+             on_high: HighWatermarkCallback | None = None, bell: threading.Event | None = None) -> PartitionFeed:
         """A feed of ``topic``'s partitions, each read from its start offset (negative:
         librdkafka's logical offsets, e.g. ``OFFSET_BEGINNING``).  A partition another feed
         reads is taken from it (that feed gets nothing more from it).  ``on_high`` is told, on
         the fetch thread, each time a fetch moves a partition's high watermark (it must not
-        block)."""
-        feed = PartitionFeed(self, next(self._ids), topic, starts, limit, on_high)
+        block); ``bell`` is set each time the feed has something new for its reader."""
+        feed = PartitionFeed(self, next(self._ids), topic, starts, limit, on_high, bell)
         with self._lock:
             if self._stop.is_set():
                 raise FeedClosed(f"{self.name}: the consumer is closed")
