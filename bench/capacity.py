@@ -20,7 +20,8 @@ One embedded stack.  In order, each part on a machine otherwise idle:
    * *latency*: fault-free p50 / p99 at ``--latency-rate``;
    * *kills* at ``--latency-rate``: a LiveRobin replica's and a KaZoo follower's executor, and
      separately only their Python worker (the JVM stays); worst per-second p99 in the 10 s after
-     against the p99 before (Spark relaunches the executor as it is: on this machine);
+     against the p99 before; an executor kill once with Spark's relaunch as it is (on this machine)
+     and once with the replacement kept off the survivors' CPU (its JVM and Python at nice 19);
    * *sustained* (``--sustained-minutes``, 0: skipped): each mode at half its max sustainable rate;
      the per-minute p99 and the executors' Python memory, first minute against last.
 3. *SSS*: ``bench/sss.py``'s throughput ramp of Spark Structured Streaming on the same job shape.
@@ -422,8 +423,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--latency-rate", type=float, default=1000.0)
     ap.add_argument("--latency-duration", type=float, default=15.0, help="seconds of load (0: no latency runs)")
     ap.add_argument("--kill-duration", type=float, default=24.0)
-    ap.add_argument("--kills", default="liverobin:executor,liverobin:python,kazoo-follower:executor,"
-                                       "kazoo-follower:python", help="victim:what, comma-separated ('' none)")
+    ap.add_argument("--kills", default="liverobin:executor,liverobin:executor-niced,liverobin:python,"
+                                       "kazoo-follower:executor,kazoo-follower:executor-niced,kazoo-follower:python",
+                    help="victim:what (executor, executor-niced: its replacement at nice 19, python: the "
+                         "Python worker only), comma-separated ('' none)")
     ap.add_argument("--ceiling-events", type=int, default=100_000, help="0: no ceiling run")
     ap.add_argument("--sss-rates", default="800,1600,3200,6400")
     ap.add_argument("--sss-duration", type=float, default=20.0)

@@ -54,7 +54,9 @@ Writes ``latency.csv`` (with the cost columns), ``latency.png``, ``costs.png``, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import threading
 import time
@@ -79,7 +81,8 @@ from bench.common import (  # noqa: E402
 )
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
-from replication.chaos import kill_python, locate  # noqa: E402
+from replication import procfs  # noqa: E402
+from replication.chaos import executor_jvms, kill_python, locate  # noqa: E402
 from replication.demo import kill_replica_executor  # noqa: E402
 from replication.driver import JobFailedError, JobHandle, run  # noqa: E402
 from replication.examples.ordered import ChainReport, build_ordered_job, make_events, verify_chains  # noqa: E402
@@ -104,7 +107,9 @@ class Config:
     mode: str  # off | passive | unordered | liverobin | kazoo
     period_ms: int | None = None  # liverobin only
     victim: str = VICTIM  # kill runs: a replica name, or "leader" / "follower" (of WATCHED, kazoo)
-    kill: str = "executor"  # kill runs: SIGKILL the victim's executor JVM, or (``python``) its Python worker only
+    # kill runs: SIGKILL the victim's executor JVM (``executor``; ``executor-niced``: and run the executor
+    # Spark launches in its place at nice 19, off the survivors' CPU), or (``python``) its Python worker only
+    kill: str = "executor"
 
     @property
     def replicated(self) -> bool:
@@ -197,6 +202,24 @@ class OrderedRun:
         return {"exact": "yes" if self.exact else "no", "missing": len(self.chains.missing),
                 "duplicated": len(self.chains.duplicated), "broken_chains": len(self.chains.broken),
                 "outcome": self.outcome}
+
+
+def nice_new_executors(app_id: str, known: set[int], seconds: float) -> None:
+    """For ``seconds``: every executor JVM of ``app_id`` not in ``known`` (the one Spark launches in place
+    of a killed one) and its descendants (its Python workers) run at nice 19, so that on a small machine
+    its start takes no CPU from the surviving replicas (at weight 15 against 1,024: CFS gives it what the
+    survivors leave)."""
+    deadline = time.monotonic() + seconds
+    niced: set[int] = set()
+    while time.monotonic() < deadline:
+        for pid in {p for ps in executor_jvms(app_id).values() for p in ps} - known:
+            for p in (pid, *procfs.descendants(pid)):
+                with contextlib.suppress(OSError):  # (Linux: a nice value is per thread)
+                    for tid in {int(t.name) for t in Path(f"/proc/{p}/task").iterdir()} - niced:
+                        with contextlib.suppress(OSError):
+                            os.setpriority(os.PRIO_PROCESS, tid, 19)
+                            niced.add(tid)
+        time.sleep(0.05)
 
 
 def leader_of(handle: JobHandle, partition: str, timeout: float = 10.0) -> str:
@@ -297,7 +320,12 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                     injected["what"] = (f"SIGKILLed the Python worker of {victim} (pids {pids}) on executor "
                                         f"{target.executor}; the JVM stays")
                 else:
+                    before = {p for ps in executor_jvms(spark.sparkContext.applicationId).values() for p in ps}
                     injected["what"] = kill_replica_executor(handle, victim)
+                    if config.kill == "executor-niced":
+                        threading.Thread(target=nice_new_executors, daemon=True,
+                                         args=(spark.sparkContext.applicationId, before, 30.0)).start()
+                        injected["what"] += "; its replacement runs at nice 19"
             except Exception as err:  # noqa: BLE001 - reported in the summary
                 injected["what"] = f"kill failed: {type(err).__name__}: {err}"
         timer = threading.Timer(kill_at_s, inject)
