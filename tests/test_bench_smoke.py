@@ -741,7 +741,8 @@ def test_capacity_targets_table_puts_each_figure_beside_its_target():
     ceiling = {"events_per_s": 90_000.0, "cpu_us_per_event": 11.0, "broker_cpu_us_per_event": 3.0, "exact": "yes"}
     flat = {"verdict": "flat", "python_cpu_us_per_event": 900.0, "broker_cpu_us_per_event": 400.0}
     throughput = [
-        {"config": "off", "parallelism": 2, "offered_rate": 400.0, **flat},
+        {"config": "off", "parallelism": 2, "offered_rate": 400.0, "verdict": "retried: not flat: p99"},
+        {"config": "off", "parallelism": 2, "offered_rate": 400.0, **flat},  # the second try counts
         {"config": "off", "parallelism": 2, "offered_rate": 800.0, "verdict": "not flat: backlog"},
         {"config": "off", "parallelism": 8, "offered_rate": 400.0, "verdict": "not flat: p99"},
     ]
