@@ -320,8 +320,9 @@ class ReplicationConfig:
     )
     failure_timeout_ms: int = _key(
         "failureTimeout", DURATION, 2_000,
-        "A worker silent for this long (a hung executor) is declared dead; its replicas are cut off and "
-        "fenced, and the surviving replicas carry on. An executor that exits is noticed at once.",
+        "A worker silent for this long (a hung executor) is declared dead (four times this long when more "
+        "than half of the workers are silent at once); its replicas are cut off and fenced, and the "
+        "surviving replicas carry on. An executor that exits is noticed at once.",
         min=100, max=600_000,
     )
     kafka_bootstrap_servers: str = _key(
