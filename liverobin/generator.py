@@ -219,7 +219,7 @@ class HeartbeatGenerator:
                         and now - moved_at > IDLE_PULSE_EVERY_S):
                     # idle, and every pulse of ours read back: nothing to wait for in the log until
                     # the next one (a new generator's pulses are read then; the first of each h counts)
-                    consumer.pause(self._assigned(segments))
+                    consumer.pause(self._reading_at())
                     paused = True
                 window = self._window
                 if self.windowed:
@@ -262,12 +262,13 @@ class HeartbeatGenerator:
                                             final=finishing, generator=self.name,
                                             floor=window[1] if window else None, window=window[0] if window else 0,
                                             last=closing)
-                if (not record.final and not _moves(record, base) and now - last_write < IDLE_PULSE_EVERY_S
+                moves = _moves(record, base)
+                if (not record.final and not moves and now - last_write < IDLE_PULSE_EVERY_S
                         and now >= self._eager_until and window is None):
                     next_tick = max(next_tick + self.period_s, now)
                     quiet = True
                     continue
-                if _moves(record, base):
+                if moves:
                     moved_at = now
                 quiet = False
                 last_write = now
@@ -291,17 +292,12 @@ class HeartbeatGenerator:
 
     def _follow(self, consumer: Consumer) -> dict[str, int]:
         """Assign the cursor's two segments; the segment of each topic."""
-        positions = self.cursor.positions()
-        consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()])
-        return {topic: self.cursor.segment + i for i, topic in enumerate(positions)}
+        consumer.assign(self._reading_at())
+        return self.cursor.segments()
 
     def _reading_at(self) -> list[TopicPartition]:
         """The log's partitions followed, at the offsets reading goes on from."""
         return [TopicPartition(topic, 0, offset) for topic, offset in self.cursor.positions().items()]
-
-    @staticmethod
-    def _assigned(segments: dict[str, int]) -> list[TopicPartition]:
-        return [TopicPartition(topic, 0) for topic in segments]
 
     def _with_final_ends(self, ends: dict[str, dict[int, int]]) -> dict[str, dict[int, int]]:
         """``ends``, raised to what fetches made after the drain request tell: the sources may not

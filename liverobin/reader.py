@@ -114,13 +114,13 @@ class PulseReader:
             segments: dict[str, int] = {}  # the topics assigned -> their segment
             while not self._stop.is_set():
                 if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
-                    positions = cursor.positions()
-                    segments = {topic: cursor.segment + i for i, topic in enumerate(positions)}
-                    consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in positions.items()])
+                    segments = cursor.segments()
+                    consumer.assign([TopicPartition(topic, 0, offset) for topic, offset in cursor.positions().items()])
                 counted = self._count(consume_ready(consumer, 500, 0.1), segments)
                 if counted:
                     self._hand_over(counted)
-                if not self.caught_up.is_set() and self._at_end(consumer):
+                current = TopicPartition(self.log.topic(cursor.segment), 0)
+                if not self.caught_up.is_set() and self._at_end(consumer.get_watermark_offsets(current, cached=True)[1]):
                     self.caught_up.set()  # (after handing out what it read)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
@@ -132,15 +132,15 @@ class PulseReader:
         are read by one fetch per wait, and the broker serves one consumer less per worker."""
         feeds: dict[str, PartitionFeed] = {}
         cursor = self.cursor
+        segments: dict[str, int] = {}  # the topics read -> their segment
         try:
             while not self._stop.is_set():
-                positions = cursor.positions()
-                if feeds.keys() != positions.keys():
-                    for topic in feeds.keys() - positions.keys():
+                if set(segments.values()) != {cursor.segment, cursor.segment + 1}:
+                    segments, positions = cursor.segments(), cursor.positions()
+                    for topic in feeds.keys() - segments.keys():
                         feeds.pop(topic).close()
-                    for topic in positions.keys() - feeds.keys():
+                    for topic in segments.keys() - feeds.keys():
                         feeds[topic] = shared.open(topic, {0: positions[topic]}, limit=FEED_LIMIT, bell=self._bell)
-                segments = {topic: cursor.segment + i for i, topic in enumerate(positions)}
                 self._bell.clear()  # (cleared before the feeds are read: nothing set after it is missed)
                 counted, read = [], 0
                 for feed in list(feeds.values()):
@@ -149,9 +149,8 @@ class PulseReader:
                     counted += self._count(messages, segments)
                 if counted:
                     self._hand_over(counted)
-                current = feeds[self.log.topic(cursor.segment)] if self.log.topic(cursor.segment) in feeds else None
-                if not self.caught_up.is_set() and current is not None and (
-                        cursor.pulses.final or 0 <= current.high_watermark(0) <= cursor.next_offset(cursor.segment)):
+                current = feeds.get(self.log.topic(cursor.segment))  # (none: two segments done in one round)
+                if not self.caught_up.is_set() and current is not None and self._at_end(current.high_watermark(0)):
                     self.caught_up.set()  # (after handing out what it read)
                 if not read:
                     self._bell.wait(FEED_IDLE_WAIT_S)
@@ -190,14 +189,11 @@ class PulseReader:
             self._cond.notify_all()
         self._ring()
 
-    def _at_end(self, consumer: Consumer) -> bool:
-        """The current segment read up to the high watermark a fetch made since reading began
-        reported (the segments after it are empty until it completes)."""
+    def _at_end(self, high: int) -> bool:
+        """The current segment read up to ``high``, the high watermark a fetch made since reading
+        began reported (-1: none yet; the segments after it are empty until it completes)."""
         cursor = self.cursor
-        if cursor.pulses.final:
-            return True
-        high = consumer.get_watermark_offsets(TopicPartition(self.log.topic(cursor.segment), 0), cached=True)[1]
-        return 0 <= high <= cursor.next_offset(cursor.segment)
+        return cursor.pulses.final or 0 <= high <= cursor.next_offset(cursor.segment)
 
     def _fail(self, exc: BaseException) -> None:
         log.exception("heartbeat log reader failed")

@@ -76,6 +76,10 @@ class LogCursor:
         """Topic -> the offset to read it from: the current segment and the next one."""
         return {self.log.topic(s): self._next.get(s, 0) for s in (self.segment, self.segment + 1)}
 
+    def segments(self) -> dict[str, int]:
+        """Topic -> segment of what :meth:`positions` names."""
+        return {self.log.topic(s): s for s in (self.segment, self.segment + 1)}
+
     def next_offset(self, segment: int) -> int:
         """Where reading ``segment`` goes on (0 for a segment not read yet)."""
         return self._next.get(segment, 0)

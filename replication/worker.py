@@ -467,7 +467,7 @@ class Worker:
                 self._placement[(task_id, part, replica)] = w
                 self._moves_known[(task_id, part, replica)] = (w, dict(positions))
             self.dead_workers.discard(w)  # relaunched: a replica lives there now
-            for inst in list(self._hosted()):
+            for inst in self._hosted():
                 for ch in inst.outputs:
                     if (ch.spec.dst_task, ch.spec.dst_partition) == (task_id, part):
                         self._rejoin(ch, replica, w, positions)
@@ -525,7 +525,7 @@ class Worker:
     def _apply_handovers(self, orders: list[dict]) -> None:
         for wired in orders:
             order = order_from_wire(wired)
-            for inst in list(self._hosted()):
+            for inst in self._hosted():
                 inst.apply_handover(order)
 
     def send_handover_state(self, order: HandoverOrder, origin: int, per_target: dict[int, TargetCut]) -> int:
@@ -638,7 +638,7 @@ class Worker:
 
     def _fetch_overdue_cuts(self) -> None:
         """Target replicas waiting at a release pulse for a cut that does not come: fetch it."""
-        for inst in list(self._hosted()):
+        for inst in self._hosted():
             if inst.handovers is None or not inst.handovers.missing_cuts(CUT_OVERDUE_S):
                 continue
             with self._lock:
@@ -732,21 +732,21 @@ class Worker:
             self.finished_workers.add(w)
             for ch, r in self._transports_to.get(w, ()):
                 ch.retire(r, worker=w)
-        for inst in list(self._hosted()):
+        for inst in self._hosted():
             self._apply_roles(reply.sinks, inst)
         if reply.handovers:
             self._apply_handovers(reply.handovers)
         self._learn_savepoint(reply)
         for task, request in reply.measure_state.items():
-            for inst in list(self._hosted()):
+            for inst in self._hosted():
                 if inst.task.id == task:
                     inst.measure_request = max(inst.measure_request, request)
         if reply.retained_handovers is not None:  # Rhino: the cuts origins keep for restored targets
             retained = set(reply.retained_handovers)
-            for inst in list(self._hosted()):
+            for inst in self._hosted():
                 if inst.handovers is not None:
                     inst.handovers.forget_kept(retained)
-        for inst in list(self._hosted()):
+        for inst in self._hosted():
             if isinstance(inst, SourceInstance):
                 if reply.pulse_window and tuple(reply.pulse_window) != inst.pending_window:
                     inst.pending_window = tuple(reply.pulse_window)
@@ -763,7 +763,7 @@ class Worker:
         then confirm it to the driver, which waits for every worker, a standby's too)."""
         if reply.savepoint and self._savepoint is None:
             self._savepoint = reply.savepoint
-            for inst in list(self._hosted()):
+            for inst in self._hosted():
                 inst.savepoint_dir = self._savepoint
 
     @staticmethod
@@ -896,9 +896,9 @@ class Worker:
                 for w in inst.writers if w.fenced_at >= 0}
 
     def _heartbeat(self, master: rpc.Peer, with_metrics: bool) -> Instructions | None:
-        for inst in list(self._hosted()):
+        for inst in self._hosted():
             self._unsent_acks += inst.take_handover_acks()
-        sources = [inst for inst in list(self._hosted()) if isinstance(inst, SourceInstance)]
+        sources = [inst for inst in self._hosted() if isinstance(inst, SourceInstance)]
         with self._lock:
             cut_offs = dict(self._cut_offs)
         holding = {(inst.task.id, inst.partition, inst.replica): inst.holding for inst in sources
@@ -928,7 +928,7 @@ class Worker:
 
     def _all_finished(self) -> bool:
         # (a standby hosts nothing until a replica is restored here)
-        return bool(self.instances) and all(inst.finished.is_set() for inst in list(self._hosted()))
+        return bool(self.instances) and all(inst.finished.is_set() for inst in self._hosted())
 
     def _beat(self, master: rpc.Peer, stop: threading.Event, mailbox: _Mailbox) -> None:
         """The liveness loop: a heartbeat every interval, whatever the main loop is busy with

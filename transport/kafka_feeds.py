@@ -185,7 +185,7 @@ class PartitionFeed:
             self._fetched.update(fetched)
             self._low.update(low)
             self._high.update(high)
-            if moved_on:  # (also past transaction markers, without messages): kept for the next wait
+            if moved_on and not self._buffer:  # past transaction markers only: kept for the next wait
                 self._woken = True
             if messages or moved_on:
                 self._cond.notify_all()
