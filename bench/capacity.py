@@ -35,7 +35,9 @@ run (minutes) that checks the command, not the targets.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -60,10 +62,13 @@ from bench.common import (  # noqa: E402
     write_machine,
 )
 from bench.ordering import (  # noqa: E402
+    KILL_MODES,
     Config,
     OrderedRun,
     event_makers,
+    kill_configs,
     kill_rows,
+    latency_configs,
     latency_row,
     run_ordered,
     throughput_row,
@@ -74,17 +79,14 @@ from replication.driver import run  # noqa: E402
 from replication.examples.ordered import build_ordered_job, chain_step, verify_chains  # noqa: E402
 from replication.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
+from replication.workload import percentile  # noqa: E402
+from transport.kafka_io import produce_blocking  # noqa: E402
 
 PERIOD_MS = 10  # LiveRobin heartbeat period of every run
 TARGETS = {"off": 20_000.0, "liverobin": 8_000.0, "kazoo": 8_000.0}  # max sustainable events/s
 IDLE_TARGET_CORES = 0.05
 KILL_FACTOR_TARGET = 2.0  # worst per-second p99 after a kill <= this x the fault-free p99
-HZ = 100.0  # clock ticks per second (/proc)
-
-
-def configs(modes: list[str]) -> list[Config]:
-    return [Config(f"liverobin {PERIOD_MS}ms", "liverobin", PERIOD_MS) if m == "liverobin" else Config(m, m)
-            for m in modes]
+HZ = os.sysconf("SC_CLK_TCK")  # clock ticks per second (/proc)
 
 
 # --------------------------------------------------------------------------- 1. the plain-loop ceiling
@@ -105,12 +107,7 @@ def measure_ceiling(stack: StackEndpoints, events: int, status: StatusLine) -> d
         source = "a" if i % 3 else "b"
         key, value, event_id = makers[source](i)
         ids.append(event_id)
-        while True:
-            try:
-                producer.produce(topics[source], key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.01)
+        produce_blocking(producer, topics[source], key=key, value=value)
     producer.flush(120)
     broker = _broker_pid(stack)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ceiling-{stamp}", "enable.auto.commit": False,
@@ -172,14 +169,15 @@ def cores(probe: CostProbe, seconds: float) -> tuple[dict[str, float], dict[str,
 
 def python_threads(probe: CostProbe) -> tuple[int, int]:
     """Threads of the executors' Python processes: in all, and in the largest one (a worker)."""
-    counts = [procfs_threads(p) for p in probe.groups().get("python", [])]
+    counts = [_status_number(p, "Threads") for p in probe.groups().get("python", [])]
     return sum(counts), max(counts, default=0)
 
 
-def procfs_threads(pid: int) -> int:
+def _status_number(pid: int, field: str) -> int:
+    """A number of ``/proc/<pid>/status`` (``Threads``, ``VmRSS`` in kB); 0 if the process is gone."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Threads:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
         pass
@@ -292,7 +290,7 @@ def sustained_run(stack: StackEndpoints, spark: Any, probe: CostProbe, config: C
     t0 = min((s.produced for s in r.samples), default=0.0)
     for s in r.samples:
         by_minute.setdefault(int((s.produced - t0) // 60), []).append(s.sink - s.produced)
-    minutes_p99 = [sorted(v)[int(0.99 * (len(v) - 1))] * 1000 for _, v in sorted(by_minute.items()) if len(v) > 100]
+    minutes_p99 = [percentile(v, 0.99) * 1000 for _, v in sorted(by_minute.items()) if len(v) > 100]
     first, last = (minutes_p99[0], minutes_p99[-1]) if minutes_p99 else (0.0, 0.0)
     return {"config": config.label, "rate": rate, "minutes": minutes, "exact": "yes" if r.exact else "no",
             "p99_first_minute_ms": first, "p99_last_minute_ms": last, "p99_ratio": last / first if first else "",
@@ -301,15 +299,7 @@ def sustained_run(stack: StackEndpoints, spark: Any, probe: CostProbe, config: C
 
 
 def _python_rss_mb(probe: CostProbe) -> float:
-    total = 0
-    for pid in probe.groups().get("python", []):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
+    return sum(_status_number(pid, "VmRSS") for pid in probe.groups().get("python", [])) / 1024
 
 
 # --------------------------------------------------------------------------- 3. Spark Structured Streaming
@@ -462,12 +452,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def kill_config(spec: str) -> Config:
+    """``victim:what``: ``bench/ordering.py``'s kill run of that name, killing ``what``."""
     victim, _, what = spec.partition(":")
-    if victim == "liverobin":
-        return Config(f"liverobin {PERIOD_MS}ms", "liverobin", PERIOD_MS, kill=what or "executor")
-    if victim in ("kazoo-follower", "kazoo-leader"):
-        return Config(f"kazoo {victim[6:]} kill", "kazoo", victim=victim[6:], kill=what or "executor")
-    raise SystemExit(f"--kills: unknown victim {victim!r} (liverobin, kazoo-follower, kazoo-leader)")
+    if victim not in KILL_MODES:
+        raise SystemExit(f"--kills: unknown victim {victim!r} (one of {', '.join(KILL_MODES)})")
+    return dataclasses.replace(kill_configs([victim], PERIOD_MS)[0], kill=what or "executor")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     require_java17()
     status = StatusLine()
-    modes = configs(args.modes)
+    modes = latency_configs(args.modes, [PERIOD_MS])
     kills = [kill_config(k) for k in args.kills.split(",") if k]
     idle, throughput, latency, kill_results, sustained = [], [], [], [], []
     with EmbeddedStack() as stack:
