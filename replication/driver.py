@@ -127,6 +127,9 @@ class JobMaster:
             self.sinks.update({(t.id, p, "dlq"): [0, 0, -1, -1] for t in plan.tasks for p in range(t.parallelism)})
         self._cond = threading.Condition()
         self._closed = threading.Event()
+        # each attached worker attempt's bell: rung when what its next heartbeat reply says changed
+        # in a way that cannot wait for it (writer roles, dead workers, restored replicas)
+        self._bells: dict[tuple[int, int], rpc.Bell] = {}
         self._status_dirty = True
         self._status_written = 0.0
         # called (each in a thread of its own, outside the lock) with a worker declared dead and its attempt
@@ -233,7 +236,13 @@ class JobMaster:
             self._settle_drain()  # a replica that had not reported is gone: the others decide
         if self.rhino is not None:
             self._start_restores()
+        self._ring_workers()
         self._cond.notify_all()
+
+    def _ring_workers(self) -> None:
+        """Have every attached worker send its next heartbeat now (its reply says what changed)."""
+        for bell in list(self._bells.values()):
+            bell.ring()
 
     def _lose(self, replica: ReplicaId, where: str, now: float) -> bool:
         """``replica`` is lost (``where``: on what, for the messages): a writer role it held passes to
@@ -273,8 +282,9 @@ class JobMaster:
         """An upstream channel cut ``replica`` (on ``worker``) off by itself: it failed or lagged too
         far.  It is stopped there and replaced (restored from a checkpoint with Rhino, else the
         partition goes on with its twin alone, and the status shows it lost)."""
-        if replica in self.lost or self.placement.get(replica) != worker or worker in self.dead:
-            return  # lost already, moved since, or its worker is known dead
+        finished = worker in self.reports and self.reports[worker].status == "finished"
+        if replica in self.lost or self.placement.get(replica) != worker or worker in self.dead or finished:
+            return  # lost already, moved since, its worker known dead, or finished (it has everything)
         name = self._replica_label(*replica)
         self.event(f"{name} on worker {worker} replaced: an upstream cut it off ({why})")
         self.dropped[replica] = self._attempts.get(replica, 0)
@@ -288,6 +298,7 @@ class JobMaster:
         if self.rhino is not None:
             self._start_restores()
         self._status_dirty = True
+        self._ring_workers()
         self._cond.notify_all()
 
     def _writer_fenced(self, replica: ReplicaId, kind: str, epoch: int) -> None:
@@ -303,6 +314,7 @@ class JobMaster:
         self.event(f"{self._output_label(t, p, r, kind)} was fenced as writer at epoch {epoch}: "
                    f"it takes over again (epoch {role[1]})")
         self._status_dirty = True
+        self._ring_workers()
 
     def _sink_roles(self) -> dict[tuple[int, int, str], tuple[int, int, int, int]]:
         return {key: tuple(role) for key, role in self.sinks.items()}
@@ -566,6 +578,7 @@ class JobMaster:
                        f"{reply.checkpoint_id} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
                        "failure); its upstreams replay from their backups")
             self._status_dirty = True
+            self._ring_workers()  # its upstreams send to it from their next reply on
 
     def _check_caught_up(self) -> None:
         """A restored replica that reached the pulse its twin had at the restore: two replicas again."""
@@ -606,12 +619,18 @@ class JobMaster:
         """A worker's stream of its sources' positions (a gRPC handler; no lock of the master)."""
         self.source_positions.update(req.positions)
 
-    def attach(self, req: Attach) -> Callable[[], None]:
+    def attach(self, req: Attach) -> rpc.Watched:
         """A worker attempt's watch (a gRPC handler): when it ends before the attempt reported its
-        end, the worker's process exited or lost its connection to this driver."""
-        return lambda: self._watch_ended(req.worker, req.attempt)
+        end, the worker's process exited or lost its connection to this driver.  Its bell has the
+        worker beat at once when something changed for it."""
+        bell = rpc.Bell()
+        with self._cond:
+            self._bells[(req.worker, req.attempt)] = bell
+        return rpc.Watched(lambda: self._watch_ended(req.worker, req.attempt), bell)
 
     def _watch_ended(self, w: int, attempt: int) -> None:
+        with self._cond:
+            self._bells.pop((w, attempt), None)
         if self._closed.is_set():
             return
         with self._cond:
@@ -636,6 +655,8 @@ class JobMaster:
                 self.metrics.update(req.metrics)
                 self._sink_progress(req.sinks)
                 self.reports[w] = req
+                if req.status == "finished":
+                    self._ring_workers()  # its upstreams stop sending to it (retire) at once
             if req.status == "failed":
                 if w in self.dead:  # its replicas were cut off already: what broke there is no failure
                     self.event(f"worker {w}, declared dead before, reported: {'; '.join(req.errors)}")

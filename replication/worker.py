@@ -84,6 +84,8 @@ RESTORED_REPORT_S = 10.0
 # ``fetch.wait.max.ms``).  Short, so that new records (and a drain's fresh high watermark) are
 # seen quickly: the embedded broker answers a waiting fetch only when the wait ends.
 SOURCE_FETCH_WAIT_MS = 10
+# Beats at most this often when the driver rings (a restore storm rings many times a second).
+BEAT_GAP_S = 0.02
 
 
 @dataclass
@@ -203,6 +205,7 @@ class Worker:
         self._links: dict[tuple[int, str], BatchSender] = {}  # (worker, address) -> what sends to it
         self._unsent_acks: list[tuple] = []  # handover acks of the hosted replicas, for the next heartbeat
         self._stopping = threading.Event()
+        self._beat_now = threading.Event()  # the driver rang: something changed for this worker
         self.dead_workers: set[int] = set()
         self.finished_workers: set[int] = set()
         self._transports_to: dict[int, list[tuple[OutputChannel, int]]] = {}  # worker -> (channel, replica)
@@ -729,9 +732,9 @@ class Worker:
             for ch, r in self._transports_to.get(w, ()):  # (a replica restored elsewhere since is spared)
                 ch.cut_off(r, f"worker {w} declared dead by the driver", worker=w)
         for w in set(reply.finished) - self.finished_workers:
-            self.finished_workers.add(w)
             for ch, r in self._transports_to.get(w, ()):
                 ch.retire(r, worker=w)
+            self.finished_workers.add(w)  # (after: a push that gives up on it finds its replicas retired)
         for inst in self._hosted():
             self._apply_roles(reply.sinks, inst)
         if reply.handovers:
@@ -801,7 +804,7 @@ class Worker:
                                                      os.getpid()), Registered,
                                 timeout=self.cfg.start_timeout_ms / 1000)
             if reply.status in ("ok", "standby"):
-                watch = master.watch("Attach", Attach(self.index, self.attempt))
+                watch = master.watch("Attach", Attach(self.index, self.attempt), on_ring=self._beat_now.set)
                 self._stream_positions(master)
             if reply.status == "standby":
                 log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply.reason)
@@ -859,13 +862,13 @@ class Worker:
                 order_log.close()
             if self.producer is not None and not evicted:
                 self.producer.flush(self.cfg.stop_timeout_ms / 1000)
-            server.stop(grace=1.0)
-            try:
+            try:  # (before the server stops: upstreams still sending here learn that this worker finished)
                 master.call("Finished", WorkerFinished(
                     self.index, self.attempt, report["status"], report.get("reason", ""), report.get("errors", []),
                     self._metrics(), self._sink_progress()), Ack, timeout=5)
             except grpc.RpcError as err:
                 log.warning("could not report the end to the driver: %s", err)
+            server.stop(grace=1.0)
             if self._positions is not None:
                 self._positions.close()
             for call in (self._position_stream, watch):
@@ -952,7 +955,9 @@ class Worker:
             if started >= next_metrics:
                 next_metrics = started + metrics_every
             mailbox.post(reply, done, started)
-            stop.wait(max(0.0, interval - (time.monotonic() - started)))
+            self._beat_now.wait(max(0.0, interval - (time.monotonic() - started)))
+            self._beat_now.clear()
+            stop.wait(max(0.0, started + BEAT_GAP_S - time.monotonic()))  # (rings merge into one beat)
 
     def _serve(self, master: rpc.Peer) -> dict[str, Any]:
         """Apply the driver's replies until every instance finished or the driver says stop (or
@@ -996,6 +1001,7 @@ class Worker:
                     return self._report("standby")
         finally:
             stop.set()
+            self._beat_now.set()
             beater.join(5)
 
     def _idle(self, master: rpc.Peer) -> dict[str, Any]:

@@ -85,6 +85,21 @@ def test_a_cut_off_reported_for_a_replica_that_moved_since_is_ignored():
     assert victim not in master.lost and not master.dropped
 
 
+def test_a_cut_off_of_a_replica_whose_worker_finished_is_ignored_and_its_upstreams_are_rung():
+    """A worker that finished stops its server: an upstream whose last (duplicate) batches were
+    still on their way fails to send them.  The replica has everything (END came from the other
+    upstream replica): nothing is lost, and the job does not fail on it."""
+    master = _master(mode="liverobin")
+    victim = _replicas(master, "chain")[1]
+    w = master.placement[victim]
+    upstream = next(x for x in master.workers if x != w)
+    bell = master.attach(Attach(upstream, 0)).bell
+    master.finished(WorkerFinished(w, 0, "finished"))
+    assert bell.wait_past(0, timeout=0) >= 1  # the upstream's next heartbeat (retire) goes now
+    _beat(master, upstream, cut_offs={victim: (w, "channel 4: send failed: CANCELLED")})
+    assert victim not in master.lost and not master.dropped and master.failure is None
+
+
 def test_losing_a_sink_writer_passes_both_its_writer_roles_to_the_twin():
     master = _master(mode="liverobin")
     sink = _replicas(master, "chain-sink")[0]
@@ -187,10 +202,13 @@ def test_a_worker_whose_watch_ends_before_its_report_is_declared_dead_at_once():
     silence.  Ignored for an attempt that reported its end first, or one Spark replaced since."""
     master = _master(mode="liverobin", rhino=True, workers=4)
     master.start_timeout_s = 1.0
-    end_of = {w: master.attach(Attach(w, 0)) for w in range(4)}
+    watches = {w: master.attach(Attach(w, 0)) for w in range(4)}
+    end_of = {w: watched.on_end for w, watched in watches.items()}
     end_of[0]()
     assert "its process exited" in master.dead[0]
     assert all(r in master.lost for r, w in master.placement.items() if w == 0)
+    # the others are rung: their writer roles changed, they must not wait for their next heartbeat
+    assert all(watches[w].bell.wait_past(0, timeout=0) >= 1 for w in (1, 2, 3))
     master.finished(WorkerFinished(1, 0, "finished"))
     end_of[1]()
     assert 1 not in master.dead
@@ -199,7 +217,7 @@ def test_a_worker_whose_watch_ends_before_its_report_is_declared_dead_at_once():
     assert master.register(Register(2, 1, "9", "127.0.0.1:4902", 4242)).status == "standby"
     end_of[2]()  # the attempt Spark relaunched
     assert 2 not in master.dead
-    master.attach(Attach(2, 1))()
+    master.attach(Attach(2, 1)).on_end()
     assert "its process exited" in master.dead[2]
     master.end_watching()  # the job is over: the driver's server stops next, ending every watch
     end_of[3]()

@@ -212,9 +212,9 @@ def watched():
     opened: list[str] = []
     ended: dict[str, threading.Event] = {}
 
-    def on_watch(name: str):
+    def on_watch(name: str) -> rpc.Watched:
         opened.append(name)
-        return ended.setdefault(name, threading.Event()).set
+        return rpc.Watched(ended.setdefault(name, threading.Event()).set)
 
     server = rpc.serve({}, watches={"Watch": rpc.decoding(on_watch, str)}, security=SECRET,
                        bind_host="127.0.0.1", max_workers=4, name="watched")
@@ -339,4 +339,33 @@ def test_with_tls_calls_go_over_tls_only(tmp_path: Path) -> None:
         finally:
             stranger.close()
     finally:
+        server.stop(0)
+
+
+def test_each_ring_of_a_watch_s_bell_reaches_its_caller_and_a_closed_watch_ends_the_bell() -> None:
+    """How the driver tells a worker at once that something changed (a writer role, a dead
+    worker), instead of at its next heartbeat."""
+    bells: list[rpc.Bell] = []
+    ended = threading.Event()
+
+    def on_watch(name: str) -> rpc.Watched:
+        bells.append(rpc.Bell())
+        return rpc.Watched(ended.set, bells[-1])
+
+    server = rpc.serve({}, watches={"Watch": rpc.decoding(on_watch, str)}, security=SECRET,
+                       bind_host="127.0.0.1", max_workers=4, name="bells")
+    peer = rpc.Peer(f"127.0.0.1:{server.port}", SECRET)
+    heard = threading.Semaphore(0)
+    try:
+        call = peer.watch("Watch", "w1", on_ring=heard.release)
+        assert _wait_for(lambda: len(bells) == 1)
+        for _ in range(3):
+            bells[0].ring()
+            assert heard.acquire(timeout=30)
+        assert not heard.acquire(timeout=0.2)  # nothing rang, nothing heard
+        call.close()
+        assert ended.wait(30)
+        assert bells[0].wait_past(3) is None  # closed with the call
+    finally:
+        peer.close()
         server.stop(0)

@@ -245,3 +245,46 @@ def test_the_position_stream_is_opened_again_when_it_ended():
     master.calls[1].ended = True
     Worker._stream_positions(fake, master)  # stopping: not again
     assert len(master.calls) == 2
+
+
+def test_a_ring_of_the_driver_sends_the_next_heartbeat_at_once():
+    """A writer role passed to this worker, or a replica restored elsewhere, reaches it at once
+    when the driver rings its watch, not a heartbeat interval later."""
+    worker = _worker()
+    worker.index, worker.cfg = 1, SimpleNamespace(heartbeat_interval_ms=60_000, metrics_interval_ms=60_000)
+    worker._beat_now = threading.Event()
+    beats = threading.Semaphore(0)
+    worker._heartbeat = lambda master, with_metrics: beats.release()
+    worker._stream_positions = lambda master: None
+    stop = threading.Event()
+    beater = threading.Thread(target=worker._beat, args=(None, stop, _Mailbox()), daemon=True)
+    beater.start()
+    try:
+        assert beats.acquire(timeout=30)  # the first beat
+        for _ in range(2):
+            worker._beat_now.set()
+            assert beats.acquire(timeout=30)  # not 60 s later
+    finally:
+        stop.set()
+        worker._beat_now.set()
+        beater.join(30)
+
+
+def test_a_finished_worker_s_replicas_are_retired_before_pushes_give_up_on_it():
+    """A push to a worker that finished gives up once the worker is known finished; by then its
+    replicas must be retired (delivered), or the give-up cuts them off and fails the channel."""
+    worker = _worker()
+    worker._drop = lambda drop: None
+    worker._apply_handovers = lambda handovers: None
+    worker._learn_savepoint = lambda reply: None
+    worker.dead_workers, worker.finished_workers, worker.checkpoints = set(), set(), None
+    seen: list[bool] = []
+
+    class Channel:
+        def retire(self, replica: int, worker: int) -> None:
+            seen.append(worker in outer.finished_workers)
+
+    outer = worker
+    worker._transports_to = {2: [(Channel(), 1)]}
+    worker._apply(Instructions("run", finished=[2]))
+    assert seen == [False] and worker.finished_workers == {2}

@@ -8,7 +8,9 @@ and refuses any call not signed with the application's secret before it reads th
 plane sends typed messages in :mod:`transport.wire`'s safe encoding (:func:`typed`,
 :meth:`Peer.call`), never pickles.  A *watch* (:meth:`Peer.watch`) is a signed call the server
 holds open for as long as the caller's process lives: its server learns within milliseconds that
-the process exited (its connection closed), where a silence would take a timeout to tell.  A
+the process exited (its connection closed), where a silence would take a timeout to tell; the
+server can also ring the watch's :class:`Bell` to tell its caller, at once and signed, that
+something changed (the caller then asks what through its ordinary calls).  A
 *stream* (:meth:`Peer.stream`) is one long call carrying many one-way messages, each signed on
 its own: frequent small reports without a call's set-up each.
 """
@@ -19,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -26,8 +29,8 @@ import grpc
 from transport import wire
 from transport.security import MAC_SIZE, STAMP_SIZE, Refusals, RpcSecurity, TlsMaterial
 
-__all__ = ["BytesHandler", "OpenCall", "Peer", "RpcServer", "StreamHandler", "UnauthenticatedReply", "WatchHandler",
-           "decoding", "is_retryable", "serve", "typed"]
+__all__ = ["Bell", "BytesHandler", "OpenCall", "Peer", "RpcServer", "StreamHandler", "UnauthenticatedReply",
+           "WatchHandler", "Watched", "decoding", "is_retryable", "serve", "typed"]
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +42,47 @@ _OPTIONS = [
 ]
 
 BytesHandler = Callable[[bytes], bytes]
-# a watch: the caller's payload -> what to run once the call ends (the caller's process exited,
-# it closed the watch, or the server stops)
-WatchHandler = Callable[[bytes], Callable[[], None]]
+
+
+class Bell:
+    """A watch's server-side bell: each :meth:`ring` reaches the watching caller as one signed
+    message carrying nothing but a count (a hint to ask again, never data).  Rings that come
+    while one is on its way merge into it."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._rung = 0
+        self._closed = False
+
+    def ring(self) -> None:
+        with self._cond:
+            self._rung += 1
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def wait_past(self, seen: int, timeout: float | None = None) -> int | None:
+        """The ring count once it passed ``seen`` (still ``seen`` after ``timeout``); None once
+        the bell is closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._rung != seen or self._closed, timeout)
+            return None if self._closed else self._rung
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What a watch handler gives back: what to run once the call ends (the caller's process
+    exited, it closed the watch, or the server stops), and the bell that reaches the caller."""
+
+    on_end: Callable[[], None]
+    bell: Bell | None = None
+
+
+# a watch: the caller's payload -> what the server holds for it
+WatchHandler = Callable[[bytes], Watched]
 # a stream: called with each message's payload, in order
 StreamHandler = Callable[[bytes], None]
 Req = TypeVar("Req")
@@ -95,14 +136,25 @@ def _signed(method: str, fn: BytesHandler, security: RpcSecurity, refusals: Refu
 def _watched(method: str, fn: WatchHandler, security: RpcSecurity,
              refusals: Refusals) -> Callable[[bytes, Any], Iterator[bytes]]:
     def handle(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
-        _, payload = _verified(method, request, context, security, refusals)
-        on_end = fn(payload)
+        mac, payload = _verified(method, request, context, security, refusals)
+        watched = fn(payload)
+        bell = watched.bell
         ended = threading.Event()
-        if not context.add_callback(ended.set):  # (False: the call has ended already)
+
+        def end() -> None:
             ended.set()
+            if bell is not None:
+                bell.close()
+
+        if not context.add_callback(end):  # (False: the call has ended already)
+            end()
         yield b""  # (holds one of the server's threads until the call ends)
+        seen: int | None = 0
+        while bell is not None and (seen := bell.wait_past(seen)) is not None:
+            count = seen.to_bytes(8, "big")
+            yield security.sign_reply(mac, count) + count
         ended.wait()
-        on_end()
+        watched.on_end()
     return handle
 
 
@@ -207,11 +259,31 @@ class Peer:
         """Send a control message; the reply, decoded (and checked to be a ``reply_type``)."""
         return wire.decode(self.call_bytes(method, wire.encode(message), timeout), reply_type)
 
-    def watch(self, method: str, message: Any) -> OpenCall:
+    def watch(self, method: str, message: Any, on_ring: Callable[[], None] | None = None) -> OpenCall:
         """Open a watch: the server holds the call open until :meth:`OpenCall.close`, this process
-        exits or the server stops (the server's handler then runs its end callback)."""
-        call = self._channel.unary_stream(f"/{SERVICE}/{method}")(self._signed(method, message))
+        exits or the server stops (the server's handler then runs its end callback).  With
+        ``on_ring``, a thread of this call runs it for each ring of the server's :class:`Bell`."""
+        signed = self._signed(method, message)
+        call = self._channel.unary_stream(f"/{SERVICE}/{method}")(signed)
+        if on_ring is not None:
+            mac = signed[STAMP_SIZE:_HEAD]
+            threading.Thread(target=self._hear_rings, args=(method, call, mac, on_ring), daemon=True,
+                             name=f"watch-{method}").start()
         return OpenCall(self.address, method, call)
+
+    def _hear_rings(self, method: str, call: Any, mac: bytes, on_ring: Callable[[], None]) -> None:
+        try:
+            for reply in call:
+                if not reply:
+                    continue  # the opening
+                view = memoryview(reply)
+                if not self._security.check_reply(mac, bytes(view[:MAC_SIZE]), view[MAC_SIZE:]):
+                    log.warning("a ring of the watch %s of %s is not signed with this application's secret: "
+                                "no longer heard", method, self.address)
+                    return
+                on_ring()
+        except grpc.RpcError:
+            return  # the watch ended (its end is reported by OpenCall)
 
     def stream(self, method: str, messages: Iterator[Any]) -> OpenCall:
         """Open a stream: every control message ``messages`` yields is signed and sent, in order,
@@ -251,6 +323,7 @@ class OpenCall:
 
 
 def is_retryable(err: grpc.RpcError) -> bool:
-    """Transport-level failures worth retrying (peer not up yet, connection reset)."""
+    """Transport-level failures worth retrying (peer not up yet, connection reset, a server
+    stopping under the call)."""
     code = err.code() if hasattr(err, "code") else None
-    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
