@@ -91,7 +91,7 @@ class ExactlyOnceDeadLetters:
              payload_kind: str = "original") -> None:
         key, headers = _letter(self.job_name, reason, operator, origin, payload_kind)
         self.out.append(payload, key, headers)
-        if self.out.writer:
+        if self.out.writer or self.out.taking_over:  # (the writer logs it, once for the partition)
             log.warning("dead letter from %s: %s (origin %s)", operator, reason, origin)
 
     def on_idle(self) -> None:

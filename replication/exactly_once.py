@@ -5,7 +5,8 @@ Both replicas of a partition produce the same records in the same order and numb
 the same output seq.  Only the *writer* replica (chosen by the job master; replica 0 first)
 produces them, in Kafka transactions, each record tagged with headers ``rsink`` (this output of
 this partition of this run) and ``rseq``.  The other replica keeps what is not yet known to be
-committed (the driver relays the writer's committed seq).
+committed (the driver relays the writer's committed seq).  A writer opens its producer with its
+first record to write, not when it is named: most dead-letter outputs never need one.
 
 When the writer's worker is declared dead, the master promotes the other replica with a higher
 epoch.  The new writer opens a producer with the same transactional id (which fences the old
@@ -67,6 +68,8 @@ STUCK_CHECK_S = 3.0
 # that takes longer than the fetch's wait (docs/embedded-broker.md): a short wait never reads a
 # large output partition.  The scan is not latency: a long wait costs it nothing.
 SCAN_FETCH_WAIT_MS = 500
+# A consume call returns when it has a thousand records or after this long, whichever is first.
+SCAN_CONSUME_S = 0.02
 
 
 @dataclass
@@ -122,15 +125,21 @@ def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: 
 def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: int, key: bytes, start: int,
           isolation: str, stall_s: float) -> _Scan:
     """What reading with ``isolation`` from ``start`` finds, until the end of the partition or
-    until ``stall_s`` passed without a record."""
+    until ``stall_s`` passed without a record.
+
+    The end is where the reader's position reaches the high watermark of its last fetch (every
+    record of the fenced writer is below the first one it sees), or an end-of-partition event.
+    The event alone would cost a fetch at the end, which waits its whole ``fetch.wait.max.ms``:
+    half a second more for every takeover."""
     reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
                        "isolation.level": isolation, "fetch.wait.max.ms": SCAN_FETCH_WAIT_MS})
     found = _Scan(position=start)
+    tp = TopicPartition(topic, partition, start)
     try:
-        reader.assign([TopicPartition(topic, partition, start)])
+        reader.assign([tp])
         last_new = time.monotonic()
         while time.monotonic() - last_new < stall_s:
-            for msg in reader.consume(num_messages=1000, timeout=0.1):
+            for msg in reader.consume(num_messages=1000, timeout=SCAN_CONSUME_S):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -143,9 +152,25 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
                     found.best = max(found.best, int(headers["rseq"]))
                 else:
                     found.foreign = True
+            if _reached_high_watermark(reader, tp, found):
+                return found
         return found
     finally:
         reader.close()
+
+
+def _reached_high_watermark(reader: Any, tp: TopicPartition, found: _Scan) -> bool:
+    """Whether ``reader`` read everything below the high watermark its fetches reported (its
+    position, not the last record's offset, which stops short of a transaction's marker); then
+    ``found`` is at the end there."""
+    high = reader.get_watermark_offsets(tp, cached=True)[1]
+    if high < 0:
+        return False  # no fetch answered yet
+    position = reader.position([tp])[0].offset
+    if position < high:
+        return False
+    found.at_end, found.position = True, position
+    return True
 
 
 @dataclass
@@ -158,6 +183,9 @@ class _Takeover:
     producer: Any = None
     written: int = -1
     error: BaseException | None = None
+    started: float = field(default_factory=time.monotonic)
+    fenced_s: float = 0.0  # how long fencing the old writer took (init_transactions)
+    scanned_s: float = 0.0  # and then the scan
 
 
 def _is_fatal(error: KafkaError) -> bool:
@@ -198,6 +226,7 @@ class ExactlyOnceOutput:
         self._on_written = on_written
         self._on_committed = on_committed or (lambda seq, offset: None)
         self._takeover: _Takeover | None = None
+        self._named: int | None = None  # named writer at this epoch, not opened yet: nothing to write
         # the epoch this replica wrote at when a producer of the same output fenced it (-1: not
         # fenced since its last assignment); the driver names a writer again when that is still its
         # current one (a superseded takeover that fenced late, a local fatal producer error)
@@ -213,6 +242,9 @@ class ExactlyOnceOutput:
         entry = (self.seq, value, key, [("rsink", self.output_id.encode()), ("rseq", str(self.seq).encode()),
                                         *headers])
         self.buffer.append(entry)
+        if self._named is not None and self._takeover is None:
+            epoch, self._named = self._named, None
+            self._open(epoch)
         if self.writer:
             self._write(entry, ingest_ts)
             if self.writer:
@@ -301,8 +333,9 @@ class ExactlyOnceOutput:
         if writer_replica == self.replica and epoch > self.epoch:
             self.epoch = epoch
             self._become_writer(epoch)
-        elif writer_replica != self.replica and self.writer:
+        elif writer_replica != self.replica and (self.writer or self._named is not None):
             self.writer = False  # demoted: the new writer's producer fences ours
+            self._named = None
             self.producer = None
             self.txn_records = 0
         self.epoch = epoch
@@ -328,11 +361,23 @@ class ExactlyOnceOutput:
         return producer
 
     def _become_writer(self, epoch: int) -> None:
-        if epoch == 0:  # the first writer: nothing written before it
-            self._start_writing(self._producer(self._producer_conf()))
+        """Named writer at ``epoch``.  With nothing to write (a dead-letter output, mostly, or an
+        idle sink) the producer is opened by the first record, not now: most outputs of a job
+        never hold a producer (a Kafka client and its threads), and a kill's takeovers of such
+        outputs cost nothing.  Opening late is safe: its fencing and scan find whatever an older
+        writer got into the log by then, as they would now, and a writer it fences by mistake is
+        named again (``fenced_at``)."""
+        self._named = None
+        if not self.buffer:
+            self._named = epoch
+            self._on_role("writer")
             return
-        # taking over: what did the previous writer get into the log?  Found in a thread of its own
-        # (the scan can take long), while this replica goes on and keeps its records meanwhile
+        self._open(epoch)
+
+    def _open(self, epoch: int) -> None:
+        """Open the producer (fencing any older one) and, taking over from an earlier writer, find
+        what it got into the log, in a thread of its own (the scan can take long), while this
+        replica goes on and keeps its records meanwhile."""
         self._takeover = takeover = _Takeover(epoch, self.committed_offset)
         threading.Thread(target=self._take_over, args=(takeover,), name=f"takeover-{self.name}",
                          daemon=True).start()
@@ -341,10 +386,13 @@ class ExactlyOnceOutput:
         try:
             conf = self._producer_conf()
             producer = self._producer(conf)
-            takeover.written = max_written_seq(
-                self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"), self.topic,
-                self.kafka_partition, self.output_id, takeover.from_offset,
-                stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S)
+            takeover.fenced_s = time.monotonic() - takeover.started
+            if takeover.epoch > 0:  # (the first writer: nothing written before it)
+                takeover.written = max_written_seq(
+                    self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"), self.topic,
+                    self.kafka_partition, self.output_id, takeover.from_offset,
+                    stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S)
+            takeover.scanned_s = time.monotonic() - takeover.started - takeover.fenced_s
             takeover.producer = producer
         except BaseException as exc:  # noqa: BLE001 - raised on the instance thread
             takeover.error = exc
@@ -362,8 +410,10 @@ class ExactlyOnceOutput:
         if takeover.error is not None:
             raise RuntimeError(f"{self.name}: taking over as writer (epoch {takeover.epoch}) failed: "
                                f"{takeover.error}") from takeover.error
-        log.warning("%s: took over as writer (epoch %d): output has seq <= %d, %d records buffered",
-                    self.name, takeover.epoch, takeover.written, len(self.buffer))
+        log.log(logging.WARNING if takeover.epoch > 0 else logging.INFO,
+                "%s: writing (epoch %d): output has seq <= %d, %d records buffered; fenced in %.3fs, scanned in "
+                "%.3fs, writing %.3fs after it began", self.name, takeover.epoch, takeover.written,
+                len(self.buffer), takeover.fenced_s, takeover.scanned_s, time.monotonic() - takeover.started)
         self._committed(takeover.written, self.committed_offset)
         self._start_writing(takeover.producer)
 

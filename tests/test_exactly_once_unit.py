@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from replication.config import ReplicationConfig
 from replication.exactly_once import ExactlyOnceOutput, max_written_seq
@@ -79,14 +79,22 @@ def _partition(stable: int, high: int):
 
         def assign(self, parts) -> None:
             self.at = max(parts[0].offset, 0)
+            self.fetched = False
 
         def consume(self, num_messages: int, timeout: float):
+            self.fetched = True
             end = stable if self.committed else high
             if self.at < end:
                 out = [_Msg(o, o) for o in range(self.at, end)]
                 self.at = end
                 return out
             return [_Msg(end, eof=True)] if end == high else []
+
+        def get_watermark_offsets(self, tp, cached: bool = False) -> tuple[int, int]:
+            return (0, high) if self.fetched else (-1001, -1001)
+
+        def position(self, parts):
+            return [TopicPartition(parts[0].topic, parts[0].partition, self.at)]
 
         def close(self) -> None:
             pass
@@ -97,6 +105,24 @@ def _partition(stable: int, high: int):
 def test_a_takeover_scan_reads_up_to_the_end_of_the_partition_as_read_committed():
     reader, made = _partition(stable=10, high=10)
     assert max_written_seq({}, "out", 0, "out-1", 3, stall_s=0.3, consumer=reader) == 9
+    assert made == ["read_committed"]
+
+
+def test_a_takeover_scan_ends_at_the_high_watermark_without_an_end_of_partition_fetch():
+    """A fetch at the end of a partition answers only when its wait ends (half a second): the
+    scan stops once its position, past the last transaction's marker, reaches the high watermark
+    its fetches reported, and never asks for that empty fetch."""
+    reader, made = _partition(stable=10, high=10)
+
+    class MarkerLast(reader):
+        def consume(self, num_messages: int, timeout: float):
+            if self.at >= high_watermark:
+                raise AssertionError("fetched at the end of the partition")
+            out = [msg for msg in super().consume(num_messages, timeout) if msg._offset < 9]  # 9: a marker
+            return out
+
+    high_watermark = 10
+    assert max_written_seq({}, "out", 0, "out-1", 3, stall_s=0.3, consumer=MarkerLast) == 8
     assert made == ["read_committed"]
 
 
@@ -299,11 +325,48 @@ def test_a_failed_takeover_fails_its_replica(monkeypatch):
     monkeypatch.setattr(exactly_once, "Producer", TransactionalProducer)
     cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
     out = ExactlyOnceOutput("sink[0]r1", cfg, 1, "run:1:0", "out", 0, 0.001)
+    out.append(b"0", None, [])  # held, not yet confirmed by the writer that died
     with pytest.raises(RuntimeError, match="taking over as writer .epoch 1. failed: no end of partition"):
         out.control(1, 1, -1, -1)
         for _ in range(500):
             out.on_idle()
             time.sleep(0.01)
+
+
+def test_a_writer_with_nothing_to_write_opens_its_producer_with_its_first_record(monkeypatch):
+    """Most outputs (dead letters, idle sinks) never get a record: named writer, they hold no
+    producer and fence nobody until one comes; then they open (and, taking over, scan) as a
+    writer named at that moment would."""
+    from replication import exactly_once
+
+    producers: list[TransactionalProducer] = []
+    scans: list[int] = []
+
+    def producer(conf: dict) -> TransactionalProducer:
+        producers.append(TransactionalProducer(conf))
+        return producers[-1]
+
+    def scan(*args, **kwargs) -> int:
+        scans.append(args[4])  # from the offset it was told was committed
+        return -1
+
+    monkeypatch.setattr(exactly_once, "Producer", producer)
+    monkeypatch.setattr(exactly_once, "max_written_seq", scan)
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    roles: list[str] = []
+    first = ExactlyOnceOutput("dlq[0]r0", cfg, 0, "run:1:0:dlq", "dlq", 0, 0.001, on_role=roles.append)
+    first.control(0, 0, -1, -1)
+    assert roles == ["writer"] and not producers and first.due_in() is None
+    first.finish(lambda: None)  # nothing to write: done at once
+    twin = ExactlyOnceOutput("dlq[0]r1", cfg, 1, "run:1:0:dlq", "dlq", 0, 0.001)
+    twin.control(1, 1, -1, -1)  # its writer died before it wrote anything
+    assert not producers and not scans
+    twin.append(b"bad", None, [])
+    assert twin.taking_over and twin._takeover.done.wait(5)
+    twin.on_idle()
+    assert twin.writer and scans == [-1] and len(producers) == 1
+    twin.finish(lambda: None)
+    assert producers[0].values == [b"bad"] and twin.committed_seq == 0
 
 
 class OpenProducer:
