@@ -172,12 +172,18 @@ class Fault:
     # was catching up (the replicas are back), and every partition was restorable again (protected
     # from the next fault: recovered_s)
     phases: dict[str, float] = field(default_factory=dict)
-
+    last_signal_s: float = 0.0  # from the injection until its last signal (kill-two: the second kill)
     trail: list[tuple[float, str]] = field(default_factory=list)  # (s after the injection, why not healthy)
 
     @property
     def back_s(self) -> float | None:
         return self.phases.get("caught_up")
+
+    @property
+    def back_after_last_signal_s(self) -> float | None:
+        """Back (caught up) counted from the fault's last signal: the second kill of a kill-two."""
+        back = self.back_s
+        return None if back is None else back - self.last_signal_s
 
 
 class NoTarget(Exception):
@@ -190,11 +196,13 @@ class Injector:
     def __init__(self, handle: Any, stack: Any, rnd: random.Random) -> None:
         self.handle, self.stack, self.rnd = handle, stack, rnd
         self.struck_at: float | None = None  # when the last fault's first signal went out
+        self.last_struck_at: float | None = None  # and its last one
 
     def _strike(self) -> None:
         """A fault's clock starts as its (first) signal goes out, not while its target is looked for."""
+        self.last_struck_at = time.monotonic()
         if self.struck_at is None:
-            self.struck_at = time.monotonic()
+            self.struck_at = self.last_struck_at
 
     def _replicas(self) -> list[str]:
         from replication.status import read_status
@@ -234,7 +242,7 @@ class Injector:
         Raises NoTarget when the process to hit is not there now (the soak draws again later)."""
         from replication.chaos import ChaosError
 
-        self.struck_at = None
+        self.struck_at = self.last_struck_at = None
         try:
             return self._inject(kind)
         except ChaosError as exc:
@@ -372,15 +380,18 @@ class SoakReport:
     def lines(self) -> list[str]:
         v = self.verdict
         worst = max((f.recovered_s for f in self.faults if f.recovered_s is not None), default=None)
-        worst_back = max((f.back_s for f in self.faults if f.back_s is not None), default=None)
+        worst_back = max((f.back_after_last_signal_s for f in self.faults if f.back_s is not None), default=None)
         out = [f"soak {self.setup}, seed {self.seed}: {self.duration_s:.0f} s at {self.rate:.0f} events/s, "
                f"{self.workers} workers on {self.executors} executors: {'PASSED' if self.ok else 'FAILED'}",
                f"  faults injected {len(self.faults)}, survived {self.survived}"
-               + (f"; worst: replicas back (restored, caught up) {worst_back:.2f} s" if worst_back is not None else "")
+               + (f"; worst: replicas back (restored, caught up) {worst_back:.2f} s after a fault's last signal"
+                  if worst_back is not None else "")
                + (f", protected again (every partition restorable) {worst:.2f} s" if worst is not None else "")]
         for f in self.faults:
             rec = f"protected in {f.recovered_s:.2f} s" if f.recovered_s is not None else "NOT RECOVERED"
             phases = ", ".join(f"{k} {v:.1f}" for k, v in f.phases.items())
+            if f.last_signal_s > 0 and f.back_after_last_signal_s is not None:
+                phases += f"; last signal at {f.last_signal_s:.1f}, back {f.back_after_last_signal_s:.1f} after it"
             out.append(f"    {f.at_s:7.1f} s  {f.kind:17s} {rec:22s} {f.target}{'  ' + f.note if f.note else ''}"
                        + (f"  [{phases}]" if phases else ""))
         out += [f"  job {self.status}" + (f": {self.failure}" if self.failure else ""),
@@ -479,6 +490,7 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
             while not all(n() for n in noticed) and time.monotonic() < deadline and not handle.master.failure:
                 time.sleep(0.05)  # (healthy before the driver noticed the fault means nothing)
             fault.phases["noticed"] = time.monotonic() - injected
+            fault.last_signal_s = (injector.last_struck_at or injected) - injected
             told_slow = False
             while True:
                 why = unhealthy(handle)

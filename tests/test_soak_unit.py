@@ -85,3 +85,12 @@ def test_fewer_than_one_checkpoint_holder_is_refused_in_one_line(capsys):
     assert soak.main(["--rhino-replicas", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--rhino-replicas" in err
+
+
+def test_a_fault_of_two_kills_is_back_counted_from_its_second():
+    """kill-two's phases run from its first kill; what it is back after is the second one."""
+    from replication.soak import Fault
+
+    fault = Fault("kill-two", 10.0, phases={"noticed": 5.2, "caught_up": 5.6}, last_signal_s=5.1)
+    assert round(fault.back_after_last_signal_s, 2) == 0.5
+    assert Fault("kill-executor", 3.0, phases={"caught_up": 0.4}).back_after_last_signal_s == 0.4
