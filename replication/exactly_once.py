@@ -5,8 +5,7 @@ Both replicas of a partition produce the same records in the same order and numb
 the same output seq.  Only the *writer* replica (chosen by the job master; replica 0 first)
 produces them, in Kafka transactions, each record tagged with headers ``rsink`` (this output of
 this partition of this run) and ``rseq``.  The other replica keeps what is not yet known to be
-committed (the driver relays the writer's committed seq).  A writer opens its producer with its
-first record to write, not when it is named: most dead-letter outputs never need one.
+committed (the driver relays the writer's committed seq).
 
 When the writer's worker is declared dead, the master promotes the other replica with a higher
 epoch.  The new writer opens a producer with the same transactional id (which fences the old
@@ -226,7 +225,6 @@ class ExactlyOnceOutput:
         self._on_written = on_written
         self._on_committed = on_committed or (lambda seq, offset: None)
         self._takeover: _Takeover | None = None
-        self._named: int | None = None  # named writer at this epoch, not opened yet: nothing to write
         # the epoch this replica wrote at when a producer of the same output fenced it (-1: not
         # fenced since its last assignment); the driver names a writer again when that is still its
         # current one (a superseded takeover that fenced late, a local fatal producer error)
@@ -242,9 +240,6 @@ class ExactlyOnceOutput:
         entry = (self.seq, value, key, [("rsink", self.output_id.encode()), ("rseq", str(self.seq).encode()),
                                         *headers])
         self.buffer.append(entry)
-        if self._named is not None and self._takeover is None:
-            epoch, self._named = self._named, None
-            self._open(epoch)
         if self.writer:
             self._write(entry, ingest_ts)
             if self.writer:
@@ -333,9 +328,8 @@ class ExactlyOnceOutput:
         if writer_replica == self.replica and epoch > self.epoch:
             self.epoch = epoch
             self._become_writer(epoch)
-        elif writer_replica != self.replica and (self.writer or self._named is not None):
+        elif writer_replica != self.replica and self.writer:
             self.writer = False  # demoted: the new writer's producer fences ours
-            self._named = None
             self.producer = None
             self.txn_records = 0
         self.epoch = epoch
@@ -361,16 +355,11 @@ class ExactlyOnceOutput:
         return producer
 
     def _become_writer(self, epoch: int) -> None:
-        """Named writer at ``epoch``.  With nothing to write (a dead-letter output, mostly, or an
-        idle sink) the producer is opened by the first record, not now: most outputs of a job
-        never hold a producer (a Kafka client and its threads), and a kill's takeovers of such
-        outputs cost nothing.  Opening late is safe: its fencing and scan find whatever an older
-        writer got into the log by then, as they would now, and a writer it fences by mistake is
-        named again (``fenced_at``)."""
-        self._named = None
-        if not self.buffer:
-            self._named = epoch
-            self._on_role("writer")
+        """Named writer at ``epoch``: open the producer now (fencing any older one, while a hung
+        old writer is still frozen: on the embedded broker a batch of it in flight during the
+        fencing can land after it, DESIGN §10), and, taking over, scan what it wrote."""
+        if epoch == 0:  # the first writer: nothing written before it
+            self._start_writing(self._producer(self._producer_conf()))
             return
         self._open(epoch)
 

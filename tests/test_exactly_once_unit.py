@@ -333,42 +333,6 @@ def test_a_failed_takeover_fails_its_replica(monkeypatch):
             time.sleep(0.01)
 
 
-def test_a_writer_with_nothing_to_write_opens_its_producer_with_its_first_record(monkeypatch):
-    """Most outputs (dead letters, idle sinks) never get a record: named writer, they hold no
-    producer and fence nobody until one comes; then they open (and, taking over, scan) as a
-    writer named at that moment would."""
-    from replication import exactly_once
-
-    producers: list[TransactionalProducer] = []
-    scans: list[int] = []
-
-    def producer(conf: dict) -> TransactionalProducer:
-        producers.append(TransactionalProducer(conf))
-        return producers[-1]
-
-    def scan(*args, **kwargs) -> int:
-        scans.append(args[4])  # from the offset it was told was committed
-        return -1
-
-    monkeypatch.setattr(exactly_once, "Producer", producer)
-    monkeypatch.setattr(exactly_once, "max_written_seq", scan)
-    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
-    roles: list[str] = []
-    first = ExactlyOnceOutput("dlq[0]r0", cfg, 0, "run:1:0:dlq", "dlq", 0, 0.001, on_role=roles.append)
-    first.control(0, 0, -1, -1)
-    assert roles == ["writer"] and not producers and first.due_in() is None
-    first.finish(lambda: None)  # nothing to write: done at once
-    twin = ExactlyOnceOutput("dlq[0]r1", cfg, 1, "run:1:0:dlq", "dlq", 0, 0.001)
-    twin.control(1, 1, -1, -1)  # its writer died before it wrote anything
-    assert not producers and not scans
-    twin.append(b"bad", None, [])
-    assert twin.taking_over and twin._takeover.done.wait(5)
-    twin.on_idle()
-    assert twin.writer and scans == [-1] and len(producers) == 1
-    twin.finish(lambda: None)
-    assert producers[0].values == [b"bad"] and twin.committed_seq == 0
-
-
 class OpenProducer:
     """A transactional producer that takes everything (no broker)."""
 

@@ -132,11 +132,6 @@ def kafka_security(tmp_path: Path) -> dict[str, str]:
             "sasl.password": "pw", "ssl.ca.location": tls_files(tmp_path)["ca"]}
 
 
-def _opening(out) -> None:
-    """What a writer's opening (in its own thread, with its first record) makes: its producer."""
-    out._producer(out._producer_conf())
-
-
 def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypatch) -> None:
     """Sources, sinks and dead letters (their writers and takeover scans), the order log, the
     heartbeat log (generator and readers), the plain dead-letter writer and the admin client all
@@ -166,7 +161,8 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
     monkeypatch.setattr(kafka_io, "AdminClient", recorder("admin"))
     calls = {
         "the worker's producer (plain dead letters and sinks)": lambda: worker.Worker._build_host(SimpleNamespace(cfg=cfg, job_name="j"), {}),
-        "sink and dead-letter writer": lambda: _opening(exactly_once.ExactlyOnceOutput("sink", cfg, 0, "s", "t", 0, 0.005)),
+        "sink and dead-letter writer": lambda: exactly_once.ExactlyOnceOutput(
+            "sink", cfg, 0, "s", "t", 0, 0.005).control(0, 0, -1, -1),
         "sink and dead-letter takeover scan": lambda: exactly_once.max_written_seq(
             cfg.kafka_consumer_config(group_id="scan"), "t", 0, "s", 0),
         "end offsets": lambda: kafka_io.end_offsets_by_fetch(cfg.kafka_consumer_config(), "t", [0]),

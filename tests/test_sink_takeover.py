@@ -40,8 +40,7 @@ class SinkEnv:
 
 
 def _until_writer(out, timeout_s: float = 90.0) -> None:
-    """A named writer opens its producer with its first record, and the opening (fencing, the scan)
-    runs in its own thread: wait until it made a writer."""
+    """The takeover (fencing, the scan) runs in its own thread: wait until it made a writer."""
     deadline = time.monotonic() + timeout_s
     while not out.writer:
         assert out.taking_over and time.monotonic() < deadline
@@ -70,13 +69,9 @@ def test_takeover_after_a_writer_dies_mid_transaction_writes_every_record_once(s
     writer, standby = (ExactlyOnceSink("sink", env, topic, lambda v: repr(v).encode(), str.encode) for env in envs)
     writer.control(0, 0, -1, -1)
     standby.control(0, 0, -1, -1)
-    assert not writer.out.writer and not writer.out.taking_over  # named: opens with its first record
-    for sink in (writer, standby):
-        sink.process(_rec(0))
-    _until_writer(writer.out)
-    assert not standby.out.writer
+    assert writer.out.writer and not standby.out.writer
 
-    for i in range(1, 300):
+    for i in range(300):
         writer.process(_rec(i))
         standby.process(_rec(i))
     writer.out._maybe_commit(force=True)
@@ -136,9 +131,9 @@ def test_a_writer_fenced_by_a_superseded_takeover_is_named_again_and_writes_ever
     cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers})
     sink = ExactlyOnceSink("sink", SinkEnv(cfg, 1, sink_id), topic, lambda v: repr(v).encode(), str.encode)
     sink.control(1, 1, -1, -1)
+    _until_writer(sink.out)
     for i in range(100):
         sink.process(_rec(i))
-    _until_writer(sink.out)
     sink.out._maybe_commit(force=True)
 
     stray = Producer(sink.out._producer_conf())
@@ -177,7 +172,7 @@ def test_dead_letters_are_written_once_by_the_writer_replica_and_after_a_takeove
 
     for i in range(20):
         bad(i)
-    _until_writer(replicas[0].out)
+    replicas[0].on_idle()
     replicas[0].out._maybe_commit(force=True)
     replicas[1].control(0, 0, *replicas[0].committed)
     for i in range(20, 30):  # the writer dies with these in an open transaction
