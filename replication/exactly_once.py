@@ -361,12 +361,8 @@ class ExactlyOnceOutput:
         if epoch == 0:  # the first writer: nothing written before it
             self._start_writing(self._producer(self._producer_conf()))
             return
-        self._open(epoch)
-
-    def _open(self, epoch: int) -> None:
-        """Open the producer (fencing any older one) and, taking over from an earlier writer, find
-        what it got into the log, in a thread of its own (the scan can take long), while this
-        replica goes on and keeps its records meanwhile."""
+        # taking over: what did the previous writer get into the log?  Found in a thread of its own
+        # (the scan can take long), while this replica goes on and keeps its records meanwhile
         self._takeover = takeover = _Takeover(epoch, self.committed_offset)
         threading.Thread(target=self._take_over, args=(takeover,), name=f"takeover-{self.name}",
                          daemon=True).start()
@@ -376,11 +372,10 @@ class ExactlyOnceOutput:
             conf = self._producer_conf()
             producer = self._producer(conf)
             takeover.fenced_s = time.monotonic() - takeover.started
-            if takeover.epoch > 0:  # (the first writer: nothing written before it)
-                takeover.written = max_written_seq(
-                    self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"), self.topic,
-                    self.kafka_partition, self.output_id, takeover.from_offset,
-                    stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S)
+            takeover.written = max_written_seq(
+                self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"), self.topic,
+                self.kafka_partition, self.output_id, takeover.from_offset,
+                stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S)
             takeover.scanned_s = time.monotonic() - takeover.started - takeover.fenced_s
             takeover.producer = producer
         except BaseException as exc:  # noqa: BLE001 - raised on the instance thread
@@ -399,10 +394,10 @@ class ExactlyOnceOutput:
         if takeover.error is not None:
             raise RuntimeError(f"{self.name}: taking over as writer (epoch {takeover.epoch}) failed: "
                                f"{takeover.error}") from takeover.error
-        log.log(logging.WARNING if takeover.epoch > 0 else logging.INFO,
-                "%s: writing (epoch %d): output has seq <= %d, %d records buffered; fenced in %.3fs, scanned in "
-                "%.3fs, writing %.3fs after it began", self.name, takeover.epoch, takeover.written,
-                len(self.buffer), takeover.fenced_s, takeover.scanned_s, time.monotonic() - takeover.started)
+        log.warning("%s: took over as writer (epoch %d): output has seq <= %d, %d records buffered; fenced in "
+                    "%.3fs, scanned in %.3fs, writing %.3fs after the role came", self.name, takeover.epoch,
+                    takeover.written, len(self.buffer), takeover.fenced_s, takeover.scanned_s,
+                    time.monotonic() - takeover.started)
         self._committed(takeover.written, self.committed_offset)
         self._start_writing(takeover.producer)
 
