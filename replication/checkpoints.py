@@ -7,7 +7,8 @@ replica that takes over shipping from a dead twin starts with a full snapshot.
 
 As a *replica-group member*, it stores the increments of other partitions in a
 :class:`~rhino_state.replica_store.ReplicaStore` (standby copies) and restores a lost replica
-from there by hard links.
+from there by hard links.  A worker that holds no copy restores by pulling the checkpoint from a
+holder (``rhino_state.fetch``); every holder serves its completed checkpoints so.
 
 As an *upstream*, it trims its output channels' backups to the positions of the destinations'
 safe checkpoints (the consistent cut a rollback restores from, see ``rhino_state.manager``).
@@ -26,9 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rhino_state.fetch import CheckpointExporter, fetch_checkpoint
 from rhino_state.increments import IncrementMeta
-from rhino_state.replica_store import ReplicaStore
+from rhino_state.replica_store import ReplicaStore, restore_full
 from rhino_state.transfer import ChainShipper, IncrementService
+from transport import rpc
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ class WorkerCheckpoints:
         self.store = ReplicaStore(root / "store")
         self.service = IncrementService(self.store.apply, root / "spool", security=worker.security)
         self.shipper = ChainShipper(security=worker.security, on_completed=self._on_completed)
+        self.exporter = CheckpointExporter(self.store, root / "exports")
         self._lock = threading.Lock()
         self._taken: list[tuple[int, int, int, int, str]] = []  # (task, part, replica, id, digest)
         self._completed: list[tuple[int, int, int, dict[int, int], str, list[str], dict[int, int]]] = []
@@ -53,9 +57,10 @@ class WorkerCheckpoints:
         self._group_view: dict[Instance, list[str]] = {}  # every instance's replica group (addresses)
 
     def handlers(self) -> dict[str, Any]:
-        return {**self.service.handlers(), **self.shipper.handlers()}
+        return {**self.service.handlers(), **self.shipper.handlers(), **self.exporter.handlers()}
 
     def start(self, address: str) -> None:
+        self.exporter.start()
         self.service.start(address)
         self.shipper.start(address)
 
@@ -185,3 +190,16 @@ class WorkerCheckpoints:
                 self.store.complete(key, checkpoint_id)
         shutil.rmtree(target, ignore_errors=True)
         return self.store.restore(key, target, checkpoint_id)
+
+    def fetch(self, key: Instance, target: Path, checkpoint_id: int, holder: rpc.Peer) -> IncrementMeta:
+        """Materialise completed checkpoint ``checkpoint_id`` of ``key``, which this worker does not
+        hold, at ``target``: pulled from ``holder`` as a full increment, checked, then built."""
+        shutil.rmtree(target, ignore_errors=True)
+        payload = self.root / "fetched" / f"t{key[0]}p{key[1]}-{checkpoint_id}.inc"
+        payload.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            meta = fetch_checkpoint(holder, key, checkpoint_id, payload)
+            restore_full(meta, payload, target)
+        finally:
+            payload.unlink(missing_ok=True)
+        return meta

@@ -61,7 +61,7 @@ from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
 from rhino_state import AllAtOnce, Batched, HandoverState, JobState, RoutingTable
 from rhino_state.handover import Strategy
-from rhino_state.manager import ReplicationManager
+from rhino_state.manager import ReplicationManager, RestorePlan
 from transport import rpc
 from transport.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from transport.rpc import host_port
@@ -496,15 +496,16 @@ class JobMaster:
                 continue
             if any(other[:2] == replica[:2] for other in self._restoring):
                 continue  # one restore per partition at a time (a rollback brings back one replica first)
-            plan = self.rhino.restore_plan(replica, avoid=self.drained)
-            if plan is None or plan[0] not in self.workers:
+            unregistered = {w for w in range(self.num_workers) if w not in self.workers}
+            plan = self.rhino.restore_plan(replica, avoid=self.drained | unregistered)
+            if plan is None or (plan.source is not None and plan.source not in self.workers):
                 if replica not in self._unrestorable:
                     self._unrestorable.add(replica)
                     self.event(f"{self._replica_label(*replica)} cannot be restored yet: no live worker holds the "
-                               "completed checkpoint it needs; its partition runs without it until one does")
+                               "completed checkpoint it needs, or none is free to run it; its partition runs "
+                               "without it until one is")
                 continue
-            host, cp, rollback = plan
-            t, p, r = replica
+            cp, host = plan.checkpoint, plan.host
             self.rhino.restoring(replica, cp)  # pinned now: the cut may move on before the restore is done
             self._writer_from_restored(replica)
             self._restoring.add(replica)
@@ -513,8 +514,9 @@ class JobMaster:
             req = RestoreReplica(replica, cp.checkpoint_id, dict(self.placement), self._sink_roles(),
                                  self._addresses(), attempt,
                                  # the committed handovers it takes part in that its checkpoint may predate
-                                 [] if self.handovers is None else self.handovers.replica_restored(replica, attempt))
-            threading.Thread(target=self._restore, args=(replica, host, address, req, rollback),
+                                 [] if self.handovers is None else self.handovers.replica_restored(replica, attempt),
+                                 "" if plan.source is None else self.workers[plan.source].address)
+            threading.Thread(target=self._restore, args=(replica, host, address, req, plan),
                              name=f"restore-{replica}", daemon=True).start()
 
     def _writer_from_restored(self, replica: ReplicaId) -> None:
@@ -528,10 +530,11 @@ class JobMaster:
                 role[0], role[1] = r, role[1] + 1
                 self.event(f"{self._output_label(t, p, r, kind)} writes once restored (epoch {role[1]})")
 
-    def _restore(self, replica: ReplicaId, host: int, address: str, req: RestoreReplica, rollback: bool) -> None:
-        """Restore a lost replica on ``host``, which holds the checkpoint ``req`` names (its own
-        thread); the upstreams then replay to it from their backups.  A rollback: no live replica
-        of the partition was left (when the restore started or by the time it finished)."""
+    def _restore(self, replica: ReplicaId, host: int, address: str, req: RestoreReplica, plan: RestorePlan) -> None:
+        """Restore a lost replica on ``host``, which holds the checkpoint ``req`` names or pulls it
+        from ``plan.source`` (its own thread); the upstreams then replay to it from their backups.
+        A rollback: no live replica of the partition was left (when the restore started or by the
+        time it finished)."""
         assert self.rhino is not None
         t, p, r = replica
         name = self._replica_label(t, p, r)
@@ -552,7 +555,7 @@ class JobMaster:
             self._restoring.discard(replica)
             dead_at = self.lost.pop(replica, time.time())
             self._unrestorable.discard(replica)
-            rollback = rollback or not self.rhino.replica_workers((t, p))
+            rollback = plan.rollback or not self.rhino.replica_workers((t, p))
             self._writer_from_restored(replica)  # its twin may have died while it was restored
             for (tt, pp), group in self.rhino.replica_moved(replica, host).items():  # moves it in placement
                 self.event(f"replica group of {self.plan.task(tt).name}[{pp}] is now workers {group}")
@@ -567,15 +570,16 @@ class JobMaster:
             self._catching_up[replica] = {
                 "replica": name, "worker": host, "checkpoint_id": reply.checkpoint_id,
                 "failed_at": dead_at, "restored_at": now, "load_s": reply.load_s,
-                "restore_s": reply.restore_s, "rollback": rollback,
+                "restore_s": reply.restore_s, "rollback": rollback, "pulled_from": plan.source,
                 "target_pulse": max([reply.pulse, *(m.pulse for m in known)]),
                 "target_checkpoint": (max([reply.checkpoint_id, *(m.checkpoint_id for m in known)])
                                       if self.mode == "kazoo" else -1)}
             # the lost incarnation's last figures (its pulse reached near its twin's) must not count
             # as the restored one's: it is caught up only by what the restored one reports
             self.metrics.pop(name, None)
+            pulled = "" if plan.source is None else f" (pulled from worker {plan.source})"
             self.event(f"{name} {'rolled back' if rollback else 'restored'} on worker {host} from checkpoint "
-                       f"{reply.checkpoint_id} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
+                       f"{reply.checkpoint_id}{pulled} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
                        "failure); its upstreams replay from their backups")
             self._status_dirty = True
             self._ring_workers()  # its upstreams send to it from their next reply on
@@ -1031,7 +1035,8 @@ class JobHandle:
 
     def recoveries(self) -> list[dict[str, Any]]:
         """Replicas restored from Rhino checkpoints that caught up (two live replicas again), with
-        their timings: failed_at, restored_at, caught_up_at (wall clock), load_s, recovery_s."""
+        their timings: failed_at, restored_at, caught_up_at (wall clock), load_s, recovery_s; and
+        pulled_from: the worker the checkpoint was pulled from (None: the host held it)."""
         with self.master._cond:
             return [dict(r) for r in self.master.recoveries]
 

@@ -137,7 +137,8 @@ class Registered:
 @wire.record
 @dataclass(frozen=True)
 class RestoreReplica:
-    """Run the lost replica ``replica`` on the worker called, from the completed checkpoint it holds."""
+    """Run the lost replica ``replica`` on the worker called, from the completed checkpoint it
+    holds, or (``source``: a holder's address) one it pulls from there first."""
 
     replica: ReplicaId
     checkpoint_id: int
@@ -146,6 +147,7 @@ class RestoreReplica:
     addresses: dict[int, str]
     attempt: int
     handovers: list[dict[str, Any]] = field(default_factory=list)
+    source: str = ""
 
 
 @wire.record

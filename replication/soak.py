@@ -324,7 +324,7 @@ def unhealthy(handle: Any) -> str:
         bare = [f"{master.plan.task(t).name}[{p}] (safe {held(rhino.restore_point((t, p)))}, latest "
                 f"{held(rhino.completed.get((t, p)))}, group {rhino.groups.get((t, p))}, replicas on "
                 f"{sorted(rhino.replica_workers((t, p)))})"
-                for t, p in rhino.instances() if rhino.restore_plan((t, p, 0)) is None]
+                for t, p in rhino.instances() if not rhino.survives_a_loss((t, p), master.drained)]
         if not bare:
             return ""
         # a restore's pin holds its upstreams' safe checkpoints back too

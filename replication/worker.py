@@ -423,7 +423,8 @@ class Worker:
     # -- Rhino: restoring a lost replica here, and replaying to replicas restored elsewhere -------
     def restore(self, req: RestoreReplica) -> Restored:
         """Run the lost replica ``req.replica`` here, from the completed checkpoint this worker
-        holds (hard links, no transfer); its upstreams replay from the returned positions."""
+        holds (hard links, no transfer) or pulls from ``req.source``; its upstreams replay from
+        the returned positions."""
         assert self.checkpoints is not None
         if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
             raise RuntimeError(f"worker {self.index} not ready")
@@ -434,7 +435,10 @@ class Worker:
         self._addresses.update(req.addresses)
         inst = self._instance(task_id, part, replica, restoring=True)
         target = self.state_root / f"t{task_id}-p{part}-restored"
-        meta = self.checkpoints.restore((task_id, part), target, req.checkpoint_id)
+        if req.source:
+            meta = self.checkpoints.fetch((task_id, part), target, req.checkpoint_id, self._peer(req.source))
+        else:
+            meta = self.checkpoints.restore((task_id, part), target, req.checkpoint_id)
         loaded = time.monotonic()
         runtime = inst.restore_from(meta, target)
         inst.build(self._outputs(inst, req.placement, runtime["outputs"]))

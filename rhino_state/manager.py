@@ -6,7 +6,8 @@ live replicas, in chain order.  A checkpoint completes when the chain's tail ack
 manager then knows the checkpoint is held by every member of the group it was shipped to.  When a
 replica is lost, it is restored on a member holding the latest completed checkpoint (a local
 restore: hard links, no bulk transfer); that member then runs the replica, so the group gets a new
-member in its place, which needs a full snapshot first.
+member in its place, which needs a full snapshot first.  If every live holder runs a replica of
+the instance itself, another worker restores it from a checkpoint it pulls from a holder.
 
 **Rollback.** When *every* replica of an instance is lost (or its twin dies before a restored
 replica delivered what it should), restoring it from its latest checkpoint is not enough: what
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-__all__ = ["CompletedCheckpoint", "ReplicationManager"]
+__all__ = ["CompletedCheckpoint", "ReplicationManager", "RestorePlan"]
 
 Instance = tuple[int, int]  # (task, partition)
 ReplicaId = tuple[int, int, int]  # (task, partition, replica)
@@ -45,6 +46,18 @@ class CompletedCheckpoint:
     digest: str = ""
     completed_at: float = 0.0  # when the driver learned of it (wall clock)
     outputs: Mapping[int, int] = field(default_factory=dict)  # output channel -> next seq at the checkpoint
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    """Restore a lost replica on ``host`` from ``checkpoint``, which ``host`` holds, or (``source``
+    not None) pulls from the holder ``source``.  ``rollback``: no live replica of its instance is
+    left, so its downstreams may need output from before ``checkpoint`` again."""
+
+    host: int
+    checkpoint: CompletedCheckpoint
+    rollback: bool
+    source: int | None = None
 
 
 Channel = tuple[int, Instance, Instance]  # (channel id, upstream instance, downstream instance)
@@ -249,27 +262,52 @@ class ReplicationManager:
                     best = (loads[member], inst, member)
         return None if best is None else best[1:]
 
-    def restore_plan(self, replica: ReplicaId, avoid: Collection[int] = ()
-                     ) -> tuple[int, CompletedCheckpoint, bool] | None:
-        """Where and from what to restore ``replica``: ``(worker, checkpoint, rollback)``, or None
-        if no live worker that runs no replica of its instance holds the checkpoint needed
-        (workers in ``avoid``, e.g. drained ones, are not chosen).
+    def restore_plan(self, replica: ReplicaId, avoid: Collection[int] = ()) -> RestorePlan | None:
+        """Where and from what to restore ``replica``, or None if no live worker holds the
+        checkpoint needed or none is free to run it (free: live, running no replica of its
+        instance, not in ``avoid``, e.g. drained or not registered yet).
+
+        A free holder first (the restore is hard links); else the least loaded free worker,
+        which pulls the checkpoint from a live holder (``source``) that runs a replica itself.
 
         Always the safe checkpoint (or the one a restore in progress replays from), even with a
         live twin: a replica restored from the latest one could not give a downstream that is
         rolled back later the output before that checkpoint, and its twin may die before it is
         delivered.  (Nor a downstream replica that lags behind that output, e.g. one restored a
-        little earlier still catching up: it would wait for a gap nobody can fill.)
-        ``rollback``: no live replica of the instance is left."""
+        little earlier still catching up: it would wait for a gap nobody can fill.)"""
         inst = replica[:2]
         busy = self.replica_workers(inst)
-        rollback = not busy
         cp = self.restore_point(inst)
         if cp is None:
             return None
-        order = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
-        host = next((w for w in order if w not in self.dead and w not in busy and w not in avoid), None)
-        return None if host is None else (host, cp, rollback)
+        held = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
+        held = [w for w in dict.fromkeys(held) if w not in self.dead]
+        if not held:
+            return None
+        rollback = not busy
+        host = next((w for w in held if w not in busy and w not in avoid), None)
+        if host is not None:
+            return RestorePlan(host, cp, rollback)
+        free = [w for w in range(self.num_workers) if w not in self.dead and w not in busy and w not in avoid]
+        if not free:
+            return None
+        return RestorePlan(min(free, key=self._load), cp, rollback, source=held[0])
+
+    def survives_a_loss(self, inst: Instance, avoid: Collection[int] = ()) -> bool:
+        """Whether ``inst`` stays restorable if any one worker running a live replica of it dies
+        now: a live holder of its restore point other than that worker, and a worker free to run
+        the lost replica (a holder that runs a replica is only a source: losing it loses the
+        replica and that copy at once)."""
+        cp = self.restore_point(inst)
+        if cp is None:
+            return False
+        busy = self.replica_workers(inst)
+        holders = cp.holders - self.dead
+        live = [w for w in range(self.num_workers) if w not in self.dead and w not in avoid]
+        for w in busy or {-1}:
+            if not holders - {w} or not [x for x in live if x != w and x not in busy]:
+                return False
+        return True
 
     def restore_failed(self, replica: ReplicaId) -> None:
         """The restore of ``replica`` failed, or the restored replica was lost before it caught

@@ -56,6 +56,7 @@ __all__ = [
     "NoCompletedCheckpointError",
     "ReplicaStore",
     "ReplicaStoreClosedError",
+    "restore_full",
 ]
 
 _INSTANCE_DIR = re.compile(r"t\d+-p\d+")
@@ -239,24 +240,7 @@ class ReplicaStore:
         shutil.rmtree(standby_dir, ignore_errors=True)
         db = Rdict(standby_dir, _options())
         try:
-            reader = IncrementReader(payload)
-            with reader:
-                if not reader.full:
-                    raise IncrementFormatError(f"{payload}: the meta says full, the payload is a delta")
-                total = 0
-                batch: list[tuple[bytes, bytes | None]] = []
-                batch_bytes = 0
-                for key, value in reader:
-                    assert value is not None
-                    total += pair_hash(key, value)
-                    batch.append((key, value))
-                    batch_bytes += len(key) + len(value)
-                    if batch_bytes >= _WRITE_BATCH_BYTES:
-                        _write_records(db, batch)
-                        batch, batch_bytes = [], 0
-                _write_records(db, batch)
-            _check_digest(meta, digest_hex(total))
-            db.put(MARKER_KEY, encode_marker(meta.checkpoint_id, meta.digest))
+            _load_full(db, meta, payload)
         except BaseException:
             db.close()
             shutil.rmtree(standby_dir, ignore_errors=True)
@@ -398,15 +382,7 @@ class ReplicaStore:
         is not affected.
         """
         with self._locked(instance, create=False) as inst:
-            if inst is None or inst.completed is None or inst.completed_dir is None:
-                raise NoCompletedCheckpointError(f"instance {instance} has no completed checkpoint here")
-            meta, source = inst.completed, inst.completed_dir
-            if checkpoint_id is not None and checkpoint_id != meta.checkpoint_id:
-                if checkpoint_id not in inst.older:
-                    raise NoCompletedCheckpointError(
-                        f"instance {instance}: completed checkpoint {checkpoint_id} is not kept here "
-                        f"(kept: {sorted(inst.older) + [meta.checkpoint_id]})")
-                meta, source = inst.older[checkpoint_id]
+            meta, source = _completed(instance, inst, checkpoint_id)
             link_db(source, os.fspath(target_dir))
             return meta
 
@@ -444,19 +420,20 @@ class ReplicaStore:
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
-    def export_full(self, instance: Instance, path: str | os.PathLike[str]) -> IncrementMeta:
-        """Write the newest completed checkpoint as a full increment payload at ``path``.
+    def export_full(self, instance: Instance, path: str | os.PathLike[str],
+                    checkpoint_id: int | None = None) -> IncrementMeta:
+        """Write the newest completed checkpoint (or the kept one ``checkpoint_id``) as a full
+        increment payload at ``path``.
 
-        For a restoring process on another machine: it ``apply``s the returned meta and payload to
-        its own store, then ``complete``s and ``restore``s. Streams; the instance is only locked
-        while the snapshot is hard-linked to a private directory.
+        For restoring on a worker that does not hold it: that worker builds the database from
+        the returned meta and payload with :func:`restore_full` (or ``apply``s them to its own
+        store). Streams; the instance is only locked while the snapshot is hard-linked to a
+        private directory.
         """
         with self._locked(instance, create=False) as inst:
-            if inst is None or inst.completed is None or inst.completed_dir is None:
-                raise NoCompletedCheckpointError(f"instance {instance} has no completed checkpoint here")
-            completed = inst.completed
+            completed, source = _completed(instance, inst, checkpoint_id)
             private = os.path.join(inst.dir, f"export-{uuid.uuid4().hex}")
-            link_db(inst.completed_dir, private)
+            link_db(source, private)
         try:
             db = Rdict(private, _options(), access_type=AccessType.read_only())
             try:
@@ -530,12 +507,68 @@ class ReplicaStore:
         return f"ReplicaStore({self.root!r}, instances={len(self._instances)})"
 
 
+def _completed(instance: Instance, inst: _Instance | None, checkpoint_id: int | None) -> tuple[IncrementMeta, str]:
+    """Meta and snapshot directory of the newest completed checkpoint, or of the kept one
+    ``checkpoint_id`` (the instance's lock held)."""
+    if inst is None or inst.completed is None or inst.completed_dir is None:
+        raise NoCompletedCheckpointError(f"instance {instance} has no completed checkpoint here")
+    if checkpoint_id is None or checkpoint_id == inst.completed.checkpoint_id:
+        return inst.completed, inst.completed_dir
+    if checkpoint_id not in inst.older:
+        raise NoCompletedCheckpointError(
+            f"instance {instance}: completed checkpoint {checkpoint_id} is not kept here "
+            f"(kept: {sorted(inst.older) + [inst.completed.checkpoint_id]})")
+    return inst.older[checkpoint_id]
+
+
 def _check_digest(meta: IncrementMeta, digest: str) -> None:
     if digest != meta.digest:
         raise IncrementDigestError(
             f"instance {meta.instance}: checkpoint {meta.checkpoint_id} yields digest {digest}, "
             f"its meta says {meta.digest}"
         )
+
+
+def restore_full(meta: IncrementMeta, payload: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> None:
+    """Build at ``target_dir`` (absent or empty) the database a full increment describes, as
+    :meth:`ReplicaStore.restore` would materialise it: ``RocksDBStateBackend(target_dir)`` opens
+    that content and continues the checkpoint chain at ``meta``'s id.  Checked against the meta
+    (framing, checksum, content digest); nothing is left at ``target_dir`` if it does not match."""
+    if not meta.full:
+        raise ValueError(f"instance {meta.instance}: checkpoint {meta.checkpoint_id} is a delta, not a full snapshot")
+    target = os.fspath(target_dir)
+    if os.path.isdir(target) and os.listdir(target):
+        raise FileExistsError(f"restore target {target!r} is not empty")
+    db = Rdict(target, _options())
+    try:
+        _load_full(db, meta, os.fspath(payload))
+    except BaseException:
+        db.close()
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    db.close()
+
+
+def _load_full(db: Rdict, meta: IncrementMeta, payload: str) -> None:
+    """Write a full snapshot's records into the empty ``db``, check its digest, mark its id."""
+    reader = IncrementReader(payload)
+    with reader:
+        if not reader.full:
+            raise IncrementFormatError(f"{payload}: the meta says full, the payload is a delta")
+        total = 0
+        batch: list[tuple[bytes, bytes | None]] = []
+        batch_bytes = 0
+        for key, value in reader:
+            assert value is not None
+            total += pair_hash(key, value)
+            batch.append((key, value))
+            batch_bytes += len(key) + len(value)
+            if batch_bytes >= _WRITE_BATCH_BYTES:
+                _write_records(db, batch)
+                batch, batch_bytes = [], 0
+        _write_records(db, batch)
+    _check_digest(meta, digest_hex(total))
+    db.put(MARKER_KEY, encode_marker(meta.checkpoint_id, meta.digest))
 
 
 def _read_ranges(db: Rdict, ranges: list[range]) -> list[tuple[int, bytes, bytes]]:

@@ -150,8 +150,8 @@ def replicas_sharing_worker(handle, replica: str) -> int:
 
 
 def every_partition_restorable(master) -> bool:
-    """Every partition's restore point (its safe checkpoint) is held by a live worker that runs none
-    of its replicas: a replica lost now can be restored (``ReplicationManager.restore_plan``)."""
+    """Every partition's restore point (its safe checkpoint) is held apart from each of its
+    replicas: a replica lost now, with its worker, can be restored (``survives_a_loss``)."""
     with master._cond:
         rhino = master.rhino
-        return all(rhino.restore_plan((t, p, 0)) is not None for t, p in rhino.instances())
+        return all(rhino.survives_a_loss(inst, master.drained) for inst in rhino.instances())

@@ -10,6 +10,7 @@ from replication.examples.ordered import build_ordered_job
 from replication.messages import Attach, Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
+from rhino_state.manager import CompletedCheckpoint, RestorePlan
 
 
 def _master(mode: str = "kazoo", rhino: bool = False, workers: int = 3) -> JobMaster:
@@ -249,7 +250,8 @@ def test_in_kazoo_a_restored_replica_catches_up_at_the_checkpoint_its_twin_had_t
     master._peers[address] = _RestoringPeer(100)
     with master._cond:
         master.lost[replica] = time.time()
-    master._restore(replica, host, address, RestoreReplica(replica, 100, {}, {}, {}, 1), rollback=False)
+    master._restore(replica, host, address, RestoreReplica(replica, 100, {}, {}, {}, 1),
+                    RestorePlan(host, CompletedCheckpoint(100, {}, frozenset({host})), rollback=False))
     assert replica in master._catching_up
     with master._cond:
         master.metrics[label] = InstanceMetrics(restored_from=100, checkpoint_id=200)
@@ -275,7 +277,8 @@ def test_a_restored_replica_is_not_caught_up_by_the_figures_of_its_lost_incarnat
     master._peers[address] = _RestoringPeer(2900)
     with master._cond:
         master.lost[replica] = time.time()
-    master._restore(replica, host, address, RestoreReplica(replica, 2900, {}, {}, {}, 1), rollback=False)
+    master._restore(replica, host, address, RestoreReplica(replica, 2900, {}, {}, {}, 1),
+                    RestorePlan(host, CompletedCheckpoint(2900, {}, frozenset({host})), rollback=False))
     with master._cond:
         master._check_caught_up()  # what any heartbeat does
         assert replica in master._catching_up

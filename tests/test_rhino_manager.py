@@ -23,8 +23,10 @@ def test_a_lost_replica_is_restored_on_a_holder_of_the_latest_completed_checkpoi
     assert not m.checkpoint_completed((0, 0), 4, {0: 8})  # older: ignored
     lost, changed = m.worker_dead(0)
     assert (0, 0, 0) in lost and all(m.placement[r] == 0 for r in lost)
-    assert m.restore_plan((0, 0, 0))[0] == 2  # worker 2 holds (0, 0)'s checkpoint 5
-    assert m.restore_plan((0, 0, 0), avoid={2}) is None  # a drained worker is no destination
+    plan = m.restore_plan((0, 0, 0))
+    assert (plan.host, plan.source) == (2, None)  # worker 2 holds (0, 0)'s checkpoint 5
+    # a drained holder is no destination: worker 1 (which runs the twin) is not free either
+    assert m.restore_plan((0, 0, 0), avoid={2}) is None
     assert m.completed[(0, 0)].positions == {0: 10}
     regrouped = m.replica_moved((0, 0, 0), 2)
     assert m.groups[(0, 0)] == [] and regrouped == {(0, 0): []}  # workers 1 and 2 run it, 0 is dead
@@ -67,7 +69,7 @@ def _kill_and_restore(m: ReplicationManager, w: int) -> list[int]:
     lost, _ = m.worker_dead(w)
     hosts = []
     for replica in lost:
-        host, _, _ = m.restore_plan(replica)
+        host = m.restore_plan(replica).host
         m.replica_moved(replica, host)
         hosts.append(host)
     return hosts
@@ -143,24 +145,28 @@ def test_losing_every_replica_rolls_back_from_the_safe_checkpoint_and_pins_it():
     # one replica lost: restored from the safe checkpoint too (its twin may die before it
     # delivered what the latest one no longer produces)
     lost, _ = m.worker_dead(1)  # map r0 (worker 1) and source r1 (worker 1)
-    host, cp, rollback = m.restore_plan((1, 0, 0))
-    assert (host, cp.checkpoint_id, rollback) == (group, 1, False)
+    plan = m.restore_plan((1, 0, 0))
+    assert (plan.host, plan.checkpoint.checkpoint_id, plan.rollback, plan.source) == (group, 1, False, None)
     # both lost: a rollback from the safe checkpoint
     m.worker_dead(2)
-    assert m.restore_plan((1, 0, 1)) is None or m.restore_plan((1, 0, 1))[2]
+    assert m.restore_plan((1, 0, 1)) is None or m.restore_plan((1, 0, 1)).rollback
     m.worker_alive(1)
     m.worker_alive(2)
     plan = m.restore_plan((1, 0, 0))
-    assert plan is not None and plan[1].checkpoint_id == 1 and plan[2] is True and plan[0] == 0
-    m.restoring((1, 0, 0), plan[1])
-    m.replica_moved((1, 0, 0), plan[0])
+    assert plan is not None and plan.checkpoint.checkpoint_id == 1 and plan.rollback is True and plan.host == 0
+    m.restoring((1, 0, 0), plan.checkpoint)
+    m.replica_moved((1, 0, 0), plan.host)
     # the sink moves on; the map's safe checkpoint would now be 2, but the rollback replays from 1
     m.checkpoint_completed((2, 0), 2, {11: 100})
     assert m.safe[(1, 0)].checkpoint_id == 2 and m.trim_positions((1, 0)) == {10: 50}
     assert m.safe[(0, 0)].checkpoint_id == 1  # 120 would do for the map's safe 150, not for the pinned 50
     assert m.retain_from((1, 0)) == 1
-    # its twin waits: the only holder runs the restored replica now
-    assert m.restore_plan((1, 0, 1)) is None and 0 not in m.groups[(1, 0)]
+    # the only holder runs the restored replica now: its twin goes to a free worker, which pulls
+    # the pinned checkpoint from that holder (no rollback: a replica is live)
+    plan = m.restore_plan((1, 0, 1))
+    assert 0 not in m.groups[(1, 0)]
+    assert (plan.host != 0, plan.source, plan.checkpoint.checkpoint_id, plan.rollback) == (True, 0, 1, False)
+    assert m.restore_plan((1, 0, 1), avoid={1, 2}) is None  # no free worker
     # once the restored replica took a checkpoint at or past the safe one, nothing is pinned (a
     # checkpoint of another replica, or an older one, does not count)
     m.checkpoint_taken((1, 0, 1), 2)
@@ -172,8 +178,9 @@ def test_losing_every_replica_rolls_back_from_the_safe_checkpoint_and_pins_it():
     # restored replica holds one (the restored replica is live: no rollback)
     m.checkpoint_completed((1, 0), 3, {10: 200}, outputs={11: 100})
     m.checkpoint_completed((2, 0), 3, {11: 100})
-    host, cp, rollback = m.restore_plan((1, 0, 1))
-    assert host in m.groups[(1, 0)] and cp.checkpoint_id == 3 and not rollback
+    plan = m.restore_plan((1, 0, 1))
+    assert plan.host in m.groups[(1, 0)] and plan.checkpoint.checkpoint_id == 3 and not plan.rollback
+    assert plan.source is None
 
 
 def test_no_safe_checkpoint_means_no_rollback():
@@ -221,5 +228,47 @@ def test_a_later_checkpoint_never_stands_in_for_the_safe_one_even_with_a_live_tw
     m.worker_dead(0)
     assert m.restore_plan((0, 0, 0)) is None  # the downstream has not checkpointed past 5 yet
     m.checkpoint_completed((1, 0), 2, {7: 9}, outputs={})
-    host, cp, rollback = m.restore_plan((0, 0, 0))
-    assert (host, cp.checkpoint_id, rollback) == (3, 2, False)
+    plan = m.restore_plan((0, 0, 0))
+    assert (plan.host, plan.checkpoint.checkpoint_id, plan.rollback, plan.source) == (3, 2, False, None)
+
+
+def test_a_second_kill_whose_only_holders_run_the_twins_restores_on_a_free_worker_by_pulling():
+    """Two kills a few seconds apart on four workers: the second takes replicas whose only live
+    checkpoint holder runs their twin.  They go to a free worker (the least loaded), which pulls
+    the checkpoint from that holder, instead of waiting for a new member to hold one."""
+    placement = {(0, p, r): (p + r) % 4 for p in range(4) for r in range(2)}  # p on p and p+1
+    m = ReplicationManager(dict(placement), 4)
+    for inst in m.instances():
+        m.checkpoint_completed(inst, 1, {})
+    # (0, 1) runs on workers 1 and 2; its checkpoint is on its group member
+    holder = m.groups[(0, 1)][0]
+    assert holder not in (1, 2)
+    m.worker_dead(1)
+    plan = m.restore_plan((0, 1, 0))
+    assert (plan.host, plan.source) == (holder, None)
+    m.replica_moved((0, 1, 0), holder)  # now on the holder and worker 2; its new member holds nothing yet
+    m.worker_dead(2)
+    plan = m.restore_plan((0, 1, 1))
+    assert plan is not None and plan.source == holder and plan.host not in (1, 2, holder)
+    assert plan.checkpoint.checkpoint_id == 1 and not plan.rollback
+    # a free holder is always preferred to pulling
+    m.checkpoint_completed((0, 1), 2, {}, holders=[plan.host])
+    assert m.restore_plan((0, 1, 1)).source is None
+
+
+
+def test_a_partition_survives_a_loss_only_with_a_holder_apart_from_each_replica():
+    placement = {(0, p, r): (p + r) % 4 for p in range(4) for r in range(2)}
+    m = ReplicationManager(dict(placement), 4)
+    assert not m.survives_a_loss((0, 1))  # nothing completed yet
+    for inst in m.instances():
+        m.checkpoint_completed(inst, 1, {})
+    assert all(m.survives_a_loss(inst) for inst in m.instances())
+    holder = m.groups[(0, 1)][0]
+    m.worker_dead(1)
+    m.replica_moved((0, 1, 0), holder)
+    # the twin's loss can be restored by pulling from the holder, the holder's loss cannot
+    assert m.restore_plan((0, 1, 1)) is not None and not m.survives_a_loss((0, 1))
+    m.checkpoint_completed((0, 1), 2, {}, holders=m.groups[(0, 1)])
+    assert m.survives_a_loss((0, 1))
+    assert not m.survives_a_loss((0, 1), avoid=set(range(4)) - {holder, 2})  # no worker free to run it

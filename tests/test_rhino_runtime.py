@@ -124,6 +124,55 @@ def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition
             assert len(digests) == 1, (t.name, p, digests)
 
 
+def test_a_second_kill_before_new_members_hold_checkpoints_restores_by_pulling(stack, spark, topic_prefix):
+    """Kill chain[0]r0's executor; its replicas are restored on their group members, the only
+    holders of their checkpoints.  Kill chain[0]r1's executor at once: on three workers chain[0]
+    has no group member until a killed worker is relaunched, and its checkpoint's only holder
+    runs its restored replica.  chain[0]r1 is restored on the first relaunched worker the moment
+    it registers (before any checkpoint could reach it), which pulls the checkpoint from that
+    holder, instead of waiting for the next checkpoint; the output is exact and both replicas end
+    with equal state."""
+    name = f"{topic_prefix}pull"
+    from replication import run
+    from replication.examples.ordered import build_ordered_job
+
+    a, b = source_topics(stack, name)
+    job = build_ordered_job(a, b, f"{name}out", name=name)
+    handle = run(job, spark=spark, conf=_conf(stack, "liverobin"))
+    handle.wait_started(120)
+    try:
+        with fed_without_pause(stack, a, b) as ids:
+            master = handle.master
+            _wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere",
+                  lambda: _rhino_state(handle))
+            label = {master._replica_label(*k): k for k in master.placement}
+            chain0 = label["chain[0]r0"][:2]
+            kill_executor(locate("chain[0]r0", job=job.name))
+            _wait(lambda: label["chain[0]r0"] in master.moves, 30, "chain[0]r0 restored",
+                  lambda: _rhino_state(handle))
+            with master._cond:
+                holders = master.rhino.restore_point(chain0).holders - master.rhino.dead
+                busy = master.rhino.replica_workers(chain0)
+            assert holders and holders <= busy, _rhino_state(handle)  # only a holder running a replica holds it
+            kill_executor(locate("chain[0]r1", job=job.name))
+            _wait(lambda: any(r["replica"] == "chain[0]r1" for r in handle.recoveries()) and _every_replica_back(handle),
+                  180, "chain[0]r1 restored and every replica back", lambda: _rhino_state(handle))
+    except BaseException:
+        handle.stop()
+        raise
+    result = handle.drain(timeout=300)
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
+    assert report.exact, report
+    assert not result.divergences and result.checkpoints_compared > 0, result.divergences
+    pulled = [r for r in result.recoveries if r["replica"] == "chain[0]r1"]
+    # (on a relaunched worker, which may carry the index of either killed one)
+    assert pulled and pulled[0]["pulled_from"] in holders and pulled[0]["worker"] not in holders, result.recoveries
+    for t in handle.plan.tasks:
+        for p in range(t.parallelism):
+            digests = {result.per_instance[f"{t.name}[{p}]r{r}"].state_digest for r in (0, 1)}
+            assert len(digests) == 1, (t.name, p, digests)
+
+
 def _rhino_state(handle) -> str:
     """Per partition: safe, pinned and latest checkpoint with holders, group, lost replicas (for failures)."""
     rhino, master = handle.master.rhino, handle.master
