@@ -58,6 +58,8 @@ FAULTS = {
 }
 FAILURE_TIMEOUT_MS = 2_000
 STAGES = ("lost", "restoring", "catching up", "not restorable")  # what unhealthy() says, in order
+KILLS = ("kill-executor", "kill-python", "kill-two", "kill-leader")  # faults that lose replicas at once
+BACK_TARGET_S = 3.0  # issue 20: a killed replica is back (restored, caught up) within this
 HEALTHY_TIMEOUT_S = 90.0  # a fault not recovered from within this is not survived
 SLOW_S = 20.0  # a fault not recovered from within this: the replicas' figures are printed
 TRAIL = 16  # why-not-healthy changes kept per fault (JSON report): the first and the latest
@@ -173,6 +175,9 @@ class Fault:
     # from the next fault: recovered_s)
     phases: dict[str, float] = field(default_factory=dict)
     last_signal_s: float = 0.0  # from the injection until its last signal (kill-two: the second kill)
+    # the fewest of the job's workers alive at once until the replicas were back: below two, a
+    # lost replica has nowhere to run apart from its twin until Spark relaunches a worker
+    live_workers: int | None = None
     trail: list[tuple[float, str]] = field(default_factory=list)  # (s after the injection, why not healthy)
 
     @property
@@ -299,6 +304,13 @@ class Injector:
         raise ValueError(f"unknown fault {kind!r}")
 
 
+def live_workers(handle: Any) -> int:
+    """The job's workers registered and not dead now."""
+    master = handle.master
+    with master._cond:
+        return sum(1 for w in master.workers if w not in master.dead)
+
+
 def unhealthy(handle: Any) -> str:
     """Why the job is not healthy yet ("" once it is): two live replicas of every partition, none
     lost, restoring or catching up, and every partition restorable from a checkpoint a live
@@ -387,11 +399,20 @@ class SoakReport:
                + (f"; worst: replicas back (restored, caught up) {worst_back:.2f} s after a fault's last signal"
                   if worst_back is not None else "")
                + (f", protected again (every partition restorable) {worst:.2f} s" if worst is not None else "")]
+        kills = [f for f in self.faults if f.kind in KILLS and f.back_s is not None]
+        room = [f for f in kills if f.live_workers is None or f.live_workers >= 2]
+        if kills:
+            fast = sum(1 for f in room if (f.back_after_last_signal_s or 0.0) <= BACK_TARGET_S)
+            out.append(f"  kills back within {BACK_TARGET_S:.0f} s of the last kill: {fast} of the {len(room)} that left "
+                       f"two live workers or more; {len(kills) - len(room)} left fewer (a lost replica waits for "
+                       "Spark to relaunch a worker)")
         for f in self.faults:
             rec = f"protected in {f.recovered_s:.2f} s" if f.recovered_s is not None else "NOT RECOVERED"
             phases = ", ".join(f"{k} {v:.1f}" for k, v in f.phases.items())
             if f.last_signal_s > 0 and f.back_after_last_signal_s is not None:
                 phases += f"; last signal at {f.last_signal_s:.1f}, back {f.back_after_last_signal_s:.1f} after it"
+            if f.live_workers is not None and f.live_workers < 2:
+                phases += f"; {f.live_workers} live worker(s): waited for a relaunch"
             out.append(f"    {f.at_s:7.1f} s  {f.kind:17s} {rec:22s} {f.target}{'  ' + f.note if f.note else ''}"
                        + (f"  [{phases}]" if phases else ""))
         out += [f"  job {self.status}" + (f": {self.failure}" if self.failure else ""),
@@ -493,6 +514,9 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
             fault.last_signal_s = (injector.last_struck_at or injected) - injected
             told_slow = False
             while True:
+                if "caught_up" not in fault.phases:
+                    live = live_workers(handle)
+                    fault.live_workers = live if fault.live_workers is None else min(fault.live_workers, live)
                 why = unhealthy(handle)
                 if why and (not fault.trail or fault.trail[-1][1] != why):
                     if len(fault.trail) >= TRAIL:

@@ -94,3 +94,20 @@ def test_a_fault_of_two_kills_is_back_counted_from_its_second():
     fault = Fault("kill-two", 10.0, phases={"noticed": 5.2, "caught_up": 5.6}, last_signal_s=5.1)
     assert round(fault.back_after_last_signal_s, 2) == 0.5
     assert Fault("kill-executor", 3.0, phases={"caught_up": 0.4}).back_after_last_signal_s == 0.4
+
+
+def test_kills_that_left_one_live_worker_are_counted_apart_from_the_back_within_target():
+    """With one live worker a lost replica cannot run apart from its twin until Spark relaunches
+    a worker: the report counts those kills apart from the ones that had room to restore."""
+    from replication.soak import Fault, SoakReport
+
+    report = SoakReport("liverobin", 1, 600, 300, 5, 4, faults=[
+        Fault("kill-executor", 10.0, survived=True, phases={"caught_up": 0.6}, live_workers=3),
+        Fault("kill-two", 30.0, survived=True, phases={"caught_up": 9.0}, last_signal_s=5.0, live_workers=2),
+        Fault("kill-two", 50.0, survived=True, phases={"caught_up": 19.0}, last_signal_s=5.0, live_workers=1),
+        Fault("pause-long", 70.0, survived=True, phases={"caught_up": 3.4}, live_workers=3),
+    ])
+    lines = report.lines()
+    assert any("kills back within 3 s of the last kill: 1 of the 2 that left two live workers or more; 1 left "
+               "fewer" in line for line in lines), lines
+    assert any("1 live worker(s): waited for a relaunch" in line for line in lines)
