@@ -8,7 +8,9 @@ replica that takes over shipping from a dead twin starts with a full snapshot.
 As a *replica-group member*, it stores the increments of other partitions in a
 :class:`~rhino_state.replica_store.ReplicaStore` (standby copies) and restores a lost replica
 from there by hard links.  A worker that holds no copy restores by pulling the checkpoint from a
-holder (``rhino_state.fetch``); every holder serves its completed checkpoints so.
+holder (``rhino_state.fetch``); every holder serves its completed checkpoints so.  A member
+likewise pulls a restore point whose only holder runs a replica of its partition, so that
+losing that worker does not lose the only copy.
 
 As an *upstream*, it trims its output channels' backups to the positions of the destinations'
 safe checkpoints (the consistent cut a rollback restores from, see ``rhino_state.manager``).
@@ -203,3 +205,14 @@ class WorkerCheckpoints:
         finally:
             payload.unlink(missing_ok=True)
         return meta
+
+    def copy(self, key: Instance, checkpoint_id: int, holder: rpc.Peer) -> None:
+        """Hold completed checkpoint ``checkpoint_id`` of ``key`` too, pulled from ``holder``: a
+        second copy of a restore point whose only other holder runs a replica of ``key``."""
+        payload = self.root / "fetched" / f"t{key[0]}p{key[1]}-{checkpoint_id}-copy.inc"
+        payload.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            meta = fetch_checkpoint(holder, key, checkpoint_id, payload)
+            self.store.import_completed(meta, payload)
+        finally:
+            payload.unlink(missing_ok=True)

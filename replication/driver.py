@@ -33,6 +33,7 @@ from replication.liveness import silent_workers
 from replication.messages import (
     Ack,
     Attach,
+    CopyCheckpoint,
     HandoverReport,
     HandoverRequest,
     Heartbeat,
@@ -156,6 +157,7 @@ class JobMaster:
         self.measure_state: dict[int, int] = {}  # keyed task -> the latest request to measure its state per vnode
         self._unrestorable: set[ReplicaId] = set()  # reported once: no holder of a checkpoint (yet)
         self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
+        self._copying: dict[Instance, float] = {}  # a restore point being copied (or retried from then)
         self._peers: dict[str, rpc.Peer] = {}
         self.security = security or RpcSecurity.generate()
         self.server: rpc.RpcServer | None = None  # the job master's own server, once started
@@ -519,6 +521,44 @@ class JobMaster:
             threading.Thread(target=self._restore, args=(replica, host, address, req, plan),
                              name=f"restore-{replica}", daemon=True).start()
 
+    def _start_copies(self) -> None:
+        """A partition whose restore point only a worker running one of its replicas holds (a
+        replica restored there) is lost with that worker: a group member pulls a copy now rather
+        than wait for the safe cut to reach a checkpoint it received (one copy at a time)."""
+        assert self.rhino is not None
+        if self.failure or self.command == "stop":
+            return
+        now = time.monotonic()
+        unregistered = {w for w in range(self.num_workers) if w not in self.workers}
+        for inst, cp, member, source in self.rhino.copies_wanted(avoid=self.drained | unregistered):
+            if self._copying.get(inst, 0) > now or source not in self.workers:
+                continue
+            self._copying[inst] = now + 120  # until it is done
+            req = CopyCheckpoint(inst, cp.checkpoint_id, self.workers[source].address)
+            threading.Thread(target=self._copy, args=(inst, member, self.workers[member].address, source, req),
+                             name=f"copy-{inst}", daemon=True).start()
+
+    def _copy(self, inst: Instance, member: int, address: str, source: int, req: CopyCheckpoint) -> None:
+        """Have ``member`` pull checkpoint ``req.checkpoint_id`` of ``inst`` (its own thread)."""
+        assert self.rhino is not None
+        name = f"{self.plan.task(inst[0]).name}[{inst[1]}]"
+        peer = self._peers.get(address) or self._peers.setdefault(address, rpc.Peer(address, self.security))
+        started = time.monotonic()
+        try:
+            peer.call("CopyCheckpoint", req, Ack, timeout=120)
+        except Exception as exc:  # noqa: BLE001 - tried again in 2 s, and the chain may deliver one meanwhile
+            with self._cond:
+                self._copying[inst] = time.monotonic() + 2.0
+                self.event(f"copying checkpoint {req.checkpoint_id} of {name} to worker {member} failed (tried "
+                           f"again in 2 s): {exc}")
+            return
+        with self._cond:
+            self._copying.pop(inst, None)
+            if self.rhino.checkpoint_copied(inst, req.checkpoint_id, member):
+                self.event(f"checkpoint {req.checkpoint_id} of {name} copied to worker {member} (pulled from worker "
+                           f"{source} in {time.monotonic() - started:.3f}s): restorable whichever worker dies")
+                self._status_dirty = True
+
     def _writer_from_restored(self, replica: ReplicaId) -> None:
         """A sink partition whose writer is lost (its twin too, or it was lost before its restore
         finished, or it is the one being restored): the replica being restored writes, with a higher
@@ -715,6 +755,8 @@ class JobMaster:
                         self._declare_dead(w, f"silent for {silence[w]:.1f}s")
                 if self.rhino is not None and self.lost and not self._restoring:
                     self._start_restores()
+                if self.rhino is not None:
+                    self._start_copies()
                 if self._status_dirty and time.monotonic() - self._status_written >= 0.5 and self.job_name:
                     self._status_dirty = False
                     self._status_written = time.monotonic()

@@ -152,6 +152,16 @@ class RestoreReplica:
 
 @wire.record
 @dataclass(frozen=True)
+class CopyCheckpoint:
+    """Hold completed checkpoint ``checkpoint_id`` of ``instance`` too: pull it from ``source``."""
+
+    instance: tuple[int, int]
+    checkpoint_id: int
+    source: str
+
+
+@wire.record
+@dataclass(frozen=True)
 class Restored:
     """Where a restored replica's upstreams replay from, and how long the restore took."""
 

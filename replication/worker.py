@@ -48,6 +48,7 @@ from replication.instance import PartitionInstance, ProcessingInstance, SourceIn
 from replication.messages import (
     Ack,
     Attach,
+    CopyCheckpoint,
     CutChunk,
     CutRequest,
     Heartbeat,
@@ -463,6 +464,14 @@ class Worker:
         return Restored(meta.checkpoint_id, runtime.get("positions", {}), loaded - started,
                         time.monotonic() - started, runtime["pulse"])
 
+    def _copy_checkpoint(self, req: CopyCheckpoint) -> Ack:
+        assert self.checkpoints is not None
+        started = time.monotonic()
+        key = (req.instance[0], req.instance[1])
+        self.checkpoints.copy(key, req.checkpoint_id, self._peer(req.source))
+        log.info("holds checkpoint %d of %s too (pulled in %.3fs)", req.checkpoint_id, key, time.monotonic() - started)
+        return Ack()
+
     def _apply_moves(self, moves: dict) -> None:
         """Replicas restored on other workers: send to them there, replaying from their checkpoint."""
         for (task_id, part, replica), (w, address, positions, restore) in moves.items():
@@ -791,6 +800,7 @@ class Worker:
         if self.checkpoints is not None:
             handlers.update(self.checkpoints.handlers())
             handlers["Restore"] = rpc.typed(self.restore, RestoreReplica)
+            handlers["CopyCheckpoint"] = rpc.typed(self._copy_checkpoint, CopyCheckpoint)
         master_host = self.boot.master_address.rsplit(":", 1)[0].strip("[]")
         bind_host = executor_bind_host(master_host)
         server = rpc.serve(handlers, security=self.security, bind_host=bind_host,

@@ -12,6 +12,9 @@ received a checkpoint), the replica is restored on another worker, which pulls t
 * :func:`fetch_checkpoint` on the restoring worker pulls the chunks in order into a file; the
   caller builds the database from it with ``rhino_state.replica_store.restore_full``, which
   checks the payload's checksum and the content digest against the meta.
+
+A group member pulls a checkpoint the same way to hold a second copy of a restore point whose
+only holder runs a replica of its partition (``ReplicaStore.import_completed``).
 """
 
 from __future__ import annotations

@@ -309,6 +309,40 @@ class ReplicationManager:
                 return False
         return True
 
+    def copies_wanted(self, avoid: Collection[int] = ()) -> list[tuple[Instance, CompletedCheckpoint, int, int]]:
+        """``(instance, checkpoint, member, source)``: instances that would not survive a loss
+        (``survives_a_loss``) but would if a member of their group that does not hold their restore
+        point pulled it from a live holder (``source``; one that runs no replica first).  E.g. a
+        replica restored on the only holder of its checkpoint: until the safe cut reaches a
+        checkpoint the group's new member holds, losing that worker loses the copy too."""
+        wanted = []
+        for inst in self.instances():
+            cp = self.restore_point(inst)
+            if cp is None or self.survives_a_loss(inst, avoid):
+                continue
+            holders = cp.holders - self.dead
+            busy = self.replica_workers(inst)
+            member = next((w for w in self.groups.get(inst, []) if w not in holders and w not in self.dead
+                           and w not in busy and w not in avoid), None)
+            if holders and member is not None:
+                wanted.append((inst, cp, member, min(holders, key=lambda w: (w in busy, w))))
+        return wanted
+
+    def checkpoint_copied(self, inst: Instance, checkpoint_id: int, w: int) -> bool:
+        """``w`` holds checkpoint ``checkpoint_id`` of ``inst`` now (it pulled it); False if that
+        checkpoint is no longer kept or ``w`` died meanwhile."""
+        if w in self.dead or self.checkpoint(inst, checkpoint_id) is None:
+            return False
+
+        def with_w(cp: CompletedCheckpoint) -> CompletedCheckpoint:
+            return replace(cp, holders=cp.holders | {w}) if cp.checkpoint_id == checkpoint_id else cp
+
+        self.history[inst] = [with_w(cp) for cp in self.history[inst]]
+        for table in (self.completed, self.safe, self.pinned):
+            if inst in table:
+                table[inst] = with_w(table[inst])
+        return True
+
     def restore_failed(self, replica: ReplicaId) -> None:
         """The restore of ``replica`` failed, or the restored replica was lost before it caught
         up: its pin goes (a retry pins again)."""

@@ -337,6 +337,29 @@ class ReplicaStore:
             raise
         return snap
 
+    def import_completed(self, meta: IncrementMeta, payload: str | os.PathLike[str]) -> None:
+        """Hold a completed checkpoint pulled from another holder (a full increment): as the newest
+        completed one if it is newer than what is here, else as an older kept one (until
+        :meth:`retain` drops it).  The standby and the increments after it are not touched."""
+        if not meta.full:
+            raise ValueError(f"instance {meta.instance}: checkpoint {meta.checkpoint_id} is a delta, not a full one")
+        with self._locked(meta.instance, create=True) as inst:
+            assert inst is not None
+            directory = inst.dir
+        built = os.path.join(directory, f"imported-{meta.checkpoint_id}-{uuid.uuid4().hex}")
+        restore_full(meta, payload, built)  # outside the lock: O(state)
+        with self._locked(meta.instance, create=True) as inst:
+            assert inst is not None
+            cid = meta.checkpoint_id
+            if (inst.completed is not None and inst.completed.checkpoint_id == cid) or cid in inst.older:
+                shutil.rmtree(built, ignore_errors=True)  # held already
+            elif inst.completed is None or cid > inst.completed.checkpoint_id:
+                if inst.completed is not None and inst.completed_dir is not None:
+                    self._keep_or_drop(inst, inst.completed, inst.completed_dir)
+                inst.completed, inst.completed_dir = meta, built
+            else:
+                inst.older[cid] = (meta, built)
+
     def retain(self, instance: Instance, from_id: int | None) -> None:
         """Keep completed snapshots of ``instance`` from ``from_id`` on (a rollback may restore
         any of them); older ones are deleted now.  None: keep only the newest."""

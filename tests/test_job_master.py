@@ -7,7 +7,7 @@ import time
 from replication.config import ReplicationConfig
 from replication.driver import JobMaster, WorkerInfo
 from replication.examples.ordered import build_ordered_job
-from replication.messages import Attach, Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
+from replication.messages import Ack, Attach, Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 from rhino_state.manager import CompletedCheckpoint, RestorePlan
@@ -288,3 +288,46 @@ def test_a_restored_replica_is_not_caught_up_by_the_figures_of_its_lost_incarnat
         master.metrics[label] = InstanceMetrics(pulse=3032, restored_from=2900)
         master._check_caught_up()
         assert replica not in master._catching_up and master.recoveries[-1]["replica"] == label
+
+
+class _CopyingPeer:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.calls = fail, []
+
+    def call(self, method: str, request: object, reply_type: type, timeout: float) -> object:
+        assert method == "CopyCheckpoint"
+        self.calls.append(request)
+        if self.fail:
+            raise RuntimeError("holder unreachable")
+        return Ack()
+
+
+def test_a_restore_point_beside_a_replica_is_copied_to_a_member_and_a_failed_copy_is_retried():
+    master = _master(mode="liverobin", rhino=True, workers=4)
+    rhino = master.rhino
+    replica = _replicas(master, "chain")[0]
+    inst = replica[:2]
+    holder = rhino.groups[inst][0]
+    for i in rhino.instances():
+        rhino.checkpoint_completed(i, 1, {})
+    with master._cond:
+        rhino.replica_moved(replica, holder)  # as if restored on its only holder
+    member = rhino.groups[inst][0]
+    address = master.workers[member].address
+    master._peers[address] = failing = _CopyingPeer(fail=True)
+    with master._cond:
+        master._start_copies()
+    deadline = time.monotonic() + 5
+    while not failing.calls or master._copying.get(inst, 0) > time.monotonic() + 60:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert failing.calls[0].instance == inst and failing.calls[0].source == master.workers[holder].address
+    with master._cond:
+        assert not rhino.survives_a_loss(inst) and master._copying[inst] > time.monotonic()  # waits to retry
+        master._copying[inst] = 0.0
+        master._peers[address] = working = _CopyingPeer()
+        master._start_copies()
+    while inst in master._copying:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert working.calls and rhino.survives_a_loss(inst) and member in rhino.restore_point(inst).holders

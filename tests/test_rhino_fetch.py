@@ -92,3 +92,26 @@ def test_an_export_nobody_finishes_is_swept(tmp_path: Path, holder):
     with pytest.raises(NoCompletedCheckpointError):
         exporter.part(CheckpointRequest((9, 9), 3, 0))  # any request sweeps what is overdue
     assert list(exporter.spool_dir.iterdir()) == []
+
+
+def test_a_pulled_checkpoint_is_held_as_completed_or_kept_without_touching_the_standby(tmp_path: Path, holder):
+    """A member that pulls a restore point keeps it beside what its chain gave it: the newest
+    completed one if it is newer, else a kept older one; either restores like a chain's."""
+    origin, _, peer = holder
+    member = ReplicaStore(tmp_path / "member")
+    try:
+        for cid in (2, 3, 2):  # 2 first (completed), then 3 (newer: 2 kept), then 2 again (held)
+            payload = tmp_path / f"pulled-{cid}.inc"
+            member.import_completed(fetch_checkpoint(peer, INSTANCE, cid, payload), payload)
+        member.retain(INSTANCE, 2)
+        assert member.completed_ids(INSTANCE) == [2, 3] and member.last_applied(INSTANCE) is None
+        for cid in (2, 3):
+            member.restore(INSTANCE, tmp_path / f"r{cid}", cid)
+            assert _opened(tmp_path / f"r{cid}") == (origin.contents[cid], origin.metas[cid].digest, cid)
+        # the chain's next full snapshot goes on as usual (the standby was never touched)
+        meta4, payload4 = origin.checkpoint(4, full=True)
+        member.apply(meta4, payload4)
+        member.complete(INSTANCE, 4)
+        assert member.completed_ids(INSTANCE) == [2, 3, 4]
+    finally:
+        member.close()

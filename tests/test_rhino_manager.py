@@ -272,3 +272,31 @@ def test_a_partition_survives_a_loss_only_with_a_holder_apart_from_each_replica(
     m.checkpoint_completed((0, 1), 2, {}, holders=m.groups[(0, 1)])
     assert m.survives_a_loss((0, 1))
     assert not m.survives_a_loss((0, 1), avoid=set(range(4)) - {holder, 2})  # no worker free to run it
+
+
+def test_a_restore_point_held_only_beside_a_replica_is_copied_to_a_group_member():
+    """A replica restored on the only holder of its checkpoint leaves its partition unprotected
+    against that worker's loss: a free group member pulls a copy from the holder, and once it
+    holds it the partition survives any single loss again."""
+    placement = {(0, p, r): (p + r) % 4 for p in range(4) for r in range(2)}
+    m = ReplicationManager(dict(placement), 4)
+    for inst in m.instances():
+        m.checkpoint_completed(inst, 1, {})
+    assert m.copies_wanted() == []  # every restore point is held apart from the replicas
+    holder = m.groups[(0, 1)][0]
+    m.worker_dead(1)
+    m.replica_moved((0, 1, 0), holder)
+    member = m.groups[(0, 1)][0]
+    wanted = {inst: (cp.checkpoint_id, w, source) for inst, cp, w, source in m.copies_wanted()}
+    assert wanted[(0, 1)] == (1, member, holder)
+    assert (0, 1) not in {inst for inst, *_ in m.copies_wanted(avoid={member})}  # no other member to pull it
+    assert m.checkpoint_copied((0, 1), 1, member)
+    assert m.survives_a_loss((0, 1)) and (0, 1) not in {inst for inst, *_ in m.copies_wanted()}
+    assert member in m.restore_point((0, 1)).holders and member in m.completed[(0, 1)].holders
+    # the holder dies: the replica it ran is restored from the copy, locally
+    m.worker_dead(holder)
+    plan = m.restore_plan((0, 1, 0))
+    assert (plan.host, plan.source) == (member, None)
+    # a copy of a checkpoint no longer kept, or to a dead worker, does not count
+    assert not m.checkpoint_copied((0, 1), 99, member)
+    assert not m.checkpoint_copied((0, 1), 1, holder)
