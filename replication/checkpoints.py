@@ -25,7 +25,8 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -197,22 +198,22 @@ class WorkerCheckpoints:
         """Materialise completed checkpoint ``checkpoint_id`` of ``key``, which this worker does not
         hold, at ``target``: pulled from ``holder`` as a full increment, checked, then built."""
         shutil.rmtree(target, ignore_errors=True)
-        payload = self.root / "fetched" / f"t{key[0]}p{key[1]}-{checkpoint_id}.inc"
-        payload.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            meta = fetch_checkpoint(holder, key, checkpoint_id, payload)
-            restore_full(meta, payload, target)
-        finally:
-            payload.unlink(missing_ok=True)
-        return meta
+        return self._pull(key, checkpoint_id, holder, lambda meta, payload: restore_full(meta, payload, target))
 
     def copy(self, key: Instance, checkpoint_id: int, holder: rpc.Peer) -> None:
         """Hold completed checkpoint ``checkpoint_id`` of ``key`` too, pulled from ``holder``: a
         second copy of a restore point whose only other holder runs a replica of ``key``."""
-        payload = self.root / "fetched" / f"t{key[0]}p{key[1]}-{checkpoint_id}-copy.inc"
+        self._pull(key, checkpoint_id, holder, self.store.import_completed)
+
+    def _pull(self, key: Instance, checkpoint_id: int, holder: rpc.Peer,
+              use: Callable[[IncrementMeta, Path], None]) -> IncrementMeta:
+        """Pull ``checkpoint_id`` of ``key`` from ``holder`` into a file of its own, ``use`` it,
+        delete the file."""
+        payload = self.root / "fetched" / f"t{key[0]}p{key[1]}-{checkpoint_id}-{uuid.uuid4().hex}.inc"
         payload.parent.mkdir(parents=True, exist_ok=True)
         try:
             meta = fetch_checkpoint(holder, key, checkpoint_id, payload)
-            self.store.import_completed(meta, payload)
+            use(meta, payload)
         finally:
             payload.unlink(missing_ok=True)
+        return meta

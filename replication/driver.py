@@ -493,13 +493,13 @@ class JobMaster:
         if self.failure or self.command == "stop":
             return
         now = time.monotonic()
+        avoid = self._not_hosts()
         for replica in sorted(self.lost):
             if replica in self._restoring or self._retry_at.get(replica, 0) > now:
                 continue
             if any(other[:2] == replica[:2] for other in self._restoring):
                 continue  # one restore per partition at a time (a rollback brings back one replica first)
-            unregistered = {w for w in range(self.num_workers) if w not in self.workers}
-            plan = self.rhino.restore_plan(replica, avoid=self.drained | unregistered)
+            plan = self.rhino.restore_plan(replica, avoid=avoid)
             if plan is None or (plan.source is not None and plan.source not in self.workers):
                 if replica not in self._unrestorable:
                     self._unrestorable.add(replica)
@@ -521,6 +521,13 @@ class JobMaster:
             threading.Thread(target=self._restore, args=(replica, host, address, req, plan),
                              name=f"restore-{replica}", daemon=True).start()
 
+    def _not_hosts(self) -> set[int]:
+        """Workers no restored replica or checkpoint copy goes to: drained, or not registered yet."""
+        return self.drained | {w for w in range(self.num_workers) if w not in self.workers}
+
+    def _peer(self, address: str) -> rpc.Peer:
+        return self._peers.get(address) or self._peers.setdefault(address, rpc.Peer(address, self.security))
+
     def _start_copies(self) -> None:
         """A partition whose restore point only a worker running one of its replicas holds (a
         replica restored there) is lost with that worker: a group member pulls a copy now rather
@@ -529,8 +536,7 @@ class JobMaster:
         if self.failure or self.command == "stop":
             return
         now = time.monotonic()
-        unregistered = {w for w in range(self.num_workers) if w not in self.workers}
-        for inst, cp, member, source in self.rhino.copies_wanted(avoid=self.drained | unregistered):
+        for inst, cp, member, source in self.rhino.copies_wanted(avoid=self._not_hosts()):
             if self._copying.get(inst, 0) > now or source not in self.workers:
                 continue
             self._copying[inst] = now + 120  # until it is done
@@ -542,7 +548,7 @@ class JobMaster:
         """Have ``member`` pull checkpoint ``req.checkpoint_id`` of ``inst`` (its own thread)."""
         assert self.rhino is not None
         name = f"{self.plan.task(inst[0]).name}[{inst[1]}]"
-        peer = self._peers.get(address) or self._peers.setdefault(address, rpc.Peer(address, self.security))
+        peer = self._peer(address)
         started = time.monotonic()
         try:
             peer.call("CopyCheckpoint", req, Ack, timeout=120)
@@ -578,7 +584,7 @@ class JobMaster:
         assert self.rhino is not None
         t, p, r = replica
         name = self._replica_label(t, p, r)
-        peer = self._peers.get(address) or self._peers.setdefault(address, rpc.Peer(address, self.security))
+        peer = self._peer(address)
         try:
             reply = peer.call("Restore", req, Restored, timeout=120)
         except Exception as exc:  # noqa: BLE001 - reported; the partition keeps running on one replica
