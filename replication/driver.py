@@ -343,6 +343,9 @@ class JobMaster:
                 if self.rhino is not None:
                     for (t, p), group in self.rhino.worker_alive(w).items():
                         self.event(f"replica group of {self.plan.task(t).name}[{p}] is now workers {group}")
+                    # now, not at the next liveness round: a lost replica waiting for a free worker
+                    # is restored here (its restore waits until this worker is ready)
+                    self._start_restores()
                 return Registered("standby", "its replicas run elsewhere now" if self.rhino is not None
                                   else "state of the lost replicas cannot be restored (no Rhino checkpoints)",
                                   self._addresses(), Instructions(self.command, list(self.dead), self._sink_roles()))

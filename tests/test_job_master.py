@@ -290,6 +290,60 @@ def test_a_restored_replica_is_not_caught_up_by_the_figures_of_its_lost_incarnat
         assert replica not in master._catching_up and master.recoveries[-1]["replica"] == label
 
 
+class _RecordingRestores:
+    """Every worker's peer: records the restores asked of it and completes them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, RestoreReplica]] = []
+
+    def peer(self, address: str) -> object:
+        recorder = self
+
+        class _Peer:
+            def call(self, method: str, request: RestoreReplica, reply_type: type, timeout: float) -> object:
+                assert method == "Restore"
+                recorder.calls.append((address, request))
+                return Restored(request.checkpoint_id, {}, 0.01, 0.02, pulse=0)
+        return _Peer()
+
+
+def test_a_replica_waiting_for_a_free_worker_is_restored_when_a_relaunched_one_registers():
+    """Three workers: chain[0]r0's worker dies and it is restored on the group member, the only
+    holder of its checkpoint; then chain[0]r1's worker dies, leaving no free worker.  The moment
+    that worker is relaunched and registers, chain[0]r1 is restored there, pulling the checkpoint
+    from its holder (not at a later liveness round, by when a checkpoint may have reached it)."""
+    master = _master(mode="liverobin", rhino=True, workers=3)
+    master.start_timeout_s = 1.0
+    rhino = master.rhino
+    for inst in rhino.instances():
+        rhino.checkpoint_completed(inst, 7, {}, holders=rhino.groups[inst])
+    first, second = _replicas(master, "chain")[:2]
+    inst = first[:2]
+    holder = rhino.groups[inst][0]
+    restores = _RecordingRestores()
+    relaunched = "127.0.0.1:4999"
+    for address in [info.address for info in master.workers.values()] + [relaunched]:
+        master._peers[address] = restores.peer(address)
+    with master._cond:
+        master._declare_dead(master.placement[first], "killed")
+    deadline = time.monotonic() + 5
+    while first not in master.moves:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert master.moves[first][0] == holder
+    killed = master.placement[second]
+    with master._cond:
+        master._declare_dead(killed, "killed")
+        assert second in master.lost and second not in master._restoring  # no free worker to run it
+    assert master.register(Register(killed, 1, "9", relaunched, 4242)).status == "standby"
+    assert second in master._restoring
+    while second not in master.moves:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    address, req = next((a, r) for a, r in restores.calls if r.replica == second)
+    assert address == relaunched and req.checkpoint_id == 7 and req.source == master.workers[holder].address
+
+
 class _CopyingPeer:
     def __init__(self, fail: bool = False) -> None:
         self.fail, self.calls = fail, []
