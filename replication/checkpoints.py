@@ -3,7 +3,10 @@
 As an *origin*, it turns the checkpoints its replicas take into increments: the shipper replica
 of a partition (the driver names it: the lowest live replica) offers them to its replica
 group's chain; the other replica only reports its digest (the driver compares the two).  A
-replica that takes over shipping from a dead twin starts with a full snapshot.
+replica that takes over shipping from a dead twin starts with a full snapshot.  The shipper
+applies each increment to its own store too and reports itself among the holders of what
+completes: losing the group's only member then leaves a holder (a source to pull from or copy)
+instead of none until the consistent cut reaches a checkpoint a new member received.
 
 As a *replica-group member*, it stores the increments of other partitions in a
 :class:`~rhino_state.replica_store.ReplicaStore` (standby copies) and restores a lost replica
@@ -32,7 +35,7 @@ from typing import Any
 
 from rhino_state.fetch import CheckpointExporter, fetch_checkpoint
 from rhino_state.increments import IncrementMeta
-from rhino_state.replica_store import ReplicaStore, restore_full
+from rhino_state.replica_store import ReplicaStore, ReplicaStoreClosedError, restore_full
 from rhino_state.transfer import ChainShipper, IncrementService
 from transport import rpc
 
@@ -58,11 +61,13 @@ class WorkerCheckpoints:
         self._groups: dict[Instance, list[str]] = {}  # the instances this worker ships, and their groups
         self._known_completed: dict[Instance, int] = {}
         self._group_view: dict[Instance, list[str]] = {}  # every instance's replica group (addresses)
+        self.address: str | None = None  # this worker's, named among the holders of what it ships
 
     def handlers(self) -> dict[str, Any]:
         return {**self.service.handlers(), **self.shipper.handlers(), **self.exporter.handlers()}
 
     def start(self, address: str) -> None:
+        self.address = address
         self.exporter.start()
         self.service.start(address)
         self.shipper.start(address)
@@ -102,6 +107,7 @@ class WorkerCheckpoints:
         if not shipping:  # the twin ships (this one only reports its digest), or nobody to ship to
             path.unlink(missing_ok=True)
             return meta, False
+        self._keep_own(inst.name, meta, path)  # (before offering it: the shipper owns the file then)
         try:
             offered = self.shipper.offer(meta, path)
         except ValueError as exc:  # out of sequence (e.g. just took over shipping): start over
@@ -117,13 +123,35 @@ class WorkerCheckpoints:
             path.unlink(missing_ok=True)
         return meta, offered
 
+    def _keep_own(self, name: str, meta: IncrementMeta, path: Path) -> None:
+        """Apply an increment this worker ships to its own store (the payload is linked there)."""
+        try:
+            self.store.apply(meta, path)
+        except Exception as exc:  # noqa: BLE001 - only this copy is missing; the next full one restarts it
+            log.warning("%s: checkpoint %d not kept here (%s): the next one is a full snapshot", name,
+                        meta.checkpoint_id, exc)
+            with self._lock:
+                self._full_next.add(meta.instance)
+
+    def _holds_own(self, meta: IncrementMeta) -> bool:
+        """Mark a completed checkpoint this worker shipped completed in its own store too; whether
+        it holds it (it did not if applying it here failed)."""
+        if self.address is None or self.store.last_applied(meta.instance) is None:
+            return False
+        try:
+            self.store.complete(meta.instance, meta.checkpoint_id)
+        except (ValueError, ReplicaStoreClosedError):
+            return False
+        return meta.checkpoint_id in self.store.completed_ids(meta.instance)
+
     def _on_completed(self, meta: IncrementMeta, chain: tuple[str, ...]) -> None:
-        """``chain``: the members that hold it (the group may have changed since)."""
+        """``chain``: the members that hold it (the group may have changed since); this worker too."""
+        holders = list(chain) + ([self.address] if self._holds_own(meta) else [])
         with self._lock:
             positions, outputs = self._positions.pop((meta.instance, meta.checkpoint_id), ({}, {}))
             for old in [k for k in self._positions if k[0] == meta.instance and k[1] < meta.checkpoint_id]:
                 del self._positions[old]
-            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, list(chain), outputs))
+            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, holders, outputs))
 
     def report(self) -> dict[str, list]:
         """Checkpoints taken and completed since the last report (for the driver's heartbeat)."""

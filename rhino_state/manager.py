@@ -6,8 +6,9 @@ live replicas, in chain order.  A checkpoint completes when the chain's tail ack
 manager then knows the checkpoint is held by every member of the group it was shipped to.  When a
 replica is lost, it is restored on a member holding the latest completed checkpoint (a local
 restore: hard links, no bulk transfer); that member then runs the replica, so the group gets a new
-member in its place, which needs a full snapshot first.  If every live holder runs a replica of
-the instance itself, another worker restores it from a checkpoint it pulls from a holder.
+member in its place, which needs a full snapshot first.  The worker of the replica that ships
+the checkpoints holds them too.  If every live holder runs a replica of the instance itself,
+another worker restores it from a checkpoint it pulls from a holder.
 
 **Rollback.** When *every* replica of an instance is lost (or its twin dies before a restored
 replica delivered what it should), restoring it from its latest checkpoint is not enough: what
@@ -42,7 +43,7 @@ class CompletedCheckpoint:
 
     checkpoint_id: int
     positions: Mapping[int, int]  # input channel -> next seq the checkpoint still needs
-    holders: frozenset[int]  # workers that hold it (the group it was shipped along)
+    holders: frozenset[int]  # workers that hold it (the group it was shipped along, and its shipper's)
     digest: str = ""
     completed_at: float = 0.0  # when the driver learned of it (wall clock)
     outputs: Mapping[int, int] = field(default_factory=dict)  # output channel -> next seq at the checkpoint

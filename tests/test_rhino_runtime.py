@@ -173,6 +173,44 @@ def test_a_second_kill_before_new_members_hold_checkpoints_restores_by_pulling(s
             assert len(digests) == 1, (t.name, p, digests)
 
 
+def test_losing_the_only_group_member_leaves_the_shipper_holding_the_checkpoint(stack, spark, topic_prefix):
+    """On three workers chain[0]'s replica group is the third worker.  Kill it, then chain[0]r1's
+    (the replica that does not ship): no worker is free for chain[0]r1 until a killed one is
+    relaunched, and no group member holds a checkpoint of chain[0] then.  The worker of
+    chain[0]r0, which ships chain[0]'s checkpoints, holds them too: chain[0]r1 is restored on the
+    first relaunched worker by pulling its restore point from there (before, nobody held it until
+    a new member received a checkpoint the consistent cut reached); the output is exact and both
+    replicas end with equal state."""
+    with _fed_job(stack, spark, f"{topic_prefix}shipper", "liverobin") as (job, handle, ids):
+        master = handle.master
+        _wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere",
+              lambda: _rhino_state(handle))
+        label = {master._replica_label(*k): k for k in master.placement}
+        chain0 = label["chain[0]r0"][:2]
+        with master._cond:
+            shipper = master.placement[label["chain[0]r0"]]
+            member = master.rhino.groups[chain0][0]
+            assert master.rhino.restore_point(chain0).holders == {member, shipper}, _rhino_state(handle)
+            on_member = next(name for name, k in label.items() if master.placement[k] == member)
+        kill_executor(locate(on_member, job=job.name))
+        _wait(lambda: member in master.rhino.dead, 30, f"worker {member} declared dead")
+        with master._cond:
+            assert master.rhino.restore_point(chain0).holders - master.rhino.dead == {shipper}, _rhino_state(handle)
+        kill_executor(locate("chain[0]r1", job=job.name))
+        _wait(lambda: any(r["replica"] == "chain[0]r1" for r in handle.recoveries()) and _every_replica_back(handle),
+              180, "chain[0]r1 restored and every replica back", lambda: _rhino_state(handle))
+    result = handle.drain(timeout=300)
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
+    assert report.exact, report
+    assert not result.divergences and result.checkpoints_compared > 0, result.divergences
+    pulled = [r for r in result.recoveries if r["replica"] == "chain[0]r1"]
+    assert pulled and pulled[0]["pulled_from"] == shipper and pulled[0]["worker"] != shipper, result.recoveries
+    for t in handle.plan.tasks:
+        for p in range(t.parallelism):
+            digests = {result.per_instance[f"{t.name}[{p}]r{r}"].state_digest for r in (0, 1)}
+            assert len(digests) == 1, (t.name, p, digests)
+
+
 def _rhino_state(handle) -> str:
     """Per partition: safe, pinned and latest checkpoint with holders, group, lost replicas (for failures)."""
     rhino, master = handle.master.rhino, handle.master
