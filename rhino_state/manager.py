@@ -176,13 +176,10 @@ class ReplicationManager:
                     safe[inst] = None  # a downstream with no safe checkpoint: nothing is safe above it
                     return None
                 limits[ch] = cut.positions.get(ch, 0)
-            found = None
-            for cp in reversed(self.history.get(inst, ())):
-                if all(cp.outputs.get(ch, 0) <= limit for ch, limit in limits.items()):
-                    found = cp
-                    break
-            safe[inst] = found
-            return found
+            covered = [cp for cp in self.history.get(inst, ())
+                       if all(cp.outputs.get(ch, 0) <= limit for ch, limit in limits.items())]
+            safe[inst] = self._best_held(inst, covered)
+            return safe[inst]
 
         for inst in self.instances():
             cut = resolve(inst, frozenset())
@@ -192,6 +189,25 @@ class ReplicationManager:
             self.safe[inst] = cut
             oldest = min(cut.checkpoint_id, self.restore_point(inst).checkpoint_id)
             self.history[inst] = [cp for cp in self.history.get(inst, ()) if cp.checkpoint_id >= oldest]
+
+    def _best_held(self, inst: Instance, covered: list[CompletedCheckpoint]) -> CompletedCheckpoint | None:
+        """The safe checkpoint of ``inst`` among those the cut covers (ascending): the newest
+        that stays held if a worker running a replica dies, from the current safe one on (the
+        cut never moves back); else the newest.  The cut does not move from a checkpoint a copy
+        made well held to a newer one only a worker running a replica holds."""
+        if not covered:
+            return None
+        current = self.safe.get(inst)
+        floor = -1
+        if current is not None and any(cp.checkpoint_id == current.checkpoint_id for cp in covered):
+            floor = current.checkpoint_id
+        return next((cp for cp in reversed(covered) if cp.checkpoint_id >= floor and self._held_apart(inst, cp)),
+                    covered[-1])
+
+    def _held_apart(self, inst: Instance, cp: CompletedCheckpoint) -> bool:
+        """Whether a live worker holds ``cp`` apart from each worker running a replica of ``inst``."""
+        holders = cp.holders - self.dead
+        return all(holders - {w} for w in self.replica_workers(inst) or {-1})
 
     def restore_point(self, inst: Instance) -> CompletedCheckpoint | None:
         """What a restore of ``inst`` starts from: the checkpoint a restore in progress is pinned
@@ -300,15 +316,11 @@ class ReplicationManager:
         the lost replica (a holder that runs a replica is only a source: losing it loses the
         replica and that copy at once)."""
         cp = self.restore_point(inst)
-        if cp is None:
+        if cp is None or not self._held_apart(inst, cp):
             return False
         busy = self.replica_workers(inst)
-        holders = cp.holders - self.dead
         live = [w for w in range(self.num_workers) if w not in self.dead and w not in avoid]
-        for w in busy or {-1}:
-            if not holders - {w} or not [x for x in live if x != w and x not in busy]:
-                return False
-        return True
+        return all([x for x in live if x != w and x not in busy] for w in busy or {-1})
 
     def copies_wanted(self, avoid: Collection[int] = ()) -> list[tuple[Instance, CompletedCheckpoint, int, int]]:
         """``(instance, checkpoint, member, source)``: instances that would not survive a loss

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rhino_state.manager import ReplicationManager
 
 # two tasks of two partitions on 3 workers: partition i (over all tasks) has replica r on (i + r) % 3
@@ -232,6 +235,29 @@ def test_a_later_checkpoint_never_stands_in_for_the_safe_one_even_with_a_live_tw
     assert (plan.host, plan.checkpoint.checkpoint_id, plan.rollback, plan.source) == (3, 2, False, None)
 
 
+def test_the_cut_stays_at_a_well_held_checkpoint_rather_than_move_to_one_only_a_replica_s_worker_holds():
+    """An upstream (0, 0) on workers 0 and 1 feeds (1, 0) on 2 and 3.  The upstream's checkpoints
+    1 and 2 are held by worker 0 alone (it runs a replica), and 1 was copied to worker 3.  When
+    the downstream's checkpoint covers 2 as well, the safe cut stays at 1: moving on to 2 would
+    leave nothing to restore from if worker 0 died before 2 was copied.  Worker 0 dies: its
+    replica is restored from 1 on worker 3.  The cut moves on once a newer checkpoint is well held."""
+    m = ReplicationManager({(0, 0, 0): 0, (0, 0, 1): 1, (1, 0, 0): 2, (1, 0, 1): 3}, 4,
+                           channels=[(7, (0, 0), (1, 0))])
+    m.checkpoint_completed((0, 0), 1, {}, holders=[0], outputs={7: 5})
+    m.checkpoint_completed((0, 0), 2, {}, holders=[0], outputs={7: 9})
+    m.checkpoint_completed((1, 0), 1, {7: 5})
+    assert m.safe[(0, 0)].checkpoint_id == 1 and not m.survives_a_loss((0, 0))
+    assert m.checkpoint_copied((0, 0), 1, 3) and m.survives_a_loss((0, 0))
+    m.checkpoint_completed((1, 0), 2, {7: 9})
+    assert m.safe[(0, 0)].checkpoint_id == 1 and m.survives_a_loss((0, 0))
+    m.worker_dead(0)
+    plan = m.restore_plan((0, 0, 0))
+    assert (plan.host, plan.checkpoint.checkpoint_id, plan.source, plan.rollback) == (3, 1, None, False)
+    m.checkpoint_completed((0, 0), 3, {}, holders=[2, 1], outputs={7: 12})
+    m.checkpoint_completed((1, 0), 3, {7: 12})
+    assert m.safe[(0, 0)].checkpoint_id == 3  # well held: member 2 and the shipper's worker 1
+
+
 def test_a_second_kill_whose_only_holders_run_the_twins_restores_on_a_free_worker_by_pulling():
     """Two kills a few seconds apart on four workers: the second takes replicas whose only live
     checkpoint holder runs their twin.  They go to a free worker (the least loaded), which pulls
@@ -300,3 +326,66 @@ def test_a_restore_point_held_only_beside_a_replica_is_copied_to_a_group_member(
     # a copy of a checkpoint no longer kept, or to a dead worker, does not count
     assert not m.checkpoint_copied((0, 1), 99, member)
     assert not m.checkpoint_copied((0, 1), 1, holder)
+
+
+_EVENT = st.one_of(
+    st.tuples(st.just("complete"), st.integers(0, 2), st.frozensets(st.integers(0, 3), max_size=3),
+              st.integers(0, 30), st.integers(0, 30)),
+    st.tuples(st.just("copy"), st.integers(0, 2), st.integers(0, 3)),
+    st.tuples(st.just("dead"), st.integers(0, 3)),
+    st.tuples(st.just("alive"), st.integers(0, 3)),
+    st.tuples(st.just("restore"), st.integers(0, 2), st.integers(0, 1)),
+    st.tuples(st.just("taken"), st.integers(0, 2), st.integers(0, 1)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_EVENT, max_size=40))
+def test_the_safe_cut_stays_consistent_and_never_moves_back(events):
+    """Whatever checkpoints complete (with whatever holders), copies, restores and deaths: every channel's
+    upstream output at its safe checkpoint is at most the downstream's position at its own, and
+    no instance's safe checkpoint moves back."""
+    m = ReplicationManager(dict(CHAIN_PLACEMENT), 4, channels=list(CHAIN))
+    insts = [(0, 0), (1, 0), (2, 0)]
+    ids = {inst: 0 for inst in insts}
+    seqs = {ch: [0, 0] for ch, _, _ in CHAIN}  # per channel: upstream output seq, downstream position
+    seen: dict = {}
+    for event in events:
+        kind = event[0]
+        if kind == "complete":
+            _, i, holders, out_step, in_step = event
+            inst = insts[i]
+            ids[inst] += 1
+            outputs, positions = {}, {}
+            for ch, up, down in CHAIN:
+                if up == inst:
+                    seqs[ch][0] += out_step
+                    outputs[ch] = seqs[ch][0]
+                if down == inst:
+                    seqs[ch][1] = min(seqs[ch][0], seqs[ch][1] + in_step)
+                    positions[ch] = seqs[ch][1]
+            m.checkpoint_completed(inst, ids[inst], positions, holders=holders, outputs=outputs)
+        elif kind == "copy":
+            _, i, w = event
+            cp = m.restore_point(insts[i])
+            if cp is not None:
+                m.checkpoint_copied(insts[i], cp.checkpoint_id, w)
+        elif kind == "restore":  # a replica restored from the restore point pins it
+            _, i, r = event
+            cp = m.restore_point(insts[i])
+            if cp is not None:
+                m.restoring((*insts[i], r), cp)
+        elif kind == "taken":  # ... until it takes a checkpoint at or past the safe one
+            _, i, r = event
+            m.checkpoint_taken((*insts[i], r), ids[insts[i]])
+        elif kind == "dead":
+            m.worker_dead(event[1])
+        else:
+            m.worker_alive(event[1])
+        for ch, up, down in CHAIN:
+            if up in m.safe:
+                cut = m.restore_point(down)
+                assert cut is not None and m.safe[up].outputs.get(ch, 0) <= cut.positions.get(ch, 0)
+        for inst, cp in m.safe.items():
+            assert cp.checkpoint_id >= seen.get(inst, -1)
+            seen[inst] = cp.checkpoint_id
