@@ -282,7 +282,8 @@ class ReplicationConfig:
     rhino_replicas: int = _key(
         "rhino.replicas", INT, 1,
         "Executors in each partition's replica group (holders of its checkpoints, other than those "
-        "running its live replicas); increments travel along them as a chain.", min=1, max=16,
+        "running its live replicas; the worker of the replica that ships them holds them too); increments "
+        "travel along them as a chain.", min=1, max=16,
     )
     rhino_checkpoint_every: int = _key(
         "rhino.checkpointEvery", INT, 100,
