@@ -735,7 +735,7 @@ def restored_files(state_dir: Path, job: str, worker: int, task: int, checkpoint
     """(bytes hard-linked, bytes copied, files) by the restore of checkpoint ``checkpoint_id`` of
     ``task``'s partition 0 on ``worker``: its source is the group member's completed snapshot
     (``rhino/store/t<task>-p0/snap-<id>``), whose SST/blob files the restore hard-links and whose other
-    files (CURRENT, MANIFEST, OPTIONS, WAL) it copies (``rhino_state.replica_store.link_db``)."""
+    files (CURRENT, MANIFEST, OPTIONS, WAL) it copies (``rhino_state.standby_db.link_db``)."""
     linked = copied = files = 0
     pattern = state_dir / job / "*" / f"w{worker}-a*" / "rhino" / "store" / f"t{task}-p0" / f"snap-{checkpoint_id}"
     for d in glob.glob(str(pattern)):

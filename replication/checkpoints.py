@@ -35,7 +35,8 @@ from typing import Any
 
 from rhino_state.fetch import CheckpointExporter, fetch_checkpoint
 from rhino_state.increments import IncrementMeta
-from rhino_state.replica_store import ReplicaStore, ReplicaStoreClosedError, restore_full
+from rhino_state.replica_store import ReplicaStore, ReplicaStoreClosedError
+from rhino_state.standby_db import restore_full
 from rhino_state.transfer import ChainShipper, IncrementService
 from transport import rpc
 

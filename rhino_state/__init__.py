@@ -67,12 +67,12 @@ from rhino_state.keys import (
 )
 from rhino_state.replica_store import (
     CheckpointNotHeldError,
-    IncrementDigestError,
     IncrementGapError,
     NoCompletedCheckpointError,
     ReplicaStore,
     ReplicaStoreClosedError,
 )
+from rhino_state.standby_db import IncrementDigestError
 from rhino_state.state import MapState, NoCurrentKeyError, StateContext, ValueState, canonical_dumps
 
 __all__ = [

@@ -10,7 +10,7 @@ received a checkpoint), the replica is restored on another worker, which pulls t
   ``chunk_size`` bytes (``FetchCheckpoint``, a signed typed call); the export is deleted once its
   last chunk went out, or ``ttl`` seconds after it was last asked for;
 * :func:`fetch_checkpoint` on the restoring worker pulls the chunks in order into a file; the
-  caller builds the database from it with ``rhino_state.replica_store.restore_full``, which
+  caller builds the database from it with ``rhino_state.standby_db.restore_full``, which
   checks the payload's checksum and the content digest against the meta.
 
 A group member pulls a checkpoint the same way to hold a second copy of a restore point whose

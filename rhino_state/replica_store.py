@@ -23,7 +23,6 @@ same root removes the instance directories a previous process left there.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import shutil
@@ -33,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from rocksdict import AccessType, Checkpoint, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import AccessType, Checkpoint, Rdict, ReadOptions
 
 from rhino_state.backend import MARKER_KEY, encode_marker
 from rhino_state.increments import (
@@ -48,32 +47,31 @@ from rhino_state.increments import (
     digest_value,
     pair_hash,
 )
+from rhino_state.standby_db import (
+    IncrementDigestError,
+    check_digest,
+    db_options,
+    link_db,
+    link_or_copy,
+    load_full,
+    restore_full,
+    unlink_quietly,
+)
 
 __all__ = [
     "CheckpointNotHeldError",
-    "IncrementDigestError",
     "IncrementGapError",
     "NoCompletedCheckpointError",
     "ReplicaStore",
     "ReplicaStoreClosedError",
-    "restore_full",
 ]
 
 _INSTANCE_DIR = re.compile(r"t\d+-p\d+")
 _MULTI_GET_CHUNK = 1024
-_WRITE_BATCH_BYTES = 4 << 20
-# RocksDB never modifies these after writing them (it only creates and unlinks them), so a
-# restore may hard-link them; everything else (CURRENT, MANIFEST, WAL, OPTIONS, rocksdict's
-# config) may be rewritten or appended in place by the opener and is copied.
-_IMMUTABLE_SUFFIXES = (".sst", ".blob")
 
 
 class IncrementGapError(RuntimeError):
     """A delta does not apply to the standby's last applied checkpoint."""
-
-
-class IncrementDigestError(RuntimeError):
-    """The state after applying an increment does not have the digest its meta announces."""
 
 
 class NoCompletedCheckpointError(LookupError):
@@ -86,39 +84,6 @@ class ReplicaStoreClosedError(RuntimeError):
 
 class CheckpointNotHeldError(LookupError):
     """This store does not hold that checkpoint of the instance (not applied yet, or gone)."""
-
-
-def _options() -> Options:
-    options = Options(raw_mode=True)
-    options.create_if_missing(True)
-    return options
-
-
-def link_db(source: str, target: str) -> None:
-    """Materialise the closed RocksDB directory ``source`` at ``target`` (absent or empty).
-
-    SST and blob files are hard-linked (copied only if ``target`` is on another file system);
-    the small mutable files are copied, so opening ``target`` never changes ``source``.
-    """
-    os.makedirs(target, exist_ok=True)
-    if os.listdir(target):
-        raise FileExistsError(f"restore target {target!r} is not empty")
-    try:
-        for name in os.listdir(source):
-            src, dst = os.path.join(source, name), os.path.join(target, name)
-            if name.endswith(_IMMUTABLE_SUFFIXES):
-                try:
-                    os.link(src, dst)
-                except OSError as exc:
-                    if exc.errno != errno.EXDEV:
-                        raise
-                    shutil.copy2(src, dst)
-            else:
-                shutil.copy2(src, dst)
-    except BaseException:
-        for name in os.listdir(target):
-            os.unlink(os.path.join(target, name))
-        raise
 
 
 @dataclass(eq=False)
@@ -213,7 +178,7 @@ class ReplicaStore:
                         + (" (a full snapshot is needed)" if last_id is None else "")
                     )
             payload = os.path.join(inst.dir, f"inc-{meta.checkpoint_id}.bin")
-            _link_or_copy(os.fspath(payload_path), payload)
+            link_or_copy(os.fspath(payload_path), payload)
             try:
                 self._keep_uncompleted_snapshot(inst)
                 if meta.full:
@@ -238,9 +203,9 @@ class ReplicaStore:
     def _apply_full(self, inst: _Instance, meta: IncrementMeta, payload: str) -> None:
         standby_dir = os.path.join(inst.dir, f"standby-{meta.checkpoint_id}")
         shutil.rmtree(standby_dir, ignore_errors=True)
-        db = Rdict(standby_dir, _options())
+        db = Rdict(standby_dir, db_options())
         try:
-            _load_full(db, meta, payload)
+            load_full(db, meta, payload)
         except BaseException:
             db.close()
             shutil.rmtree(standby_dir, ignore_errors=True)
@@ -267,7 +232,7 @@ class ReplicaStore:
                     removed.extend(_old_hashes(db, chunk))
                     chunk = []
             removed.extend(_old_hashes(db, chunk))
-        _check_digest(meta, digest_hex(combine_digest(digest_value(last.digest), removed, added)))
+        check_digest(meta, digest_hex(combine_digest(digest_value(last.digest), removed, added)))
         # Pass 2: write. A failure here leaves a partial standby, which is discarded.
         try:
             apply_increment(db, payload, verify=False)
@@ -310,7 +275,7 @@ class ReplicaStore:
             for old in sorted(i for i in inst.snapshots if i < checkpoint_id):
                 self._keep_or_drop(inst, inst.metas.get(old), inst.snapshots.pop(old))
             for old in [i for i in inst.payloads if i <= checkpoint_id]:
-                _unlink_quietly(inst.payloads.pop(old))
+                unlink_quietly(inst.payloads.pop(old))
             for old in [i for i in inst.metas if i < checkpoint_id]:
                 del inst.metas[old]
 
@@ -435,7 +400,7 @@ class ReplicaStore:
             private = os.path.join(inst.dir, f"read-{uuid.uuid4().hex}")
             link_db(source, private)  # the snapshot may be deleted once the lock is released
         try:
-            db = Rdict(private, _options(), access_type=AccessType.read_only())
+            db = Rdict(private, db_options(), access_type=AccessType.read_only())
             try:
                 return _read_ranges(db, ranges)
             finally:
@@ -458,7 +423,7 @@ class ReplicaStore:
             private = os.path.join(inst.dir, f"export-{uuid.uuid4().hex}")
             link_db(source, private)
         try:
-            db = Rdict(private, _options(), access_type=AccessType.read_only())
+            db = Rdict(private, db_options(), access_type=AccessType.read_only())
             try:
                 total = 0
                 with IncrementWriter(path, full=True) as writer:
@@ -471,7 +436,7 @@ class ReplicaStore:
                         it.next()
                     del it
                 if digest_hex(total) != completed.digest:
-                    _unlink_quietly(os.fspath(path))
+                    unlink_quietly(os.fspath(path))
                     raise IncrementDigestError(
                         f"instance {instance}: snapshot {completed.checkpoint_id} has digest "
                         f"{digest_hex(total)}, its meta says {completed.digest}"
@@ -544,56 +509,6 @@ def _completed(instance: Instance, inst: _Instance | None, checkpoint_id: int | 
     return inst.older[checkpoint_id]
 
 
-def _check_digest(meta: IncrementMeta, digest: str) -> None:
-    if digest != meta.digest:
-        raise IncrementDigestError(
-            f"instance {meta.instance}: checkpoint {meta.checkpoint_id} yields digest {digest}, "
-            f"its meta says {meta.digest}"
-        )
-
-
-def restore_full(meta: IncrementMeta, payload: str | os.PathLike[str], target_dir: str | os.PathLike[str]) -> None:
-    """Build at ``target_dir`` (absent or empty) the database a full increment describes, as
-    :meth:`ReplicaStore.restore` would materialise it: ``RocksDBStateBackend(target_dir)`` opens
-    that content and continues the checkpoint chain at ``meta``'s id.  Checked against the meta
-    (framing, checksum, content digest); nothing is left at ``target_dir`` if it does not match."""
-    if not meta.full:
-        raise ValueError(f"instance {meta.instance}: checkpoint {meta.checkpoint_id} is a delta, not a full snapshot")
-    target = os.fspath(target_dir)
-    if os.path.isdir(target) and os.listdir(target):
-        raise FileExistsError(f"restore target {target!r} is not empty")
-    db = Rdict(target, _options())
-    try:
-        _load_full(db, meta, os.fspath(payload))
-    except BaseException:
-        db.close()
-        shutil.rmtree(target, ignore_errors=True)
-        raise
-    db.close()
-
-
-def _load_full(db: Rdict, meta: IncrementMeta, payload: str) -> None:
-    """Write a full snapshot's records into the empty ``db``, check its digest, mark its id."""
-    reader = IncrementReader(payload)
-    with reader:
-        if not reader.full:
-            raise IncrementFormatError(f"{payload}: the meta says full, the payload is a delta")
-        total = 0
-        batch: list[tuple[bytes, bytes | None]] = []
-        batch_bytes = 0
-        for key, value in reader:
-            assert value is not None
-            total += pair_hash(key, value)
-            batch.append((key, value))
-            batch_bytes += len(key) + len(value)
-            if batch_bytes >= _WRITE_BATCH_BYTES:
-                _write_records(db, batch)
-                batch, batch_bytes = [], 0
-        _write_records(db, batch)
-    _check_digest(meta, digest_hex(total))
-    db.put(MARKER_KEY, encode_marker(meta.checkpoint_id, meta.digest))
-
-
 def _read_ranges(db: Rdict, ranges: list[range]) -> list[tuple[int, bytes, bytes]]:
     out: list[tuple[int, bytes, bytes]] = []
     for r in ranges:
@@ -618,30 +533,3 @@ def _old_hashes(db: Rdict, keys: list[bytes]) -> Iterator[int]:
             yield pair_hash(key, old)
 
 
-def _write_records(db: Rdict, records: list[tuple[bytes, bytes | None]]) -> None:
-    if not records:
-        return
-    batch = WriteBatch(raw_mode=True)
-    for key, value in records:
-        if value is None:
-            batch.delete(key)
-        else:
-            batch.put(key, value)
-    db.write(batch)
-
-
-def _link_or_copy(source: str, target: str) -> None:
-    tmp = target + ".tmp"
-    _unlink_quietly(tmp)
-    try:
-        os.link(source, tmp)
-    except OSError:
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

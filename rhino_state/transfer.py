@@ -35,7 +35,6 @@ import hashlib
 import logging
 import os
 import re
-import shutil
 import struct
 import threading
 import time
@@ -60,6 +59,7 @@ from rhino_state.chain import (
     Store,
 )
 from rhino_state.increments import IncrementMeta
+from rhino_state.standby_db import link_or_copy
 from transport import rpc, wire
 from transport.security import RpcSecurity
 
@@ -365,7 +365,7 @@ class IncrementService:
         if isinstance(action, Store):
             link = path.with_suffix(".store")
             try:
-                _link_or_copy(path, link)
+                link_or_copy(path, link)
                 self._store_apply(meta, link)
             except Exception as e:
                 log.exception("storing checkpoint %d of %s failed", meta.checkpoint_id, meta.instance)
@@ -441,14 +441,6 @@ class IncrementService:
             log.warning("checkpoint %d of %s: %s", fwd.meta.checkpoint_id, fwd.meta.instance, reason)
             self._enqueue(fwd.chain[0], _Job(time.monotonic() + self.forward_timeout, message=ChainAck(
                 fwd.meta.instance, fwd.meta.checkpoint_id, fwd.chain[fwd.position - 1], reason, missing_base)))
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
 
 
 # -- origin side ----------------------------------------------------------------------------

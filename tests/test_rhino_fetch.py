@@ -10,7 +10,7 @@ import pytest
 
 from rhino_state import IncrementDigestError, NoCompletedCheckpointError, ReplicaStore, RocksDBStateBackend
 from rhino_state.fetch import CheckpointExporter, CheckpointRequest, fetch_checkpoint
-from rhino_state.replica_store import restore_full
+from rhino_state.standby_db import restore_full
 from tests.test_rhino_store import INSTANCE, Origin, content
 from transport import rpc
 from transport.security import RpcSecurity
