@@ -23,7 +23,7 @@ import os
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rhino_state.increments import IncrementMeta, Instance
@@ -65,6 +65,14 @@ class _Export:
     last_asked: float
 
 
+@dataclass
+class _Gate:
+    """One writer of a key's export at a time; it goes when nobody waits on it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
 class CheckpointExporter:
     """The holder's side: exports a completed checkpoint once per restore and serves its chunks."""
 
@@ -76,7 +84,7 @@ class CheckpointExporter:
         self.ttl = ttl
         self._lock = threading.Lock()
         self._exports: dict[tuple[Instance, int], _Export] = {}
-        self._exporting: dict[tuple[Instance, int], threading.Lock] = {}
+        self._exporting: dict[tuple[Instance, int], _Gate] = {}
 
     def handlers(self) -> dict[str, rpc.BytesHandler]:
         return {FETCH_METHOD: rpc.typed(self.part, CheckpointRequest)}
@@ -103,23 +111,30 @@ class CheckpointExporter:
         """The export of ``key``, written now if there is none (one writer per key at a time)."""
         self._sweep()
         with self._lock:
-            gate = self._exporting.setdefault(key, threading.Lock())
-        with gate:
+            gate = self._exporting.setdefault(key, _Gate())
+            gate.users += 1
+        try:
+            with gate.lock:
+                with self._lock:
+                    export = self._exports.get(key)
+                    if export is not None:
+                        export.last_asked = time.monotonic()
+                        return export
+                path = self.spool_dir / f"{uuid.uuid4().hex}.export"
+                try:
+                    meta = self.store.export_full(key[0], path, key[1])
+                except BaseException:
+                    path.unlink(missing_ok=True)
+                    raise
+                export = _Export(meta, path, os.path.getsize(path), time.monotonic())
+                with self._lock:
+                    self._exports[key] = export
+                return export
+        finally:
             with self._lock:
-                export = self._exports.get(key)
-                if export is not None:
-                    export.last_asked = time.monotonic()
-                    return export
-            path = self.spool_dir / f"{uuid.uuid4().hex}.export"
-            try:
-                meta = self.store.export_full(key[0], path, key[1])
-            except BaseException:
-                path.unlink(missing_ok=True)
-                raise
-            export = _Export(meta, path, os.path.getsize(path), time.monotonic())
-            with self._lock:
-                self._exports[key] = export
-            return export
+                gate.users -= 1
+                if not gate.users:
+                    del self._exporting[key]
 
     def _sweep(self) -> None:
         """Exports nobody asked for within ``ttl`` (the restoring worker died or gave up) go."""

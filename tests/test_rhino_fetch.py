@@ -58,6 +58,7 @@ def test_a_pulled_checkpoint_opens_as_the_holders_copy_and_continues_its_chain(t
     assert meta.full and meta.checkpoint_id == checkpoint_id and meta.runtime == b"rt%d" % checkpoint_id
     assert os.path.getsize(payload) == meta.bytes_shipped > 700  # several chunks
     assert list(exporter.spool_dir.iterdir()) == []  # the export went with its last chunk
+    assert exporter._exporting == {}  # and so did its writer's gate
     restore_full(meta, payload, tmp_path / "restored")
     assert _opened(tmp_path / "restored") == (origin.contents[checkpoint_id], origin.metas[checkpoint_id].digest,
                                               checkpoint_id)
@@ -71,6 +72,7 @@ def test_a_checkpoint_not_kept_by_the_holder_is_refused_and_leaves_nothing(tmp_p
     assert not payload.exists() and list(exporter.spool_dir.iterdir()) == []
     with pytest.raises(Exception, match="no completed checkpoint"):
         fetch_checkpoint(peer, (9, 9), 1, payload)
+    assert exporter._exporting == {}
 
 
 def test_a_payload_that_does_not_match_its_meta_builds_nothing(tmp_path: Path, holder):
