@@ -222,6 +222,34 @@ def test_a_resumed_partition_is_sought_to_where_reading_goes_on():
     assert consumer.calls == [("resume", [("t", 0), ("t", 1), ("t", 2)]), ("seek", "t", 0, 5), ("seek", "t", 1, 17)]
 
 
+def test_an_assigned_partition_s_topic_is_looked_up_first():
+    """librdkafka's incremental assign alone left a partition of a topic new to the consumer
+    unfetched for about a second (a source replica restored on a worker that read other topics):
+    ``assign_now`` asks for each topic's metadata first, once per topic, and assigns even if
+    that fails."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    from transport.kafka_io import assign_now
+
+    class _Consumer:
+        def __init__(self, fail: bool) -> None:
+            self.fail, self.calls = fail, []
+
+        def list_topics(self, topic, timeout):
+            self.calls.append(("metadata", topic))
+            if self.fail:
+                raise KafkaException("no broker")
+
+        def incremental_assign(self, tps):
+            self.calls.append(("assign", [(tp.topic, tp.partition, tp.offset) for tp in tps]))
+
+    for fail in (False, True):
+        consumer = _Consumer(fail)
+        assign_now(consumer, [TopicPartition("t", 0, 5), TopicPartition("t", 1, 7), TopicPartition("u", 0, 2)])
+        assert consumer.calls == [("metadata", "t"), ("metadata", "u"),
+                                  ("assign", [("t", 0, 5), ("t", 1, 7), ("u", 0, 2)])]
+
+
 def test_a_pulse_reader_through_the_shared_consumer_counts_every_pulse_across_segments(stack, topic_prefix):
     """The worker's heartbeat-log reader reads through a feed of the sources' shared consumer (one
     fetch per wait for both): every pulse is counted once, in order, across segment switches, and

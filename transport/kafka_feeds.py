@@ -28,7 +28,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from transport.kafka_io import consume_ready, resume_now
+from transport.kafka_io import assign_now, consume_ready, resume_now
 
 log = logging.getLogger(__name__)
 
@@ -306,8 +306,8 @@ class SharedConsumer:
                 consumer.incremental_unassign(taken)
                 log.warning("%s: %s partitions %s move to a new reader", self.name, feed.topic,
                             [tp.partition for tp in taken])
-            consumer.incremental_assign([TopicPartition(feed.topic, k, o if o >= 0 else OFFSET_BEGINNING)
-                                         for k, o in feed.starts.items()])
+            assign_now(consumer, [TopicPartition(feed.topic, k, o if o >= 0 else OFFSET_BEGINNING)
+                                  for k, o in feed.starts.items()])
             feed.assigned = True
             with self._lock:
                 for k in feed.partitions:
