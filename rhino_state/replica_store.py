@@ -178,7 +178,7 @@ class ReplicaStore:
                         + (" (a full snapshot is needed)" if last_id is None else "")
                     )
             payload = os.path.join(inst.dir, f"inc-{meta.checkpoint_id}.bin")
-            link_or_copy(os.fspath(payload_path), payload)
+            link_or_copy(payload_path, payload)
             try:
                 self._keep_uncompleted_snapshot(inst)
                 if meta.full:
@@ -435,12 +435,11 @@ class ReplicaStore:
                         total += pair_hash(key, value)
                         it.next()
                     del it
-                if digest_hex(total) != completed.digest:
+                try:
+                    check_digest(completed, digest_hex(total))
+                except IncrementDigestError:
                     unlink_quietly(os.fspath(path))
-                    raise IncrementDigestError(
-                        f"instance {instance}: snapshot {completed.checkpoint_id} has digest "
-                        f"{digest_hex(total)}, its meta says {completed.digest}"
-                    )
+                    raise
             finally:
                 db.close()
         finally:
@@ -531,5 +530,3 @@ def _old_hashes(db: Rdict, keys: list[bytes]) -> Iterator[int]:
     for key, old in zip(keys, db.get(keys), strict=True):
         if old is not None:
             yield pair_hash(key, old)
-
-
