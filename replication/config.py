@@ -459,7 +459,12 @@ class ReplicationConfig:
         "the whole cluster); unset: the address.",
     )
     sink_linger_ms: int = _key(
-        "sink.lingerMs", INT, 5, "Producer `linger.ms` for sinks, in milliseconds.", min=0, max=900_000,
+        "sink.lingerMs", INT, 100,
+        "Producer `linger.ms` for sinks and dead-letter writers, in milliseconds. Their records are read "
+        "when their transaction commits, and the commit sends whatever is queued, so this only bounds how "
+        "long records wait in the client before a commit; short values make librdkafka's broker thread "
+        "wake and poll every few milliseconds while batches wait for an answer.",
+        min=0, max=900_000,
     )
     # (not in the repr: SASL passwords and key passphrases pass through here)
     kafka_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, repr=False)

@@ -40,7 +40,7 @@ def test_prefix_and_defaults() -> None:
     assert (c.state_key_groups, c.state_vnodes, c.state_cache_entries) == (32768, 256, 10_000)
     assert c.handover_chunk_bytes == 8 * 1024 * 1024
     assert (c.channel_buffer_timeout_ms, c.watermark_interval_ms, c.stop_timeout_ms) == (5, 200, 10_000)
-    assert (c.start_timeout_ms, c.metrics_interval_ms, c.sink_linger_ms) == (120_000, 1_000, 5)
+    assert (c.start_timeout_ms, c.metrics_interval_ms, c.sink_linger_ms) == (120_000, 1_000, 100)
     assert c.metrics_port == 0 and cfg(metrics__port="9464").metrics_port == 9464
     assert c.dead_letter_topic("orders") == "orders.dlq"
     assert cfg(deadLetterTopic="bad-records").dead_letter_topic("orders") == "bad-records"
