@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/capacity.py [--quick] [--out bench/results/capacity] [--sustained-minutes 10]
 
-One embedded stack.  In order, each part on a machine otherwise idle:
+In order, each part on a machine otherwise idle, and each on an embedded stack of its own (the
+idle phase, every ramp, the latency runs, every kill run, every sustained run): the embedded broker's
+fetches cost more the more batches it holds, so on one stack each step ran slower than the last.
 
-1. *ceiling*: a plain single-process Python loop on the same broker (confluent-kafka consume of the
+1. *ceiling*: a plain single-process Python loop on the embedded broker (confluent-kafka consume of the
    ordered job's two topics, ``json.loads``, the hash chain in a dict per key, produce), over
    ``--ceiling-events`` pre-produced events; its output is verified like the job's.
 2. one ``local-cluster[3,1,512]`` Spark for the project's modes (``--modes``), the ordered two-source job
@@ -35,6 +37,7 @@ run (minutes) that checks the command, not the targets.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -43,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -459,6 +463,15 @@ def kill_config(spec: str) -> Config:
     return dataclasses.replace(kill_configs([victim], PERIOD_MS)[0], kill=what or "executor")
 
 
+@contextlib.contextmanager
+def fresh_stack(spark: Any) -> Iterator[tuple[EmbeddedStack, CostProbe]]:
+    """A new embedded stack, and a probe of the job's processes on it.  Each ramp and each phase gets
+    one: the embedded broker's fetches cost more the more batches it holds (docs/embedded-broker.md),
+    so on a shared stack every step would run slower than the one before."""
+    with EmbeddedStack() as stack:
+        yield stack, CostProbe.for_spark(spark, stack.run_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -468,14 +481,15 @@ def main(argv: list[str] | None = None) -> int:
     modes = latency_configs(args.modes, [PERIOD_MS])
     kills = [kill_config(k) for k in args.kills.split(",") if k]
     idle, throughput, latency, kill_results, sustained = [], [], [], [], []
-    with EmbeddedStack() as stack:
-        ceiling = measure_ceiling(stack, args.ceiling_events, status) if args.ceiling_events else {}
-        if ceiling:
-            print("== ceiling: " + format_row(ceiling), flush=True)
-            write_csv(out / "ceiling.csv", [ceiling])
-        spark = build_session("local-cluster[3,1,512]", app_name="bench-capacity")
-        try:
-            probe = CostProbe.for_spark(spark, stack.run_dir)
+    ceiling: dict[str, Any] = {}
+    if args.ceiling_events:
+        with EmbeddedStack() as stack:
+            ceiling = measure_ceiling(stack, args.ceiling_events, status)
+        print("== ceiling: " + format_row(ceiling), flush=True)
+        write_csv(out / "ceiling.csv", [ceiling])
+    spark = build_session("local-cluster[3,1,512]", app_name="bench-capacity")
+    try:
+        with fresh_stack(spark) as (stack, probe):
             status.update("the machine with Spark and the stack and no job")
             time.sleep(3)
             machine, _ = cores(probe, args.idle_seconds)
@@ -484,32 +498,36 @@ def main(argv: list[str] | None = None) -> int:
                 for config in modes:
                     idle.append(measure_idle(stack, spark, probe, config, p, args.idle_seconds, machine, status))
                     print("== idle: " + format_row(idle[-1]), flush=True)
-            if idle:
-                write_csv(out / "idle.csv", idle)
-            for p in args.parallelisms:
-                for config in modes:
+        if idle:
+            write_csv(out / "idle.csv", idle)
+        for p in args.parallelisms:
+            for config in modes:
+                with fresh_stack(spark) as (stack, probe):
                     throughput += ramp(stack, spark, probe, config, p, args.rates, args.ramp_duration, status)
-                    write_csv(out / "throughput.csv", throughput)
-            for config in modes if args.latency_duration > 0 else []:
+                write_csv(out / "throughput.csv", throughput)
+        for config in modes if args.latency_duration > 0 else []:
+            with fresh_stack(spark) as (stack, _):
                 r = run_ordered(stack, spark, config, pipeline=1, rate=args.latency_rate,
                                 duration_s=args.latency_duration, status=status)
-                latency.append(latency_row(r, 2.0))
-                print("== latency: " + format_row(latency[-1], skip=("outcome",)), flush=True)
-            if latency:
-                write_csv(out / "latency.csv", latency)
-            for config in kills:
+            latency.append(latency_row(r, 2.0))
+            print("== latency: " + format_row(latency[-1], skip=("outcome",)), flush=True)
+        if latency:
+            write_csv(out / "latency.csv", latency)
+        for config in kills:
+            with fresh_stack(spark) as (stack, _):
                 kill_results.append(kill_run(stack, spark, config, args.latency_rate, args.kill_duration, status))
-            if kill_results:
-                write_csv(out / "kills.csv", kill_results)
-            if args.sustained_minutes > 0:
-                best = {r.config: r.max_rate for r in max_sustainable(
-                    [r for r in final_runs(throughput) if int(r["parallelism"]) == args.parallelisms[0]]).values()}
-                for config in modes:
-                    rate = (best.get(config.label) or args.rates[0]) / 2
+        if kill_results:
+            write_csv(out / "kills.csv", kill_results)
+        if args.sustained_minutes > 0:
+            best = {r.config: r.max_rate for r in max_sustainable(
+                [r for r in final_runs(throughput) if int(r["parallelism"]) == args.parallelisms[0]]).values()}
+            for config in modes:
+                rate = (best.get(config.label) or args.rates[0]) / 2
+                with fresh_stack(spark) as (stack, probe):
                     sustained.append(sustained_run(stack, spark, probe, config, rate, args.sustained_minutes, status))
-                write_csv(out / "sustained.csv", sustained)
-        finally:
-            stop_session(spark)
+            write_csv(out / "sustained.csv", sustained)
+    finally:
+        stop_session(spark)
     sss = sss_ramp(args.sss_rates, args.sss_duration, out / "sss") if args.sss_rates else []
     table = targets(ceiling, idle, throughput, latency, kill_results, sustained, sss)
     write_csv(out / "targets.csv", table)

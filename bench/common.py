@@ -80,13 +80,14 @@ MakeRecord = Callable[[int], tuple[str, bytes, bytes]]
 
 class PacedFeeder(threading.Thread):
     """Produces ``rate`` records/s until stopped: record ``i`` is ``make(i)``, produced at start + i/rate
-    (idempotent producer, ``acks=all``); ``produced`` counts them, ``started_at`` / ``ended_at`` are the
+    (idempotent producer, ``acks=all``, ``linger_ms``); ``produced`` counts them, ``started_at`` / ``ended_at`` are the
     wall clock of the start and of the last one; a delivery error is kept in ``error`` and raised by
     :meth:`stop`."""
 
-    def __init__(self, bootstrap: str, make: MakeRecord, rate: float, name: str = "paced-feeder") -> None:
+    def __init__(self, bootstrap: str, make: MakeRecord, rate: float, name: str = "paced-feeder",
+                 linger_ms: float = 2) -> None:
         super().__init__(name=name, daemon=True)
-        self.bootstrap, self.make, self.rate = bootstrap, make, rate
+        self.bootstrap, self.make, self.rate, self.linger_ms = bootstrap, make, rate, linger_ms
         self.produced = 0
         self.started_at = self.ended_at = 0.0
         self.error: str | None = None
@@ -98,7 +99,7 @@ class PacedFeeder(threading.Thread):
         from transport.kafka_io import produce_blocking
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
-                             "linger.ms": 2})
+                             "linger.ms": self.linger_ms})
         errors: list[str] = []
 
         def delivered(err: Any, _msg: Any) -> None:
