@@ -19,7 +19,7 @@ from bench.common import format_row, write_csv, write_machine  # noqa: E402
 @pytest.mark.parametrize("script", ["bench/baseline.py", "bench/kill_latency.py", "bench/ordering.py", "bench/mib.py",
                                     "bench/workloads.py", "bench/report.py", "bench/rhino.py", "bench/sss.py",
                                     "bench/handover.py", "bench/broker_cost.py", "bench/cpu_profile.py",
-                                    "bench/pulse_cost.py", "bench/capacity.py"])
+                                    "bench/pulse_cost.py", "bench/capacity.py", "bench/broker_limits.py"])
 def test_benchmark_command_parses_its_arguments(script):
     proc = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True,
                           timeout=120)
