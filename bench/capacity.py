@@ -24,8 +24,9 @@ fetches cost more the more batches it holds, so on one stack each step ran slowe
      separately only their Python worker (the JVM stays); worst per-second p99 in the 10 s after
      against the p99 before; an executor kill once with Spark's relaunch as it is (on this machine)
      and once with the replacement kept off the survivors' CPU (its JVM and Python at nice 19);
-   * *sustained* (``--sustained-minutes``, 0: skipped): each mode at half its max sustainable rate;
-     the per-minute p99 and the executors' Python memory, first minute against last.
+   * *sustained* (``--sustained-minutes``, 0: skipped): each mode at half its max sustainable rate,
+     fed in batches of 100 ms (:data:`SUSTAINED_FEEDER_LINGER_MS`); the per-minute p99 and the
+     executors' Python memory, first minute against last.
 3. *SSS*: ``bench/sss.py``'s throughput ramp of Spark Structured Streaming on the same job shape.
 
 Writes ``ceiling.csv``, ``idle.csv``, ``throughput.csv``, ``latency.csv``, ``kills.csv``, ``sustained.csv``,
@@ -90,6 +91,12 @@ PERIOD_MS = 10  # LiveRobin heartbeat period of every run
 TARGETS = {"off": 20_000.0, "liverobin": 8_000.0, "kazoo": 8_000.0}  # max sustainable events/s
 IDLE_TARGET_CORES = 0.05
 KILL_FACTOR_TARGET = 2.0  # worst per-second p99 after a kill <= this x the fault-free p99
+# The sustained runs' load generator batches for this long (the ramps' lingers 2 ms): with one batch
+# every 2 ms per partition the embedded broker's fetches list ever more batches, and a plain loop
+# reading 1,000 records/s fell behind within two minutes (bench/broker_limits.py); batched, the
+# broker stays flat, and the runs measure whether the job does.  It adds up to this much to every
+# record's latency, the same in every minute.
+SUSTAINED_FEEDER_LINGER_MS = 100.0
 HZ = os.sysconf("SC_CLK_TCK")  # clock ticks per second (/proc)
 
 
@@ -284,7 +291,8 @@ def sustained_run(stack: StackEndpoints, spark: Any, probe: CostProbe, config: C
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        r = run_ordered(stack, spark, config, pipeline=1, rate=rate, duration_s=minutes * 60, status=status)
+        r = run_ordered(stack, spark, config, pipeline=1, rate=rate, duration_s=minutes * 60, status=status,
+                        feeder_linger_ms=SUSTAINED_FEEDER_LINGER_MS)
     finally:
         halt.set()
         sampler.join()
@@ -441,6 +449,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sss-rates", default="800,1600,3200,6400")
     ap.add_argument("--sss-duration", type=float, default=20.0)
     ap.add_argument("--sustained-minutes", type=float, default=0.0)
+    ap.add_argument("--sustained-rates", default="", metavar="MODE=RATE,...",
+                    help="the sustained runs' rates (default: half of each mode's max sustainable in this run)")
     ap.add_argument("--out", default=str(REPO / "bench/results/capacity"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -521,8 +531,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.sustained_minutes > 0:
             best = {r.config: r.max_rate for r in max_sustainable(
                 [r for r in final_runs(throughput) if int(r["parallelism"]) == args.parallelisms[0]]).values()}
+            given = dict(kv.split("=", 1) for kv in args.sustained_rates.split(",") if kv)
             for config in modes:
-                rate = (best.get(config.label) or args.rates[0]) / 2
+                rate = float(given[config.mode]) if config.mode in given else (best.get(config.label) or args.rates[0]) / 2
                 with fresh_stack(spark) as (stack, probe):
                     sustained.append(sustained_run(stack, spark, probe, config, rate, args.sustained_minutes, status))
             write_csv(out / "sustained.csv", sustained)

@@ -17,7 +17,10 @@ too; with ``--gil`` only the thread holding the GIL: the Python work itself, wit
 Before each profile, the same length without py-spy measures the CPU of each process group from
 ``/proc`` (``summary.csv``: cores used by the executors' Python, the executor JVMs, the broker, ZooKeeper,
 the driver JVM and this process, which runs the replication driver and, under load, the load generator;
-threads in the executors' Python processes; the job's CPU per event under load, this process apart).  ``categories.csv`` sums the samples'
+threads in the executors' Python processes; the job's CPU per event under load, this process apart), and
+``threads.csv`` the cores of those processes' threads by kind (Python's own threads, librdkafka's
+``rdk:broker`` / ``rdk:main``, gRPC's ``event_engine``...: py-spy sees only the Python ones).
+``--conf KEY=VALUE`` sets a ``spark.replication.*`` key of every job.  ``categories.csv`` sums the samples'
 *self* time by what the innermost project or library frame does (:data:`CATEGORIES`).
 """
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -95,6 +99,38 @@ def thread_count(pids: list[int]) -> int:
             continue
         total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("Threads:")), 0)
     return total
+
+
+def thread_ticks(pids: list[int]) -> dict[tuple[int, int], tuple[str, int]]:
+    """(pid, tid) -> (thread name, CPU ticks so far) of every thread of ``pids``."""
+    out = {}
+    for pid in pids:
+        try:
+            tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            name = text[text.index("(") + 1:text.rindex(")")]
+            fields = text.rpartition(")")[2].split()  # utime and stime are fields 14 and 15
+            out[(pid, tid)] = (name, int(fields[11]) + int(fields[12]))
+    return out
+
+
+def cores_by_thread_kind(before: dict, after: dict, seconds: float) -> dict[str, tuple[int, float]]:
+    """Threads and cores over a window, by what the thread is: its name up to a digit or a colon's
+    suffix (``rdk:broker111`` and ``rdk:broker-1`` are librdkafka's ``rdk:broker``; Python's own
+    threads all carry the process's name)."""
+    kinds: dict[str, list] = {}
+    for key, (name, ticks) in after.items():
+        kind = re.sub(r"[-0-9]+$", "", name)
+        entry = kinds.setdefault(kind, [0, 0])
+        entry[0] += 1
+        entry[1] += ticks - before.get(key, (name, 0))[1]
+    return {k: (n, t / 100.0 / seconds) for k, (n, t) in sorted(kinds.items(), key=lambda kv: -kv[1][1])}
 
 
 def record(roots: list[int], seconds: float, out: Path, stem: str, gil: bool = False) -> Counter[str]:
@@ -211,35 +247,40 @@ def cores(before: CostSnapshot, after: CostSnapshot) -> dict[str, float]:
 
 
 def window(probe: CostProbe, seconds: float, out: Path, stem: str, profile: bool,
-           gil: bool = False) -> tuple[dict, Counter[str]]:
-    """The cores each group used over ``seconds`` with nothing else running, then (``profile``) the
+           gil: bool = False) -> tuple[dict, Counter[str], list[dict]]:
+    """The cores each group used over ``seconds`` with nothing else running, and those of the
+    executors' Python processes by kind of thread (:func:`cores_by_thread_kind`), then (``profile``) the
     same length again under py-spy (py-spy's own CPU would count in this process's group, and on
     two cores it slows what it samples)."""
-    before = probe.snapshot()
+    python = sorted(set(probe.groups()["python"]))
+    before, threads_before = probe.snapshot(), thread_ticks(python)
     time.sleep(seconds)
-    after = probe.snapshot()
+    after, threads_after = probe.snapshot(), thread_ticks(python)
     row = {"window": stem, "seconds": round(after.at - before.at, 1),
            **{f"cores_{g}": round(v, 3) for g, v in cores(before, after).items()},
            "python_threads": thread_count(sorted(set(probe.groups()["python"]))),
            "python_processes": after.processes.get("python", 0)}
+    kinds = [{"window": stem, "thread": kind, "threads": n, "cores": round(c, 3)}
+             for kind, (n, c) in cores_by_thread_kind(threads_before, threads_after, after.at - before.at).items()]
     stacks = record(executor_python(probe), seconds, out, stem, gil) if profile else Counter()
-    return row, stacks
+    return row, stacks, kinds
 
 
 def profile_mode(stack: Any, spark: Any, probe: CostProbe, config: Config, args: argparse.Namespace,
-                 out: Path, status: StatusLine) -> tuple[list[dict], dict[str, Counter[str]]]:
+                 out: Path, status: StatusLine) -> tuple[list[dict], dict[str, Counter[str]], list[dict]]:
     bootstrap = stack.bootstrap_servers
     stamp = f"{int(time.time() * 1000) % 10**10}"
     topic_a, topic_b, sink = f"prof{stamp}-a", f"prof{stamp}-b", f"prof{stamp}-out"
     p = args.parallelism
     create_topics(bootstrap, {topic_a: p, topic_b: p})
     label = config.label.replace(" ", "")
-    handle = run(build_ordered_job(topic_a, topic_b, sink, name=f"prof-{label}-{stamp}", parallelism=p), spark=spark, conf=config.conf(stack))
+    handle = run(build_ordered_job(topic_a, topic_b, sink, name=f"prof-{label}-{stamp}", parallelism=p), spark=spark,
+                 conf={**config.conf(stack), **dict(kv.split("=", 1) for kv in args.conf)})
     handle.wait_started(120)
     rows, stacks = [], {}
     time.sleep(5)  # first checkpoints, elections, the generator's first pulses
     status.update(f"{config.label}: idle window")
-    row, stacks["idle"] = window(probe, args.seconds, out, f"{label}-idle", True, args.gil)
+    row, stacks["idle"], kinds = window(probe, args.seconds, out, f"{label}-idle", True, args.gil)
     rows.append({"mode": config.label, "phase": "idle", "events_per_s": 0, **row})
 
     make = event_makers()
@@ -254,7 +295,8 @@ def profile_mode(stack: Any, spark: Any, probe: CostProbe, config: Config, args:
     producer.start()
     time.sleep(5)
     status.update(f"{config.label}: load window at {args.rate:.0f} events/s")
-    row, stacks["load"] = window(probe, args.seconds, out, f"{label}-load", True, args.gil)
+    row, stacks["load"], more = window(probe, args.seconds, out, f"{label}-load", True, args.gil)
+    kinds += more
     producer.join()
     per_event = sum(row[f"cores_{g}"] for g in GROUPS if g != "bench") / args.rate
     rows.append({"mode": config.label, "phase": "load", "events_per_s": args.rate,
@@ -266,7 +308,7 @@ def profile_mode(stack: Any, spark: Any, probe: CostProbe, config: Config, args:
     report = verify_chains(outputs, lr.parsed[topic_a] + lr.parsed[topic_b])
     for r in rows:
         r["exact"] = "yes" if report.exact else f"no: {report}"
-    return rows, stacks
+    return rows, stacks, kinds
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -277,6 +319,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--period", type=int, default=10, help="LiveRobin heartbeat period, ms")
     ap.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a spark.replication.* setting of every job (repeatable)")
     ap.add_argument("--out", default="bench/results/profile")
     return ap.parse_args(argv)
 
@@ -290,17 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     categories: list[dict] = []
     tops: list[str] = []
+    thread_kinds: list[dict] = []
     with EmbeddedStack() as stack:
         spark = build_session("local-cluster[3,1,512]", app_name="bench-profile")
         try:
             probe = CostProbe.for_spark(spark, stack.run_dir)
             time.sleep(5)
-            row, _ = window(probe, args.seconds, out, "baseline", False)
+            row, _, _ = window(probe, args.seconds, out, "baseline", False)
             rows.append({"mode": "none", "phase": "baseline", "events_per_s": 0, **row})
             for mode in args.modes.split(","):
                 config = Config(mode if mode != "liverobin" else f"liverobin {args.period}ms", mode,
                                 args.period if mode == "liverobin" else None)
-                mode_rows, stacks = profile_mode(stack, spark, probe, config, args, out, status)
+                mode_rows, stacks, kinds = profile_mode(stack, spark, probe, config, args, out, status)
+                thread_kinds += [{"mode": config.label, **k} for k in kinds]
                 rows += mode_rows
                 for phase, st in stacks.items():
                     total = sum(st.values()) or 1
@@ -317,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = list(dict.fromkeys(k for r in rows for k in r))
     write_csv(out / "summary.csv", [{k: r.get(k, "") for k in columns} for r in rows], digits=3)
     write_csv(out / "categories.csv", categories, digits=3)
+    write_csv(out / "threads.csv", thread_kinds, digits=3)
     (out / "top_self.txt").write_text("\n".join(tops) + "\n")
     write_machine(out)
     with (out / "summary.csv").open() as f:

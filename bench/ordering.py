@@ -274,11 +274,12 @@ def event_makers() -> Callable[[str], Callable[[int], tuple[bytes, bytes, str]]]
 def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: int, rate: float,
                 duration_s: float, status: StatusLine, kill_at_s: float | None = None,
                 probe: CostProbe | None = None, parallelism: int = 2,
-                weights: tuple[int, int] = (2, 1), source_partitions: int = 2) -> OrderedRun:
+                weights: tuple[int, int] = (2, 1), source_partitions: int = 2,
+                feeder_linger_ms: float = 2.0) -> OrderedRun:
     """Start the ordered job (``identity_maps=pipeline-1``, the chain task at ``parallelism``, topics a
     and b of ``source_partitions``), produce
     ``rate`` events/s for ``duration_s`` (``weights`` a:b into topics a and b, 2:1 by default), drain,
-    read and verify the output; optionally kill the executor (``config.kill``: or the Python worker) of
+    read and verify the output (the load generator's producer lingers ``feeder_linger_ms``); optionally kill the executor (``config.kill``: or the Python worker) of
     ``config.victim`` (for KaZoo: of ``WATCHED``'s leader or follower at that moment) ``kill_at_s`` in.
     With a ``probe``, the run's costs (:func:`bench.common.cost_columns`) from the start of the load to
     the end of the drain, per 1,000 events produced."""
@@ -334,7 +335,7 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
     before: CostSnapshot | None = probe.snapshot() if probe is not None else None
     load_start = time.time()
     load = generate_load(bootstrap, streams, rate=rate, duration_s=duration_s, status=status,
-                         extra_status=job_status)
+                         extra_status=job_status, producer_conf={"linger.ms": feeder_linger_ms})
     load_end = time.time()
     if timer is not None:
         timer.join()
