@@ -29,7 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 WINDOW_S = 5.0
-FETCH_WAIT_MS = 10  # the job's sources' wait (replication.worker.SOURCE_FETCH_WAIT_MS)
 
 
 def follow(bootstrap: str, topic: str, out: str, broker: int, seconds: float) -> None:
@@ -37,11 +36,13 @@ def follow(bootstrap: str, topic: str, out: str, broker: int, seconds: float) ->
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     from bench.common import pid_ticks
+    from replication.worker import SOURCE_FETCH_WAIT_MS
+    from replication.workload import percentile
     from transport.kafka_io import consume_ready
 
     hz = 100.0
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"limits-{topic}", "enable.auto.commit": False,
-                         "fetch.wait.max.ms": FETCH_WAIT_MS})
+                         "fetch.wait.max.ms": SOURCE_FETCH_WAIT_MS})
     consumer.assign([TopicPartition(topic, k, 0) for k in range(4)])
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     start = time.monotonic()
@@ -56,10 +57,9 @@ def follow(bootstrap: str, topic: str, out: str, broker: int, seconds: float) ->
                 producer.produce(out, value=msg.value())
             producer.poll(0)
         span = time.monotonic() - at
-        lat.sort()
         print(json.dumps({"t_s": round(time.monotonic() - start), "read_per_s": round(len(lat) / span),
-                          "p50_ms": round(lat[len(lat) // 2], 1) if lat else "",
-                          "p99_ms": round(lat[int(len(lat) * 0.99)], 1) if lat else "",
+                          "p50_ms": round(percentile(lat, 0.5), 1) if lat else "",
+                          "p99_ms": round(percentile(lat, 0.99), 1) if lat else "",
                           "broker_cores": round((pid_ticks(broker) - ticks) / hz / span, 3)}), flush=True)
     producer.flush(30)
     consumer.close()

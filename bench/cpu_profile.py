@@ -258,7 +258,7 @@ def window(probe: CostProbe, seconds: float, out: Path, stem: str, profile: bool
     after, threads_after = probe.snapshot(), thread_ticks(python)
     row = {"window": stem, "seconds": round(after.at - before.at, 1),
            **{f"cores_{g}": round(v, 3) for g, v in cores(before, after).items()},
-           "python_threads": thread_count(sorted(set(probe.groups()["python"]))),
+           "python_threads": thread_count(python),
            "python_processes": after.processes.get("python", 0)}
     kinds = [{"window": stem, "thread": kind, "threads": n, "cores": round(c, 3)}
              for kind, (n, c) in cores_by_thread_kind(threads_before, threads_after, after.at - before.at).items()]

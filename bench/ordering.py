@@ -277,9 +277,9 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                 weights: tuple[int, int] = (2, 1), source_partitions: int = 2,
                 feeder_linger_ms: float = 2.0) -> OrderedRun:
     """Start the ordered job (``identity_maps=pipeline-1``, the chain task at ``parallelism``, topics a
-    and b of ``source_partitions``), produce
-    ``rate`` events/s for ``duration_s`` (``weights`` a:b into topics a and b, 2:1 by default), drain,
-    read and verify the output (the load generator's producer lingers ``feeder_linger_ms``); optionally kill the executor (``config.kill``: or the Python worker) of
+    and b of ``source_partitions``), produce ``rate`` events/s for ``duration_s`` (``weights`` a:b into
+    topics a and b, 2:1 by default; the load generator's producer lingers ``feeder_linger_ms``), drain,
+    read and verify the output; optionally kill the executor (``config.kill``: or the Python worker) of
     ``config.victim`` (for KaZoo: of ``WATCHED``'s leader or follower at that moment) ``kill_at_s`` in.
     With a ``probe``, the run's costs (:func:`bench.common.cost_columns`) from the start of the load to
     the end of the drain, per 1,000 events produced."""
