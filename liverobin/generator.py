@@ -134,10 +134,10 @@ class HeartbeatGenerator:
 
     def close_window(self, timeout: float) -> int | None:
         """Windowed: end the open window with a pulse marked last and wait until the log counted
-        it; its ``h`` (None: not within ``timeout``, or no window open)."""
+        it; its ``h`` (None: not within ``timeout``, or no window was opened)."""
         with self._closed:
             if self._window is None:
-                return None
+                return self._last_h or None  # ended already (by an earlier call)
             self._closing = True
             self._closed.wait_for(lambda: self._window is None or self.error is not None or not self.alive, timeout)
             return self._last_h if self._window is None else None

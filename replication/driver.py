@@ -56,6 +56,7 @@ from replication.plan import (
     plan_job,
     replica_name,
 )
+from replication.pulses import DriverPulses, switch_pulse
 from replication.security import job_security, remove_cli_credentials, write_cli_credentials
 from replication.spark_cluster import driver_advertise_host, driver_bind_host, executor_ids, warm_up
 from replication.status import write_status
@@ -945,12 +946,6 @@ class ElectionJanitor:
 LATE_RETRIES = 2
 
 
-def _switch_pulse(generators: Sequence[HeartbeatGenerator], margin_s: float, period_ms: int) -> tuple[int, int]:
-    """The generators' last pulse, and the pulse about ``margin_s`` after it (at least 5 later)."""
-    pulse = max(g.pulses.last_h for g in generators)
-    return pulse, pulse + max(5, math.ceil(margin_s * 1000 / period_ms))
-
-
 class JobHandle:
     """A running job: watch it, drain it, stop it."""
 
@@ -968,7 +963,9 @@ class JobHandle:
         self._result: JobResult | None = None
         self._started = time.monotonic()
         self._elections = elections
-        self.pulse_generators: list[HeartbeatGenerator] = []
+        self.pulses: DriverPulses | None = None
+        if plan.heartbeat_log is not None:
+            self.pulses = DriverPulses(self._new_generator, plan.heartbeat_log, master.event)
         if cfg.mode == "liverobin":
             self.start_pulse_generator()
         self.metrics_server: Any = None  # the Prometheus endpoint (replication.prometheus.MetricsServer)
@@ -1002,29 +999,31 @@ class JobHandle:
         return self.master.metrics_url
 
     # -- LiveRobin heartbeat generators ----------------------------------------------------
+    @property
+    def pulse_generators(self) -> list[HeartbeatGenerator]:
+        """Every heartbeat generator this driver started (LiveRobin, or KaZoo's for pulse windows)."""
+        return self.pulses.generators if self.pulses is not None else []
+
     def start_pulse_generator(self, windowed: bool = False) -> HeartbeatGenerator:
         """Start one more heartbeat generator in this driver (LiveRobin); several may run at once
         and one may be killed and restarted at any time: the log decides which pulses count.
         ``windowed``: KaZoo's, which writes only the pulse windows of handovers."""
-        log_ = self.plan.heartbeat_log
-        if log_ is None:
+        if self.pulses is None:
             raise RuntimeError("heartbeat generators only exist with spark.replication.mode=liverobin or kazoo")
-        cfg = self.cfg
-        gen = HeartbeatGenerator(
-            name=f"g{len(self.pulse_generators) + 1}", heartbeat_log=log_,
+        return self.pulses.start(windowed)
+
+    def _new_generator(self, name: str, from_segment: int, windowed: bool) -> HeartbeatGenerator:
+        cfg, log_ = self.cfg, self.plan.heartbeat_log
+        assert log_ is not None
+        return HeartbeatGenerator(
+            name=name, heartbeat_log=log_,
             sources=self.plan.source_topics(), positions=self.master.source_positions,
             starts={t.head.spec["topic"]: self.plan.source_start_offsets.get(t.id, {})
                     for t in self.plan.tasks if t.is_source},
             period_s=cfg.liverobin_heartbeat_period_ms / 1000, max_step=cfg.liverobin_max_pulse_step,
             consumer_conf=cfg.kafka_consumer_config(group_id=f"replication-{self.job.name}-pulses"),
             producer_conf=cfg.kafka_producer_config(), create_topics=self._create_log_segments,
-            # a generator started later reads the newest segments only (what the others counted)
-            from_segment=max(0, max((log_.segment_of(g.pulses.last_h + 1) for g in self.pulse_generators),
-                                    default=0) - 1),
-            windowed=windowed)
-        self.pulse_generators.append(gen.start())
-        self.master.event(f"heartbeat generator {gen.name} started")
-        return gen
+            from_segment=from_segment, windowed=windowed)
 
     def _create_log_segments(self, topics: list[str]) -> None:
         """Make the heartbeat log's next segments exist (a generator's call)."""
@@ -1032,12 +1031,9 @@ class JobHandle:
 
     def kill_pulse_generators(self) -> list[str]:
         """Stop every running heartbeat generator at once, without a final pulse (a crash for the
-        log); the sources hold their records until a generator runs again.  Returns their names."""
-        killed = [g for g in self.pulse_generators if g.alive]
-        for gen in killed:
-            gen.kill()
-            self.master.event(f"heartbeat generator {gen.name} killed")
-        return [g.name for g in killed]
+        log); the sources hold their records until a generator runs again (one that dies on its
+        own is replaced: replication.pulses).  Returns their names."""
+        return self.pulses.kill() if self.pulses is not None else []
 
     # started by run()
     def _run_spark_job(self, boot: WorkerBootstrap) -> None:
@@ -1272,7 +1268,7 @@ class JobHandle:
         capped = (isinstance(strategy, Batched) and strategy.max_bytes is not None) or \
             self.cfg.handover_max_bytes_in_flight > 0
         sizes = self.state_bytes_per_vnode(task, timeout=min(30.0, timeout)) if capped else None
-        with self._handover_window("a handover", timeout) as (coordinator, generators):
+        with self._handover_window("a handover", timeout) as coordinator:
             master = self.master
             jobs: list[int] = []
             while True:
@@ -1280,8 +1276,7 @@ class JobHandle:
                 jobs.append(job)
                 master.event(f"handover job {job} of {task}: {what} ({type(strategy).__name__}, "
                              f"{len(coordinator.manager.job(job).steps)} step(s))")
-                self._run_steps(coordinator, generators, job, task, sizes, deadline, timeout, margin_s, release_s,
-                                gap_s, steps)
+                self._run_steps(coordinator, job, task, sizes, deadline, timeout, margin_s, release_s, gap_s, steps)
                 ended = coordinator.manager.job(job)
                 if not (ended.state is JobState.ABORTED and ended.late and len(jobs) <= LATE_RETRIES):
                     break
@@ -1296,24 +1291,29 @@ class JobHandle:
                 "entries_moved": sum(s["entries_moved"] for s in steps), "seconds": time.monotonic() - started,
                 "partitions": sorted(set(table.assignment))}
 
-    def _run_steps(self, coordinator: HandoverCoordinator, generators: Sequence[HeartbeatGenerator], job: int,
-                   task: str, sizes: list[int] | None, deadline: float, timeout: float,
-                   margin_s: float, release_s: float | None, gap_s: float, steps: list[dict[str, Any]]) -> None:
+    def _run_steps(self, coordinator: HandoverCoordinator, job: int, task: str, sizes: list[int] | None,
+                   deadline: float, timeout: float, margin_s: float, release_s: float | None, gap_s: float,
+                   steps: list[dict[str, Any]]) -> None:
         """Instruct the steps of handover ``job`` one by one until it ends, each at pulses about
-        ``margin_s`` ahead; each step's report is appended to ``steps``."""
+        ``margin_s`` ahead; each step's report is appended to ``steps``.  Past ``deadline`` no
+        step is instructed: the job stops between two steps and TimeoutError says how far it got
+        (a step committed before the deadline completes first: it only rolls forward)."""
         period_ms = self.cfg.liverobin_heartbeat_period_ms
         master = self.master
+        assert self.pulses is not None
         while coordinator.job_state(job) is JobState.RUNNING:
+            if time.monotonic() >= deadline:
+                self._stop_job(coordinator, job, task, timeout)
             step_started = time.monotonic()
-            pulse, switch_at = _switch_pulse(generators, margin_s, period_ms)
+            pulse = self.pulses.last_h
+            switch_at = switch_pulse(pulse, margin_s, period_ms)
             margin = coordinator.next_release_s(job, sizes) if release_s is None else release_s
             release_at = switch_at + max(2, math.ceil(margin * 1000 / period_ms))
             instructed_at = time.time()
             order = coordinator.instruct_next(job, switch_at, release_at)
             if order is None:  # e.g. a lost replica not restored yet, or the bytes-in-flight cap: wait
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"handover job {job} of {task} could not go on within {timeout:g}s: "
-                                       f"{coordinator.manager.why_not_next(job)}")
+                    self._stop_job(coordinator, job, task, timeout, coordinator.manager.why_not_next(job))
                 master._cond.wait(0.1)
                 continue
             hid = order.handover_id
@@ -1336,6 +1336,16 @@ class JobHandle:
                           "seconds": time.monotonic() - step_started})
             if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                 master._cond.wait(gap_s)
+
+    def _stop_job(self, coordinator: HandoverCoordinator, job: int, task: str, timeout: float,
+                  why: str | None = None) -> None:
+        """Stop handover ``job`` between two steps (its deadline passed) and raise TimeoutError."""
+        manager = coordinator.manager
+        ended = manager.job(job)
+        manager.stop_job(job, f"not done within {timeout:g}s" + (f" ({why})" if why else ""))
+        self.master.event(f"handover job {job} of {task}: {ended.reason}; the routing table stays at epoch "
+                          f"{manager.tables[ended.task].epoch}")
+        raise TimeoutError(f"handover job {job} of {task}: {ended.reason}")
 
     def replace_operator(self, task: str, operator: str, fn: Any, timeout: float = 60.0,
                          margin_s: float = 0.5) -> dict[str, Any]:
@@ -1362,8 +1372,10 @@ class JobHandle:
             raise ValueError(f"operator {operator!r} runs a function: give a callable")
         payload = cloudpickle.dumps(fn)
         started = time.monotonic()
-        with self._handover_window("an operator replacement", timeout) as (coordinator, generators):
-            pulse, switch_at = _switch_pulse(generators, margin_s, self.cfg.liverobin_heartbeat_period_ms)
+        with self._handover_window("an operator replacement", timeout) as coordinator:
+            assert self.pulses is not None
+            pulse = self.pulses.last_h
+            switch_at = switch_pulse(pulse, margin_s, self.cfg.liverobin_heartbeat_period_ms)
             order = coordinator.start_replace(spec.id, operator, payload, switch_at)
             self.master.event(f"operator {operator!r} of {task}: version {order.version} from pulse {switch_at} on "
                               f"(now about {pulse})")
@@ -1375,22 +1387,23 @@ class JobHandle:
                 "reason": record.reason, "seconds": time.monotonic() - started}
 
     @contextlib.contextmanager
-    def _handover_window(self, what: str, timeout: float
-                         ) -> Iterator[tuple[HandoverCoordinator, list[HeartbeatGenerator]]]:
+    def _handover_window(self, what: str, timeout: float) -> Iterator[HandoverCoordinator]:
         """The heartbeat generators pulse every period for up to ``timeout`` (``what`` switches at a
         pulse): LiveRobin's running ones, or in KaZoo mode one that writes a pulse window (the
-        sources hold their records until it ends); inside, the caller holds the master's lock and
-        has its coordinator."""
+        sources hold their records until it ends).  Inside, the caller holds the master's lock and
+        has its coordinator.  The pulses go on until no committed handover needs them."""
+        pulses = self.pulses
+        if pulses is None:
+            raise ValueError(f"{what} switches at a pulse: it needs spark.replication.mode=liverobin or kazoo")
         if self.cfg.mode == "kazoo":
-            generators, window = self._open_pulse_window(what)
+            window = self._open_pulse_window(what)
         else:
             window = None
-            generators = [g for g in self.pulse_generators if g.alive]
-            if not generators:
+            if not pulses.live():
                 raise ValueError(f"no heartbeat generator runs (start one with start_pulse_generator()): {what} "
                                  "switches at a pulse")
-            for gen in generators:
-                gen.eager(timeout)
+            pulses.eager(timeout)
+        coordinator = None
         try:
             with self.master._cond:
                 if self.master.handovers is None:
@@ -1402,20 +1415,33 @@ class JobHandle:
                     manager = self.master.handovers.manager
                     manager.attempts.update(self.master._attempts)
                     manager.lost.update(set(self.master.lost) - self.master._restoring)
-                yield self.master.handovers, generators
+                coordinator = self.master.handovers
+                yield coordinator
         finally:
+            if coordinator is not None:
+                self._await_rolled_forward(coordinator, what)
             if window is None:
-                for gen in generators:
-                    gen.eager(0)
+                pulses.eager(0)
             else:
-                self._close_pulse_window(generators[0], window)
+                self._close_pulse_window(window)
 
-    def _open_pulse_window(self, what: str, hold_timeout: float = 15.0) -> tuple[list[HeartbeatGenerator], int]:
+    def _await_rolled_forward(self, coordinator: HandoverCoordinator, what: str) -> None:
+        """Until no committed handover waits for pulses (or the job failed): a committed step only
+        rolls forward, and it reaches its switch and release only while pulses are written."""
+        master = self.master
+        waited = 0
+        with master._cond:
+            while master.failure is None and (pending := coordinator.rolling_forward()):
+                if waited % 300 == 0:  # at once, then every 30 s
+                    master.event(f"{what}: handover(s) {pending} committed, not completed: the pulses go on "
+                                 "until they complete")
+                master._cond.wait(0.1)
+                waited += 1
+
+    def _open_pulse_window(self, what: str, hold_timeout: float = 15.0) -> int:
         """KaZoo: tell every source replica to hold its records, and once all live ones do, have
-        a windowed generator write pulses from their positions on (liverobin.heartbeats)."""
-        gen = next((g for g in self.pulse_generators if g.alive and g.windowed), None)
-        if gen is None:
-            gen = self.start_pulse_generator(windowed=True)
+        a windowed generator write pulses from their positions on (liverobin.heartbeats); the
+        window's id."""
         master = self.master
         sources = [(t, p, r) for (t, p, r) in self.placement if self.plan.task(t).is_source]
         with master._cond:
@@ -1440,29 +1466,44 @@ class JobHandle:
                 for k, position in master.holding[(t, p, r)][1].items():
                     floor.setdefault(topic, {})[k] = max(floor.get(topic, {}).get(k, 0), position)
             master.event(f"pulse window {window} open: every source replica holds its records ({what})")
-        gen.open_window(window, floor)
-        return [gen], window
+        assert self.pulses is not None
+        self.pulses.open_window(window, floor)
+        return window
 
-    def _close_pulse_window(self, gen: HeartbeatGenerator, window: int) -> None:
-        last = gen.close_window(timeout=15.0)
+    def _close_pulse_window(self, window: int) -> None:
+        assert self.pulses is not None
+        last = self.pulses.close_window(timeout=15.0)
         with self.master._cond:
             self.master.pulse_window = (window, False, True)  # the sources stop holding at the last pulse
             self.master.event(f"pulse window {window} closed at pulse {last}" if last is not None else
-                              f"pulse window {window}: its last pulse was not written ({gen.error or 'timeout'}); "
+                              f"pulse window {window}: its last pulse was not written within 15 s; "
                               "the sources hold their records until a generator ends it")
 
     def _await_handover(self, coordinator: HandoverCoordinator, hid: int, deadline: float, during: str,
                         timed_out: str) -> None:
         """Until handover ``hid`` completed or aborted (caller holds the master's lock); raises if the
-        job failed meanwhile or ``deadline`` passed."""
+        job failed meanwhile.  At ``deadline`` a step not committed yet is cancelled (TimeoutError);
+        a committed one only rolls forward, so it is waited for to the end."""
         master = self.master
-        done = master._cond.wait_for(
-            lambda: coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED)
-            or master.failure is not None, max(0.0, deadline - time.monotonic()))
+
+        def ended() -> bool:
+            return coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED) \
+                or master.failure is not None
+
+        done = master._cond.wait_for(ended, max(0.0, deadline - time.monotonic()))
+        if not done:
+            for text in coordinator.give_up(hid, timed_out):
+                master.event(text)
+            if coordinator.state(hid) is HandoverState.ABORTED:
+                raise TimeoutError(f"{timed_out} (not committed: cancelled)")
+            master.event(f"handover {hid} is {coordinator.state(hid).value} past its deadline: it rolls forward "
+                         "to completion")
+            waited = 0
+            while not master._cond.wait_for(ended, 30.0):
+                waited += 30
+                master.event(f"handover {hid} still {coordinator.state(hid).value} {waited} s past its deadline")
         if master.failure is not None:
             raise JobFailedError(f"job failed {during}: {master.failure}")
-        if not done:
-            raise TimeoutError(f"{timed_out} (state {coordinator.state(hid).value})")
 
     def move_request(self, req: HandoverRequest) -> HandoverReport:
         """A ``replication move``, ``rescale``, ``rebalance`` or ``drain`` from the CLI, with the
@@ -1522,7 +1563,8 @@ class JobHandle:
         state there instead, for a run with ``spark.replication.restoreFrom`` (docs/savepoints.md)."""
         root = None if savepoint is None else self._arm_savepoint(Path(savepoint))
         if self.cfg.mode == "liverobin":
-            gens = [g for g in self.pulse_generators if g.alive] or [self.start_pulse_generator()]
+            assert self.pulses is not None
+            gens = self.pulses.live() or [self.start_pulse_generator()]
             for gen in gens:  # the sources end right after the final pulse, read from the log
                 gen.finish(grace_s=2 * FETCH_WAIT_MS / 1000 + 0.3)
         self.master.set_command("drain")
@@ -1611,8 +1653,8 @@ class JobHandle:
             self._server.stop(grace=1.0)
             if self.metrics_server is not None:
                 self.metrics_server.close()
-            for gen in self.pulse_generators:
-                gen.kill()
+            if self.pulses is not None:
+                self.pulses.close()
             m = self.master
             if self._cancelled_after_end and self._spark_error is not None:
                 log.info("Spark job ended by our cancel after every worker ended: %s",

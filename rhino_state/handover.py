@@ -748,6 +748,7 @@ class HandoverJob:
     # aborted because a participant was already past the switch position when it heard of the
     # step (nothing of that step happened): the rest may be submitted again, at a later position
     late: bool = False
+    stopped: bool = False  # ended between steps (stop_job): every step instructed completed
 
     @property
     def vnodes(self) -> frozenset[int]:
@@ -878,7 +879,7 @@ class HandoverManager:
         aborted = job.state is JobState.ABORTED
         last = job.handover_ids[-1] if job.handover_ids else None
         done = [self.records[h].state if h in self.records  # else pruned: completed, or the aborted last
-                else HandoverState.ABORTED if aborted and h == last else HandoverState.COMPLETED
+                else HandoverState.ABORTED if aborted and not job.stopped and h == last else HandoverState.COMPLETED
                 for h in job.handover_ids]
         rest = HandoverState.ABORTED if aborted else HandoverState.PLANNED
         return tuple(done) + (rest,) * (len(job.steps) - len(done))
@@ -1095,6 +1096,23 @@ class HandoverManager:
                              "yet can abort (after the commit upstream replicas may have switched; it rolls "
                              "forward)")
         return self._abort(rec, reason)
+
+    def stop_job(self, job_id: int, reason: str) -> None:
+        """End a running job between its steps (its caller gave up, e.g. a timeout): the steps not
+        instructed yet never are, and the table stays where its last step left it.  ValueError
+        while a step of it is instructed and not completed (abort it first, or let a committed one
+        roll forward)."""
+        job = self.job(job_id)
+        if job.state is not JobState.RUNNING:
+            return
+        busy = [h for h in job.handover_ids
+                if h in self.records and self.records[h].state not in (HandoverState.COMPLETED,
+                                                                       HandoverState.ABORTED)]
+        if busy:
+            raise ValueError(f"job {job_id}: step handover(s) {busy} still in progress; a job stops "
+                             "between its steps")
+        job.state, job.stopped = JobState.ABORTED, True
+        job.reason = f"stopped after {job.next_index} of {len(job.steps)} step(s): {reason}"
 
     def _abort(self, rec: HandoverRecord, reason: str, late: bool = False) -> Cancel:
         rec.state = HandoverState.ABORTED

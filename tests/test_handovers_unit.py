@@ -608,3 +608,42 @@ def test_the_release_margin_is_learnt_from_the_steps_and_sized_by_the_bytes_that
     fast = ReleaseMargin(period_s=0.01)
     fast.observe(1, 0, 0.0)
     assert fast.margin_s(1, 0) == pytest.approx(0.03)  # at least two pulses: R >= P + 2
+
+
+def test_a_step_given_up_before_the_commit_is_cancelled_and_a_committed_one_rolls_forward_to_the_end():
+    """The driver's deadline passes during a step: not committed, the step is cancelled (nobody
+    switched); committed, it is listed as rolling forward (its pulses must go on) until it
+    completes, and the job then stops between two steps, the rest never instructed."""
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    job = coord.start_job(chain.id, [0, 1, 2, 3], 1, Batched(1))
+    first = coord.instruct_next(job, 100, 110)
+    assert first is not None and coord.rolling_forward() == []
+    events = coord.give_up(first.handover_id, "not done within 5s")
+    assert events == [f"handover {first.handover_id} of chain cancelled: not done within 5s"]
+    assert coord.state(first.handover_id).value == "aborted" and coord.view()[0]["cancelled"]
+    assert coord.job_state(job).value == "aborted"
+
+    job = coord.start_job(chain.id, [0, 1, 2, 3], 1, Batched(1))
+    order = coord.instruct_next(job, 200, 210)
+    assert order is not None
+    origins, targets = [(chain.id, 0)], [(chain.id, 1)]
+    coord.on_acks(_acks(order, "armed", sorted(order.upstreams) + origins + targets))
+    assert coord.rolling_forward() == [order.handover_id]
+    assert coord.give_up(order.handover_id, "too late") == []  # committed: it only rolls forward
+    with pytest.raises(ValueError, match="still in progress"):
+        coord.manager.stop_job(job, "timeout")
+    coord.on_acks(_acks(order, "switched", sorted(order.upstreams)))
+    assert coord.rolling_forward() == [order.handover_id]
+    coord.on_acks(_acks(order, "cut", origins, digest="d", entries=3))
+    coord.on_acks(_acks(order, "loaded", targets))
+    assert coord.rolling_forward() == [] and coord.state(order.handover_id).value == "completed"
+    coord.manager.stop_job(job, "not done within 5s")
+    ended = coord.manager.job(job)
+    assert coord.job_state(job).value == "aborted" and ended.reason == "stopped after 1 of 4 step(s): not done within 5s"
+    assert coord.manager.step_states(job)[0].value == "completed"
+    assert coord.manager.tables[chain.id].partition_of_vnode(0) == 1  # the completed step stays
+    assert [coord.manager.tables[chain.id].partition_of_vnode(v) for v in (1, 2, 3)] == [0, 0, 0]
+    again = coord.start_job(chain.id, [1, 2, 3], 1, AllAtOnce())  # its vnodes are free again
+    assert coord.job_state(again).value == "running"

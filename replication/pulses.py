@@ -1,0 +1,168 @@
+"""The driver's heartbeat generators: started, replaced when one dies, and KaZoo's pulse windows.
+
+LiveRobin runs generators for the job's life; KaZoo runs one only while a handover holds a
+pulse window open (:class:`liverobin.heartbeats.PulseWindows`, docs/handover.md).  Any number
+may run at once and any may die: the heartbeat log decides which pulses count
+(:mod:`liverobin.generator`).  So:
+
+* a generator whose thread *died on its own* (an error: the broker, a bug) is replaced within
+  :data:`WATCH_EVERY_S` by one that continues after the log's largest pulse; in KaZoo mode the
+  replacement writes the open window's pulses, same id and floor, and ends it if its end was
+  due.  Without that the sources hold their records until someone starts a generator by hand.
+  A generator stopped with :meth:`DriverPulses.kill` (an operator, or an injected crash the
+  caller restarts) is left stopped, and one that wrote the final pulse of a drain is done;
+* a pulse window is ended only by :meth:`DriverPulses.close_window`; the driver calls it once no
+  committed handover needs the window's pulses (a committed step only rolls forward, and it
+  reaches its switch and release pulses only while pulses are written).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+from liverobin.generator import HeartbeatGenerator
+from liverobin.heartbeats import Offsets
+from liverobin.segments import HeartbeatLog
+
+log = logging.getLogger(__name__)
+
+# How often the watcher looks for a generator that died (a pulse period is 10 ms by default: a
+# window's sources wait this long at most for the replacement's first pulse, plus its log read).
+WATCH_EVERY_S = 0.2
+
+# name, segment to start reading the log from, windowed -> a generator, not started
+GeneratorFactory = Callable[[str, int, bool], HeartbeatGenerator]
+
+
+def switch_pulse(last_h: int, margin_s: float, period_ms: int) -> int:
+    """The pulse about ``margin_s`` after pulse ``last_h`` (at least 5 later)."""
+    return last_h + max(5, math.ceil(margin_s * 1000 / period_ms))
+
+
+class DriverPulses:
+    """One job's heartbeat generators, made by ``factory``, on ``heartbeat_log``; ``event``
+    records what happens to them (the job master's event list)."""
+
+    def __init__(self, factory: GeneratorFactory, heartbeat_log: HeartbeatLog, event: Callable[[str], None]) -> None:
+        self._factory = factory
+        self._log = heartbeat_log
+        self._event = event
+        self.generators: list[HeartbeatGenerator] = []
+        self._lock = threading.RLock()
+        self._replaced: set[str] = set()  # generators that died and were replaced
+        self._window: tuple[int, Offsets] | None = None  # the open window: (id, floor)
+        self._window_gen: HeartbeatGenerator | None = None
+        self._stopped = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # -- generators -----------------------------------------------------------------------------
+    def start(self, windowed: bool = False) -> HeartbeatGenerator:
+        """Start one more generator; it reads the newest segments the others counted and goes on
+        after the largest pulse there.  ``windowed``: KaZoo's, which writes only pulse windows."""
+        with self._lock:
+            from_segment = max(0, max((self._log.segment_of(g.pulses.last_h + 1) for g in self.generators),
+                                      default=0) - 1)
+            gen = self._factory(f"g{len(self.generators) + 1}", from_segment, windowed)
+            self.generators.append(gen.start())
+            self._watch()
+        self._event(f"heartbeat generator {gen.name} started")
+        return gen
+
+    def kill(self) -> list[str]:
+        """Stop every running generator at once, without a final pulse (a crash, as far as the log
+        can tell); they are not replaced.  Their names."""
+        with self._lock:
+            killed = [g for g in self.generators if g.alive]
+            for gen in killed:
+                gen.kill()
+        for gen in killed:
+            self._event(f"heartbeat generator {gen.name} killed")
+        return [g.name for g in killed]
+
+    def close(self) -> None:
+        """The job ended: stop watching and stop every generator."""
+        self._stopped.set()
+        with self._lock:
+            for gen in self.generators:
+                gen.kill()
+
+    def live(self) -> list[HeartbeatGenerator]:
+        with self._lock:
+            return [g for g in self.generators if g.alive]
+
+    @property
+    def last_h(self) -> int:
+        """The largest pulse any generator counted (the log's, as far as the driver knows)."""
+        with self._lock:
+            return max((g.pulses.last_h for g in self.generators), default=0)
+
+    def eager(self, seconds: float) -> None:
+        """LiveRobin: every running generator pulses every period for ``seconds``."""
+        for gen in self.live():
+            gen.eager(seconds)
+
+    # -- KaZoo pulse windows --------------------------------------------------------------------
+    def open_window(self, window: int, floor: Offsets) -> HeartbeatGenerator:
+        """Have a windowed generator write pulses tagged ``window`` from now on, none below
+        ``floor`` (the positions the sources reported holding at); it is replaced if it dies
+        before :meth:`close_window` ended the window."""
+        gen = next((g for g in self.live() if g.windowed), None) or self.start(windowed=True)
+        with self._lock:
+            self._window, self._window_gen = (window, floor), gen
+            gen.open_window(window, floor)
+        return gen
+
+    def close_window(self, timeout: float) -> int | None:
+        """End the open window with a pulse marked last and wait until the log counted it (the
+        sources stop holding right after it); its ``h``, or None if not within ``timeout``.  A
+        generator that dies meanwhile is replaced and ends the window in its place."""
+        deadline = time.monotonic() + timeout
+        if self._window is None:
+            return None
+        while True:
+            with self._lock:
+                gen = self._window_gen
+            assert gen is not None
+            last = gen.close_window(timeout=max(0.0, min(deadline - time.monotonic(), WATCH_EVERY_S * 5)))
+            if last is not None:
+                with self._lock:
+                    self._window = self._window_gen = None
+                return last
+            if time.monotonic() >= deadline or self._stopped.is_set():
+                return None
+            self._replace_dead()
+
+    # -- the watcher -------------------------------------------------------------------------
+    def _watch(self) -> None:
+        if self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_loop, name="pulse-watcher", daemon=True)
+            self._watcher.start()
+
+    def _watch_loop(self) -> None:
+        while not self._stopped.wait(WATCH_EVERY_S):
+            try:
+                self._replace_dead()
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("replacing a heartbeat generator failed")
+
+    def _replace_dead(self) -> None:
+        """Replace each generator that died on its own (an error), once; in a window, the
+        window's generator carries on with the window."""
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            dead = [g for g in self.generators
+                    if not g.alive and g.error is not None and g.name not in self._replaced]
+            for gen in dead:
+                self._replaced.add(gen.name)
+                self._event(f"heartbeat generator {gen.name} died ({gen.error}); starting another")
+                new = self.start(windowed=gen.windowed)
+                if gen is self._window_gen and self._window is not None:
+                    window, floor = self._window
+                    new.open_window(window, floor)  # (a close under way goes on with it)
+                    self._window_gen = new
+                    self._event(f"heartbeat generator {new.name} writes pulse window {window} in its place")

@@ -1,0 +1,247 @@
+"""The driver's heartbeat generators (replication.pulses) and a KaZoo handover's pulse window, in
+process: generators are fakes that record what they were told, the workers' acks are fed to the
+job master by hand, so every interleaving is the test's to choose."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from liverobin.heartbeats import PulseLog
+from liverobin.segments import HeartbeatLog
+from replication.config import ReplicationConfig
+from replication.driver import JobHandle, JobMaster
+from replication.examples.ordered import build_ordered_job
+from replication.plan import place, plan_job
+from replication.pulses import DriverPulses
+from rhino_state import Batched
+
+
+class FakeGenerator:
+    """What DriverPulses needs of a HeartbeatGenerator; ``fail()`` makes its thread die of an error."""
+
+    def __init__(self, name: str, from_segment: int, windowed: bool, last_h: int = 0) -> None:
+        self.name, self.from_segment, self.windowed = name, from_segment, windowed
+        self.pulses = PulseLog()
+        self.pulses.last_h = last_h
+        self.error: str | None = None
+        self.alive = False
+        self.window: tuple[int, dict] | None = None
+        self.opened: list[int] = []
+        self.closed_at: int | None = None  # the window's last pulse, once ended
+        self.eager_s = 0.0
+
+    def start(self) -> FakeGenerator:
+        self.alive = True
+        return self
+
+    def kill(self, timeout: float = 5.0) -> None:
+        self.alive = False
+
+    def fail(self, error: str) -> None:
+        self.error, self.alive = error, False
+
+    def eager(self, seconds: float) -> None:
+        self.eager_s = seconds
+
+    def open_window(self, window: int, floor: dict) -> None:
+        self.window, self.closed_at = (window, floor), None
+        self.opened.append(window)
+
+    def close_window(self, timeout: float) -> int | None:
+        if not self.alive:
+            return None
+        self.pulses.last_h += 1
+        self.closed_at, self.window = self.pulses.last_h, None
+        return self.closed_at
+
+
+class Factory:
+    def __init__(self, last_h: int = 0) -> None:
+        self.made: list[FakeGenerator] = []
+        self.last_h = last_h
+
+    def __call__(self, name: str, from_segment: int, windowed: bool) -> FakeGenerator:
+        gen = FakeGenerator(name, from_segment, windowed, self.last_h)
+        self.made.append(gen)
+        return gen
+
+
+def _until(check, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_generator_that_dies_of_an_error_is_replaced_and_goes_on_with_the_open_window():
+    events: list[str] = []
+    factory = Factory(last_h=340)
+    pulses = DriverPulses(factory, HeartbeatLog("hb", per_segment=100), events.append)
+    try:
+        first = pulses.open_window(3, {"a": {0: 17}})
+        assert first.windowed and first.opened == [3] and first.from_segment == 0
+        first.fail("KafkaException: broker down")
+        _until(lambda: len(factory.made) == 2)
+        second = factory.made[1]
+        # it reads the log from the segment before the largest pulse counted, and writes window 3
+        # from the same floor
+        assert second.windowed and second.window == (3, {"a": {0: 17}}) and second.from_segment == 2
+        assert pulses.close_window(timeout=2.0) == 341 and second.closed_at == 341
+        assert any("g1 died (KafkaException: broker down)" in e for e in events), events
+        assert any("g2 writes pulse window 3 in its place" in e for e in events), events
+        assert len(factory.made) == 2  # replaced once
+    finally:
+        pulses.close()
+
+
+def test_a_killed_generator_stays_stopped_and_one_that_ended_the_run_is_done():
+    events: list[str] = []
+    factory = Factory()
+    pulses = DriverPulses(factory, HeartbeatLog("hb"), events.append)
+    try:
+        killed, finished, failed = pulses.start(), pulses.start(), pulses.start()
+        assert pulses.kill() == ["g1", "g2", "g3"]
+        failed.error = "ValueError: bad record"
+        _until(lambda: len(factory.made) == 4)
+        time.sleep(0.5)  # the watcher's next rounds replace nothing more
+        assert len(factory.made) == 4 and not factory.made[3].windowed
+        assert not killed.alive and not finished.alive and factory.made[3].alive
+    finally:
+        pulses.close()
+
+
+# -- a KaZoo handover's pulse window, driven in process ------------------------------------------
+
+G, V = 64, 8
+
+
+def _handle() -> tuple[JobHandle, Factory]:
+    plan = plan_job(build_ordered_job("a", "b", "out", name="win"), default_parallelism=2, num_key_groups=G,
+                    num_vnodes=V, topic_partitions={"a": 2, "b": 2})
+    plan.replicas = 2
+    plan.heartbeat_log = HeartbeatLog("win.hb")
+    cfg = ReplicationConfig.from_mapping({
+        "spark.replication.kafka.bootstrapServers": "127.0.0.1:9", "spark.replication.mode": "kazoo",
+        "spark.replication.zookeeper.connect": "127.0.0.1:9", "spark.replication.enabled": "true"})
+    placement = place(plan, 3)
+    master = JobMaster(plan, placement, 3, cfg, job_name="win")
+    handle = JobHandle(build_ordered_job("a", "b", "out", name="win"), cfg, plan, placement, master,
+                       server=None, sc=None, group="win")
+    factory = Factory(last_h=1000)
+    handle.pulses = DriverPulses(factory, plan.heartbeat_log, master.event)
+    return handle, factory
+
+
+def _sources_hold(handle: JobHandle) -> None:
+    """Every source replica reports holding for the window the driver announced (heartbeats)."""
+    master = handle.master
+    _until(lambda: master.pulse_window is not None and master.pulse_window[1])
+    with master._cond:
+        window = master.pulse_window[0]
+        for rid in handle.placement:
+            if handle.plan.task(rid[0]).is_source:
+                master.holding[rid] = (window, {rid[1]: 5})
+        master._cond.notify_all()
+
+
+def _move_in_thread(outcome: dict, move) -> threading.Thread:
+    """Run ``move()`` in a thread; its report or error into ``outcome``."""
+    def run() -> None:
+        try:
+            outcome["report"] = move()
+        except Exception as exc:  # noqa: BLE001 - asserted by the caller
+            outcome["error"] = exc
+
+    mover = threading.Thread(target=run)
+    mover.start()
+    return mover
+
+
+def _first_step(handle: JobHandle) -> int:
+    """The sources hold for the window; the first step's handover id once it is instructed."""
+    _sources_hold(handle)
+    _until(lambda: handle.master.handovers is not None and handle.master.handovers.orders)
+    return next(iter(handle.master.handovers.orders))
+
+
+def _ack(handle: JobHandle, kind: str, role: str, hid: int) -> None:
+    master = handle.master
+    with master._cond:
+        coordinator = master.handovers
+        order = coordinator.orders[hid]
+        task = order.task
+        instances = {"upstream": sorted(order.upstreams), "origin": [(task, p) for p in sorted(order.origins)],
+                     "target": [(task, p) for p in sorted(order.targets)]}[role]
+        for text in coordinator.on_acks([(hid, order.epoch, (t, p, r), kind, "d", 1, 0, -1)
+                                         for t, p in instances for r in (0, 1)]):
+            master.event(text)
+        master._cond.notify_all()
+
+
+def test_a_kazoo_window_stays_open_past_the_deadline_until_the_committed_step_completes():
+    """The caller's timeout passes between a step's commit and its switch pulse (a loaded machine):
+    the step only rolls forward, so the window's pulses must go on.  Closing the window then (as
+    the driver did) left the step short of its switch for good, and the moved keys' records held."""
+    handle, factory = _handle()
+    outcome: dict = {}
+    mover = _move_in_thread(outcome, lambda: handle.move_vnodes("chain", [0, 1], 1, timeout=1.0, margin_s=5.0))
+    try:
+        hid = _first_step(handle)
+        for role in ("upstream", "origin", "target"):
+            _ack(handle, "armed", role, hid)
+        assert handle.master.handovers.orders[hid].committed
+        time.sleep(1.5)  # the deadline passes with the step committed, before its switch
+        gen = factory.made[0]
+        assert mover.is_alive() and gen.window is not None and gen.closed_at is None, handle.master.events
+        assert handle.master.pulse_window[1], "the window closed with a committed step short of its switch"
+        _ack(handle, "switched", "upstream", hid)
+        _ack(handle, "cut", "origin", hid)
+        _ack(handle, "loaded", "target", hid)
+        mover.join(5)
+        assert not mover.is_alive() and "error" not in outcome, outcome
+        assert outcome["report"]["state"] == "completed", outcome
+        assert gen.closed_at is not None and not handle.master.pulse_window[1]
+        texts = [t for _, t in handle.master.events]
+        assert any("past its deadline: it rolls forward" in t for t in texts), texts
+    finally:
+        mover.join(10)
+        handle.pulses.close()
+
+
+def test_a_step_not_committed_by_the_deadline_is_cancelled_and_the_job_stops_cleanly():
+    handle, factory = _handle()
+    with pytest.raises(TimeoutError, match="not committed: cancelled"):
+        threading.Thread(target=_sources_hold, args=(handle,), daemon=True).start()
+        handle.move_vnodes("chain", [0, 1], 1, timeout=0.5, margin_s=5.0)
+    with handle.master._cond:
+        coordinator = handle.master.handovers
+        assert coordinator.rolling_forward() == [] and [o.cancelled for o in coordinator.orders.values()] == [True]
+        assert coordinator.manager.tables[coordinator.orders[1].task].epoch == 0
+    assert factory.made[0].closed_at is not None and not handle.master.pulse_window[1]
+
+
+def test_a_job_past_its_deadline_stops_between_steps_and_says_how_far_it_got():
+    handle, factory = _handle()
+    outcome: dict = {}
+    mover = _move_in_thread(outcome, lambda: handle.move_vnodes("chain", [0, 1, 2], 1, timeout=1.0, margin_s=0.1,
+                                                                strategy=Batched(1)))
+    try:
+        hid = _first_step(handle)
+        for kind, role in (("armed", "upstream"), ("armed", "origin"), ("armed", "target"), ("switched", "upstream"),
+                           ("cut", "origin")):
+            _ack(handle, kind, role, hid)
+        time.sleep(1.2)  # past the deadline
+        _ack(handle, "loaded", "target", hid)
+        mover.join(5)
+        assert isinstance(outcome.get("error"), TimeoutError), outcome
+        assert "stopped after 1 of 3 step(s): not done within 1s" in str(outcome["error"])
+        with handle.master._cond:
+            table = handle.master.handovers.manager.tables[handle.master.handovers.record(hid).task]
+        assert [table.partition_of_vnode(v) for v in (0, 1, 2)] == [1, 0, 0]
+        assert factory.made[0].closed_at is not None
+    finally:
+        mover.join(10)
+        handle.pulses.close()
