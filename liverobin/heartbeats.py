@@ -258,7 +258,10 @@ class PulseWindows:
         if window == self.current and not pulses and self.end_h is None:
             self.current = None
             return LEAVE
-        self.handled = max(self.handled, window)
+        if not pulses:
+            self.handled = max(self.handled, window)
+        # else the window's pulses are in the log: a replica that has not placed them yet (restored
+        # from before the window, or still in an earlier one) enters it from the log, as its twin did
         return ""
 
     def admits(self, record: PulseRecord) -> bool:

@@ -344,6 +344,29 @@ def test_a_restored_replica_enters_the_windows_of_the_log_after_the_ones_it_hand
     assert restored.admits(PulseRecord(12, {}, window=4, last=True)) and restored.end_h == 12
 
 
+def test_a_window_closed_with_pulses_that_a_replica_has_not_placed_is_entered_from_the_log():
+    """A replica restored from before windows 5 and 6 (or still placing window 4) hears that 6
+    closed with pulses written: it has not placed them yet, so it must not count 6 as handled.
+    Its twin placed them, and the log says where; marking it handled left the replica without
+    them, and its downstreams and checkpoints diverged (the fault soak with handovers)."""
+    from liverobin.heartbeats import PulseRecord, PulseWindows
+
+    restored = PulseWindows()
+    restored.restore(None, 4)
+    assert restored.enter_from_log(PulseRecord(20, {}, window=5))
+    assert restored.announce(6, False, True) == ""  # the driver's latest word, while it replays 5
+    assert restored.admits(PulseRecord(21, {}, window=5, last=True)) and restored.placed(21)
+    assert restored.handled == 5
+    assert restored.enter_from_log(PulseRecord(22, {}, window=6, last=True)) and restored.current == 6
+    lagging = PulseWindows()
+    assert lagging.announce(4, True, False) == "hold"
+    assert lagging.announce(5, False, True) == ""  # 5 opened and closed while it still placed 4
+    assert lagging.admits(PulseRecord(9, {}, window=4, last=True)) and lagging.placed(9)
+    assert lagging.enter_from_log(PulseRecord(10, {}, window=5))
+    closed_empty = PulseWindows()
+    assert closed_empty.announce(7, False, False) == "" and closed_empty.handled == 7  # no pulse: nothing to place
+
+
 class _RecordingConsumer:
     """A consumer that reads nothing and records what it was assigned."""
 
