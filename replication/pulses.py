@@ -58,6 +58,7 @@ class DriverPulses:
         self._window_gen: HeartbeatGenerator | None = None
         self._stopped = threading.Event()
         self._watcher: threading.Thread | None = None
+        self._eager_until = 0.0  # a handover waits for pulses until then: generators started meanwhile too
 
     # -- generators -----------------------------------------------------------------------------
     def start(self, windowed: bool = False) -> HeartbeatGenerator:
@@ -68,6 +69,8 @@ class DriverPulses:
                                       default=0) - 1)
             gen = self._factory(f"g{len(self.generators) + 1}", from_segment, windowed)
             self.generators.append(gen.start())
+            if self._eager_until > time.monotonic():
+                gen.eager(self._eager_until - time.monotonic())
             self._watch()
         self._event(f"heartbeat generator {gen.name} started")
         return gen
@@ -101,9 +104,12 @@ class DriverPulses:
             return max((g.pulses.last_h for g in self.generators), default=0)
 
     def eager(self, seconds: float) -> None:
-        """LiveRobin: every running generator pulses every period for ``seconds``."""
-        for gen in self.live():
-            gen.eager(seconds)
+        """LiveRobin: every generator pulses every period for ``seconds`` (a handover's steps switch
+        and release at pulses counted ahead), those started meanwhile too."""
+        with self._lock:
+            self._eager_until = time.monotonic() + seconds
+            for gen in self.live():
+                gen.eager(seconds)
 
     # -- KaZoo pulse windows --------------------------------------------------------------------
     def open_window(self, window: int, floor: Offsets) -> HeartbeatGenerator:

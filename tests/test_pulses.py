@@ -113,6 +113,25 @@ def test_a_killed_generator_stays_stopped_and_one_that_ended_the_run_is_done():
         pulses.close()
 
 
+def test_a_generator_started_while_a_handover_waits_for_pulses_pulses_every_period_too():
+    """A LiveRobin generator restarted during a handover (a crash, then a new one) must be eager
+    like the one it replaces: the steps' switch and release are pulses counted ahead, and at
+    the idle rate (a pulse per source batch) a step of a soak took 20 s instead of 1."""
+    factory = Factory()
+    pulses = DriverPulses(factory, HeartbeatLog("hb"), lambda text: None)
+    try:
+        first = pulses.start()
+        pulses.eager(30.0)
+        assert first.eager_s == 30.0
+        pulses.kill()
+        second = pulses.start()
+        assert 29.0 < second.eager_s <= 30.0
+        pulses.eager(0)
+        assert second.eager_s == 0 and pulses.start().eager_s == 0.0
+    finally:
+        pulses.close()
+
+
 # -- a KaZoo handover's pulse window, driven in process ------------------------------------------
 
 G, V = 64, 8
