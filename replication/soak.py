@@ -20,6 +20,12 @@ restorable) injects one fault drawn from the mode's catalogue with ``random.Rand
 * ``kill-leader`` (KaZoo): kill the executor of a partition's leader replica;
 * ``restart-zookeeper`` (KaZoo): crash ZooKeeper and start it again a second later.
 
+Between the faults, at random moments, it moves vnodes of the chain, rescales it onto its spare
+third partition and back, or rebalances it (:mod:`replication.soak_handovers`; ``--no-handovers``
+turns them off): each must complete, or be cancelled or refused cleanly.  ``--no-rhino`` runs
+without checkpoints; no lost replica is restored then, so only the faults that lose none are
+drawn (``pause-short``, ``kill-generator``, ``restart-zookeeper``).
+
 At the end it drains the job and reads the output and dead-letter topics with ``kafka-python``
 (the runtime uses confluent-kafka): every input event exactly once, each key's records a gapless
 hash chain in the order of its sources, the map state's counts consistent, every malformed
@@ -40,13 +46,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 from replication.api import Job
 from replication.examples.ordered import chain_step
 from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
-from replication.soak_check import Verdict, compare_replicas, read_topic, verify
+from replication.soak_check import compare_replicas, read_topic, verify
+from replication.soak_handovers import HandoverMover
+from replication.soak_report import Fault, SoakReport
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +64,13 @@ FAULTS = {
     "kazoo": ("kill-executor", "kill-python", "pause-short", "pause-long", "kill-two", "kill-leader",
               "restart-zookeeper"),
 }
+# With Rhino off a lost replica is not restored, so the next fault could take its twin: only the
+# faults that lose no replica
+WITHOUT_RHINO = ("pause-short", "kill-generator", "restart-zookeeper")
 FAILURE_TIMEOUT_MS = 2_000
 STAGES = ("lost", "restoring", "catching up", "not restorable")  # what unhealthy() says, in order
-KILLS = ("kill-executor", "kill-python", "kill-two", "kill-leader")  # faults that lose replicas at once
-BACK_TARGET_S = 3.0  # issue 20: a killed replica is back (restored, caught up) within this
 HEALTHY_TIMEOUT_S = 90.0  # a fault not recovered from within this is not survived
+HANDOVER_JOIN_S = 240.0  # a handover still running at the end: its timeout, plus a committed step's completion
 SLOW_S = 20.0  # a fault not recovered from within this: the replicas' figures are printed
 TRAIL = 16  # why-not-healthy changes kept per fault (JSON report): the first and the latest
 
@@ -92,7 +102,8 @@ def build_soak_job(topic_a: str, topic_b: str, out_topic: str, name: str) -> Job
     job = Job(name)
     a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a")
     b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b")
-    (a.union(b).key_by(lambda e: e["key"]).process(ChainWithCounts(), name="chain")
+    # a third, spare partition of the chain: the soak's handovers rescale onto it and back
+    (a.union(b).key_by(lambda e: e["key"]).process(ChainWithCounts(), name="chain", max_parallelism=3)
      .new_task().sink(out_topic, serializer="json", key_serializer="str", name="chain-sink"))
     return job
 
@@ -161,35 +172,6 @@ class Feeder:
 
 
 # -- the faults --------------------------------------------------------------------------------
-
-@dataclass
-class Fault:
-    kind: str
-    at_s: float  # since the job started
-    target: str = ""
-    recovered_s: float | None = None  # from the injection (its first signal) until healthy again
-    survived: bool = False
-    note: str = ""
-    # seconds from the injection until: the driver noticed it, no replica was lost or restoring, none
-    # was catching up (the replicas are back), and every partition was restorable again (protected
-    # from the next fault: recovered_s)
-    phases: dict[str, float] = field(default_factory=dict)
-    last_signal_s: float = 0.0  # from the injection until its last signal (kill-two: the second kill)
-    # the fewest of the job's workers alive at once until the replicas were back: below two, a
-    # lost replica has nowhere to run apart from its twin until Spark relaunches a worker
-    live_workers: int | None = None
-    trail: list[tuple[float, str]] = field(default_factory=list)  # (s after the injection, why not healthy)
-
-    @property
-    def back_s(self) -> float | None:
-        return self.phases.get("caught_up")
-
-    @property
-    def back_after_last_signal_s(self) -> float | None:
-        """Back (caught up) counted from the fault's last signal: the second kill of a kill-two."""
-        back = self.back_s
-        return None if back is None else back - self.last_signal_s
-
 
 class NoTarget(Exception):
     """No process to hit right now (its worker is being relaunched): the fault is drawn again later."""
@@ -360,90 +342,28 @@ def healthy(handle: Any) -> bool:
 
 # -- the run -------------------------------------------------------------------------------------
 
-@dataclass
-class SoakReport:
-    mode: str
-    seed: int
-    duration_s: float
-    rate: float
-    executors: int
-    workers: int
-    faults: list[Fault] = field(default_factory=list)
-    verdict: Verdict = field(default_factory=Verdict)
-    status: str = ""
-    failure: str | None = None
-    feed_failed: int = 0  # records the feeder's producer could not deliver (an event is then missing)
-    rhino_replicas: int = 1  # workers holding each partition's checkpoints (spark.replication.rhino.replicas)
-
-    @property
-    def setup(self) -> str:
-        return f"{self.mode} + Rhino" + (f" ({self.rhino_replicas} checkpoint holders)" if self.rhino_replicas > 1
-                                         else "")
-
-    @property
-    def survived(self) -> int:
-        return sum(f.survived for f in self.faults)
-
-    @property
-    def ok(self) -> bool:
-        return (self.status == "finished" and self.failure is None and self.verdict.exact
-                and self.survived == len(self.faults))
-
-    def lines(self) -> list[str]:
-        v = self.verdict
-        worst = max((f.recovered_s for f in self.faults if f.recovered_s is not None), default=None)
-        worst_back = max((f.back_after_last_signal_s for f in self.faults if f.back_s is not None), default=None)
-        out = [f"soak {self.setup}, seed {self.seed}: {self.duration_s:.0f} s at {self.rate:.0f} events/s, "
-               f"{self.workers} workers on {self.executors} executors: {'PASSED' if self.ok else 'FAILED'}",
-               f"  faults injected {len(self.faults)}, survived {self.survived}"
-               + (f"; worst: replicas back (restored, caught up) {worst_back:.2f} s after a fault's last signal"
-                  if worst_back is not None else "")
-               + (f", protected again (every partition restorable) {worst:.2f} s" if worst is not None else "")]
-        kills = [f for f in self.faults if f.kind in KILLS and f.back_s is not None]
-        room = [f for f in kills if f.live_workers is None or f.live_workers >= 2]
-        if kills:
-            fast = sum(1 for f in room if (f.back_after_last_signal_s or 0.0) <= BACK_TARGET_S)
-            out.append(f"  kills back within {BACK_TARGET_S:.0f} s of the last kill: {fast} of the {len(room)} that left "
-                       f"two live workers or more; {len(kills) - len(room)} left fewer (a lost replica waits for "
-                       "Spark to relaunch a worker)")
-        for f in self.faults:
-            rec = f"protected in {f.recovered_s:.2f} s" if f.recovered_s is not None else "NOT RECOVERED"
-            phases = ", ".join(f"{k} {v:.1f}" for k, v in f.phases.items())
-            if f.last_signal_s > 0 and f.back_after_last_signal_s is not None:
-                phases += f"; last signal at {f.last_signal_s:.1f}, back {f.back_after_last_signal_s:.1f} after it"
-            if f.live_workers is not None and f.live_workers < 2:
-                phases += f"; {f.live_workers} live worker(s): waited for a relaunch"
-            out.append(f"    {f.at_s:7.1f} s  {f.kind:17s} {rec:22s} {f.target}{'  ' + f.note if f.note else ''}"
-                       + (f"  [{phases}]" if phases else ""))
-        out += [f"  job {self.status}" + (f": {self.failure}" if self.failure else ""),
-                f"  events {v.events:,}, output records {v.records:,}: lost {v.lost}, duplicated {v.duplicated}, "
-                f"unexpected {v.unexpected}, keys out of order or broken {len(v.broken_keys)}",
-                f"  dead letters {v.dead_letters} of {v.dead_letters_expected} malformed: missing "
-                f"{v.dead_letters_missing}, duplicated {v.dead_letters_duplicated}, unexpected "
-                f"{v.dead_letters_unexpected}" + (f" ({', '.join(v.dead_letters_wrong)})" if v.dead_letters_wrong
-                                                  else "") + f"; feed deliveries failed {self.feed_failed}",
-                f"  replicas compared {v.replicas_compared}, differing {v.replicas_differing or 0}, "
-                f"checkpoint divergences {v.divergences}"]
-        return out
-
-
-def fault_catalogue(mode: str, faults: Iterable[str] | None) -> tuple[str, ...]:
+def fault_catalogue(mode: str, faults: Iterable[str] | None, rhino: bool = True) -> tuple[str, ...]:
     """The faults a soak of ``mode`` draws from: ``faults`` (all of the mode's when empty); raises
-    ValueError, in one line, for any the mode does not have."""
-    chosen = tuple(faults or ()) or FAULTS[mode]
-    unknown = sorted(set(chosen) - set(FAULTS[mode]))
+    ValueError, in one line, for any the mode does not have.  Without ``rhino``: only faults that
+    lose no replica."""
+    catalogue = FAULTS[mode] if rhino else tuple(f for f in FAULTS[mode] if f in WITHOUT_RHINO)
+    chosen = tuple(faults or ()) or catalogue
+    unknown = sorted(set(chosen) - set(catalogue))
     if unknown:
-        raise ValueError(f"{', '.join(unknown)} not in the {mode} catalogue ({', '.join(FAULTS[mode])})")
+        where = f"the {mode} catalogue" + ("" if rhino else " without Rhino (faults that lose no replica)")
+        raise ValueError(f"{', '.join(unknown)} not in {where} ({', '.join(catalogue)})")
     return chosen
 
 
 def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, executors: int = 5, workers: int = 4,
              gap_s: float = 12.0, bad_every: int = 250, say: Callable[[str], None] = print,
-             faults: tuple[str, ...] | None = None, rhino_replicas: int = 1) -> SoakReport:
+             faults: tuple[str, ...] | None = None, rhino_replicas: int = 1, rhino: bool = True,
+             handovers: bool = True) -> SoakReport:
     """Run one soak (its own stack and Spark) and verify it; see the module docstring.  ``faults``
     narrows the mode's catalogue (default: all of it); ``rhino_replicas``: the workers holding
-    each partition's checkpoints."""
-    catalogue = fault_catalogue(mode, faults)
+    each partition's checkpoints; ``rhino``: checkpoints on; ``handovers``: move, rescale and
+    rebalance the chain's vnodes between the faults."""
+    catalogue = fault_catalogue(mode, faults, rhino)
     from deploy.stack import EmbeddedStack, require_java17
     from replication.spark_cluster import build_session, stop_session
 
@@ -452,20 +372,21 @@ def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, execu
     with embedded:
         spark = build_session(f"local-cluster[{executors},1,512]", app_name=f"replication-soak-{mode}")
         try:
-            return _soak(embedded, spark, mode, duration_s, seed, rate, executors, workers, gap_s, bad_every, say,
-                         catalogue, rhino_replicas)
+            report = SoakReport(mode, seed, duration_s, rate, executors, workers, rhino_replicas=rhino_replicas,
+                                rhino=rhino)
+            return _soak(embedded, spark, report, gap_s, bad_every, say, catalogue, handovers)
         finally:
             stop_session(spark)
 
 
-def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, rate: float, executors: int,
-          workers: int, gap_s: float, bad_every: int, say: Callable[[str], None],
-          catalogue: tuple[str, ...], rhino_replicas: int) -> SoakReport:
+def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every: int, say: Callable[[str], None],
+          catalogue: tuple[str, ...], handovers: bool) -> SoakReport:
     from deploy.topics import create_topics
     from replication import run
     from replication.driver import JobFailedError
 
     stack = embedded.endpoints  # (the EmbeddedStack itself restarts ZooKeeper)
+    mode, seed, duration_s, rate = report.mode, report.seed, report.duration_s, report.rate
     rnd = random.Random(seed)
     name = f"soak-{mode}-{uuid.uuid4().hex[:6]}"
     topics = {s: f"{name}-{s}" for s in SOURCES}
@@ -473,8 +394,10 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
     create_topics(stack.bootstrap_servers, {topics["a"]: 2, topics["b"]: 2, out_topic: 2})
     conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
             "spark.replication.enabled": "true", "spark.replication.mode": mode,
-            "spark.replication.rhino.enabled": "true", "spark.replication.failureTimeout": f"{FAILURE_TIMEOUT_MS}ms",
-            "spark.replication.workers": str(workers), "spark.replication.rhino.replicas": str(rhino_replicas)}
+            "spark.replication.rhino.enabled": str(report.rhino).lower(),
+            "spark.replication.failureTimeout": f"{FAILURE_TIMEOUT_MS}ms",
+            "spark.replication.workers": str(report.workers),
+            "spark.replication.rhino.replicas": str(report.rhino_replicas)}
     if mode == "kazoo":
         conf.update({"spark.replication.zookeeper.connect": stack.zookeeper_connect,
                      "spark.replication.rhino.checkpointEvery": "50"})
@@ -482,18 +405,23 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
         # pulses: about a checkpoint every 1.5 s (the generator writes a pulse when a source grew, and the
         # feeder's batches make that about 13 times a second)
         conf["spark.replication.rhino.checkpointEvery"] = "20"
-    report = SoakReport(mode, seed, duration_s, rate, executors, workers, rhino_replicas=rhino_replicas)
     job = build_soak_job(topics["a"], topics["b"], out_topic, name)
     handle = run(job, spark=spark, conf=conf)
     handle.wait_started(180)
     feeder = Feeder(stack.bootstrap_servers, topics, rate, bad_every).start()
     injector = Injector(handle, embedded, rnd)
     started = time.monotonic()
+    # its own generator: the fault schedule of a seed is the same with handovers or without
+    mover = HandoverMover(handle, "chain", random.Random(seed + 1), started, say) if handovers else None
     say(f"== {name}: seed {seed}, {report.setup}, {rate:.0f} events/s, faults every {gap_s:.0f} s for "
-        f"{duration_s:.0f} s")
+        f"{duration_s:.0f} s" + (", handovers between them" if handovers else ""))
     try:
         next_at = started + rnd.uniform(0.5, 1.0) * gap_s
         while next_at < started + duration_s - 10 and not handle.master.failure:
+            if mover is not None and next_at - time.monotonic() > 2.0:
+                # a handover at a random moment before the next fault (it may still run when that lands)
+                time.sleep(mover.rnd.uniform(0.0, next_at - time.monotonic() - 2.0))
+                mover.start_one()
             time.sleep(max(0.0, next_at - time.monotonic()))
             kind = rnd.choice(catalogue)
             fault = Fault(kind, time.monotonic() - started)
@@ -543,8 +471,12 @@ def _soak(embedded: Any, spark: Any, mode: str, duration_s: float, seed: int, ra
                    else f"NOT RECOVERED ({fault.note})"))
             next_at = max(time.monotonic() + 2.0, injected + rnd.uniform(0.8, 1.2) * gap_s)
         time.sleep(max(0.0, started + duration_s - time.monotonic()))
+        if mover is not None:
+            mover.join(HANDOVER_JOIN_S)
     finally:
         feeder.stop()
+        if mover is not None:
+            report.handovers = mover.runs
     try:
         result = handle.drain(timeout=300)
         report.status = result.status
@@ -587,13 +519,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rhino-replicas", type=int, default=1, metavar="N",
                         help="workers holding each partition's checkpoints (spark.replication.rhino.replicas, "
                              "default 1)")
+    parser.add_argument("--no-rhino", dest="rhino", action="store_false",
+                        help="Rhino checkpoints off (no lost replica is restored: only faults that lose none)")
+    parser.add_argument("--no-handovers", dest="handovers", action="store_false",
+                        help="no vnode moves, rescales or rebalances between the faults")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
 
 
 def command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        faults = fault_catalogue(args.mode, (f.strip() for f in args.faults.split(",") if f.strip()))
+        faults = fault_catalogue(args.mode, (f.strip() for f in args.faults.split(",") if f.strip()), args.rhino)
     except ValueError as exc:
         print(f"error: --faults: {exc}", file=sys.stderr)
         return 2
@@ -608,7 +544,7 @@ def command(args: argparse.Namespace) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     report = run_soak(args.mode, args.duration, seed, args.rate, args.executors, args.workers, args.gap,
-                      faults=faults, rhino_replicas=args.rhino_replicas)
+                      faults=faults, rhino_replicas=args.rhino_replicas, rhino=args.rhino, handovers=args.handovers)
     print("\n".join(report.lines()))
     if args.json:
         with open(args.json, "w") as f:

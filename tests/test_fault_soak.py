@@ -3,6 +3,7 @@
 every output record checked with kafka-python.
 
     ./dev test -k two_minute tests/test_fault_soak.py   # two minutes per ordering mode (default suite)
+    ./dev test -k without_rhino tests/test_fault_soak.py  # one minute per mode, Rhino off (default suite)
     ./dev test -m slow tests/test_fault_soak.py          # ten minutes, three seeds per mode (slow)
 
 A fault counts as survived once the job is healthy again within 90 s (two live replicas of every
@@ -22,10 +23,10 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-def _soak(mode: str, seed: int, duration_s: int, tmp_path: Path) -> dict:
+def _soak(mode: str, seed: int, duration_s: int, tmp_path: Path, *flags: str) -> dict:
     out = tmp_path / f"soak-{mode}-{seed}.json"
     proc = subprocess.run([sys.executable, "-m", "replication.cli", "soak", "--mode", mode, "--seed", str(seed),
-                           "--duration", str(duration_s), "--json", str(out)],
+                           "--duration", str(duration_s), "--json", str(out), *flags],
                           capture_output=True, text=True, timeout=duration_s + 600)
     print(proc.stdout)
     assert out.exists(), f"no report (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr[-5000:]}"
@@ -34,6 +35,10 @@ def _soak(mode: str, seed: int, duration_s: int, tmp_path: Path) -> dict:
     assert report["status"] == "finished" and report["failure"] is None, (report["failure"], proc.stderr[-5000:])
     assert report["faults"], "no fault was injected"
     assert [f for f in report["faults"] if not f["survived"]] == []
+    # handovers between the faults: each completed, or was cancelled or refused with nothing moved
+    assert [h for h in report["handovers"] if h["outcome"] not in ("completed", "cancelled", "refused")] == []
+    if "--no-handovers" not in flags:
+        assert any(h["outcome"] == "completed" and h["steps"] for h in report["handovers"]), report["handovers"]
     assert (verdict["lost"], verdict["duplicated"], verdict["unexpected"], verdict["broken_keys"]) == (0, 0, 0, [])
     assert verdict["events"] > 0 and verdict["records"] == verdict["events"]
     assert verdict["dead_letters_expected"] > 0
@@ -46,6 +51,12 @@ def _soak(mode: str, seed: int, duration_s: int, tmp_path: Path) -> dict:
 @pytest.mark.parametrize("mode, seed", [("liverobin", 2026), ("kazoo", 1126)])
 def test_a_two_minute_soak_masks_every_fault_and_every_record_arrives_once(mode, seed, tmp_path):
     _soak(mode, seed, 120, tmp_path)
+
+
+@pytest.mark.parametrize("mode, seed", [("liverobin", 31), ("kazoo", 32)])
+def test_a_soak_without_rhino_moves_vnodes_between_faults_that_lose_no_replica(mode, seed, tmp_path):
+    report = _soak(mode, seed, 60, tmp_path, "--no-rhino", "--gap", "8")
+    assert {f["kind"] for f in report["faults"]} <= {"pause-short", "kill-generator", "restart-zookeeper"}
 
 
 @pytest.mark.slow

@@ -89,7 +89,7 @@ def test_fewer_than_one_checkpoint_holder_is_refused_in_one_line(capsys):
 
 def test_a_fault_of_two_kills_is_back_counted_from_its_second():
     """kill-two's phases run from its first kill; what it is back after is the second one."""
-    from replication.soak import Fault
+    from replication.soak_report import Fault
 
     fault = Fault("kill-two", 10.0, phases={"noticed": 5.2, "caught_up": 5.6}, last_signal_s=5.1)
     assert round(fault.back_after_last_signal_s, 2) == 0.5
@@ -99,7 +99,7 @@ def test_a_fault_of_two_kills_is_back_counted_from_its_second():
 def test_kills_that_left_one_live_worker_are_counted_apart_from_the_back_within_target():
     """With one live worker a lost replica cannot run apart from its twin until Spark relaunches
     a worker: the report counts those kills apart from the ones that had room to restore."""
-    from replication.soak import Fault, SoakReport
+    from replication.soak_report import Fault, SoakReport
 
     report = SoakReport("liverobin", 1, 600, 300, 5, 4, faults=[
         Fault("kill-executor", 10.0, survived=True, phases={"caught_up": 0.6}, live_workers=3),
@@ -111,3 +111,78 @@ def test_kills_that_left_one_live_worker_are_counted_apart_from_the_back_within_
     assert any("kills back within 3 s of the last kill: 1 of the 2 that left two live workers or more; 1 left "
                "fewer" in line for line in lines), lines
     assert any("1 live worker(s): waited for a relaunch" in line for line in lines)
+
+
+def test_without_rhino_only_faults_that_lose_no_replica_are_drawn(capsys):
+    assert soak.fault_catalogue("liverobin", None, rhino=False) == ("pause-short", "kill-generator")
+    assert soak.fault_catalogue("kazoo", None, rhino=False) == ("pause-short", "restart-zookeeper")
+    assert soak.main(["--mode", "kazoo", "--no-rhino", "--faults", "kill-executor"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "without Rhino" in err and "kill-executor" in err
+
+
+class _Table:
+    def __init__(self, assignment):
+        self.assignment = tuple(assignment)
+        self.parallelism = max(assignment) + 1  # (a rescale to 3 would widen it)
+
+    def vnodes_of(self, p):
+        return tuple(v for v, q in enumerate(self.assignment) if q == p)
+
+
+class _Handle:
+    """What the soak's mover calls, answering as the test says."""
+
+    def __init__(self, assignment, answer):
+        from types import SimpleNamespace
+
+        self.plan = SimpleNamespace(tasks=[SimpleNamespace(name="chain", parallelism=3)])
+        self.table, self.answer, self.calls = _Table(assignment), answer, []
+
+    def routing(self, task):
+        return self.table
+
+    def _call(self, *args, **kw):
+        self.calls.append((args, kw))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    move_vnodes = rescale = rebalance = _call
+
+
+def test_the_soak_s_handovers_are_drawn_from_the_table_and_judged_by_their_outcome():
+    """A handover completes, or is cancelled or refused with nothing moved; a timeout or any other
+    error fails the soak."""
+    import random
+    import time
+
+    from replication.soak_handovers import HandoverMover
+    from replication.soak_report import SoakReport
+
+    cases = [({"state": "completed", "steps": [{}, {}]}, "completed"),
+             ({"state": "aborted", "steps": [], "reason": "replica lost before the commit"}, "cancelled"),
+             (ValueError("a rescale needs the task idle"), "refused"),
+             (TimeoutError("stopped after 1 of 4 step(s)"), "timed out"),
+             (RuntimeError("boom"), "failed")]
+    for seed in range(12):
+        for answer, outcome in cases:
+            handle = _Handle([0] * 8 + [1] * 8, answer)
+            mover = HandoverMover(handle, "chain", random.Random(seed), time.monotonic(), lambda text: None)
+            assert mover.start_one()
+            mover.join(5)
+            run = mover.runs[0]
+            assert run.outcome == outcome and run.accepted == (outcome in ("completed", "cancelled", "refused"))
+            (args, kw), = handle.calls
+            assert args[0] == "chain" and kw["timeout"] == 120.0
+            if run.kind == "rescale":  # two partitions own vnodes, three are hosted: up to three
+                assert args[1] == 3 and run.what.startswith("rescale 2 -> 3")
+                assert "batched 2" not in run.what and "batched 4" not in run.what  # at most 16 steps
+            elif run.kind == "move":
+                vnodes, target = args[1], args[2]
+                origins = {handle.table.assignment[v] for v in vnodes}
+                assert len(origins) == 1 and target not in origins and 1 <= len(vnodes) <= 4
+                assert target < 2  # the table's partitions, not the spare the task hosts
+    report = SoakReport("kazoo", 1, 60, 300, 5, 4, status="finished", handovers=mover.runs)
+    assert not report.ok and SoakReport("kazoo", 1, 60, 300, 5, 4, status="finished").ok  # the last one failed
+    assert any("handovers 1: failed 1" in line for line in report.lines())
