@@ -1563,10 +1563,8 @@ class JobHandle:
         state there instead, for a run with ``spark.replication.restoreFrom`` (docs/savepoints.md)."""
         root = None if savepoint is None else self._arm_savepoint(Path(savepoint))
         if self.cfg.mode == "liverobin":
-            assert self.pulses is not None
-            gens = self.pulses.live() or [self.start_pulse_generator()]
-            for gen in gens:  # the sources end right after the final pulse, read from the log
-                gen.finish(grace_s=2 * FETCH_WAIT_MS / 1000 + 0.3)
+            assert self.pulses is not None  # the sources end right after the final pulse, read from the log
+            self.pulses.finish(grace_s=2 * FETCH_WAIT_MS / 1000 + 0.3)
         self.master.set_command("drain")
         result = self.wait(timeout)
         if root is not None:

@@ -11,6 +11,8 @@ may run at once and any may die: the heartbeat log decides which pulses count
   due.  Without that the sources hold their records until someone starts a generator by hand.
   A generator stopped with :meth:`DriverPulses.kill` (an operator, or an injected crash the
   caller restarts) is left stopped, and one that wrote the final pulse of a drain is done;
+* while a LiveRobin handover waits for pulses (:meth:`DriverPulses.eager`), every generator
+  started meanwhile pulses every period too: its steps switch and release at pulses counted ahead;
 * a pulse window is ended only by :meth:`DriverPulses.close_window`; the driver calls it once no
   committed handover needs the window's pulses (a committed step only rolls forward, and it
   reaches its switch and release pulses only while pulses are written).
@@ -59,6 +61,7 @@ class DriverPulses:
         self._stopped = threading.Event()
         self._watcher: threading.Thread | None = None
         self._eager_until = 0.0  # a handover waits for pulses until then: generators started meanwhile too
+        self._finish_grace: float | None = None  # a drain: every generator writes the final pulse
 
     # -- generators -----------------------------------------------------------------------------
     def start(self, windowed: bool = False) -> HeartbeatGenerator:
@@ -71,6 +74,8 @@ class DriverPulses:
             self.generators.append(gen.start())
             if self._eager_until > time.monotonic():
                 gen.eager(self._eager_until - time.monotonic())
+            if self._finish_grace is not None:
+                gen.finish(self._finish_grace)
             self._watch()
         self._event(f"heartbeat generator {gen.name} started")
         return gen
@@ -110,6 +115,15 @@ class DriverPulses:
             self._eager_until = time.monotonic() + seconds
             for gen in self.live():
                 gen.eager(seconds)
+
+    def finish(self, grace_s: float) -> None:
+        """LiveRobin, a drain: every generator, and any started from now on, writes the final pulse
+        at the end offsets seen ``grace_s`` from then (the sources end right after it)."""
+        with self._lock:
+            self._finish_grace = grace_s
+            gens = self.live() or [self.start()]
+            for gen in gens:
+                gen.finish(grace_s)
 
     # -- KaZoo pulse windows --------------------------------------------------------------------
     def open_window(self, window: int, floor: Offsets) -> HeartbeatGenerator:

@@ -32,6 +32,7 @@ class FakeGenerator:
         self.opened: list[int] = []
         self.closed_at: int | None = None  # the window's last pulse, once ended
         self.eager_s = 0.0
+        self.finish_grace: float | None = None
 
     def start(self) -> FakeGenerator:
         self.alive = True
@@ -45,6 +46,9 @@ class FakeGenerator:
 
     def eager(self, seconds: float) -> None:
         self.eager_s = seconds
+
+    def finish(self, grace_s: float) -> None:
+        self.finish_grace = grace_s
 
     def open_window(self, window: int, floor: dict) -> None:
         self.window, self.closed_at = (window, floor), None
@@ -128,6 +132,20 @@ def test_a_generator_started_while_a_handover_waits_for_pulses_pulses_every_peri
         assert 29.0 < second.eager_s <= 30.0
         pulses.eager(0)
         assert second.eager_s == 0 and pulses.start().eager_s == 0.0
+    finally:
+        pulses.close()
+
+
+def test_a_generator_that_dies_during_a_drain_is_replaced_by_one_that_writes_the_final_pulse():
+    factory = Factory()
+    pulses = DriverPulses(factory, HeartbeatLog("hb"), lambda text: None)
+    try:
+        first = pulses.start()
+        pulses.finish(0.31)
+        assert first.finish_grace == 0.31
+        first.fail("KafkaException: all brokers down")
+        _until(lambda: len(factory.made) == 2)
+        assert factory.made[1].finish_grace == 0.31  # else the sources never end
     finally:
         pulses.close()
 
