@@ -1425,13 +1425,17 @@ class JobHandle:
             else:
                 self._close_pulse_window(window)
 
+    def _job_over(self) -> bool:
+        """The job failed, was told to stop, or its workers all ended: no step completes any more."""
+        return self.master.failure is not None or self.master.command == "stop" or self._done.is_set()
+
     def _await_rolled_forward(self, coordinator: HandoverCoordinator, what: str) -> None:
-        """Until no committed handover waits for pulses (or the job failed): a committed step only
+        """Until no committed handover waits for pulses (or the job is over): a committed step only
         rolls forward, and it reaches its switch and release only while pulses are written."""
         master = self.master
         waited = 0
         with master._cond:
-            while master.failure is None and (pending := coordinator.rolling_forward()):
+            while not self._job_over() and (pending := coordinator.rolling_forward()):
                 if waited % 300 == 0:  # at once, then every 30 s
                     master.event(f"{what}: handover(s) {pending} committed, not completed: the pulses go on "
                                  "until they complete")
@@ -1487,8 +1491,7 @@ class JobHandle:
         master = self.master
 
         def ended() -> bool:
-            return coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED) \
-                or master.failure is not None
+            return coordinator.state(hid) in (HandoverState.COMPLETED, HandoverState.ABORTED) or self._job_over()
 
         done = master._cond.wait_for(ended, max(0.0, deadline - time.monotonic()))
         if not done:
@@ -1499,11 +1502,14 @@ class JobHandle:
             master.event(f"handover {hid} is {coordinator.state(hid).value} past its deadline: it rolls forward "
                          "to completion")
             waited = 0
-            while not master._cond.wait_for(ended, 30.0):
-                waited += 30
-                master.event(f"handover {hid} still {coordinator.state(hid).value} {waited} s past its deadline")
+            while not master._cond.wait_for(ended, 1.0):
+                waited += 1
+                if waited % 30 == 0:
+                    master.event(f"handover {hid} still {coordinator.state(hid).value} {waited} s past its deadline")
         if master.failure is not None:
             raise JobFailedError(f"job failed {during}: {master.failure}")
+        if coordinator.state(hid) not in (HandoverState.COMPLETED, HandoverState.ABORTED):
+            raise JobFailedError(f"the job ended {during} (handover {hid} {coordinator.state(hid).value})")
 
     def move_request(self, req: HandoverRequest) -> HandoverReport:
         """A ``replication move``, ``rescale``, ``rebalance`` or ``drain`` from the CLI, with the

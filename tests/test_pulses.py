@@ -282,3 +282,24 @@ def test_a_job_past_its_deadline_stops_between_steps_and_says_how_far_it_got():
     finally:
         mover.join(10)
         handle.pulses.close()
+
+
+def test_a_job_stopped_while_a_committed_step_waits_for_its_pulses_ends_the_wait():
+    """No step completes once the job is stopped (its generators are killed): the handover call
+    must not wait for one forever."""
+    handle, factory = _handle()
+    outcome: dict = {}
+    mover = _move_in_thread(outcome, lambda: handle.move_vnodes("chain", [0, 1], 1, timeout=30.0, margin_s=5.0))
+    try:
+        hid = _first_step(handle)
+        for role in ("upstream", "origin", "target"):
+            _ack(handle, "armed", role, hid)
+        with handle.master._cond:
+            handle.master.command = "stop"
+            handle.master._cond.notify_all()
+        mover.join(5)
+        assert not mover.is_alive(), "the handover call still waits for a stopped job"
+        assert "the job ended during handover" in str(outcome.get("error")), outcome
+    finally:
+        mover.join(10)
+        handle.pulses.close()
