@@ -488,13 +488,17 @@ def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every
             handle.stop()
         return report
     outputs = [json.loads(r.value) for r in read_topic(stack.bootstrap_servers, out_topic)]
-    letters = []
+    letters, copies = [], {}
     for r in read_topic(stack.bootstrap_servers, f"{name}.dlq"):
         h = {k: v.decode() for k, v in r.headers}
         if h.get("job") == name and "source.topic" in h:
-            letters.append((h["source.topic"], int(h["source.partition"]), int(h["source.offset"])))
+            letter = (h["source.topic"], int(h["source.partition"]), int(h["source.offset"]))
+            letters.append(letter)
+            # which output wrote each copy, under which seq, where: tells a late batch of a fenced
+            # writer (the same seq twice) from replicas numbering apart (two seqs)
+            copies.setdefault(letter, []).append(f"rseq {h.get('rseq')} at {r.offset}")
     report.feed_failed = feeder.failed
-    report.verdict = verify(outputs, feeder.ids, letters, feeder.malformed, SOURCES)
+    report.verdict = verify(outputs, feeder.ids, letters, feeder.malformed, SOURCES, copies)
     compare_replicas(result, handle.plan, report.verdict)
     return report
 

@@ -7,7 +7,7 @@ equal state and no checkpoint divergence (:mod:`replication.soak` runs the job).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,10 +74,12 @@ class Verdict:
 
 
 def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, int]],
-           malformed: set[tuple[str, int, int]], sources: Sequence[str]) -> Verdict:
+           malformed: set[tuple[str, int, int]], sources: Sequence[str],
+           copies: Mapping[tuple[str, int, int], list[str]] | None = None) -> Verdict:
     """Exactly once, per-key chains in their sources' order with consistent counts, dead letters
     exactly once (the replicas' part is added by :func:`compare_replicas`).  An event id is
-    ``<source>-<index>``, the indexes increasing per source."""
+    ``<source>-<index>``, the indexes increasing per source; ``copies`` describes each letter's
+    copies, for naming a duplicated one."""
     v = Verdict(events=len(ids), records=len(outputs))
     seen: dict[str, int] = {}
     for rec in outputs:
@@ -108,7 +110,10 @@ def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, in
     v.dead_letters_duplicated = sum(n - 1 for n in got.values() if n > 1)
     unexpected = sorted(set(got) - malformed)
     v.dead_letters_unexpected = len(unexpected)
-    v.dead_letters_wrong = ([f"{t}[{p}]@{o} x{n}" for (t, p, o), n in sorted(got.items()) if n > 1]
+    described = copies or {}
+    v.dead_letters_wrong = ([f"{t}[{p}]@{o} x{n}" + (f" ({', '.join(described[(t, p, o)])})"
+                                                      if (t, p, o) in described else "")
+                             for (t, p, o), n in sorted(got.items()) if n > 1]
                             + [f"{t}[{p}]@{o} not malformed" for t, p, o in unexpected])[:5]
     return v
 

@@ -186,3 +186,12 @@ def test_the_soak_s_handovers_are_drawn_from_the_table_and_judged_by_their_outco
     report = SoakReport("kazoo", 1, 60, 300, 5, 4, status="finished", handovers=mover.runs)
     assert not report.ok and SoakReport("kazoo", 1, 60, 300, 5, 4, status="finished").ok  # the last one failed
     assert any("handovers 1: failed 1" in line for line in report.lines())
+
+
+def test_a_duplicated_dead_letter_is_named_with_the_seq_and_offset_of_each_copy():
+    """The same seq twice is a late batch of a fenced writer; two seqs are replicas numbering apart."""
+    ids = ["a-0"]
+    letters = [("t-a", 0, 5), ("t-a", 0, 5)]
+    copies = {("t-a", 0, 5): ["rseq 8 at 120", "rseq 8 at 131"]}
+    v = verify(_chain("k1", ids), ids, letters, {("t-a", 0, 5)}, ("a", "b"), copies)
+    assert v.dead_letters_wrong == ["t-a[0]@5 x2 (rseq 8 at 120, rseq 8 at 131)"] and not v.exact
