@@ -204,6 +204,15 @@ def _first_step(handle: JobHandle) -> int:
     return next(iter(handle.master.handovers.orders))
 
 
+def _committed_step(handle: JobHandle) -> int:
+    """The first step, once every participant replica armed it (committed): its handover id."""
+    hid = _first_step(handle)
+    for role in ("upstream", "origin", "target"):
+        _ack(handle, "armed", role, hid)
+    assert handle.master.handovers.orders[hid].committed
+    return hid
+
+
 def _ack(handle: JobHandle, kind: str, role: str, hid: int) -> None:
     master = handle.master
     with master._cond:
@@ -226,10 +235,7 @@ def test_a_kazoo_window_stays_open_past_the_deadline_until_the_committed_step_co
     outcome: dict = {}
     mover = _move_in_thread(outcome, lambda: handle.move_vnodes("chain", [0, 1], 1, timeout=1.0, margin_s=5.0))
     try:
-        hid = _first_step(handle)
-        for role in ("upstream", "origin", "target"):
-            _ack(handle, "armed", role, hid)
-        assert handle.master.handovers.orders[hid].committed
+        hid = _committed_step(handle)
         time.sleep(1.5)  # the deadline passes with the step committed, before its switch
         gen = factory.made[0]
         assert mover.is_alive() and gen.window is not None and gen.closed_at is None, handle.master.events
@@ -291,9 +297,7 @@ def test_a_job_stopped_while_a_committed_step_waits_for_its_pulses_ends_the_wait
     outcome: dict = {}
     mover = _move_in_thread(outcome, lambda: handle.move_vnodes("chain", [0, 1], 1, timeout=30.0, margin_s=5.0))
     try:
-        hid = _first_step(handle)
-        for role in ("upstream", "origin", "target"):
-            _ack(handle, "armed", role, hid)
+        _committed_step(handle)
         with handle.master._cond:
             handle.master.command = "stop"
             handle.master._cond.notify_all()
