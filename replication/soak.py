@@ -487,7 +487,13 @@ def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every
         with contextlib.suppress(JobFailedError, TimeoutError):  # (the failure is the report's)
             handle.stop()
         return report
-    outputs = [json.loads(r.value) for r in read_topic(stack.bootstrap_servers, out_topic)]
+    outputs, written = [], {}
+    for r in read_topic(stack.bootstrap_servers, out_topic):
+        outputs.append(json.loads(r.value))
+        h = {k: v.decode() for k, v in r.headers}
+        # each copy's writer output, seq and place: names a duplicated record's copies
+        written.setdefault(outputs[-1]["id"], []).append(
+            f"sink {':'.join(h.get('rsink', '?').split(':')[-2:])} rseq {h.get('rseq')} at [{r.partition}]@{r.offset}")
     letters, copies = [], {}
     for r in read_topic(stack.bootstrap_servers, f"{name}.dlq"):
         h = {k: v.decode() for k, v in r.headers}
@@ -498,7 +504,7 @@ def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every
             # writer (the same seq twice) from replicas numbering apart (two seqs)
             copies.setdefault(letter, []).append(f"rseq {h.get('rseq')} at {r.offset}")
     report.feed_failed = feeder.failed
-    report.verdict = verify(outputs, feeder.ids, letters, feeder.malformed, SOURCES, copies)
+    report.verdict = verify(outputs, feeder.ids, letters, feeder.malformed, SOURCES, copies, written)
     compare_replicas(result, handle.plan, report.verdict)
     return report
 

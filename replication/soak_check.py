@@ -55,6 +55,7 @@ class Verdict:
     duplicated: int = 0
     unexpected: int = 0
     broken_keys: list[str] = field(default_factory=list)  # chain gaps, wrong links or counts, reordered
+    duplicates_named: list[str] = field(default_factory=list)  # the first few duplicated records, each copy
     dead_letters_expected: int = 0
     dead_letters: int = 0
     dead_letters_missing: int = 0
@@ -75,11 +76,12 @@ class Verdict:
 
 def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, int]],
            malformed: set[tuple[str, int, int]], sources: Sequence[str],
-           copies: Mapping[tuple[str, int, int], list[str]] | None = None) -> Verdict:
+           copies: Mapping[tuple[str, int, int], list[str]] | None = None,
+           written: Mapping[str, list[str]] | None = None) -> Verdict:
     """Exactly once, per-key chains in their sources' order with consistent counts, dead letters
     exactly once (the replicas' part is added by :func:`compare_replicas`).  An event id is
     ``<source>-<index>``, the indexes increasing per source; ``copies`` describes each letter's
-    copies, for naming a duplicated one."""
+    copies and ``written`` each output record's, by event id, for naming a duplicated one."""
     v = Verdict(events=len(ids), records=len(outputs))
     seen: dict[str, int] = {}
     for rec in outputs:
@@ -87,6 +89,8 @@ def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, in
     expected = set(ids)
     v.lost = len(expected - set(seen))
     v.duplicated = sum(n - 1 for n in seen.values() if n > 1)
+    v.duplicates_named = [f"{i} x{n}" + (f" ({', '.join((written or {})[i])})" if i in (written or {}) else "")
+                          for i, n in sorted(seen.items()) if n > 1][:5]
     v.unexpected = len(set(seen) - expected)
     by_key: dict[str, list[dict]] = {}
     for rec in outputs:

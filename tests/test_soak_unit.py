@@ -195,3 +195,12 @@ def test_a_duplicated_dead_letter_is_named_with_the_seq_and_offset_of_each_copy(
     copies = {("t-a", 0, 5): ["rseq 8 at 120", "rseq 8 at 131"]}
     v = verify(_chain("k1", ids), ids, letters, {("t-a", 0, 5)}, ("a", "b"), copies)
     assert v.dead_letters_wrong == ["t-a[0]@5 x2 (rseq 8 at 120, rseq 8 at 131)"] and not v.exact
+
+
+def test_a_duplicated_output_record_is_named_with_each_copy():
+    ids = ["a-0", "b-0"]
+    out = _chain("k1", ids)
+    written = {"a-0": ["sink 3:0 rseq 4 at [0]@10", "sink 3:0 rseq 4 at [0]@12"]}
+    v = verify(out + out[:1], ids, [], set(), ("a", "b"), None, written)
+    assert v.duplicated == 1 and not v.exact
+    assert v.duplicates_named == ["a-0 x2 (sink 3:0 rseq 4 at [0]@10, sink 3:0 rseq 4 at [0]@12)"]
