@@ -1300,20 +1300,16 @@ class JobHandle:
         (a step committed before the deadline completes first: it only rolls forward)."""
         period_ms = self.cfg.liverobin_heartbeat_period_ms
         master = self.master
-        assert self.pulses is not None
         while coordinator.job_state(job) is JobState.RUNNING:
-            if time.monotonic() >= deadline:
-                self._stop_job(coordinator, job, task, timeout)
+            if time.monotonic() >= deadline:  # (why_not_next: what the job waits for, if anything)
+                self._stop_job(coordinator, job, task, timeout, coordinator.manager.why_not_next(job))
             step_started = time.monotonic()
-            pulse = self.pulses.last_h
-            switch_at = switch_pulse(pulse, margin_s, period_ms)
+            pulse, switch_at = self._switch_pulse(margin_s)
             margin = coordinator.next_release_s(job, sizes) if release_s is None else release_s
             release_at = switch_at + max(2, math.ceil(margin * 1000 / period_ms))
             instructed_at = time.time()
             order = coordinator.instruct_next(job, switch_at, release_at)
             if order is None:  # e.g. a lost replica not restored yet, or the bytes-in-flight cap: wait
-                if time.monotonic() >= deadline:
-                    self._stop_job(coordinator, job, task, timeout, coordinator.manager.why_not_next(job))
                 master._cond.wait(0.1)
                 continue
             hid = order.handover_id
@@ -1336,6 +1332,12 @@ class JobHandle:
                           "seconds": time.monotonic() - step_started})
             if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                 master._cond.wait(gap_s)
+
+    def _switch_pulse(self, margin_s: float) -> tuple[int, int]:
+        """The generators' last pulse, and the pulse about ``margin_s`` after it."""
+        assert self.pulses is not None
+        pulse = self.pulses.last_h
+        return pulse, switch_pulse(pulse, margin_s, self.cfg.liverobin_heartbeat_period_ms)
 
     def _stop_job(self, coordinator: HandoverCoordinator, job: int, task: str, timeout: float,
                   why: str | None = None) -> None:
@@ -1373,9 +1375,7 @@ class JobHandle:
         payload = cloudpickle.dumps(fn)
         started = time.monotonic()
         with self._handover_window("an operator replacement", timeout) as coordinator:
-            assert self.pulses is not None
-            pulse = self.pulses.last_h
-            switch_at = switch_pulse(pulse, margin_s, self.cfg.liverobin_heartbeat_period_ms)
+            pulse, switch_at = self._switch_pulse(margin_s)
             order = coordinator.start_replace(spec.id, operator, payload, switch_at)
             self.master.event(f"operator {operator!r} of {task}: version {order.version} from pulse {switch_at} on "
                               f"(now about {pulse})")

@@ -1005,22 +1005,18 @@ class HandoverCoordinator:
         return events
 
     def rolling_forward(self) -> list[int]:
-        """The handovers committed and not completed: they only roll forward, and need pulses until
-        they complete (a KaZoo pulse window stays open for them)."""
-        return sorted(h for h, o in self.orders.items() if o.committed and not o.cancelled
-                      and self.manager.records.get(h) is not None
-                      and self.manager.records[h].state is not HandoverState.COMPLETED)
+        """The handovers committed and not completed (a completed order leaves :attr:`orders`): they
+        only roll forward, and need pulses until they complete (a KaZoo pulse window stays open)."""
+        return sorted(h for h, o in self.orders.items() if o.committed and not o.cancelled)
 
     def give_up(self, hid: int, reason: str) -> list[str]:
         """The driver stops waiting for handover ``hid``: not committed yet, it is cancelled
         (clean: nobody switched); committed, it rolls forward (nothing to do).  The events."""
         rec = self.manager.records.get(hid)
-        order = self.orders.get(hid)
-        if rec is None or order is None or rec.state not in (HandoverState.INSTRUCTED, HandoverState.ARMED):
+        if rec is None or hid not in self.orders or rec.state not in (HandoverState.INSTRUCTED, HandoverState.ARMED):
             return []
         self.manager.abort(hid, reason)
-        self.orders[hid] = replace(order, cancelled=True)
-        return [f"handover {hid} of {self.plan.task(order.task).name} cancelled: {reason}"]
+        return self._advance(hid, time.time())  # the order is shown cancelled, as for a LATE ack
 
     def record(self, hid: int) -> HandoverRecord:
         """The manager's record of ``hid``, also once the manager pruned it (the last

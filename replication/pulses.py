@@ -68,8 +68,7 @@ class DriverPulses:
         """Start one more generator; it reads the newest segments the others counted and goes on
         after the largest pulse there.  ``windowed``: KaZoo's, which writes only pulse windows."""
         with self._lock:
-            from_segment = max(0, max((self._log.segment_of(g.pulses.last_h + 1) for g in self.generators),
-                                      default=0) - 1)
+            from_segment = max(0, self._log.segment_of(self.last_h + 1) - 1)
             gen = self._factory(f"g{len(self.generators) + 1}", from_segment, windowed)
             self.generators.append(gen.start())
             if self._eager_until > time.monotonic():

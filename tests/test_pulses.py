@@ -73,6 +73,15 @@ class Factory:
         return gen
 
 
+@pytest.fixture
+def quiet_pulses():
+    """A factory of fake generators and the DriverPulses that uses it (events dropped), closed after."""
+    factory = Factory()
+    pulses = DriverPulses(factory, HeartbeatLog("hb"), lambda text: None)
+    yield factory, pulses
+    pulses.close()
+
+
 def _until(check, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -117,37 +126,29 @@ def test_a_killed_generator_stays_stopped_and_one_that_ended_the_run_is_done():
         pulses.close()
 
 
-def test_a_generator_started_while_a_handover_waits_for_pulses_pulses_every_period_too():
+def test_a_generator_started_while_a_handover_waits_for_pulses_pulses_every_period_too(quiet_pulses):
     """A LiveRobin generator restarted during a handover (a crash, then a new one) must be eager
     like the one it replaces: the steps' switch and release are pulses counted ahead, and at
     the idle rate (a pulse per source batch) a step of a soak took 20 s instead of 1."""
-    factory = Factory()
-    pulses = DriverPulses(factory, HeartbeatLog("hb"), lambda text: None)
-    try:
-        first = pulses.start()
-        pulses.eager(30.0)
-        assert first.eager_s == 30.0
-        pulses.kill()
-        second = pulses.start()
-        assert 29.0 < second.eager_s <= 30.0
-        pulses.eager(0)
-        assert second.eager_s == 0 and pulses.start().eager_s == 0.0
-    finally:
-        pulses.close()
+    _, pulses = quiet_pulses
+    first = pulses.start()
+    pulses.eager(30.0)
+    assert first.eager_s == 30.0
+    pulses.kill()
+    second = pulses.start()
+    assert 29.0 < second.eager_s <= 30.0
+    pulses.eager(0)
+    assert second.eager_s == 0 and pulses.start().eager_s == 0.0
 
 
-def test_a_generator_that_dies_during_a_drain_is_replaced_by_one_that_writes_the_final_pulse():
-    factory = Factory()
-    pulses = DriverPulses(factory, HeartbeatLog("hb"), lambda text: None)
-    try:
-        first = pulses.start()
-        pulses.finish(0.31)
-        assert first.finish_grace == 0.31
-        first.fail("KafkaException: all brokers down")
-        _until(lambda: len(factory.made) == 2)
-        assert factory.made[1].finish_grace == 0.31  # else the sources never end
-    finally:
-        pulses.close()
+def test_a_generator_that_dies_during_a_drain_is_replaced_by_one_that_writes_the_final_pulse(quiet_pulses):
+    factory, pulses = quiet_pulses
+    first = pulses.start()
+    pulses.finish(0.31)
+    assert first.finish_grace == 0.31
+    first.fail("KafkaException: all brokers down")
+    _until(lambda: len(factory.made) == 2)
+    assert factory.made[1].finish_grace == 0.31  # else the sources never end
 
 
 # -- a KaZoo handover's pulse window, driven in process ------------------------------------------
