@@ -527,17 +527,33 @@ class PartitionHandovers(_Decisions):
     def gate(self, element: Any, key_group: int | None) -> tuple[Any, ...]:
         """Offer an input element (data with its key group, or None for a watermark) to every
         target step; what to process now, in order."""
-        out: tuple[Any, ...] = (element,)
-        for step in list(self._steps.values()):
+        return _elements(self._through(list(self._steps.values()), ((element, key_group),), count=True))
+
+    def _through(self, steps: list[_Step], items: tuple[tuple[Any, int | None], ...],
+                 count: bool = False) -> tuple[tuple[Any, int | None], ...]:
+        """Pass (element, key group) pairs through the gates of ``steps`` in order; the pairs no
+        gate holds.  A gate holds the pair itself, so what it lets go later still has its key
+        group for the gates after it."""
+        for step in steps:
             if step.gate is None:
                 continue
-            nxt: tuple[Any, ...] = ()
-            for el in out:
-                taken = step.gate.admit(el, key_group).process
-                self.held_records += len(taken) == 0
+            nxt: tuple[tuple[Any, int | None], ...] = ()
+            for item in items:
+                taken = step.gate.admit(item, item[1]).process
+                self.held_records += int(count and not taken)
                 nxt += taken
-            out = nxt
-        return out
+            items = nxt
+        return items
+
+    def _let_go(self, step: _Step, held: tuple[tuple[Any, int | None], ...]) -> tuple[Any, ...]:
+        """What ``step``'s gate let go, through the gates of the steps armed after it: a step
+        cancelled before its release pulse can hold the records of a later step over the same key
+        groups (the retry of a cancelled step is armed while the cancelled gate is still up), and
+        those must wait for that step's state as well."""
+        with self._cond:
+            steps = list(self._steps.values())
+        later = steps[steps.index(step) + 1:] if step in steps else steps
+        return _elements(self._through(later, held))
 
     def at_pulse(self, h: int) -> tuple[list[HandoverOrder], list[_Step]]:
         """Pulse ``h`` is being forwarded for the first time: the cuts (h = P + 1) and releases
@@ -596,16 +612,17 @@ class PartitionHandovers(_Decisions):
         self.moved_entries += len(state)
         step.loaded_at = time.time()
         step.gate.loaded()
-        held = step.gate.release().process
+        held = self._let_go(step, step.gate.release().process)
         self._finish(step.order.handover_id, origin=False)
         return held
 
     def drop(self, step: _Step) -> tuple[Any, ...]:
-        """A cancelled handover: stop gating (nothing of it can have been held: no upstream switched)."""
-        held = ()
+        """A cancelled handover: stop gating.  What its gate holds is not its own (no upstream
+        switched for it) but a later step's over the same key groups, which that step's gate takes."""
+        held: tuple[Any, ...] = ()
         if step.gate is not None:
             step.gate.loaded()
-            held = step.gate.release().process
+            held = self._let_go(step, step.gate.release().process)
         with self._cond:
             self._steps.pop(step.order.handover_id, None)
             self._recount_awaited()
@@ -632,6 +649,11 @@ class PartitionHandovers(_Decisions):
         self._awaited = frozenset(kg for s in self._steps.values() if s.gate is not None and self.serve_through
                                   for r in load_key_groups(s.order.moves, self.partition, self.num_key_groups,
                                                            self.num_vnodes) for kg in r)
+
+
+def _elements(items: Iterable[tuple[Any, int | None]]) -> tuple[Any, ...]:
+    """The elements of (element, key group) pairs."""
+    return tuple(element for element, _ in items)
 
 
 def chunk_entries(entries: list[Any], max_bytes: int) -> list[list[Any]]:

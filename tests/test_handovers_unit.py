@@ -204,6 +204,33 @@ def test_a_cancelled_handover_is_dropped_and_a_late_instruction_refused(backend)
     assert ho4.decided(7, lambda: True) is None
 
 
+def test_a_cancelled_steps_gate_lets_a_later_steps_records_go_only_through_that_steps_gate(backend):
+    """The retry of a cancelled step over the same vnodes switches before the cancelled step's
+    release pulse: the records the cancelled gate holds from that switch on are the retry's, and
+    must wait for the retry's state, not be processed at the cancelled step's release."""
+    ho = PartitionHandovers(3, 1, G, V)
+    cancelled = _order(switch_at=10, release_at=14)
+    retry = replace(_order(switch_at=12, release_at=20, committed=True), handover_id=8)
+    assert ho.arm(cancelled) == "armed"
+    ho.arm(replace(cancelled, cancelled=True))
+    assert ho.arm(retry) == "armed"
+    moved1, other, moved2 = (DATA, "x", "k", 1, 0.0, None), (DATA, "y", "j", 2, 0.0, None), (DATA, "z", "k", 3, 0.0, None)
+    ho.at_pulse(12)  # the retry's switch: its upstreams route the moved key groups here from now on
+    assert ho.gate((0, moved1), _kg(0)) == ()
+    assert ho.gate((1, other), _kg(5)) == ((1, other),)
+    cuts, releases = ho.at_pulse(14)
+    assert cuts == [] and [s.order.handover_id for s in releases] == [7]
+    assert ho.decided(7, lambda: False) is False
+    assert ho.drop(releases[0]) == ()  # the retry's gate takes them: its state is not loaded yet
+    assert ho.gate((1, moved2), _kg(1, 3)) == ()
+    cuts, releases = ho.at_pulse(20)
+    assert [s.order.handover_id for s in releases] == [8]
+    ho.state_arrived(8, 0, [(_kg(0), b"k", b"state")])
+    assert ho.release(releases[0], backend, lambda: False) == ((0, moved1), (1, moved2))
+    assert backend.get(_kg(0), b"k") == b"state"
+    assert not ho.gating and not ho.active
+
+
 def _plan(max_parallelism: int | None = None):
     plan = plan_job(build_ordered_job("a", "b", "out", max_parallelism=max_parallelism), default_parallelism=2,
                     num_key_groups=G, num_vnodes=V, topic_partitions={"a": 2, "b": 2})
