@@ -4,7 +4,7 @@
 Both replicas of a partition produce the same records in the same order and number them with
 the same output seq.  Only the *writer* replica (chosen by the job master; replica 0 first)
 produces them, in Kafka transactions, each record tagged with headers ``rsink`` (this output of
-this partition of this run) and ``rseq``.  The other replica keeps what is not yet known to be
+this partition of this run), ``rseq`` and ``rwriter`` (the replica and epoch that wrote it).  The other replica keeps what is not yet known to be
 committed (the driver relays the writer's committed seq).
 
 When the writer's worker is declared dead, the master promotes the other replica with a higher
@@ -269,7 +269,8 @@ class ExactlyOnceOutput:
                 self.producer.begin_transaction()
                 self.txn_started = time.monotonic()
             produce_blocking(self.producer, self.topic, partition=self.kafka_partition, value=value, key=key,
-                             headers=[*headers, ("sink_ts", repr(now).encode())], on_delivery=self._delivered)
+                             headers=[*headers, ("sink_ts", repr(now).encode()), ("rwriter", self._writer_tag)],
+                             on_delivery=self._delivered)
         except KafkaException as err:  # fenced meanwhile (this replica was hung: another one writes now)
             if not _is_fatal(err.args[0]):
                 raise
@@ -279,6 +280,12 @@ class ExactlyOnceOutput:
         self.txn_last_seq = seq
         if ingest_ts is not None and self._on_written is not None:
             self._on_written(now, ingest_ts)
+
+    @property
+    def _writer_tag(self) -> bytes:
+        """Which replica wrote a record, at which epoch (header ``rwriter``): tells one writer's
+        records from another's when an output is read back."""
+        return f"r{self.replica}e{self.epoch}".encode()
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is None:

@@ -493,7 +493,8 @@ def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every
         h = {k: v.decode() for k, v in r.headers}
         # each copy's writer output, seq and place: names a duplicated record's copies
         written.setdefault(outputs[-1]["id"], []).append(
-            f"sink {':'.join(h.get('rsink', '?').split(':')[-2:])} rseq {h.get('rseq')} at [{r.partition}]@{r.offset}")
+            f"sink {':'.join(h.get('rsink', '?').split(':')[-2:])} rseq {h.get('rseq')} at [{r.partition}]@{r.offset}"
+            + _written_by(h))
     letters, copies = [], {}
     for r in read_topic(stack.bootstrap_servers, f"{name}.dlq"):
         h = {k: v.decode() for k, v in r.headers}
@@ -502,11 +503,21 @@ def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every
             letters.append(letter)
             # which output wrote each copy, under which seq, where: tells a late batch of a fenced
             # writer (the same seq twice) from replicas numbering apart (two seqs)
-            copies.setdefault(letter, []).append(f"rseq {h.get('rseq')} at {r.offset}")
+            copies.setdefault(letter, []).append(f"rseq {h.get('rseq')} at {r.offset}" + _written_by(h))
     report.feed_failed = feeder.failed
     report.verdict = verify(outputs, feeder.ids, letters, feeder.malformed, SOURCES, copies, written)
     compare_replicas(result, handle.plan, report.verdict)
     return report
+
+
+def _written_by(headers: dict[str, str]) -> str:
+    """Who wrote an output record and when, from its headers (``rwriter``, ``sink_ts``), as the
+    logs show the time (UTC, milliseconds)."""
+    out = f" by {headers['rwriter']}" if "rwriter" in headers else ""
+    if "sink_ts" in headers:
+        ts = float(headers["sink_ts"])
+        out += f" {time.strftime('%H:%M:%S', time.gmtime(ts))},{int(ts * 1000) % 1000:03d}"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

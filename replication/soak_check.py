@@ -56,6 +56,7 @@ class Verdict:
     unexpected: int = 0
     broken_keys: list[str] = field(default_factory=list)  # chain gaps, wrong links or counts, reordered
     duplicates_named: list[str] = field(default_factory=list)  # the first few duplicated records, each copy
+    breaks_named: list[str] = field(default_factory=list)  # the first few broken keys: where and how
     dead_letters_expected: int = 0
     dead_letters: int = 0
     dead_letters_missing: int = 0
@@ -101,9 +102,15 @@ def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, in
         for i, rec in enumerate(recs, start=1):
             source, index = rec["id"].split("-", 1)
             counts[source] += 1
-            if (rec["n"] != i or rec["prev"] != prev or rec["h"] != chain_step(prev, rec["id"])
-                    or rec["seen"] != counts[source] or int(index) < last[source]):
+            why = _chain_break(rec, i, prev, counts[source], last[source])
+            if why:
                 v.broken_keys.append(key)
+                if len(v.breaks_named) < 5:
+                    before = recs[i - 2] if i > 1 else None
+                    v.breaks_named.append(f"{key} at n {rec['n']}: {why}; " + "; ".join(
+                        f"{r['id']} n {r['n']}" + (f" ({', '.join((written or {})[r['id']])})"
+                                                   if r["id"] in (written or {}) else "")
+                        for r in (before, rec) if r is not None))
                 break
             prev, last[source] = rec["h"], int(index)
     v.dead_letters_expected, v.dead_letters = len(malformed), len(letters)
@@ -120,6 +127,22 @@ def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, in
                              for (t, p, o), n in sorted(got.items()) if n > 1]
                             + [f"{t}[{p}]@{o} not malformed" for t, p, o in unexpected])[:5]
     return v
+
+
+def _chain_break(rec: Mapping[str, Any], i: int, prev: str, seen: int, last_index: int) -> str:
+    """Why ``rec``, the ``i``-th record of its key, does not follow the one before it ("" if it does)."""
+    if rec["n"] != i:
+        return f"count {rec['n']} where {i} was due (a record of the key is missing or counted twice)"
+    if rec["prev"] != prev:
+        return "linked to another record than the one before it (the state it saw was not the key's)"
+    if rec["h"] != chain_step(prev, rec["id"]):
+        return "its hash is not the chain's next one"
+    if rec["seen"] != seen:
+        return f"{rec['seen']} records of its source seen where {seen} were"
+    index = int(rec["id"].split("-", 1)[1])
+    if index < last_index:
+        return f"its source's index {index} after {last_index} (reordered)"
+    return ""
 
 
 def compare_replicas(result: Any, plan: Any, v: Verdict) -> None:

@@ -111,7 +111,8 @@ class SoakReport:
         out += [f"  job {self.status}" + (f": {self.failure}" if self.failure else ""),
                 f"  events {v.events:,}, output records {v.records:,}: lost {v.lost}, duplicated {v.duplicated}, "
                 f"unexpected {v.unexpected}, keys out of order or broken {len(v.broken_keys)}"
-                + (f" (duplicated: {'; '.join(v.duplicates_named)})" if v.duplicates_named else ""),
+                + (f" (duplicated: {'; '.join(v.duplicates_named)})" if v.duplicates_named else "")
+                + (f" (broken: {' | '.join(v.breaks_named)})" if v.breaks_named else ""),
                 f"  dead letters {v.dead_letters} of {v.dead_letters_expected} malformed: missing "
                 f"{v.dead_letters_missing}, duplicated {v.dead_letters_duplicated}, unexpected "
                 f"{v.dead_letters_unexpected}" + (f" ({', '.join(v.dead_letters_wrong)})" if v.dead_letters_wrong

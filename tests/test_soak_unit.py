@@ -204,3 +204,14 @@ def test_a_duplicated_output_record_is_named_with_each_copy():
     v = verify(out + out[:1], ids, [], set(), ("a", "b"), None, written)
     assert v.duplicated == 1 and not v.exact
     assert v.duplicates_named == ["a-0 x2 (sink 3:0 rseq 4 at [0]@10, sink 3:0 rseq 4 at [0]@12)"]
+
+
+def test_a_broken_chain_is_named_with_its_check_and_both_records_places() -> None:
+    ids = ["a-0", "a-1", "a-2"]
+    recs = _chain("k1", ids)
+    recs[2] = {**recs[2], "prev": "elsewhere"}
+    written = {"a-1": ["sink 3:0 rseq 1 at [0]@1"], "a-2": ["sink 3:1 rseq 0 at [1]@0"]}
+    v = verify(recs, ids, [], set(), ("a", "b"), written=written)
+    assert v.broken_keys == ["k1"]
+    assert v.breaks_named == ["k1 at n 3: linked to another record than the one before it (the state it saw was "
+                              "not the key's); a-1 n 2 (sink 3:0 rseq 1 at [0]@1); a-2 n 3 (sink 3:1 rseq 0 at [1]@0)"]
