@@ -304,6 +304,13 @@ class JobMaster:
         self._ring_workers()
         self._cond.notify_all()
 
+    def _replica_passed(self, replica: ReplicaId, pulse: int) -> bool:
+        """Whether ``replica`` can no longer stop at ``pulse``: lost, or reported past it."""
+        if replica in self.lost or self.placement.get(replica) in self.dead:
+            return True
+        m = self.metrics.get(self._replica_label(*replica))
+        return m is not None and m.pulse > pulse
+
     def _writer_fenced(self, replica: ReplicaId, kind: str, epoch: int) -> None:
         """The writer of an exactly-once output says a newer producer fenced it at ``epoch`` (a
         superseded takeover that fenced late, a fatal producer error).  Still the writer at that
@@ -401,6 +408,7 @@ class JobMaster:
             if self.handovers is not None:
                 for text in self.handovers.on_acks(req.handover_acks):
                     self.event(text)
+                self.handovers.forget_cancelled(self._replica_passed)
                 handovers = self.handovers.view()
                 if self.handovers.retain:
                     retained = self.handovers.retained()

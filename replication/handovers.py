@@ -1026,6 +1026,22 @@ class HandoverCoordinator:
                 events.append(f"handover {cancel.handover_id} cancelled: {cancel.reason}")
         return events
 
+    def forget_cancelled(self, passed: Callable[[ReplicaId, int], bool]) -> list[int]:
+        """Stop showing the cancelled orders no replica can still wait for: ``passed(replica, h)``
+        says every participant replica is past pulse ``h``, the order's last position (a target's
+        release; a replacement's switch), or lost (a restored replica arms committed orders only).
+        A replica that armed one waits at its position for the word, so until then it stays in
+        :meth:`view`.  Returns their ids."""
+        gone = []
+        for hid, order in list(self.orders.items()):
+            if not order.cancelled:
+                continue
+            last = order.release_at if isinstance(order, HandoverOrder) else order.switch_at
+            if all(passed((*inst, r), last) for inst in self._participants(order) for r in range(self.plan.replicas)):
+                del self.orders[hid]
+                gone.append(hid)
+        return gone
+
     def rolling_forward(self) -> list[int]:
         """The handovers committed and not completed (a completed order leaves :attr:`orders`): they
         only roll forward, and need pulses until they complete (a KaZoo pulse window stays open)."""

@@ -338,6 +338,26 @@ def test_the_coordinator_cancels_on_a_late_participant_or_a_lost_one_before_the_
     assert HandoverOrder.from_wire(second.to_wire()) == second
 
 
+def test_a_cancelled_order_is_shown_until_no_participant_replica_can_wait_for_it():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    order = coord.start_move(chain.id, [0], 1, switch_at=100, release_at=110)
+    coord.on_acks(_acks(order, "late", [(chain.id, 0)]))
+    participants = {(*inst, r) for inst in order.upstreams | {(chain.id, 0), (chain.id, 1)} for r in range(2)}
+    pulses = dict.fromkeys(participants, 111)
+    lost: set = set()
+
+    def passed(replica, h):
+        return replica in lost or pulses.get(replica, -1) > h
+
+    pulses[(chain.id, 1, 1)] = 110  # a target replica that armed it waits at its release for the word
+    assert coord.forget_cancelled(passed) == [] and coord.view()[0]["cancelled"]
+    lost.add((chain.id, 1, 1))  # lost: its restored incarnation arms committed orders only
+    del pulses[(chain.id, 1, 1)]
+    assert coord.forget_cancelled(passed) == [order.handover_id] and coord.view() == []
+
+
 def test_the_cli_spells_vnodes_and_strategies():
     assert parse_vnodes("0-3,7, 9-9") == [0, 1, 2, 3, 7, 9]
     assert format_vnodes([9, 0, 1, 2, 3, 7, 10]) == "0-3,7,9-10" and format_vnodes([]) == ""
