@@ -81,7 +81,7 @@ class _Scan:
 
 def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: str, start_offset: int,
                     stall_s: float = SCAN_STALL_S, consumer: Callable[[dict], Any] | None = None,
-                    stuck_check_s: float = STUCK_CHECK_S) -> int:
+                    stuck_check_s: float = STUCK_CHECK_S, read_to: list[int] | None = None) -> int:
     """Highest ``rseq`` of ``output_id`` in ``topic``/``partition`` from ``start_offset`` on (-1: none),
     as a ``read_committed`` reader sees it, once the caller fenced the output's previous writer.
 
@@ -92,14 +92,22 @@ def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: 
     its transaction, and every other transaction of the job's writers ends within ``stall_s``.
     The embedded broker, which hides no aborted record from any reader, can leave the last
     stable offset stuck for good behind a writer fenced while its produce was in flight
-    (docs/replication.md)."""
+    (docs/replication.md).  ``read_to`` receives the offset the scan read up to."""
+    best, position = _max_written_seq(consumer_conf, topic, partition, output_id, start_offset, stall_s,
+                                      consumer or Consumer, stuck_check_s)
+    if read_to is not None:
+        read_to.append(position)
+    return best
+
+
+def _max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: str, start_offset: int,
+                     stall_s: float, consumer: Callable[[dict], Any], stuck_check_s: float) -> tuple[int, int]:
     key = output_id.encode()
-    consumer = consumer or Consumer
     start = start_offset if start_offset >= 0 else OFFSET_BEGINNING
     stuck_check_s = min(stuck_check_s, stall_s)
     committed = _scan(consumer, consumer_conf, topic, partition, key, start, "read_committed", stuck_check_s)
     if committed.at_end:
-        return committed.best
+        return committed.best, committed.position
     beyond = _scan(consumer, consumer_conf, topic, partition, key, committed.position, "read_uncommitted",
                    stall_s)
     if not (beyond.at_end and not beyond.foreign):  # another writer's transaction may still end
@@ -107,7 +115,7 @@ def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: 
                      max(stall_s - stuck_check_s, 0.0))
         committed.best = max(committed.best, rest.best)
         if rest.at_end:
-            return committed.best
+            return committed.best, rest.position
         committed.position = rest.position
         beyond = _scan(consumer, consumer_conf, topic, partition, key, rest.position, "read_uncommitted", stall_s)
     if not beyond.at_end:
@@ -118,7 +126,7 @@ def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: 
     log.warning("scanning %s[%d] for %s: the last stable offset stays at %d (held by %s); read_uncommitted up "
                 "to offset %d instead: output has seq <= %d", topic, partition, output_id, committed.position,
                 held_by, beyond.position, best)
-    return best
+    return best, beyond.position
 
 
 def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: int, key: bytes, start: int,
@@ -185,6 +193,7 @@ class _Takeover:
     started: float = field(default_factory=time.monotonic)
     fenced_s: float = 0.0  # how long fencing the old writer took (init_transactions)
     scanned_s: float = 0.0  # and then the scan
+    read_to: list[int] = field(default_factory=list)  # the offset the scan read up to
 
 
 def _is_fatal(error: KafkaError) -> bool:
@@ -382,7 +391,7 @@ class ExactlyOnceOutput:
             takeover.written = max_written_seq(
                 self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"), self.topic,
                 self.kafka_partition, self.output_id, takeover.from_offset,
-                stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S)
+                stall_s=int(conf["transaction.timeout.ms"]) / 1000 + STALL_MARGIN_S, read_to=takeover.read_to)
             takeover.scanned_s = time.monotonic() - takeover.started - takeover.fenced_s
             takeover.producer = producer
         except BaseException as exc:  # noqa: BLE001 - raised on the instance thread
@@ -401,10 +410,11 @@ class ExactlyOnceOutput:
         if takeover.error is not None:
             raise RuntimeError(f"{self.name}: taking over as writer (epoch {takeover.epoch}) failed: "
                                f"{takeover.error}") from takeover.error
-        log.warning("%s: took over as writer (epoch %d): output has seq <= %d, %d records buffered; fenced in "
-                    "%.3fs, scanned in %.3fs, writing %.3fs after the role came", self.name, takeover.epoch,
-                    takeover.written, len(self.buffer), takeover.fenced_s, takeover.scanned_s,
-                    time.monotonic() - takeover.started)
+        log.warning("%s: took over as writer (epoch %d): output has seq <= %d (offsets %d to %s read), %d records "
+                    "buffered; fenced in %.3fs, scanned in %.3fs, writing %.3fs after the role came", self.name,
+                    takeover.epoch, takeover.written, takeover.from_offset,
+                    takeover.read_to[0] if takeover.read_to else "?", len(self.buffer), takeover.fenced_s,
+                    takeover.scanned_s, time.monotonic() - takeover.started)
         self._committed(takeover.written, self.committed_offset)
         self._start_writing(takeover.producer)
 

@@ -104,8 +104,9 @@ def _partition(stable: int, high: int):
 
 def test_a_takeover_scan_reads_up_to_the_end_of_the_partition_as_read_committed():
     reader, made = _partition(stable=10, high=10)
-    assert max_written_seq({}, "out", 0, "out-1", 3, stall_s=0.3, consumer=reader) == 9
-    assert made == ["read_committed"]
+    read_to: list[int] = []
+    assert max_written_seq({}, "out", 0, "out-1", 3, stall_s=0.3, consumer=reader, read_to=read_to) == 9
+    assert made == ["read_committed"] and read_to == [10]  # (the takeover logs how far it read)
 
 
 def test_a_takeover_scan_ends_at_the_high_watermark_without_an_end_of_partition_fetch():
