@@ -135,9 +135,12 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
     until ``stall_s`` passed without a record.
 
     The end is where the reader's position reaches the high watermark of its last fetch (every
-    record of the fenced writer is below the first one it sees), or an end-of-partition event.
-    The event alone would cost a fetch at the end, which waits its whole ``fetch.wait.max.ms``:
-    half a second more for every takeover."""
+    record of the fenced writer is below the first one it sees).  An end-of-partition event is the
+    end only there too: a ``read_committed`` reader gets it at the last stable offset, which an
+    open transaction holds below the high watermark, and the records from there on (the fenced
+    writer's, still open) are exactly those a takeover must not miss.  (Waiting for the event
+    alone would cost a fetch at the end, which waits its whole ``fetch.wait.max.ms``: half a
+    second more for every takeover.)"""
     reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
                        "isolation.level": isolation, "fetch.wait.max.ms": SCAN_FETCH_WAIT_MS})
     found = _Scan(position=start)
@@ -149,10 +152,13 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
             for msg in reader.consume(num_messages=1000, timeout=SCAN_CONSUME_S):
                 err = msg.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        found.at_end, found.position = True, msg.offset()
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        raise KafkaException(err)
+                    found.position = msg.offset()
+                    if _at_high_watermark(reader, tp, found.position):
+                        found.at_end = True
                         return found
-                    raise KafkaException(err)
+                    continue  # at the last stable offset only: read on until stall_s passed
                 last_new, found.position = time.monotonic(), msg.offset() + 1
                 headers = dict(msg.headers() or ())
                 if headers.get("rsink") == key:
@@ -178,6 +184,13 @@ def _reached_high_watermark(reader: Any, tp: TopicPartition, found: _Scan) -> bo
         return False
     found.at_end, found.position = True, position
     return True
+
+
+def _at_high_watermark(reader: Any, tp: TopicPartition, offset: int) -> bool:
+    """Whether an end-of-partition event at ``offset`` is at the high watermark the last fetch
+    reported (an unknown one: taken as the end, as the event says)."""
+    high = reader.get_watermark_offsets(tp, cached=True)[1]
+    return high < 0 or offset >= high
 
 
 @dataclass

@@ -67,8 +67,9 @@ class _Msg:
 
 def _partition(stable: int, high: int):
     """A scan's consumers on a partition whose records 0..high-1 carry seqs 0..high-1 and whose
-    last stable offset is ``stable``: read_committed readers get records up to it, and the end
-    of the partition only when it is the high watermark."""
+    last stable offset is ``stable``: read_committed readers get records up to it and, as
+    librdkafka gives them, the end-of-partition event there (not at the high watermark, which
+    their fetches report all the same)."""
     made = []
 
     class Reader:
@@ -88,7 +89,7 @@ def _partition(stable: int, high: int):
                 out = [_Msg(o, o) for o in range(self.at, end)]
                 self.at = end
                 return out
-            return [_Msg(end, eof=True)] if end == high else []
+            return [_Msg(end, eof=True)]
 
         def get_watermark_offsets(self, tp, cached: bool = False) -> tuple[int, int]:
             return (0, high) if self.fetched else (-1001, -1001)

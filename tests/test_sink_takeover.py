@@ -118,6 +118,32 @@ def test_takeover_after_a_writer_dies_mid_transaction_writes_every_record_once(s
     assert not writer.out.writer
 
 
+def test_a_takeover_scan_counts_the_records_of_a_transaction_still_open(stack, topic_prefix):
+    """librdkafka ends a ``read_committed`` reader's partition at the last stable offset, which an
+    open transaction holds: the records of a lost writer's transaction the broker has not ended
+    yet (on the embedded broker, a batch filed after the fencing's abort) lie beyond it.  The
+    scan reads on past that end, so the new writer does not write them a second time."""
+    from confluent_kafka import Producer
+
+    topic = f"{topic_prefix}open"
+    create_topics(stack.bootstrap_servers, {topic: 1})
+    lost = Producer({"bootstrap.servers": stack.bootstrap_servers, "transactional.id": f"{topic_prefix}lost",
+                     "enable.idempotence": True, "acks": "all"})
+    lost.init_transactions(30)
+    lost.begin_transaction()
+    for seq in range(3):
+        lost.produce(topic, b"v", partition=0, headers=[("rsink", b"out"), ("rseq", str(seq).encode())])
+    lost.commit_transaction(30)
+    lost.begin_transaction()
+    lost.produce(topic, b"v", partition=0, headers=[("rsink", b"out"), ("rseq", b"3")])
+    lost.flush(10)  # in the log, its transaction still open
+    try:
+        conf = {"bootstrap.servers": stack.bootstrap_servers, "group.id": f"{topic_prefix}scan"}
+        assert exactly_once.max_written_seq(conf, topic, 0, "out", 0, stall_s=20, stuck_check_s=0.5) == 3
+    finally:
+        lost.abort_transaction(30)
+
+
 def test_a_writer_fenced_by_a_superseded_takeover_is_named_again_and_writes_every_record_once(
         stack, topic_prefix):
     """Replica 1 takes over at epoch 1; a takeover of replica 0 that the driver superseded (its
