@@ -144,6 +144,45 @@ def test_a_takeover_scan_counts_the_records_of_a_transaction_still_open(stack, t
         lost.abort_transaction(30)
 
 
+def test_a_takeover_scan_reads_past_another_outputs_open_transaction_on_a_shared_partition(stack, topic_prefix):
+    """Every partition's dead letters share the dead-letter topic's partition (and after a rescale
+    onto a spare partition two sink partitions share an output partition): another output's open
+    transaction holds the last stable offset below the lost writer's records.  The scan waits for
+    it and counts them; it used to end there and the new writer wrote them again."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    topic = f"{topic_prefix}shared"
+    create_topics(stack.bootstrap_servers, {topic: 1})
+
+    def producer(name: str) -> Producer:
+        p = Producer({"bootstrap.servers": stack.bootstrap_servers, "transactional.id": f"{topic_prefix}{name}",
+                      "enable.idempotence": True, "acks": "all"})
+        p.init_transactions(30)
+        return p
+
+    lost, other = producer("lost"), producer("other")
+    lost.begin_transaction()
+    for seq in range(3):
+        lost.produce(topic, b"v", partition=0, headers=[("rsink", b"out"), ("rseq", str(seq).encode())])
+    lost.commit_transaction(30)
+    other.begin_transaction()
+    other.produce(topic, b"w", partition=0, headers=[("rsink", b"other"), ("rseq", b"0")])
+    other.flush(10)
+    lost.begin_transaction()
+    lost.produce(topic, b"v", partition=0, headers=[("rsink", b"out"), ("rseq", b"3")])
+    lost.flush(10)
+    producer("lost")  # the new writer fences the lost one
+    commit = threading.Timer(1.0, lambda: other.commit_transaction(30))
+    commit.start()
+    try:
+        conf = {"bootstrap.servers": stack.bootstrap_servers, "group.id": f"{topic_prefix}scan"}
+        assert exactly_once.max_written_seq(conf, topic, 0, "out", 0, stall_s=20, stuck_check_s=5) == 3
+    finally:
+        commit.join()
+
+
 def test_a_writer_fenced_by_a_superseded_takeover_is_named_again_and_writes_every_record_once(
         stack, topic_prefix):
     """Replica 1 takes over at epoch 1; a takeover of replica 0 that the driver superseded (its
