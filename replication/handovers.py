@@ -1017,13 +1017,18 @@ class HandoverCoordinator:
         return gone
 
     def replica_lost(self, replica: ReplicaId) -> list[str]:
-        """A replica's worker died: handovers not committed yet are cancelled (clean)."""
+        """A replica's worker died (or it was cut off): handovers not committed yet are cancelled
+        (clean); committed ones go on without it, so one it alone held back advances now (its
+        release is placed, or it completes and leaves :attr:`orders`)."""
         events = []
         for cancel in self.manager.replica_lost(replica):
             order = self.orders.get(cancel.handover_id)
             if order is not None and not order.cancelled:
                 self.orders[cancel.handover_id] = replace(order, cancelled=True)
                 events.append(f"handover {cancel.handover_id} cancelled: {cancel.reason}")
+        now = time.time()
+        for hid in list(self.orders):
+            events += self._advance(hid, now)
         return events
 
     def forget_cancelled(self, passed: Callable[[ReplicaId, int], bool]) -> list[int]:
@@ -1080,6 +1085,23 @@ TIMELINES = 256  # the handovers whose timelines a coordinator keeps
 
 
 PHASES = ("trigger", "to_switch", "alignment", "transfer", "release_wait", "load", "catch_up", "acks")
+
+
+# what a role's replica reports once it did its part of a step (a replica restored past it did)
+_DONE_ACK = {"upstream": "switched", "origin": "cut", "target": "loaded", "operator": "switched"}
+
+
+def arm_acks(order: HandoverOrder | CodeOrder, outcomes: Mapping[str, str]) -> list[str]:
+    """The acks a replica sends for ``order`` after arming it in its roles (``outcomes``: role ->
+    "armed", "late", "done" or "cancelled"): LATE if any role is past its position, else ARMED if
+    any armed; and, for a committed order, the action of every role whose part this replica's
+    checkpoint already includes ("done": restored from a checkpoint past it), so that the step
+    completes without an action this incarnation will never take."""
+    values = set(outcomes.values())
+    acks = ["late"] if "late" in values else ["armed"] if "armed" in values else []
+    if order.committed and not order.cancelled:
+        acks += [_DONE_ACK[role] for role, outcome in outcomes.items() if outcome == "done"]
+    return acks
 
 
 def step_phases(instructed_at: float, timeline: Mapping[str, float | None],

@@ -37,6 +37,7 @@ from replication.handovers import (
     HandoverOrder,
     PartitionHandovers,
     RouterSwitches,
+    arm_acks,
     split_cut,
     vnode_bytes,
 )
@@ -138,22 +139,21 @@ class PartitionInstance:
     # -- handovers (replication.handovers) --------------------------------------------------
     def apply_handover(self, order: HandoverOrder | CodeOrder) -> None:
         """Worker thread: install, commit or cancel ``order`` in the roles this replica has in it."""
+        outcomes: dict[str, str] = {}
         if isinstance(order, CodeOrder):
             if order.task == self.task.id and not self.task.is_source:
-                outcome = self.code_switches.arm(order)
-                if outcome in ("armed", "late"):
-                    self.handover_ack(order.handover_id, order.epoch, outcome)
-            return
-        outcomes = []
-        if (self.task.id, self.partition) in order.upstreams:
-            outcomes.append(self.router_switches.arm(order))
-        if self.handovers is not None and order.task == self.task.id and \
-                self.partition in order.origins | order.targets:
-            outcomes.append(self.handovers.arm(order))
-        if "late" in outcomes:
-            self.handover_ack(order.handover_id, order.epoch, "late")
-        elif "armed" in outcomes:
-            self.handover_ack(order.handover_id, order.epoch, "armed")
+                outcomes["operator"] = self.code_switches.arm(order)
+        else:
+            if (self.task.id, self.partition) in order.upstreams:
+                outcomes["upstream"] = self.router_switches.arm(order)
+            if self.handovers is not None and order.task == self.task.id and \
+                    self.partition in order.origins | order.targets:
+                outcome = self.handovers.arm(order)
+                outcomes.update({role: outcome for role, members in (("origin", order.origins),
+                                                                     ("target", order.targets))
+                                 if self.partition in members})
+        for kind in arm_acks(order, outcomes):
+            self.handover_ack(order.handover_id, order.epoch, kind)
 
     def rearm(self, orders: list[HandoverOrder | CodeOrder], pulse: int) -> None:
         """A replica restored from the checkpoint at pulse ``pulse``: arm the committed orders

@@ -18,6 +18,7 @@ from replication.handovers import (
     PartitionHandovers,
     ReleaseMargin,
     TargetCut,
+    arm_acks,
     chunk_entries,
     format_vnodes,
     order_from_wire,
@@ -356,6 +357,56 @@ def test_a_cancelled_order_is_shown_until_no_participant_replica_can_wait_for_it
     lost.add((chain.id, 1, 1))  # lost: its restored incarnation arms committed orders only
     del pulses[(chain.id, 1, 1)]
     assert coord.forget_cancelled(passed) == [order.handover_id] and coord.view() == []
+
+
+def test_a_replica_restored_past_its_part_of_a_committed_step_reports_that_part_done():
+    """A target restored from a checkpoint past the release (its twin loaded the state; this
+    checkpoint has it) never loads again: without its LOADED the step would wait for ever for an
+    ack this incarnation never sends.  It reports the part its checkpoint includes, and only for a
+    committed order."""
+    order = _order(committed=True)
+    assert arm_acks(order, {"target": "done"}) == ["loaded"]
+    assert arm_acks(order, {"upstream": "done"}) == ["switched"]
+    assert arm_acks(order, {"origin": "done", "upstream": "armed"}) == ["armed", "cut"]
+    assert arm_acks(replace(order, committed=False), {"target": "late"}) == ["late"]
+    assert arm_acks(replace(order, committed=False), {"upstream": "done"}) == []
+    assert arm_acks(replace(order, cancelled=True), {"target": "cancelled"}) == []
+    assert arm_acks(order, {"target": "armed"}) == ["armed"]
+
+
+def test_a_step_completes_once_a_target_restored_past_the_release_reports_it_loaded():
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    order = coord.start_move(chain.id, [0], 1, switch_at=100, release_at=110)
+    coord.on_acks(_acks(order, "armed", [*order.upstreams, (chain.id, 0), (chain.id, 1)]))
+    order = coord.orders[order.handover_id]
+    assert order.committed
+    coord.on_acks(_acks(order, "switched", order.upstreams) + _acks(order, "cut", [(chain.id, 0)]))
+    coord.replica_lost((chain.id, 1, 1))  # a target replica dies before its LOADED...
+    coord.replica_restored((chain.id, 1, 1), 1)  # ...and comes back from a checkpoint past the release
+    coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 0), "loaded", "", 5, 0, 0)])
+    assert coord.state(order.handover_id).value != "completed"  # waits for the restored incarnation
+    acks = arm_acks(order, {"target": "done"})
+    coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 1), kind, "", 0, 1, 120) for kind in acks])
+    assert coord.state(order.handover_id).value == "completed"
+
+
+def test_a_committed_step_that_only_a_lost_replica_held_back_completes_and_leaves_the_orders():
+    """The manager rolls a committed step forward without a lost replica; the coordinator must see
+    it complete then, or the order stays listed as rolling forward (its pulses kept on) for good."""
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    order = coord.start_move(chain.id, [0], 1, switch_at=100, release_at=110)
+    coord.on_acks(_acks(order, "armed", [*order.upstreams, (chain.id, 0), (chain.id, 1)]))
+    order = coord.orders[order.handover_id]
+    coord.on_acks(_acks(order, "switched", order.upstreams) + _acks(order, "cut", [(chain.id, 0)]))
+    coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 0), "loaded", "", 5, 0, 0)])
+    assert coord.rolling_forward() == [order.handover_id]  # the other target replica has not loaded
+    events = coord.replica_lost((chain.id, 1, 1))
+    assert coord.state(order.handover_id).value == "completed" and any("completed" in e for e in events)
+    assert coord.rolling_forward() == [] and coord.view() == []
 
 
 def test_the_cli_spells_vnodes_and_strategies():
