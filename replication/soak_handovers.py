@@ -25,6 +25,8 @@ KINDS = ("move", "rescale", "rebalance")
 # a handover call's timeout (a committed step past it still completes, then the job stops): a KaZoo
 # step takes about a second on two loaded cores, and a rescale of 8-vnode steps has up to 16
 TIMEOUT_S = 120.0
+# how long past its timeout a call may still end accepted: its committed step rolling forward
+ROLL_FORWARD_S = 60.0
 ACCEPTED = ("completed", "cancelled", "refused")
 
 
@@ -33,7 +35,7 @@ class HandoverRun:
     kind: str
     at_s: float  # since the job started
     what: str = ""
-    outcome: str = ""  # completed | cancelled | refused | timed out | failed | running (never ended)
+    outcome: str = ""  # completed | cancelled | refused | timed out | overran | failed | running (never ended)
     seconds: float = 0.0
     steps: int = 0
     note: str = ""
@@ -117,5 +119,8 @@ class HandoverMover:
         except Exception as exc:  # noqa: BLE001 - the soak reports it as not accepted
             run.outcome, run.note = "failed", f"{type(exc).__name__}: {exc}"
         run.seconds = time.monotonic() - began
+        if run.accepted and run.seconds > TIMEOUT_S + ROLL_FORWARD_S:  # e.g. it ended only with the job
+            run.outcome, run.note = "overran", f"{run.note} (past its {TIMEOUT_S:g} s timeout by more than " \
+                f"{ROLL_FORWARD_S:g} s)".strip()
         self.say(f"   {run.at_s:6.1f}s handover: {run.what}: {run.outcome} in {run.seconds:.1f}s"
                  + (f" ({run.steps} step(s))" if run.steps else "") + (f": {run.note}" if run.note else ""))

@@ -188,6 +188,31 @@ def test_the_soak_s_handovers_are_drawn_from_the_table_and_judged_by_their_outco
     assert any("handovers 1: failed 1" in line for line in report.lines())
 
 
+def test_a_handover_call_that_ends_long_past_its_timeout_is_not_accepted(monkeypatch):
+    """A committed step rolls forward past the call's timeout, but one that ended only with the
+    job (minutes later) is a hang, not a cancel."""
+    import random
+    import time
+
+    from replication import soak_handovers
+
+    monkeypatch.setattr(soak_handovers, "TIMEOUT_S", 0.05)
+    monkeypatch.setattr(soak_handovers, "ROLL_FORWARD_S", 0.05)
+
+    class Slow(_Handle):
+        def _call(self, *args, **kw):
+            time.sleep(0.2)
+            return super()._call(*args, **kw)
+
+        move_vnodes = rescale = rebalance = _call
+
+    mover = soak_handovers.HandoverMover(Slow([0] * 8 + [1] * 8, {"state": "aborted", "steps": [], "reason": "x"}),
+                                         "chain", random.Random(1), time.monotonic(), lambda text: None)
+    assert mover.start_one()
+    mover.join(5)
+    assert mover.runs[0].outcome == "overran" and not mover.runs[0].accepted
+
+
 def test_a_duplicated_dead_letter_is_named_with_the_seq_and_offset_of_each_copy():
     """The same seq twice is a late batch of a fenced writer; two seqs are replicas numbering apart."""
     ids = ["a-0"]
