@@ -63,6 +63,7 @@ class _Export:
     path: Path
     size: int
     last_asked: float
+    served: bool = False  # its last chunk went out (to some fetcher)
 
 
 @dataclass
@@ -74,14 +75,19 @@ class _Gate:
 
 
 class CheckpointExporter:
-    """The holder's side: exports a completed checkpoint once per restore and serves its chunks."""
+    """The holder's side: exports a completed checkpoint once per restore and serves its chunks.
+
+    Several workers may pull the same checkpoint at once (a restore and a copy to a new group
+    member): they share one export, which goes ``grace`` seconds after its last chunk was served
+    if nobody asked for a chunk of it meanwhile (or after ``ttl`` unasked, whatever happened)."""
 
     def __init__(self, store: ReplicaStore, spool_dir: str | Path, *, chunk_size: int = CHUNK_SIZE,
-                 ttl: float = 120.0) -> None:
+                 ttl: float = 120.0, grace: float = 5.0) -> None:
         self.store = store
         self.spool_dir = Path(spool_dir)
         self.chunk_size = chunk_size
         self.ttl = ttl
+        self.grace = grace
         self._lock = threading.Lock()
         self._exports: dict[tuple[Instance, int], _Export] = {}
         self._exporting: dict[tuple[Instance, int], _Gate] = {}
@@ -101,10 +107,10 @@ class CheckpointExporter:
             f.seek(req.offset)
             data = f.read(self.chunk_size)
         if req.offset + len(data) >= export.size:
-            with self._lock:
-                if self._exports.get(key) is export:
-                    del self._exports[key]
-            export.path.unlink(missing_ok=True)
+            export.served = True  # another fetcher may still be half-way through it: it goes later
+            sweep = threading.Timer(self.grace + 0.1, self._sweep)
+            sweep.daemon = True
+            sweep.start()
         return CheckpointPart(export.meta, export.size, data)
 
     def _export(self, key: tuple[Instance, int]) -> _Export:
@@ -137,10 +143,12 @@ class CheckpointExporter:
                     del self._exporting[key]
 
     def _sweep(self) -> None:
-        """Exports nobody asked for within ``ttl`` (the restoring worker died or gave up) go."""
+        """Exports served to the end and not asked for within ``grace``, and those nobody asked
+        for within ``ttl`` (the restoring worker died or gave up), go."""
         now = time.monotonic()
         with self._lock:
-            stale = [k for k, e in self._exports.items() if now - e.last_asked > self.ttl]
+            stale = [k for k, e in self._exports.items()
+                     if now - e.last_asked > (self.grace if e.served else self.ttl)]
             gone = [self._exports.pop(k) for k in stale]
         for export in gone:
             export.path.unlink(missing_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,7 +35,7 @@ def holder(tmp_path: Path):
     origin.backend.delete(1, b"k0001")
     store.apply(*origin.checkpoint(3))
     store.complete(INSTANCE, 3)
-    exporter = CheckpointExporter(store, tmp_path / "exports", chunk_size=700)
+    exporter = CheckpointExporter(store, tmp_path / "exports", chunk_size=700, grace=0.05)
     exporter.start()
     server = rpc.serve(exporter.handlers(), security=SECURITY, max_workers=4, bind_host="127.0.0.1")
     peer = rpc.Peer(f"127.0.0.1:{server.port}", SECURITY)
@@ -57,11 +58,33 @@ def test_a_pulled_checkpoint_opens_as_the_holders_copy_and_continues_its_chain(t
     meta = fetch_checkpoint(peer, INSTANCE, checkpoint_id, payload)
     assert meta.full and meta.checkpoint_id == checkpoint_id and meta.runtime == b"rt%d" % checkpoint_id
     assert os.path.getsize(payload) == meta.bytes_shipped > 700  # several chunks
-    assert list(exporter.spool_dir.iterdir()) == []  # the export went with its last chunk
+    _until(lambda: list(exporter.spool_dir.iterdir()) == [])  # the export went soon after its last chunk
     assert exporter._exporting == {}  # and so did its writer's gate
     restore_full(meta, payload, tmp_path / "restored")
     assert _opened(tmp_path / "restored") == (origin.contents[checkpoint_id], origin.metas[checkpoint_id].digest,
                                               checkpoint_id)
+
+
+def _until(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time"
+        time.sleep(0.02)
+
+
+def test_two_workers_pulling_one_checkpoint_at_once_both_get_it_whole(tmp_path: Path, holder):
+    """A restore and a copy to a new group member pull the same checkpoint from one holder: the
+    first to finish must not take the export away from under the other's next chunk (the other
+    had its export in hand and was about to read it)."""
+    _, exporter, _ = holder
+    first = [exporter.part(CheckpointRequest(INSTANCE, 3, 0))]
+    in_hand = exporter._export((INSTANCE, 3))  # the second fetcher's next part(), before it reads
+    size = first[0].size
+    while sum(len(p.data) for p in first) < size:  # the first pulls to the end meanwhile
+        first.append(exporter.part(CheckpointRequest(INSTANCE, 3, sum(len(p.data) for p in first))))
+    with open(in_hand.path, "rb") as f:  # the second reads its chunk
+        assert f.read() == b"".join(p.data for p in first)
+    _until(lambda: list(exporter.spool_dir.iterdir()) == [])  # and the export goes after the grace
 
 
 def test_a_checkpoint_not_kept_by_the_holder_is_refused_and_leaves_nothing(tmp_path: Path, holder):
