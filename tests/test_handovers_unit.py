@@ -374,7 +374,9 @@ def test_a_replica_restored_past_its_part_of_a_committed_step_reports_that_part_
     assert arm_acks(order, {"target": "armed"}) == ["armed"]
 
 
-def test_a_step_completes_once_a_target_restored_past_the_release_reports_it_loaded():
+def _move_cut() -> tuple[HandoverCoordinator, int, HandoverOrder]:
+    """A coordinator whose move of vnode 0 (chain partition 0 -> 1) is committed, switched and cut:
+    only the targets' LOADED acks are due.  Returns it, the chain's task id and the order."""
     plan = _plan()
     chain = next(t for t in plan.tasks if t.name == "chain")
     coord = HandoverCoordinator(plan)
@@ -383,28 +385,27 @@ def test_a_step_completes_once_a_target_restored_past_the_release_reports_it_loa
     order = coord.orders[order.handover_id]
     assert order.committed
     coord.on_acks(_acks(order, "switched", order.upstreams) + _acks(order, "cut", [(chain.id, 0)]))
-    coord.replica_lost((chain.id, 1, 1))  # a target replica dies before its LOADED...
-    coord.replica_restored((chain.id, 1, 1), 1)  # ...and comes back from a checkpoint past the release
-    coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 0), "loaded", "", 5, 0, 0)])
+    return coord, chain.id, order
+
+
+def test_a_step_completes_once_a_target_restored_past_the_release_reports_it_loaded():
+    coord, chain_id, order = _move_cut()
+    coord.replica_lost((chain_id, 1, 1))  # a target replica dies before its LOADED...
+    coord.replica_restored((chain_id, 1, 1), 1)  # ...and comes back from a checkpoint past the release
+    coord.on_acks([(order.handover_id, order.epoch, (chain_id, 1, 0), "loaded", "", 5, 0, 0)])
     assert coord.state(order.handover_id).value != "completed"  # waits for the restored incarnation
     acks = arm_acks(order, {"target": "done"})
-    coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 1), kind, "", 0, 1, 120) for kind in acks])
+    coord.on_acks([(order.handover_id, order.epoch, (chain_id, 1, 1), kind, "", 0, 1, 120) for kind in acks])
     assert coord.state(order.handover_id).value == "completed"
 
 
 def test_a_committed_step_that_only_a_lost_replica_held_back_completes_and_leaves_the_orders():
     """The manager rolls a committed step forward without a lost replica; the coordinator must see
     it complete then, or the order stays listed as rolling forward (its pulses kept on) for good."""
-    plan = _plan()
-    chain = next(t for t in plan.tasks if t.name == "chain")
-    coord = HandoverCoordinator(plan)
-    order = coord.start_move(chain.id, [0], 1, switch_at=100, release_at=110)
-    coord.on_acks(_acks(order, "armed", [*order.upstreams, (chain.id, 0), (chain.id, 1)]))
-    order = coord.orders[order.handover_id]
-    coord.on_acks(_acks(order, "switched", order.upstreams) + _acks(order, "cut", [(chain.id, 0)]))
-    coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 0), "loaded", "", 5, 0, 0)])
+    coord, chain_id, order = _move_cut()
+    coord.on_acks([(order.handover_id, order.epoch, (chain_id, 1, 0), "loaded", "", 5, 0, 0)])
     assert coord.rolling_forward() == [order.handover_id]  # the other target replica has not loaded
-    events = coord.replica_lost((chain.id, 1, 1))
+    events = coord.replica_lost((chain_id, 1, 1))
     assert coord.state(order.handover_id).value == "completed" and any("completed" in e for e in events)
     assert coord.rolling_forward() == [] and coord.view() == []
 

@@ -3,9 +3,11 @@ the middle of a transaction, a standby that takes over, and the zombie that trie
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+from confluent_kafka import Producer
 
 from deploy.topics import create_topics, read_all
 from replication import exactly_once
@@ -118,28 +120,43 @@ def test_takeover_after_a_writer_dies_mid_transaction_writes_every_record_once(s
     assert not writer.out.writer
 
 
+def _transactional(stack, name: str) -> Producer:
+    """A transactional producer with id ``name``, initialised (which fences any older one)."""
+    producer = Producer({"bootstrap.servers": stack.bootstrap_servers, "transactional.id": name,
+                         "enable.idempotence": True, "acks": "all"})
+    producer.init_transactions(30)
+    return producer
+
+
+def _transaction(producer: Producer, topic: str, seqs: range, rsink: bytes = b"out", commit: bool = True) -> None:
+    """Records ``seqs`` of output ``rsink`` in one transaction: committed, or left open (on the broker)."""
+    producer.begin_transaction()
+    for seq in seqs:
+        producer.produce(topic, b"v", partition=0, headers=[("rsink", rsink), ("rseq", str(seq).encode())])
+    if commit:
+        producer.commit_transaction(30)
+    else:
+        producer.flush(10)
+
+
+def _scanned(stack, topic_prefix: str, topic: str, stuck_check_s: float) -> int:
+    """What a takeover's scan of output ``out`` in ``topic`` finds."""
+    conf = {"bootstrap.servers": stack.bootstrap_servers, "group.id": f"{topic_prefix}scan"}
+    return exactly_once.max_written_seq(conf, topic, 0, "out", 0, stall_s=20, stuck_check_s=stuck_check_s)
+
+
 def test_a_takeover_scan_counts_the_records_of_a_transaction_still_open(stack, topic_prefix):
     """librdkafka ends a ``read_committed`` reader's partition at the last stable offset, which an
     open transaction holds: the records of a lost writer's transaction the broker has not ended
     yet (on the embedded broker, a batch filed after the fencing's abort) lie beyond it.  The
     scan reads on past that end, so the new writer does not write them a second time."""
-    from confluent_kafka import Producer
-
     topic = f"{topic_prefix}open"
     create_topics(stack.bootstrap_servers, {topic: 1})
-    lost = Producer({"bootstrap.servers": stack.bootstrap_servers, "transactional.id": f"{topic_prefix}lost",
-                     "enable.idempotence": True, "acks": "all"})
-    lost.init_transactions(30)
-    lost.begin_transaction()
-    for seq in range(3):
-        lost.produce(topic, b"v", partition=0, headers=[("rsink", b"out"), ("rseq", str(seq).encode())])
-    lost.commit_transaction(30)
-    lost.begin_transaction()
-    lost.produce(topic, b"v", partition=0, headers=[("rsink", b"out"), ("rseq", b"3")])
-    lost.flush(10)  # in the log, its transaction still open
+    lost = _transactional(stack, f"{topic_prefix}lost")
+    _transaction(lost, topic, range(3))
+    _transaction(lost, topic, range(3, 4), commit=False)  # in the log, its transaction still open
     try:
-        conf = {"bootstrap.servers": stack.bootstrap_servers, "group.id": f"{topic_prefix}scan"}
-        assert exactly_once.max_written_seq(conf, topic, 0, "out", 0, stall_s=20, stuck_check_s=0.5) == 3
+        assert _scanned(stack, topic_prefix, topic, stuck_check_s=0.5) == 3
     finally:
         lost.abort_transaction(30)
 
@@ -149,36 +166,17 @@ def test_a_takeover_scan_reads_past_another_outputs_open_transaction_on_a_shared
     onto a spare partition two sink partitions share an output partition): another output's open
     transaction holds the last stable offset below the lost writer's records.  The scan waits for
     it and counts them; it used to end there and the new writer wrote them again."""
-    import threading
-
-    from confluent_kafka import Producer
-
     topic = f"{topic_prefix}shared"
     create_topics(stack.bootstrap_servers, {topic: 1})
-
-    def producer(name: str) -> Producer:
-        p = Producer({"bootstrap.servers": stack.bootstrap_servers, "transactional.id": f"{topic_prefix}{name}",
-                      "enable.idempotence": True, "acks": "all"})
-        p.init_transactions(30)
-        return p
-
-    lost, other = producer("lost"), producer("other")
-    lost.begin_transaction()
-    for seq in range(3):
-        lost.produce(topic, b"v", partition=0, headers=[("rsink", b"out"), ("rseq", str(seq).encode())])
-    lost.commit_transaction(30)
-    other.begin_transaction()
-    other.produce(topic, b"w", partition=0, headers=[("rsink", b"other"), ("rseq", b"0")])
-    other.flush(10)
-    lost.begin_transaction()
-    lost.produce(topic, b"v", partition=0, headers=[("rsink", b"out"), ("rseq", b"3")])
-    lost.flush(10)
-    producer("lost")  # the new writer fences the lost one
+    lost, other = _transactional(stack, f"{topic_prefix}lost"), _transactional(stack, f"{topic_prefix}other")
+    _transaction(lost, topic, range(3))
+    _transaction(other, topic, range(1), rsink=b"other", commit=False)
+    _transaction(lost, topic, range(3, 4), commit=False)
+    _transactional(stack, f"{topic_prefix}lost")  # the new writer fences the lost one
     commit = threading.Timer(1.0, lambda: other.commit_transaction(30))
     commit.start()
     try:
-        conf = {"bootstrap.servers": stack.bootstrap_servers, "group.id": f"{topic_prefix}scan"}
-        assert exactly_once.max_written_seq(conf, topic, 0, "out", 0, stall_s=20, stuck_check_s=5) == 3
+        assert _scanned(stack, topic_prefix, topic, stuck_check_s=5) == 3
     finally:
         commit.join()
 
@@ -189,8 +187,6 @@ def test_a_writer_fenced_by_a_superseded_takeover_is_named_again_and_writes_ever
     worker was declared dead while it initialised) finishes initialising its producer late and
     fences it.  Replica 1 reports the epoch it was fenced at; the driver, which still names it,
     names it again at epoch 2: it fences the stray producer, scans, and goes on, every record once."""
-    from confluent_kafka import Producer
-
     topic, sink_id = f"{topic_prefix}out", f"{topic_prefix}run:2:0"
     create_topics(stack.bootstrap_servers, {topic: 1})
     cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers})
