@@ -4,8 +4,9 @@
 Both replicas of a partition produce the same records in the same order and number them with
 the same output seq.  Only the *writer* replica (chosen by the job master; replica 0 first)
 produces them, in Kafka transactions, each record tagged with headers ``rsink`` (this output of
-this partition of this run), ``rseq`` and ``rwriter`` (the replica and epoch that wrote it).  The other replica keeps what is not yet known to be
-committed (the driver relays the writer's committed seq).
+this partition of this run), ``rseq`` and ``rwriter`` (the replica and epoch that wrote it).  The
+other replica keeps what is not yet known to be committed (the driver relays the writer's
+committed seq).
 
 When the writer's worker is declared dead, the master promotes the other replica with a higher
 epoch.  The new writer opens a producer with the same transactional id (which fences the old
@@ -188,7 +189,8 @@ def _reached_high_watermark(reader: Any, tp: TopicPartition, found: _Scan) -> bo
 
 def _at_high_watermark(reader: Any, tp: TopicPartition, offset: int) -> bool:
     """Whether an end-of-partition event at ``offset`` is at the high watermark the last fetch
-    reported (an unknown one: taken as the end, as the event says)."""
+    reported (an unknown one: taken as the end, as the event says).  The event's offset, not the
+    reader's position: a reader that met only transaction markers since it started has none."""
     high = reader.get_watermark_offsets(tp, cached=True)[1]
     return high < 0 or offset >= high
 

@@ -90,7 +90,7 @@ def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, in
     expected = set(ids)
     v.lost = len(expected - set(seen))
     v.duplicated = sum(n - 1 for n in seen.values() if n > 1)
-    v.duplicates_named = [f"{i} x{n}" + (f" ({', '.join((written or {})[i])})" if i in (written or {}) else "")
+    v.duplicates_named = [f"{i} x{n}" + _described(written, i)
                           for i, n in sorted(seen.items()) if n > 1][:5]
     v.unexpected = len(set(seen) - expected)
     by_key: dict[str, list[dict]] = {}
@@ -102,14 +102,13 @@ def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, in
         for i, rec in enumerate(recs, start=1):
             source, index = rec["id"].split("-", 1)
             counts[source] += 1
-            why = _chain_break(rec, i, prev, counts[source], last[source])
+            why = _chain_break(rec, i, prev, counts[source], int(index), last[source])
             if why:
                 v.broken_keys.append(key)
                 if len(v.breaks_named) < 5:
                     before = recs[i - 2] if i > 1 else None
                     v.breaks_named.append(f"{key} at n {rec['n']}: {why}; " + "; ".join(
-                        f"{r['id']} n {r['n']}" + (f" ({', '.join((written or {})[r['id']])})"
-                                                   if r["id"] in (written or {}) else "")
+                        f"{r['id']} n {r['n']}" + _described(written, r["id"])
                         for r in (before, rec) if r is not None))
                 break
             prev, last[source] = rec["h"], int(index)
@@ -121,16 +120,20 @@ def verify(outputs: list[dict], ids: list[str], letters: list[tuple[str, int, in
     v.dead_letters_duplicated = sum(n - 1 for n in got.values() if n > 1)
     unexpected = sorted(set(got) - malformed)
     v.dead_letters_unexpected = len(unexpected)
-    described = copies or {}
-    v.dead_letters_wrong = ([f"{t}[{p}]@{o} x{n}" + (f" ({', '.join(described[(t, p, o)])})"
-                                                      if (t, p, o) in described else "")
+    v.dead_letters_wrong = ([f"{t}[{p}]@{o} x{n}" + _described(copies, (t, p, o))
                              for (t, p, o), n in sorted(got.items()) if n > 1]
                             + [f"{t}[{p}]@{o} not malformed" for t, p, o in unexpected])[:5]
     return v
 
 
-def _chain_break(rec: Mapping[str, Any], i: int, prev: str, seen: int, last_index: int) -> str:
-    """Why ``rec``, the ``i``-th record of its key, does not follow the one before it ("" if it does)."""
+def _described(copies: Mapping[Any, list[str]] | None, key: Any) -> str:
+    """`` (copy, copy...)``: how ``copies`` describes the copies of ``key``; "" if it does not."""
+    return f" ({', '.join(copies[key])})" if copies and key in copies else ""
+
+
+def _chain_break(rec: Mapping[str, Any], i: int, prev: str, seen: int, index: int, last_index: int) -> str:
+    """Why ``rec``, the ``i``-th record of its key and the ``index``-th of its source, does not
+    follow the one before it ("" if it does)."""
     if rec["n"] != i:
         return f"count {rec['n']} where {i} was due (a record of the key is missing or counted twice)"
     if rec["prev"] != prev:
@@ -139,7 +142,6 @@ def _chain_break(rec: Mapping[str, Any], i: int, prev: str, seen: int, last_inde
         return "its hash is not the chain's next one"
     if rec["seen"] != seen:
         return f"{rec['seen']} records of its source seen where {seen} were"
-    index = int(rec["id"].split("-", 1)[1])
     if index < last_index:
         return f"its source's index {index} after {last_index} (reordered)"
     return ""
