@@ -19,12 +19,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from replication import framing
 from transport import wire
+from transport.frames import FrameCallFailed, FramePeer, TransportFailure
 from transport.rpc import Peer, is_retryable
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class PushRefused(Exception):
 
 # PushMany wire format: a request is a sequence of (4-byte big-endian length, framed batch); the
 # reply has one status byte per batch (then, if any was refused, the list of the reasons, transport.wire).
+PUSH_METHOD = "PushMany"
 PUSH_OK, PUSH_BUSY, PUSH_REFUSED = 0, 1, 2
 _LEN = struct.Struct(">I")
 
@@ -188,6 +190,15 @@ class BatchSender:
             return cursors
 
     def _run(self) -> None:
+        try:
+            self._run_until_closed()
+        finally:
+            self._stopped()
+
+    def _stopped(self) -> None:
+        """The thread's last act, once closed (a transport lets its connection go)."""
+
+    def _run_until_closed(self) -> None:
         while (cursors := self._take()) is not None:
             work = []
             for cursor in cursors:
@@ -218,10 +229,46 @@ class BatchSender:
                                        else PushRefused(str(reason)))
 
 
+class DataPeer(Protocol):
+    """Where a :class:`PushLink` sends: ``call`` raises :class:`TransportFailure` when the call may
+    be tried again, :class:`FrameCallFailed` when not."""
+
+    address: str
+
+    def call(self, payload: bytes, timeout: float) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+class WorkerDataPeer:
+    """A peer worker's frame server (:mod:`transport.frames`), its port asked once of its control
+    plane (``DataPort``)."""
+
+    def __init__(self, control: Peer) -> None:
+        self.control = control
+        self.address = control.address
+        self._frames: FramePeer | None = None
+
+    def call(self, payload: bytes, timeout: float) -> bytes:
+        if self._frames is None:
+            try:
+                port = self.control.call("DataPort", None, int, timeout=timeout)
+            except grpc.RpcError as err:
+                raise (TransportFailure if is_retryable(err) else FrameCallFailed)(
+                    f"DataPort of {self.address}: {err}") from err
+            host = self.address.rsplit(":", 1)[0]
+            self._frames = FramePeer(host, port, PUSH_METHOD, self.control.security)
+        return self._frames.call(payload, timeout)
+
+    def close(self) -> None:
+        if self._frames is not None:
+            self._frames.close()
+
+
 class PushLink(BatchSender):
     """Everything this worker pushes to one peer worker, in as few ``PushMany`` calls as possible.
 
-    One call per batch cost a gRPC round trip per channel and replica every buffer timeout: with
+    One call per batch cost a round trip per channel and replica every buffer timeout: with
     LiveRobin pulses every 10 ms on every channel that is thousands of calls a second, and on a
     small machine the job spent its CPU on them (measured: 10 ms pulses were slower than 50 ms).
     The call waits ``linger_s`` after the first ready batch for the others sealed at about the same
@@ -231,7 +278,7 @@ class PushLink(BatchSender):
     peer is gone; then every batch of the call fails (its replica is cut off).
     """
 
-    def __init__(self, peer: Peer, give_up: Callable[[], bool], call_timeout_s: float = 10.0,
+    def __init__(self, peer: DataPeer, give_up: Callable[[], bool], call_timeout_s: float = 10.0,
                  retry_s: float = 0.05, busy_backoff_s: tuple[float, float] = (0.001, 0.008),
                  linger_s: float = 0.001) -> None:
         self.peer = peer
@@ -244,15 +291,20 @@ class PushLink(BatchSender):
         request = encode_pushes(payloads)
         while True:
             try:
-                reply = self.peer.call_bytes("PushMany", request, timeout=self._call_timeout_s)
+                reply = self.peer.call(request, timeout=self._call_timeout_s)
                 break
-            except grpc.RpcError as err:
-                if not is_retryable(err) or self._give_up() or self._closed:
+            except TransportFailure as err:
+                if self._give_up() or self._closed:
                     return [(PUSH_REFUSED, err)] * len(payloads)
                 time.sleep(self._retry_s)
+            except FrameCallFailed as err:
+                return [(PUSH_REFUSED, err)] * len(payloads)
         statuses, reasons = decode_push_reply(reply, len(payloads))
         refused = iter(reasons)
         return [(s, next(refused, "refused") if s == PUSH_REFUSED else None) for s in statuses]
+
+    def _stopped(self) -> None:
+        self.peer.close()
 
 
 class LocalSender(BatchSender):

@@ -62,14 +62,22 @@ from replication.messages import (
     WorkerFinished,
 )
 from replication.plan import Instance, PhysicalPlan, ReplicaId
-from replication.senders import BatchSender, LocalSender, PushLink, receive_pushes
+from replication.senders import (
+    PUSH_METHOD,
+    BatchSender,
+    LocalSender,
+    PushLink,
+    WorkerDataPeer,
+    receive_pushes,
+)
 from replication.spark_cluster import current_executor_id, executor_bind_host, local_advertise_host
 from rhino_state import CheckpointNotHeldError, moved_key_groups
 from rhino_state.cut import Delivery, apply_changes, cut_digest, entry_bytes, plan_delivery
 from transport import rpc, wire
+from transport.frames import FrameServer
 from transport.kafka_feeds import SharedConsumer
 from transport.rpc import host_port
-from transport.security import RpcSecurity
+from transport.security import Refusals, RpcSecurity
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +403,7 @@ class Worker:
                 if w == self.index:
                     link = LocalSender(f"local-w{w}", self._deliver_local)
                 else:
-                    link = PushLink(self._peer(address), lambda w=w: w in self.dead_workers
+                    link = PushLink(WorkerDataPeer(self._peer(address)), lambda w=w: w in self.dead_workers
                                     or w in self.finished_workers or self._stopping.is_set())
                 self._links[(w, address)] = link
         return link
@@ -795,16 +803,20 @@ class Worker:
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        handlers = {"PushMany": self._push_many, "HandoverState": rpc.typed(self._handover_state, CutChunk),
+        master_host = self.boot.master_address.rsplit(":", 1)[0].strip("[]")
+        bind_host = executor_bind_host(master_host)
+        refusals = Refusals(f"worker {self.index}")
+        data = FrameServer(PUSH_METHOD, self._push_many, security=self.security, bind_host=bind_host,
+                           max_connections=self._inbound_calls() + 16, refusals=refusals, name=f"worker {self.index}")
+        handlers = {"DataPort": rpc.typed(lambda _: data.port, type(None)),
+                    "HandoverState": rpc.typed(self._handover_state, CutChunk),
                     "HandoverCut": rpc.typed(self._handover_cut, CutRequest)}
         if self.checkpoints is not None:
             handlers.update(self.checkpoints.handlers())
             handlers["Restore"] = rpc.typed(self.restore, RestoreReplica)
             handlers["CopyCheckpoint"] = rpc.typed(self._copy_checkpoint, CopyCheckpoint)
-        master_host = self.boot.master_address.rsplit(":", 1)[0].strip("[]")
-        bind_host = executor_bind_host(master_host)
         server = rpc.serve(handlers, security=self.security, bind_host=bind_host,
-                           max_workers=self._inbound_calls() + 16, name=f"worker {self.index}")
+                           max_workers=self._inbound_calls() + 16, name=f"worker {self.index}", refusals=refusals)
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
         watch: rpc.OpenCall | None = None  # held while this attempt runs: the driver sees its process exit at once
@@ -883,6 +895,7 @@ class Worker:
             except grpc.RpcError as err:
                 log.warning("could not report the end to the driver: %s", err)
             server.stop(grace=1.0)
+            data.stop()
             if self._positions is not None:
                 self._positions.close()
             for call in (self._position_stream, watch):

@@ -11,7 +11,6 @@ import threading
 import time
 from types import SimpleNamespace
 
-import grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,11 +31,7 @@ from replication.senders import (
     encode_pushes,
     receive_pushes,
 )
-
-
-class Unavailable(grpc.RpcError):
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
+from transport.frames import TransportFailure
 
 
 class FakeWorker:
@@ -51,13 +46,15 @@ class FakeWorker:
         self.busy = 0
         self.fail_calls = fail_calls  # the first calls fail as an unreachable peer's would
 
-    def call_bytes(self, method: str, request: bytes, timeout: float | None = None) -> bytes:
-        assert method == "PushMany"
+    def call(self, request: bytes, timeout: float) -> bytes:
         if self.fail_calls:
             self.fail_calls -= 1
-            raise Unavailable()
+            raise TransportFailure("unreachable")
         self.calls += 1
         return receive_pushes(request, self.deliver)
+
+    def close(self) -> None:
+        pass
 
     def deliver(self, h: framing.BatchHeader, payload: bytes) -> bool:
         """What ``ProcessingInstance.deliver(block=False)`` does, on plain dedup and queues."""

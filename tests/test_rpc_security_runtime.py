@@ -12,6 +12,7 @@ from __future__ import annotations
 import pickle
 import re
 import socket
+import struct
 import time
 import urllib.request
 
@@ -30,7 +31,7 @@ from transport.security import RpcSecurity
 pytestmark = pytest.mark.integration
 
 DRIVER_METHODS = ("Register", "Heartbeat", "Finished", "MoveVnodes")
-WORKER_METHODS = ("PushMany", "HandoverState", "HandoverCut", "Restore", "IncrementChunk", "IncrementAck")
+WORKER_METHODS = ("DataPort", "HandoverState", "HandoverCut", "Restore", "IncrementChunk", "IncrementAck")
 
 
 def _free_port() -> int:
@@ -55,6 +56,19 @@ def _call(address: str, method: str, payload: bytes) -> grpc.StatusCode:
         return err.code()
     finally:
         channel.close()
+
+
+def _push(address: str, port: int, request: bytes) -> int | None:
+    """A raw frame to a worker's data plane (``PushMany``): the reply's status byte (0 answered,
+    1 failed or refused), None if the connection closed without a reply."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(struct.pack(">I", len(request)) + request)
+        try:
+            head = s.recv(5)
+        except ConnectionResetError:
+            return None
+        return head[4] if len(head) == 5 else None
 
 
 def _refused(metrics_url: str) -> dict[str, float]:
@@ -96,14 +110,20 @@ def test_a_hostile_pickle_sent_to_the_driver_or_a_worker_runs_nothing(stack, spa
                 stamp, mac = stranger.sign(method, hostile)
                 assert _call(address, method, stamp + mac + hostile) == grpc.StatusCode.UNAUTHENTICATED, \
                     (address, method)
+            data_ports = {w: rpc.Peer(w, job_secret).call("DataPort", None, int, timeout=10) for w in workers}
+            for w, port in data_ports.items():  # the data plane's frames: unsigned, then another secret's
+                assert _push(w, port, hostile) == 1
+                assert _push(w, port, b"".join(stranger.sign("PushMany", hostile)) + hostile) == 1
             # signed with the job's own secret (a compromised peer): still never unpickled
             for address, method in targets:
                 stamp, mac = job_secret.sign(method, hostile)
                 assert _call(address, method, stamp + mac + hostile) != grpc.StatusCode.UNAUTHENTICATED, \
                     (address, method)
+            for w, port in data_ports.items():
+                assert _push(w, port, b"".join(job_secret.sign("PushMany", hostile)) + hostile) in (0, 1)  # answered
             time.sleep(1.0)  # a command that ran would have created the marker by now
             assert not marker.exists()
-            per_worker = 2 * len(WORKER_METHODS)
+            per_worker = 2 * len(WORKER_METHODS) + 2
             _wait(lambda: _refused(handle.metrics_url).get("driver", 0) >= 2 * len(DRIVER_METHODS)
                   and all(_refused(handle.metrics_url).get(f"worker {w}", 0) >= per_worker for w in range(3)),
                   10, "the refused calls in the metrics")

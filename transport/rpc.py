@@ -170,11 +170,11 @@ def _streamed(method: str, fn: StreamHandler, security: RpcSecurity,
 
 def serve(handlers: dict[str, BytesHandler], *, security: RpcSecurity, bind_host: str, max_workers: int,
           name: str = "rpc server", watches: dict[str, WatchHandler] | None = None,
-          streams: dict[str, StreamHandler] | None = None) -> RpcServer:
+          streams: dict[str, StreamHandler] | None = None, refusals: Refusals | None = None) -> RpcServer:
     """Start a server for ``handlers`` (method name -> bytes -> bytes), ``watches`` and ``streams``
     on a free port of ``bind_host``; each open watch or stream holds one of the ``max_workers``
-    threads."""
-    refusals = Refusals(name)
+    threads.  ``refusals`` may be shared with the process's other servers (one count)."""
+    refusals = refusals or Refusals(name)
     method_handlers = {method: grpc.unary_unary_rpc_method_handler(_signed(method, fn, security, refusals))
                        for method, fn in handlers.items()}
     method_handlers.update({method: grpc.unary_stream_rpc_method_handler(_watched(method, fn, security, refusals))
@@ -242,6 +242,10 @@ class Peer:
         self._security = security
         self._channel = _channel(address, security.tls)
         self._methods: dict[str, Any] = {}
+
+    @property
+    def security(self) -> RpcSecurity:
+        return self._security
 
     def call_bytes(self, method: str, payload: bytes, timeout: float | None = None) -> bytes:
         stub = self._methods.get(method)
