@@ -10,7 +10,8 @@ On the embedded stack (DESIGN §10), with nothing else running, the broker proce
   10 ms (what a worker's source replicas cost with a consumer each, against one shared consumer);
 * *load*: a producer at each of ``--rates`` events/s (``linger.ms`` 2, as the load generator)
   into 4 partitions; alone, with one consumer reading all of them, and with two (a source
-  partition's two replicas), at a 10 ms wait.
+  partition's two replicas), at a 10 ms wait; and one consumer with ``fetch.min.bytes`` 1 MB at a
+  10 and a 20 ms wait (a broker that honours it answers fewer, fuller fetches).
 
 A broker whose cost is per event shows load figures proportional to the rate; one whose cost is
 per fetch shows idle figures falling with the wait and load figures that do not grow with the
@@ -36,6 +37,7 @@ from deploy.stack import EmbeddedStack, run_dir_status  # noqa: E402
 from deploy.topics import create_topics  # noqa: E402
 
 RECORD = b'{"account": "acc-0042", "amount": 1234, "ts": 1790000000000}'
+MIN_BYTES = 1_000_000  # a fetch the broker could hold until this much is there, or the wait ends
 
 
 def process_seconds(pid: int) -> float:
@@ -54,17 +56,17 @@ def broker_pid(run_dir: Path) -> int:
 class Readers:
     """``consumers`` consumers (each over ``partitions`` of ``topic``), each polled by a thread."""
 
-    def __init__(self, bootstrap: str, groups: list[list[TopicPartition]], wait_ms: int) -> None:
+    def __init__(self, bootstrap: str, groups: list[list[TopicPartition]], wait_ms: int, min_bytes: int = 1) -> None:
         self.stop = threading.Event()
         self._read = [0] * len(groups)
-        self._threads = [threading.Thread(target=self._follow, args=(bootstrap, tps, wait_ms, i))
+        self._threads = [threading.Thread(target=self._follow, args=(bootstrap, tps, wait_ms, min_bytes, i))
                          for i, tps in enumerate(groups)]
         for t in self._threads:
             t.start()
 
-    def _follow(self, bootstrap: str, tps: list[TopicPartition], wait_ms: int, i: int) -> None:
+    def _follow(self, bootstrap: str, tps: list[TopicPartition], wait_ms: int, min_bytes: int, i: int) -> None:
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"broker-cost-{i}",
-                             "fetch.wait.max.ms": wait_ms, "enable.auto.commit": False})
+                             "fetch.wait.max.ms": wait_ms, "fetch.min.bytes": min_bytes, "enable.auto.commit": False})
         consumer.assign(tps)
         try:
             while not self.stop.is_set():
@@ -136,12 +138,12 @@ def run(bootstrap: str, pid: int, seconds: float, rates: list[int]) -> list[dict
                      "consumers": consumers, "partitions": consumers * per, "wait_ms": wait, "rate": 0,
                      "broker_cores": round(cores, 3), "read_per_s": 0, "us_per_event": ""})
     for rate in rates:
-        for consumers in (0, 1, 2):
-            topic = f"cost{stamp}-r{rate}-c{consumers}"
+        for consumers, wait, min_bytes in ((0, 10, 1), (1, 10, 1), (2, 10, 1), (1, 10, MIN_BYTES), (1, 20, MIN_BYTES)):
+            topic = f"cost{stamp}-r{rate}-c{consumers}-w{wait}-m{min_bytes}"
             create_topics(bootstrap, {topic: 4})
             feeder = Feeder(bootstrap, topic, 4, rate)
             readers = Readers(bootstrap, [[TopicPartition(topic, k, OFFSET_BEGINNING) for k in range(4)]] * consumers,
-                              10)
+                              wait, min_bytes)
             try:
                 time.sleep(2.0)
                 read = readers.records
@@ -150,8 +152,9 @@ def run(bootstrap: str, pid: int, seconds: float, rates: list[int]) -> list[dict
             finally:
                 readers.close()
                 feeder.close()
-            rows.append({"phase": "load", "setup": f"produce + {consumers} consumer(s) x 4 partitions",
-                         "consumers": consumers, "partitions": 4, "wait_ms": 10 if consumers else "", "rate": rate,
+            held = f", fetch.min.bytes {min_bytes:,}" if min_bytes > 1 else ""
+            rows.append({"phase": "load", "setup": f"produce + {consumers} consumer(s) x 4 partitions{held}",
+                         "consumers": consumers, "partitions": 4, "wait_ms": wait if consumers else "", "rate": rate,
                          "broker_cores": round(cores, 3), "read_per_s": read,
                          "us_per_event": round(cores / rate * 1e6)})
     return rows

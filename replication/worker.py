@@ -1,7 +1,8 @@
 """A worker: one long-running Spark task that hosts many partition instances (replicas).
 
 The driver starts one Spark job whose tasks are workers (DESIGN §3: the executor
-count must not grow with the partition count).  A worker starts its gRPC server,
+count must not grow with the partition count).  A worker starts its gRPC server
+(the control plane) and its data port (channel batches, :mod:`transport.frames`),
 registers with the job master in the driver, learns every worker's address,
 builds its replicas and their channels (each output channel sends to every
 replica of the destination partition), then heartbeats to the driver: liveness,
