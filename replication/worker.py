@@ -806,9 +806,9 @@ class Worker:
     def run(self) -> dict[str, Any]:
         master_host = self.boot.master_address.rsplit(":", 1)[0].strip("[]")
         bind_host = executor_bind_host(master_host)
-        refusals = Refusals(f"worker {self.index}")
+        refusals, inbound = Refusals(f"worker {self.index}"), self._inbound_calls() + 16
         data = FrameServer(PUSH_METHOD, self._push_many, security=self.security, bind_host=bind_host,
-                           max_connections=self._inbound_calls() + 16, refusals=refusals, name=f"worker {self.index}")
+                           max_connections=inbound, refusals=refusals, name=f"worker {self.index}")
         handlers = {"DataPort": rpc.typed(lambda _: data.port, type(None)),
                     "HandoverState": rpc.typed(self._handover_state, CutChunk),
                     "HandoverCut": rpc.typed(self._handover_cut, CutRequest)}
@@ -817,7 +817,7 @@ class Worker:
             handlers["Restore"] = rpc.typed(self.restore, RestoreReplica)
             handlers["CopyCheckpoint"] = rpc.typed(self._copy_checkpoint, CopyCheckpoint)
         server = rpc.serve(handlers, security=self.security, bind_host=bind_host,
-                           max_workers=self._inbound_calls() + 16, name=f"worker {self.index}", refusals=refusals)
+                           max_workers=inbound, name=f"worker {self.index}", refusals=refusals)
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
         watch: rpc.OpenCall | None = None  # held while this attempt runs: the driver sees its process exit at once

@@ -35,6 +35,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from transport.rpc import host_port
 from transport.security import MAC_SIZE, STAMP_SIZE, Refusals, RpcSecurity, TlsMaterial
 
 __all__ = ["FrameCallFailed", "FramePeer", "FrameServer", "MAX_FRAME", "TransportFailure", "UnauthenticatedFrame"]
@@ -219,7 +220,7 @@ class FramePeer:
 
     @property
     def address(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return host_port(self.host, self.port)
 
     def call(self, payload: bytes, timeout: float) -> bytes:
         """The signed reply to ``payload``.  Raises :class:`TransportFailure` when the connection
