@@ -816,8 +816,12 @@ class Worker:
             handlers.update(self.checkpoints.handlers())
             handlers["Restore"] = rpc.typed(self.restore, RestoreReplica)
             handlers["CopyCheckpoint"] = rpc.typed(self._copy_checkpoint, CopyCheckpoint)
-        server = rpc.serve(handlers, security=self.security, bind_host=bind_host,
-                           max_workers=inbound, name=f"worker {self.index}", refusals=refusals)
+        try:
+            server = rpc.serve(handlers, security=self.security, bind_host=bind_host,
+                               max_workers=inbound, name=f"worker {self.index}", refusals=refusals)
+        except BaseException:
+            data.stop()  # the data port would otherwise outlive a worker that never started
+            raise
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
         watch: rpc.OpenCall | None = None  # held while this attempt runs: the driver sees its process exit at once

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from types import SimpleNamespace
 
 import grpc
 
+from replication import worker as worker_module
 from replication.channels import OutputChannel
 from replication.checkpoints import WorkerCheckpoints
 from replication.instance import drain_position
 from replication.messages import Instructions
 from replication.plan import ChannelSpec
 from replication.worker import RESTORED_REPORT_S, Worker, _Mailbox
+from transport.security import RpcSecurity
 
 
 class _Replica:
@@ -288,3 +291,35 @@ def test_a_finished_worker_s_replicas_are_retired_before_pushes_give_up_on_it():
     worker._transports_to = {2: [(Channel(), 1)]}
     worker._apply(Instructions("run", finished=[2]))
     assert seen == [False] and worker.finished_workers == {2}
+
+
+def test_a_worker_whose_rpc_server_cannot_start_stops_its_data_port(monkeypatch):
+    started: list = []
+    real = worker_module.FrameServer
+
+    def frame_server(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    def no_rpc_server(*_args, **_kwargs):
+        raise OSError("address in use")
+
+    monkeypatch.setattr(worker_module, "FrameServer", frame_server)
+    monkeypatch.setattr(worker_module.rpc, "serve", no_rpc_server)
+    worker = Worker.__new__(Worker)
+    worker.index, worker.checkpoints = 0, None
+    worker.security = RpcSecurity(b"worker-unit-secret-0123456789abcdef")
+    worker.boot = SimpleNamespace(master_address="127.0.0.1:1", placement={0: "e0"})
+    try:
+        worker.run()
+    except OSError:
+        pass
+    else:
+        raise AssertionError("run() went on without its RPC server")
+    assert len(started) == 1
+    try:
+        with socket.create_connection(("127.0.0.1", started[0].port), timeout=2):
+            connected = True
+    except OSError:
+        connected = False
+    assert not connected, "the data port still accepts connections"
