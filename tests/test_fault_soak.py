@@ -3,7 +3,7 @@
 every output record checked with kafka-python.
 
     ./dev test -k with_handovers tests/test_fault_soak.py  # two minutes per mode, Rhino, handovers (default)
-    ./dev test -k without_rhino tests/test_fault_soak.py   # one minute per mode, Rhino off, handovers (default)
+    ./dev test -m slow -k without_rhino tests/test_fault_soak.py  # one minute per mode, Rhino off, handovers (slow)
     ./dev test -m slow -k without_handovers tests/test_fault_soak.py  # two minutes per mode, faults only (slow)
     ./dev test -m slow tests/test_fault_soak.py           # also ten minutes, three seeds per mode (slow)
 
@@ -60,6 +60,7 @@ def test_a_two_minute_soak_without_handovers_masks_every_fault_and_every_record_
     _soak(mode, seed, 120, tmp_path, "--no-handovers")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, seed", [("liverobin", 31), ("kazoo", 32)])
 def test_a_soak_without_rhino_moves_vnodes_between_faults_that_lose_no_replica(mode, seed, tmp_path):
     report = _soak(mode, seed, 60, tmp_path, "--no-rhino", "--gap", "8")
