@@ -29,7 +29,7 @@ from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
-from replication.liveness import silent_workers
+from replication.liveness import SHARED_SILENCE_FACTOR, silent_workers
 from replication.messages import (
     Ack,
     Attach,
@@ -106,6 +106,7 @@ class JobMaster:
         self.start_timeout_s = cfg.start_timeout_ms / 1000
         self.mode = cfg.mode
         self.failure_timeout_s = cfg.failure_timeout_ms / 1000
+        self._patient_with: set[int] = set()  # silent workers whose loss would end the job
         self.job_name = job_name
         self.app_id = app_id
         self._executor_ids = executor_ids
@@ -246,6 +247,26 @@ class JobMaster:
         """Have every attached worker send its next heartbeat now (its reply says what changed)."""
         for bell in list(self._bells.values()):
             bell.ring()
+
+    def _loss_ends_the_job(self, w: int) -> bool:
+        """Whether declaring ``w`` dead now would fail the job: it runs the last live replica of a
+        partition with no checkpoint another live worker holds (or the job can neither mask nor
+        roll back a loss)."""
+        if not self.replicated and self.rhino is None:
+            return True
+        for (t, p, r), ww in self.placement.items():
+            if ww != w:
+                continue
+            twins = [(t, p, rr) for rr in range(self.plan.replicas) if rr != r]
+            if any(twin not in self.lost and self.placement.get(twin) not in (w, None)
+                   and self.placement.get(twin) not in self.dead for twin in twins):
+                continue
+            if self.rhino is None:
+                return True
+            cp = self.rhino.restore_point((t, p))
+            if cp is None or not cp.holders - self.rhino.dead - {w}:
+                return True
+        return False
 
     def _lose(self, replica: ReplicaId, where: str, now: float) -> bool:
         """``replica`` is lost (``where``: on what, for the messages): a writer role it held passes to
@@ -768,7 +789,12 @@ class JobMaster:
                         self._declare_dead(w, f"executor {info.executor} left the cluster")
                     else:
                         silence[w] = now - info.last_seen
-                for w in silent_workers(silence, self.failure_timeout_s):
+                fatal = {w for w, s in silence.items() if s > self.failure_timeout_s and self._loss_ends_the_job(w)}
+                for w in fatal - self._patient_with:
+                    self.event(f"worker {w} silent for {silence[w]:.1f}s, but its loss would end the job: "
+                               f"declared dead only after {self.failure_timeout_s * SHARED_SILENCE_FACTOR:.1f}s")
+                self._patient_with = fatal
+                for w in silent_workers(silence, self.failure_timeout_s, fatal=fatal):
                     if self._liveness_counts(w, self.workers[w]):
                         self._declare_dead(w, f"silent for {silence[w]:.1f}s")
                 if self.rhino is not None and self.lost and not self._restoring:
