@@ -29,7 +29,7 @@ from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
-from replication.liveness import SHARED_SILENCE_FACTOR, silent_workers
+from replication.liveness import FATAL_SILENCE_FACTOR, silent_workers
 from replication.messages import (
     Ack,
     Attach,
@@ -792,7 +792,7 @@ class JobMaster:
                 fatal = {w for w, s in silence.items() if s > self.failure_timeout_s and self._loss_ends_the_job(w)}
                 for w in fatal - self._patient_with:
                     self.event(f"worker {w} silent for {silence[w]:.1f}s, but its loss would end the job: "
-                               f"declared dead only after {self.failure_timeout_s * SHARED_SILENCE_FACTOR:.1f}s")
+                               f"declared dead only after {self.failure_timeout_s * FATAL_SILENCE_FACTOR:.1f}s")
                 self._patient_with = fatal
                 for w in silent_workers(silence, self.failure_timeout_s, fatal=fatal):
                     if self._liveness_counts(w, self.workers[w]):

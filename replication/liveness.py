@@ -8,30 +8,38 @@ Kubernetes' node controller stops evicting in a full disruption, a silence share
 half of the watched workers (at least two) is held to a longer timeout before anyone is
 declared dead; a worker silent alone is declared at the plain timeout.
 
-A silence that would end the job is held to the longer timeout too: a worker running the last
+A silence that would end the job is held to a longer timeout still: a worker running the last
 live replica of a partition that nothing else can restore (no twin elsewhere, and no checkpoint a
 live worker holds), or any worker of a job that can neither mask nor roll back a loss. Declaring
 such a worker dead fails the job at once; a worker starved of CPU for a few seconds (a relaunched
-executor's JVM starting beside it on a small host) would turn a slow second into a failed job,
-while waiting costs nothing the job could otherwise do.
+executor's JVM starting beside it on a small host) would turn a slow second into a failed job.
+Waiting only delays the takeover of that worker's other replicas, which failing would stop.
 """
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
 SHARED_SILENCE_FACTOR = 4.0
-"""How many plain timeouts a silence shared by most workers, or one that would end the job, must
-last before it counts."""
+"""How many plain timeouts a silence shared by most workers must last before it counts."""
+
+FATAL_SILENCE_FACTOR = 10.0
+"""How many plain timeouts a silence that would end the job must last before it counts (on two
+cores, three executors' JVMs starting at once starved a worker's threads for 7 s)."""
 
 
 def silent_workers(silence_s: Mapping[int, float], timeout_s: float,
-                   shared_factor: float = SHARED_SILENCE_FACTOR, fatal: Collection[int] = ()) -> list[int]:
+                   shared_factor: float = SHARED_SILENCE_FACTOR, fatal: Collection[int] = (),
+                   fatal_factor: float = FATAL_SILENCE_FACTOR) -> list[int]:
     """The workers to declare dead, given how long each watched worker has been silent.
 
     ``silence_s`` holds every worker whose death would count (alive, started, not ended), silent
     or not: the share of silent ones is judged against all of them.  ``fatal``: the workers whose
-    loss would end the job (held to the longer timeout).
+    loss would end the job.
     """
     over = sorted(w for w, s in silence_s.items() if s > timeout_s)
     shared = len(over) >= 2 and 2 * len(over) > len(silence_s)
-    return [w for w in over if not (shared or w in fatal) or silence_s[w] > timeout_s * shared_factor]
+
+    def factor(w: int) -> float:
+        return fatal_factor if w in fatal else shared_factor if shared else 1.0
+
+    return [w for w in over if silence_s[w] > timeout_s * factor(w)]
