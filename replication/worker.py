@@ -156,6 +156,10 @@ class WorkerEvicted(RuntimeError):
     network partition); raised from the Spark task so that Spark runs it again, as a standby."""
 
 
+class ReplicaNotHere(LookupError):
+    """A handover's state arrived for a partition this worker runs no replica of (now)."""
+
+
 def _cut_chunks(cut: TargetCut, delta: bool) -> list[list]:
     """What travels of ``cut`` to one target replica: its changes since checkpoint ``cut.base``
     (``delta``, when it has them) or its entries, in chunks."""
@@ -578,8 +582,12 @@ class Worker:
                 continue
             requests = list(_cut_requests(order, origin, target, cut, delta=how is Delivery.DELTA))
             if how is Delivery.LOCAL:
-                for req in requests:
-                    self._handover_state(req)
+                try:
+                    for req in requests:
+                        self._handover_state(req)
+                except ReplicaNotHere as exc:  # lost or replaced meanwhile: restored, it fetches a kept cut
+                    log.warning("handover %d: state for %s[%d] not delivered here: %s", order.handover_id,
+                                self.plan.task(order.task).name, target, exc)
                 continue
             shipped += sum(entry_bytes(chunk) for chunk in _cut_chunks(cut, how is Delivery.DELTA))
             self._handover_sender().submit(self._send_cut, order.handover_id, w, requests)
@@ -678,7 +686,7 @@ class Worker:
             raise RuntimeError(f"worker {self.index} not ready")
         inst = self.instances.get((req.task, req.partition))
         if inst is None or inst.handovers is None:
-            raise ValueError(f"worker {self.index} hosts no replica of ({req.task}, {req.partition})")
+            raise ReplicaNotHere(f"worker {self.index} hosts no replica of ({req.task}, {req.partition})")
         extras = _unpack_extras(req.extras)
         if req.changes is None:
             inst.handovers.state_arrived(req.handover, req.origin, wire.unpack_rows(req.entries) if req.entries else [],

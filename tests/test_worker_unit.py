@@ -12,6 +12,7 @@ import grpc
 from replication import worker as worker_module
 from replication.channels import OutputChannel
 from replication.checkpoints import WorkerCheckpoints
+from replication.handovers import TargetCut
 from replication.instance import drain_position
 from replication.messages import Instructions
 from replication.plan import ChannelSpec
@@ -323,3 +324,18 @@ def test_a_worker_whose_rpc_server_cannot_start_stops_its_data_port(monkeypatch)
     except OSError:
         connected = False
     assert not connected, "the data port still accepts connections"
+
+
+def test_a_cut_for_a_target_replica_no_longer_here_does_not_fail_the_origin(caplog):
+    worker = Worker.__new__(Worker)
+    worker.index, worker.checkpoints, worker.instances = 0, None, {}
+    worker._lock, worker._ready, worker.dead_workers = threading.Lock(), threading.Event(), {1}
+    worker._ready.set()
+    worker.cfg = SimpleNamespace(start_timeout_ms=1000)
+    worker.plan = SimpleNamespace(replicas=2, task=lambda _t: SimpleNamespace(name="chain"))
+    # the target's replica 0 is placed here, but was lost (its instance is gone); replica 1's worker is dead
+    worker._placement = {(3, 2, 0): 0, (3, 2, 1): 1, (3, 0, 0): 0, (3, 0, 1): 1}
+    order = SimpleNamespace(handover_id=7, task=3)
+    cut = TargetCut(chunks=[[(b"k", b"v")]], extras={}, digest="d", entries=1)
+    assert worker.send_handover_state(order, 2, {0: cut}) == 0
+    assert "state for chain[0] not delivered here: worker 0 hosts no replica of (3, 0)" in caplog.text
