@@ -368,9 +368,11 @@ class PartitionHandovers(_Decisions):
     commit later than they arrive).  At its cut (P + 1) or release (R) point a replica that
     does not know yet whether the handover was committed or cancelled waits for the word."""
 
-    def __init__(self, task: int, partition: int, num_key_groups: int, num_vnodes: int) -> None:
+    def __init__(self, task: int, partition: int, num_key_groups: int, num_vnodes: int,
+                 keep_cuts: bool = False) -> None:
         super().__init__()
         self.task, self.partition = task, partition
+        self.keep_cuts = keep_cuts  # Rhino: cuts are kept for replicas restored from earlier checkpoints
         self.num_key_groups, self.num_vnodes = num_key_groups, num_vnodes
         self._steps: dict[int, _Step] = {}
         # a target whose chain only has windows with mergeable aggregators serves the moved keys
@@ -385,6 +387,10 @@ class PartitionHandovers(_Decisions):
         # checkpoint (or whose worker did not hold the checkpoint a delta applies to, or whose local
         # origin replica failed) fetches its cut (the origin's own checkpoints no longer have it)
         self._kept: dict[int, dict[int, TargetCut]] = {}
+        # Rhino: the cuts this target completed (origin -> entries and extras), kept as long: the
+        # twin target replica, restored from an earlier checkpoint after every origin replica that
+        # kept the cut was lost, fetches it here
+        self._received: dict[int, dict[int, tuple[list[CutEntry], dict[str, list]]]] = {}
 
     # -- worker thread ------------------------------------------------------------------------
     def arm(self, order: HandoverOrder) -> str:
@@ -444,6 +450,8 @@ class PartitionHandovers(_Decisions):
 
     def _cut_complete(self, step: _Step, origin: int, entries: list[tuple[int, bytes, bytes]]) -> None:
         step.cuts[origin] = entries
+        if self.keep_cuts:
+            self._received.setdefault(step.order.handover_id, {})[origin] = (entries, step.extras.get(origin, {}))
         step.chunks.pop(origin, None)
         step.deltas.pop(origin, None)
         if step.origins <= step.cuts.keys():
@@ -477,11 +485,23 @@ class PartitionHandovers(_Decisions):
         with self._cond:
             return self._kept.get(handover_id, {}).get(target)
 
-    def forget_kept(self, still_needed: Collection[int]) -> None:
-        """Drop the kept cuts of the handovers the driver no longer lists."""
+    def received_cut(self, handover_id: int, origin: int, chunk_bytes: int) -> TargetCut | None:
+        """Origin partition ``origin``'s cut of ``handover_id`` as this target received it, chunked
+        as the origin chunks it (entries in key order, :func:`chunk_entries`), so that chunks
+        fetched here and from an origin replica fit together (None: not received)."""
         with self._cond:
-            for hid in [h for h in self._kept if h not in still_needed]:
-                del self._kept[hid]
+            got = self._received.get(handover_id, {}).get(origin)
+        if got is None:
+            return None
+        entries = sorted(got[0])
+        return TargetCut(chunk_entries(entries, chunk_bytes), got[1], cut_digest(entries), len(entries))
+
+    def forget_kept(self, still_needed: Collection[int]) -> None:
+        """Drop the kept and received cuts of the handovers the driver no longer lists."""
+        with self._cond:
+            for table in (self._kept, self._received):
+                for hid in [h for h in table if h not in still_needed]:
+                    del table[hid]
 
     def missing_cuts(self, blocked_for: float | None = None) -> list[tuple[int, int]]:
         """(handover id, origin partition) of the cuts this target still waits for; with

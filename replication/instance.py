@@ -93,7 +93,8 @@ class PartitionInstance:
         keyed_outputs = {e.dst_task for e in task.outputs if e.partitioning == "hash"}
         self.router_switches = RouterSwitches({t: plan.routing[t] for t in keyed_outputs}, plan.num_key_groups)
         # handovers of this task's vnodes (origin and target roles), and the acks for the driver
-        self.handovers = (PartitionHandovers(task.id, partition, plan.num_key_groups, plan.routing[task.id].num_vnodes)
+        self.handovers = (PartitionHandovers(task.id, partition, plan.num_key_groups, plan.routing[task.id].num_vnodes,
+                                             keep_cuts=worker.cfg.rhino_enabled)
                           if task.id in plan.routing else None)
         self.code_switches = CodeSwitches()  # operator replacements (processing tasks)
         self.code: dict[str, bytes] = {}  # operator -> the function replacing it (cloudpickled), checkpointed

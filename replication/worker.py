@@ -615,6 +615,9 @@ class Worker:
         could not rebuild the cut from its copy of the origin's checkpoint)."""
         inst = self.instances.get((req.task, req.origin))
         kept = inst.handovers.kept_cut(req.handover, req.partition) if inst and inst.handovers else None
+        twin = self.instances.get((req.task, req.partition))  # the asking target's twin, if it runs here
+        if kept is None and twin is not None and twin.handovers is not None:
+            kept = twin.handovers.received_cut(req.handover, req.origin, self.cfg.handover_chunk_bytes)
         if kept is None or not 0 <= req.chunk < len(kept.chunks):
             return KeptCut(missing=True)
         i = req.chunk
@@ -641,12 +644,15 @@ class Worker:
 
     def _fetch_cut(self, inst: PartitionInstance, hid: int, origin: int) -> bool:
         """One try at the cut of ``hid`` from origin partition ``origin``, from each of its replicas
-        in turn; whether it arrived."""
+        in turn, then from the twin of ``inst`` (which keeps the cuts it received: the origin
+        replicas that kept it may be lost); whether it arrived."""
         assert inst.handovers is not None
         task = inst.task.id
-        for r in range(self.plan.replicas):
+        sources = [(origin, r) for r in range(self.plan.replicas)]
+        sources += [(inst.partition, r) for r in range(self.plan.replicas) if r != inst.replica]
+        for partition, r in sources:
             with self._lock:
-                w = self._placement.get((task, origin, r))
+                w = self._placement.get((task, partition, r))
             if w is None or w in self.dead_workers or w not in self._addresses:
                 continue
             try:
@@ -662,8 +668,8 @@ class Worker:
                                                  _unpack_extras(reply.extras))
                     i += 1
                 if i and i == chunks:
-                    log.warning("%s: fetched the cut of handover %d from %s[%d] replica %d (%d chunk(s))",
-                                inst.name, hid, inst.task.name, origin, r, chunks)
+                    log.warning("%s: fetched the cut of handover %d of %s[%d] from %s[%d] replica %d (%d chunk(s))",
+                                inst.name, hid, inst.task.name, origin, inst.task.name, partition, r, chunks)
                     return True
             except Exception as exc:  # noqa: BLE001 - the other origin replica, or the next round
                 log.warning("%s: fetching the cut of handover %d from worker %d failed: %s", inst.name, hid, w, exc)

@@ -746,3 +746,27 @@ def test_a_step_given_up_before_the_commit_is_cancelled_and_a_committed_one_roll
     assert [coord.manager.tables[chain.id].partition_of_vnode(v) for v in (1, 2, 3)] == [0, 0, 0]
     again = coord.start_job(chain.id, [1, 2, 3], 1, AllAtOnce())  # its vnodes are free again
     assert coord.job_state(again).value == "running"
+
+
+def test_a_target_keeps_the_cut_it_received_for_its_twin_chunked_as_the_origin_chunks_it(backend):
+    """Rhino: a target replica restored from a checkpoint before the release needs the cut again;
+    when every origin replica that kept it is lost, its twin serves the cut it received, in the
+    same chunks an origin replica sends (so chunks from either fit together)."""
+    entries = [(_kg(0, i % 8), f"k{i:03d}".encode(), bytes(40)) for i in range(60)]
+    origin_chunks = chunk_entries(sorted(entries), 500)
+    assert len(origin_chunks) > 3
+    ho = PartitionHandovers(3, 1, G, V, keep_cuts=True)
+    ho.arm(_order(committed=True))
+    assert ho.received_cut(7, 0, 500) is None
+    for i, chunk in reversed(list(enumerate(origin_chunks))):  # in any order
+        ho.state_arrived(7, 0, chunk, i, len(origin_chunks), {"window": [("w", b"k001")]} if i == 0 else None)
+    served = ho.received_cut(7, 0, 500)
+    assert served is not None and served.chunks == origin_chunks and served.entries == 60
+    assert served.extras == {"window": [("w", b"k001")]}
+    ho.forget_kept({8})  # the driver no longer lists handover 7: no restore point precedes its release
+    assert ho.received_cut(7, 0, 500) is None
+
+    without_rhino = PartitionHandovers(3, 1, G, V)
+    without_rhino.arm(_order(committed=True))
+    without_rhino.state_arrived(7, 0, entries)
+    assert without_rhino.received_cut(7, 0, 500) is None  # nothing is restored: nothing kept

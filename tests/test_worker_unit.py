@@ -12,11 +12,13 @@ import grpc
 from replication import worker as worker_module
 from replication.channels import OutputChannel
 from replication.checkpoints import WorkerCheckpoints
-from replication.handovers import TargetCut
+from replication.handovers import HandoverOrder, PartitionHandovers, TargetCut
 from replication.instance import drain_position
-from replication.messages import Instructions
+from replication.messages import CutRequest, Instructions
 from replication.plan import ChannelSpec
 from replication.worker import RESTORED_REPORT_S, Worker, _Mailbox
+from rhino_state import RoutingTable, VnodeMove
+from transport import wire
 from transport.security import RpcSecurity
 
 
@@ -339,3 +341,17 @@ def test_a_cut_for_a_target_replica_no_longer_here_does_not_fail_the_origin(capl
     cut = TargetCut(chunks=[[(b"k", b"v")]], extras={}, digest="d", entries=1)
     assert worker.send_handover_state(order, 2, {0: cut}) == 0
     assert "state for chain[0] not delivered here: worker 0 hosts no replica of (3, 0)" in caplog.text
+
+
+def test_a_cut_no_origin_replica_keeps_is_served_by_the_twin_of_the_asking_target():
+    twin = _Replica(3, 1, 1)
+    twin.handovers = PartitionHandovers(3, 1, 64, 8, keep_cuts=True)
+    table = RoutingTable.uniform(8, 2).moved((0,), 1)
+    twin.handovers.arm(HandoverOrder(7, table.epoch, 3, table, (VnodeMove(0, 0, 1),), 10, 14, frozenset(), True))
+    entries = [(0, b"a", b"1"), (1, b"b", b"2")]
+    twin.handovers.state_arrived(7, 0, entries)
+    worker = _worker(twin)
+    worker.cfg = SimpleNamespace(handover_chunk_bytes=1 << 20)
+    reply = worker._handover_cut(CutRequest(7, 3, 0, 1, 0))  # origin 0 runs nowhere here; target 1's twin does
+    assert not reply.missing and reply.chunks == 1 and wire.unpack_rows(reply.entries) == entries
+    assert worker._handover_cut(CutRequest(8, 3, 0, 1, 0)).missing  # another handover: not received
