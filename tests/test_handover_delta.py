@@ -264,7 +264,7 @@ class _Instance:
 
     def __init__(self, partition: int) -> None:
         self.task = type("Task", (), {"id": 3, "name": "chain"})()
-        self.partition, self.name = partition, f"chain[{partition}]r0"
+        self.partition, self.replica, self.name = partition, 0, f"chain[{partition}]r0"
         self.handovers = PartitionHandovers(3, partition, G, V)
         self.stop_requested = threading.Event()
 
