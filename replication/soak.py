@@ -9,7 +9,8 @@ process function with value and map state (a hash chain per key: the output depe
 in which both replicas consume their inputs) and a sink, replicated with Rhino checkpoints, feeds
 it at ``--rate`` events/s with a malformed record every ``--bad-every``, and every ``--gap``
 seconds (once the job is healthy again: two live replicas of every partition, every partition
-restorable) injects one fault drawn from the mode's catalogue with ``random.Random(seed)``:
+restorable; and back to full strength: every worker live again) injects one fault drawn from the
+mode's catalogue with ``random.Random(seed)``:
 
 * ``kill-executor``: SIGKILL the executor JVM of a random replica;
 * ``kill-python``: SIGKILL only the Python worker of a random replica;
@@ -293,6 +294,16 @@ def live_workers(handle: Any) -> int:
         return sum(1 for w in master.workers if w not in master.dead)
 
 
+def _back_to_full_strength(handle: Any, workers: int, deadline: float) -> bool:
+    """Wait until every one of the job's ``workers`` is live again (Spark relaunched the lost ones:
+    a new executor JVM takes tens of seconds on two loaded cores), at most until ``deadline``.  The
+    next fault then hits a cluster of full size, as a single fault does; one that hits it short of
+    workers is a fault on top of the last (two kills in a row on four workers can leave one)."""
+    while live_workers(handle) < workers and time.monotonic() < deadline and not handle.master.failure:
+        time.sleep(0.1)
+    return live_workers(handle) >= workers
+
+
 def unhealthy(handle: Any) -> str:
     """Why the job is not healthy yet ("" once it is): two live replicas of every partition, none
     lost, restoring or catching up, and every partition restorable from a checkpoint a live
@@ -469,6 +480,11 @@ def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every
             say(f"   {fault.at_s:6.1f}s {kind}: {fault.target}: "
                 + (f"healthy again after {fault.recovered_s:.2f}s" if fault.survived
                    else f"NOT RECOVERED ({fault.note})"))
+            if fault.survived and not _back_to_full_strength(handle, report.workers, injected + HEALTHY_TIMEOUT_S):
+                say(f"   {fault.at_s:6.1f}s {kind}: {live_workers(handle)} of {report.workers} workers live "
+                    f"{HEALTHY_TIMEOUT_S:.0f} s after it: the next fault comes anyway")
+            if live_workers(handle) >= report.workers:
+                fault.phases.setdefault("full_strength", time.monotonic() - injected)
             next_at = max(time.monotonic() + 2.0, injected + rnd.uniform(0.8, 1.2) * gap_s)
         time.sleep(max(0.0, started + duration_s - time.monotonic()))
         if mover is not None:

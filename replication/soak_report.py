@@ -21,8 +21,8 @@ class Fault:
     survived: bool = False
     note: str = ""
     # seconds from the injection until: the driver noticed it, no replica was lost or restoring, none
-    # was catching up (the replicas are back), and every partition was restorable again (protected
-    # from the next fault: recovered_s)
+    # was catching up (the replicas are back), every partition was restorable again (protected
+    # from the next fault: recovered_s), and every worker was live again (full_strength)
     phases: dict[str, float] = field(default_factory=dict)
     last_signal_s: float = 0.0  # from the injection until its last signal (kill-two: the second kill)
     # the fewest of the job's workers alive at once until the replicas were back: below two, a
