@@ -387,10 +387,10 @@ class PartitionHandovers(_Decisions):
         # checkpoint (or whose worker did not hold the checkpoint a delta applies to, or whose local
         # origin replica failed) fetches its cut (the origin's own checkpoints no longer have it)
         self._kept: dict[int, dict[int, TargetCut]] = {}
-        # Rhino: the cuts this target completed (origin -> entries and extras), kept as long: the
-        # twin target replica, restored from an earlier checkpoint after every origin replica that
-        # kept the cut was lost, fetches it here
-        self._received: dict[int, dict[int, tuple[list[CutEntry], dict[str, list]]]] = {}
+        # Rhino: the cuts this target completed (origin -> entries and extras; chunked the first time
+        # they are asked for), kept as long: the twin target replica, restored from an earlier
+        # checkpoint after every origin replica that kept the cut was lost, fetches it here
+        self._received: dict[int, dict[int, tuple[list[CutEntry], dict[str, list]] | TargetCut]] = {}
 
     # -- worker thread ------------------------------------------------------------------------
     def arm(self, order: HandoverOrder) -> str:
@@ -488,13 +488,19 @@ class PartitionHandovers(_Decisions):
     def received_cut(self, handover_id: int, origin: int, chunk_bytes: int) -> TargetCut | None:
         """Origin partition ``origin``'s cut of ``handover_id`` as this target received it, chunked
         as the origin chunks it (entries in key order, :func:`chunk_entries`), so that chunks
-        fetched here and from an origin replica fit together (None: not received)."""
+        fetched here and from an origin replica fit together (None: not received).  Chunked once,
+        on the first ask (a fetch asks once per chunk)."""
         with self._cond:
             got = self._received.get(handover_id, {}).get(origin)
-        if got is None:
-            return None
+        if got is None or isinstance(got, TargetCut):
+            return got
         entries = sorted(got[0])
-        return TargetCut(chunk_entries(entries, chunk_bytes), got[1], cut_digest(entries), len(entries))
+        cut = TargetCut(chunk_entries(entries, chunk_bytes), got[1], cut_digest(entries), len(entries))
+        with self._cond:
+            received = self._received.get(handover_id)
+            if received is not None and received.get(origin) is got:
+                received[origin] = cut
+        return cut
 
     def forget_kept(self, still_needed: Collection[int]) -> None:
         """Drop the kept and received cuts of the handovers the driver no longer lists."""

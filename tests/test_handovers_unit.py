@@ -762,6 +762,7 @@ def test_a_target_keeps_the_cut_it_received_for_its_twin_chunked_as_the_origin_c
         ho.state_arrived(7, 0, chunk, i, len(origin_chunks), {"window": [("w", b"k001")]} if i == 0 else None)
     served = ho.received_cut(7, 0, 500)
     assert served is not None and served.chunks == origin_chunks and served.entries == 60
+    assert ho.received_cut(7, 0, 500) is served  # chunked once: a fetch asks once per chunk
     assert served.extras == {"window": [("w", b"k001")]}
     ho.forget_kept({8})  # the driver no longer lists handover 7: no restore point precedes its release
     assert ho.received_cut(7, 0, 500) is None
