@@ -254,12 +254,12 @@ class JobMaster:
         roll back a loss)."""
         if not self.replicated and self.rhino is None:
             return True
+        def live_elsewhere(twin: ReplicaId) -> bool:
+            where = self.placement.get(twin)
+            return twin not in self.lost and where is not None and where != w and where not in self.dead
+
         for (t, p, r), ww in self.placement.items():
-            if ww != w:
-                continue
-            twins = [(t, p, rr) for rr in range(self.plan.replicas) if rr != r]
-            if any(twin not in self.lost and self.placement.get(twin) not in (w, None)
-                   and self.placement.get(twin) not in self.dead for twin in twins):
+            if ww != w or any(live_elsewhere((t, p, rr)) for rr in range(self.plan.replicas) if rr != r):
                 continue
             if self.rhino is None:
                 return True

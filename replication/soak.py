@@ -480,11 +480,13 @@ def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every
             say(f"   {fault.at_s:6.1f}s {kind}: {fault.target}: "
                 + (f"healthy again after {fault.recovered_s:.2f}s" if fault.survived
                    else f"NOT RECOVERED ({fault.note})"))
-            if fault.survived and not _back_to_full_strength(handle, report.workers, injected + HEALTHY_TIMEOUT_S):
+            full = (_back_to_full_strength(handle, report.workers, injected + HEALTHY_TIMEOUT_S) if fault.survived
+                    else live_workers(handle) >= report.workers)
+            if full:
+                fault.phases["full_strength"] = time.monotonic() - injected
+            elif fault.survived:
                 say(f"   {fault.at_s:6.1f}s {kind}: {live_workers(handle)} of {report.workers} workers live "
                     f"{HEALTHY_TIMEOUT_S:.0f} s after it: the next fault comes anyway")
-            if live_workers(handle) >= report.workers:
-                fault.phases.setdefault("full_strength", time.monotonic() - injected)
             next_at = max(time.monotonic() + 2.0, injected + rnd.uniform(0.8, 1.2) * gap_s)
         time.sleep(max(0.0, started + duration_s - time.monotonic()))
         if mover is not None:
