@@ -45,7 +45,7 @@ from replication.messages import (
     SourcePositions,
     WorkerFinished,
 )
-from replication.metrics import InstanceMetrics, aggregate
+from replication.metrics import InstanceMetrics, aggregate, window_text
 from replication.plan import (
     Instance,
     PhysicalPlan,
@@ -1496,8 +1496,11 @@ class JobHandle:
                 master.pulse_window = (window, False, False)  # no pulse was written: they stop holding
                 missing = [master._replica_label(t, p, r) for t, p, r in live()
                            if master.holding.get((t, p, r), (0, {}))[0] != window]
-                raise TimeoutError(f"{what}: source replicas {missing} did not hold their records within "
-                                   f"{hold_timeout:g}s" if not held else f"job failed: {master.failure}")
+                where = "; ".join(f"{name}: {window_text(master.metrics[name])}" for name in missing
+                                  if name in master.metrics and window_text(master.metrics[name]))
+                raise TimeoutError(f"{what}: source replicas {missing} did not hold their records for window "
+                                   f"{window} within {hold_timeout:g}s" + (f" ({where})" if where else "")
+                                   if not held else f"job failed: {master.failure}")
             floor: dict[str, dict[int, int]] = {}
             for t, p, r in live():
                 topic = self.plan.task(t).head.spec["topic"]

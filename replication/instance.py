@@ -936,6 +936,8 @@ class SourceInstance(PartitionInstance):
                         return True
                     if self._windows is not None and self._windows.current is None:
                         placer = self._after_window(placer, feed)  # its last pulse is out
+                if self._windows is not None:
+                    self._show_window(placer)
                 elif self.drain_at is not None and self._read_to(feed, self.drain_at):
                     return True
             return False
@@ -1017,6 +1019,13 @@ class SourceInstance(PartitionInstance):
         if action == LEAVE and placer is not None:
             return self._leave_window(placer, feed)
         return placer
+
+    def _show_window(self, placer: PulsePlacer | None) -> None:
+        windows, metrics = self._windows, self.metrics
+        assert windows is not None
+        metrics.window = (-1 if windows.current is None else windows.current, windows.handled,
+                          -1 if windows.pending is None else windows.pending)
+        metrics.held_records = 0 if placer is None else placer.held
 
     def _hold(self, window: int) -> PulsePlacer:
         """Start holding for ``window`` (announced open) at this replica's position and report it."""

@@ -88,7 +88,21 @@ class InstanceMetrics:
     vnode_bytes: tuple[int, list[int]] = (0, [])
     savepoint_entries: int = 0  # keyed state entries loaded from a savepoint at the start
     windows_from_log: int = 0  # KaZoo source restored behind pulse windows: those it placed from the log
+    # KaZoo source: the pulse window it holds for (-1: none), the highest handled, one announced
+    # meanwhile (-1: none), and the records it holds back
+    window: tuple[int, int, int] = (-1, 0, -1)
+    held_records: int = 0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+
+def window_text(m: InstanceMetrics) -> str:
+    """A KaZoo source replica's pulse windows, for events and reports; "" for any other."""
+    current, handled, pending = m.window
+    if current < 0 and pending < 0 and not handled:
+        return ""
+    where = f"in window {current}" if current >= 0 else "in no window"
+    return (f"{where}" + (f" ({pending} announced meanwhile)" if pending >= 0 else "")
+            + f", windows up to {handled} handled, {m.held_records} record(s) held")
 
 
 def aggregate(per_instance: dict) -> InstanceMetrics:

@@ -367,6 +367,17 @@ def test_a_window_closed_with_pulses_that_a_replica_has_not_placed_is_entered_fr
     assert closed_empty.announce(7, False, False) == "" and closed_empty.handled == 7  # no pulse: nothing to place
 
 
+
+def test_a_source_replicas_windows_are_described_for_events_and_reports():
+    from replication.metrics import InstanceMetrics, window_text
+
+    assert window_text(InstanceMetrics()) == ""  # not a KaZoo source, or no window yet
+    stuck = InstanceMetrics(window=(2, 2, 3), held_records=417)
+    assert window_text(stuck) == "in window 2 (3 announced meanwhile), windows up to 2 handled, 417 record(s) held"
+    assert window_text(InstanceMetrics(window=(-1, 4, -1))) == \
+        "in no window, windows up to 4 handled, 0 record(s) held"
+
+
 class _RecordingConsumer:
     """A consumer that reads nothing and records what it was assigned."""
 
