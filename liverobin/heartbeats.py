@@ -280,8 +280,12 @@ class PulseWindows:
         return False
 
     def take_pending(self) -> bool:
-        """After leaving a window: whether a window announced meanwhile is to be held for now."""
+        """After leaving a window: whether a window announced meanwhile is to be held for now (not
+        if it was entered from the log since: its pulses are placed)."""
         if self.pending is None or self.current is not None:
+            return False
+        if self.pending <= self.handled:
+            self.pending = None
             return False
         self.current, self.handled, self.end_h, self.pending = self.pending, self.pending, None, None
         return True
@@ -294,4 +298,6 @@ class PulseWindows:
         if self.current is not None or record.window <= self.handled:
             return False
         self.current, self.handled, self.end_h = record.window, record.window, None
+        if self.pending is not None and self.pending <= record.window:
+            self.pending = None  # announced while this replica placed an earlier window: entered now
         return True

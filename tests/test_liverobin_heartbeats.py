@@ -368,6 +368,25 @@ def test_a_window_closed_with_pulses_that_a_replica_has_not_placed_is_entered_fr
 
 
 
+def test_a_window_announced_while_placing_another_and_then_entered_from_the_log_is_not_held_again():
+    """A replica restored inside window 1 hears that 2 is open while it still places 1; by the
+    time it left 1, window 2's pulses are in the log, so it enters 2 from there and places
+    them.  Holding for 2 again after that waits for pulses that were all placed: the replica
+    held its records for good, window 3 never saw it hold, and the job could not drain (the
+    KaZoo fault soak with handovers)."""
+    from liverobin.heartbeats import HOLD, PulseRecord, PulseWindows
+
+    w = PulseWindows()
+    w.restore(1, 1)
+    assert w.announce(2, True, False) == ""  # still placing 1: 2 is pending
+    assert w.admits(PulseRecord(5, {}, window=1, last=True)) and w.placed(5)
+    assert w.enter_from_log(PulseRecord(6, {}, window=2))
+    assert w.admits(PulseRecord(7, {}, window=2, last=True)) and w.placed(7)
+    assert not w.take_pending() and w.current is None and w.handled == 2
+    assert w.announce(3, True, False) == HOLD  # the next window is held for at once
+
+
+
 def test_a_source_replicas_windows_are_described_for_events_and_reports():
     from replication.metrics import InstanceMetrics, window_text
 
