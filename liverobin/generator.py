@@ -28,7 +28,7 @@ make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` an
 
 ``windowed=True`` (KaZoo mode) writes nothing outside pulse windows: :meth:`open_window` starts
 one at offsets no lower than the sources' reported positions, :meth:`close_window` ends it
-with a pulse marked *last* (:class:`liverobin.heartbeats.PulseWindows`).
+with a pulse marked *last* (:class:`liverobin.windows.PulseWindows`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ after its record at ``offset - 1`` (before the record at ``offset``).
   both replicas agree on, whatever their timing).
 
 KaZoo mode has pulses only inside *windows* (a handover switches at a pulse, and the rest of the
-time KaZoo sources must not wait for pulses): :class:`PulseWindows` is a source replica's side.
+time KaZoo sources must not wait for pulses): :mod:`liverobin.windows` is a source replica's side.
 The driver opens window ``w``; each source replica starts holding its records as LiveRobin does
 and reports its position; only once every replica holds does a generator write pulses tagged
 ``w``, at offsets no lower than those positions (``floor``), and it ends the window with a pulse
@@ -213,91 +213,3 @@ class PulsePlacer:
                 yield PULSE_ITEM, (record.h, record.final)
             else:
                 return  # records below the pulse's offset are still to be fetched
-
-
-HOLD, LEAVE = "hold", "leave"
-
-
-class PulseWindows:
-    """One KaZoo source replica's pulse windows (see the module docstring).
-
-    Feed it the driver's word on the latest window (:meth:`announce`) and the counted pulses
-    (:meth:`admits`, then :meth:`placed` once one is emitted); it says when to start holding
-    records and when to stop.  Window ids only grow; a window left is never entered again."""
-
-    def __init__(self) -> None:
-        self.current: int | None = None  # the window this replica holds for
-        self.handled = 0  # the highest window id seen (entered, or closed before it was seen open)
-        self.end_h: int | None = None  # the current window's last pulse, once counted
-        self.pending: int | None = None  # a window announced open while this replica was still in one
-
-    def state(self) -> tuple[int | None, int]:
-        """For a checkpoint: the window held for and the highest handled (the last pulse is read
-        from the log again after a restore, so it is not kept)."""
-        return self.current, self.handled
-
-    def restore(self, current: int | None, handled: int) -> None:
-        self.current, self.handled, self.end_h, self.pending = current, handled, None, None
-
-    def announce(self, window: int, is_open: bool, pulses: bool) -> str:
-        """The driver's latest word: ``HOLD`` (start holding now and report the position),
-        ``LEAVE`` (stop holding now: the window closed before any pulse was written) or ``""``.
-        A window announced while this replica still places an earlier one's pulses (it lags, or
-        was restored behind) is entered once that one is left (:meth:`placed` says HOLD then)."""
-        if is_open:
-            if window > self.handled:
-                if self.current is not None:
-                    self.pending = window
-                    return ""
-                self.current, self.handled, self.end_h = window, window, None
-                return HOLD
-            return ""
-        if window == self.pending and not pulses:
-            self.pending, self.handled = None, max(self.handled, window)
-            return ""
-        if window == self.current and not pulses and self.end_h is None:
-            self.current = None
-            return LEAVE
-        if not pulses:
-            self.handled = max(self.handled, window)
-        # else the window's pulses are in the log: a replica that has not placed them yet (restored
-        # from before the window, or still in an earlier one) enters it from the log, as its twin did
-        return ""
-
-    def admits(self, record: PulseRecord) -> bool:
-        """Whether this counted pulse is to be placed (one of the current window's, up to its last)."""
-        if self.current is None or record.window != self.current or self.end_h is not None:
-            return False
-        if record.last:
-            self.end_h = record.h
-        return True
-
-    def placed(self, h: int) -> bool:
-        """Pulse ``h`` was emitted; True if it was the window's last (stop holding now)."""
-        if self.end_h is not None and h >= self.end_h:
-            self.current = self.end_h = None
-            return True
-        return False
-
-    def take_pending(self) -> bool:
-        """After leaving a window: whether a window announced meanwhile is to be held for now (not
-        if it was entered from the log since: its pulses are placed)."""
-        if self.pending is None or self.current is not None:
-            return False
-        if self.pending <= self.handled:
-            self.pending = None
-            return False
-        self.current, self.handled, self.end_h, self.pending = self.pending, self.pending, None, None
-        return True
-
-    def enter_from_log(self, record: PulseRecord) -> bool:
-        """A replica restored from a checkpoint, replaying the log's pulses written before it came
-        back (for windows the driver will not announce to it again): enter ``record``'s window if
-        it is after every window this replica handled.  Which pulses count is decided by the log
-        alone, so it places the same ones its twin did."""
-        if self.current is not None or record.window <= self.handled:
-            return False
-        self.current, self.handled, self.end_h = record.window, record.window, None
-        if self.pending is not None and self.pending <= record.window:
-            self.pending = None  # announced while this replica placed an earlier window: entered now
-        return True

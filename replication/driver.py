@@ -25,6 +25,7 @@ from kazoo_leader.election import delete_tree, evict, expel, zk_client
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from liverobin.positions import PositionBoard
 from liverobin.segments import HeartbeatLog
+from liverobin.windows import WindowWord
 from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
@@ -166,9 +167,9 @@ class JobMaster:
         self.rpc_refused: dict[str, int] = {}  # calls each worker's server refused ("worker N"), as reported
         self.metrics_url: str | None = None  # the Prometheus endpoint, set by the JobHandle that serves it
         self.handovers: HandoverCoordinator | None = None  # created by the first handover request
-        # KaZoo pulse windows (liverobin.heartbeats.PulseWindows): the latest (id, open, pulses written)
+        # KaZoo pulse windows (liverobin.windows): the driver's latest word
         # for the sources, and what each source replica reported holding: (window, {partition: position})
-        self.pulse_window: tuple[int, bool, bool] | None = None
+        self.pulse_window: WindowWord | None = None
         self.holding: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
         self.source_positions = PositionBoard()  # how far the sources read: where pulses go
         self.drained: set[int] = set()  # workers drained by request: no restored replica goes there
@@ -458,7 +459,8 @@ class JobMaster:
             return Instructions(
                 command, list(self.dead), self._sink_roles(),
                 [w for w, r in self.reports.items() if r.status == "finished"], handovers, retained,
-                self.pulse_window, dict(self.measure_state), self.savepoint, rhino, dict(self.drain_at),
+                None if self.pulse_window is None else tuple(self.pulse_window), dict(self.measure_state),
+                self.savepoint, rhino, dict(self.drain_at),
                 dict(self.dropped))
 
     def _settle_drain(self) -> None:
@@ -1483,8 +1485,9 @@ class JobHandle:
         master = self.master
         sources = [(t, p, r) for (t, p, r) in self.placement if self.plan.task(t).is_source]
         with master._cond:
-            window = (master.pulse_window[0] if master.pulse_window else 0) + 1
-            master.pulse_window = (window, True, False)
+            last = master.pulse_window
+            window, pulsed = (last.window + 1, last.last_pulsed) if last else (1, 0)
+            master.pulse_window = WindowWord(window, True, False, pulsed)
             master._status_dirty = True
 
             def live() -> list[ReplicaId]:
@@ -1493,7 +1496,7 @@ class JobHandle:
             held = master._cond.wait_for(lambda: master.failure is not None or all(
                 master.holding.get(rid, (0, {}))[0] == window for rid in live()), hold_timeout)
             if master.failure is not None or not held:
-                master.pulse_window = (window, False, False)  # no pulse was written: they stop holding
+                master.pulse_window = WindowWord(window, False, False, pulsed)  # no pulse: they stop holding
                 missing = [master._replica_label(t, p, r) for t, p, r in live()
                            if master.holding.get((t, p, r), (0, {}))[0] != window]
                 where = "; ".join(f"{name}: {window_text(master.metrics[name])}" for name in missing
@@ -1515,7 +1518,7 @@ class JobHandle:
         assert self.pulses is not None
         last = self.pulses.close_window(timeout=15.0)
         with self.master._cond:
-            self.master.pulse_window = (window, False, True)  # the sources stop holding at the last pulse
+            self.master.pulse_window = WindowWord(window, False, True, window)  # they stop at the last pulse
             self.master.event(f"pulse window {window} closed at pulse {last}" if last is not None else
                               f"pulse window {window}: its last pulse was not written within 15 s; "
                               "the sources hold their records until a generator ends it")

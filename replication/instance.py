@@ -15,7 +15,6 @@ import pickle
 import shutil
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 from kazoo_leader.orderer import KazooOrderer
 from liverobin import LiveRobinOrderer, PulsePlacer
-from liverobin.heartbeats import HOLD, LEAVE, PULSE_ITEM, PulseRecord, PulseWindows
+from liverobin.heartbeats import PULSE_ITEM, PulseRecord
+from liverobin.windows import HOLD, LEAVE, PulseWindows
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
 from replication import savepoint
 from replication.channels import OutputChannel
@@ -777,8 +777,6 @@ class SourceInstance(PartitionInstance):
         self._last_counted = 0  # the last count-based checkpoint (its id: records emitted)
         if self._windows is not None:
             self.checkpoint_every = 0  # KaZoo: count-based checkpoints only, inside pulse windows too
-        # KaZoo: counted pulses of windows this replica does not hold for yet (see _feed)
-        self._later: deque = deque()
         self._reader: Any = None  # a restored replica's own reader of the heartbeat log
         self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
         self._reading: PartitionFeed | None = None  # while the loop runs
@@ -793,8 +791,10 @@ class SourceInstance(PartitionInstance):
         self._pulse_placed = rt.get("pulse_placed")
         self._read = rt.get("read", 0)
         self._last_counted = self._read
-        if self._windows is not None and rt.get("windows") is not None:
-            self._windows.restore(*rt["windows"])
+        if self._windows is not None:
+            if rt.get("windows") is not None:
+                self._windows.restore(*rt["windows"])
+            self._windows.after_pulse = self._after_pulse
         # the worker's shared reader started long ago: read the log again, from right after the last
         # pulse placed before the checkpoint (what counts is decided by the log alone, and the
         # counting goes on from that pulse's record, so the same pulses come out)
@@ -892,7 +892,9 @@ class SourceInstance(PartitionInstance):
                 if self.pending_control is not None:
                     self.poll_control()
                 # (windows already in the log first: one announced now waits until they are placed)
-                if placer is None and self._windows is not None and (self._later or self._windows.pending):
+                if placer is None and self._windows is not None:
+                    self._windows.queue(self._pulses.take(0))  # a window this replica was not waited for
+                if placer is None and self._windows is not None and (self._windows.later or self._windows.pending):
                     placer = self._next_window()
                 if self._windows is not None and self.pending_window != self._window_word:
                     placer = self._window_changed(placer, feed)
@@ -904,7 +906,7 @@ class SourceInstance(PartitionInstance):
                 if placer is None:
                     messages = messages or feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
                 elif self._windows is not None:  # KaZoo, in a window
-                    self._queue_pulses(self._pulses.take(0 if messages else PULSE_WAIT_S))
+                    self._windows.queue(self._pulses.take(0 if messages else PULSE_WAIT_S))
                     self._feed(placer)
                 else:  # LiveRobin: a pulse rings the feed too, so one wait sees records and pulses
                     pulses = self._pulses.take(0)
@@ -1014,10 +1016,12 @@ class SourceInstance(PartitionInstance):
         word = self._window_word = self.pending_window
         assert self._windows is not None and word is not None
         action = self._windows.announce(*word)
+        if action == LEAVE:
+            if placer is not None:
+                placer = self._leave_window(placer, feed)
+            action = self._windows.announce(*word)  # the same word may open the next window
         if action == HOLD:
             return self._hold(word[0])
-        if action == LEAVE and placer is not None:
-            return self._leave_window(placer, feed)
         return placer
 
     def _show_window(self, placer: PulsePlacer | None) -> None:
@@ -1031,7 +1035,7 @@ class SourceInstance(PartitionInstance):
         """Start holding for ``window`` (announced open) at this replica's position and report it."""
         placer = self._placer_here()
         self.holding = (window, {placer.partition: placer.fetched_to})
-        self._queue_pulses(self._pulses.take(0))
+        self._windows.queue(self._pulses.take(0))
         self._feed(placer)
         return placer
 
@@ -1039,26 +1043,11 @@ class SourceInstance(PartitionInstance):
         k = self.kafka_partitions[0]
         return PulsePlacer(self.topic, k, fetched_to=self._next_offset.get(k, self.start_offsets.get(k, 0)))
 
-    def _queue_pulses(self, records: list) -> None:
-        """KaZoo: counted pulses not placed yet, in log order (a restored replica's own reader reads
-        the log from this run's start: what it placed before its checkpoint is behind it)."""
-        self._later.extend(r for r in records if r.h > self._after_pulse)
-
     def _feed(self, placer: PulsePlacer) -> None:
-        """Give ``placer`` the queued pulses of the window held for; drop those of windows behind
-        it; keep those of later windows (a window may be announced to a replica that lags, or was
-        restored, only once it left the one before)."""
-        windows, later = self._windows, self._later
-        assert windows is not None
-        keep: deque = deque()
-        while later:
-            record = later.popleft()
-            if windows.current is not None and record.window == windows.current:
-                if windows.admits(record):
-                    placer.add_pulse(record)
-            elif record.window > (windows.current or windows.handled):
-                keep.append(record)
-        self._later = keep
+        """Give ``placer`` the queued pulses of the window held for."""
+        assert self._windows is not None
+        for record in self._windows.to_place():
+            placer.add_pulse(record)
 
     # -- KaZoo, a restored replica: the windows written before it came back ----------------------
     def _start_replay(self) -> PulsePlacer | None:
@@ -1069,7 +1058,7 @@ class SourceInstance(PartitionInstance):
         while not self._reader.caught_up.wait(0.1):
             if self.stop_requested.is_set():
                 return None
-        self._queue_pulses(self._pulses.take(0))
+        self._windows.queue(self._pulses.take(0))
         if self._windows.current is None:
             return None
         placer = self._placer_here()
@@ -1077,36 +1066,33 @@ class SourceInstance(PartitionInstance):
         return placer
 
     def _next_window(self) -> PulsePlacer | None:
-        """Out of any window: hold for the window announced while this replica was still in the last
-        one, else enter the next window of the queued pulses (written before it was restored, or
-        while it was not yet among the replicas a window waited for); None: none."""
+        """Out of any window: enter the next window of the queued pulses (written before it was
+        restored, or while it was not yet among the replicas a window waited for), else hold for
+        the window announced while it still placed others; None: neither."""
         windows = self._windows
         assert windows is not None
-        if windows.take_pending():
+        entered = windows.next_window()
+        if entered == HOLD:
             return self._hold(windows.current)
-        if not self._enter_from_log():
+        if not entered:
             return None
+        self._entered_from_log()
         placer = self._placer_here()
         self._feed(placer)
         return placer
 
-    def _enter_from_log(self) -> bool:
-        """Enter the window of the first queued pulse after the windows handled, if any."""
-        windows = self._windows
-        assert windows is not None
-        while self._later and not windows.enter_from_log(self._later[0]):
-            self._later.popleft()  # a window it already handled
-        if windows.current is None:
-            return False
+    def _entered_from_log(self) -> None:
+        assert self._windows is not None
         log.warning("%s: places the pulses of window %d from the heartbeat log (it came back behind them)",
-                    self.name, windows.current)
+                    self.name, self._windows.current)
         self.metrics.windows_from_log += 1
-        return True
 
     def _after_window(self, placer: PulsePlacer, feed: PartitionFeed) -> PulsePlacer | None:
         """The window's last pulse is out.  If the next window's pulses are already queued, the records
         held may lie on both sides of them: hold on with the same placer; else leave."""
-        if self._later and self._enter_from_log():
+        assert self._windows is not None
+        if self._windows.enter_queued():
+            self._entered_from_log()
             self._feed(placer)
             return placer
         return self._leave_window(placer, feed)

@@ -111,7 +111,7 @@ class Instructions:
     finished: list[int] = field(default_factory=list)
     handovers: list[dict[str, Any]] = field(default_factory=list)  # orders not completed, in wire form
     retained_handovers: list[int] | None = None  # Rhino: the handovers whose cuts origins keep
-    pulse_window: tuple | None = None
+    pulse_window: tuple | None = None  # a liverobin.windows.WindowWord, as a plain tuple
     measure_state: dict[int, int] = field(default_factory=dict)
     savepoint: str | None = None
     rhino: dict[str, Any] | None = None

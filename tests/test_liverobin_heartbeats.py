@@ -292,7 +292,7 @@ def test_a_window_pulse_is_never_below_the_floor_even_long_after_the_last_pulse(
 
 
 def test_pulse_windows_hold_from_the_announcement_to_the_last_pulse_of_the_window():
-    from liverobin.heartbeats import HOLD, LEAVE, PulseWindows
+    from liverobin.windows import HOLD, LEAVE, PulseWindows
 
     w = PulseWindows()
     assert not w.admits(PulseRecord(1, {}, window=1))  # not holding: nothing to place
@@ -312,7 +312,7 @@ def test_pulse_windows_hold_from_the_announcement_to_the_last_pulse_of_the_windo
 
 
 def test_a_replica_in_a_window_enters_a_window_announced_meanwhile_only_once_it_left_the_first():
-    from liverobin.heartbeats import HOLD, PulseRecord, PulseWindows
+    from liverobin.windows import HOLD, PulseWindows
 
     w = PulseWindows()
     assert w.announce(1, True, False) == HOLD
@@ -325,11 +325,11 @@ def test_a_replica_in_a_window_enters_a_window_announced_meanwhile_only_once_it_
     w2.announce(2, True, False)
     w2.announce(2, False, False)  # closed before any pulse was written: nothing to enter later
     assert w2.admits(PulseRecord(5, {}, window=1, last=True)) and w2.placed(5)
-    assert not w2.take_pending() and w2.handled == 2
+    assert not w2.take_pending() and w2.announce(2, True, False) == ""  # a stale word for it
 
 
 def test_a_restored_replica_enters_the_windows_of_the_log_after_the_ones_it_handled():
-    from liverobin.heartbeats import PulseRecord, PulseWindows
+    from liverobin.windows import PulseWindows
 
     w = PulseWindows()
     w.restore(None, 3)  # its checkpoint: out of any window, windows up to 3 handled
@@ -349,7 +349,7 @@ def test_a_window_closed_with_pulses_that_a_replica_has_not_placed_is_entered_fr
     closed with pulses written: it has not placed them yet, so it must not count 6 as handled.
     Its twin placed them, and the log says where; marking it handled left the replica without
     them, and its downstreams and checkpoints diverged (the fault soak with handovers)."""
-    from liverobin.heartbeats import PulseRecord, PulseWindows
+    from liverobin.windows import PulseWindows
 
     restored = PulseWindows()
     restored.restore(None, 4)
@@ -364,7 +364,8 @@ def test_a_window_closed_with_pulses_that_a_replica_has_not_placed_is_entered_fr
     assert lagging.admits(PulseRecord(9, {}, window=4, last=True)) and lagging.placed(9)
     assert lagging.enter_from_log(PulseRecord(10, {}, window=5))
     closed_empty = PulseWindows()
-    assert closed_empty.announce(7, False, False) == "" and closed_empty.handled == 7  # no pulse: nothing to place
+    assert closed_empty.announce(7, False, False) == ""  # no pulse: nothing to place
+    assert closed_empty.announce(7, True, False) == "" and closed_empty.current is None  # a stale word for it
 
 
 
@@ -374,7 +375,7 @@ def test_a_window_announced_while_placing_another_and_then_entered_from_the_log_
     them.  Holding for 2 again after that waits for pulses that were all placed: the replica
     held its records for good, window 3 never saw it hold, and the job could not drain (the
     KaZoo fault soak with handovers)."""
-    from liverobin.heartbeats import HOLD, PulseRecord, PulseWindows
+    from liverobin.windows import HOLD, PulseWindows
 
     w = PulseWindows()
     w.restore(1, 1)
@@ -395,6 +396,136 @@ def test_a_source_replicas_windows_are_described_for_events_and_reports():
     assert window_text(stuck) == "in window 2 (3 announced meanwhile), windows up to 2 handled, 417 record(s) held"
     assert window_text(InstanceMetrics(window=(-1, 4, -1))) == \
         "in no window, windows up to 4 handled, 0 record(s) held"
+
+
+
+@st.composite
+def window_history(draw):
+    """The driver's words and the log's pulses of a run of KaZoo pulse windows, in the order they
+    happen: each window opens, then gets 1-3 pulses (the last marked) and closes, or closes before
+    any pulse was written."""
+    events: list = []
+    h = pulsed = 0
+    for w in range(1, draw(st.integers(1, 5)) + 1):
+        events.append(("word", (w, True, False, pulsed)))
+        pulses = draw(st.integers(0, 3))
+        for i in range(pulses):
+            h += 1
+            events.append(("pulse", PulseRecord(h, {}, window=w, last=i == pulses - 1)))
+        pulsed = w if pulses else pulsed
+        events.append(("word", (w, False, pulses > 0, pulsed)))
+    return events
+
+
+class _WindowedSource:
+    """A KaZoo source replica's window handling as ``SourceInstance.run`` drives it, records always
+    at hand (so a pulse given to the placer is placed at once); ``inbox``: the pulses its reader
+    has read and not handed out yet (``take`` hands them all out, as ``PulseReader.take`` does)."""
+
+    def __init__(self, windows):
+        from liverobin.windows import PulseWindows
+
+        self.windows: PulseWindows = windows
+        self.holding = False  # a placer is out: records wait for pulses
+        self.placed: list[int] = []
+        self.word = None
+        self.inbox: list = []
+
+    def take(self) -> list:
+        out, self.inbox = self.inbox, []
+        return out
+
+    def place(self) -> None:
+        for record in self.windows.to_place():
+            self.placed.append(record.h)
+            if self.windows.placed(record.h):
+                break
+        if self.holding and self.windows.current is None:  # its last pulse is out
+            if self.windows.enter_queued():
+                self.place()
+            else:
+                self.holding = False
+
+    def loop(self, word) -> None:
+        from liverobin.windows import HOLD, LEAVE
+
+        w = self.windows
+        if not self.holding:
+            w.queue(self.take())
+        if not self.holding and (w.later or w.pending):
+            entered = w.next_window()
+            if entered:
+                self.holding = True
+                if entered == HOLD:
+                    w.queue(self.take())
+                self.place()
+        if word is not None and word != self.word:
+            self.word = word
+            action = w.announce(*word)
+            if action == LEAVE:
+                self.holding = False
+                action = w.announce(*word)
+            if action == HOLD:
+                self.holding = True
+                w.queue(self.take())
+                self.place()
+        if self.holding:
+            w.queue(self.take())
+            self.place()
+
+
+@settings(max_examples=300, deadline=None)
+@given(window_history(), st.data())
+def test_a_restored_source_replica_places_every_window_of_the_log_once_and_ends_out_of_any(events, data):
+    """A replica restored from its twin's checkpoint at any point of a run of windows, hearing the
+    driver's latest word and reading the log at any pace in between, places exactly the pulses
+    its twin placed after that checkpoint, in order, and ends holding nothing."""
+    from liverobin.windows import PulseWindows
+
+    twin = _WindowedSource(PulseWindows())
+    # where its checkpoints may be: out of any window, or right after a pulse (records only go out
+    # around pulses inside a window): event index -> (windows, last pulse placed)
+    states = {0: (twin.windows.state(), 0)}
+    for i, (kind, item) in enumerate(events, start=1):
+        if kind == "pulse":
+            twin.inbox.append(item)
+        twin.loop(item if kind == "word" else twin.word)
+        if kind == "pulse" or not twin.holding:
+            states[i] = (twin.windows.state(), twin.placed[-1] if twin.placed else 0)
+    assert not twin.holding and twin.windows.current is None
+    checkpoint = data.draw(st.sampled_from(sorted(states)), label="checkpoint after event")
+    (current, handled), after_pulse = states[checkpoint]
+    restored_at = data.draw(st.integers(checkpoint, len(events)), label="restored after event")
+    windows = PulseWindows()
+    windows.restore(current, handled)
+    windows.after_pulse = after_pulse
+    replica = _WindowedSource(windows)
+    happened, later = events[:restored_at], events[restored_at:]
+    windows.queue([item for kind, item in happened if kind == "pulse"])  # the log to its end first
+    if current is not None:
+        replica.holding = True
+        replica.place()
+    unread: list = []  # written, not read yet
+    while later or unread or replica.word != _latest_word(happened):
+        steps = (["event"] if later else []) + (["read"] if unread else []) + ["loop"]
+        step = data.draw(st.sampled_from(steps))
+        if step == "event":
+            kind, item = later.pop(0)
+            happened.append((kind, item))
+            if kind == "pulse":
+                unread.append(item)
+        elif step == "read":
+            replica.inbox.append(unread.pop(0))
+        else:
+            replica.loop(_latest_word(happened))
+    for _ in range(3):
+        replica.loop(_latest_word(happened))
+    assert replica.placed == [h for h in twin.placed if h > after_pulse]
+    assert not replica.holding and windows.current is None and windows.pending is None
+
+
+def _latest_word(happened: list):
+    return next((item for kind, item in reversed(happened) if kind == "word"), None)
 
 
 class _RecordingConsumer:
