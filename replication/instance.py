@@ -938,10 +938,14 @@ class SourceInstance(PartitionInstance):
                         return True
                     if self._windows is not None and self._windows.current is None:
                         placer = self._after_window(placer, feed)  # its last pulse is out
-                if self._windows is not None:
-                    self._show_window(placer)
                 elif self.drain_at is not None and self._read_to(feed, self.drain_at):
                     return True
+                if self._windows is not None:
+                    self._show_window(placer)
+                if self.drain_requested_at is not None:
+                    self.metrics.drain = ({k: max(self._next_offset.get(k, -1), feed.position(k))
+                                           for k in self.kafka_partitions},
+                                          dict(self.drain_position or {}), dict(self.drain_at or {}))
             return False
         finally:
             self._reading = None

@@ -92,6 +92,9 @@ class InstanceMetrics:
     # meanwhile (-1: none), and the records it holds back
     window: tuple[int, int, int] = (-1, 0, -1)
     held_records: int = 0
+    # a source in a drain without pulses: where it reads ({Kafka partition: next offset}), where it
+    # reported reading to, and where the driver says every replica of the partition ends
+    drain: tuple[dict, dict, dict] | None = None
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
@@ -103,6 +106,15 @@ def window_text(m: InstanceMetrics) -> str:
     where = f"in window {current}" if current >= 0 else "in no window"
     return (f"{where}" + (f" ({pending} announced meanwhile)" if pending >= 0 else "")
             + f", windows up to {handled} handled, {m.held_records} record(s) held")
+
+
+def drain_text(m: InstanceMetrics) -> str:
+    """A source replica in a drain without pulses, for reports; "" for any other."""
+    if m.drain is None:
+        return ""
+    reads, reported, ends = m.drain
+    return (f"drain: reads at {reads}, reported {reported or 'nothing yet'}, "
+            f"ends at {ends or 'not settled'}")
 
 
 def aggregate(per_instance: dict) -> InstanceMetrics:

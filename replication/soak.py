@@ -53,7 +53,7 @@ from typing import Any
 from replication.api import Job
 from replication.examples.ordered import chain_step
 from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
-from replication.metrics import window_text
+from replication.metrics import drain_text, window_text
 from replication.soak_check import compare_replicas, read_topic, verify
 from replication.soak_handovers import HandoverMover
 from replication.soak_report import Fault, SoakReport
@@ -346,7 +346,7 @@ def say_replicas(handle: Any, say: Callable[[str], None], what: str) -> None:
             say(f"   {what}: {name}: in {m.records_in}, queue {m.queue_batches}, pulse {m.pulse}, "
                 f"leader {m.leader}, order epoch {m.order_epoch}, orders {m.orders_accepted}, "
                 f"checkpoint {m.checkpoint_id}, restored from {m.restored_from}"
-                + (f", {w}" if (w := window_text(m)) else ""))
+                + (f", {w}" if (w := window_text(m)) else "") + (f", {d}" if (d := drain_text(m)) else ""))
 
 
 def healthy(handle: Any) -> bool:

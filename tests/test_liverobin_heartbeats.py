@@ -396,6 +396,13 @@ def test_a_source_replicas_windows_are_described_for_events_and_reports():
     assert window_text(stuck) == "in window 2 (3 announced meanwhile), windows up to 2 handled, 417 record(s) held"
     assert window_text(InstanceMetrics(window=(-1, 4, -1))) == \
         "in no window, windows up to 4 handled, 0 record(s) held"
+    from replication.metrics import drain_text
+
+    assert drain_text(InstanceMetrics()) == ""
+    assert drain_text(InstanceMetrics(drain=({0: 12}, {}, {}))) == \
+        "drain: reads at {0: 12}, reported nothing yet, ends at not settled"
+    assert drain_text(InstanceMetrics(drain=({0: 12}, {0: 12}, {0: 14}))) == \
+        "drain: reads at {0: 12}, reported {0: 12}, ends at {0: 14}"
 
 
 
