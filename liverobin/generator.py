@@ -17,7 +17,7 @@ make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` an
   reader and the loser simply goes on after it;
 * while no source partition grows it writes a pulse only once a second: with every record
   already placed before the last pulse, no merge waits for another one (unless told to be
-  :meth:`eager`: a handover waits for pulses);
+  :meth:`eager`: a handover waits for pulses; then every :data:`EAGER_PULSE_EVERY_S`);
 * once no partition grew for a second, every pulse of its own was read back and no other
   generator's was read for a while, it stops fetching the log until it writes the next one (an
   idle job's log costs the broker a fetch or two a second, not one per fetch wait); a new
@@ -57,6 +57,11 @@ IN_FLIGHT_TIMEOUT_S = 2.0
 # While no source partition grows, a pulse would place nothing new (every record is already
 # before the last one, so no merge waits for it): only this often then, to show liveness.
 IDLE_PULSE_EVERY_S = 1.0
+# While a handover waits for pulses (eager), this often instead: its steps switch and release at
+# pulses counted ahead, so they must come; but each pulse costs every replica of the job, and a
+# pulse every period on top of the growing partitions' saturated a loaded job (its replicas fell
+# a minute behind the log).  The driver counts a step's margins in pulses at the observed rate.
+EAGER_PULSE_EVERY_S = 0.05
 # The heartbeat log's fetch long-poll: how soon a pulse written is seen counted.
 FETCH_WAIT_MS = 5
 # While another generator's pulses were read this recently, keep reading the log between our own.
@@ -97,7 +102,7 @@ class HeartbeatGenerator:
         self._stop = threading.Event()
         self._finish_at: float | None = None
         self._final_ends: Offsets | None = None  # the sources' ends by fetches made after the drain request
-        self._eager_until = 0.0  # until then a pulse every period even while no partition grows
+        self._eager_until = 0.0  # until then a pulse every EAGER_PULSE_EVERY_S even while none grows
         self._thread: threading.Thread | None = None
         self.windowed = windowed
         self._window: tuple[int, Offsets] | None = None  # (id, floor) of the open window
@@ -123,8 +128,8 @@ class HeartbeatGenerator:
             self._finish_at = time.monotonic() + grace_s
 
     def eager(self, seconds: float) -> None:
-        """Write a pulse every period for ``seconds`` even while no source partition grows (a
-        handover switches at a pulse: it should come at the period, not once a second)."""
+        """For ``seconds``, write a pulse every :data:`EAGER_PULSE_EVERY_S` even while no source
+        partition grows (a handover switches at a pulse: it should come soon, not once a second)."""
         self._eager_until = time.monotonic() + seconds
 
     def open_window(self, window: int, floor: Offsets) -> None:
@@ -263,8 +268,8 @@ class HeartbeatGenerator:
                                             floor=window[1] if window else None, window=window[0] if window else 0,
                                             last=closing)
                 moves = _moves(record, base)
-                if (not record.final and not moves and now - last_write < IDLE_PULSE_EVERY_S
-                        and now >= self._eager_until and window is None):
+                idle_every = IDLE_PULSE_EVERY_S if now >= self._eager_until else EAGER_PULSE_EVERY_S
+                if not record.final and not moves and now - last_write < idle_every and window is None:
                     next_tick = max(next_tick + self.period_s, now)
                     quiet = True
                     continue

@@ -1334,13 +1334,13 @@ class JobHandle:
         ``margin_s`` ahead; each step's report is appended to ``steps``.  Past ``deadline`` no
         step is instructed: the job stops between two steps and TimeoutError says how far it got
         (a step committed before the deadline completes first: it only rolls forward)."""
-        period_ms = self.cfg.liverobin_heartbeat_period_ms
         master = self.master
         while coordinator.job_state(job) is JobState.RUNNING:
             if time.monotonic() >= deadline:  # (why_not_next: what the job waits for, if anything)
                 self._stop_job(coordinator, job, task, timeout, coordinator.manager.why_not_next(job))
             step_started = time.monotonic()
-            pulse, switch_at = self._switch_pulse(margin_s)
+            period_ms = self._pulse_period_ms()
+            pulse, switch_at = self._switch_pulse(margin_s, period_ms)
             margin = coordinator.next_release_s(job, sizes) if release_s is None else release_s
             release_at = switch_at + max(2, math.ceil(margin * 1000 / period_ms))
             instructed_at = time.time()
@@ -1369,11 +1369,19 @@ class JobHandle:
             if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                 master._cond.wait(gap_s)
 
-    def _switch_pulse(self, margin_s: float) -> tuple[int, int]:
+    def _switch_pulse(self, margin_s: float, period_ms: float | None = None) -> tuple[int, int]:
         """The generators' last pulse, and the pulse about ``margin_s`` after it."""
         assert self.pulses is not None
         pulse = self.pulses.last_h
-        return pulse, switch_pulse(pulse, margin_s, self.cfg.liverobin_heartbeat_period_ms)
+        return pulse, switch_pulse(pulse, margin_s, self._pulse_period_ms() if period_ms is None else period_ms)
+
+    def _pulse_period_ms(self) -> float:
+        """The time between pulses a handover counts its margins with: in KaZoo's windows one a
+        period; in LiveRobin as the generators write them (``DriverPulses.period_ms``)."""
+        nominal = self.cfg.liverobin_heartbeat_period_ms
+        if self.cfg.mode != "liverobin" or self.pulses is None:
+            return nominal
+        return self.pulses.period_ms(nominal)
 
     def _stop_job(self, coordinator: HandoverCoordinator, job: int, task: str, timeout: float,
                   why: str | None = None) -> None:

@@ -11,8 +11,9 @@ may run at once and any may die: the heartbeat log decides which pulses count
   due.  Without that the sources hold their records until someone starts a generator by hand.
   A generator stopped with :meth:`DriverPulses.kill` (an operator, or an injected crash the
   caller restarts) is left stopped, and one that wrote the final pulse of a drain is done;
-* while a LiveRobin handover waits for pulses (:meth:`DriverPulses.eager`), every generator
-  started meanwhile pulses every period too: its steps switch and release at pulses counted ahead;
+* while a LiveRobin handover waits for pulses (:meth:`DriverPulses.eager`), every generator,
+  those started meanwhile too, pulses at least every ``EAGER_PULSE_EVERY_S``: its steps switch and
+  release at pulses counted ahead, at the rate pulses are written (:meth:`DriverPulses.period_ms`);
 * a pulse window is ended only by :meth:`DriverPulses.close_window`; the driver calls it once no
   committed handover needs the window's pulses (a committed step only rolls forward, and it
   reaches its switch and release pulses only while pulses are written).
@@ -24,9 +25,10 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
-from liverobin.generator import HeartbeatGenerator
+from liverobin.generator import EAGER_PULSE_EVERY_S, HeartbeatGenerator
 from liverobin.heartbeats import Offsets
 from liverobin.segments import HeartbeatLog
 
@@ -36,11 +38,14 @@ log = logging.getLogger(__name__)
 # window's sources wait this long at most for the replacement's first pulse, plus its log read).
 WATCH_EVERY_S = 0.2
 
+# How far back the pulses written are counted for the rate a handover's margins assume.
+RATE_OVER_S = 2.0
+
 # name, segment to start reading the log from, windowed -> a generator, not started
 GeneratorFactory = Callable[[str, int, bool], HeartbeatGenerator]
 
 
-def switch_pulse(last_h: int, margin_s: float, period_ms: int) -> int:
+def switch_pulse(last_h: int, margin_s: float, period_ms: float) -> int:
     """The pulse about ``margin_s`` after pulse ``last_h`` (at least 5 later)."""
     return last_h + max(5, math.ceil(margin_s * 1000 / period_ms))
 
@@ -62,6 +67,7 @@ class DriverPulses:
         self._watcher: threading.Thread | None = None
         self._eager_until = 0.0  # a handover waits for pulses until then: generators started meanwhile too
         self._finish_grace: float | None = None  # a drain: every generator writes the final pulse
+        self._seen: deque[tuple[float, int]] = deque()  # (when, the log's largest pulse), by the watcher
 
     # -- generators -----------------------------------------------------------------------------
     def start(self, windowed: bool = False) -> HeartbeatGenerator:
@@ -107,9 +113,28 @@ class DriverPulses:
         with self._lock:
             return max((g.pulses.last_h for g in self.generators), default=0)
 
+    def period_ms(self, nominal_ms: float) -> float:
+        """The time between pulses, as written over the last :data:`RATE_OVER_S` (LiveRobin: one a
+        period while a source grows, and at least one every ``EAGER_PULSE_EVERY_S`` while a
+        handover waits): between ``nominal_ms`` and the eager gap."""
+        eager_ms = max(nominal_ms, EAGER_PULSE_EVERY_S * 1000)
+        with self._lock:
+            seen = list(self._seen)
+        if len(seen) < 2 or seen[-1][1] <= seen[0][1]:
+            return eager_ms
+        (t0, h0), (t1, h1) = seen[0], seen[-1]
+        return min(eager_ms, max(nominal_ms, (t1 - t0) * 1000 / (h1 - h0)))
+
+    def _sample(self) -> None:
+        now, h = time.monotonic(), self.last_h
+        with self._lock:
+            self._seen.append((now, h))
+            while len(self._seen) > 2 and now - self._seen[1][0] >= RATE_OVER_S:
+                self._seen.popleft()
+
     def eager(self, seconds: float) -> None:
-        """LiveRobin: every generator pulses every period for ``seconds`` (a handover's steps switch
-        and release at pulses counted ahead), those started meanwhile too."""
+        """LiveRobin: every generator pulses at least every ``EAGER_PULSE_EVERY_S`` for ``seconds`` (a
+        handover's steps switch and release at pulses counted ahead), those started meanwhile too."""
         with self._lock:
             self._eager_until = time.monotonic() + seconds
             for gen in self.live():
@@ -164,6 +189,7 @@ class DriverPulses:
     def _watch_loop(self) -> None:
         while not self._stopped.wait(WATCH_EVERY_S):
             try:
+                self._sample()
                 self._replace_dead()
             except Exception:  # noqa: BLE001 - the next round tries again
                 log.exception("replacing a heartbeat generator failed")

@@ -416,7 +416,7 @@ def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every
                      "spark.replication.rhino.checkpointEvery": "50"})
     else:
         # pulses: about a checkpoint every 1.5 s (the generator writes a pulse when a source grew, and the
-        # feeder's batches make that about 13 times a second)
+        # feeder's batches make that about 13 times a second; a handover adds one every 50 ms or so)
         conf["spark.replication.rhino.checkpointEvery"] = "20"
     job = build_soak_job(topics["a"], topics["b"], out_topic, name)
     handle = run(job, spark=spark, conf=conf)

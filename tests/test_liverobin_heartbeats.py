@@ -598,3 +598,107 @@ def test_the_generator_reads_no_source_data_and_places_pulses_at_reported_positi
     assert written[0].offsets == {"payments": {0: 7, 1: 3}, "refunds": {0: 2}}
     assigned = set().union(*(c.assigned for c in _RecordingConsumer.made))
     assert assigned and assigned <= {log_.topic(0), log_.topic(1)}
+
+
+class _EchoLog:
+    """A heartbeat log in memory: what the fake producer writes, the fake consumer reads back."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes, float]] = []  # (topic, value, when written)
+        self.lock = threading.Lock()
+
+    def producer(self, conf: dict):
+        log_ = self
+
+        class Producer:
+            def poll(self, timeout: float) -> int:
+                return 0
+
+            def flush(self, timeout: float) -> int:
+                return 0
+
+            def produce(self, topic, value, key, partition, on_delivery) -> None:
+                with log_.lock:
+                    log_.records.append((topic, value, time.monotonic()))
+
+        return Producer()
+
+    def consumer(self, conf: dict):
+        log_ = self
+
+        class Message:
+            def __init__(self, topic: str, offset: int, value: bytes) -> None:
+                self._t, self._o, self._v = topic, offset, value
+
+            def topic(self) -> str:
+                return self._t
+
+            def offset(self) -> int:
+                return self._o
+
+            def value(self) -> bytes:
+                return self._v
+
+            def error(self) -> None:
+                return None
+
+        class Consumer(_RecordingConsumer):
+            read = 0
+
+            def poll(self, timeout: float):
+                got = self.consume(1, timeout)
+                return got[0] if got else None
+
+            def consume(self, num_messages: int = 1, timeout: float = 0) -> list:
+                with log_.lock:
+                    new = log_.records[self.read:self.read + num_messages]
+                if not new:
+                    time.sleep(min(timeout, 0.005))
+                    return []
+                start, self.read = self.read, self.read + len(new)
+                return [Message(t, start + i, v) for i, (t, v, _) in enumerate(new)]
+
+            def get_watermark_offsets(self, tp, cached: bool = False) -> tuple[int, int]:
+                return (0, self.read)
+
+        return Consumer(conf)
+
+
+def test_an_eager_generator_writes_a_pulse_that_places_nothing_new_at_most_every_eager_gap(monkeypatch):
+    """While a handover waits for pulses the generator writes them although no source grows, but
+    no more often than every EAGER_PULSE_EVERY_S: every pulse costs each replica of the job, and
+    one every period saturated a loaded job.  Once no longer eager, once a second again."""
+    from liverobin import generator as gen_module
+
+    echo = _EchoLog()
+    monkeypatch.setattr(gen_module, "Consumer", echo.consumer)
+    monkeypatch.setattr(gen_module, "Producer", echo.producer)
+    board = PositionBoard()
+    board.update([("payments", 0, 0, 7)])  # reported once: nothing grows after the first pulse
+    gen = gen_module.HeartbeatGenerator(name="g", heartbeat_log=HeartbeatLog("hb"), sources={"payments": [0]},
+                                        positions=board, starts={}, period_s=0.01, max_step=10, consumer_conf={},
+                                        producer_conf={}, create_topics=lambda topics: None).start()
+    try:
+        _wait_for(lambda: len(echo.records) >= 1)
+        gen.eager(30.0)
+        _wait_for(lambda: len(echo.records) >= 8)
+        gen.eager(0)
+        stopped = time.monotonic()
+        with echo.lock:
+            eager_at = [when for _, _, when in echo.records[1:8]]
+        time.sleep(0.5)
+        with echo.lock:  # (one decided just before eager(0) may still come)
+            after = [when for _, _, when in echo.records if when > stopped + 0.02]
+    finally:
+        gen.kill()
+    assert gen.error is None
+    gaps = [b - a for a, b in zip(eager_at, eager_at[1:], strict=False)]
+    assert min(gaps) >= gen_module.EAGER_PULSE_EVERY_S - 0.005, gaps  # not one a period (10 ms)
+    assert not after  # idle again: one a second at most
+
+
+def _wait_for(check, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)

@@ -15,7 +15,7 @@ from replication.config import ReplicationConfig
 from replication.driver import JobHandle, JobMaster
 from replication.examples.ordered import build_ordered_job
 from replication.plan import place, plan_job
-from replication.pulses import DriverPulses
+from replication.pulses import DriverPulses, switch_pulse
 from rhino_state import Batched
 
 
@@ -308,3 +308,32 @@ def test_a_job_stopped_while_a_committed_step_waits_for_its_pulses_ends_the_wait
     finally:
         mover.join(10)
         handle.pulses.close()
+
+
+def test_a_handover_counts_its_margins_in_pulses_at_the_rate_they_are_written(quiet_pulses, monkeypatch):
+    """A step switches at a pulse counted ahead: at 100 pulses a second 0.5 s is 50 pulses, at the
+    eager gap's 20 a second only 10 (counted at the period, the step would wait 2.5 s)."""
+    from replication import pulses as pulses_module
+
+    factory, pulses = quiet_pulses
+    gen = pulses.start()
+    pulses._stopped.set()  # (the watcher samples no more: this test does)
+    clock = [100.0]
+    monkeypatch.setattr(pulses_module.time, "monotonic", lambda: clock[0])
+
+    def written(h: int, after_s: float) -> None:
+        clock[0] += after_s
+        gen.pulses.last_h = h
+        pulses._sample()
+
+    assert pulses.period_ms(10) == 50.0  # nothing seen yet: pulses come at least every eager gap
+    written(0, 0.0)
+    written(100, 1.0)
+    assert pulses.period_ms(10) == 10.0  # a source grows all the time: one a period
+    written(125, 1.0)
+    written(150, 1.0)
+    assert pulses.period_ms(10) == 40.0  # over the last two seconds
+    written(152, 1.0)
+    written(154, 1.0)
+    assert pulses.period_ms(10) == 50.0  # idle before the handover: it makes them come every 50 ms
+    assert switch_pulse(154, 0.5, pulses.period_ms(10)) == 164
