@@ -620,19 +620,25 @@ class JobMaster:
         t, p, r = replica
         name = self._replica_label(t, p, r)
         peer = self._peer(address)
+        info = self.workers.get(host)
+        attempt = None if info is None else info.attempt
         try:
             reply = peer.call("Restore", req, Restored, timeout=120)
         except Exception as exc:  # noqa: BLE001 - reported; the partition keeps running on one replica
             with self._cond:
-                self._restoring.discard(replica)
-                self.rhino.restore_failed(replica)
-                if self.handovers is not None:
-                    for text in self.handovers.replica_lost(replica):
-                        self.event(text)
+                self._not_restored(replica)
                 self._retry_at[replica] = time.monotonic() + 2.0
                 self.event(f"restoring {name} on worker {host} failed (tried again in 2 s): {exc}")
             return
         with self._cond:
+            info = self.workers.get(host)
+            if host in self.dead or info is None or info.attempt != attempt:
+                # it is gone with its host: still lost, and restored elsewhere
+                self._not_restored(replica)
+                self.event(f"{name} restored on worker {host}, but that worker was declared dead meanwhile: "
+                           "restored again elsewhere")
+                self._start_restores()
+                return
             self._restoring.discard(replica)
             dead_at = self.lost.pop(replica, time.time())
             self._unrestorable.discard(replica)
@@ -664,6 +670,15 @@ class JobMaster:
                        "failure); its upstreams replay from their backups")
             self._status_dirty = True
             self._ring_workers()  # its upstreams send to it from their next reply on
+
+    def _not_restored(self, replica: ReplicaId) -> None:
+        """A restore that did not bring ``replica`` back: it stays lost (caller holds the lock)."""
+        assert self.rhino is not None
+        self._restoring.discard(replica)
+        self.rhino.restore_failed(replica)
+        if self.handovers is not None:
+            for text in self.handovers.replica_lost(replica):
+                self.event(text)
 
     def _check_caught_up(self) -> None:
         """A restored replica that reached the pulse its twin had at the restore: two replicas again."""

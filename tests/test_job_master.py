@@ -290,6 +290,44 @@ def test_a_restored_replica_is_not_caught_up_by_the_figures_of_its_lost_incarnat
         assert replica not in master._catching_up and master.recoveries[-1]["replica"] == label
 
 
+
+class _HostDiesDuringTheRestore:
+    """The host completes the restore, but is declared dead before its reply is handled (a worker
+    starved by its restores, the soak: 'worker 0 was declared dead while it was unresponsive')."""
+
+    def __init__(self, master: JobMaster, host: int) -> None:
+        self.master, self.host = master, host
+
+    def call(self, method: str, request: RestoreReplica, reply_type: type, timeout: float) -> object:
+        with self.master._cond:
+            self.master._declare_dead(self.host, "silent for 2.1s")
+        return Restored(request.checkpoint_id, {}, 0.01, 0.02, pulse=0)
+
+
+def test_a_replica_restored_on_a_worker_declared_dead_meanwhile_is_lost_again_not_placed_there():
+    """Placed on the dead worker, it was taken for live: nothing restored it again, its partition
+    ran on one replica for good, and the soak saw it 'catching up' until its timeout."""
+    master = _master(mode="liverobin", rhino=True, workers=4)
+    master.start_timeout_s = 1.0
+    rhino = master.rhino
+    for inst in rhino.instances():
+        rhino.checkpoint_completed(inst, 7, {}, holders=rhino.groups[inst])
+    replica = _replicas(master, "chain")[0]
+    t, p, r = replica
+    host = next(w for w in master.workers if w not in rhino.replica_workers((t, p)) and w != master.placement[replica])
+    address = master.workers[host].address
+    master._peers[address] = _HostDiesDuringTheRestore(master, host)
+    with master._cond:
+        master.lost[replica] = time.time()
+    master._restore(replica, host, address, RestoreReplica(replica, 7, {}, {}, {}, 1),
+                    RestorePlan(host, CompletedCheckpoint(7, {}, frozenset({host})), rollback=False))
+    with master._cond:
+        assert replica in master.lost and replica not in master._catching_up
+        assert master.placement[replica] != host and replica not in master.moves
+        assert any("declared dead meanwhile" in text and master._replica_label(*replica) in text
+                   for _, text in master.events)
+
+
 class _RecordingRestores:
     """Every worker's peer: records the restores asked of it and completes them."""
 
