@@ -84,6 +84,9 @@ log = logging.getLogger(__name__)
 
 # A target waiting at its release pulse this long for a cut fetches it from a replica that kept it.
 CUT_OVERDUE_S = 0.5
+# A target replica fetching a cut no origin replica can give yet asks again this often, doubling up to
+# the second figure while none arrives (the origins' workers may be down for seconds).
+CUT_RETRY_S = (0.2, 2.0)
 # How long a target waits for the checkpoint a cut's changes apply to (its increment may still be
 # on its way to this worker) before fetching the whole cut.
 BASE_WAIT_S = 1.0
@@ -630,22 +633,24 @@ class Worker:
         missing: a replica restored from a checkpoint before a release, or (``blocked_for``) one
         waiting at its release pulse that long (its local origin replica failed)."""
         assert inst.handovers is not None
+        wait, failed = CUT_RETRY_S[0], set()
         try:
             while not (inst.stop_requested.is_set() or self._stopping.is_set()):
                 missing = inst.handovers.missing_cuts(blocked_for)
                 if not missing:
                     return
-                for hid, origin in missing:
-                    self._fetch_cut(inst, hid, origin)
-                time.sleep(0.2)
+                arrived = [self._fetch_cut(inst, hid, origin, failed) for hid, origin in missing]
+                time.sleep(wait)
+                wait = CUT_RETRY_S[0] if any(arrived) else min(CUT_RETRY_S[1], 2 * wait)
         finally:
             with self._lock:
                 self._fetching.discard(inst.name)
 
-    def _fetch_cut(self, inst: PartitionInstance, hid: int, origin: int) -> bool:
+    def _fetch_cut(self, inst: PartitionInstance, hid: int, origin: int, failed: set | None = None) -> bool:
         """One try at the cut of ``hid`` from origin partition ``origin``, from each of its replicas
         in turn, then from the twin of ``inst`` (which keeps the cuts it received: the origin
-        replicas that kept it may be lost); whether it arrived."""
+        replicas that kept it may be lost); whether it arrived.  A worker that failed is logged
+        once per cut (``failed``: those logged)."""
         assert inst.handovers is not None
         task = inst.task.id
         sources = [(origin, r) for r in range(self.plan.replicas)]
@@ -672,7 +677,12 @@ class Worker:
                                 inst.name, hid, inst.task.name, origin, inst.task.name, partition, r, chunks)
                     return True
             except Exception as exc:  # noqa: BLE001 - the other origin replica, or the next round
-                log.warning("%s: fetching the cut of handover %d from worker %d failed: %s", inst.name, hid, w, exc)
+                if failed is None or (hid, origin, w) not in failed:
+                    why = exc.code() if callable(getattr(exc, "code", None)) else exc
+                    log.warning("%s: fetching the cut of handover %d from worker %d failed: %s (asked again until "
+                                "it arrives)", inst.name, hid, w, why)
+                    if failed is not None:
+                        failed.add((hid, origin, w))
         return False
 
     def _fetch_overdue_cuts(self) -> None:

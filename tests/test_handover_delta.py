@@ -5,11 +5,13 @@ the cut from its copy; everything else gets the whole cut (rhino_state.cut, the 
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -318,3 +320,50 @@ def test_a_target_that_cannot_rebuild_the_cut_from_its_checkpoint_copy_fetches_i
     finally:
         store.close()
         origin_state.close()
+
+
+class _Unreachable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def __str__(self) -> str:
+        return "<_InactiveRpcError of RPC that terminated with:\n\tstatus = StatusCode.UNAVAILABLE\n\t...>"
+
+
+def test_a_cut_no_origin_replica_can_give_is_asked_for_less_and_less_often_and_logged_once(monkeypatch, caplog):
+    """The origin's workers are down: the target asks every 0.2 s, doubling up to 2 s, and says so
+    once per worker in one line (it logged the whole gRPC error every 0.2 s)."""
+    from replication import worker as worker_module
+
+    target = _Instance(1)
+    worker = _worker(None, [target])
+    worker._addresses = {0: "here", 1: "origin-r0", 2: "target-twin"}
+    worker.plan = type("Plan", (), {"num_key_groups": G, "replicas": 2})()
+    worker._placement = {(3, 0, 0): 1, (3, 0, 1): 1, (3, 1, 0): 0, (3, 1, 1): 2}
+    calls: list[str] = []
+
+    class _Peer:
+        def __init__(self, address: str) -> None:
+            self.address = address
+
+        def call(self, method, request, reply_type, timeout):
+            calls.append(self.address)
+            raise _Unreachable()
+
+    worker._peer = _Peer
+    worker._fetching = {target.name}
+    target.handovers.missing_cuts = lambda blocked_for: [(7, 0)]
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 7:
+            target.stop_requested.set()
+
+    monkeypatch.setattr(worker_module.time, "sleep", sleep)
+    with caplog.at_level(logging.WARNING, logger="replication.worker"):
+        worker._fetch_cuts(target, 0.5)
+    assert waits == [0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]
+    assert len(calls) == 7 * 3  # both origin replicas and the target's twin, every round
+    logged = [r.getMessage() for r in caplog.records if "fetching the cut" in r.getMessage()]
+    assert len(logged) == 2 and all("UNAVAILABLE" in m and "\n" not in m for m in logged)  # workers 1 and 2
