@@ -264,6 +264,45 @@ def test_a_watch_ends_when_closed_and_an_unsigned_one_never_opens(watched) -> No
         stranger.close()
 
 
+
+class _CancelledCall:
+    """A server context whose call the caller cancels right after the handler's first reply."""
+
+    def __init__(self) -> None:
+        self.callbacks: list = []
+
+    def add_callback(self, callback) -> bool:
+        self.callbacks.append(callback)
+        return True
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def cancel(self) -> None:
+        for callback in self.callbacks:
+            callback()
+
+
+def test_a_watch_closed_by_its_caller_ends_on_the_server_even_if_its_handler_is_never_resumed() -> None:
+    """gRPC need not resume a cancelled call's handler past its first reply: the end callback runs
+    from the call's termination itself (the watch test failed one run that way: 'assert False')."""
+    from transport.security import Refusals
+
+    ended = threading.Event()
+    handler = rpc._watched("Watch", rpc.decoding(lambda name: rpc.Watched(ended.set), str), SECRET, Refusals("t"))
+    peer = rpc.Peer("127.0.0.1:1", SECRET)
+    try:
+        context = _CancelledCall()
+        replies = handler(peer._signed("Watch", "w9"), context)
+        assert next(replies) == b""
+        context.cancel()  # ... and the server drops the handler without resuming it
+        assert ended.is_set()
+        replies.close()
+        context.cancel()
+    finally:
+        peer.close()
+
+
 # -- streams ---------------------------------------------------------------------------------
 
 def test_a_stream_delivers_signed_messages_in_order_and_a_forged_one_ends_it() -> None:

@@ -140,21 +140,29 @@ def _watched(method: str, fn: WatchHandler, security: RpcSecurity,
         watched = fn(payload)
         bell = watched.bell
         ended = threading.Event()
+        once = threading.Lock()
 
         def end() -> None:
-            ended.set()
+            # run by gRPC when the call ends: a cancelled call's handler may never be resumed
+            with once:
+                if ended.is_set():
+                    return
+                ended.set()
             if bell is not None:
                 bell.close()
+            watched.on_end()
 
         if not context.add_callback(end):  # (False: the call has ended already)
             end()
-        yield b""  # (holds one of the server's threads until the call ends)
-        seen: int | None = 0
-        while bell is not None and (seen := bell.wait_past(seen)) is not None:
-            count = seen.to_bytes(8, "big")
-            yield security.sign_reply(mac, count) + count
-        ended.wait()
-        watched.on_end()
+        try:
+            yield b""  # (holds one of the server's threads until the call ends)
+            seen: int | None = 0
+            while bell is not None and (seen := bell.wait_past(seen)) is not None:
+                count = seen.to_bytes(8, "big")
+                yield security.sign_reply(mac, count) + count
+            ended.wait()
+        finally:
+            end()
     return handle
 
 
