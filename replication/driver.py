@@ -931,8 +931,10 @@ class JobResult:
     divergences: list[str] = field(default_factory=list)  # checkpoints whose replicas disagreed
 
     def summary(self) -> str:
+        late = self.metrics.late_records
         return (f"{self.status} after {self.duration_s:.1f}s: {self.records_read:,} records read, "
-                f"{self.records_written:,} written, {self.metrics.dead_lettered:,} dead-lettered")
+                f"{self.records_written:,} written, {self.metrics.dead_lettered:,} dead-lettered"
+                + (f", {late:,} late (behind the watermark: dropped)" if late else ""))
 
 
 def _source_records(plan: PhysicalPlan, snapshot: dict[str, InstanceMetrics]) -> int:

@@ -423,3 +423,12 @@ def test_a_restore_point_beside_a_replica_is_copied_to_a_member_and_a_failed_cop
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert working.calls and rhino.survives_a_loss(inst) and member in rhino.restore_point(inst).holders
+
+
+def test_a_jobs_summary_says_how_many_records_came_too_late_for_their_window():
+    from replication.driver import JobResult
+
+    on_time = JobResult("finished", InstanceMetrics(), {}, duration_s=3.0, records_read=1200, records_written=900)
+    assert on_time.summary() == "finished after 3.0s: 1,200 records read, 900 written, 0 dead-lettered"
+    late = JobResult("finished", InstanceMetrics(late_records=12), {}, duration_s=3.0, records_read=1200)
+    assert late.summary().endswith(", 12 late (behind the watermark: dropped)")

@@ -97,7 +97,7 @@ def test_spark_submit_runs_a_user_job_script(stack, topic_prefix, tmp_path):
     got = [json.loads(r.value) for r in read_all(stack.bootstrap_servers, topics.decisions)]
     assert canonical(got) == canonical(decisions)
     got_totals = [json.loads(r.value) for r in read_all(stack.bootstrap_servers, topics.totals)]
-    assert canonical(got_totals) == canonical(totals)
+    assert canonical(got_totals) == canonical(totals), proc.stdout[-2000:]
 
 
 JOB_MODULE = '''
