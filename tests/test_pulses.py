@@ -126,7 +126,7 @@ def test_a_killed_generator_stays_stopped_and_one_that_ended_the_run_is_done():
         pulses.close()
 
 
-def test_a_generator_started_while_a_handover_waits_for_pulses_pulses_every_period_too(quiet_pulses):
+def test_a_generator_started_while_a_handover_waits_for_pulses_is_eager_too(quiet_pulses):
     """A LiveRobin generator restarted during a handover (a crash, then a new one) must be eager
     like the one it replaces: the steps' switch and release are pulses counted ahead, and at
     the idle rate (a pulse per source batch) a step of a soak took 20 s instead of 1."""
