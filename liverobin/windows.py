@@ -68,10 +68,8 @@ class PulseWindows:
         return self.current, self.handled
 
     def restore(self, current: int | None, handled: int) -> None:
-        self.current, self.handled, self.end_h, self.pending = current, handled, None, None
-        self.owed = self.closed = 0
-        self.later.clear()
-        self._admitted, self._placed = None, 0
+        """A new replica's windows as its checkpoint left them (:meth:`state`)."""
+        self.current, self.handled = current, handled
 
     def _enter(self, window: int) -> None:
         self.current, self.handled, self.end_h, self._admitted = window, window, None, None

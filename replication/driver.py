@@ -1524,8 +1524,8 @@ class JobHandle:
                 master.pulse_window = WindowWord(window, False, False, pulsed)  # no pulse: they stop holding
                 missing = [master._replica_label(t, p, r) for t, p, r in live()
                            if master.holding.get((t, p, r), (0, {}))[0] != window]
-                where = "; ".join(f"{name}: {window_text(master.metrics[name])}" for name in missing
-                                  if name in master.metrics and window_text(master.metrics[name]))
+                where = "; ".join(f"{name}: {text}" for name in missing
+                                  if (text := window_text(master.metrics.get(name, InstanceMetrics()))))
                 raise TimeoutError(f"{what}: source replicas {missing} did not hold their records for window "
                                    f"{window} within {hold_timeout:g}s" + (f" ({where})" if where else "")
                                    if not held else f"job failed: {master.failure}")

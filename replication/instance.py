@@ -894,8 +894,8 @@ class SourceInstance(PartitionInstance):
                 # (windows already in the log first: one announced now waits until they are placed)
                 if placer is None and self._windows is not None:
                     self._windows.queue(self._pulses.take(0))  # a window this replica was not waited for
-                if placer is None and self._windows is not None and (self._windows.later or self._windows.pending):
-                    placer = self._next_window()
+                    if self._windows.later or self._windows.pending:
+                        placer = self._next_window()
                 if self._windows is not None and self.pending_window != self._window_word:
                     placer = self._window_changed(placer, feed)
                 if placer is None and self.drain_at is None and self._drain_hold():
