@@ -1117,15 +1117,16 @@ PHASES = ("trigger", "to_switch", "alignment", "transfer", "release_wait", "load
 _DONE_ACK = {"upstream": "switched", "origin": "cut", "target": "loaded", "operator": "switched"}
 
 
-def arm_acks(order: HandoverOrder | CodeOrder, outcomes: Mapping[str, str]) -> list[str]:
+def arm_acks(order: HandoverOrder | CodeOrder, outcomes: Mapping[str, str], restored: bool = False) -> list[str]:
     """The acks a replica sends for ``order`` after arming it in its roles (``outcomes``: role ->
     "armed", "late", "done" or "cancelled"): LATE if any role is past its position, else ARMED if
-    any armed; and, for a committed order, the action of every role whose part this replica's
-    checkpoint already includes ("done": restored from a checkpoint past it), so that the step
-    completes without an action this incarnation will never take."""
+    any armed; and, for a committed order armed at a restore (``restored``), the action of every
+    role whose part the checkpoint already includes ("done"), so that the step completes without
+    an action this incarnation will never take.  Re-sent to a running replica, "done" is its own
+    action, which that action acks with what it did (the entries cut, their digest, its times)."""
     values = set(outcomes.values())
     acks = ["late"] if "late" in values else ["armed"] if "armed" in values else []
-    if order.committed and not order.cancelled:
+    if restored and order.committed and not order.cancelled:
         acks += [_DONE_ACK[role] for role, outcome in outcomes.items() if outcome == "done"]
     return acks
 

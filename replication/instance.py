@@ -138,8 +138,9 @@ class PartitionInstance:
         return StateContext(self.state_backend(), operator_name, self.num_key_groups)
 
     # -- handovers (replication.handovers) --------------------------------------------------
-    def apply_handover(self, order: HandoverOrder | CodeOrder) -> None:
-        """Worker thread: install, commit or cancel ``order`` in the roles this replica has in it."""
+    def apply_handover(self, order: HandoverOrder | CodeOrder, restored: bool = False) -> None:
+        """Worker thread: install, commit or cancel ``order`` in the roles this replica has in it
+        (``restored``: armed by :meth:`rearm`, where a part found done is in the checkpoint)."""
         outcomes: dict[str, str] = {}
         if isinstance(order, CodeOrder):
             if order.task == self.task.id and not self.task.is_source:
@@ -153,7 +154,7 @@ class PartitionInstance:
                 outcomes.update({role: outcome for role, members in (("origin", order.origins),
                                                                      ("target", order.targets))
                                  if self.partition in members})
-        for kind in arm_acks(order, outcomes):
+        for kind in arm_acks(order, outcomes, restored):
             self.handover_ack(order.handover_id, order.epoch, kind)
 
     def rearm(self, orders: list[HandoverOrder | CodeOrder], pulse: int) -> None:
@@ -163,7 +164,7 @@ class PartitionInstance:
         if self.handovers is not None:
             self.handovers.position = pulse
         for order in orders:
-            self.apply_handover(order)
+            self.apply_handover(order, restored=True)
 
     def handover_ack(self, handover_id: int, epoch: int, kind: str, digest: str = "", entries: int = 0,
                      times: dict[str, float] | None = None) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
+from replication.config import ReplicationConfig
 from replication.elements import DATA, WATERMARK
 from replication.examples.ordered import build_ordered_job
 from replication.handovers import (
@@ -27,6 +29,7 @@ from replication.handovers import (
     step_phases,
     vnode_bytes,
 )
+from replication.instance import ProcessingInstance
 from replication.plan import plan_job
 from rhino_state import (
     AllAtOnce,
@@ -37,6 +40,7 @@ from rhino_state import (
     VnodeMove,
     vnode_key_groups,
 )
+from rhino_state.cut import cut_digest, entry_bytes
 
 G, V = 64, 8  # 8 key groups per vnode
 
@@ -365,13 +369,65 @@ def test_a_replica_restored_past_its_part_of_a_committed_step_reports_that_part_
     ack this incarnation never sends.  It reports the part its checkpoint includes, and only for a
     committed order."""
     order = _order(committed=True)
-    assert arm_acks(order, {"target": "done"}) == ["loaded"]
-    assert arm_acks(order, {"upstream": "done"}) == ["switched"]
-    assert arm_acks(order, {"origin": "done", "upstream": "armed"}) == ["armed", "cut"]
-    assert arm_acks(replace(order, committed=False), {"target": "late"}) == ["late"]
-    assert arm_acks(replace(order, committed=False), {"upstream": "done"}) == []
-    assert arm_acks(replace(order, cancelled=True), {"target": "cancelled"}) == []
-    assert arm_acks(order, {"target": "armed"}) == ["armed"]
+    assert arm_acks(order, {"target": "done"}, restored=True) == ["loaded"]
+    assert arm_acks(order, {"upstream": "done"}, restored=True) == ["switched"]
+    assert arm_acks(order, {"origin": "done", "upstream": "armed"}, restored=True) == ["armed", "cut"]
+    assert arm_acks(replace(order, committed=False), {"target": "late"}, restored=True) == ["late"]
+    assert arm_acks(replace(order, committed=False), {"upstream": "done"}, restored=True) == []
+    assert arm_acks(replace(order, cancelled=True), {"target": "cancelled"}, restored=True) == []
+    assert arm_acks(order, {"target": "armed"}, restored=True) == ["armed"]
+    # re-sent to a running replica, a part found done is one it did: that action acks it
+    assert arm_acks(order, {"origin": "done", "upstream": "armed"}) == ["armed"]
+
+
+def _running_instance(tmp_path, partition: int, send=None) -> tuple[ProcessingInstance, HandoverOrder]:
+    """A running chain replica (partition ``partition``, replica 0) on a real RocksDB, and a
+    committed move of vnode 0 from partition 0 to 1 (switch at 100, release at 110) it armed.
+    ``send(order)``: called when it ships its cut (as :meth:`Worker.send_handover_state`)."""
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    order = replace(HandoverCoordinator(plan).start_move(chain.id, [0], 1, switch_at=100, release_at=110),
+                    committed=True)
+    worker = SimpleNamespace(cfg=ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092"),
+                             boot=SimpleNamespace(run_id="run"), job_name="job", state_root=tmp_path,
+                             send_handover_state=lambda o, origin, cuts: (send or (lambda _: None))(o) or 0)
+    inst = ProcessingInstance(worker, chain, partition, 0, plan)
+    inst.apply_handover(order)
+    assert [a[3] for a in inst.take_handover_acks()] == ["armed"]
+    return inst, order
+
+
+def test_an_origin_acks_its_cut_with_the_entries_when_the_order_comes_again_during_the_cut(tmp_path):
+    """The driver re-sends every order not completed with each heartbeat.  One that reaches an origin
+    replica between its cut (the step done on its side) and the cut's ack must not read as a replica
+    restored past the cut: that ack, with no entries and no digest, went first and the real one was
+    dropped as a repeat, so the driver counted 0 entries moved and checked no digest."""
+    inst = None
+    inst, order = _running_instance(tmp_path, 0, send=lambda o: inst.apply_handover(o))
+    backend = inst.state_backend()
+    moved = [(_kg(0), b"a", b"1"), (_kg(0, 3), b"b", b"2")]
+    for kg, rest, value in [*moved, (_kg(5), b"c", b"3")]:
+        backend.put(kg, rest, value)
+    assert inst._handovers_at_pulse(order.switch_at + 1)
+    (ack,) = inst.take_handover_acks()
+    assert ack[3] == "cut" and ack[5] == len(moved), ack
+    assert ack[4] == cut_digest(moved) and ack[8]["bytes"] == entry_bytes(moved)
+
+
+def test_a_target_acks_its_load_with_the_entries_when_the_order_comes_again_meanwhile(tmp_path):
+    inst, order = _running_instance(tmp_path, 1)
+    inst.handovers.state_arrived(order.handover_id, 0, [(_kg(0), b"a", b"1")])
+    release = inst.handovers.release
+
+    def release_then_heartbeat(*args, **kwargs):
+        held = release(*args, **kwargs)
+        inst.apply_handover(order)  # the order again, before the held records are processed
+        return held
+    inst.handovers.release = release_then_heartbeat
+    assert inst._handovers_at_pulse(order.release_at)
+    (ack,) = inst.take_handover_acks()
+    assert ack[3] == "loaded" and ack[5] == 1 and "release" in ack[8], ack
+    assert inst.state_backend().get(_kg(0), b"a") == b"1"
 
 
 def _move_cut() -> tuple[HandoverCoordinator, int, HandoverOrder]:
@@ -394,7 +450,7 @@ def test_a_step_completes_once_a_target_restored_past_the_release_reports_it_loa
     coord.replica_restored((chain_id, 1, 1), 1)  # ...and comes back from a checkpoint past the release
     coord.on_acks([(order.handover_id, order.epoch, (chain_id, 1, 0), "loaded", "", 5, 0, 0)])
     assert coord.state(order.handover_id).value != "completed"  # waits for the restored incarnation
-    acks = arm_acks(order, {"target": "done"})
+    acks = arm_acks(order, {"target": "done"}, restored=True)
     coord.on_acks([(order.handover_id, order.epoch, (chain_id, 1, 1), kind, "", 0, 1, 120) for kind in acks])
     assert coord.state(order.handover_id).value == "completed"
 
