@@ -1393,12 +1393,12 @@ class JobHandle:
         return pulse, switch_pulse(pulse, margin_s, self._pulse_period_ms() if period_ms is None else period_ms)
 
     def _pulse_period_ms(self) -> float:
-        """The time between pulses a handover counts its margins with: in KaZoo's windows one a
-        period; in LiveRobin as the generators write them (``DriverPulses.period_ms``)."""
+        """The time between pulses a handover counts its margins with: as the generators write
+        them (``DriverPulses.period_ms``; KaZoo: in the open window)."""
         nominal = self.cfg.liverobin_heartbeat_period_ms
-        if self.cfg.mode != "liverobin" or self.pulses is None:
+        if self.pulses is None:
             return nominal
-        return self.pulses.period_ms(nominal)
+        return self.pulses.period_ms(nominal, windowed=self.cfg.mode != "liverobin")
 
     def _stop_job(self, coordinator: HandoverCoordinator, job: int, task: str, timeout: float,
                   why: str | None = None) -> None:

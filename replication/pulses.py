@@ -41,6 +41,11 @@ WATCH_EVERY_S = 0.2
 # How far back the pulses written are counted for the rate a handover's margins assume.
 RATE_OVER_S = 2.0
 
+# KaZoo: how long a pulse window's pulses must have been written before their rate is trusted
+# (counted from the sample before its first pulse; earlier, one a period is assumed, which places
+# a step's pulses later than planned, never sooner).
+WINDOW_RATE_AFTER_S = 1.0
+
 # name, segment to start reading the log from, windowed -> a generator, not started
 GeneratorFactory = Callable[[str, int, bool], HeartbeatGenerator]
 
@@ -113,14 +118,21 @@ class DriverPulses:
         with self._lock:
             return max((g.pulses.last_h for g in self.generators), default=0)
 
-    def period_ms(self, nominal_ms: float) -> float:
+    def period_ms(self, nominal_ms: float, windowed: bool = False) -> float:
         """The time between pulses, as written over the last :data:`RATE_OVER_S` (LiveRobin: one a
         period while a source grows, and at least one every ``EAGER_PULSE_EVERY_S`` while a
-        handover waits): between ``nominal_ms`` and the eager gap."""
+        handover waits): between ``nominal_ms`` and the eager gap.  ``windowed`` (KaZoo): pulses
+        are written only in a pulse window, one a period at most (each waits for the one before
+        to be read back from the log); the rate is counted from the window's pulses once they
+        span :data:`WINDOW_RATE_AFTER_S`, and is ``nominal_ms`` before."""
         eager_ms = max(nominal_ms, EAGER_PULSE_EVERY_S * 1000)
         with self._lock:
             seen = list(self._seen)
-        if len(seen) < 2 or seen[-1][1] <= seen[0][1]:
+        if windowed:  # from the last sample that saw no pulse written (before the window opened)
+            seen = seen[max((i for i in range(1, len(seen)) if seen[i][1] == seen[i - 1][1]), default=0):]
+            if len(seen) < 2 or seen[-1][0] - seen[0][0] < WINDOW_RATE_AFTER_S:
+                return nominal_ms
+        elif len(seen) < 2 or seen[-1][1] <= seen[0][1]:
             return eager_ms
         (t0, h0), (t1, h1) = seen[0], seen[-1]
         return min(eager_ms, max(nominal_ms, (t1 - t0) * 1000 / (h1 - h0)))
