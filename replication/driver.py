@@ -428,8 +428,11 @@ class JobMaster:
             handovers: list[dict[str, Any]] = []
             retained = None
             if self.handovers is not None:
-                for text in self.handovers.on_acks(req.handover_acks):
+                news = self.handovers.on_acks(req.handover_acks)
+                for text in news:
                     self.event(text)
+                if news:  # committed, cancelled or completed: the next phase starts at each worker's reply
+                    self._ring_workers()
                 self.handovers.forget_cancelled(self._replica_passed)
                 handovers = self.handovers.view()
                 if self.handovers.retain:
@@ -1365,6 +1368,7 @@ class JobHandle:
             if order is None:  # e.g. a lost replica not restored yet, or the bytes-in-flight cap: wait
                 master._cond.wait(0.1)
                 continue
+            master._ring_workers()  # the participants arm it from their next reply on
             hid = order.handover_id
             self._await_handover(coordinator, hid, deadline, f"during handover {hid}",
                                  f"handover {hid} of {task} not completed within {timeout}s")
@@ -1438,6 +1442,7 @@ class JobHandle:
         with self._handover_window("an operator replacement", timeout) as coordinator:
             pulse, switch_at = self._switch_pulse(margin_s)
             order = coordinator.start_replace(spec.id, operator, payload, switch_at)
+            self.master._ring_workers()
             self.master.event(f"operator {operator!r} of {task}: version {order.version} from pulse {switch_at} on "
                               f"(now about {pulse})")
             hid = order.handover_id
@@ -1562,6 +1567,7 @@ class JobHandle:
         if not done:
             for text in coordinator.give_up(hid, timed_out):
                 master.event(text)
+            master._ring_workers()
             if coordinator.state(hid) is HandoverState.ABORTED:
                 raise TimeoutError(f"{timed_out} (not committed: cancelled)")
             master.event(f"handover {hid} is {coordinator.state(hid).value} past its deadline: it rolls forward "

@@ -168,7 +168,7 @@ class PartitionInstance:
 
     def handover_ack(self, handover_id: int, epoch: int, kind: str, digest: str = "", entries: int = 0,
                      times: dict[str, float] | None = None) -> None:
-        """Queue an acknowledgement for the driver (sent with the worker's next heartbeat), once.
+        """Queue an acknowledgement for the driver (the worker sends its next heartbeat now), once.
         It carries the wall-clock time of the action (``at``) and ``times``: what else the driver
         cannot see (a target's cut arrival, release and load; an origin's bytes cut)."""
         with self._ack_lock:
@@ -178,6 +178,7 @@ class PartitionInstance:
             self._handover_acks.append((handover_id, epoch, (self.task.id, self.partition, self.replica), kind,
                                         digest, entries, self.attempt, self.metrics.checkpoint_id,
                                         {"at": time.time(), **(times or {})}))
+        self.worker.beat_soon()  # the next step of the handover waits for this ack
 
     def take_handover_acks(self) -> list[tuple]:
         with self._ack_lock:

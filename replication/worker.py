@@ -989,6 +989,11 @@ class Worker:
         # (a standby hosts nothing until a replica is restored here)
         return bool(self.instances) and all(inst.finished.is_set() for inst in self._hosted())
 
+    def beat_soon(self) -> None:
+        """Send the next heartbeat now, not at the interval: an instance has news for the driver
+        (a handover's ack: its next phase waits for it).  Rings within ``BEAT_GAP_S`` merge."""
+        self._beat_now.set()
+
     def _beat(self, master: rpc.Peer, stop: threading.Event, mailbox: _Mailbox) -> None:
         """The liveness loop: a heartbeat every interval, whatever the main loop is busy with
         (applying a reply may wait on a restore's locks for a while); each reply goes to
