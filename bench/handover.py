@@ -650,15 +650,18 @@ class Checkpointing:
         return f"every {self.pulses} pulses"
 
 
-def job_conf(bootstrap: str, period_ms: int, mode: str = "liverobin", zookeeper: str | None = None,
+def job_conf(bootstrap: str, period_ms: int | None, mode: str = "liverobin", zookeeper: str | None = None,
              checkpoints: Checkpointing = Checkpointing()) -> dict[str, str]:
     """The job's configuration in ``mode``: LiveRobin with ``period_ms`` pulses, or KaZoo (ZooKeeper at
-    ``zookeeper``), whose handovers open pulse windows of ``period_ms`` pulses; Rhino off, or on for a
-    ``+rhino`` mode (``checkpoints``)."""
+    ``zookeeper``), whose handovers open pulse windows of ``period_ms`` pulses (None: the mode's
+    default); Rhino off, or on for a ``+rhino`` mode (``checkpoints``)."""
+    kazoo = base_mode(mode) == "kazoo"
     conf = {"spark.replication.kafka.bootstrapServers": bootstrap, "spark.replication.enabled": "true",
-            "spark.replication.mode": base_mode(mode),
-            "spark.replication.liverobin.heartbeatPeriod": f"{period_ms}ms", **checkpoints.conf(mode)}
-    if base_mode(mode) == "kazoo":
+            "spark.replication.mode": base_mode(mode), **checkpoints.conf(mode)}
+    if period_ms is not None:
+        period_key = "kazoo.windowPulsePeriod" if kazoo else "liverobin.heartbeatPeriod"
+        conf[f"spark.replication.{period_key}"] = f"{period_ms}ms"
+    if kazoo:
         if not zookeeper:
             raise ValueError("KaZoo mode needs ZooKeeper's address")
         conf.update({"spark.replication.zookeeper.connect": zookeeper,
@@ -752,7 +755,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     """A fresh job at ``spec.size`` in ``spec.mode``, under load, then its handover(s) with
     ``spec.strategy`` (see the module doc): one row per handover job."""
     from deploy.topics import create_topics, read_all
-    from replication.driver import run
+    from replication.driver import resolve_config, run
     from replication.workload import sample_of
 
     args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
@@ -890,7 +893,8 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         lo, hi = op.requested - args.before, op.ended + args.after
         timeline = timeline_rows([o for o in obs if lo <= o.produced < hi], op.requested, labels) \
             if op.requested else []
-        results.append(RunResult(row, step_rows(labels, steps, args.period, op.measured), timeline))
+        results.append(RunResult(row, step_rows(labels, steps, resolve_config(None, conf).pulse_period_ms,
+                                                op.measured), timeline))
     return results
 
 
@@ -1063,7 +1067,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--release", type=_release, default=None,
                     help="move_vnodes release_s: the release after the switch, seconds or 'auto' (the default: "
                          "sized by the driver from the task's earlier steps)")
-    ap.add_argument("--period", type=int, default=10, help="LiveRobin heartbeat period (ms)")
+    ap.add_argument("--period", type=int, default=None,
+                    help="pulse period (ms): LiveRobin's heartbeat period, KaZoo's window pulse period "
+                         "(default: the job's, 10 and 30)")
     ap.add_argument("--warm-up", type=float, default=3.0, help="seconds of load not counted in 'before'")
     ap.add_argument("--no-restart", dest="restart", action="store_false", help="skip the restart floor")
     ap.add_argument("--replot", action="store_true", help="only redraw handover.png from the CSV files under --out")
@@ -1084,7 +1090,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.runs = list(dict.fromkeys(specs))  # in order, each once
     for flag in ("batch", "keys_per_vnode", "value_bytes", "period", "checkpoint_every", "kazoo_checkpoint_every",
                  "checkpoint_elements"):
-        if getattr(args, flag) < 1:
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.vnodes < 0:
         ap.error("--vnodes must be >= 0")

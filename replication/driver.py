@@ -1076,7 +1076,7 @@ class JobHandle:
             sources=self.plan.source_topics(), positions=self.master.source_positions,
             starts={t.head.spec["topic"]: self.plan.source_start_offsets.get(t.id, {})
                     for t in self.plan.tasks if t.is_source},
-            period_s=cfg.liverobin_heartbeat_period_ms / 1000, max_step=cfg.liverobin_max_pulse_step,
+            period_s=cfg.pulse_period_ms / 1000, max_step=cfg.liverobin_max_pulse_step,
             consumer_conf=cfg.kafka_consumer_config(group_id=f"replication-{self.job.name}-pulses"),
             producer_conf=cfg.kafka_producer_config(), create_topics=self._create_log_segments,
             from_segment=from_segment, windowed=windowed)
@@ -1399,7 +1399,7 @@ class JobHandle:
     def _pulse_period_ms(self) -> float:
         """The time between pulses a handover counts its margins with: as the generators write
         them (``DriverPulses.period_ms``; KaZoo: in the open window)."""
-        nominal = self.cfg.liverobin_heartbeat_period_ms
+        nominal = self.cfg.pulse_period_ms
         if self.pulses is None:
             return nominal
         return self.pulses.period_ms(nominal, windowed=self.cfg.mode != "liverobin")
@@ -1476,7 +1476,7 @@ class JobHandle:
                     self.master.handovers = HandoverCoordinator(
                         self.plan, retain=self.cfg.rhino_enabled,
                         max_bytes_in_flight=self.cfg.handover_max_bytes_in_flight or None,
-                        period_s=self.cfg.liverobin_heartbeat_period_ms / 1000)
+                        period_s=self.cfg.pulse_period_ms / 1000)
                     # replicas restored before it existed ack as their incarnation; lost ones take part in nothing
                     manager = self.master.handovers.manager
                     manager.attempts.update(self.master._attempts)

@@ -252,7 +252,7 @@ class Worker:
         self.server: rpc.RpcServer | None = None
         self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
         # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin; KaZoo windows)
-        self._positions = PositionOutbox(self.cfg.liverobin_heartbeat_period_ms / 1000) \
+        self._positions = PositionOutbox(self.cfg.pulse_period_ms / 1000) \
             if self.plan.heartbeat_log is not None else None
         self._position_stream: rpc.OpenCall | None = None
 

@@ -47,8 +47,13 @@ def test_prefix_and_defaults() -> None:
     assert (c.mode, c.liverobin_heartbeat_period_ms, c.liverobin_max_pulse_step) == ("unordered", 10, 1_000)
     assert c.heartbeat_topic("orders") == "_replication.orders.heartbeats"
     assert cfg(mode="liverobin", **{"liverobin.heartbeatPeriod": "50ms"}).liverobin_heartbeat_period_ms == 50
+    # the generators' period: LiveRobin's heartbeat, or in KaZoo mode its pulse windows'
+    assert cfg(mode="liverobin").pulse_period_ms == 10 and c.kazoo_window_pulse_period_ms == 30
+    kazoo = {"mode": "kazoo", "zookeeper.connect": "z:2181", "liverobin.heartbeatPeriod": "50ms"}
+    assert cfg(**kazoo).pulse_period_ms == 30
+    assert cfg(**kazoo, **{"kazoo.windowPulsePeriod": "20ms"}).pulse_period_ms == 20
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 46
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 47
 
 
 def test_other_keys_ignored_and_values_typed() -> None:

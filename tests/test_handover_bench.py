@@ -85,6 +85,10 @@ def test_rhino_modes_and_byte_capped_strategies():
     assert (kz["spark.replication.rhino.enabled"], kz["spark.replication.rhino.checkpointEvery"],
             kz["spark.replication.rhino.checkpointElements"]) == ("true", "50", "200")
     assert hb.job_conf("b:9092", 10)["spark.replication.rhino.enabled"] == "false"
+    # --period: LiveRobin's heartbeat, KaZoo's window pulses; unset, the job's default
+    assert kz["spark.replication.kazoo.windowPulsePeriod"] == "10ms" and "spark.replication.liverobin.heartbeatPeriod" not in kz
+    assert on["spark.replication.liverobin.heartbeatPeriod"] == "10ms"
+    assert not any("Period" in k for k in hb.job_conf("b:9092", None, "kazoo", zookeeper="z:2181"))
     assert hb.job_conf("b:9092", 10, "kazoo", zookeeper="z:2181")["spark.replication.rhino.enabled"] == "false"
     with pytest.raises(ValueError, match="ZooKeeper"):
         hb.job_conf("b:9092", 10, "kazoo+rhino")
