@@ -1402,7 +1402,7 @@ class JobHandle:
         nominal = self.cfg.pulse_period_ms
         if self.pulses is None:
             return nominal
-        return self.pulses.period_ms(nominal, windowed=self.cfg.mode != "liverobin")
+        return self.pulses.period_ms(nominal, windowed=self.cfg.mode == "kazoo")
 
     def _stop_job(self, coordinator: HandoverCoordinator, job: int, task: str, timeout: float,
                   why: str | None = None) -> None:

@@ -129,7 +129,8 @@ class DriverPulses:
         with self._lock:
             seen = list(self._seen)
         if windowed:  # from the last sample that saw no pulse written (before the window opened)
-            seen = seen[max((i for i in range(1, len(seen)) if seen[i][1] == seen[i - 1][1]), default=0):]
+            quiet = [i for i in range(1, len(seen)) if seen[i][1] == seen[i - 1][1]]
+            seen = seen[quiet[-1] if quiet else 0:]
             if len(seen) < 2 or seen[-1][0] - seen[0][0] < WINDOW_RATE_AFTER_S:
                 return nominal_ms
         elif len(seen) < 2 or seen[-1][1] <= seen[0][1]:
