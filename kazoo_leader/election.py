@@ -147,7 +147,9 @@ class ElectionClient:
     """One ZooKeeper session per process (worker); many candidates share it."""
 
     def __init__(self, connect: str, session_timeout_s: float, identity: str,
-                 membership: str | None = None, digest: str | None = None) -> None:
+                 membership: str | None = None, digest: str | None = None, epoch_base: int = 0) -> None:
+        """``epoch_base`` is added to every epoch granted: a run that continues the order logs of
+        an earlier run (a resume) elects under a new path, above every epoch written before."""
         if not identity:
             raise ValueError("identity must be a non-empty string")
         if membership is not None and (not membership.startswith("/") or membership.endswith("/")):
@@ -155,6 +157,7 @@ class ElectionClient:
         self.connect = connect
         self.identity = identity
         self.membership = membership
+        self.epoch_base = epoch_base
         self._expelled = False  # the membership node was found gone (loop thread writes)
         self._data = identity.encode()
         self._zk = zk_client(
@@ -501,7 +504,7 @@ class ElectionClient:
                 if self._op(self._zk.exists_async(node, watch=cand._watch), gen) is None:
                     continue
                 if index == 0:
-                    self._grant(cand, gen, node, ranked[0][0])
+                    self._grant(cand, gen, node, self.epoch_base + ranked[0][0])
                     return
                 if cand._epoch is not None:  # cannot happen: lower numbers never reappear
                     log.error("election %s: a node below the leader's appeared: %s", cand.path, names)

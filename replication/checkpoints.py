@@ -21,6 +21,10 @@ safe checkpoints (the consistent cut a rollback restores from, see ``rhino_state
 A replica rolled back to an older checkpoint regenerates checkpoints that completed before: it
 reports their digests (the driver compares them with the originals) but ships nothing until it
 is past the latest completed one.
+
+With a durable checkpoint directory, the shipper also hands each increment it ships to an
+:class:`~rhino_state.uploader.IncrementUploader` and reports what was uploaded (the driver writes
+the consistent cuts, ``replication.durability``).
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from rhino_state.durable import DurableStore, UploadedIncrement
 from rhino_state.fetch import CheckpointExporter, fetch_checkpoint
 from rhino_state.increments import IncrementMeta
 from rhino_state.replica_store import ReplicaStore, ReplicaStoreClosedError
 from rhino_state.standby_db import restore_full
 from rhino_state.transfer import ChainShipper, IncrementService
+from rhino_state.uploader import IncrementUploader
 from transport import rpc
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,7 @@ Instance = tuple[int, int]
 
 
 class WorkerCheckpoints:
-    def __init__(self, worker: Any, root: Path) -> None:
+    def __init__(self, worker: Any, root: Path, durable: DurableStore | None = None) -> None:
         self.worker = worker
         self.root = root
         self.store = ReplicaStore(root / "store")
@@ -63,6 +69,9 @@ class WorkerCheckpoints:
         self._known_completed: dict[Instance, int] = {}
         self._group_view: dict[Instance, list[str]] = {}  # every instance's replica group (addresses)
         self.address: str | None = None  # this worker's, named among the holders of what it ships
+        self._uploaded: list[tuple[int, int, int, str]] = []  # (task, part, id, file) since the last report
+        self.uploader = None if durable is None else IncrementUploader(
+            durable, root / "durable-spool", self._on_uploaded, self._on_upload_failed)
 
     def handlers(self) -> dict[str, Any]:
         return {**self.service.handlers(), **self.shipper.handlers(), **self.exporter.handlers()}
@@ -74,6 +83,8 @@ class WorkerCheckpoints:
         self.shipper.start(address)
 
     def close(self) -> None:
+        if self.uploader is not None:
+            self.uploader.close()
         self.shipper.close()
         self.service.close()
         self.store.close()
@@ -108,6 +119,9 @@ class WorkerCheckpoints:
         if not shipping:  # the twin ships (this one only reports its digest), or nobody to ship to
             path.unlink(missing_ok=True)
             return meta, False
+        if self.uploader is not None and not self.uploader.offer(meta, path):
+            with self._lock:  # a delta the durable copy cannot chain: the next checkpoint starts a new chain
+                self._full_next.add(key)
         self._keep_own(inst.name, meta, path)  # (before offering it: the shipper owns the file then)
         try:
             offered = self.shipper.offer(meta, path)
@@ -154,18 +168,28 @@ class WorkerCheckpoints:
                 del self._positions[old]
             self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, holders, outputs))
 
+    def _on_uploaded(self, uploaded: UploadedIncrement) -> None:
+        with self._lock:
+            self._uploaded.append((*uploaded.meta.instance, uploaded.meta.checkpoint_id, uploaded.file))
+
+    def _on_upload_failed(self, key: Instance) -> None:
+        with self._lock:
+            self._full_next.add(key)
+
     def report(self) -> dict[str, list]:
-        """Checkpoints taken and completed since the last report (for the driver's heartbeat)."""
+        """Checkpoints taken, completed and uploaded since the last report (for the driver's heartbeat)."""
         with self._lock:
             taken, self._taken = self._taken, []
             completed, self._completed = self._completed, []
-        return {"taken": taken, "completed": completed}
+            uploaded, self._uploaded = self._uploaded, []
+        return {"taken": taken, "completed": completed, "durable": uploaded}
 
     def unreport(self, report: dict[str, list]) -> None:
         """A report the driver did not get (its heartbeat failed): it goes with the next one, first."""
         with self._lock:
             self._taken[:0] = report.get("taken", ())
             self._completed[:0] = report.get("completed", ())
+            self._uploaded[:0] = report.get("durable", ())
 
     # -- the driver's view ---------------------------------------------------------------------
     def apply_view(self, view: Mapping[str, Any]) -> None:

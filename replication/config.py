@@ -400,6 +400,23 @@ class ReplicationConfig:
         "offsets, keyed tasks with its state, at whatever parallelism this run plans (docs/savepoints.md). It "
         "must be readable from every executor.",
     )
+    checkpoint_dir: str | None = _key(
+        "checkpointDir", STR, None,
+        "Also write the job's completed consistent cuts of Rhino checkpoints to this directory: a path every "
+        "executor and the driver can reach, or a URI `pyarrow.fs` opens (`s3://`, `gs://`, `hdfs://`). Each "
+        "checkpoint uploads only its increment, off the instance thread; a cut is written last, checksummed. A "
+        "job started again with the same name and directory resumes from the newest complete cut "
+        "(docs/operations.md). Needs `rhino.enabled=true`.",
+    )
+    checkpoint_dir_retain: int = _key(
+        "checkpointDir.retain", INT, 3,
+        "Cuts kept in `checkpointDir`; older ones, and the increments only they need, are deleted as new ones "
+        "are written.", min=1, max=10_000,
+    )
+    checkpoint_dir_ignore: bool = _key(
+        "checkpointDir.ignore", BOOL, False,
+        "Start empty although `checkpointDir` holds checkpoints of this job: they are deleted first.",
+    )
     handover_max_bytes_in_flight: int = _key(
         "handover.maxBytesInFlight", INT, 0,
         "At most this many bytes of keyed state in handovers instructed and not yet loaded, over every job and "
@@ -621,6 +638,10 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
         out.append((PREFIX + "rhino.enabled",
                     f"{PREFIX}rhino.enabled=true: needs {PREFIX}mode=liverobin or kazoo (checkpoints are taken "
                     "at pulses or orders, the positions a restored partition and its upstreams agree on)"))
+    if values["checkpoint_dir"] is not None and not values["rhino_enabled"] and "rhino_enabled" not in bad:
+        out.append((PREFIX + "checkpointDir",
+                    f"{PREFIX}checkpointDir={values['checkpoint_dir']}: needs {PREFIX}rhino.enabled=true (the "
+                    "durable cuts are Rhino's checkpoints)"))
     return out + list(_tls_problems(values, bad)) + list(_kafka_problems(values))
 
 

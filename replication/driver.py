@@ -29,6 +29,7 @@ from liverobin.windows import WindowWord
 from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
+from replication.durability import DurableCheckpoints, plan_shape, resume_point
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
 from replication.liveness import FATAL_SILENCE_FACTOR, silent_workers
 from replication.messages import (
@@ -63,6 +64,7 @@ from replication.spark_cluster import driver_advertise_host, driver_bind_host, e
 from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
 from rhino_state import AllAtOnce, Batched, HandoverState, JobState, RoutingTable
+from rhino_state.durable import DurableStore
 from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager, RestorePlan
 from transport import rpc
@@ -71,6 +73,10 @@ from transport.rpc import host_port
 from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
+
+# A resumed run's election epochs start this far above the run before's (a ZooKeeper sequence
+# number, which the epoch of a run's elections is, stays far below it)
+EPOCH_STRIDE = 1 << 32
 
 
 class JobFailedError(RuntimeError):
@@ -167,6 +173,7 @@ class JobMaster:
         self.rpc_refused: dict[str, int] = {}  # calls each worker's server refused ("worker N"), as reported
         self.metrics_url: str | None = None  # the Prometheus endpoint, set by the JobHandle that serves it
         self.handovers: HandoverCoordinator | None = None  # created by the first handover request
+        self.durable: DurableCheckpoints | None = None  # spark.replication.checkpointDir: set by run()
         # KaZoo pulse windows (liverobin.windows): the driver's latest word
         # for the sources, and what each source replica reported holding: (window, {partition: position})
         self.pulse_window: WindowWord | None = None
@@ -186,6 +193,18 @@ class JobMaster:
         log.warning("%s", text)
         self.events.append((time.time(), text))
         self._status_dirty = True
+
+    def note(self, text: str) -> None:
+        """:meth:`event`, from a thread that does not hold the condition."""
+        with self._cond:
+            self.event(text)
+
+    def resume_outputs(self, committed: Mapping[str, list[int]]) -> None:
+        """A resumed run: the first writer of every exactly-once output takes over from the run
+        before (epoch 1 scans what that run wrote, from the offset the cut knew committed on)."""
+        for (t, p, kind), role in self.sinks.items():
+            seq, offset = committed.get(f"{t}-{p}-{kind}", (-1, -1))
+            self.sinks[(t, p, kind)] = [role[0], 1, seq, offset]
 
     def fail(self, reason: str) -> None:
         with self._cond:
@@ -522,6 +541,9 @@ class JobMaster:
         if report.get("completed") and self.handovers is not None and self.handovers.history:
             rhino = self.rhino
             self.handovers.prune(lambda inst: cp.checkpoint_id if (cp := rhino.restore_point(inst)) else None)
+        if self.durable is not None:
+            self.durable.uploaded(report.get("durable", ()))
+            self.durable.consider(self.rhino.safe, self.rhino.instances(), self.sinks)
 
     def _start_restores(self) -> None:
         """Restore every lost replica for which a live worker holds a completed checkpoint (one
@@ -875,6 +897,7 @@ class JobMaster:
                         "holders": sorted(cp.holders)} if (cp := self.rhino.completed.get((t, p))) else {})}
                 for t, p in self.rhino.instances()},
             "divergences": self.divergences[-10:],
+            "durable": None if self.durable is None else self.durable.status(),
             "metrics": {name: {"in": m.records_in, "out": m.records_out, "dedup_dropped": m.dedup_dropped,
                                "gaps": m.gaps, "queue": m.queue_batches, "dead_lettered": m.dead_lettered,
                                "p50_ms": round(m.latency.percentile(0.5) * 1000, 1),
@@ -1744,6 +1767,8 @@ class JobHandle:
                                      _role_metrics(self.plan, snap, "sink").records_out // self.plan.replicas,
                                      list(m.events), list(m.recoveries), m.checkpoints_compared,
                                      list(m.divergences))
+            if m.durable is not None:
+                m.durable.close()
             m.close(status)
             remove_cli_credentials(self.job.name)
             if self._elections is not None:
@@ -1773,6 +1798,28 @@ def _from_savepoint(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
     plan.savepoint = (root, meta)
 
 
+def _lineage(plan: PhysicalPlan, run_id: str) -> dict[str, Any]:
+    """What a run keeps of the run it resumes: its outputs' ids (the sinks' writers scan for what the
+    old run wrote under them) and an election epoch base above every epoch its order logs hold."""
+    if plan.resume is None:
+        return {"output_prefix": run_id, "epoch_base": 0}
+    before = plan.resume.cut.run
+    return {"output_prefix": before["output_prefix"], "epoch_base": int(before["epoch_base"]) + EPOCH_STRIDE}
+
+
+def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: str) -> None:
+    """A job with durable checkpoints goes on from the newest complete cut of its directory, if any;
+    one that cannot is refused, naming the key."""
+    key = PREFIX + "checkpointDir"
+    assert cfg.checkpoint_dir is not None
+    try:
+        store = DurableStore(cfg.checkpoint_dir, job_name)
+        plan.resume = resume_point(store, plan_shape(plan, cfg.mode), ignore=cfg.checkpoint_dir_ignore,
+                                   on_event=log.warning)
+    except (OSError, ValueError) as exc:
+        raise ConfigError([(key, f"{key}={cfg.checkpoint_dir}: {exc}")]) from None
+
+
 def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
     """Check Kafka, create missing sink / dead-letter topics, plan the job (no Spark needed)."""
     admin = admin_client(cfg.kafka_admin_config())
@@ -1787,14 +1834,18 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
                 range(partitions[task.head.spec["topic"]]))
     if cfg.restore_from is not None:
         _from_savepoint(plan, cfg)
+    if cfg.checkpoint_dir is not None:
+        _from_checkpoint_dir(plan, cfg, job.name)
     if cfg.enabled:
         plan.replicas = 2
     if cfg.enabled or cfg.mode != "unordered":
         check_replicable(plan, partitions)
     start_conf = cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start")
     if cfg.mode in ("liverobin", "kazoo"):  # KaZoo: pulses only in the windows a handover opens
-        # this run's own segments (liverobin.segments): generators make the later ones exist
-        plan.heartbeat_log = HeartbeatLog(f"{cfg.heartbeat_topic(job.name)}.{uuid.uuid4().hex[:8]}")
+        # this run's own segments (liverobin.segments): generators make the later ones exist; a resumed
+        # run goes on in the log of the run it resumes (its sources read the pulses after their checkpoints)
+        resumed = plan.resume.cut.run.get("heartbeat_log") if plan.resume is not None else None
+        plan.heartbeat_log = HeartbeatLog(resumed or f"{cfg.heartbeat_topic(job.name)}.{uuid.uuid4().hex[:8]}")
         ensure_topics(admin, {plan.heartbeat_log.topic(n): 1 for n in range(3)})
     if cfg.mode == "kazoo":
         # each run follows its order logs from their current end: orders of an earlier run of the
@@ -1858,6 +1909,18 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                        security)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     election_root = f"/replication/{job.name}/{run_id}" if plan.order_logs else None
+    lineage = _lineage(plan, run_id)
+    if cfg.checkpoint_dir is not None:
+        if plan.resume is not None:
+            master.resume_outputs(plan.resume.cut.sinks)
+            for note in plan.resume.notes:
+                master.note(note)
+        assert cfg.checkpoint_dir is not None
+        master.durable = DurableCheckpoints(
+            DurableStore(cfg.checkpoint_dir, job.name), plan=plan_shape(plan, cfg.mode), retain=cfg.checkpoint_dir_retain,
+            run={**lineage, "run_id": run_id,
+                 "heartbeat_log": plan.heartbeat_log.prefix if plan.heartbeat_log is not None else None},
+            on_event=master.note)
     elections = ElectionJanitor(cfg.zookeeper_connect, election_root, master, cfg.zookeeper_digest) \
         if election_root else None
     threading.Thread(target=master.monitor, name=f"monitor-{job.name}", daemon=True).start()
@@ -1875,7 +1938,8 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     address = host_port(driver_advertise_host(sc), server.port)
     master.control_address = address
     write_cli_credentials(job.name, security, cfg)
-    boot = WorkerBootstrap(job.name, run_id, plan, placement, cfg, address, num_workers, election_root, security)
+    boot = WorkerBootstrap(job.name, run_id, plan, placement, cfg, address, num_workers, election_root, security,
+                           output_prefix=lineage["output_prefix"], epoch_base=lineage["epoch_base"])
     handle = JobHandle(job, cfg, plan, placement, master, server, sc, f"replication-{job.name}-{run_id}", elections)
     master.mover = handle.move_request
     log.info("%s\nwarm executors: %s; %d workers; job master at %s", plan.describe(), sorted(warm), num_workers,

@@ -77,7 +77,7 @@ class PartitionInstance:
         self.exactly_once_sink = self.replicated or self.cfg.rhino_enabled
         self.parallelism = task.parallelism
         self.name = replica_name(task.name, partition, replica)
-        self.sink_id = f"{worker.boot.run_id}:{task.id}:{partition}"
+        self.sink_id = f"{worker.boot.output_prefix or worker.boot.run_id}:{task.id}:{partition}"
         self._sink_partitions = plan.sink_topic_partitions
         self.sinks: list[Any] = []
         # the exactly-once outputs (sinks, dead letters), each written by the replica the driver names

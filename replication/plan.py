@@ -20,6 +20,7 @@ from typing import Any
 
 from liverobin.segments import HeartbeatLog
 from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError, Node
+from replication.durability import ResumePoint
 from rhino_state import RoutingTable
 
 Instance = tuple[int, int]  # (task id, partition)
@@ -100,6 +101,7 @@ class PhysicalPlan:
     order_logs: dict[Instance, tuple[str, int]] = field(default_factory=dict)
     # a savepoint this run starts from: (directory, its _meta.json), set by the driver
     savepoint: tuple[str, dict] | None = None
+    resume: ResumePoint | None = None  # the durable cut this run goes on from, set by the driver
 
     def source_topics(self) -> dict[str, list[int]]:
         """Every source topic with the Kafka partitions the job reads of it."""

@@ -74,6 +74,8 @@ from replication.senders import (
 from replication.spark_cluster import current_executor_id, executor_bind_host, local_advertise_host
 from rhino_state import CheckpointNotHeldError, moved_key_groups
 from rhino_state.cut import Delivery, apply_changes, cut_digest, entry_bytes, plan_delivery
+from rhino_state.durable import DurableStore
+from rhino_state.increments import IncrementMeta
 from transport import rpc, wire
 from transport.frames import FrameServer
 from transport.kafka_feeds import SharedConsumer
@@ -114,6 +116,8 @@ class WorkerBootstrap:
     num_workers: int
     election_root: str | None = None  # KaZoo: this run's ZooKeeper path; a partition's election below it
     security: RpcSecurity | None = field(default=None, repr=False)  # the run's RPC secret (and TLS material)
+    output_prefix: str = ""  # the exactly-once outputs' ids start with it (default: run_id); kept by a resume
+    epoch_base: int = 0  # added to KaZoo election epochs: a resumed run elects above the run before
 
 
 def election_identity(worker: int, attempt: int) -> str:
@@ -250,7 +254,9 @@ class Worker:
             raise ValueError("a worker needs the run's RPC security (WorkerBootstrap.security)")
         self.security: RpcSecurity = boot.security
         self.server: rpc.RpcServer | None = None
-        self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino") if self.cfg.rhino_enabled else None
+        durable = DurableStore(self.cfg.checkpoint_dir, self.job_name) if self.cfg.checkpoint_dir else None
+        self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino", durable) if self.cfg.rhino_enabled \
+            else None
         # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin; KaZoo windows)
         self._positions = PositionOutbox(self.cfg.pulse_period_ms / 1000) \
             if self.plan.heartbeat_log is not None else None
@@ -329,7 +335,7 @@ class Worker:
                     self.cfg.zookeeper_connect, self.cfg.kazoo_session_timeout_ms / 1000,
                     identity=election_identity(self.index, self.attempt),
                     membership=election_membership(self.boot.election_root, self.index, self.attempt),
-                    digest=self.cfg.zookeeper_digest)
+                    digest=self.cfg.zookeeper_digest, epoch_base=self.boot.epoch_base)
                 if self._ready.is_set():
                     client.start(timeout_s=self.cfg.start_timeout_ms / 1000)
                 self._election = client
@@ -384,13 +390,41 @@ class Worker:
         self.dead_letters = DeadLetterWriter(self.producer, self.cfg.dead_letter_topic(self.job_name), self.job_name)
         self._addresses = dict(addresses)
 
-    def _build(self, addresses: dict[int, str]) -> None:
+    def _build(self, addresses: dict[int, str], resumed: dict[Instance, tuple[IncrementMeta, Path]]) -> None:
+        """The replicas placed here; ``resumed``: those that go on from a durable cut (built from it)."""
         self._build_host(addresses)
         for (task_id, part, replica), w in sorted(self.boot.placement.items()):
             if w == self.index:
-                self.instances[(task_id, part)] = self._instance(task_id, part, replica)
+                self.instances[(task_id, part)] = self._instance(task_id, part, replica,
+                                                                 restoring=(task_id, part) in resumed)
         for inst in self._hosted():
-            inst.build(self._outputs(inst, self.boot.placement, {}))
+            first_seqs: dict[int, int] = {}
+            if (key := (inst.task.id, inst.partition)) in resumed:
+                first_seqs = inst.restore_from(*resumed[key])["outputs"]
+            inst.build(self._outputs(inst, self.boot.placement, first_seqs))
+
+    def _fetch_resumed(self) -> dict[Instance, tuple[IncrementMeta, Path]]:
+        """A resumed run's first attempt: the state of every replica placed here, built from its
+        partition's checkpoint in the durable cut (downloaded and checked increment by increment),
+        before registering: a large state takes a while, and no heartbeat is due yet."""
+        resume = self.plan.resume
+        if resume is None or self.attempt != 0:
+            return {}
+        store = DurableStore(resume.uri, self.job_name)
+        out = {}
+        for (task_id, part, _), w in sorted(self.boot.placement.items()):
+            if w != self.index:
+                continue
+            started = time.monotonic()
+            target = self.state_root / f"t{task_id}-p{part}-resumed"
+            shutil.rmtree(target, ignore_errors=True)
+            cut_part = resume.cut.parts[(task_id, part)]
+            meta = store.restore((task_id, part), cut_part.file, target, scratch=self.state_root)
+            out[(task_id, part)] = (meta, target)
+            log.warning("worker %d: %s[%d] resumes from checkpoint %d of cut %d (built in %.3fs)", self.index,
+                        self.plan.task(task_id).name, part, meta.checkpoint_id, resume.cut.number,
+                        time.monotonic() - started)
+        return out
 
     def _hosted(self) -> list[PartitionInstance]:
         """The instances hosted now, as a copy: restores add and removals drop instances from
@@ -855,6 +889,7 @@ class Worker:
                                 server.port)
             if self.checkpoints is not None:
                 self.checkpoints.start(address)
+            resumed = self._fetch_resumed()
             reply = master.call("Register", Register(self.index, self.attempt, current_executor_id(), address,
                                                      os.getpid()), Registered,
                                 timeout=self.cfg.start_timeout_ms / 1000)
@@ -877,7 +912,7 @@ class Worker:
             if reply.status != "ok":
                 report["reason"] = reply.reason
                 return report
-            self._build(reply.addresses)
+            self._build(reply.addresses, resumed)
             assert reply.instructions is not None
             self._apply(reply.instructions)
             self._ready.set()

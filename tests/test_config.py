@@ -53,7 +53,7 @@ def test_prefix_and_defaults() -> None:
     assert cfg(**kazoo).pulse_period_ms == 30
     assert cfg(**kazoo, **{"kazoo.windowPulsePeriod": "20ms"}).pulse_period_ms == 20
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 47
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 50
 
 
 def test_other_keys_ignored_and_values_typed() -> None:
@@ -342,3 +342,11 @@ def test_rhino_checkpoints_need_a_mode_with_checkpoint_positions() -> None:
     assert (ok.rhino_enabled, ok.rhino_replicas, ok.rhino_checkpoint_every) == (True, 1, 50)
     passive = cfg(rhino__enabled="true", mode="liverobin")  # checkpoint-restart without replication
     assert passive.rhino_enabled and not passive.enabled
+
+
+def test_a_checkpoint_directory_needs_rhino_checkpoints() -> None:
+    err = refused({PREFIX + "checkpointDir": "/shared/cp", PREFIX + "mode": "liverobin"})
+    assert err.key == PREFIX + "checkpointDir" and "needs spark.replication.rhino.enabled=true" in str(err)
+    ok = cfg(rhino__enabled="true", mode="liverobin", checkpointDir="s3://bucket/jobs")
+    assert (ok.checkpoint_dir, ok.checkpoint_dir_retain, ok.checkpoint_dir_ignore) == ("s3://bucket/jobs", 3, False)
+    assert refused({PREFIX + "checkpointDir.retain": "0"}).key == PREFIX + "checkpointDir.retain"

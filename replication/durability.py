@@ -1,0 +1,237 @@
+"""The driver's side of durable checkpoints (DESIGN §12): when to write a consistent cut, and writing it.
+
+Workers upload the increments their shipping replicas take (``rhino_state.uploader``) and report
+each upload.  :class:`CutTracker` (pure) keeps those reports and, given the Rhino manager's
+consistent cut (every partition's *safe* checkpoint), says when a new cut can be written: every
+partition has a safe checkpoint, each of them is uploaded, and the set differs from the last cut
+written.  :class:`DurableCheckpoints` writes such cuts in a thread of its own (the newest one
+pending; an older pending one is superseded), then applies retention; the heartbeat handler that
+feeds it never waits for the file system.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rhino_state.durable import CutPart, DurableCut, DurableStore
+from rhino_state.manager import CompletedCheckpoint
+
+__all__ = ["CutTracker", "DurableCheckpoints", "ResumePoint", "differences", "plan_shape", "resume_point"]
+
+log = logging.getLogger(__name__)
+
+Instance = tuple[int, int]
+
+
+@dataclass
+class CutTracker:
+    """Uploaded checkpoints per partition, and the last cut handed out (pure: no I/O)."""
+
+    uploads: dict[Instance, dict[int, str]] = field(default_factory=dict)  # checkpoint id -> file stem
+    last: dict[Instance, int] | None = None
+
+    def uploaded(self, inst: Instance, checkpoint_id: int, file: str) -> None:
+        self.uploads.setdefault(inst, {})[checkpoint_id] = file
+
+    def next_cut(self, safe: Mapping[Instance, CompletedCheckpoint],
+                 instances: Iterable[Instance]) -> dict[Instance, CutPart] | None:
+        """The parts of a new cut, or None: a partition without a safe checkpoint, one whose safe
+        checkpoint is not uploaded (yet), or the same cut as the last one."""
+        ids = {}
+        for inst in instances:
+            cp = safe.get(inst)
+            if cp is None or cp.checkpoint_id not in self.uploads.get(inst, {}):
+                return None
+            ids[inst] = cp.checkpoint_id
+        if not ids or ids == self.last:
+            return None
+        self.last = ids
+        for inst, cid in ids.items():  # a cut never moves back: older uploads are never needed again
+            self.uploads[inst] = {c: f for c, f in self.uploads[inst].items() if c >= cid}
+        return {inst: CutPart(cid, self.uploads[inst][cid], safe[inst].digest, dict(safe[inst].positions),
+                              dict(safe[inst].outputs)) for inst, cid in ids.items()}
+
+
+def plan_shape(plan: Any, mode: str) -> dict[str, Any]:
+    """What a resume checks a job against: its tasks (id, kind, parallelism, operators), its channels,
+    the key groups and the ordering mode."""
+    tasks = {}
+    for t in plan.tasks:
+        kind = "source" if t.is_source else "keyed" if t.id in plan.routing else "other"
+        tasks[t.name] = {"id": t.id, "kind": kind, "parallelism": t.parallelism,
+                         "operators": [n.name for n in t.chain]}
+    channels = sorted([c.id, c.src_task, c.src_partition, c.dst_task, c.dst_partition] for c in plan.channels)
+    return {"tasks": tasks, "channels": channels, "key_groups": plan.num_key_groups, "mode": mode}
+
+
+def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Why a job shaped ``current`` cannot go on from checkpoints of a job shaped ``saved`` (empty:
+    it can).  Replication on or off may change: both replicas checkpoint the same state."""
+    out = []
+    if saved.get("mode") != current["mode"]:
+        out.append(f"the checkpoints were taken in mode {saved.get('mode')}, this run is in mode {current['mode']}")
+    if saved.get("key_groups") != current["key_groups"]:
+        out.append(f"the checkpoints have {saved.get('key_groups')} key groups, this run "
+                   f"{current['key_groups']} (spark.replication.state.keyGroups)")
+    old, new = saved.get("tasks", {}), current["tasks"]
+    out += [f"task {name} of the checkpoints is not in this job (its state would be lost)" for name in old
+            if name not in new]
+    out += [f"task {name} is not in the checkpoints" for name in new if name not in old]
+    for name in (n for n in new if n in old):
+        o, n = old[name], new[name]
+        if o["parallelism"] != n["parallelism"]:
+            out.append(f"task {name}: parallelism {n['parallelism']} here, {o['parallelism']} in the checkpoints "
+                       "(to change it, drain with a savepoint and start from that)")
+        if o["operators"] != n["operators"]:
+            out.append(f"task {name}: operators {n['operators']} here, {o['operators']} in the checkpoints")
+        if o["id"] != n["id"] or o["kind"] != n["kind"]:
+            out.append(f"task {name}: planned as {n['kind']} task {n['id']} here, {o['kind']} task {o['id']} in "
+                       "the checkpoints")
+    if not out and saved.get("channels") != current["channels"]:
+        out.append("the job's channels differ from the checkpoints' (an edge or a partitioning changed)")
+    return out
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The cut a run starts from: every partition restores its part of it."""
+
+    uri: str
+    cut: DurableCut
+    notes: tuple[str, ...] = ()  # what was found on the way (newer cuts skipped, and why)
+
+
+def resume_point(store: DurableStore, shape: Mapping[str, Any], *, ignore: bool,
+                 on_event: Callable[[str], None]) -> ResumePoint | None:
+    """What a run of the job shaped ``shape`` starts from in ``store``: its newest complete cut, or
+    None (no cut; or ``ignore``: every checkpoint of the job is deleted first).  ``ValueError``
+    says why the run cannot start: no complete cut among those there, or a job that differs."""
+    if ignore:
+        if store.cut_numbers() or store.instances():
+            on_event(f"durable checkpoints: starting empty (checkpointDir.ignore=true): deleting the checkpoints "
+                     f"of job {store.job} in {store.uri}")
+        store.clear()
+        return None
+    cut, skipped = store.latest_complete_cut()
+    notes = tuple(f"durable checkpoints: cut {number} skipped: {why}" for number, why in skipped)
+    for note in notes:
+        on_event(note)
+    if cut is None:
+        if skipped:
+            raise ValueError(f"none of the {len(skipped)} cuts in {store.uri} for job {store.job} is complete "
+                             f"(newest: {skipped[0][1]}); set checkpointDir.ignore=true to start empty")
+        store.clear()  # increments no cut names: a run that never completed one
+        return None
+    problems = differences(cut.plan, shape)
+    if problems:
+        raise ValueError(f"cut {cut.number} in {store.uri} does not fit this job: {'; '.join(problems)}; set "
+                         "checkpointDir.ignore=true to start empty")
+    resuming = (f"durable checkpoints: resuming from cut {cut.number} of {store.uri} (written "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cut.written_at))})")
+    on_event(resuming)
+    return ResumePoint(store.uri, cut, (*notes, resuming))
+
+
+class DurableCheckpoints:
+    """Writes the job's consistent cuts to ``store`` as they become complete, keeping ``retain``."""
+
+    def __init__(self, store: DurableStore, *, plan: dict[str, Any], run: dict[str, Any], retain: int,
+                 on_event: Callable[[str], None] = lambda text: None) -> None:
+        self.store = store
+        self.plan, self.run, self.retain = plan, run, retain
+        self.on_event = on_event
+        self.tracker = CutTracker()
+        self.next_number = (max(store.cut_numbers(), default=0)) + 1
+        self.cuts_written = 0
+        self.last_written: DurableCut | None = None
+        self.last_written_at: float | None = None
+        self.write_s = 0.0  # the last cut's write and retention
+        self.failures = 0
+        self._pending: DurableCut | None = None
+        self._writing = False
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="durable-cuts", daemon=True)
+        self._thread.start()
+
+    def uploaded(self, entries: Iterable[tuple[int, int, int, str]]) -> None:
+        """Uploads a worker reported: ``(task, partition, checkpoint id, file)``."""
+        for t, p, cid, file in entries:
+            self.tracker.uploaded((t, p), cid, file)
+
+    def consider(self, safe: Mapping[Instance, CompletedCheckpoint], instances: Iterable[Instance],
+                 sinks: Mapping[tuple[int, int, str], list[int]]) -> bool:
+        """Queue a new cut if the consistent cut moved and is uploaded; whether one was queued."""
+        parts = self.tracker.next_cut(safe, instances)
+        if parts is None:
+            return False
+        committed = {f"{t}-{p}-{kind}": [entry[2], entry[3]] for (t, p, kind), entry in sorted(sinks.items())}
+        with self._cond:
+            cut = DurableCut(self.next_number, self.store.job, parts, self.plan, self.run, committed, time.time())
+            self.next_number += 1
+            self._pending = cut
+            self._cond.notify_all()
+        return True
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the cut queued last is written; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._pending is not None or self._writing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=1.0)
+
+    def status(self) -> dict[str, Any]:
+        last = self.last_written
+        return {"uri": self.store.uri, "cuts_written": self.cuts_written, "failures": self.failures,
+                "last_cut": None if last is None else last.number, "last_cut_at": self.last_written_at,
+                "last_cut_checkpoints": None if last is None else
+                {f"{t}-{p}": part.checkpoint_id for (t, p), part in sorted(last.parts.items())}}
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None and not self._closed:
+                    self._cond.wait()
+                if self._pending is None:
+                    return
+                cut, self._pending = self._pending, None
+                self._writing = True
+            try:
+                self._write(cut)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
+
+    def _write(self, cut: DurableCut) -> None:
+        started = time.monotonic()
+        try:
+            self.store.write_cut(cut)
+            deleted = self.store.retain(self.retain)
+        except Exception as exc:  # noqa: BLE001 - the next cut tries again; the older ones stay valid
+            self.failures += 1
+            text = f"durable checkpoints: cut {cut.number} not written to {self.store.uri}: {exc}"
+            log.warning(text)
+            self.on_event(text)
+            return
+        self.cuts_written += 1
+        self.last_written, self.last_written_at = cut, time.time()
+        self.write_s = time.monotonic() - started
+        log.info("durable checkpoints: cut %d written (%d partitions) in %.3fs; retention deleted %d cuts, %d files",
+                 cut.number, len(cut.parts), self.write_s, *deleted)

@@ -1,0 +1,390 @@
+"""Durable checkpoints (DESIGN §12): a job's consistent cuts in a file system that outlives the job.
+
+Rhino's copies live on executors; this store keeps them where a job whose driver, or whole
+cluster, died finds them again: a local or shared path, or any URI ``pyarrow.fs`` opens
+(``s3://``, ``gs://``, ``hdfs://``...).  Layout under ``<root>/<job>/``::
+
+    increments/t{task}-p{partition}/{id:012d}-{token}.inc    an increment's payload, as the backend wrote it
+    increments/t{task}-p{partition}/{id:012d}-{token}.json   its meta, the increment it applies to, size, sha256
+    cuts/{n:012d}.json                                       a consistent cut, checksummed
+
+The shipping replica of each partition uploads every increment it ships (:mod:`rhino_state.uploader`),
+payload first, meta second: an increment without its meta is an unfinished upload.  A delta names
+the file it applies to, so a checkpoint's *chain* (its full snapshot, then every delta up to it) is
+found by following those names back.  The driver writes a cut once every partition's checkpoint of
+the consistent cut is uploaded (``rhino_state.manager``: for every channel, the upstream's output seq
+at its checkpoint is at most the downstream's position at its own); the cut is written last, as
+one object (a rename on a local file system), so a reader sees it whole or not at all.
+
+Reading verifies everything a resume would use: the cut's own checksum, and for every partition each
+file of its chain (present, its size and sha256).  :meth:`DurableStore.latest_complete_cut` takes the
+newest cut that passes and reports why each newer one did not.  Retention keeps the newest cuts and
+every increment a kept cut's chains, or a later cut's, may still need.
+
+No Spark, no Kafka; pickles only inside the opaque ``runtime`` bytes, as in the increments themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyarrow import fs as pafs
+
+from rhino_state.increments import IncrementMeta, Instance
+from rhino_state.replica_store import ReplicaStore
+
+__all__ = ["CUT_FORMAT", "CutPart", "DamagedCheckpointError", "DurableCut", "DurableStore", "UploadedIncrement"]
+
+CUT_FORMAT = 1
+CHUNK = 4 * 1024 * 1024
+_INCREMENT_RE = re.compile(r"(\d{12})-([0-9a-f]+)\.json")
+_CUT_RE = re.compile(r"(\d{12})\.json")
+
+
+class DamagedCheckpointError(Exception):
+    """A cut or one of the files it needs is missing, partial or does not match its checksum."""
+
+
+@dataclass(frozen=True)
+class UploadedIncrement:
+    """An uploaded increment: its meta, the stem of its file, and the stem of the file it applies to."""
+
+    meta: IncrementMeta
+    file: str
+    previous_file: str | None
+    size: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.meta
+        return {"task": m.instance[0], "partition": m.instance[1], "checkpoint_id": m.checkpoint_id,
+                "previous_id": m.previous_id, "digest": m.digest, "changed_keys": m.changed_keys,
+                "bytes_changed": m.bytes_changed, "bytes_shipped": m.bytes_shipped,
+                "runtime": base64.b64encode(m.runtime).decode(), "file": self.file,
+                "previous_file": self.previous_file, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> UploadedIncrement:
+        meta = IncrementMeta((int(d["task"]), int(d["partition"])), int(d["checkpoint_id"]),
+                             None if d["previous_id"] is None else int(d["previous_id"]), d["digest"],
+                             int(d["changed_keys"]), int(d["bytes_changed"]), int(d["bytes_shipped"]),
+                             base64.b64decode(d["runtime"]))
+        return cls(meta, d["file"], d["previous_file"], int(d["size"]), d["sha256"])
+
+
+@dataclass(frozen=True)
+class CutPart:
+    """One partition's checkpoint in a cut."""
+
+    checkpoint_id: int
+    file: str  # the stem of its increment file
+    digest: str
+    positions: dict[int, int] = field(default_factory=dict)  # input channel -> next seq it needs
+    outputs: dict[int, int] = field(default_factory=dict)  # output channel -> next seq at the checkpoint
+
+
+@dataclass(frozen=True)
+class DurableCut:
+    """A consistent cut of every partition of a job, with what a resume checks it against."""
+
+    number: int
+    job: str
+    parts: dict[Instance, CutPart]
+    plan: dict[str, Any] = field(default_factory=dict)  # the job's shape: tasks, parallelism, key groups
+    run: dict[str, Any] = field(default_factory=dict)  # what the run's logs were (heartbeat, order topics)
+    sinks: dict[str, list[int]] = field(default_factory=dict)  # "task-partition-kind" -> [seq, offset] committed
+    written_at: float = 0.0
+
+    def body(self) -> dict[str, Any]:
+        return {"format": CUT_FORMAT, "number": self.number, "job": self.job, "written_at": self.written_at,
+                "plan": self.plan, "run": self.run, "sinks": self.sinks,
+                "parts": {f"{t}-{p}": {"checkpoint_id": c.checkpoint_id, "file": c.file, "digest": c.digest,
+                                       "positions": {str(k): v for k, v in sorted(c.positions.items())},
+                                       "outputs": {str(k): v for k, v in sorted(c.outputs.items())}}
+                          for (t, p), c in sorted(self.parts.items())}}
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> DurableCut:
+        if body.get("format") != CUT_FORMAT:
+            raise DamagedCheckpointError(f"cut format {body.get('format')!r}, this version reads {CUT_FORMAT}")
+        parts = {}
+        for name, c in body["parts"].items():
+            t, p = (int(x) for x in name.split("-"))
+            parts[(t, p)] = CutPart(int(c["checkpoint_id"]), c["file"], c["digest"],
+                                    {int(k): int(v) for k, v in c["positions"].items()},
+                                    {int(k): int(v) for k, v in c["outputs"].items()})
+        return cls(int(body["number"]), body["job"], parts, dict(body["plan"]), dict(body["run"]),
+                   {k: list(v) for k, v in body["sinks"].items()}, float(body["written_at"]))
+
+
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _instance_dir(instance: Instance) -> str:
+    return f"t{instance[0]}-p{instance[1]}"
+
+
+class DurableStore:
+    """One job's durable checkpoints under ``uri`` (a path or a ``pyarrow.fs`` URI)."""
+
+    def __init__(self, uri: str, job: str) -> None:
+        if "://" not in uri:
+            uri = os.path.abspath(uri)
+        self.fs, base = pafs.FileSystem.from_uri(uri)
+        self.uri = uri
+        self.job = job
+        self.root = f"{base.rstrip('/')}/{job}"
+        self._local = isinstance(self.fs, pafs.LocalFileSystem)
+
+    def __repr__(self) -> str:
+        return f"DurableStore({self.uri!r}, job={self.job!r})"
+
+    # -- writing ---------------------------------------------------------------------------------
+    def upload(self, meta: IncrementMeta, payload: str | os.PathLike[str], previous_file: str | None,
+               file: str | None = None) -> UploadedIncrement:
+        """Upload one increment (payload, then meta); ``previous_file``: the stem of the file a delta
+        applies to (None for a full snapshot).  Returns what was written."""
+        if meta.full != (previous_file is None):
+            raise ValueError(f"checkpoint {meta.checkpoint_id} of {meta.instance}: a full snapshot has no "
+                             "previous file and a delta needs one")
+        file = file or self.new_file_name(meta.checkpoint_id)
+        directory = f"{self.root}/increments/{_instance_dir(meta.instance)}"
+        self.fs.create_dir(directory, recursive=True)
+        digest = hashlib.sha256()
+        size = 0
+        with open(payload, "rb") as src, self._output(f"{directory}/{file}.inc") as out:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+        uploaded = UploadedIncrement(meta, file, previous_file, size, digest.hexdigest())
+        with self._output(f"{directory}/{file}.json") as out:
+            out.write(_canonical(uploaded.to_json()))
+        return uploaded
+
+    @staticmethod
+    def new_file_name(checkpoint_id: int) -> str:
+        return f"{checkpoint_id:012d}-{uuid.uuid4().hex[:12]}"
+
+    def write_cut(self, cut: DurableCut) -> str:
+        """Write ``cut`` (its number must be new) as one object; returns its path."""
+        body = cut.body()
+        body["sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
+        self.fs.create_dir(f"{self.root}/cuts", recursive=True)
+        path = f"{self.root}/cuts/{cut.number:012d}.json"
+        with self._output(path) as out:
+            out.write(_canonical(body))
+        return path
+
+    def _output(self, path: str) -> Any:
+        """A stream whose content appears at ``path`` only once it is closed whole: a temporary file
+        renamed on a local file system; object stores make an upload visible only when complete."""
+        return _Atomic(self.fs, path) if self._local else self.fs.open_output_stream(path)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def cut_numbers(self) -> list[int]:
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/cuts", allow_not_found=True))
+        return sorted(int(m[1]) for i in infos if (m := _CUT_RE.fullmatch(os.path.basename(i.path))))
+
+    def read_cut(self, number: int) -> DurableCut:
+        """Cut ``number``, its checksum verified (:class:`DamagedCheckpointError` otherwise)."""
+        try:
+            body = json.loads(self._read(f"{self.root}/cuts/{number:012d}.json"))
+        except (OSError, ValueError) as exc:
+            raise DamagedCheckpointError(f"cut {number}: unreadable ({exc})") from None
+        if not isinstance(body, dict):
+            raise DamagedCheckpointError(f"cut {number}: not a cut")
+        claimed = body.pop("sha256", None)
+        if claimed != hashlib.sha256(_canonical(body)).hexdigest():
+            raise DamagedCheckpointError(f"cut {number}: checksum mismatch")
+        try:
+            return DurableCut.from_body(body)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DamagedCheckpointError(f"cut {number}: malformed ({exc})") from None
+
+    def increment(self, instance: Instance, file: str) -> UploadedIncrement:
+        path = f"{self.root}/increments/{_instance_dir(instance)}/{file}.json"
+        try:
+            return UploadedIncrement.from_json(json.loads(self._read(path)))
+        except FileNotFoundError:
+            raise DamagedCheckpointError(f"{_instance_dir(instance)}: increment {file} missing") from None
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            raise DamagedCheckpointError(f"{_instance_dir(instance)}: increment {file} unreadable ({exc})") from None
+
+    def chain(self, instance: Instance, file: str) -> list[UploadedIncrement]:
+        """The increments a restore of ``file`` applies, full snapshot first."""
+        chain = [self.increment(instance, file)]
+        while chain[-1].previous_file is not None:
+            chain.append(self.increment(instance, chain[-1].previous_file))
+            if len(chain) > 1_000_000:
+                raise DamagedCheckpointError(f"{_instance_dir(instance)}: increment chain of {file} loops")
+        chain.reverse()
+        return chain
+
+    def verify(self, cut: DurableCut, *, checksums: bool = True) -> int:
+        """Check every file ``cut`` needs: present, whole, and (``checksums``) its sha256.  Returns the
+        bytes it covers; :class:`DamagedCheckpointError` names the first problem."""
+        total = 0
+        for inst, part in sorted(cut.parts.items()):
+            chain = self.chain(inst, part.file)
+            last = chain[-1].meta
+            if last.checkpoint_id != part.checkpoint_id or last.digest != part.digest:
+                raise DamagedCheckpointError(f"{_instance_dir(inst)}: increment {part.file} is not checkpoint "
+                                             f"{part.checkpoint_id} of the cut")
+            for inc in chain:
+                path = f"{self.root}/increments/{_instance_dir(inst)}/{inc.file}.inc"
+                info = self.fs.get_file_info(path)
+                if info.type == pafs.FileType.NotFound:
+                    raise DamagedCheckpointError(f"{_instance_dir(inst)}: payload {inc.file} missing")
+                if info.size != inc.size:
+                    raise DamagedCheckpointError(f"{_instance_dir(inst)}: payload {inc.file} has {info.size} "
+                                                 f"bytes, {inc.size} were uploaded")
+                if checksums and self._sha256(path) != inc.sha256:
+                    raise DamagedCheckpointError(f"{_instance_dir(inst)}: payload {inc.file} checksum mismatch")
+                total += inc.size
+        return total
+
+    def latest_complete_cut(self, *, checksums: bool = True) -> tuple[DurableCut | None, list[tuple[int, str]]]:
+        """The newest cut whose every file verifies, and ``(number, why)`` of each newer one skipped."""
+        skipped: list[tuple[int, str]] = []
+        for number in reversed(self.cut_numbers()):
+            try:
+                cut = self.read_cut(number)
+                self.verify(cut, checksums=checksums)
+            except DamagedCheckpointError as exc:
+                skipped.append((number, str(exc)))
+                continue
+            return cut, skipped
+        return None, skipped
+
+    def restore(self, instance: Instance, file: str, target_dir: str | os.PathLike[str],
+                scratch: str | os.PathLike[str] | None = None) -> IncrementMeta:
+        """Build the checkpoint ``file`` of ``instance`` at ``target_dir`` (absent or empty): its chain
+        downloaded, each increment applied and checked (payload checksum, content digest) as a replica
+        group member applies them.  ``RocksDBStateBackend(target_dir)`` opens it."""
+        chain = self.chain(instance, file)
+        work = Path(tempfile.mkdtemp(prefix="durable-restore-", dir=scratch))
+        try:
+            store = ReplicaStore(work / "store")
+            try:
+                for inc in chain:
+                    local = work / f"{inc.file}.inc"
+                    self._download(f"{self.root}/increments/{_instance_dir(instance)}/{inc.file}.inc", local, inc)
+                    store.apply(inc.meta, local)
+                    local.unlink()
+                last = chain[-1].meta
+                store.complete(instance, last.checkpoint_id)
+                return store.restore(instance, target_dir, last.checkpoint_id)
+            finally:
+                store.close()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _download(self, path: str, local: Path, inc: UploadedIncrement) -> None:
+        digest = hashlib.sha256()
+        with self.fs.open_input_stream(path) as src, open(local, "wb") as out:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != inc.sha256:
+            raise DamagedCheckpointError(f"{path}: checksum mismatch")
+
+    def _read(self, path: str) -> bytes:
+        with self.fs.open_input_stream(path) as src:
+            return src.read()
+
+    def _sha256(self, path: str) -> str:
+        digest = hashlib.sha256()
+        with self.fs.open_input_stream(path) as src:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def clear(self) -> None:
+        """Delete every cut and increment of the job."""
+        self.fs.delete_dir_contents(self.root, missing_dir_ok=True)
+
+    # -- retention -------------------------------------------------------------------------------
+    def retain(self, keep: int) -> tuple[int, int]:
+        """Delete all but the newest ``keep`` cuts, and the increments of each partition older than
+        the oldest chain a kept cut needs (a later cut's chain starts at or after it: a new chain
+        starts with a full snapshot newer than every completed checkpoint).  Returns (cuts, files)
+        deleted.  A cut that does not read is never the oldest kept one."""
+        numbers = self.cut_numbers()
+        kept = numbers[-keep:] if keep > 0 else []
+        floor: dict[Instance, int] = {}
+        readable = []
+        for number in kept:
+            try:
+                cut = self.read_cut(number)
+                for inst, part in cut.parts.items():
+                    first = self.chain(inst, part.file)[0].meta.checkpoint_id
+                    floor[inst] = min(first, floor.get(inst, first))
+                readable.append(number)
+            except DamagedCheckpointError:
+                continue
+        if not readable:
+            return 0, 0  # nothing to keep in its place: delete nothing
+        cuts = [n for n in numbers if n < readable[0]]
+        for number in cuts:
+            self.fs.delete_file(f"{self.root}/cuts/{number:012d}.json")
+        files = 0
+        for inst, lowest in floor.items():
+            directory = f"{self.root}/increments/{_instance_dir(inst)}"
+            for info in self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
+                name = os.path.basename(info.path)
+                m = re.fullmatch(r"(\d{12})-[0-9a-f]+\.(inc|json)", name)
+                if m and int(m[1]) < lowest:
+                    self.fs.delete_file(info.path)
+                    files += 1
+        return len(cuts), files
+
+    def instances(self) -> list[Instance]:
+        infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/increments", allow_not_found=True))
+        out = []
+        for i in infos:
+            m = re.fullmatch(r"t(\d+)-p(\d+)", os.path.basename(i.path))
+            if m:
+                out.append((int(m[1]), int(m[2])))
+        return sorted(out)
+
+    def uploaded(self, instance: Instance) -> list[str]:
+        """The stems of ``instance``'s increments whose meta was written, oldest first."""
+        directory = f"{self.root}/increments/{_instance_dir(instance)}"
+        infos = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+        return sorted(os.path.basename(i.path)[:-5] for i in infos if _INCREMENT_RE.fullmatch(os.path.basename(i.path)))
+
+
+class _Atomic:
+    """Write to a temporary file beside ``path``; rename it to ``path`` when closed without error."""
+
+    def __init__(self, fs: pafs.FileSystem, path: str) -> None:
+        self.fs, self.path = fs, path
+        self.tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        self.stream = fs.open_output_stream(self.tmp)
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(data)
+
+    def __enter__(self) -> _Atomic:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.stream.close()
+        if exc_type is None:
+            self.fs.move(self.tmp, self.path)
+        else:
+            self.fs.delete_file(self.tmp)
+

@@ -1,0 +1,156 @@
+"""Uploading the increments a worker ships to the durable store, off the instance thread (DESIGN §12).
+
+The shipping replica of a partition offers each increment as it takes it (:meth:`IncrementUploader.offer`
+links the payload into a spool directory and returns at once); one thread per worker uploads them in
+the order offered.  A delta names the file of the increment it applies to, which must be one this
+uploader took before it.  A delta that follows none (the first one after this worker took over
+shipping, or after an upload failed) is refused: the caller makes its next checkpoint a full
+snapshot, which starts a new chain.  An upload that fails breaks its chain the same way: the deltas
+queued after it are dropped and ``on_failed`` asks for a full snapshot.
+
+What was uploaded goes to ``on_uploaded`` (the worker reports it to the driver, which writes a cut
+once every partition's checkpoint of the consistent cut is among the uploaded ones).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+from rhino_state.durable import DurableStore, UploadedIncrement
+from rhino_state.increments import IncrementMeta, Instance
+
+__all__ = ["IncrementUploader"]
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 3
+RETRY_PAUSE_S = 0.5
+KEEP_NAMES = 16  # per partition: the names of the latest increments taken, for the deltas that follow
+BACKLOG_WARNING = 64
+
+
+class IncrementUploader:
+    """Uploads one worker's offered increments in order, in a thread of its own."""
+
+    def __init__(self, store: DurableStore, spool: Path, on_uploaded: Callable[[UploadedIncrement], None],
+                 on_failed: Callable[[Instance], None]) -> None:
+        self.store = store
+        self.spool = spool
+        self.on_uploaded = on_uploaded
+        self.on_failed = on_failed
+        self._names: dict[Instance, dict[int, str]] = {}  # checkpoint id -> file stem, per partition
+        self._broken: set[Instance] = set()  # a failed upload's partitions: deltas until a full are dropped
+        self._queue: deque[tuple[IncrementMeta, str | None, str, Path]] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._busy = False
+        self.uploaded_bytes = 0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._run, name="durable-upload", daemon=True)
+        spool.mkdir(parents=True, exist_ok=True)
+        self._thread.start()
+
+    def offer(self, meta: IncrementMeta, payload: Path) -> bool:
+        """Queue ``meta``'s payload (linked, the caller may delete its file); False if it is a delta
+        this uploader cannot chain (the caller's next checkpoint must be a full snapshot)."""
+        inst = meta.instance
+        with self._cond:
+            if self._closed:
+                return False
+            names = self._names.setdefault(inst, {})
+            previous = None if meta.full else names.get(meta.previous_id)
+            if not meta.full and previous is None:
+                return False
+            file = self.store.new_file_name(meta.checkpoint_id)
+            spooled = self.spool / f"t{inst[0]}-p{inst[1]}-{file}.inc"
+            try:
+                os.link(payload, spooled)
+            except OSError:
+                shutil.copyfile(payload, spooled)
+            if meta.full:
+                names.clear()
+            names[meta.checkpoint_id] = file
+            for old in sorted(names)[:-KEEP_NAMES]:
+                del names[old]
+            self._queue.append((meta, previous, file, spooled))
+            if len(self._queue) == BACKLOG_WARNING:
+                log.warning("durable checkpoints: %d increments wait for their upload to %s", len(self._queue),
+                            self.store.uri)
+            self._cond.notify_all()
+        return True
+
+    def backlog(self) -> int:
+        with self._cond:
+            return len(self._queue) + self._busy
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until everything offered so far is uploaded (or dropped); False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish the uploads queued (up to ``timeout``), then stop."""
+        self.wait_idle(timeout)
+        with self._cond:
+            self._closed = True
+            dropped, self._queue = list(self._queue), deque()
+            self._cond.notify_all()
+        for *_, spooled in dropped:
+            spooled.unlink(missing_ok=True)
+        self._thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                meta, previous, file, spooled = self._queue.popleft()
+                if meta.full:  # a new chain
+                    self._broken.discard(meta.instance)
+                skip = meta.instance in self._broken  # a delta of a chain whose upload failed
+                self._busy = not skip
+            try:
+                if not skip:
+                    self._upload(meta, previous, file, spooled)
+            finally:
+                spooled.unlink(missing_ok=True)
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _upload(self, meta: IncrementMeta, previous: str | None, file: str, spooled: Path) -> None:
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                uploaded = self.store.upload(meta, spooled, previous, file=file)
+            except Exception as exc:  # noqa: BLE001 - any file system error: retried, then a new chain
+                if attempt < ATTEMPTS:
+                    time.sleep(RETRY_PAUSE_S * attempt)
+                    continue
+                self.failures += 1
+                log.warning("durable checkpoints: checkpoint %d of %s not uploaded to %s (%s): the next one is "
+                            "a full snapshot", meta.checkpoint_id, meta.instance, self.store.uri, exc)
+                with self._cond:
+                    self._broken.add(meta.instance)
+                    names = self._names.get(meta.instance, {})
+                    for cid in [c for c in names if c >= meta.checkpoint_id]:
+                        del names[cid]
+                self.on_failed(meta.instance)
+                return
+            self.uploaded_bytes += uploaded.size
+            self.on_uploaded(uploaded)
+            return

@@ -1,0 +1,335 @@
+"""Durable checkpoints without Spark: the store (upload, cuts, verification, restore, retention),
+the uploader's chains, and the driver's decision when a cut is complete."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replication.durability import CutTracker, DurableCheckpoints, differences, resume_point
+from rhino_state import RocksDBStateBackend
+from rhino_state.durable import CutPart, DamagedCheckpointError, DurableCut, DurableStore
+from rhino_state.manager import CompletedCheckpoint
+from rhino_state.uploader import IncrementUploader
+from tests.test_rhino_store import Origin, content
+
+INSTANCE = (2, 0)
+
+
+@pytest.fixture
+def origin(tmp_path: Path):
+    origin = Origin(tmp_path / "origin")
+    (tmp_path / "origin").mkdir(exist_ok=True)
+    yield origin
+    origin.close()
+
+
+def _chain(store: DurableStore, origin: Origin, ids: list[int], *, full_at: tuple[int, ...] = ()) -> dict[int, str]:
+    """Take checkpoints ``ids`` (full at the first and at ``full_at``), writing between them; upload
+    each; returns id -> file."""
+    files: dict[int, str] = {}
+    previous = None
+    for n, cid in enumerate(ids):
+        origin.write(cid * 3, cid * 3 + 20, b"v%d-" % cid)
+        if n % 3 == 2:
+            origin.backend.delete(cid % 5, b"k%04d" % (cid * 3))
+        full = n == 0 or cid in full_at
+        meta, payload = origin.checkpoint(cid, full=full)
+        files[cid] = store.upload(meta, payload, None if full else previous).file
+        previous = files[cid]
+    return files
+
+
+def _cut(store: DurableStore, number: int, files: dict[int, str], origin: Origin, cid: int) -> DurableCut:
+    cut = DurableCut(number, store.job, {INSTANCE: CutPart(cid, files[cid], origin.metas[cid].digest, {3: 7}, {4: 9})},
+                     plan={"mode": "liverobin"}, run={"output_prefix": "r1", "epoch_base": 0},
+                     sinks={"2-0-out": [11, 40]}, written_at=1.0)
+    store.write_cut(cut)
+    return cut
+
+
+def _restored_content(store: DurableStore, file: str, target: Path) -> tuple:
+    meta = store.restore(INSTANCE, file, target)
+    with RocksDBStateBackend(target, instance=INSTANCE) as backend:
+        return meta, content(backend), backend.digest(), backend.last_checkpoint_id
+
+
+def test_a_cut_restores_the_state_of_its_checkpoint_from_the_full_snapshot_and_deltas(tmp_path, origin):
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    files = _chain(store, origin, [1, 2, 3, 5])
+    cut = _cut(store, 1, files, origin, 3)
+    assert store.cut_numbers() == [1]
+    read = store.read_cut(1)
+    assert read == cut and read.parts[INSTANCE].positions == {3: 7} and read.sinks == {"2-0-out": [11, 40]}
+    found, skipped = store.latest_complete_cut()
+    assert found == cut and skipped == []
+    assert [inc.meta.checkpoint_id for inc in store.chain(INSTANCE, files[3])] == [1, 2, 3]
+    meta, data, digest, at = _restored_content(store, files[3], tmp_path / "r3")
+    assert data == origin.contents[3] and digest == origin.metas[3].digest and at == 3
+    assert meta.runtime == b"rt3"
+    # the backend goes on from there: a later checkpoint chains onto the restored one
+    assert _restored_content(store, files[5], tmp_path / "r5")[1] == origin.contents[5]
+
+
+def test_a_path_relative_or_a_file_uri_names_the_same_store(tmp_path, origin, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    files = _chain(DurableStore("dir", "job"), origin, [1])
+    assert DurableStore(f"file://{tmp_path}/dir", "job").uploaded(INSTANCE) == [files[1]]
+
+
+@pytest.mark.parametrize("damage", ["truncate payload", "flip a payload byte", "delete a delta", "delete a meta",
+                                    "edit the cut", "truncate the cut"])
+def test_a_damaged_latest_cut_is_reported_and_the_one_before_is_used(tmp_path, origin, damage):
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    files = _chain(store, origin, [1, 2, 3, 4])
+    first = _cut(store, 1, files, origin, 2)
+    _cut(store, 2, files, origin, 4)
+    inc_dir = Path(store.root) / "increments" / "t2-p0"
+    cut_path = Path(store.root) / "cuts" / f"{2:012d}.json"
+    if damage == "truncate payload":
+        path = inc_dir / f"{files[4]}.inc"
+        path.write_bytes(path.read_bytes()[:-5])
+    elif damage == "flip a payload byte":
+        path = inc_dir / f"{files[3]}.inc"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    elif damage == "delete a delta":
+        (inc_dir / f"{files[3]}.inc").unlink()
+    elif damage == "delete a meta":
+        (inc_dir / f"{files[4]}.json").unlink()
+    elif damage == "edit the cut":
+        body = json.loads(cut_path.read_text())
+        body["parts"]["2-0"]["positions"]["3"] = 1
+        cut_path.write_text(json.dumps(body))
+    else:
+        cut_path.write_text(cut_path.read_text()[:40])
+    found, skipped = store.latest_complete_cut()
+    assert found == first
+    assert [n for n, _ in skipped] == [2]
+    assert skipped[0][1].startswith("cut 2") or "t2-p0" in skipped[0][1]
+    assert _restored_content(store, files[2], tmp_path / "r")[1] == origin.contents[2]
+
+
+def test_restore_checks_each_increment_it_downloads(tmp_path, origin):
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    files = _chain(store, origin, [1, 2])
+    path = Path(store.root) / "increments" / "t2-p0" / f"{files[1]}.inc"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedCheckpointError, match="checksum"):
+        store.restore(INSTANCE, files[2], tmp_path / "r")
+
+
+def test_a_cut_is_written_whole_or_not_at_all(tmp_path, origin, monkeypatch):
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    files = _chain(store, origin, [1])
+    real = store.fs.open_output_stream
+
+    class Broken:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def write(self, data):
+            self.stream.write(data[: len(data) // 2])
+            raise OSError("disk full")
+
+        def close(self):
+            self.stream.close()
+
+    class FullDisk:
+        def __init__(self, fs):
+            self.fs = fs
+
+        def open_output_stream(self, path):
+            return Broken(real(path))
+
+        def __getattr__(self, name):
+            return getattr(self.fs, name)
+
+    monkeypatch.setattr(store, "fs", FullDisk(store.fs))
+    with pytest.raises(OSError, match="disk full"):
+        _cut(store, 1, files, origin, 1)
+    monkeypatch.undo()
+    assert store.cut_numbers() == [] and not list((Path(store.root) / "cuts").iterdir())
+
+
+def test_retention_keeps_every_increment_a_kept_or_later_cut_needs(tmp_path, origin):
+    """A new chain (a shipper that took over, starting with a full snapshot) may begin at an id below
+    an older chain's newest: retention goes by the oldest kept cut's chain start, not by its id."""
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    files = _chain(store, origin, [10, 20, 30, 40, 50, 60, 70], full_at=(40, 70))
+    for n, cid in enumerate([20, 30, 50, 60], start=1):
+        _cut(store, n, files, origin, cid)
+    assert store.retain(2) == (2, 6)  # cuts 1, 2; ids 10-30 (payload + meta each)
+    assert store.cut_numbers() == [3, 4]
+    assert store.uploaded(INSTANCE) == [files[c] for c in (40, 50, 60, 70)]
+    for number in (3, 4):
+        cut = store.read_cut(number)
+        store.verify(cut)
+    assert _restored_content(store, files[70], tmp_path / "r70")[1] == origin.contents[70]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=2, max_size=12), st.integers(1, 3))
+def test_after_retention_every_kept_cut_still_verifies(tmp_path_factory, steps, keep):
+    """Any sequence of checkpoints (some full), some made cuts: retention never breaks a kept one."""
+    root = tmp_path_factory.mktemp("retain")
+    origin = Origin(root)
+    try:
+        store = DurableStore(str(root / "dir"), "job")
+        ids = [10 * (n + 1) for n in range(len(steps))]
+        files = _chain(store, origin, ids, full_at=tuple(cid for cid, (full, _) in zip(ids, steps, strict=True) if full))
+        number = 0
+        for cid, (_, cut) in zip(ids, steps, strict=True):
+            if cut:
+                number += 1
+                _cut(store, number, files, origin, cid)
+                store.retain(keep)
+        kept = store.cut_numbers()
+        assert len(kept) == min(keep, number)
+        for n in kept:
+            store.verify(store.read_cut(n))
+    finally:
+        origin.close()
+
+
+def test_uploader_chains_deltas_and_starts_a_new_chain_after_a_failure(tmp_path, origin, monkeypatch):
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    uploaded, failed = [], []
+    done = threading.Event()
+    uploader = IncrementUploader(store, tmp_path / "spool", uploaded.append, failed.append)
+    try:
+        origin.write(0, 10, b"a")
+        assert uploader.offer(*origin.checkpoint(1, full=True))
+        origin.write(0, 5, b"b")
+        assert uploader.offer(*origin.checkpoint(2))
+        assert uploader.wait_idle(10)
+        assert [u.meta.checkpoint_id for u in uploaded] == [1, 2] and uploaded[1].previous_file == uploaded[0].file
+        # a delta that follows a checkpoint this uploader never took: refused (the caller takes a full one)
+        origin.write(0, 5, b"c")
+        meta3, payload3 = origin.checkpoint(3)
+        gap = dataclasses.replace(meta3, previous_id=99)
+        assert not uploader.offer(gap, payload3)
+        # an upload that fails breaks the chain: the deltas queued behind it are dropped
+        real = store.upload
+        calls = []
+
+        def failing(meta, payload, previous, file=None):
+            calls.append(meta.checkpoint_id)
+            if meta.checkpoint_id == 3:
+                done.wait(5)
+                raise OSError("bucket unreachable")
+            return real(meta, payload, previous, file=file)
+
+        monkeypatch.setattr(store, "upload", failing)
+        monkeypatch.setattr("rhino_state.uploader.RETRY_PAUSE_S", 0.0)
+        assert uploader.offer(meta3, payload3)
+        origin.write(0, 5, b"d")
+        assert uploader.offer(*origin.checkpoint(4))  # queued behind 3
+        done.set()
+        assert uploader.wait_idle(10)
+        assert failed == [INSTANCE] and 4 not in calls
+        origin.write(0, 5, b"e")
+        assert not uploader.offer(*origin.checkpoint(5))  # its previous (4) was dropped with the chain
+        assert uploader.offer(*origin.checkpoint(6, full=True))
+        assert uploader.wait_idle(10)
+        assert [u.meta.checkpoint_id for u in uploaded] == [1, 2, 6] and uploaded[2].previous_file is None
+        assert not list((tmp_path / "spool").iterdir())
+    finally:
+        uploader.close()
+
+
+def _cp(cid: int, digest: str = "d") -> CompletedCheckpoint:
+    return CompletedCheckpoint(cid, {1: cid}, frozenset({1}), digest, 0.0, {2: cid})
+
+
+def test_a_cut_is_handed_out_once_every_safe_checkpoint_is_uploaded_and_only_when_it_moved():
+    tracker = CutTracker()
+    a, b = (0, 0), (1, 0)
+    safe = {a: _cp(5), b: _cp(7)}
+    assert tracker.next_cut(safe, [a, b]) is None  # nothing uploaded
+    tracker.uploaded(a, 5, "f5")
+    tracker.uploaded(b, 6, "g6")
+    assert tracker.next_cut(safe, [a, b]) is None  # b's safe checkpoint (7) is not uploaded
+    assert tracker.next_cut({a: _cp(5)}, [a, b]) is None  # b has no safe checkpoint
+    tracker.uploaded(b, 7, "g7")
+    parts = tracker.next_cut(safe, [a, b])
+    assert parts == {a: CutPart(5, "f5", "d", {1: 5}, {2: 5}), b: CutPart(7, "g7", "d", {1: 7}, {2: 7})}
+    assert tracker.next_cut(safe, [a, b]) is None  # the same cut
+    assert 6 not in tracker.uploads[b]  # below the cut: never needed again
+    tracker.uploaded(a, 8, "f8")
+    assert tracker.next_cut({a: _cp(8), b: _cp(7)}, [a, b])[a].file == "f8"
+
+
+def test_the_driver_writes_cuts_in_the_background_and_applies_retention(tmp_path, origin):
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    files = _chain(store, origin, [1, 2, 3])
+    events = []
+    durable = DurableCheckpoints(store, plan={"mode": "liverobin"}, run={"output_prefix": "r", "epoch_base": 0},
+                                 retain=1, on_event=events.append)
+    try:
+        durable.uploaded([(*INSTANCE, cid, f) for cid, f in files.items()])
+        sinks = {(2, 0, "out"): [0, 0, 12, 345]}
+        for cid in (1, 2, 3):
+            assert durable.consider({INSTANCE: _cp(cid, origin.metas[cid].digest)}, [INSTANCE], sinks)
+            assert durable.flush(10)
+        assert store.cut_numbers() == [3] and durable.cuts_written == 3 and not events
+        cut = store.read_cut(3)
+        assert cut.sinks == {"2-0-out": [12, 345]} and cut.parts[INSTANCE].checkpoint_id == 3
+        assert durable.status()["last_cut"] == 3
+    finally:
+        durable.close()
+
+
+SHAPE = {"mode": "liverobin", "key_groups": 128, "channels": [[0, 0, 0, 1, 0]],
+         "tasks": {"src": {"id": 0, "kind": "source", "parallelism": 1, "operators": ["src"]},
+                   "count": {"id": 1, "kind": "keyed", "parallelism": 2, "operators": ["count", "sink"]}}}
+
+
+def test_a_job_that_differs_from_its_checkpoints_is_told_what_differs():
+    assert differences(SHAPE, SHAPE) == []
+    other = json.loads(json.dumps(SHAPE))
+    other["tasks"]["count"]["parallelism"] = 3
+    other["tasks"]["count"]["operators"] = ["total", "sink"]
+    other["mode"] = "kazoo"
+    problems = differences(SHAPE, other)
+    assert any("mode kazoo" in p for p in problems)
+    assert any("task count: parallelism 3 here, 2 in the checkpoints" in p for p in problems)
+    assert any("operators ['total', 'sink'] here" in p for p in problems)
+    renamed = json.loads(json.dumps(SHAPE))
+    renamed["tasks"]["counter"] = renamed["tasks"].pop("count")
+    assert differences(SHAPE, renamed) == ["task count of the checkpoints is not in this job (its state would be lost)",
+                                           "task counter is not in the checkpoints"]
+
+
+def test_resume_point_uses_the_newest_complete_cut_refuses_a_mismatch_and_ignore_starts_empty(tmp_path, origin):
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    files = _chain(store, origin, [1, 2])
+    events: list[str] = []
+    assert resume_point(store, SHAPE, ignore=False, on_event=events.append) is None  # increments, no cut
+    assert store.instances() == []  # nothing a cut names: cleared
+    files = _chain(store, origin, [3, 4])
+    for n, cid in enumerate((3, 4), start=1):
+        store.write_cut(DurableCut(n, "job", {INSTANCE: CutPart(cid, files[cid], origin.metas[cid].digest)},
+                                   plan=SHAPE, written_at=1.0))
+    os.unlink(Path(store.root) / "increments" / "t2-p0" / f"{files[4]}.inc")
+    point = resume_point(store, SHAPE, ignore=False, on_event=events.append)
+    assert point is not None and point.cut.number == 1
+    assert any("cut 2 skipped" in e and "missing" in e for e in events)
+    changed = {**SHAPE, "key_groups": 256}
+    with pytest.raises(ValueError, match="256"):
+        resume_point(store, changed, ignore=False, on_event=events.append)
+    os.unlink(Path(store.root) / "increments" / "t2-p0" / f"{files[3]}.inc")
+    with pytest.raises(ValueError, match="none of the 2 cuts"):
+        resume_point(store, SHAPE, ignore=False, on_event=events.append)
+    assert resume_point(store, SHAPE, ignore=True, on_event=events.append) is None
+    assert store.cut_numbers() == [] and store.instances() == []

@@ -1,0 +1,244 @@
+"""Durable checkpoints on real Spark: a job whose driver (or every process) is killed under load
+goes on from its last complete cut when started again, and its output holds every record once.
+
+The first run is ``replication run`` in a process group of its own (driver, its JVM, a
+local-cluster of 3 executors and their Python workers); the second is the same job, same name
+and directory, on the tests' shared cluster.  The ordered hash-chain job makes lost state
+visible: a key whose state were lost would start its chain again, and a record replayed twice or
+skipped would break the chain.  Output is read with kafka-python, not the runtime's client.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replication import run
+from replication.examples.ordered import build_ordered_job, verify_chains
+from replication.soak_check import read_topic
+from rhino_state.durable import DurableStore
+from tests.ordered_runs import fed_without_pause, source_topics, where_missing
+
+pytestmark = pytest.mark.integration
+
+MODES = {
+    "liverobin": {"spark.replication.rhino.checkpointEvery": "20"},
+    "kazoo": {"spark.replication.rhino.checkpointEvery": "50", "spark.replication.rhino.checkpointElements": "200"},
+}
+
+JOB_MODULE = '''
+from replication.examples.ordered import build_ordered_job
+
+
+def build():
+    return build_ordered_job({a!r}, {b!r}, {out!r}, name={name!r})
+'''
+
+
+def _conf(stack, mode: str, checkpoints: Path, replicated: bool = True) -> dict[str, str]:
+    conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
+            "spark.replication.enabled": str(replicated).lower(), "spark.replication.mode": mode,
+            "spark.replication.rhino.enabled": "true", "spark.replication.checkpointDir": str(checkpoints),
+            **MODES[mode]}
+    if mode == "kazoo":
+        conf["spark.replication.zookeeper.connect"] = stack.zookeeper_connect
+    return conf
+
+
+def _wait(cond, timeout: float, what: str, detail=lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what} {detail()}"
+        time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _first_run(stack, tmp_path: Path, name: str, a: str, b: str, conf: dict[str, str],
+               executors: int) -> tuple[subprocess.Popen, Path]:
+    """``replication run`` of the ordered job in a process group of its own; returns it and its log."""
+    module = tmp_path / f"{name.replace('-', '_')}_job.py"
+    module.write_text(JOB_MODULE.format(a=a, b=b, out=f"{name}out", name=name))
+    cmd = [sys.executable, "-m", "replication.cli", "run", f"{module.stem}:build", "--master",
+           f"local-cluster[{executors},1,512]"]
+    for key, value in conf.items():
+        cmd += ["--conf", f"{key}={value}"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if "PYTHONPATH" in os.environ:  # (a worktree run: the executors import the code under test)
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    logfile = tmp_path / f"{name}-first-run.log"
+    with open(logfile, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return proc, logfile
+
+
+def _kill(proc: subprocess.Popen, everything: bool) -> None:
+    """SIGKILL the driver alone (its JVM, executors and workers then die with the application), or
+    every process of the run at once; wait until none is left."""
+    if everything:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    deadline = time.monotonic() + 90
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if _group_alive(proc.pid):  # an executor that outlives its driver this long is not what is tested
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _outputs(stack, topic: str) -> list[dict]:
+    import json
+
+    return [json.loads(r.value) for r in read_topic(stack.bootstrap_servers, topic, quiet_s=1.0)]
+
+
+def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, everything: bool,
+                        replicated: bool = True, damage=None):
+    """Run the job under load until its directory holds two cuts, kill it, (``damage`` the
+    directory), start it again; returns (result, fed ids, the cut resumed from, cuts before)."""
+    a, b = source_topics(stack, name)
+    checkpoints = tmp_path / "checkpoints"
+    conf = _conf(stack, mode, checkpoints, replicated)
+    store = DurableStore(str(checkpoints), name)
+    with fed_without_pause(stack, a, b) as ids:
+        proc, logfile = _first_run(stack, tmp_path, name, a, b, conf, executors=3 if replicated else 2)
+        try:
+            # a cut with state in it, and another after it
+            _wait(lambda: _latest_consumed(store) >= 300 or proc.poll() is not None, 240, "a cut with state")
+            assert proc.poll() is None, logfile.read_text()[-4000:]
+            first = max(store.cut_numbers())
+            _wait(lambda: max(store.cut_numbers()) > first or proc.poll() is not None, 120, "one more cut")
+            assert proc.poll() is None, logfile.read_text()[-4000:]
+        finally:
+            _kill(proc, everything)
+        cuts_before = store.cut_numbers()
+        if damage is not None:
+            damage(store)
+        handle = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark, conf=conf)
+        try:
+            handle.wait_started(180)
+            resumed = handle.plan.resume
+            assert resumed is not None, "the second run did not resume"
+            time.sleep(3)  # the second run under load a while
+        except BaseException:
+            handle.stop()
+            raise
+    result = handle.drain(timeout=300)
+    return result, ids, resumed.cut, cuts_before
+
+
+def _consumed(cut, task: str = "chain") -> int:
+    """Elements ``task``'s partitions had consumed at ``cut``."""
+    task_id = cut.plan["tasks"][task]["id"]
+    return sum(sum(part.positions.values()) for (t, _), part in cut.parts.items() if t == task_id)
+
+
+def _latest_consumed(store: DurableStore) -> int:
+    numbers = store.cut_numbers()
+    return _consumed(store.read_cut(numbers[-1])) if numbers else 0
+
+
+def _check(stack, name: str, result, ids) -> None:
+    outputs = _outputs(stack, f"{name}out")
+    report = verify_chains(outputs, ids)
+    assert report.exact, (report, where_missing(stack, name, report.missing))
+    assert not result.divergences
+
+
+@pytest.mark.parametrize("mode, replicated", [
+    ("liverobin", True),
+    pytest.param("kazoo", True, marks=pytest.mark.slow),
+    pytest.param("liverobin", False, marks=pytest.mark.slow),
+])
+def test_a_job_goes_on_exactly_once_after_its_driver_is_killed(stack, spark, topic_prefix, tmp_path, mode,
+                                                               replicated):
+    name = f"{topic_prefix}dk{mode[:2]}{int(replicated)}"
+    result, ids, cut, before = _killed_and_resumed(stack, spark, tmp_path, name, mode, everything=False,
+                                                   replicated=replicated)
+    assert cut.number == before[-1] and _consumed(cut) >= 100, cut
+    _check(stack, name, result, ids)
+
+
+def _corrupt_the_newest_increment(store: DurableStore) -> str:
+    """Flip a byte in the payload of a checkpoint the latest cut has and the one before it does not
+    (the previous cut stays whole); returns the file."""
+    latest, previous = (store.read_cut(n) for n in store.cut_numbers()[-1:-3:-1])
+    older = {inc.file for inst, part in previous.parts.items() for inc in store.chain(inst, part.file)}
+    inst, part = next((inst, part) for inst, part in sorted(latest.parts.items()) if part.file not in older)
+    path = Path(store.root) / "increments" / f"t{inst[0]}-p{inst[1]}" / f"{part.file}.inc"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return part.file
+
+
+@pytest.mark.parametrize("mode, replicated", [
+    ("kazoo", False),
+    pytest.param("kazoo", True, marks=pytest.mark.slow),
+    pytest.param("liverobin", True, marks=pytest.mark.slow),
+])
+def test_every_process_killed_and_the_latest_cut_damaged_it_goes_on_from_the_one_before(
+        stack, spark, topic_prefix, tmp_path, mode, replicated):
+    """The driver, its JVM, the executors and their workers all killed at once; the newest cut has
+    a corrupted increment, so the run resumes from the cut before it, with more to replay, and the
+    output is still exact (by default KaZoo without replication: checkpoint-restart)."""
+    name = f"{topic_prefix}da{mode[:2]}{int(replicated)}"
+    damaged = []
+    result, ids, cut, before = _killed_and_resumed(
+        stack, spark, tmp_path, name, mode, everything=True, replicated=replicated,
+        damage=lambda store: damaged.append(_corrupt_the_newest_increment(store)))
+    assert cut.number == before[-2] and _consumed(cut) >= 100, (cut, before)
+    assert any(f"cut {before[-1]} skipped" in text and damaged[0] in text and "checksum mismatch" in text
+               for _, text in result.events), result.events
+    _check(stack, name, result, ids)
+
+
+def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(stack, topic_prefix, tmp_path):
+    """Checked by ``prepare`` (no Spark): a changed parallelism, in one line naming the key; with
+    ``checkpointDir.ignore=true`` the job starts empty and the old checkpoints are gone."""
+    from replication.config import ConfigError, ReplicationConfig
+    from replication.driver import prepare
+    from replication.durability import plan_shape
+    from rhino_state.durable import CutPart, DurableCut
+    from tests.test_rhino_store import Origin
+
+    name = f"{topic_prefix}dfit"
+    a, b = source_topics(stack, name)
+    checkpoints = tmp_path / "checkpoints"
+    cfg = ReplicationConfig.from_mapping(_conf(stack, "liverobin", checkpoints))
+    plan = prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg)
+    assert plan.resume is None
+    store = DurableStore(str(checkpoints), name)
+    origin = Origin(tmp_path, instance=(2, 0))
+    try:
+        origin.write(0, 10, b"x")
+        meta, payload = origin.checkpoint(7, full=True)
+        file = store.upload(meta, payload, None).file
+    finally:
+        origin.close()
+    store.write_cut(DurableCut(1, name, {(2, 0): CutPart(7, file, meta.digest)}, plan=plan_shape(plan, "liverobin"),
+                               run={"output_prefix": "r0", "epoch_base": 0, "heartbeat_log": None}))
+    assert prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg).resume.cut.number == 1
+    with pytest.raises(ConfigError) as refused:
+        prepare(build_ordered_job(a, b, f"{name}out", name=name, parallelism=3), cfg)
+    text = str(refused.value)
+    assert text.startswith("spark.replication.checkpointDir=") and "\n" not in text
+    assert "task chain: parallelism 3 here, 2 in the checkpoints" in text
+    ignore = ReplicationConfig.from_mapping({**_conf(stack, "liverobin", checkpoints),
+                                             "spark.replication.checkpointDir.ignore": "true"})
+    assert prepare(build_ordered_job(a, b, f"{name}out", name=name, parallelism=3), ignore).resume is None
+    assert store.cut_numbers() == []
