@@ -105,7 +105,8 @@ class WorkerCheckpoints:
             regenerated = checkpoint_id <= self._known_completed.get(key, -1)
             shipping = bool(self._groups.get(key)) and not regenerated
             try:
-                full = shipping and (key in self._full_next or self.shipper.needs_full(key))
+                full = shipping and (key in self._full_next or self.shipper.needs_full(key)
+                                     or (self.uploader is not None and self.uploader.wants_full(key)))
             except KeyError:  # the group is being set (or dropped) by the heartbeat thread: next time
                 shipping = full = False
             if full:

@@ -10,6 +10,11 @@ queued after it are dropped and ``on_failed`` asks for a full snapshot.
 
 What was uploaded goes to ``on_uploaded`` (the worker reports it to the driver, which writes a cut
 once every partition's checkpoint of the consistent cut is among the uploaded ones).
+
+A chain of deltas only grows: a resume applies all of it, and retention can delete nothing newer
+than its full snapshot.  :meth:`IncrementUploader.wants_full` asks for a new full snapshot once the
+deltas since the last one add up to its size, or number :data:`MAX_CHAIN`: the directory then holds
+at most about twice the state per kept chain, and a resume reads about as much.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ ATTEMPTS = 3
 RETRY_PAUSE_S = 0.5
 KEEP_NAMES = 16  # per partition: the names of the latest increments taken, for the deltas that follow
 BACKLOG_WARNING = 64
+MAX_CHAIN = 200  # deltas after a full snapshot at most
 
 
 class IncrementUploader:
@@ -47,6 +53,7 @@ class IncrementUploader:
         self.on_failed = on_failed
         self._names: dict[Instance, dict[int, str]] = {}  # checkpoint id -> file stem, per partition
         self._broken: set[Instance] = set()  # a failed upload's partitions: deltas until a full are dropped
+        self._chains: dict[Instance, tuple[int, int, int]] = {}  # (full's bytes, deltas' bytes, deltas) since
         self._queue: deque[tuple[IncrementMeta, str | None, str, Path]] = deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -74,8 +81,13 @@ class IncrementUploader:
                 os.link(payload, spooled)
             except OSError:
                 shutil.copyfile(payload, spooled)
+            size = os.path.getsize(spooled)
             if meta.full:
                 names.clear()
+                self._chains[inst] = (size, 0, 0)
+            else:
+                full, deltas, count = self._chains.get(inst, (0, 0, 0))
+                self._chains[inst] = (full, deltas + size, count + 1)
             names[meta.checkpoint_id] = file
             for old in sorted(names)[:-KEEP_NAMES]:
                 del names[old]
@@ -85,6 +97,12 @@ class IncrementUploader:
                             self.store.uri)
             self._cond.notify_all()
         return True
+
+    def wants_full(self, inst: Instance) -> bool:
+        """Whether ``inst``'s chain is long enough that its next checkpoint should be a full snapshot."""
+        with self._cond:
+            chain = self._chains.get(inst)
+        return chain is not None and (chain[1] >= max(chain[0], 1) or chain[2] >= MAX_CHAIN)
 
     def backlog(self) -> int:
         with self._cond:

@@ -333,3 +333,22 @@ def test_resume_point_uses_the_newest_complete_cut_refuses_a_mismatch_and_ignore
         resume_point(store, SHAPE, ignore=False, on_event=events.append)
     assert resume_point(store, SHAPE, ignore=True, on_event=events.append) is None
     assert store.cut_numbers() == [] and store.instances() == []
+
+
+def test_the_uploader_asks_for_a_full_snapshot_once_the_deltas_since_the_last_add_up_to_it(tmp_path, origin):
+    """A chain never restarted would grow without end: restored whole on a resume, never retained away."""
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    uploader = IncrementUploader(store, tmp_path / "spool", lambda uploaded: None, lambda inst: None)
+    try:
+        origin.write(0, 200, b"a")
+        assert uploader.offer(*origin.checkpoint(1, full=True)) and not uploader.wants_full(INSTANCE)
+        origin.write(0, 20, b"b")  # a tenth of the keys
+        assert uploader.offer(*origin.checkpoint(2)) and not uploader.wants_full(INSTANCE)
+        for cid in range(3, 12):
+            origin.write(0, 20, b"c%d" % cid)
+            assert uploader.offer(*origin.checkpoint(cid))
+        assert uploader.wants_full(INSTANCE)  # ten tenths: as much as the full snapshot
+        assert uploader.offer(*origin.checkpoint(12, full=True)) and not uploader.wants_full(INSTANCE)
+        assert uploader.wait_idle(10)
+    finally:
+        uploader.close()

@@ -1,0 +1,281 @@
+"""Durable checkpoints (issue 23): what an upload costs, and how long a resume takes to its first output.
+
+    .venv/bin/python bench/durable.py [--parts upload,resume] [--sizes 10MB,100MB,1GB]
+                                      [--resume-sizes 10MB,100MB] [--change 0.01,0.1] [--value-bytes 1000]
+                                      [--rate 200] [--before 8] [--out bench/results/durable]
+
+**upload** (no Spark, one process): a ``RocksDBStateBackend`` holding ``--sizes`` of state (keys of
+``--value-bytes``) takes a full checkpoint, which is uploaded to a directory with ``DurableStore.upload``
+as a worker's uploader does; then, per ``--change`` fraction, that share of the keys is rewritten and
+a delta checkpoint is taken and uploaded.  Per upload: the bytes written to the directory (payload and
+meta), the CPU seconds of the checkpoint itself (the instance thread's part, as in a job: writing the
+increment file) and of the upload (the uploader thread's part: read, sha256, write), both as thread CPU
+time, and the wall time of each.  Then the state is built back from the directory (``DurableStore.restore``:
+the chain downloaded and applied, each increment's checksum and content digest checked), which is the
+part of a resume that grows with the state.
+
+**resume** (real Spark, ``local-cluster[3,1,512]``, the embedded broker): ``bench/handover.py``'s job (one
+topic of 2 partitions -> ``key_by`` -> ``PaddedChain`` -> exactly-once sink), LiveRobin, replicated,
+Rhino on, ``spark.replication.checkpointDir``; the state grown to ``--resume-sizes`` (every key's pad
+written), then ``--rate`` events/s of load for ``--before`` seconds more; once a cut newer than that
+holds the state, the job is stopped (``handle.stop()``, no drain: the new run goes on from the cut, as
+after a crash) and started again with the same name and directory while the load goes on.  Measured from
+``run()``: *prepare* (``run()`` returned: the driver found the newest cut and verified every file it
+needs, sha256 of the whole state; planning, the executors' warm-up, the Spark job submitted), *workers*
+(``wait_started``: every worker registered, which each does after building its partitions' state from
+the cut) and *first output* (the new run's sink wrote its first record, polled every 20 ms).  The output
+of both runs is checked record by record (``bench.handover.verify``: every event once, every key's chain
+links up, every event read the pad value it should).
+
+The Spark Structured Streaming side (restarting from its ``checkpointLocation`` on the same state) is
+not measured by this command yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import handover as hb  # noqa: E402
+from bench import restart as rs  # noqa: E402
+from bench.common import format_row, one_line, print_plain_table, write_csv, write_machine  # noqa: E402
+
+MB = 1 << 20
+INSTANCE = (1, 0)
+UPLOAD_COLUMNS = ("size", "state_bytes", "keys", "kind", "change", "keys_changed", "bytes_uploaded",
+                  "upload_ratio", "checkpoint_cpu_s", "checkpoint_s", "upload_cpu_s", "upload_s",
+                  "upload_mb_per_cpu_s", "restore_s", "restore_cpu_s")
+RESUME_COLUMNS = ("size", "state_bytes", "exact", "outcome", "cut", "cut_bytes", "prepare_s", "workers_s",
+                  "first_output_s", "to_first_output_s", "produced", "error")
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper()
+    for unit, factor in (("GB", 1 << 30), ("MB", MB), ("KB", 1 << 10)):
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def size_label(size: int) -> str:
+    return f"{size / (1 << 30):g}GB" if size >= 1 << 30 else f"{size / MB:g}MB"
+
+
+# ------------------------------------------------------------------------------------------ upload
+def _timed(fn: Any) -> tuple[Any, float, float]:
+    """``fn()``: its result, thread CPU seconds and wall seconds."""
+    cpu, wall = time.thread_time(), time.perf_counter()
+    result = fn()
+    return result, time.thread_time() - cpu, time.perf_counter() - wall
+
+
+def upload_rows(size: int, changes: list[float], value_bytes: int, root: Path) -> list[dict[str, Any]]:
+    from rhino_state import RocksDBStateBackend
+    from rhino_state.durable import DurableStore
+
+    keys = max(1, size // (value_bytes + 16))
+    work = Path(tempfile.mkdtemp(prefix="durable-bench-", dir=root))
+    rows = []
+    try:
+        store = DurableStore(str(work / "dir"), "bench")
+        with RocksDBStateBackend(work / "db", instance=INSTANCE) as backend:
+            for i in range(keys):
+                backend.put(i % 128, b"k%011d" % i, os.urandom(value_bytes))
+            cid, previous = 1, None
+            plan = [("full", 0.0)] + [("delta", c) for c in changes]
+            for kind, change in plan:
+                changed = 0 if kind == "full" else max(1, int(keys * change))
+                for i in range(changed):
+                    j = (i * 7919) % keys
+                    backend.put(j % 128, b"k%011d" % j, os.urandom(value_bytes))
+                payload = work / f"{cid}.inc"
+                meta, ck_cpu, ck_wall = _timed(lambda p=payload, c=cid, f=kind == "full": backend.checkpoint(
+                    c, p, runtime=b"", full=f))
+                uploaded, up_cpu, up_wall = _timed(lambda m=meta, p=payload, prev=previous: store.upload(m, p, prev))
+                payload.unlink()
+                meta_bytes = sum(os.path.getsize(f) for f in (work / "dir").rglob(f"{uploaded.file}.json"))
+                _, re_cpu, re_wall = _timed(lambda f=uploaded.file, c=cid: store.restore(
+                    INSTANCE, f, work / f"restored-{c}", scratch=work))
+                shutil.rmtree(work / f"restored-{cid}", ignore_errors=True)
+                sent = uploaded.size + meta_bytes
+                rows.append({"size": size_label(size), "state_bytes": keys * (value_bytes + 16), "keys": keys,
+                             "kind": kind, "change": change, "keys_changed": changed if kind == "delta" else keys,
+                             "bytes_uploaded": sent, "upload_ratio": round(sent / (keys * (value_bytes + 16)), 4),
+                             "checkpoint_cpu_s": ck_cpu, "checkpoint_s": ck_wall, "upload_cpu_s": up_cpu,
+                             "upload_s": up_wall, "upload_mb_per_cpu_s": round(sent / MB / max(up_cpu, 1e-6), 1),
+                             "restore_s": re_wall, "restore_cpu_s": re_cpu})
+                print(format_row(rows[-1]), flush=True)
+                previous, cid = uploaded.file, cid + 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ resume
+def resume_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from deploy.topics import create_topics
+    from replication.driver import run
+    from rhino_state.durable import DurableStore
+
+    bootstrap = stack.bootstrap_servers
+    stamp = f"{int(time.time() * 1000) % 10**10}"
+    name, topic, out = f"dur{stamp}", f"dur{stamp}-in", f"dur{stamp}-out"
+    checkpoints = root / f"checkpoints-{stamp}"
+    conf = {**hb.job_conf(bootstrap, None), "spark.replication.rhino.enabled": "true",
+            "spark.replication.checkpointDir": str(checkpoints)}
+    model = hb.state_model(size, argparse.Namespace(keys_per_vnode=1, value_bytes=args.value_bytes), conf)
+    create_topics(bootstrap, {topic: 2, out: 2})
+    feeder = hb.Feeder(bootstrap, topic, model.keys, args.rate)
+    store = DurableStore(str(checkpoints), name)
+    row: dict[str, Any] = {"size": size_label(size), "state_bytes": model.total_bytes}
+    marks: dict[str, float] = {}
+    error = failure = None
+    second = None
+
+    def job() -> Any:
+        return hb.build_handover_job(topic, out, name, model.entries, model.value_bytes)
+
+    first = run(job(), spark=spark, conf=conf)
+    try:
+        first.wait_started(120)
+        feeder.start()
+        hb.wait_for_state(first, feeder, len(model.keys), args.before)
+        built = max(store.cut_numbers(), default=0)
+        rs._wait_for(lambda: max(store.cut_numbers(), default=0) > built, 120, "no cut after the state was built")
+        first.stop(60)
+        cut = store.read_cut(max(store.cut_numbers()))
+        row.update(cut=cut.number, cut_bytes=store.verify(cut, checksums=False))
+        marks["launch"] = time.time()
+        second = run(job(), spark=spark, conf=conf)
+        marks["prepared"] = time.time()
+        second.wait_started(600)
+        marks["registered"] = time.time()
+        rs._wait_for(lambda: second.sink_metrics().records_out > 0, 120, "the new run wrote nothing within 120 s")
+        marks["first_output"] = time.time()
+        time.sleep(3)
+    except Exception as err:  # noqa: BLE001 - recorded in the row
+        error = one_line(err, 300)
+    finally:
+        produced, load_error = hb.stop_feeder(feeder)
+        error = error or load_error
+        if first.running:
+            first.stop(60)
+    if second is not None:
+        _, failure = rs.finish_job(second)
+    outputs: list[dict] = []
+    if produced:
+        try:
+            outputs, _ = rs.read_outputs(bootstrap, out)
+        except Exception as err:  # noqa: BLE001
+            error = error or f"reading the output: {one_line(err, 300)}"
+    verdict = hb.verify(outputs, feeder.ids, model.entries, failure) if produced else None
+    shutil.rmtree(checkpoints, ignore_errors=True)
+
+    def span(a: str, b: str) -> float | str:
+        return round(marks[b] - marks[a], 3) if a in marks and b in marks else ""
+
+    row.update(exact="yes" if verdict is not None and verdict.exact else "no",
+               outcome=verdict.outcome if verdict is not None else (failure or "nothing produced"),
+               prepare_s=span("launch", "prepared"), workers_s=span("prepared", "registered"),
+               first_output_s=span("registered", "first_output"), to_first_output_s=span("launch", "first_output"),
+               produced=produced, error=error or "")
+    print(format_row(row), flush=True)
+    return row
+
+
+# ------------------------------------------------------------------------------------------ the command
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", default="upload,resume", help="upload, resume or both (default both)")
+    ap.add_argument("--sizes", default="10MB,100MB,1GB", help="state sizes of the upload part")
+    ap.add_argument("--resume-sizes", default="10MB,100MB", help="state sizes of the resume part")
+    ap.add_argument("--change", default="0.01,0.1", help="fractions of the keys rewritten before a delta")
+    ap.add_argument("--value-bytes", type=int, default=1000)
+    ap.add_argument("--rate", type=float, default=200.0, help="events/s of load in the resume part")
+    ap.add_argument("--before", type=float, default=8.0, help="seconds of load before the stop")
+    ap.add_argument("--out", default="bench/results/durable")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_machine(out)
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    scratch = Path(tempfile.mkdtemp(prefix="durable-"))
+    bad = []
+    try:
+        if "upload" in parts:
+            rows = []
+            for size in (parse_size(s) for s in args.sizes.split(",")):
+                rows += upload_rows(size, [float(c) for c in args.change.split(",")], args.value_bytes, scratch)
+            write_csv(out / "upload.csv", rows, digits=4)
+            print_plain_table("durable checkpoints: one upload", rows, UPLOAD_COLUMNS)
+            _plot_upload(out, rows)
+        if "resume" in parts:
+            rows = _resume_rows(args, scratch)
+            write_csv(out / "resume.csv", rows, digits=3)
+            print_plain_table("durable checkpoints: resume to the first output", rows, RESUME_COLUMNS)
+            bad = [f"{r['size']}: {r['outcome']} {r['error']}".strip() for r in rows if r["exact"] != "yes"]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if bad:
+        print(f"NOT OK: {'; '.join(bad)}", flush=True)
+    return 1 if bad else 0
+
+
+def _resume_rows(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+    from deploy.stack import EmbeddedStack, require_java17
+    from replication.spark_cluster import build_session, stop_session
+
+    require_java17()
+    rows = []
+    with EmbeddedStack() as stack:
+        spark = build_session("local-cluster[3,1,512]", app_name="bench-durable")
+        try:
+            for size in (parse_size(s) for s in args.resume_sizes.split(",")):
+                rows.append(resume_row(stack, spark, size, args, scratch))
+        finally:
+            stop_session(spark)
+    return rows
+
+
+def _plot_upload(out: Path, rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for kind, change in sorted({(r["kind"], r["change"]) for r in rows}):
+        sel = [r for r in rows if (r["kind"], r["change"]) == (kind, change)]
+        label = "full snapshot" if kind == "full" else f"delta, {change:.0%} of keys changed"
+        xs = [r["state_bytes"] / MB for r in sel]
+        ax1.plot(xs, [r["bytes_uploaded"] / MB for r in sel], marker="o", label=label)
+        ax2.plot(xs, [r["upload_cpu_s"] + r["checkpoint_cpu_s"] for r in sel], marker="o", label=label)
+    for ax, what in ((ax1, "MB uploaded"), (ax2, "CPU s (checkpoint + upload)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("state (MB)")
+        ax.set_ylabel(what)
+        ax.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.suptitle("durable checkpoints: one upload by state size and change rate")
+    fig.tight_layout()
+    fig.savefig(out / "upload.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
