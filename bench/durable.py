@@ -27,13 +27,20 @@ the cut) and *first output* (the new run's sink wrote its first record, polled e
 of both runs is checked record by record (``bench.handover.verify``: every event once, every key's chain
 links up, every event read the pad value it should).
 
-The Spark Structured Streaming side (restarting from its ``checkpointLocation`` on the same state) is
-not measured by this command yet.
+**sss** (the peer, same session and broker): Spark Structured Streaming with the RocksDB state store
+(changelog checkpointing) restarting from its ``checkpointLocation`` on the same amount of state: one
+topic of 2 partitions read with ``bench/sss.py``'s Kafka source, ``groupBy(key).applyInPandasWithState``
+keeping per key a hash chain and a pad (``--sss-pad`` bytes; as many keys as the size needs), output
+written with ``foreachBatch``.  One event per key builds the state, then ``--rate`` events/s for
+``--before`` s; the query is stopped and a new one started on the same checkpoint location: measured
+from ``start()`` to the first record the new query wrote (its ``sink_ts``), with ``start()`` itself as a
+part.  SSS's output is at least once; only the time is compared.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -55,6 +62,9 @@ INSTANCE = (1, 0)
 UPLOAD_COLUMNS = ("size", "state_bytes", "keys", "kind", "change", "keys_changed", "bytes_uploaded",
                   "upload_ratio", "checkpoint_cpu_s", "checkpoint_s", "upload_cpu_s", "upload_s",
                   "upload_mb_per_cpu_s", "restore_s", "restore_cpu_s")
+SSS_COLUMNS = ("size", "state_bytes", "keys", "checkpoint_bytes", "start_s", "to_first_output_s", "records",
+               "error")
+SSS_TRIGGER_MS = 100
 RESUME_COLUMNS = ("size", "state_bytes", "exact", "outcome", "cut", "cut_bytes", "prepare_s", "workers_s",
                   "first_output_s", "to_first_output_s", "produced", "error")
 
@@ -193,16 +203,146 @@ def resume_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root
     return row
 
 
+# ------------------------------------------------------------------------------------------ sss
+SSS_EVENT_SCHEMA = "id string, key string, ts long"
+SSS_OUTPUT_SCHEMA = "key string, n long, id string, h string, ts long"
+SSS_STATE_SCHEMA = "head string, n long, pad binary"
+
+
+def sss_chain_with_pad(pad_bytes: int) -> Any:
+    """applyInPandasWithState function: per key a hash chain and a pad of ``pad_bytes`` (written by the
+    key's first event, kept in the state as it is)."""
+
+    def fn(key: tuple, pdfs: Any, state: Any) -> Any:
+        import hashlib
+
+        import pandas as pd
+
+        from replication.examples.ordered import chain_step
+
+        frames = [f for f in pdfs if len(f)]
+        if not frames:
+            return
+        events = pd.concat(frames, ignore_index=True).sort_values("id", kind="stable")
+        if state.exists:
+            head, n, pad = str(state.get[0]), int(state.get[1]), bytes(state.get[2])
+        else:
+            head, n, pad = "", 0, hashlib.shake_128(str(key[0]).encode()).digest(pad_bytes)
+        rows = []
+        for event_id, ts in zip(events["id"], events["ts"], strict=True):
+            n += 1
+            head = chain_step(head, str(event_id))
+            rows.append((str(key[0]), n, str(event_id), head, int(ts)))
+        state.update((head, n, pad))
+        yield pd.DataFrame(rows, columns=["key", "n", "id", "h", "ts"])
+
+    return fn
+
+
+class SinkTimes:
+    """Reads the output topic from its start, keeping each record's ``sink_ts`` header, until stopped."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        import threading
+
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.times: list[float] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="sss-sink-times", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"durable-{os.getpid()}",
+                             "enable.auto.commit": False, "fetch.wait.max.ms": 20})
+        try:
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in range(self.partitions)])
+            while not self.stop.is_set():
+                for m in consumer.consume(num_messages=5000, timeout=0.1):
+                    if m.error() is None:
+                        self.times.append(float(dict(m.headers() or ())["sink_ts"]))
+        finally:
+            consumer.close()
+
+    def first_after(self, t: float) -> float | None:
+        return min((x for x in list(self.times) if x >= t), default=None)
+
+
+def sss_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    from bench import sss
+    from deploy.topics import create_topics, produce
+
+    bootstrap = stack.bootstrap_servers
+    stamp = f"{int(time.time() * 1000) % 10**10}"
+    topic, out = f"dsss{stamp}-in", f"dsss{stamp}-out"
+    keys = [f"k{i}" for i in range(max(1, size // args.sss_pad))]
+    create_topics(bootstrap, {topic: 2, out: 2})
+    sss._register_source(spark)
+    old = sss._set_confs(spark, {"spark.sql.streaming.stateStore.providerClass": sss.ROCKSDB_PROVIDER,
+                                 "spark.sql.shuffle.partitions": "2",
+                                 "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"})
+    checkpoint = root / f"sss-checkpoint-{stamp}"
+    sink_times = SinkTimes(bootstrap, out, 2)
+    feeder = hb.Feeder(bootstrap, topic, keys, args.rate)
+    row: dict[str, Any] = {"size": size_label(size), "state_bytes": len(keys) * args.sss_pad, "keys": len(keys)}
+    error = ""
+
+    def start() -> Any:
+        stream = (spark.readStream.format(sss.SOURCE_NAME).option("bootstrap", bootstrap).option("subscribe", topic)
+                  .load().select(F.from_json("value", SSS_EVENT_SCHEMA).alias("e")).select("e.*"))
+        job = stream.groupBy("key").applyInPandasWithState(
+            sss_chain_with_pad(args.sss_pad), SSS_OUTPUT_SCHEMA, SSS_STATE_SCHEMA, "Update",
+            GroupStateTimeout.NoTimeout)
+        return (job.writeStream.outputMode("update").foreachBatch(sss.make_batch_writer(bootstrap, out, "key"))
+                .trigger(processingTime=f"{SSS_TRIGGER_MS} milliseconds")
+                .option("checkpointLocation", str(checkpoint)).start())
+
+    query = None
+    try:
+        produce(bootstrap, topic, [(k.encode(), json.dumps({"id": f"init-{k}", "key": k, "ts": 0}).encode())
+                                   for k in keys])
+        query = start()
+        rs._wait_for(lambda: len(sink_times.times) >= len(keys), 600, "SSS did not write every key's first event")
+        feeder.start()
+        time.sleep(args.before)
+        query.stop()
+        row["checkpoint_bytes"] = rs.dir_bytes(checkpoint)
+        launched = time.time()
+        query = start()
+        row["start_s"] = round(time.time() - launched, 3)
+        rs._wait_for(lambda: sink_times.first_after(launched) is not None, 600, "the restarted query wrote nothing")
+        row["to_first_output_s"] = round(sink_times.first_after(launched) - launched, 3)
+        time.sleep(2)
+    except Exception as err:  # noqa: BLE001 - recorded in the row
+        error = one_line(err, 300)
+    finally:
+        hb.stop_feeder(feeder)
+        if query is not None:
+            query.stop()
+        sink_times.stop.set()
+        sink_times.thread.join(5)
+        sss._restore_confs(spark, old)
+        shutil.rmtree(checkpoint, ignore_errors=True)
+    row.update(records=len(sink_times.times), error=error)
+    print(format_row(row), flush=True)
+    return row
+
+
 # ------------------------------------------------------------------------------------------ the command
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", default="upload,resume", help="upload, resume or both (default both)")
+    ap.add_argument("--parts", default="upload,resume,sss", help="upload, resume, sss (default all three)")
     ap.add_argument("--sizes", default="10MB,100MB,1GB", help="state sizes of the upload part")
     ap.add_argument("--resume-sizes", default="10MB,100MB", help="state sizes of the resume part")
     ap.add_argument("--change", default="0.01,0.1", help="fractions of the keys rewritten before a delta")
     ap.add_argument("--value-bytes", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=200.0, help="events/s of load in the resume part")
     ap.add_argument("--before", type=float, default=8.0, help="seconds of load before the stop")
+    ap.add_argument("--sss-pad", type=int, default=16 * 1024, help="bytes of pad per key in the SSS job")
     ap.add_argument("--out", default="bench/results/durable")
     return ap.parse_args(argv)
 
@@ -223,11 +363,17 @@ def main(argv: list[str] | None = None) -> int:
             write_csv(out / "upload.csv", rows, digits=4)
             print_plain_table("durable checkpoints: one upload", rows, UPLOAD_COLUMNS)
             _plot_upload(out, rows)
-        if "resume" in parts:
-            rows = _resume_rows(args, scratch)
-            write_csv(out / "resume.csv", rows, digits=3)
-            print_plain_table("durable checkpoints: resume to the first output", rows, RESUME_COLUMNS)
-            bad = [f"{r['size']}: {r['outcome']} {r['error']}".strip() for r in rows if r["exact"] != "yes"]
+        if parts & {"resume", "sss"}:
+            rows, sss_rows = _spark_rows(args, scratch, parts)
+            if "resume" in parts:
+                write_csv(out / "resume.csv", rows, digits=3)
+                print_plain_table("durable checkpoints: resume to the first output", rows, RESUME_COLUMNS)
+                bad = [f"{r['size']}: {r['outcome']} {r['error']}".strip() for r in rows if r["exact"] != "yes"]
+            if "sss" in parts:
+                write_csv(out / "sss_restart.csv", sss_rows, digits=3)
+                print_plain_table("Spark Structured Streaming: restart to the first output", sss_rows, SSS_COLUMNS)
+                bad += [f"sss {r['size']}: {r['error']}" for r in sss_rows if r["error"]]
+            _plot_resume(out, rows, sss_rows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if bad:
@@ -235,20 +381,48 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-def _resume_rows(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+def _spark_rows(args: argparse.Namespace, scratch: Path, parts: set[str]
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The resume rows and SSS's, each size in turn on one session and broker."""
     from deploy.stack import EmbeddedStack, require_java17
     from replication.spark_cluster import build_session, stop_session
 
     require_java17()
-    rows = []
+    rows: list[dict[str, Any]] = []
+    sss_rows: list[dict[str, Any]] = []
     with EmbeddedStack() as stack:
         spark = build_session("local-cluster[3,1,512]", app_name="bench-durable")
         try:
             for size in (parse_size(s) for s in args.resume_sizes.split(",")):
-                rows.append(resume_row(stack, spark, size, args, scratch))
+                if "resume" in parts:
+                    rows.append(resume_row(stack, spark, size, args, scratch))
+                if "sss" in parts:
+                    sss_rows.append(sss_row(stack, spark, size, args, scratch))
         finally:
             stop_session(spark)
-    return rows
+    return rows, sss_rows
+
+
+def _plot_resume(out: Path, rows: list[dict[str, Any]], sss_rows: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, sel, col, marker in (("this project: resume from checkpointDir", rows, "to_first_output_s", "o"),
+                                    ("SSS: restart from checkpointLocation", sss_rows, "to_first_output_s", "s")):
+        pts = [(r["state_bytes"] / MB, r[col]) for r in sel if r.get(col) not in ("", None)]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=marker, label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("state (MB)")
+    ax.set_ylabel("start -> first output (s)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "resume.png", dpi=110)
+    plt.close(fig)
 
 
 def _plot_upload(out: Path, rows: list[dict[str, Any]]) -> None:

@@ -348,6 +348,22 @@ class ExactlyOnceOutput:
         self.producer = None
         self._on_role("standby")
 
+    # -- checkpoints ------------------------------------------------------------------------
+    def checkpoint_state(self) -> tuple[int, list[tuple]]:
+        """What a checkpoint keeps of this output: the last seq assigned and the records not known
+        committed yet.  A partition restored from it when no replica of it is left (a rollback, a
+        resume) writes them again unless the output has them; without them, the records the
+        checkpoint counted but no commit reached would be lost."""
+        return self.seq, list(self.buffer)
+
+    def restore_state(self, state: int | tuple[int, list[tuple]]) -> None:
+        """Take back :meth:`checkpoint_state` (an older checkpoint kept the seq alone)."""
+        if isinstance(state, int):
+            self.seq = state
+            return
+        self.seq, entries = state
+        self.buffer = deque(tuple(e) for e in entries if e[0] > self.committed_seq)
+
     # -- roles (the instance thread, with the master's view) -------------------------------
     def control(self, writer_replica: int, epoch: int, committed_seq: int, committed_offset: int) -> None:
         if epoch < self.epoch:

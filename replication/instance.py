@@ -197,7 +197,7 @@ class PartitionInstance:
         self.code = dict(rt.get("code", {}))  # the operator replacements it had made
         self._time_bucket = rt.get("time_bucket")
         if self.dead_letters is not None:
-            self.dead_letters.out.seq = rt.get("dead_letters", -1)  # those after it are written again
+            self.dead_letters.out.restore_state(rt.get("dead_letters", -1))  # those after it are written again
         return rt
 
     def _restore_operators(self) -> None:
@@ -229,7 +229,7 @@ class PartitionInstance:
         runtime["outputs"] = {ch.spec.id: ch.next_seq for ch in self.outputs}
         runtime["routing"] = self.router_switches.tables()
         runtime["code"] = dict(self.code)
-        runtime["dead_letters"] = self.dead_letters.out.seq if self.dead_letters is not None else -1
+        runtime["dead_letters"] = self.dead_letters.out.checkpoint_state() if self.dead_letters is not None else -1
         meta, shipped = self.worker.checkpoints.take(self, checkpoint_id, pickle.dumps(runtime, protocol=5),
                                                      runtime.get("positions", {}), runtime["outputs"])
         m = self.metrics

@@ -51,10 +51,10 @@ class ExactlyOnceSink(SinkBase):
         self.out.control(writer_replica, epoch, committed_seq, committed_offset)
 
     def snapshot(self) -> Any:
-        return self.out.seq
+        return self.out.checkpoint_state()
 
     def restore(self, snapshot: Any) -> None:
-        self.out.seq = snapshot  # records after it are produced again, with the same seqs
+        self.out.restore_state(snapshot)  # records after it are produced again, with the same seqs
 
     def on_end(self) -> None:
         self.out.finish(self.env.poll_control)

@@ -20,7 +20,7 @@ from bench.common import format_row, write_csv, write_machine  # noqa: E402
                                     "bench/workloads.py", "bench/report.py", "bench/rhino.py", "bench/sss.py",
                                     "bench/handover.py", "bench/broker_cost.py", "bench/cpu_profile.py",
                                     "bench/pulse_cost.py", "bench/capacity.py", "bench/broker_limits.py",
-                                    "bench/frames.py"])
+                                    "bench/frames.py", "bench/durable.py"])
 def test_benchmark_command_parses_its_arguments(script):
     proc = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True,
                           timeout=120)
@@ -35,6 +35,16 @@ def test_frames_bench_runs_and_writes_its_figures(tmp_path):
     rows = list(csv.DictReader((tmp_path / "frames.csv").open()))
     assert [r["transport"] for r in rows] == ["gRPC unary", "frames"]
     assert all(float(r["cpu_us_per_call"]) > 0 for r in rows) and (tmp_path / "frames.png").exists()
+
+
+def test_durable_upload_bench_runs_and_writes_its_figures(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "bench/durable.py"), "--parts", "upload", "--sizes", "1MB",
+                           "--change", "0.1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = list(csv.DictReader((tmp_path / "upload.csv").open()))
+    assert [r["kind"] for r in rows] == ["full", "delta"] and (tmp_path / "upload.png").exists()
+    full, delta = (int(r["bytes_uploaded"]) for r in rows)
+    assert full > 1_000_000 and delta < full / 5  # a delta uploads the keys it changed, not the state
 
 
 def test_pulse_cost_counts_the_bytes_of_this_process_sockets_only():

@@ -360,3 +360,34 @@ def test_an_idle_output_asks_to_be_woken_only_when_a_commit_is_due():
     assert 0.0 < out.due_in() <= 0.05
     time.sleep(0.06)
     assert out.due_in() == 0.0
+
+
+def test_a_partition_restored_with_no_replica_left_writes_what_its_checkpoint_counted_but_no_commit_reached(
+        monkeypatch):
+    """A checkpoint taken while records wait for their commit, then every replica lost (a rollback,
+    or a resume after the whole job died): the restored partition regenerates only what comes after
+    the checkpoint, so the records the checkpoint counted come from the checkpoint itself."""
+    from replication import exactly_once
+
+    monkeypatch.setattr(exactly_once, "Producer", TransactionalProducer)
+    monkeypatch.setattr(exactly_once, "max_written_seq", lambda *a, **k: 1)  # the output holds seqs 0 and 1
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    lost = ExactlyOnceOutput("sink[0]r0", cfg, 0, "run:1:0", "out", 0, 60.0)
+    lost.control(0, 0, -1, -1)
+    for value in (b"0", b"1", b"2", b"3"):
+        lost.append(value, None, [])
+    lost._committed(1, 7)  # 0 and 1 committed; 2 and 3 in the open transaction
+    state = lost.checkpoint_state()
+    restored = ExactlyOnceOutput("sink[0]r0", cfg, 0, "run:1:0", "out", 0, 0.001)
+    restored.restore_state(state)
+    restored.control(0, 1, -1, -1)  # named writer: takes over, scans (seq 1 found), writes the rest
+    deadline = time.monotonic() + 5
+    while not restored.writer and time.monotonic() < deadline:
+        restored.on_idle()  # the instance thread learns the scan ended
+        time.sleep(0.01)
+    restored.append(b"4", None, [])  # the first record after the checkpoint
+    restored._maybe_commit(force=True)
+    assert restored.producer.values == [b"2", b"3", b"4"]
+    old_format = ExactlyOnceOutput("sink[0]r0", cfg, 0, "run:1:0", "out", 0, 0.001)
+    old_format.restore_state(3)  # a checkpoint of an earlier version: the seq alone
+    assert old_format.seq == 3 and not old_format.buffer
