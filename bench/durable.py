@@ -17,8 +17,8 @@ part of a resume that grows with the state.
 **resume** (real Spark, ``local-cluster[3,1,512]``, the embedded broker): ``bench/handover.py``'s job (one
 topic of 2 partitions -> ``key_by`` -> ``PaddedChain`` -> exactly-once sink), LiveRobin, replicated,
 Rhino on, ``spark.replication.checkpointDir``; the state grown to ``--resume-sizes`` (every key's pad
-written), then ``--rate`` events/s of load for ``--before`` seconds more; once a cut newer than that
-holds the state, the job is stopped (``handle.stop()``, no drain: the new run goes on from the cut, as
+written), then ``--rate`` events/s of load for ``--before`` seconds more; once a cut holds the state
+(its chains add up to at least 90% of it), the job is stopped (``handle.stop()``, no drain: the new run goes on from the cut, as
 after a crash) and started again with the same name and directory while the load goes on.  Measured from
 ``run()``: *prepare* (``run()`` returned: the driver found the newest cut and verified every file it
 needs, sha256 of the whole state; planning, the executors' warm-up, the Spark job submitted), *workers*
@@ -160,8 +160,12 @@ def resume_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root
         first.wait_started(120)
         feeder.start()
         hb.wait_for_state(first, feeder, len(model.keys), args.before)
-        built = max(store.cut_numbers(), default=0)
-        rs._wait_for(lambda: max(store.cut_numbers(), default=0) > built, 120, "no cut after the state was built")
+
+        def cut_holds_the_state() -> bool:
+            numbers = store.cut_numbers()
+            return bool(numbers) and store.verify(store.read_cut(numbers[-1]), checksums=False) >= 0.9 * size
+
+        rs._wait_for(cut_holds_the_state, 600, "no cut held the state within 600 s")
         first.stop(60)
         cut = store.read_cut(max(store.cut_numbers()))
         row.update(cut=cut.number, cut_bytes=store.verify(cut, checksums=False))

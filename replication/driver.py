@@ -1044,7 +1044,10 @@ class JobHandle:
         self._elections = elections
         self.pulses: DriverPulses | None = None
         if plan.heartbeat_log is not None:
-            self.pulses = DriverPulses(self._new_generator, plan.heartbeat_log, master.event)
+            resumed_at = int(plan.resume.cut.run.get("pulse", 0)) if plan.resume is not None else 0
+            self.pulses = DriverPulses(self._new_generator, plan.heartbeat_log, master.event, first_h=resumed_at)
+            if master.durable is not None:  # a cut says how far the log was: a resume reads it from there
+                master.durable.pulse = lambda: self.pulses.last_h if self.pulses is not None else 0
         if cfg.mode == "liverobin":
             self.start_pulse_generator()
         self.metrics_server: Any = None  # the Prometheus endpoint (replication.prometheus.MetricsServer)

@@ -145,6 +145,7 @@ class DurableCheckpoints:
         self.store = store
         self.plan, self.run, self.retain = plan, run, retain
         self.on_event = on_event
+        self.pulse: Callable[[], int] = lambda: 0  # the heartbeat log's largest pulse, as the driver knows it
         self.tracker = CutTracker()
         self.next_number = (max(store.cut_numbers(), default=0)) + 1
         self.cuts_written = 0
@@ -172,7 +173,8 @@ class DurableCheckpoints:
             return False
         committed = {f"{t}-{p}-{kind}": [entry[2], entry[3]] for (t, p, kind), entry in sorted(sinks.items())}
         with self._cond:
-            cut = DurableCut(self.next_number, self.store.job, parts, self.plan, self.run, committed, time.time())
+            cut = DurableCut(self.next_number, self.store.job, parts, self.plan, {**self.run, "pulse": self.pulse()},
+                             committed, time.time())
             self.next_number += 1
             self._pending = cut
             self._cond.notify_all()

@@ -59,9 +59,13 @@ class DriverPulses:
     """One job's heartbeat generators, made by ``factory``, on ``heartbeat_log``; ``event``
     records what happens to them (the job master's event list)."""
 
-    def __init__(self, factory: GeneratorFactory, heartbeat_log: HeartbeatLog, event: Callable[[str], None]) -> None:
+    def __init__(self, factory: GeneratorFactory, heartbeat_log: HeartbeatLog, event: Callable[[str], None],
+                 first_h: int = 0) -> None:
+        """``first_h``: a pulse the log is known to hold (a resumed run's log, written by the run
+        before): generators read it from that pulse's segment on, not from the first."""
         self._factory = factory
         self._log = heartbeat_log
+        self._first_segment = heartbeat_log.segment_of(first_h) if first_h > 0 else 0
         self._event = event
         self.generators: list[HeartbeatGenerator] = []
         self._lock = threading.RLock()
@@ -79,7 +83,7 @@ class DriverPulses:
         """Start one more generator; it reads the newest segments the others counted and goes on
         after the largest pulse there.  ``windowed``: KaZoo's, which writes only pulse windows."""
         with self._lock:
-            from_segment = max(0, self._log.segment_of(self.last_h + 1) - 1)
+            from_segment = max(self._first_segment, self._log.segment_of(self.last_h + 1) - 1)
             gen = self._factory(f"g{len(self.generators) + 1}", from_segment, windowed)
             self.generators.append(gen.start())
             if self._eager_until > time.monotonic():

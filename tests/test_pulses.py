@@ -375,3 +375,19 @@ def test_a_kazoo_handover_counts_its_margins_at_the_rate_its_window_is_written(q
     for h in range(151, 160):
         sampled(h, 0.4)  # a generator that barely gets the CPU: the margins assume 50 ms at most
     assert pulses.period_ms(10, windowed=True) == 50.0
+
+
+def test_generators_of_a_resumed_run_read_the_log_from_the_pulse_its_cut_knew():
+    """A resumed run writes on in the log of the run before, whose segments may be many: its first
+    generator reads from the segment of the pulse the cut recorded, not from the first."""
+    factory = Factory()
+    pulses = DriverPulses(factory, HeartbeatLog("hb", per_segment=100), lambda text: None, first_h=1234)
+    try:
+        assert pulses.start().from_segment == 12
+    finally:
+        pulses.close()
+    fresh = DriverPulses(Factory(), HeartbeatLog("hb", per_segment=100), lambda text: None)
+    try:
+        assert fresh.start().from_segment == 0
+    finally:
+        fresh.close()
