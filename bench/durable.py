@@ -19,7 +19,8 @@ topic of 2 partitions -> ``key_by`` -> ``PaddedChain`` -> exactly-once sink), Li
 Rhino on, ``spark.replication.checkpointDir``; the state grown to ``--resume-sizes`` (every key's pad
 written), then ``--rate`` events/s of load for ``--before`` seconds more; once a cut holds the state
 (its chains add up to at least 90% of it), the job is stopped (``handle.stop()``, no drain: the new run goes on from the cut, as
-after a crash) and started again with the same name and directory while the load goes on.  Measured from
+after a crash), its Spark application too, and the job is started again, with the same name and
+directory, in a new application (``app_start_s``: the session and its executors) while the load goes on.  Measured from
 ``run()``: *prepare* (``run()`` returned: the driver found the newest cut and verified every file it
 needs, sha256 of the whole state; planning, the executors' warm-up, the Spark job submitted), *workers*
 (``wait_started``: every worker registered, which each does after building its partitions' state from
@@ -32,9 +33,9 @@ links up, every event read the pad value it should).
 topic of 2 partitions read with ``bench/sss.py``'s Kafka source, ``groupBy(key).applyInPandasWithState``
 keeping per key a hash chain and a pad (``--sss-pad`` bytes; as many keys as the size needs), output
 written with ``foreachBatch``.  One event per key builds the state, then ``--rate`` events/s for
-``--before`` s; the query is stopped and a new one started on the same checkpoint location: measured
-from ``start()`` to the first record the new query wrote (its ``sink_ts``), with ``start()`` itself as a
-part.  SSS's output is at least once; only the time is compared.
+``--before`` s; the query is stopped, its application too, and a new query is started on the same
+checkpoint location in a new application (``app_start_s``, as for this project): measured from
+``start()`` to the first record the new query wrote (its ``sink_ts``), with ``start()`` itself as a part.  SSS's output is at least once; only the time is compared.
 """
 
 from __future__ import annotations
@@ -62,10 +63,10 @@ INSTANCE = (1, 0)
 UPLOAD_COLUMNS = ("size", "state_bytes", "keys", "kind", "change", "keys_changed", "bytes_uploaded",
                   "upload_ratio", "checkpoint_cpu_s", "checkpoint_s", "upload_cpu_s", "upload_s",
                   "upload_mb_per_cpu_s", "restore_s", "restore_cpu_s")
-SSS_COLUMNS = ("size", "state_bytes", "keys", "checkpoint_bytes", "start_s", "to_first_output_s", "records",
-               "error")
+SSS_COLUMNS = ("size", "state_bytes", "keys", "checkpoint_bytes", "app_start_s", "start_s", "to_first_output_s",
+               "records", "error")
 SSS_TRIGGER_MS = 100
-RESUME_COLUMNS = ("size", "state_bytes", "exact", "outcome", "cut", "cut_bytes", "prepare_s", "workers_s",
+RESUME_COLUMNS = ("size", "state_bytes", "exact", "outcome", "cut", "cut_bytes", "app_start_s", "prepare_s", "workers_s",
                   "first_output_s", "to_first_output_s", "produced", "error")
 
 
@@ -132,7 +133,33 @@ def upload_rows(size: int, changes: list[float], value_bytes: int, root: Path) -
 
 
 # ------------------------------------------------------------------------------------------ resume
-def resume_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+class Sessions:
+    """One Spark application at a time (``local-cluster[3,1,512]``); :meth:`new` stops the current one
+    and starts another, as a job restarted after its driver died runs in a new application."""
+
+    def __init__(self) -> None:
+        self.spark: Any = None
+
+    def new(self) -> float:
+        """A new application; returns the seconds it took to start (session and executors)."""
+        from replication.spark_cluster import build_session, stop_session
+
+        if self.spark is not None:
+            stop_session(self.spark)
+            self.spark = None
+        started = time.perf_counter()
+        self.spark = build_session("local-cluster[3,1,512]", app_name="bench-durable")
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        from replication.spark_cluster import stop_session
+
+        if self.spark is not None:
+            stop_session(self.spark)
+            self.spark = None
+
+
+def resume_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from deploy.topics import create_topics
     from replication.driver import run
     from rhino_state.durable import DurableStore
@@ -155,7 +182,7 @@ def resume_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root
     def job() -> Any:
         return hb.build_handover_job(topic, out, name, model.entries, model.value_bytes)
 
-    first = run(job(), spark=spark, conf=conf)
+    first = run(job(), spark=sessions.spark, conf=conf)
     try:
         first.wait_started(120)
         feeder.start()
@@ -168,9 +195,9 @@ def resume_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root
         rs._wait_for(cut_holds_the_state, 600, "no cut held the state within 600 s")
         first.stop(60)
         cut = store.read_cut(max(store.cut_numbers()))
-        row.update(cut=cut.number, cut_bytes=store.verify(cut, checksums=False))
+        row.update(cut=cut.number, cut_bytes=store.verify(cut, checksums=False), app_start_s=round(sessions.new(), 3))
         marks["launch"] = time.time()
-        second = run(job(), spark=spark, conf=conf)
+        second = run(job(), spark=sessions.spark, conf=conf)
         marks["prepared"] = time.time()
         second.wait_started(600)
         marks["registered"] = time.time()
@@ -273,7 +300,7 @@ class SinkTimes:
         return min((x for x in list(self.times) if x >= t), default=None)
 
 
-def sss_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
+def sss_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -285,10 +312,9 @@ def sss_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root: P
     topic, out = f"dsss{stamp}-in", f"dsss{stamp}-out"
     keys = [f"k{i}" for i in range(max(1, size // args.sss_pad))]
     create_topics(bootstrap, {topic: 2, out: 2})
-    sss._register_source(spark)
-    old = sss._set_confs(spark, {"spark.sql.streaming.stateStore.providerClass": sss.ROCKSDB_PROVIDER,
-                                 "spark.sql.shuffle.partitions": "2",
-                                 "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"})
+    confs = {"spark.sql.streaming.stateStore.providerClass": sss.ROCKSDB_PROVIDER,
+             "spark.sql.shuffle.partitions": "2",
+             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
     checkpoint = root / f"sss-checkpoint-{stamp}"
     sink_times = SinkTimes(bootstrap, out, 2)
     feeder = hb.Feeder(bootstrap, topic, keys, args.rate)
@@ -296,6 +322,9 @@ def sss_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root: P
     error = ""
 
     def start() -> Any:
+        spark = sessions.spark
+        sss._register_source(spark)
+        sss._set_confs(spark, confs)
         stream = (spark.readStream.format(sss.SOURCE_NAME).option("bootstrap", bootstrap).option("subscribe", topic)
                   .load().select(F.from_json("value", SSS_EVENT_SCHEMA).alias("e")).select("e.*"))
         job = stream.groupBy("key").applyInPandasWithState(
@@ -314,7 +343,9 @@ def sss_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root: P
         feeder.start()
         time.sleep(args.before)
         query.stop()
+        query = None
         row["checkpoint_bytes"] = rs.dir_bytes(checkpoint)
+        row["app_start_s"] = round(sessions.new(), 3)
         launched = time.time()
         query = start()
         row["start_s"] = round(time.time() - launched, 3)
@@ -329,7 +360,6 @@ def sss_row(stack: Any, spark: Any, size: int, args: argparse.Namespace, root: P
             query.stop()
         sink_times.stop.set()
         sink_times.thread.join(5)
-        sss._restore_confs(spark, old)
         shutil.rmtree(checkpoint, ignore_errors=True)
     row.update(records=len(sink_times.times), error=error)
     print(format_row(row), flush=True)
@@ -389,21 +419,21 @@ def _spark_rows(args: argparse.Namespace, scratch: Path, parts: set[str]
                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The resume rows and SSS's, each size in turn on one session and broker."""
     from deploy.stack import EmbeddedStack, require_java17
-    from replication.spark_cluster import build_session, stop_session
 
     require_java17()
     rows: list[dict[str, Any]] = []
     sss_rows: list[dict[str, Any]] = []
     with EmbeddedStack() as stack:
-        spark = build_session("local-cluster[3,1,512]", app_name="bench-durable")
+        sessions = Sessions()
         try:
+            sessions.new()
             for size in (parse_size(s) for s in args.resume_sizes.split(",")):
                 if "resume" in parts:
-                    rows.append(resume_row(stack, spark, size, args, scratch))
+                    rows.append(resume_row(stack, sessions, size, args, scratch))
                 if "sss" in parts:
-                    sss_rows.append(sss_row(stack, spark, size, args, scratch))
+                    sss_rows.append(sss_row(stack, sessions, size, args, scratch))
         finally:
-            stop_session(spark)
+            sessions.close()
     return rows, sss_rows
 
 

@@ -12,7 +12,8 @@ The driver also publishes ``sinks`` (writer replica -> epoch, committed seq), ``
 last 50), ``checkpoints`` (Rhino: per partition its group and last completed checkpoint),
 ``divergences``, ``metrics`` (per replica), ``ordering``, ``replicated``, ``rhino``, ``tasks``
 (the task graph), ``lost`` (replicas lost and not restored), ``recoveries``,
-``checkpoints_compared`` and ``metrics_url``; :func:`format_status` renders it all for
+``checkpoints_compared``, ``metrics_url`` and ``durable`` (the checkpoint directory's last cut);
+:func:`format_status` renders it all for
 ``replication status``.
 
 ``state`` is ``running``, ``finished``, ``stopped`` or ``failed``. A worker
@@ -250,6 +251,13 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
     out += [f"  {r.get('replica')} restored on worker {r.get('worker')} from checkpoint {r.get('checkpoint_id')}, "
             f"caught up {r.get('recovery_s', 0):.2f} s after the failure ({_ago(r.get('caught_up_at'), now)})"
             for r in recoveries[-10:]]
+    durable = status.get("durable")
+    if durable:
+        last = durable.get("last_cut")
+        out.append(f"durable checkpoints in {durable.get('uri')}: " + (
+            f"cut {last} written {_ago(durable.get('last_cut_at'), now)}" if last is not None else "no cut written yet")
+            + f", {durable.get('cuts_written', 0)} this run" + (
+                f", {durable['failures']} failed writes" if durable.get("failures") else ""))
     divergences = status.get("divergences") or []
     compared = status.get("checkpoints_compared")
     out.append(f"divergences: {len(divergences) or 'none'}"

@@ -178,7 +178,7 @@ def test_retention_keeps_every_increment_a_kept_or_later_cut_needs(tmp_path, ori
     assert _restored_content(store, files[70], tmp_path / "r70")[1] == origin.contents[70]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=2, max_size=12), st.integers(1, 3))
 def test_after_retention_every_kept_cut_still_verifies(tmp_path_factory, steps, keep):
     """Any sequence of checkpoints (some full), some made cuts: retention never breaks a kept one."""

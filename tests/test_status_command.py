@@ -216,3 +216,13 @@ def test_status_written_by_a_job_master_renders(capsys) -> None:
     row0, row1 = _row(out, "chain[0]", "r0"), _row(out, "chain[0]", "r1")
     assert row0[5:9] == ["live", "50", "50", "0"] and re.fullmatch(r"3 \(\d+\.\d s ago\)", row0[11])
     assert row1[4:8] == ["live", "40", "40", "3"] and row1[8] == "3"  # lag 3 pulses, queue 3
+
+
+def test_the_checkpoint_directory_and_its_last_cut_are_shown() -> None:
+    status = {**_status(), "durable": {"uri": "s3://bucket/cp", "cuts_written": 12, "failures": 1,
+                                       "last_cut": 40, "last_cut_at": NOW - 2.0}}
+    assert ("durable checkpoints in s3://bucket/cp: cut 40 written 2.0 s ago, 12 this run, 1 failed writes"
+            in format_status(status, now=NOW).splitlines())
+    none_yet = {**status, "durable": {"uri": "/cp", "cuts_written": 0, "failures": 0, "last_cut": None}}
+    assert "durable checkpoints in /cp: no cut written yet, 0 this run" in format_status(none_yet, now=NOW)
+    assert "durable checkpoints" not in format_status(_status(), now=NOW)
