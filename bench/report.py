@@ -437,6 +437,39 @@ def restart_table(results: Path) -> list[str]:
     return out
 
 
+def durable_tables(results: Path) -> tuple[list[str], list[str]]:
+    """bench/durable.py: the resume after a crash beside SSS's restart, one row per size; and one upload
+    by state size and change rate.  Empty without results."""
+    resumed = {r["size"]: r for r in read_csv(results / "durable" / "resume.csv")}
+    restarted = {r["size"]: r for r in read_csv(results / "durable" / "sss_restart.csv")}
+    resume = []
+    if resumed or restarted:
+        resume = ["| state | this project: app start + prepare + workers + first output = start → first output s "
+                  "| exact | SSS: app start + start() → first output s | this / SSS |", "|---|---|---|---|---:|"]
+        for size in dict.fromkeys([*resumed, *restarted]):
+            r, q = resumed.get(size, {}), restarted.get(size, {})
+            ours = (f"{num(r.get('app_start_s', ''), '{:.1f}')} + {num(r.get('prepare_s', ''), '{:.1f}')} + "
+                    f"{num(r.get('workers_s', ''), '{:.1f}')} + {num(r.get('first_output_s', ''), '{:.1f}')} = "
+                    f"{num(r.get('to_first_output_s', ''), '{:.1f}')}") if r else "-"
+            theirs = (f"{num(q.get('app_start_s', ''), '{:.1f}')} + {num(q.get('to_first_output_s', ''), '{:.1f}')}"
+                      if q else "-")
+            try:
+                ratio = f"{float(r['to_first_output_s']) / float(q['to_first_output_s']):.2f}"
+            except (KeyError, ValueError, ZeroDivisionError):
+                ratio = "-"
+            resume.append(f"| {size} | {ours} | {r.get('exact', '-')} | {theirs} | {ratio} |")
+    upload = []
+    if rows := read_csv(results / "durable" / "upload.csv"):
+        upload = ["| state | checkpoint | MB uploaded | checkpoint CPU s | upload CPU s | restore from the "
+                  "directory s |", "|---|---|---:|---:|---:|---:|"]
+        for r in rows:
+            kind = "full" if r["kind"] == "full" else f"delta, {float(r['change']):.0%} of the keys changed"
+            upload.append(f"| {r['size']} | {kind} | {float(r['bytes_uploaded']) / 2**20:,.1f} | "
+                          f"{num(r['checkpoint_cpu_s'], '{:.2f}')} | {num(r['upload_cpu_s'], '{:.2f}')} | "
+                          f"{num(r['restore_s'], '{:.1f}')} |")
+    return resume, upload
+
+
 def not_measured(results: Path) -> str:
     """The paragraph listing what issue 8 asks for that these results do not have (each item checked against
     the results, so that it disappears once measured), and what no step of the suite measures."""
@@ -692,6 +725,19 @@ def render(results: Path, out: Path) -> str:
                   "another ~11 s here). *during*: latency (by event time, ms) of the records produced from the "
                   "request until the job served again. Output: every event once over both runs, every chain linked, "
                   "every pad read right.", "", *restart, ""]
+    resume, upload = durable_tables(results)
+    if resume or upload:
+        lines += ["## Durable checkpoints: resuming after a crash, and what an upload costs", "",
+                  "`bench/durable.py`. *Resume*: the handover benchmark's job (LiveRobin, replicated, Rhino on, "
+                  "`spark.replication.checkpointDir`) under 200 events/s until a cut holds its state, then stopped "
+                  "with its Spark application and started again in a new one: the new application's start, "
+                  "`run()` (the newest cut found and every file checked), the workers registering (each builds its "
+                  "partitions' state from the cut first), the first output; every event once over both runs. "
+                  "*SSS*: `applyInPandasWithState` with the RocksDB state store holding as much state, its query "
+                  "stopped with its application and started on the same checkpoint location in a new one. "
+                  "*Upload* (no Spark): a RocksDB state of that size, one full checkpoint then deltas, each "
+                  "uploaded as a worker does; CPU is the thread's; *restore*: the chain downloaded, applied and "
+                  "checked.", "", *resume, "", *upload, ""]
     lines += ["## Plots", ""]
     for sub, png, what in (("ordering", "latency.png", "Latency per ordering mode and pipeline length"),
                            ("mib", "mib.png", "MiB 2 (partitions) and MiB 3 (unbalanced sources)"),
@@ -709,7 +755,9 @@ def render(results: Path, out: Path) -> str:
                            ("nexmark-recovery", "recovery.png", "NEXMark-like join: kill -> back, by phase"),
                            ("sss", "sss_kill.png", "Spark Structured Streaming: latency around the kill"),
                            ("handover", "handover.png", "Handover: latency around it, duration by phase"),
-                           ("restart", "restart.png", "Rescale 2→3: live handover vs restart from a savepoint")):
+                           ("restart", "restart.png", "Rescale 2→3: live handover vs restart from a savepoint"),
+                           ("durable", "resume.png", "Durable checkpoints: start → first output, against SSS"),
+                           ("durable", "upload.png", "Durable checkpoints: one upload by state size and change")):
         path = results / sub / png
         if path.exists():
             lines += [f"### {what}", "", f"![{what}]({rel(path, out)})", ""]

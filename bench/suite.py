@@ -43,6 +43,11 @@ on the terminal; each holds the machine for at most about 12 minutes, about 55 m
   within ``max_parallelism``) and by draining into a savepoint and restarting at parallelism 3 (the
   issue's stop-restore-restart alternative).
 
+* ``durable``: ``bench/durable.py``: what one upload to ``spark.replication.checkpointDir`` costs (bytes,
+  CPU) by state size and change rate, and the time from the start to the first output of a job resumed
+  after a crash beside Spark Structured Streaming restarted from its checkpoint location, on the same
+  amount of state, each in a new Spark application.
+
 A step that fails (or whose output is not exact) is recorded in ``suite.json`` with its exit code
 and shown in the report; the suite goes on with the next one and exits non-zero at the end.
 """
@@ -98,6 +103,9 @@ STEPS = {
                  "--also", "operations=rescale modes=liverobin,kazoo sizes=20MB strategies=batched"],
     # rescale 2 -> 3 at 1 and 20 MB: live, and by a restart from a savepoint (about 2 minutes)
     "restart": ["bench/restart.py"],
+    # durable checkpoints: one upload at 10 MB, 100 MB and 1 GB (no Spark), then the resume after a
+    # crash against Spark Structured Streaming's restart, both in a new application, at 10 and 100 MB
+    "durable": ["bench/durable.py", "--sizes", "10MB,100MB,1GB", "--resume-sizes", "10MB,100MB"],
 }
 
 
