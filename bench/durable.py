@@ -186,7 +186,7 @@ def resume_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespa
     try:
         first.wait_started(120)
         feeder.start()
-        hb.wait_for_state(first, feeder, len(model.keys), args.before)
+        hb.wait_for_state(first, feeder, len(model.keys), args.before + size / MB * args.build_s_per_mb)
 
         def cut_holds_the_state() -> bool:
             numbers = store.cut_numbers()
@@ -376,6 +376,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--value-bytes", type=int, default=1000)
     ap.add_argument("--rate", type=float, default=200.0, help="events/s of load in the resume part")
     ap.add_argument("--before", type=float, default=8.0, help="seconds of load before the stop")
+    ap.add_argument("--build-s-per-mb", type=float, default=0.5,
+                    help="seconds per MB of state allowed for building it before the stop (resume part)")
     ap.add_argument("--sss-pad", type=int, default=16 * 1024, help="bytes of pad per key in the SSS job")
     ap.add_argument("--out", default="bench/results/durable")
     return ap.parse_args(argv)
@@ -391,23 +393,29 @@ def main(argv: list[str] | None = None) -> int:
     bad = []
     try:
         if "upload" in parts:
-            rows = []
+            uploads = []
             for size in (parse_size(s) for s in args.sizes.split(",")):
-                rows += upload_rows(size, [float(c) for c in args.change.split(",")], args.value_bytes, scratch)
-            write_csv(out / "upload.csv", rows, digits=4)
-            print_plain_table("durable checkpoints: one upload", rows, UPLOAD_COLUMNS)
-            _plot_upload(out, rows)
+                uploads += upload_rows(size, [float(c) for c in args.change.split(",")], args.value_bytes, scratch)
+            write_csv(out / "upload.csv", uploads, digits=4)
+            print_plain_table("durable checkpoints: one upload", uploads, UPLOAD_COLUMNS)
+            _plot_upload(out, uploads)
         if parts & {"resume", "sss"}:
-            rows, sss_rows = _spark_rows(args, scratch, parts)
-            if "resume" in parts:
-                write_csv(out / "resume.csv", rows, digits=3)
-                print_plain_table("durable checkpoints: resume to the first output", rows, RESUME_COLUMNS)
-                bad = [f"{r['size']}: {r['outcome']} {r['error']}".strip() for r in rows if r["exact"] != "yes"]
-            if "sss" in parts:
-                write_csv(out / "sss_restart.csv", sss_rows, digits=3)
-                print_plain_table("Spark Structured Streaming: restart to the first output", sss_rows, SSS_COLUMNS)
-                bad += [f"sss {r['size']}: {r['error']}" for r in sss_rows if r["error"]]
-            _plot_resume(out, rows, sss_rows)
+            resumes: list[dict[str, Any]] = []
+            restarts: list[dict[str, Any]] = []
+            try:
+                _spark_rows(args, scratch, parts, resumes, restarts)
+            finally:  # interrupted too: what was measured is written
+                if resumes:
+                    write_csv(out / "resume.csv", resumes, digits=3)
+                if restarts:
+                    write_csv(out / "sss_restart.csv", restarts, digits=3)
+            if resumes:
+                print_plain_table("durable checkpoints: resume to the first output", resumes, RESUME_COLUMNS)
+            if restarts:
+                print_plain_table("Spark Structured Streaming: restart to the first output", restarts, SSS_COLUMNS)
+            bad = [f"{r['size']}: {r['outcome']} {r['error']}".strip() for r in resumes if r["exact"] != "yes"]
+            bad += [f"sss {r['size']}: {r['error']}" for r in restarts if r["error"]]
+            _plot_resume(out, resumes, restarts)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if bad:
@@ -415,14 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if bad else 0
 
 
-def _spark_rows(args: argparse.Namespace, scratch: Path, parts: set[str]
-                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The resume rows and SSS's, each size in turn on one session and broker."""
+def _spark_rows(args: argparse.Namespace, scratch: Path, parts: set[str], rows: list[dict[str, Any]],
+                sss_rows: list[dict[str, Any]]) -> None:
+    """The resume rows and SSS's (appended as measured), each size in turn on one broker."""
     from deploy.stack import EmbeddedStack, require_java17
 
     require_java17()
-    rows: list[dict[str, Any]] = []
-    sss_rows: list[dict[str, Any]] = []
     with EmbeddedStack() as stack:
         sessions = Sessions()
         try:
@@ -434,7 +440,6 @@ def _spark_rows(args: argparse.Namespace, scratch: Path, parts: set[str]
                     sss_rows.append(sss_row(stack, sessions, size, args, scratch))
         finally:
             sessions.close()
-    return rows, sss_rows
 
 
 def _plot_resume(out: Path, rows: list[dict[str, Any]], sss_rows: list[dict[str, Any]]) -> None:

@@ -390,7 +390,7 @@ def _running_instance(tmp_path, partition: int, send=None) -> tuple[ProcessingIn
     order = replace(HandoverCoordinator(plan).start_move(chain.id, [0], 1, switch_at=100, release_at=110),
                     committed=True)
     worker = SimpleNamespace(cfg=ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092"),
-                             boot=SimpleNamespace(run_id="run"), job_name="job", state_root=tmp_path,
+                             boot=SimpleNamespace(run_id="run", output_prefix="run"), job_name="job", state_root=tmp_path,
                              send_handover_state=lambda o, origin, cuts: (send or (lambda _: None))(o) or 0,
                              beats=[])
     worker.beat_soon = lambda: worker.beats.append(1)

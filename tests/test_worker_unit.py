@@ -120,6 +120,7 @@ def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
     worker._lock, worker._cut_offs, worker._unsent_acks = threading.Lock(), {}, []
     worker.checkpoints = WorkerCheckpoints.__new__(WorkerCheckpoints)
     worker.checkpoints._lock, worker.checkpoints._taken, worker.checkpoints._completed = threading.Lock(), [], []
+    worker.checkpoints._uploaded = [(2, 0, 3500, "000000003500-ab")]  # durable checkpoints: uploads too
     worker.checkpoints._taken.append((2, 0, 0, 3500, "d1"))
     worker.checkpoints._completed.append((2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7}))
     master = _Unreachable()
@@ -128,7 +129,8 @@ def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
     master.fail = False
     assert worker._heartbeat(master, with_metrics=False).command == "run"
     assert master.sent[0].checkpoints == {"taken": [(2, 0, 0, 3500, "d1"), (2, 0, 0, 3550, "d2")],
-                                          "completed": [(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})]}
+                                          "completed": [(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})],
+                                          "durable": [(2, 0, 3500, "000000003500-ab")]}
 
 
 def test_a_replica_restored_here_reports_its_progress_with_every_heartbeat_for_a_while():
@@ -206,7 +208,7 @@ def test_a_standby_s_zookeeper_session_is_opened_once_whoever_asks_first(monkeyp
         worker.index, worker.attempt, worker._election, worker._election_lock = 1, 0, None, threading.Lock()
         worker.cfg = SimpleNamespace(zookeeper_connect="zk:2181", kazoo_session_timeout_ms=2000,
                                      start_timeout_ms=1000, zookeeper_digest=None)
-        worker.boot = SimpleNamespace(election_root="/replication/j/r")
+        worker.boot = SimpleNamespace(election_root="/replication/j/r", epoch_base=0)
         worker._ready = threading.Event()
         worker._ready.set()
         opener = threading.Thread(target=worker._open_election)
