@@ -12,12 +12,13 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,14 @@ from liverobin.windows import WindowWord
 from replication import savepoint as savepoints
 from replication.api import Job
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
-from replication.durability import DurableCheckpoints, plan_shape, resume_point
+from replication.durability import (
+    DurableCheckpoints,
+    plan_shape,
+    rescale_savepoint_dir,
+    resume_point,
+    run_lineage,
+    with_parallelism,
+)
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
 from replication.liveness import FATAL_SILENCE_FACTOR, silent_workers
 from replication.messages import (
@@ -73,10 +81,6 @@ from transport.rpc import host_port
 from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
-
-# A resumed run's election epochs start this far above the run before's (a ZooKeeper sequence
-# number, which the epoch of a run's elections is, stays far below it)
-EPOCH_STRIDE = 1 << 32
 
 
 class JobFailedError(RuntimeError):
@@ -1801,13 +1805,32 @@ def _from_savepoint(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
     plan.savepoint = (root, meta)
 
 
-def _lineage(plan: PhysicalPlan, run_id: str) -> dict[str, Any]:
-    """What a run keeps of the run it resumes: its outputs' ids (the sinks' writers scan for what the
-    old run wrote under them) and an election epoch base above every epoch its order logs hold."""
-    if plan.resume is None:
-        return {"output_prefix": run_id, "epoch_base": 0}
-    before = plan.resume.cut.run
-    return {"output_prefix": before["output_prefix"], "epoch_base": int(before["epoch_base"]) + EPOCH_STRIDE}
+def _resume_then_rescale(job: Job, spark: Any, conf: Mapping[str, Any] | None, cfg: ReplicationConfig,
+                         parallelism: dict[str, int]) -> JobHandle:
+    """The newest cut has other parallelism than ``job`` for some tasks: run the job at the cut's
+    (it resumes, exactly once), drain it into a savepoint beside the checkpoints, and start ``job``
+    from that savepoint, each keyed partition taking the key groups it owns now.  Its checkpoints
+    are deleted once the savepoint is complete; the savepoint once the new run wrote a cut (until
+    then a new start goes on from the savepoint)."""
+    assert cfg.checkpoint_dir is not None
+    between = rescale_savepoint_dir(cfg.checkpoint_dir, job.name)
+    assert between is not None
+    shutil.rmtree(between, ignore_errors=True)
+    log.warning("durable checkpoints: going on at the checkpoints' parallelism (%s), then through a savepoint at "
+                "this job's", ", ".join(f"{t} {p}" for t, p in sorted(parallelism.items())))
+    first = run(with_parallelism(job, parallelism), spark=spark, conf=conf)
+    try:
+        first.wait_started(cfg.start_timeout_ms / 1000)
+        result = first.drain(savepoint=between)
+    except BaseException:
+        if first.running:
+            first.stop()
+        raise
+    log.warning("durable checkpoints: the run at the checkpoints' parallelism drained into %s after %.1fs "
+                "(%d records written); starting at this job's parallelism", between, result.duration_s,
+                result.records_written)
+    DurableStore(cfg.checkpoint_dir, job.name).clear()
+    return run(job, spark=spark, conf={**(conf or {}), PREFIX + "restoreFrom": str(between)})
 
 
 def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: str) -> None:
@@ -1821,6 +1844,16 @@ def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: s
                                    on_event=log.warning)
     except (OSError, ValueError) as exc:
         raise ConfigError([(key, f"{key}={cfg.checkpoint_dir}: {exc}")]) from None
+    between = rescale_savepoint_dir(cfg.checkpoint_dir, job_name)
+    if between is None or not between.exists():
+        return
+    if cfg.checkpoint_dir_ignore:
+        shutil.rmtree(between, ignore_errors=True)
+    elif plan.resume is None and cfg.restore_from is None and (between / "_meta.json").exists():
+        # a resume at another parallelism drained into it, and its second run wrote no cut yet
+        log.warning("durable checkpoints: no cut since a resume at another parallelism; starting from its "
+                    "savepoint %s", between)
+        _from_savepoint(plan, replace(cfg, restore_from=str(between)))
 
 
 def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
@@ -1900,6 +1933,8 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                     "task has failed that often (each executor loss counts); set it to 100 or more",
                     max_failures)
     plan = prepare(job, cfg)
+    if plan.resume is not None and plan.resume.parallelism:
+        return _resume_then_rescale(job, spark, conf, cfg, plan.resume.parallelism)
     warm = warm_up(sc)
     num_workers = cfg.workers or len(executor_ids(sc))
     if cfg.rhino_enabled and num_workers <= plan.replicas:
@@ -1912,7 +1947,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                        security)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     election_root = f"/replication/{job.name}/{run_id}" if plan.order_logs else None
-    lineage = _lineage(plan, run_id)
+    lineage = run_lineage(plan.resume, run_id)
     if cfg.checkpoint_dir is not None:
         if plan.resume is not None:
             master.resume_outputs(plan.resume.cut.sinks)
@@ -1924,6 +1959,9 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
             run={**lineage, "run_id": run_id,
                  "heartbeat_log": plan.heartbeat_log.prefix if plan.heartbeat_log is not None else None},
             on_event=master.note)
+        between = rescale_savepoint_dir(cfg.checkpoint_dir, job.name)
+        if plan.savepoint is not None and between is not None and Path(plan.savepoint[0]) == between:
+            master.durable.on_first_cut = lambda: shutil.rmtree(between, ignore_errors=True)
     elections = ElectionJanitor(cfg.zookeeper_connect, election_root, master, cfg.zookeeper_digest) \
         if election_root else None
     threading.Thread(target=master.monitor, name=f"monitor-{job.name}", daemon=True).start()

@@ -12,16 +12,20 @@ feeds it never waits for the file system.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from copy import deepcopy
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rhino_state.durable import CutPart, DurableCut, DurableStore
 from rhino_state.manager import CompletedCheckpoint
 
-__all__ = ["CutTracker", "DurableCheckpoints", "ResumePoint", "differences", "plan_shape", "resume_point"]
+__all__ = ["CutTracker", "DurableCheckpoints", "ResumePoint", "differences", "parallelism_changes", "plan_shape",
+           "rescale_savepoint_dir", "resume_point", "run_lineage", "with_parallelism"]
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +101,69 @@ def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[st
     return out
 
 
+def parallelism_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, int] | None:
+    """When a job differs from its checkpoints only in the parallelism of tasks other than sources
+    (the channels follow from it): those tasks and their parallelism in the checkpoints; else None."""
+    if saved.get("mode") != current["mode"] or saved.get("key_groups") != current["key_groups"]:
+        return None
+    old, new = saved.get("tasks", {}), current["tasks"]
+    if set(old) != set(new):
+        return None
+    changed = {}
+    for name, n in new.items():
+        o = old[name]
+        if (o["operators"], o["id"], o["kind"]) != (n["operators"], n["id"], n["kind"]):
+            return None
+        if o["parallelism"] != n["parallelism"]:
+            if n["kind"] == "source":
+                return None
+            changed[name] = int(o["parallelism"])
+    return changed or None
+
+
+def rescale_savepoint_dir(checkpoint_dir: str, job: str) -> Path | None:
+    """Where a resume at another parallelism puts the savepoint it goes through: beside the job's
+    checkpoints, on a path (a savepoint is written by every executor to a shared file system);
+    None for a checkpoint directory that is not one (an object store)."""
+    if "://" in checkpoint_dir and not checkpoint_dir.startswith("file://"):
+        return None
+    base = checkpoint_dir[len("file://"):] if checkpoint_dir.startswith("file://") else checkpoint_dir
+    return Path(os.path.abspath(base)) / f"{job}.rescale-savepoint"
+
+
+def with_parallelism(job: Any, parallelism: Mapping[str, int]) -> Any:
+    """A copy of ``job`` whose tasks named in ``parallelism`` (by their first operator) run at it."""
+    copy = deepcopy(job)
+    for node in copy.nodes:
+        if node.name in parallelism:
+            node.parallelism = parallelism[node.name]
+    return copy
+
+
 @dataclass(frozen=True)
 class ResumePoint:
-    """The cut a run starts from: every partition restores its part of it."""
+    """The cut a run starts from: every partition restores its part of it.  ``parallelism``: the
+    tasks whose parallelism the cut has and this run's job does not (the run goes on at the cut's,
+    drains into a savepoint, and starts again at its own from there)."""
 
     uri: str
     cut: DurableCut
     notes: tuple[str, ...] = ()  # what was found on the way (newer cuts skipped, and why)
+    parallelism: dict[str, int] = field(default_factory=dict)
+
+
+# A resumed run's election epochs start this far above the run before's (a ZooKeeper sequence
+# number, which the epoch of a run's elections is, stays far below it)
+EPOCH_STRIDE = 1 << 32
+
+
+def run_lineage(resume: ResumePoint | None, run_id: str) -> dict[str, Any]:
+    """What a run keeps of the run it resumes: its outputs' ids (the sinks' writers scan for what the
+    old run wrote under them) and an election epoch base above every epoch its order logs hold."""
+    if resume is None:
+        return {"output_prefix": run_id, "epoch_base": 0}
+    before = resume.cut.run
+    return {"output_prefix": before["output_prefix"], "epoch_base": int(before["epoch_base"]) + EPOCH_STRIDE}
 
 
 def resume_point(store: DurableStore, shape: Mapping[str, Any], *, ignore: bool,
@@ -128,13 +188,21 @@ def resume_point(store: DurableStore, shape: Mapping[str, Any], *, ignore: bool,
         store.clear()  # increments no cut names: a run that never completed one
         return None
     problems = differences(cut.plan, shape)
-    if problems:
+    rescaled = parallelism_changes(cut.plan, shape) if problems else None
+    if rescaled is not None and rescale_savepoint_dir(store.uri, store.job) is None:
+        problems.append("a resume at another parallelism goes through a savepoint, which needs a checkpoint "
+                        "directory on a file system path")
+        rescaled = None
+    if problems and rescaled is None:
         raise ValueError(f"cut {cut.number} in {store.uri} does not fit this job: {'; '.join(problems)}; set "
                          "checkpointDir.ignore=true to start empty")
     resuming = (f"durable checkpoints: resuming from cut {cut.number} of {store.uri} (written "
                 f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cut.written_at))})")
+    if rescaled:
+        resuming += (" at the parallelism it has (" + ", ".join(f"{t} {p}" for t, p in sorted(rescaled.items()))
+                     + "), then through a savepoint at this job's")
     on_event(resuming)
-    return ResumePoint(store.uri, cut, (*notes, resuming))
+    return ResumePoint(store.uri, cut, (*notes, resuming), rescaled or {})
 
 
 class DurableCheckpoints:
@@ -146,6 +214,7 @@ class DurableCheckpoints:
         self.plan, self.run, self.retain = plan, run, retain
         self.on_event = on_event
         self.pulse: Callable[[], int] = lambda: 0  # the heartbeat log's largest pulse, as the driver knows it
+        self.on_first_cut: Callable[[], None] | None = None  # called once this run's first cut is written
         self.tracker = CutTracker()
         self.next_number = (max(store.cut_numbers(), default=0)) + 1
         self.cuts_written = 0
@@ -234,6 +303,8 @@ class DurableCheckpoints:
             return
         self.cuts_written += 1
         self.last_written, self.last_written_at = cut, time.time()
+        if self.cuts_written == 1 and self.on_first_cut is not None:
+            self.on_first_cut()
         self.write_s = time.monotonic() - started
         log.info("durable checkpoints: cut %d written (%d partitions) in %.3fs; retention deleted %d cuts, %d files",
                  cut.number, len(cut.parts), self.write_s, *deleted)

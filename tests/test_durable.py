@@ -13,7 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replication.durability import CutTracker, DurableCheckpoints, differences, resume_point
+from replication.durability import (
+    CutTracker,
+    DurableCheckpoints,
+    differences,
+    parallelism_changes,
+    rescale_savepoint_dir,
+    resume_point,
+    with_parallelism,
+)
 from rhino_state import RocksDBStateBackend
 from rhino_state.durable import CutPart, DamagedCheckpointError, DurableCut, DurableStore
 from rhino_state.manager import CompletedCheckpoint
@@ -352,3 +360,31 @@ def test_the_uploader_asks_for_a_full_snapshot_once_the_deltas_since_the_last_ad
         assert uploader.wait_idle(10)
     finally:
         uploader.close()
+
+
+def test_a_job_that_differs_only_in_parallelism_resumes_through_a_savepoint_on_a_path():
+    other = json.loads(json.dumps(SHAPE))
+    other["tasks"]["count"]["parallelism"] = 3
+    other["channels"].append([1, 0, 0, 1, 2])
+    assert parallelism_changes(SHAPE, other) == {"count": 2}
+    assert parallelism_changes(SHAPE, SHAPE) is None
+    renamed = json.loads(json.dumps(other))
+    renamed["tasks"]["count"]["operators"] = ["total", "sink"]
+    assert parallelism_changes(SHAPE, renamed) is None  # not only the parallelism
+    source = json.loads(json.dumps(SHAPE))
+    source["tasks"]["src"]["parallelism"] = 2
+    assert parallelism_changes(SHAPE, source) is None  # a source follows its topic
+    assert rescale_savepoint_dir("/shared/cp", "job") == Path("/shared/cp/job.rescale-savepoint")
+    assert rescale_savepoint_dir("file:///shared/cp", "job") == Path("/shared/cp/job.rescale-savepoint")
+    assert rescale_savepoint_dir("s3://bucket/cp", "job") is None
+
+
+def test_with_parallelism_copies_the_job_and_leaves_it_as_it_was():
+    from replication.examples.ordered import build_ordered_job
+
+    job = build_ordered_job("a", "b", "out", name="j", parallelism=3)
+    old = with_parallelism(job, {"chain": 2})
+    assert next(n for n in old.nodes if n.name == "chain").parallelism == 2
+    assert next(n for n in job.nodes if n.name == "chain").parallelism == 3
+    assert [n.name for n in old.nodes] == [n.name for n in job.nodes]
+    assert all(e.source in old.nodes for n in old.nodes for e in n.inputs)  # edges point into the copy

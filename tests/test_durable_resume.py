@@ -107,9 +107,10 @@ def _outputs(stack, topic: str) -> list[dict]:
 
 
 def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, everything: bool,
-                        replicated: bool = True, damage=None):
+                        replicated: bool = True, damage=None, parallelism: int = 2):
     """Run the job under load until its directory holds two cuts, kill it, (``damage`` the
-    directory), start it again; returns (result, fed ids, the cut resumed from, cuts before)."""
+    directory), start it again (the chain task at ``parallelism``); returns (result, fed ids, the
+    cut resumed from, cuts before)."""
     a, b = source_topics(stack, name)
     checkpoints = tmp_path / "checkpoints"
     conf = _conf(stack, mode, checkpoints, replicated)
@@ -128,17 +129,23 @@ def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, e
         cuts_before = store.cut_numbers()
         if damage is not None:
             damage(store)
-        handle = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark, conf=conf)
+        cut = store.read_cut(store.cut_numbers()[-1])
+        handle = run(build_ordered_job(a, b, f"{name}out", name=name, parallelism=parallelism), spark=spark,
+                     conf=conf)
         try:
             handle.wait_started(180)
-            resumed = handle.plan.resume
-            assert resumed is not None, "the second run did not resume"
+            if parallelism == 2:
+                assert handle.plan.resume is not None, "the second run did not resume"
+                cut = handle.plan.resume.cut
+            else:  # resumed at 2, drained into a savepoint, started at `parallelism` from it
+                assert handle.plan.savepoint is not None and handle.plan.task(
+                    next(t.id for t in handle.plan.tasks if t.name == "chain")).parallelism == parallelism
             time.sleep(3)  # the second run under load a while
         except BaseException:
             handle.stop()
             raise
     result = handle.drain(timeout=300)
-    return result, ids, resumed.cut, cuts_before
+    return result, ids, cut, cuts_before
 
 
 def _consumed(cut, task: str = "chain") -> int:
@@ -208,8 +215,9 @@ def test_every_process_killed_and_the_latest_cut_damaged_it_goes_on_from_the_one
 
 
 def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(stack, topic_prefix, tmp_path):
-    """Checked by ``prepare`` (no Spark): a changed parallelism, in one line naming the key; with
-    ``checkpointDir.ignore=true`` the job starts empty and the old checkpoints are gone."""
+    """Checked by ``prepare`` (no Spark): other key groups are refused in one line naming the key;
+    another parallelism is a resume at the checkpoints' first; with ``checkpointDir.ignore=true``
+    the job starts empty and the old checkpoints are gone."""
     from replication.config import ConfigError, ReplicationConfig
     from replication.driver import prepare
     from replication.durability import plan_shape
@@ -233,12 +241,34 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
     store.write_cut(DurableCut(1, name, {(2, 0): CutPart(7, file, meta.digest)}, plan=plan_shape(plan, "liverobin"),
                                run={"output_prefix": "r0", "epoch_base": 0, "heartbeat_log": None}))
     assert prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg).resume.cut.number == 1
+    # another parallelism: resumed at the checkpoints' (then through a savepoint: run() does that)
+    assert prepare(build_ordered_job(a, b, f"{name}out", name=name, parallelism=3), cfg).resume.parallelism == {
+        "chain": 2}
+    other_groups = ReplicationConfig.from_mapping({**_conf(stack, "liverobin", checkpoints),
+                                                   "spark.replication.state.keyGroups": "256"})
     with pytest.raises(ConfigError) as refused:
-        prepare(build_ordered_job(a, b, f"{name}out", name=name, parallelism=3), cfg)
+        prepare(build_ordered_job(a, b, f"{name}out", name=name), other_groups)
     text = str(refused.value)
     assert text.startswith("spark.replication.checkpointDir=") and "\n" not in text
-    assert "task chain: parallelism 3 here, 2 in the checkpoints" in text
+    assert "this run 256 (spark.replication.state.keyGroups)" in text
     ignore = ReplicationConfig.from_mapping({**_conf(stack, "liverobin", checkpoints),
                                              "spark.replication.checkpointDir.ignore": "true"})
     assert prepare(build_ordered_job(a, b, f"{name}out", name=name, parallelism=3), ignore).resume is None
     assert store.cut_numbers() == []
+
+
+@pytest.mark.slow
+def test_a_job_killed_at_one_parallelism_goes_on_exactly_once_at_another(stack, spark, topic_prefix, tmp_path):
+    """The chain task on 2 partitions, the driver killed; started again with the chain on 3: the job
+    resumes at 2, drains into a savepoint beside the checkpoints and starts at 3 from it (its keys'
+    state where their records now go). Every chain links across the three runs."""
+    name = f"{topic_prefix}dpar"
+    result, ids, cut, before = _killed_and_resumed(stack, spark, tmp_path, name, "liverobin", everything=False,
+                                                   parallelism=3)
+    assert cut.number == before[-1] and _consumed(cut) >= 100
+    _check(stack, name, result, ids)
+    store = DurableStore(str(tmp_path / "checkpoints"), name)
+    # the old checkpoints went with the savepoint; the new run's cuts have the new parallelism
+    assert store.cut_numbers() and all(store.read_cut(n).plan["tasks"]["chain"]["parallelism"] == 3
+                                       for n in store.cut_numbers())
+    assert not (tmp_path / "checkpoints" / f"{name}.rescale-savepoint").exists()
