@@ -243,7 +243,7 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
     assert prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg).resume.cut.number == 1
     # another parallelism: resumed at the checkpoints' (then through a savepoint: run() does that)
     assert prepare(build_ordered_job(a, b, f"{name}out", name=name, parallelism=3), cfg).resume.parallelism == {
-        "chain": 2}
+        "chain": 2, "chain-sink": 2}  # (the sink task follows the chain's parallelism)
     other_groups = ReplicationConfig.from_mapping({**_conf(stack, "liverobin", checkpoints),
                                                    "spark.replication.state.keyGroups": "256"})
     with pytest.raises(ConfigError) as refused:
@@ -272,3 +272,34 @@ def test_a_job_killed_at_one_parallelism_goes_on_exactly_once_at_another(stack, 
     assert store.cut_numbers() and all(store.read_cut(n).plan["tasks"]["chain"]["parallelism"] == 3
                                        for n in store.cut_numbers())
     assert not (tmp_path / "checkpoints" / f"{name}.rescale-savepoint").exists()
+
+
+def test_a_start_between_a_rescaling_resume_and_its_first_cut_goes_on_from_its_savepoint(stack, topic_prefix,
+                                                                                          tmp_path):
+    """Checked by ``prepare`` (no Spark): the job's checkpoints were deleted once the savepoint of a
+    resume at another parallelism was complete; until the new run writes a cut, a new start goes on
+    from that savepoint; ``checkpointDir.ignore=true`` deletes it too."""
+    from replication import savepoint
+    from replication.config import ReplicationConfig
+    from replication.driver import prepare
+
+    name = f"{topic_prefix}dsp"
+    a, b = source_topics(stack, name)
+    checkpoints = tmp_path / "checkpoints"
+    between = checkpoints / f"{name}.rescale-savepoint"
+    for task in ("source-a", "source-b"):
+        for p in range(2):
+            savepoint.write_replica(between, task, p, 0, {"offsets": {p: 40 + p}, "max_ts": {}, "emitted_wm": 0})
+    cfg = ReplicationConfig.from_mapping(_conf(stack, "liverobin", checkpoints))
+    job = build_ordered_job(a, b, f"{name}out", name=name, parallelism=3)
+    assert prepare(job, cfg).savepoint is None  # no meta file: not a complete savepoint
+    savepoint.write_meta(between, job=name, num_key_groups=cfg.state_key_groups,
+                         tasks={"source-a": 2, "source-b": 2, "chain": 2}, sources=["source-a", "source-b"],
+                         keyed=["chain"])
+    plan = prepare(job, cfg)
+    assert plan.resume is None and plan.savepoint is not None and plan.savepoint[0] == str(between)
+    source_a = next(t.id for t in plan.tasks if t.name == "source-a")
+    assert plan.source_start_offsets[source_a] == {0: 40, 1: 41}
+    ignore = ReplicationConfig.from_mapping({**_conf(stack, "liverobin", checkpoints),
+                                             "spark.replication.checkpointDir.ignore": "true"})
+    assert prepare(job, ignore).savepoint is None and not between.exists()
