@@ -119,7 +119,7 @@ def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, e
         proc, logfile = _first_run(stack, tmp_path, name, a, b, conf, executors=3 if replicated else 2)
         try:
             # a cut with state in it, and another after it
-            _wait(lambda: _latest_consumed(store) >= 300 or proc.poll() is not None, 240, "a cut with state")
+            _wait(lambda: _latest_consumed(store) >= 150 or proc.poll() is not None, 240, "a cut with state")
             assert proc.poll() is None, logfile.read_text()[-4000:]
             first = max(store.cut_numbers())
             _wait(lambda: max(store.cut_numbers()) > first or proc.poll() is not None, 120, "one more cut")
@@ -140,7 +140,7 @@ def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, e
             else:  # resumed at 2, drained into a savepoint, started at `parallelism` from it
                 assert handle.plan.savepoint is not None and handle.plan.task(
                     next(t.id for t in handle.plan.tasks if t.name == "chain")).parallelism == parallelism
-            time.sleep(3)  # the second run under load a while
+            time.sleep(1)  # the second run under load a while
         except BaseException:
             handle.stop()
             raise

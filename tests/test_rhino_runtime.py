@@ -173,6 +173,7 @@ def test_a_second_kill_before_new_members_hold_checkpoints_restores_by_pulling(s
             assert len(digests) == 1, (t.name, p, digests)
 
 
+@pytest.mark.slow  # (the default suite's time: the rollback and pull-restore tests above keep Rhino's losses in it)
 def test_losing_the_only_group_member_leaves_the_shipper_holding_the_checkpoint(stack, spark, topic_prefix):
     """On three workers chain[0]'s replica group is the third worker.  Kill it, then chain[0]r1's
     (the replica that does not ship): no worker is free for chain[0]r1 until a killed one is
