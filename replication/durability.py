@@ -30,6 +30,9 @@ __all__ = ["CutTracker", "DurableCheckpoints", "ResumePoint", "differences", "pa
 log = logging.getLogger(__name__)
 
 Instance = tuple[int, int]
+# At most one cut a second: the consistent cut moves with every checkpoint (several a second), and each
+# cut written costs the driver a write and a retention pass (and an object store requests)
+CUT_EVERY_S = 1.0
 
 
 @dataclass
@@ -275,14 +278,20 @@ class DurableCheckpoints:
                 {f"{t}-{p}": part.checkpoint_id for (t, p), part in sorted(last.parts.items())}}
 
     def _run(self) -> None:
+        written_at = -CUT_EVERY_S
         while True:
             with self._cond:
                 while self._pending is None and not self._closed:
                     self._cond.wait()
                 if self._pending is None:
                     return
+                pause = written_at + CUT_EVERY_S - time.monotonic()
+                if pause > 0 and not self._closed:  # a newer cut queued meanwhile supersedes this one
+                    self._cond.wait(pause)
+                    continue
                 cut, self._pending = self._pending, None
                 self._writing = True
+            written_at = time.monotonic()
             try:
                 self._write(cut)
             finally:

@@ -147,6 +147,9 @@ class DurableStore:
         self.job = job
         self.root = f"{base.rstrip('/')}/{job}"
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
+        self._chain_starts: dict[tuple[Instance, str], int] = {}  # files never change: their chain's start
+        self._retained: dict[Instance, int] = {}  # each partition's floor retention last applied
+        self._cuts_read: dict[int, DurableCut] = {}  # the kept cuts, as read (a cut never changes)
 
     def __repr__(self) -> str:
         return f"DurableStore({self.uri!r}, job={self.job!r})"
@@ -232,6 +235,25 @@ class DurableStore:
                 raise DamagedCheckpointError(f"{_instance_dir(instance)}: increment chain of {file} loops")
         chain.reverse()
         return chain
+
+    def chain_start(self, instance: Instance, file: str) -> int:
+        """The checkpoint id of the full snapshot ``file``'s chain starts with (remembered: reading
+        one meta per new file, not the whole chain each time)."""
+        walked: list[str] = []
+        current: str | None = file
+        start = None
+        while current is not None and (start := self._chain_starts.get((instance, current))) is None:
+            inc = self.increment(instance, current)
+            walked.append(current)
+            if inc.previous_file is None:
+                start = inc.meta.checkpoint_id
+            current = inc.previous_file
+            if len(walked) > 1_000_000:
+                raise DamagedCheckpointError(f"{_instance_dir(instance)}: increment chain of {file} loops")
+        assert start is not None
+        for name in walked:
+            self._chain_starts[(instance, name)] = start
+        return start
 
     def verify(self, cut: DurableCut, *, checksums: bool = True) -> int:
         """Check every file ``cut`` needs: present, whole, and (``checksums``) its sha256.  Returns the
@@ -328,13 +350,15 @@ class DurableStore:
         readable = []
         for number in kept:
             try:
-                cut = self.read_cut(number)
+                cut = self._cuts_read.get(number) or self.read_cut(number)
                 for inst, part in cut.parts.items():
-                    first = self.chain(inst, part.file)[0].meta.checkpoint_id
+                    first = self.chain_start(inst, part.file)
                     floor[inst] = min(first, floor.get(inst, first))
+                self._cuts_read[number] = cut
                 readable.append(number)
             except DamagedCheckpointError:
                 continue
+        self._cuts_read = {n: c for n, c in self._cuts_read.items() if n in readable}
         if not readable:
             return 0, 0  # nothing to keep in its place: delete nothing
         cuts = [n for n in numbers if n < readable[0]]
@@ -342,6 +366,10 @@ class DurableStore:
             self.fs.delete_file(f"{self.root}/cuts/{number:012d}.json")
         files = 0
         for inst, lowest in floor.items():
+            if self._retained.get(inst) == lowest:
+                continue  # nothing below it was left the last time
+            self._retained[inst] = lowest
+            self._chain_starts = {k: v for k, v in self._chain_starts.items() if k[0] != inst or v >= lowest}
             directory = f"{self.root}/increments/{_instance_dir(inst)}"
             for info in self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
                 name = os.path.basename(info.path)
