@@ -254,14 +254,8 @@ class DurableCheckpoints:
 
     def flush(self, timeout: float) -> bool:
         """Wait until the cut queued last is written; False on timeout."""
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while self._pending is not None or self._writing:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
+            return self._cond.wait_for(lambda: self._pending is None and not self._writing, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         self.flush(timeout)

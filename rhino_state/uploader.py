@@ -110,14 +110,8 @@ class IncrementUploader:
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until everything offered so far is uploaded (or dropped); False on timeout."""
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-        return True
+            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish the uploads queued (up to ``timeout``), then stop."""

@@ -19,6 +19,31 @@ from transport.kafka_io import produce_blocking
 
 START_TS = 1_700_000_000_000
 
+# Rhino checkpoints at a test's pace. LiveRobin: every 20 pulses, about 5 checkpoints a second;
+# KaZoo: every 50 orders or 200 records
+RHINO_MODES = {
+    "liverobin": {"spark.replication.rhino.checkpointEvery": "20"},
+    "kazoo": {"spark.replication.rhino.checkpointEvery": "50", "spark.replication.rhino.checkpointElements": "200"},
+}
+
+
+def rhino_conf(stack, mode: str, replicated: bool = True, **extra) -> dict[str, str]:
+    """The ordered job's conf with Rhino checkpoints in ``mode`` (``extra``: more keys, in full)."""
+    conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
+            "spark.replication.enabled": str(replicated).lower(), "spark.replication.mode": mode,
+            "spark.replication.rhino.enabled": "true", **RHINO_MODES[mode], **extra}
+    if mode == "kazoo":
+        conf["spark.replication.zookeeper.connect"] = stack.zookeeper_connect
+    return conf
+
+
+def wait_until(cond, timeout: float, what: str, detail=lambda: "", poll_s: float = 0.05) -> None:
+    """Poll ``cond`` every ``poll_s``; fail naming ``what`` (and ``detail()``) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what} {detail()}"
+        time.sleep(poll_s)
+
 
 def source_topics(stack, prefix: str) -> tuple[str, str]:
     """Topics ``<prefix>a`` and ``<prefix>b``, two partitions each."""

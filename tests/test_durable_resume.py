@@ -23,14 +23,9 @@ from replication import run
 from replication.examples.ordered import build_ordered_job, verify_chains
 from replication.soak_check import read_topic
 from rhino_state.durable import DurableStore
-from tests.ordered_runs import fed_without_pause, source_topics, where_missing
+from tests.ordered_runs import fed_without_pause, rhino_conf, source_topics, wait_until, where_missing
 
 pytestmark = pytest.mark.integration
-
-MODES = {
-    "liverobin": {"spark.replication.rhino.checkpointEvery": "20"},
-    "kazoo": {"spark.replication.rhino.checkpointEvery": "50", "spark.replication.rhino.checkpointElements": "200"},
-}
 
 JOB_MODULE = '''
 from replication.examples.ordered import build_ordered_job
@@ -42,20 +37,11 @@ def build():
 
 
 def _conf(stack, mode: str, checkpoints: Path, replicated: bool = True) -> dict[str, str]:
-    conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
-            "spark.replication.enabled": str(replicated).lower(), "spark.replication.mode": mode,
-            "spark.replication.rhino.enabled": "true", "spark.replication.checkpointDir": str(checkpoints),
-            **MODES[mode]}
-    if mode == "kazoo":
-        conf["spark.replication.zookeeper.connect"] = stack.zookeeper_connect
-    return conf
+    return rhino_conf(stack, mode, replicated, **{"spark.replication.checkpointDir": str(checkpoints)})
 
 
-def _wait(cond, timeout: float, what: str, detail=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what} {detail()}"
-        time.sleep(0.2)
+def _wait(cond, timeout: float, what: str) -> None:
+    wait_until(cond, timeout, what, poll_s=0.2)
 
 
 def _group_alive(pgid: int) -> bool:

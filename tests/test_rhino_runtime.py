@@ -22,30 +22,10 @@ from tests.ordered_runs import (
     replicas_sharing_worker,
     source_topics,
 )
+from tests.ordered_runs import rhino_conf as _conf
+from tests.ordered_runs import wait_until as _wait
 
 pytestmark = pytest.mark.integration
-
-
-MODES = {
-    "liverobin": {"spark.replication.rhino.checkpointEvery": "20"},  # pulses: about 5 checkpoints a second
-    "kazoo": {"spark.replication.rhino.checkpointEvery": "50", "spark.replication.rhino.checkpointElements": "200"},
-}
-
-
-def _conf(stack, mode: str, replicated: bool = True, **extra):
-    conf = {"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers,
-            "spark.replication.enabled": str(replicated).lower(), "spark.replication.mode": mode,
-            "spark.replication.rhino.enabled": "true", **MODES[mode], **extra}
-    if mode == "kazoo":
-        conf["spark.replication.zookeeper.connect"] = stack.zookeeper_connect
-    return conf
-
-
-def _wait(cond, timeout: float, what: str, detail=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what} {detail()}"
-        time.sleep(0.05)
 
 
 def _every_checkpoint_held_by_a_live_worker(handle) -> bool:
