@@ -43,6 +43,7 @@ __all__ = [
 
 Instance = tuple[int, int]
 DEFAULT_MAX_BYTES_IN_FLIGHT = 64 * 1024 * 1024
+OVERFLOW_FACTOR = 16  # deltas held past max_pending, at most this many times it (see ChainOrigin)
 
 
 def increment_size(meta: IncrementMeta) -> int:
@@ -98,9 +99,11 @@ class ChainOrigin:
     sent but not yet acked by the tail (one increment is always admitted when nothing is in
     flight, however big).  ``max_pending`` bounds the increments held (queued + in flight),
     which bounds the origin's disk use when the chain stalls or the group is empty: on
-    overflow everything before the newest full snapshot is dropped, and if that is not
-    enough everything is dropped and :attr:`needs_full` is raised (a delta queue with a hole
-    is useless; the owner's next full snapshot restarts the chain).
+    overflow everything before the newest full snapshot is dropped; failing that, deltas are
+    kept while they add up to less than the last full snapshot offered (sending them is still
+    cheaper than a new full one), up to ``OVERFLOW_FACTOR`` times ``max_pending``; beyond that
+    everything is dropped and :attr:`needs_full` is raised (a delta queue with a hole is
+    useless; the owner's next full snapshot restarts the chain).
 
     Group changes (:meth:`set_group`): a member that was not in the previous non-empty group
     holds nothing, so every increment not completed is dropped and the origin refuses deltas
@@ -139,6 +142,7 @@ class ChainOrigin:
         self._completed_id = completed_id
         self._last_offered = completed_id
         self._needs_full = completed_id is None
+        self._full_bytes: int | None = None  # the size of the last full snapshot offered
         self.last_failure: str | None = None
 
     # -- properties ------------------------------------------------------------------------
@@ -204,17 +208,25 @@ class ChainOrigin:
         self._pending.append(_Entry(meta, payload_ref))
         if meta.full:
             self._needs_full = False
+            self._full_bytes = increment_size(meta)
         if len(self._pending) <= self.max_pending:
             return Outcome()
         return self._overflow()
 
     def _overflow(self) -> Outcome:
         fulls = [i for i, e in enumerate(self._pending) if e.meta.full]
-        if fulls and len(self._pending) - fulls[-1] <= self.max_pending:
+        superseded: tuple[Any, ...] = ()
+        if fulls and fulls[-1] > 0:
             dropped, self._pending = self._pending[:fulls[-1]], self._pending[fulls[-1]:]
-            return Outcome(released=tuple(e.ref for e in dropped),
-                           reason=f"queue over {self.max_pending}: dropped what the newest full snapshot supersedes")
-        released = self._drop_all()  # including the increment just offered
+            superseded = tuple(e.ref for e in dropped)
+        deltas = [e for e in self._pending if not e.meta.full]
+        if len(self._pending) <= self.max_pending or (
+                self._full_bytes is not None and len(self._pending) <= OVERFLOW_FACTOR * self.max_pending
+                and sum(increment_size(e.meta) for e in deltas) < self._full_bytes):
+            reason = f"queue over {self.max_pending}: dropped what the newest full snapshot supersedes" \
+                if superseded else ""  # (or kept deltas still smaller than a full snapshot)
+            return Outcome(released=superseded, reason=reason)
+        released = superseded + self._drop_all()  # including the increment just offered
         return Outcome(accepted=False, released=released,
                        reason=f"queue over {self.max_pending}: dropped all, needs a full snapshot")
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rhino_state.chain import Ack, ChainMember, ChainOrigin, Forward, Reject, Store
+from rhino_state.chain import OVERFLOW_FACTOR, Ack, ChainMember, ChainOrigin, Forward, Reject, Store
 from rhino_state.increments import IncrementMeta
 from rhino_state.transfer import (
     ACK_METHOD,
@@ -198,6 +198,20 @@ def test_empty_group_queues_boundedly_and_resumes_with_the_same_members() -> Non
     o.offer(inc(8, None), 8)
     out = o.offer(inc(9, 8), 9)  # overflow again: the newest full supersedes what came before it
     assert out.accepted and out.released == (6, 7) and ids(o.pending) == [8, 9] and not o.needs_full
+
+
+def test_overflowing_deltas_are_kept_while_smaller_than_a_full_snapshot() -> None:
+    o = ChainOrigin(INST, [], max_in_flight=1, max_pending=2)  # an empty group: nothing leaves
+    o.offer(inc(1, None, size=100), 1)
+    for cid in range(2, 5):  # 30 bytes of deltas past max_pending: still cheaper than a full (100)
+        out = o.offer(inc(cid, cid - 1, size=10), cid)
+        assert out.accepted and out.released == ()
+    out = o.offer(inc(5, 4, size=80), 5)  # 110 bytes of deltas: a full snapshot is cheaper now
+    assert not out.accepted and out.released == (1, 2, 3, 4, 5) and o.needs_full
+    o.offer(inc(6, None, size=100), 6)
+    cap = OVERFLOW_FACTOR * 2
+    outcomes = [o.offer(inc(cid, cid - 1, size=1), cid) for cid in range(7, 7 + cap)]
+    assert all(out.accepted for out in outcomes[:-1]) and not outcomes[-1].accepted and o.needs_full
 
 
 def test_missing_base_failure_needs_full() -> None:
