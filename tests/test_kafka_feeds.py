@@ -289,3 +289,32 @@ def test_a_pulse_reader_through_the_shared_consumer_counts_every_pulse_across_se
     finally:
         reader.close()
         shared.close()
+
+
+def test_a_broker_that_never_answers_within_the_wait_is_read_with_a_longer_one(stack, topic_prefix):
+    """The embedded broker answers a fetch empty when finding the records takes longer than the
+    wait (always with a wait of 0): the consumer switches to a longer wait, reads everything in
+    order and exactly once, paused feeds stay paused, and it goes back once caught up."""
+    a, b = _topic(stack, topic_prefix + "a", 2), _topic(stack, topic_prefix + "b", 1)
+    for k in (0, 1):
+        _produce(stack.bootstrap_servers, a, k, 1200)
+    _produce(stack.bootstrap_servers, b, 0, 300)
+    shared = SharedConsumer({**_conf(stack), "fetch.wait.max.ms": 0})
+    try:
+        feed_a = shared.open(a, {0: OFFSET_BEGINNING, 1: 400}, limit=10_000)
+        feed_b = shared.open(b, {0: OFFSET_BEGINNING}, limit=10_000)
+        feed_b.pause()
+        got = _read(feed_a, 2000)
+        assert [o for k, o in got if k == 0] == list(range(1200))
+        assert [o for k, o in got if k == 1] == list(range(400, 1200))
+        assert shared.catch_ups >= 1
+        assert feed_b.consume(10, 0.5) == []  # paused across the switch
+        feed_b.resume()
+        assert _read(feed_b, 300) == [(0, o) for o in range(300)]
+        deadline = time.monotonic() + 10
+        while shared.catching_up:  # every partition at its end: the configured wait again
+            assert time.monotonic() < deadline, "still fetching with the catch-up wait"
+            time.sleep(0.05)
+        assert feed_a.consume(10, 0.3) == [] and feed_b.consume(10, 0) == []
+    finally:
+        shared.close()

@@ -22,11 +22,12 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from transport.kafka_io import assign_now, consume_ready, resume_now
 
@@ -39,6 +40,15 @@ POLL_WAIT_S = 0.02
 POLL_BATCH = 2000
 # librdkafka's offset for "no position yet".
 NO_POSITION = -1001
+# A broker may answer a fetch empty when reading what it asked for takes longer than the fetch's
+# ``fetch.wait.max.ms`` (the embedded broker does for records behind the end of a partition under
+# load, and always with a wait of 0): a short wait keeps reading at the end fast, but a replica that
+# starts far behind (a restore, a resume) would never be served.  When every poll for this long came
+# back empty while an unpaused partition has records below its high watermark, the consumer is
+# made again with CATCH_UP_FETCH_WAIT_MS; once every partition read is at its high watermark, with
+# the configured wait again.
+STALL_S = 1.0
+CATCH_UP_FETCH_WAIT_MS = 100
 
 
 # (partition, low watermark, high watermark), called by the fetch thread when a fetch moved the high
@@ -214,6 +224,9 @@ class SharedConsumer:
         self._requests: dict[int, PartitionFeed] = {}  # feeds whose pause, resume or close is due
         self._owners: dict[tuple[str, int], PartitionFeed] = {}  # assigned partitions -> their feed
         self._paused: set[int] = set()  # feeds whose partitions are paused in the consumer
+        self._stalled_since: float | None = None  # every poll empty while records wait (monotonic)
+        self.catching_up = False  # the consumer now fetches with CATCH_UP_FETCH_WAIT_MS
+        self.catch_ups = 0  # times it switched to that (for tests and logs)
         self._ids = itertools.count(1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -260,9 +273,9 @@ class SharedConsumer:
 
     # -- the fetch thread ---------------------------------------------------------------------
     def _main(self) -> None:
-        consumer = Consumer(self._conf)
+        self._consumer = Consumer(self._conf)
         try:
-            self._run(consumer)
+            self._run()
         except Exception as exc:  # noqa: BLE001 - handed to every feed's reader
             self.error = f"{self.name}: {type(exc).__name__}: {exc}"
             log.exception("shared consumer %s failed", self.name)
@@ -271,9 +284,9 @@ class SharedConsumer:
             for feed in feeds:
                 feed._fail(self.error)
         finally:
-            consumer.close()
+            self._consumer.close()
 
-    def _run(self, consumer: Consumer) -> None:
+    def _run(self) -> None:
         while not self._stop.is_set():
             with self._lock:
                 requests, self._requests = self._requests, {}
@@ -281,12 +294,50 @@ class SharedConsumer:
                     self._lock.wait()  # nothing to read: no polls
                     continue
             for feed in requests.values():
-                self._apply(consumer, feed)
+                self._apply(self._consumer, feed)
             if not self._owners:
                 continue
-            messages = consume_ready(consumer, POLL_BATCH, POLL_WAIT_S)
+            messages = consume_ready(self._consumer, POLL_BATCH, POLL_WAIT_S)
             self.polls += 1
-            self._dispatch(consumer, messages)
+            behind = self._dispatch(self._consumer, messages)
+            self._watch_stall(bool(messages), behind)
+
+    def _watch_stall(self, got: bool, behind: bool) -> None:
+        """Switch the fetch wait as the polls go (see :data:`STALL_S`)."""
+        now = time.monotonic()
+        if got or not behind:
+            self._stalled_since = None
+        elif self._stalled_since is None:
+            self._stalled_since = now
+        if not self.catching_up and self._stalled_since is not None and now - self._stalled_since >= STALL_S:
+            log.warning("%s: fetches came back empty for %.1fs with records to read: fetching with a "
+                        "%d ms wait until caught up", self.name, now - self._stalled_since, CATCH_UP_FETCH_WAIT_MS)
+            self.catch_ups += 1
+            self._remake(catching_up=True)
+        elif self.catching_up and not behind:
+            log.info("%s: caught up: fetching with the configured wait again", self.name)
+            self._remake(catching_up=False)
+
+    def _remake(self, catching_up: bool) -> None:
+        """Replace the consumer by one with the other fetch wait, reading every partition on from
+        where the old one stopped (every message it returned was dispatched), paused ones paused."""
+        old = self._consumer
+        tps = [TopicPartition(t, k) for t, k in self._owners]
+        positions = {(tp.topic, tp.partition): tp.offset for tp in old.position(tps)}
+        old.close()
+        conf = dict(self._conf)
+        if catching_up:
+            conf["fetch.wait.max.ms"] = CATCH_UP_FETCH_WAIT_MS
+        self._consumer = consumer = Consumer(conf)
+        self.catching_up, self._stalled_since = catching_up, None
+        starts = {}
+        for (topic, k), feed in self._owners.items():
+            start = positions.get((topic, k), NO_POSITION)
+            starts[(topic, k)] = start if start >= 0 else feed.starts.get(k, OFFSET_BEGINNING)
+        assign_now(consumer, [TopicPartition(t, k, o if o >= 0 else OFFSET_BEGINNING) for (t, k), o in starts.items()])
+        paused = [TopicPartition(t, k) for (t, k), feed in self._owners.items() if feed.id in self._paused]
+        if paused:
+            consumer.pause(paused)
 
     def _apply(self, consumer: Consumer, feed: PartitionFeed) -> None:
         """Make the consumer match what ``feed`` wants: assigned, paused or not, unassigned."""
@@ -322,8 +373,9 @@ class SharedConsumer:
             resume_now(consumer, mine)
             self._paused.discard(feed.id)
 
-    def _dispatch(self, consumer: Consumer, messages: list[Any]) -> None:
-        """Hand the messages to their feeds, with every feed's positions as of now."""
+    def _dispatch(self, consumer: Consumer, messages: list[Any]) -> bool:
+        """Hand the messages to their feeds, with every feed's positions as of now; whether an
+        unpaused partition has records below its high watermark still to be fetched."""
         by_feed: dict[int, list[Any]] = {}
         for msg in messages:
             feed = self._owners.get((msg.topic(), msg.partition()))
@@ -335,7 +387,8 @@ class SharedConsumer:
                 log.warning("%s: consumer error: %s", self.name, msg.error())
         feeds = {feed.id: feed for feed in self._owners.values()}
         if not feeds:
-            return
+            return False
+        behind = False
         tps = [TopicPartition(t, k) for t, k in self._owners]
         fetched = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps) if tp.offset >= 0}
         for feed in feeds.values():
@@ -356,3 +409,22 @@ class SharedConsumer:
                     feed.on_high(k, lows.get(k, -1), highs[k])
             if feed._over_limit() != feed.full:
                 self._apply(consumer, feed)
+            if feed.id not in self._paused:
+                behind = behind or any(self._behind(consumer, feed, k, positions, lows, highs) for k in feed.partitions
+                                       if self._owners.get((feed.topic, k)) is feed)
+        return behind
+
+    def _behind(self, consumer: Consumer, feed: PartitionFeed, k: int, positions: Mapping[int, int],
+                lows: Mapping[int, int], highs: Mapping[int, int]) -> bool:
+        """Whether partition ``k`` has records below its high watermark not fetched yet.  Before any
+        fetch answered with it, the watermark is asked of the broker, once polls have stalled."""
+        high = highs.get(k)
+        if high is None:
+            if self._stalled_since is None or time.monotonic() - self._stalled_since < STALL_S:
+                return True  # not known yet: counts as behind until a stall makes it worth asking
+            try:
+                low, high = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), timeout=1.0)
+            except KafkaException:
+                return False
+            lows = {k: low}
+        return positions.get(k, lows.get(k, high)) < high
