@@ -170,6 +170,8 @@ def resume_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespa
     checkpoints = root / f"checkpoints-{stamp}"
     conf = {**hb.job_conf(bootstrap, None), "spark.replication.rhino.enabled": "true",
             "spark.replication.checkpointDir": str(checkpoints)}
+    if args.fetch_wait_ms is not None:
+        conf["spark.replication.kafka.consumer.fetch.wait.max.ms"] = str(args.fetch_wait_ms)
     model = hb.state_model(size, argparse.Namespace(keys_per_vnode=1, value_bytes=args.value_bytes), conf)
     create_topics(bootstrap, {topic: 2, out: 2})
     feeder = hb.Feeder(bootstrap, topic, model.keys, args.rate)
@@ -201,7 +203,7 @@ def resume_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespa
         marks["prepared"] = time.time()
         second.wait_started(600)
         marks["registered"] = time.time()
-        rs._wait_for(lambda: second.sink_metrics().records_out > 0, 120, "the new run wrote nothing within 120 s")
+        _wait_for_output(second, 120)
         marks["first_output"] = time.time()
         time.sleep(3)
     except Exception as err:  # noqa: BLE001 - recorded in the row
@@ -232,6 +234,28 @@ def resume_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespa
                produced=produced, error=error or "")
     print(format_row(row), flush=True)
     return row
+
+
+def _progress(handle: Any) -> str:
+    """Each instance's records in and out, pulse and checkpoint, as ``name in/out pPULSE cID``."""
+    return " ".join(f"{name} {m.records_in}/{m.records_out} p{m.pulse} c{m.checkpoint_id}"
+                    for name, m in sorted(handle.master.snapshot().items()))
+
+
+def _wait_for_output(handle: Any, timeout: float) -> None:
+    """Until the resumed run wrote its first output record; its progress printed every 10 s (where
+    it was when it gave up is in the log)."""
+    deadline = time.monotonic() + timeout
+    next_print = time.monotonic() + 10
+    while handle.sink_metrics().records_out == 0:
+        now = time.monotonic()
+        if now >= deadline:
+            print(f"resumed run, no output yet: {_progress(handle)}", flush=True)
+            raise RuntimeError(f"the new run wrote nothing within {timeout:g} s")
+        if now >= next_print:
+            print(f"resumed run, no output yet: {_progress(handle)}", flush=True)
+            next_print = now + 10
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------------ sss
@@ -378,6 +402,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--before", type=float, default=8.0, help="seconds of load before the stop")
     ap.add_argument("--build-s-per-mb", type=float, default=0.5,
                     help="seconds per MB of state allowed for building it before the stop (resume part)")
+    ap.add_argument("--fetch-wait-ms", type=int, default=None,
+                    help="the sources' fetch.wait.max.ms in the resume part (default: the runtime's)")
     ap.add_argument("--sss-pad", type=int, default=16 * 1024, help="bytes of pad per key in the SSS job")
     ap.add_argument("--out", default="bench/results/durable")
     return ap.parse_args(argv)
