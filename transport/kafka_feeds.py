@@ -45,10 +45,13 @@ NO_POSITION = -1001
 # load, and always with a wait of 0): a short wait keeps reading at the end fast, but a replica that
 # starts far behind (a restore, a resume) would never be served.  When every poll for this long came
 # back empty while an unpaused partition has records below its high watermark, the consumer is
-# made again with CATCH_UP_FETCH_WAIT_MS; once every partition read is at its high watermark, with
-# the configured wait again.
+# made again with CATCH_UP_FETCH_WAIT_MS; once every partition read has been at its high watermark
+# for a while, with the configured wait again.  That while doubles with each stall (a partition grown
+# past what the short wait can serve would stall again at once), from CAUGHT_UP_HOLD_S on.
 STALL_S = 1.0
 CATCH_UP_FETCH_WAIT_MS = 100
+CAUGHT_UP_HOLD_S = 2.0
+CAUGHT_UP_HOLD_MAX_S = 300.0
 
 
 # (partition, low watermark, high watermark), called by the fetch thread when a fetch moved the high
@@ -226,6 +229,8 @@ class SharedConsumer:
         self._paused: set[int] = set()  # feeds whose partitions are paused in the consumer
         self._stalled_since: float | None = None  # every poll empty while records wait (monotonic)
         self.catching_up = False  # the consumer now fetches with CATCH_UP_FETCH_WAIT_MS
+        self._caught_up_since: float | None = None  # while catching up: at the end since (monotonic)
+        self._hold_s = CAUGHT_UP_HOLD_S / 2  # doubled by each stall
         self.catch_ups = 0  # times it switched to that (for tests and logs)
         self._ids = itertools.count(1)
         self._stop = threading.Event()
@@ -310,13 +315,17 @@ class SharedConsumer:
         elif self._stalled_since is None:
             self._stalled_since = now
         if not self.catching_up and self._stalled_since is not None and now - self._stalled_since >= STALL_S:
-            log.warning("%s: fetches came back empty for %.1fs with records to read: fetching with a "
-                        "%d ms wait until caught up", self.name, now - self._stalled_since, CATCH_UP_FETCH_WAIT_MS)
+            self._hold_s = min(CAUGHT_UP_HOLD_MAX_S, 2 * self._hold_s)
+            log.warning("%s: fetches came back empty for %.1fs with records to read: fetching with a %d ms "
+                        "wait until at the end for %.0fs", self.name, now - self._stalled_since,
+                        CATCH_UP_FETCH_WAIT_MS, self._hold_s)
             self.catch_ups += 1
             self._remake(catching_up=True)
-        elif self.catching_up and not behind:
-            log.info("%s: caught up: fetching with the configured wait again", self.name)
-            self._remake(catching_up=False)
+        elif self.catching_up:
+            self._caught_up_since = None if behind else self._caught_up_since or now
+            if self._caught_up_since is not None and now - self._caught_up_since >= self._hold_s:
+                log.info("%s: caught up: fetching with the configured wait again", self.name)
+                self._remake(catching_up=False)
 
     def _remake(self, catching_up: bool) -> None:
         """Replace the consumer by one with the other fetch wait, reading every partition on from
@@ -329,7 +338,7 @@ class SharedConsumer:
         if catching_up:
             conf["fetch.wait.max.ms"] = CATCH_UP_FETCH_WAIT_MS
         self._consumer = consumer = Consumer(conf)
-        self.catching_up, self._stalled_since = catching_up, None
+        self.catching_up, self._stalled_since, self._caught_up_since = catching_up, None, None
         starts = {}
         for (topic, k), feed in self._owners.items():
             start = positions.get((topic, k), NO_POSITION)
