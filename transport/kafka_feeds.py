@@ -339,11 +339,14 @@ class SharedConsumer:
             conf["fetch.wait.max.ms"] = CATCH_UP_FETCH_WAIT_MS
         self._consumer = consumer = Consumer(conf)
         self.catching_up, self._stalled_since, self._caught_up_since = catching_up, None, None
-        starts = {}
+        assigned = []
         for (topic, k), feed in self._owners.items():
+            # from the old consumer's position; a partition it had none of, from where its feed started
             start = positions.get((topic, k), NO_POSITION)
-            starts[(topic, k)] = start if start >= 0 else feed.starts.get(k, OFFSET_BEGINNING)
-        assign_now(consumer, [TopicPartition(t, k, o if o >= 0 else OFFSET_BEGINNING) for (t, k), o in starts.items()])
+            if start < 0:
+                start = feed.starts.get(k, OFFSET_BEGINNING)
+            assigned.append(TopicPartition(topic, k, start if start >= 0 else OFFSET_BEGINNING))
+        assign_now(consumer, assigned)
         paused = [TopicPartition(t, k) for (t, k), feed in self._owners.items() if feed.id in self._paused]
         if paused:
             consumer.pause(paused)
@@ -402,9 +405,8 @@ class SharedConsumer:
         fetched = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps) if tp.offset >= 0}
         for feed in feeds.values():
             positions, lows, highs = {}, {}, {}
-            for k in feed.partitions:
-                if self._owners.get((feed.topic, k)) is not feed:
-                    continue  # taken over by a newer feed: this one gets nothing more of it
+            mine = [k for k in feed.partitions if self._owners.get((feed.topic, k)) is feed]
+            for k in mine:  # (a partition taken over by a newer feed: this one gets nothing more of it)
                 if (feed.topic, k) in fetched:
                     positions[k] = fetched[(feed.topic, k)]
                 low, high = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), cached=True)
@@ -419,8 +421,7 @@ class SharedConsumer:
             if feed._over_limit() != feed.full:
                 self._apply(consumer, feed)
             if feed.id not in self._paused:
-                behind = behind or any(self._behind(consumer, feed, k, positions, lows, highs) for k in feed.partitions
-                                       if self._owners.get((feed.topic, k)) is feed)
+                behind = behind or any(self._behind(consumer, feed, k, positions, lows, highs) for k in mine)
         return behind
 
     def _behind(self, consumer: Consumer, feed: PartitionFeed, k: int, positions: Mapping[int, int],
