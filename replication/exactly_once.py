@@ -211,10 +211,14 @@ class _Takeover:
     read_to: list[int] = field(default_factory=list)  # the offset the scan read up to
 
 
-def _is_fatal(error: KafkaError) -> bool:
-    """A producer that can write no more: the fatal error itself, or the local ``_FATAL`` that
-    librdkafka raises for every produce once it learned of one elsewhere (a delivery report)."""
-    return error.fatal() or error.code() == KafkaError._FATAL
+def _writes_no_more(error: KafkaError) -> bool:
+    """A producer this writer cannot go on with: a fatal error (fenced), the local ``_FATAL`` that
+    librdkafka raises for every produce once it learned of one elsewhere (a delivery report), or a
+    transaction that can only be aborted (``txn_requires_abort``, or the local ``_STATE`` a produce
+    raises while the transaction is in that state, e.g. after the broker timed it out).  The writer
+    steps down rather than abort and write again itself: the embedded broker does not hide aborted
+    records, so only a takeover's scan knows which of them readers already see."""
+    return error.fatal() or error.txn_requires_abort() or error.code() in (KafkaError._FATAL, KafkaError._STATE)
 
 
 class ExactlyOnceOutput:
@@ -295,8 +299,8 @@ class ExactlyOnceOutput:
             produce_blocking(self.producer, self.topic, partition=self.kafka_partition, value=value, key=key,
                              headers=[*headers, ("sink_ts", repr(now).encode()), ("rwriter", self._writer_tag)],
                              on_delivery=self._delivered)
-        except KafkaException as err:  # fenced meanwhile (this replica was hung: another one writes now)
-            if not _is_fatal(err.args[0]):
+        except KafkaException as err:  # fenced meanwhile, or its transaction was aborted
+            if not _writes_no_more(err.args[0]):
                 raise
             self._fenced(err)
             return
@@ -340,7 +344,7 @@ class ExactlyOnceOutput:
         self._on_committed(self.committed_seq, self.committed_offset)
 
     def _fenced(self, err: KafkaException) -> None:
-        log.warning("%s: fenced as writer at epoch %d (%s): writes again only when named anew",
+        log.warning("%s: lost its producer as writer at epoch %d (%s): writes again only when named anew",
                     self.name, self.epoch, err.args[0])
         self.fenced_at = self.epoch
         self.writer = False
@@ -457,7 +461,10 @@ class ExactlyOnceOutput:
             if not self.writer:
                 return  # fenced already
             self._write(entry)
-        self._maybe_commit(force=True)
+            if self.writer:
+                self._maybe_commit()  # a long backlog in transactions of the usual size, not one
+        if self.writer:
+            self._maybe_commit(force=True)
 
     def finish(self, poll_control: Callable[[], None]) -> None:
         """At the end: commit (the writer), or wait until the writer confirmed everything."""

@@ -28,8 +28,10 @@ class FencedProducer:
         raise KafkaException(self.error)
 
 
-@pytest.mark.parametrize("error", [KafkaError(KafkaError._FATAL), KafkaError(KafkaError._FENCED, fatal=True)],
-                         ids=["local-fatal", "fenced"])
+@pytest.mark.parametrize("error", [KafkaError(KafkaError._FATAL), KafkaError(KafkaError._FENCED, fatal=True),
+                                   KafkaError(KafkaError._STATE),
+                                   KafkaError(KafkaError._TIMED_OUT, txn_requires_abort=True)],
+                         ids=["local-fatal", "fenced", "transaction-abortable-on-produce", "abortable"])
 def test_a_writer_whose_producer_was_fenced_steps_down_and_keeps_its_records(error):
     cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
     roles: list[str] = []
@@ -41,6 +43,41 @@ def test_a_writer_whose_producer_was_fenced_steps_down_and_keeps_its_records(err
     assert out.fenced_at == 0  # reported to the driver, which names it again if it is still the writer
     out.control(1, 1, -1, -1)  # named anew (here: the twin)
     assert out.fenced_at == -1 and not out.writer
+
+
+class CountingProducer:
+    """A transactional producer that works, counting its transactions."""
+
+    def __init__(self) -> None:
+        self.begun = self.committed = self.open = 0
+        self.largest = 0
+
+    def begin_transaction(self) -> None:
+        self.begun += 1
+
+    def produce(self, *args, **kwargs) -> None:
+        self.open += 1
+        self.largest = max(self.largest, self.open)
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def commit_transaction(self, timeout: float) -> None:
+        self.committed += 1
+        self.open = 0
+
+
+def test_a_new_writer_writes_a_long_backlog_in_transactions_of_the_usual_size():
+    from replication.exactly_once import COMMIT_EVERY
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    out = ExactlyOnceOutput("sink[0]r1", cfg, 1, "run:1:0", "out", 0, 60.0)
+    for _ in range(2 * COMMIT_EVERY + 7):  # kept as a standby does
+        out.append(b"payload", None, [])
+    producer = CountingProducer()
+    out._start_writing(producer)
+    assert out.writer and producer.largest == COMMIT_EVERY  # not one transaction outlasting its timeout
+    assert producer.committed == producer.begun == 3 and out.committed_seq == 2 * COMMIT_EVERY + 6
+    assert not out.buffer
 
 
 def test_any_other_produce_error_is_raised():
