@@ -784,6 +784,8 @@ class JobMaster:
                 self.metrics.update(req.metrics)
                 self._sink_progress(req.sinks)
                 self.reports[w] = req
+                if self.rhino is not None:
+                    self.rhino.worker_ended(w)  # its server stops: restores and copies go elsewhere
                 if req.status == "finished":
                     self._ring_workers()  # its upstreams stop sending to it (retire) at once
             if req.status == "failed":

@@ -73,6 +73,9 @@ class ReplicationManager:
     size: int = 1
     dead: set[int] = field(default_factory=set)
     lost: set[ReplicaId] = field(default_factory=set)  # replicas of dead workers, not restored yet
+    # workers whose process ended normally (the job is ending): they neither run a restored replica
+    # nor serve a checkpoint copy any more, but their groups stay as they are
+    ended: set[int] = field(default_factory=set)
     groups: dict[Instance, list[int]] = field(default_factory=dict)
     completed: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)  # the latest
     channels: list[Channel] = field(default_factory=list)  # the job graph, for the consistent cut
@@ -246,6 +249,11 @@ class ReplicationManager:
                 table[inst] = without(table[inst])
         return lost, self._regroup(self.instances())
 
+    def worker_ended(self, w: int) -> None:
+        """``w``'s process ended normally (it reported its end): no restore or copy goes to or
+        comes from it."""
+        self.ended.add(w)
+
     def replica_lost(self, replica: ReplicaId) -> dict[Instance, list[int]]:
         """``replica`` alone is lost (its worker lives on): it is to be restored; the groups that
         changed (its worker may hold its partition's checkpoints now)."""
@@ -298,14 +306,15 @@ class ReplicationManager:
         if cp is None:
             return None
         held = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
-        held = [w for w in dict.fromkeys(held) if w not in self.dead]
+        held = [w for w in dict.fromkeys(held) if w not in self.dead and w not in self.ended]
         if not held:
             return None
         rollback = not busy
         host = next((w for w in held if w not in busy and w not in avoid), None)
         if host is not None:
             return RestorePlan(host, cp, rollback)
-        free = [w for w in range(self.num_workers) if w not in self.dead and w not in busy and w not in avoid]
+        free = [w for w in range(self.num_workers) if w not in self.dead and w not in self.ended and w not in busy
+                and w not in avoid]
         if not free:
             return None
         return RestorePlan(min(free, key=self._load), cp, rollback, source=held[0])
@@ -319,7 +328,7 @@ class ReplicationManager:
         if cp is None or not self._held_apart(inst, cp):
             return False
         busy = self.replica_workers(inst)
-        live = [w for w in range(self.num_workers) if w not in self.dead and w not in avoid]
+        live = [w for w in range(self.num_workers) if w not in self.dead and w not in self.ended and w not in avoid]
         return all([x for x in live if x != w and x not in busy] for w in busy or {-1})
 
     def copies_wanted(self, avoid: Collection[int] = ()) -> list[tuple[Instance, CompletedCheckpoint, int, int]]:
@@ -333,9 +342,10 @@ class ReplicationManager:
             cp = self.restore_point(inst)
             if cp is None or self.survives_a_loss(inst, avoid):
                 continue
-            holders = cp.holders - self.dead
+            holders = cp.holders - self.dead - self.ended
             busy = self.replica_workers(inst)
             member = next((w for w in self.groups.get(inst, []) if w not in holders and w not in self.dead
+                           and w not in self.ended
                            and w not in busy and w not in avoid), None)
             if holders and member is not None:
                 wanted.append((inst, cp, member, min(holders, key=lambda w: (w in busy, w))))

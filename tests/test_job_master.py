@@ -382,6 +382,30 @@ def test_a_replica_waiting_for_a_free_worker_is_restored_when_a_relaunched_one_r
     assert address == relaunched and req.checkpoint_id == 7 and req.source == master.workers[holder].address
 
 
+def test_a_lost_replica_is_not_restored_on_a_worker_that_reported_its_end():
+    """A drain: one worker finished, then another was declared dead.  Restoring its replicas on
+    the finished one (its server stopped) failed and was tried again until the drain timed out."""
+    master = _master(mode="liverobin", rhino=True, workers=4)
+    rhino = master.rhino
+    for inst in rhino.instances():
+        rhino.checkpoint_completed(inst, 7, {}, holders=range(4))
+    replica = _replicas(master, "chain")[0]
+    busy = rhino.replica_workers(replica[:2])
+    finished, free = sorted(w for w in range(4) if w not in busy)
+    restores = _RecordingRestores()
+    for info in master.workers.values():
+        master._peers[info.address] = restores.peer(info.address)
+    master.finished(WorkerFinished(finished, 0, "finished"))
+    with master._cond:
+        master._declare_dead(master.placement[replica], "silent for 2.1s")
+    deadline = time.monotonic() + 5
+    while replica not in master.moves:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert master.moves[replica][0] == free
+    assert restores.calls and all(address != master.workers[finished].address for address, _ in restores.calls)
+
+
 class _CopyingPeer:
     def __init__(self, fail: bool = False) -> None:
         self.fail, self.calls = fail, []

@@ -48,6 +48,21 @@ def test_a_dead_holder_cannot_be_restored_from():
     assert m.restore_plan((0, 0, 0)) is None
 
 
+def test_a_worker_that_ended_neither_runs_a_restored_replica_nor_serves_a_copy():
+    """Ending jobs: a worker that reported its end stopped its server; a restore sent there, or
+    pulling from there, failed and was tried again every 2 s until the drain timed out."""
+    m = ReplicationManager(dict(PLACEMENT), 4)
+    m.checkpoint_completed((0, 0), 5, {}, holders=[2, 3])
+    m.worker_dead(0)
+    assert m.restore_plan((0, 0, 0)).host in (2, 3)
+    m.worker_ended(2)
+    plan = m.restore_plan((0, 0, 0))
+    assert (plan.host, plan.source) == (3, None)
+    m.worker_ended(3)
+    assert m.restore_plan((0, 0, 0)) is None  # its only holders ended: nothing to restore from
+    assert m.groups[(0, 0)] and not any(source in (2, 3) for *_, source in m.copies_wanted())
+
+
 def test_holders_are_the_chain_the_checkpoint_went_along_not_the_current_group():
     m = ReplicationManager(dict(PLACEMENT), 3)
     m.worker_dead(1)
