@@ -397,8 +397,8 @@ class ReplicationConfig:
     restore_from: str | None = _key(
         "restoreFrom", STR, None,
         "Start from the savepoint in this directory (written by `JobHandle.drain(savepoint=DIR)`): sources at its "
-        "offsets, keyed tasks with its state, at whatever parallelism this run plans (docs/savepoints.md). It "
-        "must be readable from every executor.",
+        "offsets, keyed tasks with its state, at whatever parallelism this run plans (docs/savepoints.md). A path "
+        "every executor reads, or a URI `pyarrow.fs` opens (`s3://`, `gs://`, `hdfs://`).",
     )
     checkpoint_dir: str | None = _key(
         "checkpointDir", STR, None,
@@ -640,7 +640,7 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
                     "at pulses or orders, the positions a restored partition and its upstreams agree on)"))
     if values["checkpoint_dir"] is not None and not values["rhino_enabled"] and "rhino_enabled" not in bad:
         out.append((PREFIX + "checkpointDir",
-                    f"{PREFIX}checkpointDir={values['checkpoint_dir']}: needs {PREFIX}rhino.enabled=true (the "
+                    f"{PREFIX}checkpointDir: needs {PREFIX}rhino.enabled=true (the "
                     "durable cuts are Rhino's checkpoints)"))
     return out + list(_tls_problems(values, bad)) + list(_kafka_problems(values))
 

@@ -12,14 +12,12 @@ import contextlib
 import logging
 import math
 import os
-import shutil
 import signal
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from kazoo_leader.election import delete_tree, evict, expel, zk_client
@@ -72,7 +70,7 @@ from replication.spark_cluster import driver_advertise_host, driver_bind_host, e
 from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
 from rhino_state import AllAtOnce, Batched, HandoverState, JobState, RoutingTable
-from rhino_state.durable import DurableStore
+from rhino_state.durable import DurableStore, without_credentials
 from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager, RestorePlan
 from transport import rpc
@@ -1668,9 +1666,10 @@ class JobHandle:
     def drain(self, timeout: float | None = None, savepoint: str | os.PathLike[str] | None = None) -> JobResult:
         """Let the sources read to the current end of their partitions, flush every window,
         and wait for the job to finish.  With ``savepoint`` (a directory every executor can
-        write and the next run can read): do not flush the windows; every replica writes its
-        state there instead, for a run with ``spark.replication.restoreFrom`` (docs/savepoints.md)."""
-        root = None if savepoint is None else self._arm_savepoint(Path(savepoint))
+        write and the next run can read: a path, or a URI ``pyarrow.fs`` opens): do not flush the
+        windows; every replica writes its state there instead, for a run with
+        ``spark.replication.restoreFrom`` (docs/savepoints.md)."""
+        root = None if savepoint is None else self._arm_savepoint(savepoints.canonical(savepoint))
         if self.cfg.mode == "liverobin":
             assert self.pulses is not None  # the sources end right after the final pulse, read from the log
             self.pulses.finish(grace_s=2 * FETCH_WAIT_MS / 1000 + 0.3)
@@ -1680,21 +1679,21 @@ class JobHandle:
             self._complete_savepoint(root, result)
         return result
 
-    def _arm_savepoint(self, root: Path) -> str:
+    def _arm_savepoint(self, root: str) -> str:
         """Tell every worker where the savepoint goes, and wait until each knows (a replica that
         ended before it knew would flush its windows and write nothing)."""
-        if (root / savepoints.META).exists():
-            raise ValueError(f"{root} already holds a savepoint: give an empty or new directory")
-        root.mkdir(parents=True, exist_ok=True)
+        if savepoints.is_complete(root):
+            raise ValueError(f"{savepoints.shown(root)} already holds a savepoint: give an empty or new directory")
+        savepoints.prepare(root)
         master = self.master
         with master._cond:
-            master.savepoint = str(root.resolve())
+            master.savepoint = root
             live = lambda: {w for w, i in master.workers.items()  # noqa: E731
                             if w not in master.dead and w not in master.reports}
             if not master._cond.wait_for(lambda: live() <= master.savepoint_armed, 30):
                 raise TimeoutError(f"workers {sorted(live() - master.savepoint_armed)} did not learn of the savepoint "
                                    "within 30 s")
-            master.event(f"savepoint to {master.savepoint}: every worker knows; draining")
+            master.event(f"savepoint to {savepoints.shown(root)}: every worker knows; draining")
             return master.savepoint
 
     def _complete_savepoint(self, root: str, result: JobResult) -> None:
@@ -1702,12 +1701,12 @@ class JobHandle:
         tasks = {t.name: t.parallelism for t in self.plan.tasks}
         missing = savepoints.missing_parts(root, tasks, self.plan.replicas)
         if result.status != "finished" or missing:
-            raise JobFailedError(f"savepoint {root} incomplete (job {result.status}; no part from "
+            raise JobFailedError(f"savepoint {savepoints.shown(root)} incomplete (job {result.status}; no part from "
                                  f"{', '.join(missing) or 'none missing'}): it cannot be restored from")
         savepoints.write_meta(root, job=self.job.name, num_key_groups=self.plan.num_key_groups, tasks=tasks,
                               sources=[t.name for t in self.plan.tasks if t.is_source],
                               keyed=[t.name for t in self.plan.tasks if t.id in self.plan.routing])
-        self.master.event(f"savepoint {root} complete")
+        self.master.event(f"savepoint {savepoints.shown(root)} complete")
 
     def stop(self, timeout: float | None = None) -> JobResult:
         """Stop now (application-level signal first; the Spark job is cancelled if the
@@ -1795,7 +1794,7 @@ def _from_savepoint(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
     try:
         meta = savepoints.read_meta(root)
     except (OSError, ValueError) as exc:
-        raise ConfigError([(key, f"{key}={root}: {exc}")]) from None
+        raise ConfigError([(key, f"{key}={savepoints.shown(root)}: {exc}")]) from None
     kinds = {t.name: ("source" if t.is_source else "keyed" if t.id in plan.routing else "other", t.parallelism)
              for t in plan.tasks}
     problems = savepoints.check(root, meta, num_key_groups=plan.num_key_groups, tasks=kinds, key=key)
@@ -1816,8 +1815,7 @@ def _resume_then_rescale(job: Job, spark: Any, conf: Mapping[str, Any] | None, c
     then a new start goes on from the savepoint)."""
     assert cfg.checkpoint_dir is not None
     between = rescale_savepoint_dir(cfg.checkpoint_dir, job.name)
-    assert between is not None
-    shutil.rmtree(between, ignore_errors=True)
+    savepoints.delete(between)
     log.warning("durable checkpoints: going on at the checkpoints' parallelism (%s), then through a savepoint at "
                 "this job's", ", ".join(f"{t} {p}" for t, p in sorted(parallelism.items())))
     first = run(with_parallelism(job, parallelism), spark=spark, conf=conf)
@@ -1829,10 +1827,10 @@ def _resume_then_rescale(job: Job, spark: Any, conf: Mapping[str, Any] | None, c
             first.stop()
         raise
     log.warning("durable checkpoints: the run at the checkpoints' parallelism drained into %s after %.1fs "
-                "(%d records written); starting at this job's parallelism", between, result.duration_s,
+                "(%d records written); starting at this job's parallelism", savepoints.shown(between), result.duration_s,
                 result.records_written)
     DurableStore(cfg.checkpoint_dir, job.name).clear()
-    return run(job, spark=spark, conf={**(conf or {}), PREFIX + "restoreFrom": str(between)})
+    return run(job, spark=spark, conf={**(conf or {}), PREFIX + "restoreFrom": between})
 
 
 def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: str) -> None:
@@ -1840,22 +1838,21 @@ def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: s
     one that cannot is refused, naming the key."""
     key = PREFIX + "checkpointDir"
     assert cfg.checkpoint_dir is not None
+    between = rescale_savepoint_dir(cfg.checkpoint_dir, job_name)
     try:
         store = DurableStore(cfg.checkpoint_dir, job_name)
         plan.resume = resume_point(store, plan_shape(plan, cfg.mode), ignore=cfg.checkpoint_dir_ignore,
                                    on_event=log.warning)
+        if cfg.checkpoint_dir_ignore:
+            savepoints.delete(between)
+        rescaling = plan.resume is None and cfg.restore_from is None and savepoints.is_complete(between)
     except (OSError, ValueError) as exc:
-        raise ConfigError([(key, f"{key}={cfg.checkpoint_dir}: {exc}")]) from None
-    between = rescale_savepoint_dir(cfg.checkpoint_dir, job_name)
-    if between is None or not between.exists():
-        return
-    if cfg.checkpoint_dir_ignore:
-        shutil.rmtree(between, ignore_errors=True)
-    elif plan.resume is None and cfg.restore_from is None and (between / "_meta.json").exists():
+        raise ConfigError([(key, f"{key}={without_credentials(cfg.checkpoint_dir)}: {exc}")]) from None
+    if rescaling:
         # a resume at another parallelism drained into it, and its second run wrote no cut yet
         log.warning("durable checkpoints: no cut since a resume at another parallelism; starting from its "
-                    "savepoint %s", between)
-        _from_savepoint(plan, replace(cfg, restore_from=str(between)))
+                    "savepoint %s", savepoints.shown(between))
+        _from_savepoint(plan, replace(cfg, restore_from=between))
 
 
 def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
@@ -1962,8 +1959,8 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                  "heartbeat_log": plan.heartbeat_log.prefix if plan.heartbeat_log is not None else None},
             on_event=master.note)
         between = rescale_savepoint_dir(cfg.checkpoint_dir, job.name)
-        if plan.savepoint is not None and between is not None and Path(plan.savepoint[0]) == between:
-            master.durable.on_first_cut = lambda: shutil.rmtree(between, ignore_errors=True)
+        if plan.savepoint is not None and savepoints.canonical(plan.savepoint[0]) == between:
+            master.durable.on_first_cut = lambda: savepoints.delete(between)
     elections = ElectionJanitor(cfg.zookeeper_connect, election_root, master, cfg.zookeeper_digest) \
         if election_root else None
     threading.Thread(target=master.monitor, name=f"monitor-{job.name}", daemon=True).start()

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from copy import deepcopy
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rhino_state.durable import CutPart, DurableCut, DurableStore
@@ -124,14 +123,13 @@ def parallelism_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) ->
     return changed or None
 
 
-def rescale_savepoint_dir(checkpoint_dir: str, job: str) -> Path | None:
+def rescale_savepoint_dir(checkpoint_dir: str, job: str) -> str:
     """Where a resume at another parallelism puts the savepoint it goes through: beside the job's
-    checkpoints, on a path (a savepoint is written by every executor to a shared file system);
-    None for a checkpoint directory that is not one (an object store)."""
-    if "://" in checkpoint_dir and not checkpoint_dir.startswith("file://"):
-        return None
-    base = checkpoint_dir[len("file://"):] if checkpoint_dir.startswith("file://") else checkpoint_dir
-    return Path(os.path.abspath(base)) / f"{job}.rescale-savepoint"
+    checkpoints (an absolute path, or a URI with the checkpoint directory's query)."""
+    base, sep, query = checkpoint_dir.partition("?")
+    if "://" not in base:
+        base = os.path.abspath(base)
+    return f"{base.rstrip('/')}/{job}.rescale-savepoint{sep}{query}"
 
 
 def with_parallelism(job: Any, parallelism: Mapping[str, int]) -> Any:
@@ -177,7 +175,7 @@ def resume_point(store: DurableStore, shape: Mapping[str, Any], *, ignore: bool,
     if ignore:
         if store.cut_numbers() or store.instances():
             on_event(f"durable checkpoints: starting empty (checkpointDir.ignore=true): deleting the checkpoints "
-                     f"of job {store.job} in {store.uri}")
+                     f"of job {store.job} in {store.where}")
         store.clear()
         return None
     cut, skipped = store.latest_complete_cut()
@@ -186,20 +184,16 @@ def resume_point(store: DurableStore, shape: Mapping[str, Any], *, ignore: bool,
         on_event(note)
     if cut is None:
         if skipped:
-            raise ValueError(f"none of the {len(skipped)} cuts in {store.uri} for job {store.job} is complete "
+            raise ValueError(f"none of the {len(skipped)} cuts in {store.where} for job {store.job} is complete "
                              f"(newest: {skipped[0][1]}); set checkpointDir.ignore=true to start empty")
         store.clear()  # increments no cut names: a run that never completed one
         return None
     problems = differences(cut.plan, shape)
     rescaled = parallelism_changes(cut.plan, shape) if problems else None
-    if rescaled is not None and rescale_savepoint_dir(store.uri, store.job) is None:
-        problems.append("a resume at another parallelism goes through a savepoint, which needs a checkpoint "
-                        "directory on a file system path")
-        rescaled = None
     if problems and rescaled is None:
-        raise ValueError(f"cut {cut.number} in {store.uri} does not fit this job: {'; '.join(problems)}; set "
+        raise ValueError(f"cut {cut.number} in {store.where} does not fit this job: {'; '.join(problems)}; set "
                          "checkpointDir.ignore=true to start empty")
-    resuming = (f"durable checkpoints: resuming from cut {cut.number} of {store.uri} (written "
+    resuming = (f"durable checkpoints: resuming from cut {cut.number} of {store.where} (written "
                 f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(cut.written_at))})")
     if rescaled:
         resuming += (" at the parallelism it has (" + ", ".join(f"{t} {p}" for t, p in sorted(rescaled.items()))
@@ -266,7 +260,7 @@ class DurableCheckpoints:
 
     def status(self) -> dict[str, Any]:
         last = self.last_written
-        return {"uri": self.store.uri, "cuts_written": self.cuts_written, "failures": self.failures,
+        return {"uri": self.store.where, "cuts_written": self.cuts_written, "failures": self.failures,
                 "last_cut": None if last is None else last.number, "last_cut_at": self.last_written_at,
                 "last_cut_checkpoints": None if last is None else
                 {f"{t}-{p}": part.checkpoint_id for (t, p), part in sorted(last.parts.items())}}
@@ -300,7 +294,7 @@ class DurableCheckpoints:
             deleted = self.store.retain(self.retain)
         except Exception as exc:  # noqa: BLE001 - the next cut tries again; the older ones stay valid
             self.failures += 1
-            text = f"durable checkpoints: cut {cut.number} not written to {self.store.uri}: {exc}"
+            text = f"durable checkpoints: cut {cut.number} not written to {self.store.where}: {exc}"
             log.warning(text)
             self.on_event(text)
             return

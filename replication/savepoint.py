@@ -1,7 +1,8 @@
 """Savepoints: a job stopped at a consistent point keeps its state for its next run, which may run
 its keyed tasks at another parallelism (docs/savepoints.md).
 
-Taken by :meth:`replication.driver.JobHandle.drain` with ``savepoint=DIR``: the job drains as
+Taken by :meth:`replication.driver.JobHandle.drain` with ``savepoint=DIR`` (a path every executor
+reaches, or a URI ``pyarrow.fs`` opens, as for durable checkpoints): the job drains as
 usual (LiveRobin: at a final pulse; KaZoo and unordered: every source reads to the end of a fetch
 made after the request), but instead of firing every window at the end, each replica writes what
 it holds to ``DIR/<task>/p<partition>-r<replica>.pkl``:
@@ -18,7 +19,8 @@ Restored by a new run with ``spark.replication.restoreFrom=DIR``: checked before
 (:func:`check`), the sources start at the saved offsets, and each partition of a keyed task loads
 the entries of the key groups it owns under the new plan, from every old partition's file (key
 groups are stable: same key, same group, whatever the parallelism), and the fire-index entries of
-its keys.  No I/O but files here; the runtime calls these functions at the edges.
+its keys.  No I/O but files here; the runtime calls these functions at the edges.  Every file is
+written whole or not at all (a rename on a path, a completed upload on an object store).
 """
 
 from __future__ import annotations
@@ -28,71 +30,122 @@ import os
 import pickle
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
+
+from pyarrow import fs as pafs
+
+from rhino_state.durable import file_system, open_whole, without_credentials
 
 META = "_meta.json"
 FORMAT = 1
 
-
-def replica_file(root: str | os.PathLike[str], task: str, partition: int, replica: int) -> Path:
-    return Path(root) / task / f"p{partition}-r{replica}.pkl"
+Where = str | os.PathLike[str]  # a directory: a path, or a pyarrow.fs URI
 
 
-def write_replica(root: str | os.PathLike[str], task: str, partition: int, replica: int,
-                  content: Mapping[str, Any]) -> Path:
-    """Write one replica's part of a savepoint atomically (temp file, then rename)."""
-    path = replica_file(root, task, partition, replica)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        pickle.dump(dict(content), f, protocol=5)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+def canonical(root: Where) -> str:
+    """``root`` as the workers and the next run are told it: an absolute path, or the URI itself."""
+    root = os.fspath(root)
+    return root if "://" in root else os.path.abspath(root)
 
 
-def read_partition(root: str | os.PathLike[str], task: str, partition: int, replicas: int = 2) -> dict[str, Any]:
+def shown(root: Where) -> str:
+    """``root`` for messages: without credentials a URI may carry."""
+    return without_credentials(os.fspath(root))
+
+
+def _file(root: Where, *parts: str) -> tuple[pafs.FileSystem, str]:
+    fs, base = file_system(os.fspath(root))
+    return fs, "/".join((base, *parts))
+
+
+def _exists(fs: pafs.FileSystem, path: str) -> bool:
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def replica_file(task: str, partition: int, replica: int) -> tuple[str, str]:
+    """Where one replica's part lies under the savepoint's directory."""
+    return task, f"p{partition}-r{replica}.pkl"
+
+
+def write_replica(root: Where, task: str, partition: int, replica: int, content: Mapping[str, Any]) -> None:
+    """Write one replica's part of a savepoint, whole or not at all."""
+    fs, path = _file(root, *replica_file(task, partition, replica))
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with open_whole(fs, path) as out:
+        pickle.dump(dict(content), out, protocol=5)
+
+
+def _load(fs: pafs.FileSystem, path: str) -> Any:
+    with fs.open_input_stream(path) as f:
+        return pickle.load(f)
+
+
+def read_partition(root: Where, task: str, partition: int, replicas: int = 2) -> dict[str, Any]:
     """One partition's part (the first replica that wrote one)."""
     for r in range(replicas):
-        path = replica_file(root, task, partition, r)
-        if path.exists():
-            with open(path, "rb") as f:
-                return pickle.load(f)
-    raise FileNotFoundError(f"savepoint {root}: no part of {task}[{partition}]")
+        fs, path = _file(root, *replica_file(task, partition, r))
+        if _exists(fs, path):
+            return _load(fs, path)
+    raise FileNotFoundError(f"savepoint {shown(root)}: no part of {task}[{partition}]")
 
 
-def missing_parts(root: str | os.PathLike[str], tasks: Mapping[str, int], replicas: int) -> list[str]:
+def missing_parts(root: Where, tasks: Mapping[str, int], replicas: int) -> list[str]:
     """The ``task[partition]`` of which no replica wrote its part."""
     return [f"{task}[{p}]" for task, n in sorted(tasks.items()) for p in range(n)
-            if not any(replica_file(root, task, p, r).exists() for r in range(replicas))]
+            if not any(_exists(*_file(root, *replica_file(task, p, r))) for r in range(replicas))]
 
 
-def write_meta(root: str | os.PathLike[str], *, job: str, num_key_groups: int, tasks: Mapping[str, int],
-               sources: Iterable[str], keyed: Iterable[str]) -> Path:
+def write_meta(root: Where, *, job: str, num_key_groups: int, tasks: Mapping[str, int],
+               sources: Iterable[str], keyed: Iterable[str]) -> None:
     """Mark the savepoint complete: written last, once every part is there."""
     meta = {"format": FORMAT, "job": job, "num_key_groups": num_key_groups, "tasks": dict(tasks),
             "sources": sorted(sources), "keyed": sorted(keyed), "created": time.time()}
-    path = Path(root) / META
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, path)
-    return path
+    fs, path = _file(root, META)
+    with open_whole(fs, path) as out:
+        out.write(json.dumps(meta, indent=1).encode())
 
 
-def read_meta(root: str | os.PathLike[str]) -> dict[str, Any]:
-    path = Path(root) / META
-    if not path.exists():
-        raise FileNotFoundError(f"{root} holds no complete savepoint (no {META}: the drain that wrote it did not "
-                                "finish, or this is not a savepoint directory)")
-    return json.loads(path.read_text())
+def is_complete(root: Where) -> bool:
+    """Whether ``root`` holds a complete savepoint (its meta was written)."""
+    return _exists(*_file(root, META))
 
 
-def check(root: str, meta: Mapping[str, Any], *, num_key_groups: int, tasks: Mapping[str, tuple[str, int]],
+def holds_anything(root: Where) -> bool:
+    """Whether anything lies under ``root`` (a savepoint, complete or not)."""
+    fs, path = _file(root)
+    return bool(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
+
+
+def prepare(root: Where) -> None:
+    """Create the directory a savepoint is about to be written to."""
+    fs, path = _file(root)
+    fs.create_dir(path, recursive=True)
+
+
+def delete(root: Where) -> None:
+    """Delete a savepoint (nothing if there is none)."""
+    fs, path = _file(root)
+    fs.delete_dir_contents(path, missing_dir_ok=True)
+    try:
+        fs.delete_dir(path)
+    except (FileNotFoundError, OSError):
+        pass  # an object store has no directory left to delete
+
+
+def read_meta(root: Where) -> dict[str, Any]:
+    fs, path = _file(root, META)
+    if not _exists(fs, path):
+        raise FileNotFoundError(f"{shown(root)} holds no complete savepoint (no {META}: the drain that wrote it did "
+                                "not finish, or this is not a savepoint directory)")
+    with fs.open_input_stream(path) as f:
+        return json.loads(f.read())
+
+
+def check(root: Where, meta: Mapping[str, Any], *, num_key_groups: int, tasks: Mapping[str, tuple[str, int]],
           key: str) -> list[str]:
     """Why the savepoint at ``root`` cannot restore a plan with ``tasks`` (name -> (kind, parallelism),
     kind ``source``, ``keyed`` or ``other``); empty when it can.  ``key`` names the config key."""
+    root = shown(root)
     problems = []
     if meta.get("format") != FORMAT:
         problems.append(f"{key}={root}: savepoint format {meta.get('format')!r}, this version reads {FORMAT}")
@@ -113,22 +166,21 @@ def check(root: str, meta: Mapping[str, Any], *, num_key_groups: int, tasks: Map
     return problems
 
 
-def source_offsets(root: str | os.PathLike[str], task: str, partitions: int, replicas: int = 2) -> dict[int, int]:
+def source_offsets(root: Where, task: str, partitions: int, replicas: int = 2) -> dict[int, int]:
     """The next offset of every Kafka partition a source's partitions read: the furthest of its
     replicas (without LiveRobin's final pulse they may end a few records apart; the downstream
     consumed the longer sequence, its copies deduplicated)."""
     out: dict[int, int] = {}
     for p in range(partitions):
         for r in range(replicas):
-            path = replica_file(root, task, p, r)
-            if path.exists():
-                with open(path, "rb") as f:
-                    for k, offset in pickle.load(f)["offsets"].items():
-                        out[k] = max(offset, out.get(k, offset))
+            fs, path = _file(root, *replica_file(task, p, r))
+            if _exists(fs, path):
+                for k, offset in _load(fs, path)["offsets"].items():
+                    out[k] = max(offset, out.get(k, offset))
     return out
 
 
-def keyed_entries(root: str | os.PathLike[str], task: str, old_partitions: int,
+def keyed_entries(root: Where, task: str, old_partitions: int,
                   owns: Callable[[int], bool]) -> tuple[list[tuple[int, bytes, bytes]], dict[str, list]]:
     """Every old partition's entries of the key groups ``owns`` accepts, and per operator the
     old partitions' operator state (each old partition's snapshot, in partition order)."""

@@ -44,7 +44,8 @@ from pyarrow import fs as pafs
 from rhino_state.increments import IncrementMeta, Instance
 from rhino_state.replica_store import ReplicaStore
 
-__all__ = ["CUT_FORMAT", "CutPart", "DamagedCheckpointError", "DurableCut", "DurableStore", "UploadedIncrement"]
+__all__ = ["CUT_FORMAT", "CutPart", "DamagedCheckpointError", "DurableCut", "DurableStore", "UploadedIncrement",
+           "file_system", "open_whole", "without_credentials"]
 
 CUT_FORMAT = 1
 CHUNK = 4 * 1024 * 1024
@@ -128,6 +129,26 @@ class DurableCut:
                    {k: list(v) for k, v in body["sinks"].items()}, float(body["written_at"]))
 
 
+def file_system(where: str) -> tuple[pafs.FileSystem, str]:
+    """The file system and path of ``where``: a local path (relative ones taken from the current
+    directory) or any URI ``pyarrow.fs`` opens; a URI's query (``?endpoint_override=...``) configures
+    the file system, not the path."""
+    if "://" not in where:
+        where = os.path.abspath(where)
+    fs, path = pafs.FileSystem.from_uri(where)
+    return fs, path.rstrip("/")
+
+
+def open_whole(fs: pafs.FileSystem, path: str) -> _Whole:
+    """A writable stream whose content stays at ``path`` only if it is written whole (:class:`_Whole`)."""
+    return _Whole(fs, path, rename=isinstance(fs, pafs.LocalFileSystem))
+
+
+def without_credentials(uri: str) -> str:
+    """``uri`` with the user and password it may carry (``s3://key:secret@bucket/...``) masked."""
+    return re.sub(r"^([a-zA-Z][\w+.-]*://)[^/@]*@", r"\1***@", uri)
+
+
 def _canonical(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
@@ -142,17 +163,21 @@ class DurableStore:
     def __init__(self, uri: str, job: str) -> None:
         if "://" not in uri:
             uri = os.path.abspath(uri)
-        self.fs, base = pafs.FileSystem.from_uri(uri)
+        self.fs, base = file_system(uri)
         self.uri = uri
         self.job = job
-        self.root = f"{base.rstrip('/')}/{job}"
-        self._local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.root = f"{base}/{job}"
         self._chain_starts: dict[tuple[Instance, str], int] = {}  # files never change: their chain's start
         self._retained: dict[Instance, int] = {}  # each partition's floor retention last applied
         self._cuts_read: dict[int, DurableCut] = {}  # the kept cuts, as read (a cut never changes)
 
     def __repr__(self) -> str:
-        return f"DurableStore({self.uri!r}, job={self.job!r})"
+        return f"DurableStore({self.where!r}, job={self.job!r})"
+
+    @property
+    def where(self) -> str:
+        """The URI as messages and the status show it: without the credentials it may carry."""
+        return without_credentials(self.uri)
 
     # -- writing ---------------------------------------------------------------------------------
     def upload(self, meta: IncrementMeta, payload: str | os.PathLike[str], previous_file: str | None,
@@ -191,10 +216,8 @@ class DurableStore:
             out.write(_canonical(body))
         return path
 
-    def _output(self, path: str) -> Any:
-        """A stream whose content appears at ``path`` only once it is closed whole: a temporary file
-        renamed on a local file system; object stores make an upload visible only when complete."""
-        return _Atomic(self.fs, path) if self._local else self.fs.open_output_stream(path)
+    def _output(self, path: str) -> _Whole:
+        return open_whole(self.fs, path)
 
     # -- reading ---------------------------------------------------------------------------------
     def cut_numbers(self) -> list[int]:
@@ -395,24 +418,47 @@ class DurableStore:
         return sorted(os.path.basename(i.path)[:-5] for i in infos if _INCREMENT_RE.fullmatch(os.path.basename(i.path)))
 
 
-class _Atomic:
-    """Write to a temporary file beside ``path``; rename it to ``path`` when closed without error."""
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    def __init__(self, fs: pafs.FileSystem, path: str) -> None:
+
+class _Whole:
+    """Write ``path`` so that what a reader finds there was written whole.
+
+    On a local file system (``rename``): a temporary file beside it, synced to disk and renamed
+    when closed without error.  On an object store, which has no rename but makes an object visible only once its upload
+    completes: the object itself; when writing fails, what the closed stream made visible (pyarrow
+    completes a multipart upload on close, and has no abort) is deleted at once.  Readers check
+    sizes and checksums, so even in that moment a partial object is never used."""
+
+    def __init__(self, fs: pafs.FileSystem, path: str, rename: bool) -> None:
         self.fs, self.path = fs, path
-        self.tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        self.stream = fs.open_output_stream(self.tmp)
+        self.target = f"{path}.tmp-{uuid.uuid4().hex[:8]}" if rename else path
+        self.stream = fs.open_output_stream(self.target)
 
     def write(self, data: bytes) -> None:
         self.stream.write(data)
 
-    def __enter__(self) -> _Atomic:
+    def __enter__(self) -> _Whole:
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
-        self.stream.close()
         if exc_type is None:
-            self.fs.move(self.tmp, self.path)
-        else:
-            self.fs.delete_file(self.tmp)
+            self.stream.close()
+            if self.target != self.path:
+                _fsync(self.target)  # on the disk before it takes the name: a crash leaves no empty file there
+                self.fs.move(self.target, self.path)
+            return
+        try:
+            self.stream.close()
+        except OSError:
+            pass  # the write failed already: that error is the one raised
+        try:
+            self.fs.delete_file(self.target)
+        except FileNotFoundError:
+            pass
 

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-pytest_plugins = ["deploy.pytest_plugin"]
+pytest_plugins = ["deploy.pytest_plugin", "tests.s3_server"]
 
 
 EXECUTORS = 3

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import threading
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyarrow import fs as pafs
 
 from replication.durability import (
     CutTracker,
@@ -29,6 +29,16 @@ from rhino_state.uploader import IncrementUploader
 from tests.test_rhino_store import Origin, content
 
 INSTANCE = (2, 0)
+
+
+def _read(store: DurableStore, path: str) -> bytes:
+    with store.fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def _replace(store: DurableStore, path: str, data: bytes) -> None:
+    with store.fs.open_output_stream(path) as f:
+        f.write(data)
 
 
 @pytest.fixture
@@ -69,8 +79,8 @@ def _restored_content(store: DurableStore, file: str, target: Path) -> tuple:
         return meta, content(backend), backend.digest(), backend.last_checkpoint_id
 
 
-def test_a_cut_restores_the_state_of_its_checkpoint_from_the_full_snapshot_and_deltas(tmp_path, origin):
-    store = DurableStore(str(tmp_path / "dir"), "job")
+def test_a_cut_restores_the_state_of_its_checkpoint_from_the_full_snapshot_and_deltas(tmp_path, origin, durable_dir):
+    store = DurableStore(durable_dir, "job")
     files = _chain(store, origin, [1, 2, 3, 5])
     cut = _cut(store, 1, files, origin, 3)
     assert store.cut_numbers() == [1]
@@ -94,31 +104,31 @@ def test_a_path_relative_or_a_file_uri_names_the_same_store(tmp_path, origin, mo
 
 @pytest.mark.parametrize("damage", ["truncate payload", "flip a payload byte", "delete a delta", "delete a meta",
                                     "edit the cut", "truncate the cut"])
-def test_a_damaged_latest_cut_is_reported_and_the_one_before_is_used(tmp_path, origin, damage):
-    store = DurableStore(str(tmp_path / "dir"), "job")
+def test_a_damaged_latest_cut_is_reported_and_the_one_before_is_used(tmp_path, origin, damage, durable_dir):
+    store = DurableStore(durable_dir, "job")
     files = _chain(store, origin, [1, 2, 3, 4])
     first = _cut(store, 1, files, origin, 2)
     _cut(store, 2, files, origin, 4)
-    inc_dir = Path(store.root) / "increments" / "t2-p0"
-    cut_path = Path(store.root) / "cuts" / f"{2:012d}.json"
+    inc_dir = f"{store.root}/increments/t2-p0"
+    cut_path = f"{store.root}/cuts/{2:012d}.json"
     if damage == "truncate payload":
-        path = inc_dir / f"{files[4]}.inc"
-        path.write_bytes(path.read_bytes()[:-5])
+        path = f"{inc_dir}/{files[4]}.inc"
+        _replace(store, path, _read(store, path)[:-5])
     elif damage == "flip a payload byte":
-        path = inc_dir / f"{files[3]}.inc"
-        data = bytearray(path.read_bytes())
+        path = f"{inc_dir}/{files[3]}.inc"
+        data = bytearray(_read(store, path))
         data[len(data) // 2] ^= 0xFF
-        path.write_bytes(bytes(data))
+        _replace(store, path, bytes(data))
     elif damage == "delete a delta":
-        (inc_dir / f"{files[3]}.inc").unlink()
+        store.fs.delete_file(f"{inc_dir}/{files[3]}.inc")
     elif damage == "delete a meta":
-        (inc_dir / f"{files[4]}.json").unlink()
+        store.fs.delete_file(f"{inc_dir}/{files[4]}.json")
     elif damage == "edit the cut":
-        body = json.loads(cut_path.read_text())
+        body = json.loads(_read(store, cut_path))
         body["parts"]["2-0"]["positions"]["3"] = 1
-        cut_path.write_text(json.dumps(body))
+        _replace(store, cut_path, json.dumps(body).encode())
     else:
-        cut_path.write_text(cut_path.read_text()[:40])
+        _replace(store, cut_path, _read(store, cut_path)[:40])
     found, skipped = store.latest_complete_cut()
     assert found == first
     assert [n for n, _ in skipped] == [2]
@@ -126,19 +136,19 @@ def test_a_damaged_latest_cut_is_reported_and_the_one_before_is_used(tmp_path, o
     assert _restored_content(store, files[2], tmp_path / "r")[1] == origin.contents[2]
 
 
-def test_restore_checks_each_increment_it_downloads(tmp_path, origin):
-    store = DurableStore(str(tmp_path / "dir"), "job")
+def test_restore_checks_each_increment_it_downloads(tmp_path, origin, durable_dir):
+    store = DurableStore(durable_dir, "job")
     files = _chain(store, origin, [1, 2])
-    path = Path(store.root) / "increments" / "t2-p0" / f"{files[1]}.inc"
-    data = bytearray(path.read_bytes())
+    path = f"{store.root}/increments/t2-p0/{files[1]}.inc"
+    data = bytearray(_read(store, path))
     data[-3] ^= 0x01
-    path.write_bytes(bytes(data))
+    _replace(store, path, bytes(data))
     with pytest.raises(DamagedCheckpointError, match="checksum"):
         store.restore(INSTANCE, files[2], tmp_path / "r")
 
 
-def test_a_cut_is_written_whole_or_not_at_all(tmp_path, origin, monkeypatch):
-    store = DurableStore(str(tmp_path / "dir"), "job")
+def test_a_cut_is_written_whole_or_not_at_all(tmp_path, origin, monkeypatch, durable_dir):
+    store = DurableStore(durable_dir, "job")
     files = _chain(store, origin, [1])
     real = store.fs.open_output_stream
 
@@ -167,13 +177,14 @@ def test_a_cut_is_written_whole_or_not_at_all(tmp_path, origin, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         _cut(store, 1, files, origin, 1)
     monkeypatch.undo()
-    assert store.cut_numbers() == [] and not list((Path(store.root) / "cuts").iterdir())
+    assert store.cut_numbers() == []
+    assert not store.fs.get_file_info(pafs.FileSelector(f"{store.root}/cuts", allow_not_found=True))
 
 
-def test_retention_keeps_every_increment_a_kept_or_later_cut_needs(tmp_path, origin):
+def test_retention_keeps_every_increment_a_kept_or_later_cut_needs(tmp_path, origin, durable_dir):
     """A new chain (a shipper that took over, starting with a full snapshot) may begin at an id below
     an older chain's newest: retention goes by the oldest kept cut's chain start, not by its id."""
-    store = DurableStore(str(tmp_path / "dir"), "job")
+    store = DurableStore(durable_dir, "job")
     files = _chain(store, origin, [10, 20, 30, 40, 50, 60, 70], full_at=(40, 70))
     for n, cid in enumerate([20, 30, 50, 60], start=1):
         _cut(store, n, files, origin, cid)
@@ -210,8 +221,8 @@ def test_after_retention_every_kept_cut_still_verifies(tmp_path_factory, steps, 
         origin.close()
 
 
-def test_uploader_chains_deltas_and_starts_a_new_chain_after_a_failure(tmp_path, origin, monkeypatch):
-    store = DurableStore(str(tmp_path / "dir"), "job")
+def test_uploader_chains_deltas_and_starts_a_new_chain_after_a_failure(tmp_path, origin, monkeypatch, durable_dir):
+    store = DurableStore(durable_dir, "job")
     uploaded, failed = [], []
     done = threading.Event()
     uploader = IncrementUploader(store, tmp_path / "spool", uploaded.append, failed.append)
@@ -278,8 +289,8 @@ def test_a_cut_is_handed_out_once_every_safe_checkpoint_is_uploaded_and_only_whe
     assert tracker.next_cut({a: _cp(8), b: _cp(7)}, [a, b])[a].file == "f8"
 
 
-def test_the_driver_writes_cuts_in_the_background_and_applies_retention(tmp_path, origin):
-    store = DurableStore(str(tmp_path / "dir"), "job")
+def test_the_driver_writes_cuts_in_the_background_and_applies_retention(tmp_path, origin, durable_dir):
+    store = DurableStore(durable_dir, "job")
     files = _chain(store, origin, [1, 2, 3])
     events = []
     durable = DurableCheckpoints(store, plan={"mode": "liverobin"}, run={"output_prefix": "r", "epoch_base": 0},
@@ -319,8 +330,9 @@ def test_a_job_that_differs_from_its_checkpoints_is_told_what_differs():
                                            "task counter is not in the checkpoints"]
 
 
-def test_resume_point_uses_the_newest_complete_cut_refuses_a_mismatch_and_ignore_starts_empty(tmp_path, origin):
-    store = DurableStore(str(tmp_path / "dir"), "job")
+def test_resume_point_uses_the_newest_complete_cut_refuses_a_mismatch_and_ignore_starts_empty(tmp_path, origin,
+                                                                                             durable_dir):
+    store = DurableStore(durable_dir, "job")
     files = _chain(store, origin, [1, 2])
     events: list[str] = []
     assert resume_point(store, SHAPE, ignore=False, on_event=events.append) is None  # increments, no cut
@@ -329,14 +341,14 @@ def test_resume_point_uses_the_newest_complete_cut_refuses_a_mismatch_and_ignore
     for n, cid in enumerate((3, 4), start=1):
         store.write_cut(DurableCut(n, "job", {INSTANCE: CutPart(cid, files[cid], origin.metas[cid].digest)},
                                    plan=SHAPE, written_at=1.0))
-    os.unlink(Path(store.root) / "increments" / "t2-p0" / f"{files[4]}.inc")
+    store.fs.delete_file(f"{store.root}/increments/t2-p0/{files[4]}.inc")
     point = resume_point(store, SHAPE, ignore=False, on_event=events.append)
     assert point is not None and point.cut.number == 1
     assert any("cut 2 skipped" in e and "missing" in e for e in events)
     changed = {**SHAPE, "key_groups": 256}
     with pytest.raises(ValueError, match="256"):
         resume_point(store, changed, ignore=False, on_event=events.append)
-    os.unlink(Path(store.root) / "increments" / "t2-p0" / f"{files[3]}.inc")
+    store.fs.delete_file(f"{store.root}/increments/t2-p0/{files[3]}.inc")
     with pytest.raises(ValueError, match="none of the 2 cuts"):
         resume_point(store, SHAPE, ignore=False, on_event=events.append)
     assert resume_point(store, SHAPE, ignore=True, on_event=events.append) is None
@@ -362,7 +374,7 @@ def test_the_uploader_asks_for_a_full_snapshot_once_the_deltas_since_the_last_ad
         uploader.close()
 
 
-def test_a_job_that_differs_only_in_parallelism_resumes_through_a_savepoint_on_a_path():
+def test_a_job_that_differs_only_in_parallelism_resumes_through_a_savepoint_beside_its_checkpoints():
     other = json.loads(json.dumps(SHAPE))
     other["tasks"]["count"]["parallelism"] = 3
     other["channels"].append([1, 0, 0, 1, 2])
@@ -374,9 +386,10 @@ def test_a_job_that_differs_only_in_parallelism_resumes_through_a_savepoint_on_a
     source = json.loads(json.dumps(SHAPE))
     source["tasks"]["src"]["parallelism"] = 2
     assert parallelism_changes(SHAPE, source) is None  # a source follows its topic
-    assert rescale_savepoint_dir("/shared/cp", "job") == Path("/shared/cp/job.rescale-savepoint")
-    assert rescale_savepoint_dir("file:///shared/cp", "job") == Path("/shared/cp/job.rescale-savepoint")
-    assert rescale_savepoint_dir("s3://bucket/cp", "job") is None
+    assert rescale_savepoint_dir("/shared/cp/", "job") == "/shared/cp/job.rescale-savepoint"
+    assert rescale_savepoint_dir("file:///shared/cp", "job") == "file:///shared/cp/job.rescale-savepoint"
+    assert (rescale_savepoint_dir("s3://bucket/cp?scheme=http&region=x", "job")
+            == "s3://bucket/cp/job.rescale-savepoint?scheme=http&region=x")  # the query configures the store
 
 
 def test_with_parallelism_copies_the_job_and_leaves_it_as_it_was():

@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from replication import run
+from replication import run, savepoint
+from replication.durability import rescale_savepoint_dir
 from replication.examples.ordered import build_ordered_job, verify_chains
 from replication.soak_check import read_topic
 from rhino_state.durable import DurableStore
 from tests.ordered_runs import fed_without_pause, rhino_conf, source_topics, wait_until, where_missing
+from tests.s3_server import s3_uri
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +38,7 @@ def build():
 '''
 
 
-def _conf(stack, mode: str, checkpoints: Path, replicated: bool = True) -> dict[str, str]:
+def _conf(stack, mode: str, checkpoints: Path | str, replicated: bool = True) -> dict[str, str]:
     return rhino_conf(stack, mode, replicated, **{"spark.replication.checkpointDir": str(checkpoints)})
 
 
@@ -93,14 +95,14 @@ def _outputs(stack, topic: str) -> list[dict]:
 
 
 def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, everything: bool,
-                        replicated: bool = True, damage=None, parallelism: int = 2):
-    """Run the job under load until its directory holds two cuts, kill it, (``damage`` the
-    directory), start it again (the chain task at ``parallelism``); returns (result, fed ids, the
-    cut resumed from, cuts before)."""
+                        replicated: bool = True, damage=None, parallelism: int = 2, checkpoints: str | None = None):
+    """Run the job under load until its directory (``checkpoints``, by default one in ``tmp_path``)
+    holds two cuts, kill it, (``damage`` the directory), start it again (the chain task at
+    ``parallelism``); returns (result, fed ids, the cut resumed from, cuts before)."""
     a, b = source_topics(stack, name)
-    checkpoints = tmp_path / "checkpoints"
+    checkpoints = checkpoints or str(tmp_path / "checkpoints")
     conf = _conf(stack, mode, checkpoints, replicated)
-    store = DurableStore(str(checkpoints), name)
+    store = DurableStore(checkpoints, name)
     with fed_without_pause(stack, a, b) as ids:
         proc, logfile = _first_run(stack, tmp_path, name, a, b, conf, executors=3 if replicated else 2)
         try:
@@ -152,16 +154,19 @@ def _check(stack, name: str, result, ids) -> None:
     assert not result.divergences
 
 
-@pytest.mark.parametrize("mode, replicated", [
-    ("liverobin", True),
-    pytest.param("kazoo", True, marks=pytest.mark.slow),
-    pytest.param("liverobin", False, marks=pytest.mark.slow),
+@pytest.mark.parametrize("mode, replicated, where", [
+    ("liverobin", True, "s3"),
+    pytest.param("kazoo", True, "path", marks=pytest.mark.slow),
+    pytest.param("liverobin", False, "path", marks=pytest.mark.slow),
 ])
-def test_a_job_goes_on_exactly_once_after_its_driver_is_killed(stack, spark, topic_prefix, tmp_path, mode,
-                                                               replicated):
+def test_a_job_goes_on_exactly_once_after_its_driver_is_killed(request, stack, spark, topic_prefix, tmp_path, mode,
+                                                               replicated, where):
+    """By default on an object store (an S3 server): every executor uploads there and every worker
+    of the second run builds its state from there."""
     name = f"{topic_prefix}dk{mode[:2]}{int(replicated)}"
+    checkpoints = s3_uri(request.getfixturevalue("s3_endpoint")) if where == "s3" else None
     result, ids, cut, before = _killed_and_resumed(stack, spark, tmp_path, name, mode, everything=False,
-                                                   replicated=replicated)
+                                                   replicated=replicated, checkpoints=checkpoints)
     assert cut.number == before[-1] and _consumed(cut) >= 100, cut
     _check(stack, name, result, ids)
 
@@ -172,10 +177,12 @@ def _corrupt_the_newest_increment(store: DurableStore) -> str:
     latest, previous = (store.read_cut(n) for n in store.cut_numbers()[-1:-3:-1])
     older = {inc.file for inst, part in previous.parts.items() for inc in store.chain(inst, part.file)}
     inst, part = next((inst, part) for inst, part in sorted(latest.parts.items()) if part.file not in older)
-    path = Path(store.root) / "increments" / f"t{inst[0]}-p{inst[1]}" / f"{part.file}.inc"
-    data = bytearray(path.read_bytes())
+    path = f"{store.root}/increments/t{inst[0]}-p{inst[1]}/{part.file}.inc"
+    with store.fs.open_input_stream(path) as f:
+        data = bytearray(f.read())
     data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+    with store.fs.open_output_stream(path) as f:
+        f.write(bytes(data))
     return part.file
 
 
@@ -244,20 +251,23 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
 
 
 @pytest.mark.slow
-def test_a_job_killed_at_one_parallelism_goes_on_exactly_once_at_another(stack, spark, topic_prefix, tmp_path):
+@pytest.mark.parametrize("where", ["path", "s3"])
+def test_a_job_killed_at_one_parallelism_goes_on_exactly_once_at_another(request, stack, spark, topic_prefix,
+                                                                        tmp_path, where):
     """The chain task on 2 partitions, the driver killed; started again with the chain on 3: the job
     resumes at 2, drains into a savepoint beside the checkpoints and starts at 3 from it (its keys'
     state where their records now go). Every chain links across the three runs."""
     name = f"{topic_prefix}dpar"
+    checkpoints = s3_uri(request.getfixturevalue("s3_endpoint")) if where == "s3" else str(tmp_path / "checkpoints")
     result, ids, cut, before = _killed_and_resumed(stack, spark, tmp_path, name, "liverobin", everything=False,
-                                                   parallelism=3)
+                                                   parallelism=3, checkpoints=checkpoints)
     assert cut.number == before[-1] and _consumed(cut) >= 100
     _check(stack, name, result, ids)
-    store = DurableStore(str(tmp_path / "checkpoints"), name)
+    store = DurableStore(checkpoints, name)
     # the old checkpoints went with the savepoint; the new run's cuts have the new parallelism
     assert store.cut_numbers() and all(store.read_cut(n).plan["tasks"]["chain"]["parallelism"] == 3
                                        for n in store.cut_numbers())
-    assert not (tmp_path / "checkpoints" / f"{name}.rescale-savepoint").exists()
+    assert not savepoint.holds_anything(rescale_savepoint_dir(checkpoints, name))
 
 
 def test_a_start_between_a_rescaling_resume_and_its_first_cut_goes_on_from_its_savepoint(stack, topic_prefix,
@@ -265,7 +275,6 @@ def test_a_start_between_a_rescaling_resume_and_its_first_cut_goes_on_from_its_s
     """Checked by ``prepare`` (no Spark): the job's checkpoints were deleted once the savepoint of a
     resume at another parallelism was complete; until the new run writes a cut, a new start goes on
     from that savepoint; ``checkpointDir.ignore=true`` deletes it too."""
-    from replication import savepoint
     from replication.config import ReplicationConfig
     from replication.driver import prepare
 

@@ -26,8 +26,9 @@ from rhino_state import encode_key, key_group
 from tests.ordered_runs import feed, read_output, source_topics, where_missing
 
 
-def test_a_savepoint_is_complete_only_with_its_meta_and_every_partition_part(tmp_path):
-    root = tmp_path / "sp"
+def test_a_savepoint_is_complete_only_with_its_meta_and_every_partition_part(durable_dir):
+    root = f"{durable_dir.partition('?')[0]}/sp?{durable_dir.partition('?')[2]}"
+    assert not sp.holds_anything(root) and not sp.is_complete(root)
     sp.write_replica(root, "src", 0, 1, {"offsets": {0: 10}, "max_ts": {0: 5}, "emitted_wm": 1})
     sp.write_replica(root, "src", 0, 0, {"offsets": {0: 7}, "max_ts": {0: 5}, "emitted_wm": 1})
     sp.write_replica(root, "chain", 1, 0, {"entries": [(3, b"k", b"v")], "operators": {}})
@@ -37,8 +38,10 @@ def test_a_savepoint_is_complete_only_with_its_meta_and_every_partition_part(tmp
     sp.write_replica(root, "chain", 0, 1, {"entries": [(1, b"a", b"1"), (2, b"b", b"2")],
                                            "operators": {"chain": 7}})
     assert sp.missing_parts(root, {"src": 1, "chain": 2}, replicas=2) == []
+    assert sp.holds_anything(root) and not sp.is_complete(root)
     sp.write_meta(root, job="j", num_key_groups=4, tasks={"src": 1, "chain": 2}, sources=["src"], keyed=["chain"])
     meta = sp.read_meta(root)
+    assert sp.is_complete(root)
     # the furthest replica of a source: the downstream consumed its longer sequence
     assert sp.source_offsets(root, "src", 1) == {0: 10}
     entries, operators = sp.keyed_entries(root, "chain", 2, lambda kg: kg != 2)
@@ -50,6 +53,9 @@ def test_a_savepoint_is_complete_only_with_its_meta_and_every_partition_part(tmp
     assert any("spark.replication.state.keyGroups=8" in p for p in problems)
     assert any("source 'src' had 1 partitions, now 2" in p for p in problems)
     assert any("keyed task 'chain'" in p for p in problems)
+    assert all("test-secret" not in p for p in problems)  # a URI's credentials are not shown
+    sp.delete(root)
+    assert not sp.holds_anything(root) and not sp.is_complete(root)
 
 
 def test_a_window_takes_the_fire_index_of_the_keys_it_owns_now_and_the_lowest_watermark():
