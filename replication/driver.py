@@ -37,7 +37,7 @@ from replication.durability import (
     with_parallelism,
 )
 from replication.handovers import CodeOrder, HandoverCoordinator, format_vnodes, parse_strategy, step_phases
-from replication.liveness import FATAL_SILENCE_FACTOR, silent_workers
+from replication.liveness import FATAL_SILENCE_FACTOR, LateBeats, silent_workers
 from replication.messages import (
     Ack,
     Attach,
@@ -94,6 +94,7 @@ class WorkerInfo:
     python_pid: int | None = None
     last_seen: float = 0.0
     standby: bool = False  # relaunched after its executor died: hosts none of its replicas
+    late_beats: LateBeats = field(default_factory=LateBeats)
 
 
 class JobMaster:
@@ -435,6 +436,7 @@ class JobMaster:
             info = self.workers.get(w)
             if info is None or info.attempt != attempt or (w in self.dead and not self._bystander(info)):
                 return Instructions("evicted")  # declared dead while unresponsive, or an old attempt
+            info.late_beats.heard(arrived, arrived - info.last_seen, self.failure_timeout_s)
             info.last_seen = max(info.last_seen, arrived)
             if req.rpc_refused != self.rpc_refused.get(f"worker {w}", 0):
                 self.rpc_refused[f"worker {w}"] = req.rpc_refused
@@ -840,9 +842,13 @@ class JobMaster:
                     self.event(f"worker {w} silent for {silence[w]:.1f}s, but its loss would end the job: "
                                f"declared dead only after {self.failure_timeout_s * FATAL_SILENCE_FACTOR:.1f}s")
                 self._patient_with = fatal
-                for w in silent_workers(silence, self.failure_timeout_s, fatal=fatal):
+                patience = {w: self.workers[w].late_beats.patience(now, self.failure_timeout_s) for w in silence}
+                for w in silent_workers(silence, self.failure_timeout_s, fatal=fatal, patience=patience):
                     if self._liveness_counts(w, self.workers[w]):
-                        self._declare_dead(w, f"silent for {silence[w]:.1f}s")
+                        worst = self.workers[w].late_beats.worst(now)
+                        strained = f" (waited longer: its heartbeats came up to {worst:.1f}s apart lately)" \
+                            if patience[w] > 1 else ""
+                        self._declare_dead(w, f"silent for {silence[w]:.1f}s{strained}")
                 if self.rhino is not None and self.lost and not self._restoring:
                     self._start_restores()
                 if self.rhino is not None:

@@ -9,7 +9,14 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replication.liveness import FATAL_SILENCE_FACTOR, SHARED_SILENCE_FACTOR, silent_workers
+from replication.liveness import (
+    FATAL_SILENCE_FACTOR,
+    SHARED_SILENCE_FACTOR,
+    STRAIN_WINDOW_S,
+    LateBeats,
+    silent_workers,
+)
+from replication.messages import Heartbeat
 from tests.test_job_master import _master
 
 
@@ -33,6 +40,21 @@ def test_a_silence_that_would_end_the_job_is_held_to_the_longest_timeout():
     assert silent_workers({0: 8.5, 1: 8.5, 2: 8.5}, 2.0, fatal={0}) == [1, 2]  # shared, but 0 would end the job
 
 
+def test_a_worker_whose_heartbeats_came_late_lately_is_given_twice_its_longest_gap():
+    beats = LateBeats()
+    beats.heard(10.0, 0.2, 2.0)
+    beats.heard(10.4, 0.4, 2.0)  # (short gaps: not remembered)
+    assert beats.patience(11.0, 2.0) == 1.0
+    beats.heard(12.0, 1.5, 2.0)
+    assert beats.patience(12.5, 2.0) == 1.5  # 2 x 1.5 s = 3 s: one and a half timeouts
+    beats.heard(13.0, 6.0, 2.0)
+    assert beats.patience(13.5, 2.0) == SHARED_SILENCE_FACTOR  # never more than the shared timeout
+    assert beats.patience(12.0 + STRAIN_WINDOW_S + 0.5, 2.0) == SHARED_SILENCE_FACTOR  # the 6 s gap still counts
+    assert beats.patience(13.0 + STRAIN_WINDOW_S + 0.5, 2.0) == 1.0  # a calm minute: the plain timeout again
+    assert silent_workers({0: 2.5, 1: 0.1, 2: 0.1}, 2.0, patience={0: 1.5}) == []
+    assert silent_workers({0: 3.1, 1: 0.1, 2: 0.1}, 2.0, patience={0: 1.5}) == [0]
+
+
 silences = st.dictionaries(st.integers(0, 9), st.floats(0, 30, allow_nan=False), max_size=10)
 
 
@@ -40,6 +62,10 @@ silences = st.dictionaries(st.integers(0, 9), st.floats(0, 30, allow_nan=False),
 def test_the_declared_are_silent_past_the_timeout_and_a_long_silence_always_counts(silence, timeout, fatal):
     declared = silent_workers(silence, timeout, fatal=fatal)
     assert all(silence[w] > timeout for w in declared)
+    # a straining worker's patience (at most the shared factor) never holds back a silence past that
+    strained = silent_workers(silence, timeout, fatal=fatal, patience={w: SHARED_SILENCE_FACTOR for w in silence})
+    assert set(strained) <= set(declared)
+    assert all(w in strained for w, s in silence.items() if s > timeout * SHARED_SILENCE_FACTOR and w not in fatal)
     assert all(silence[w] > timeout * FATAL_SILENCE_FACTOR for w in declared if w in fatal)
     assert all(w in declared for w, s in silence.items() if s > timeout * FATAL_SILENCE_FACTOR)
     assert all(w in declared for w, s in silence.items() if s > timeout * SHARED_SILENCE_FACTOR and w not in fatal)
@@ -109,6 +135,38 @@ def test_the_job_master_waits_longer_for_a_silent_worker_whose_loss_would_end_th
         # (at least the longer timeout: a lower bound, which a slow machine cannot break)
         assert waited >= master.failure_timeout_s * FATAL_SILENCE_FACTOR
         assert any("its loss would end the job" in text for _, text in master.events)
+    finally:
+        master.end_watching()
+        monitor.join(2)
+
+
+def test_the_job_master_gives_a_worker_whose_heartbeats_came_late_lately_longer():
+    """Two workers fall silent alone; the one whose last heartbeat came 0.6 s after the one
+    before it (a starved host, timeout 0.5 s) is declared only after twice that gap."""
+    master = _master(mode="liverobin", workers=4)
+    master.failure_timeout_s = 0.5
+    now = time.monotonic()
+    for w in range(4):
+        master.workers[w].last_seen = now - 0.05
+        master.heartbeat(Heartbeat(worker=w, attempt=0))
+    master.workers[1].last_seen = time.monotonic() - 0.6
+    master.heartbeat(Heartbeat(worker=1, attempt=0))  # 0.6 s after the one before
+    monitor = threading.Thread(target=master.monitor, args=(0.02,), daemon=True)
+    try:
+        started = time.monotonic()
+        monitor.start()
+        deadline = started + 10
+        while time.monotonic() < deadline and not {0, 1} <= set(master.dead):
+            for w in (2, 3):
+                master.workers[w].last_seen = time.monotonic()
+            time.sleep(0.02)
+        assert {0, 1} <= set(master.dead)
+        assert "apart lately" in master.dead[1] and "apart lately" not in master.dead[0]
+        # 1 outlived 0, both silent from the start (a round of the monitor never spans the 0.7 s between:
+        # a longer one counts as a stall of the driver, and silence is counted from then on)
+        order = [w for _, text in master.events for w in (0, 1)
+                 if text.startswith(f"worker {w} (executor") and "declared dead" in text]
+        assert order == [0, 1]
     finally:
         master.end_watching()
         monitor.join(2)
