@@ -15,6 +15,12 @@ A chain of deltas only grows: a resume applies all of it, and retention can dele
 than its full snapshot.  :meth:`IncrementUploader.wants_full` asks for a new full snapshot once the
 deltas since the last one add up to its size, or number :data:`MAX_CHAIN`: the directory then holds
 at most about twice the state per kept chain, and a resume reads about as much.
+
+A store slower than the checkpoints would let the queue, and the spool on the worker's disk, grow
+without end.  So a partition whose queued deltas add up to its last full snapshot also wants
+a full snapshot, and a full snapshot offered drops that partition's increments still queued (no
+cut can need them once a newer chain is on its way; the cut waits for that chain instead): the
+spool holds about twice each partition's state at most.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class IncrementUploader:
         self._broken: set[Instance] = set()  # a failed upload's partitions: deltas until a full are dropped
         self._chains: dict[Instance, tuple[int, int, int]] = {}  # (full's bytes, deltas' bytes, deltas) since
         self._queue: deque[tuple[IncrementMeta, str | None, str, Path]] = deque()
+        self.superseded = 0  # increments dropped from the queue by a newer full snapshot
         self._cond = threading.Condition()
         self._closed = False
         self._busy = False
@@ -85,6 +92,7 @@ class IncrementUploader:
             if meta.full:
                 names.clear()
                 self._chains[inst] = (size, 0, 0)
+                self._drop_queued(inst)
             else:
                 full, deltas, count = self._chains.get(inst, (0, 0, 0))
                 self._chains[inst] = (full, deltas + size, count + 1)
@@ -94,15 +102,27 @@ class IncrementUploader:
             self._queue.append((meta, previous, file, spooled))
             if len(self._queue) == BACKLOG_WARNING:
                 log.warning("durable checkpoints: %d increments wait for their upload to %s", len(self._queue),
-                            self.store.uri)
+                            self.store.where)
             self._cond.notify_all()
         return True
 
+    def _drop_queued(self, inst: Instance) -> None:
+        """A full snapshot of ``inst`` is queued: what of it waits before it is not needed (caller locks)."""
+        kept = deque(item for item in self._queue if item[0].instance != inst)
+        for *_, spooled in (item for item in self._queue if item[0].instance == inst):
+            spooled.unlink(missing_ok=True)
+            self.superseded += 1
+        self._queue = kept
+
     def wants_full(self, inst: Instance) -> bool:
-        """Whether ``inst``'s chain is long enough that its next checkpoint should be a full snapshot."""
+        """Whether ``inst``'s next checkpoint should be a full snapshot: its chain is long, or its
+        deltas waiting for their upload add up to its last full snapshot."""
         with self._cond:
             chain = self._chains.get(inst)
-        return chain is not None and (chain[1] >= max(chain[0], 1) or chain[2] >= MAX_CHAIN)
+            queued = sum(item[3].stat().st_size for item in self._queue if item[0].instance == inst
+                         and not item[0].full)
+        return chain is not None and (chain[1] >= max(chain[0], 1) or chain[2] >= MAX_CHAIN
+                                      or queued >= max(chain[0], 1))
 
     def backlog(self) -> int:
         with self._cond:
@@ -155,7 +175,7 @@ class IncrementUploader:
                     continue
                 self.failures += 1
                 log.warning("durable checkpoints: checkpoint %d of %s not uploaded to %s (%s): the next one is "
-                            "a full snapshot", meta.checkpoint_id, meta.instance, self.store.uri, exc)
+                            "a full snapshot", meta.checkpoint_id, meta.instance, self.store.where, exc)
                 with self._cond:
                     self._broken.add(meta.instance)
                     names = self._names.get(meta.instance, {})

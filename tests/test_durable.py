@@ -374,6 +374,48 @@ def test_the_uploader_asks_for_a_full_snapshot_once_the_deltas_since_the_last_ad
         uploader.close()
 
 
+def test_a_store_slower_than_the_checkpoints_keeps_the_spool_bounded(tmp_path, origin, monkeypatch):
+    """Uploads slower than checkpoints: the queued deltas of a partition that add up to its full
+    snapshot ask for a new one, which drops them from the queue; what is uploaded still chains."""
+    store = DurableStore(str(tmp_path / "dir"), "job")
+    real, started, release = store.upload, threading.Event(), threading.Event()
+
+    def slow(meta, payload, previous, file=None):
+        started.set()
+        release.wait(10)
+        return real(meta, payload, previous, file=file)
+
+    monkeypatch.setattr(store, "upload", slow)
+    uploaded = []
+    uploader = IncrementUploader(store, tmp_path / "spool", uploaded.append, lambda inst: None)
+    try:
+        origin.write(0, 100, b"a")
+        assert uploader.offer(*origin.checkpoint(1, full=True))
+        assert started.wait(10)  # uploading (held back)
+        origin.write(0, 100, b"b")
+        assert uploader.offer(*origin.checkpoint(2, full=True))  # queued: the chain the next ones follow
+        cid = 2
+        while not uploader.wants_full(INSTANCE):
+            cid += 1
+            origin.write(0, 30, b"c%d" % cid)
+            assert uploader.offer(*origin.checkpoint(cid))
+            assert cid < 40, "the queued deltas never asked for a full snapshot"
+        queued = len(list((tmp_path / "spool").iterdir()))
+        assert queued == cid  # the one uploading, the queued full and its deltas
+        origin.write(0, 5, b"d")
+        assert uploader.offer(*origin.checkpoint(cid + 1, full=True))
+        assert len(list((tmp_path / "spool").iterdir())) == 2  # the one uploading and the new full
+        assert uploader.superseded == cid - 1 and not uploader.wants_full(INSTANCE)
+        release.set()
+        assert uploader.wait_idle(10)
+        assert [u.meta.checkpoint_id for u in uploaded] == [1, cid + 1]
+        assert not list((tmp_path / "spool").iterdir())
+        assert _restored_content(store, uploaded[-1].file, tmp_path / "r")[1] == origin.contents[cid + 1]
+    finally:
+        release.set()
+        uploader.close()
+
+
 def test_a_job_that_differs_only_in_parallelism_resumes_through_a_savepoint_beside_its_checkpoints():
     other = json.loads(json.dumps(SHAPE))
     other["tasks"]["count"]["parallelism"] = 3
