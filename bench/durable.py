@@ -245,17 +245,9 @@ def _progress(handle: Any) -> str:
 def _wait_for_output(handle: Any, timeout: float) -> None:
     """Until the resumed run wrote its first output record; its progress printed every 10 s (where
     it was when it gave up is in the log)."""
-    deadline = time.monotonic() + timeout
-    next_print = time.monotonic() + 10
-    while handle.sink_metrics().records_out == 0:
-        now = time.monotonic()
-        if now >= deadline:
-            print(f"resumed run, no output yet: {_progress(handle)}", flush=True)
-            raise RuntimeError(f"the new run wrote nothing within {timeout:g} s")
-        if now >= next_print:
-            print(f"resumed run, no output yet: {_progress(handle)}", flush=True)
-            next_print = now + 10
-        time.sleep(0.05)
+    rs._wait_for(lambda: handle.sink_metrics().records_out > 0, timeout,
+                 f"the new run wrote nothing within {timeout:g} s",
+                 on_tick=lambda: print(f"resumed run, no output yet: {_progress(handle)}", flush=True))
 
 
 # ------------------------------------------------------------------------------------------ sss

@@ -498,12 +498,20 @@ def run_output(handle: Any) -> int:
     return handle.sink_metrics().records_out // handle.plan.replicas
 
 
-def _wait_for(cond: Any, timeout: float, error: str) -> None:
-    """Poll ``cond`` every 50 ms; RuntimeError(``error``) after ``timeout`` seconds."""
+def _wait_for(cond: Any, timeout: float, error: str, on_tick: Any = None, tick_s: float = 10.0) -> None:
+    """Poll ``cond`` every 50 ms; RuntimeError(``error``) after ``timeout`` seconds.  ``on_tick``
+    is called every ``tick_s`` seconds while waiting, and once more when giving up."""
     deadline = time.monotonic() + timeout
+    next_tick = time.monotonic() + tick_s
     while not cond():
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
+            if on_tick is not None:
+                on_tick()
             raise RuntimeError(error)
+        if on_tick is not None and now >= next_tick:
+            on_tick()
+            next_tick = now + tick_s
         time.sleep(0.05)
 
 
