@@ -102,11 +102,16 @@ def partitions_of(bootstrap: str, topic: str, timeout: float = 10.0) -> Sequence
 
 
 def read_all(bootstrap: str, topic: str, idle_timeout_s: float = 1.0, max_wait_s: float = 60.0,
-             config: Mapping[str, Any] | None = None) -> list[Record]:
+             config: Mapping[str, Any] | None = None, held_s: float = 10.0) -> list[Record]:
     """Read every record of ``topic`` from offset 0 of each partition.
 
     Returns once every partition reported EOF and nothing new arrived for ``idle_timeout_s``;
     raises TimeoutError after ``max_wait_s``. Records are in partition order, then offset order.
+
+    A ``read_committed`` reader (the default) reaches EOF at a partition's last stable offset.
+    A transaction whose commit returned may become visible a moment later (the broker writes
+    its markers after answering the commit), so a partition whose EOF lies below its high
+    watermark counts as read only once that EOF has not moved for ``held_s``.
     """
     parts = partitions_of(bootstrap, topic)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-all-{uuid.uuid4().hex}",
@@ -117,11 +122,18 @@ def read_all(bootstrap: str, topic: str, idle_timeout_s: float = 1.0, max_wait_s
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: dict[int, list[Record]] = {p: [] for p in parts}
-        at_eof: set[int] = set()
+        at_eof: dict[int, tuple[int, float]] = {}  # partition -> (its EOF offset, since when there)
         start = last_activity = time.monotonic()
+
+        def settled(p: int, now: float) -> bool:
+            offset, since = at_eof[p]
+            high = consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+            return offset >= high or now - since >= held_s
+
         while True:
             now = time.monotonic()
-            if at_eof == set(parts) and now - last_activity >= idle_timeout_s:
+            if set(at_eof) == set(parts) and now - last_activity >= idle_timeout_s \
+                    and all(settled(p, now) for p in parts):
                 break
             if now - start > max_wait_s:
                 got = sum(len(v) for v in out.values())
@@ -131,10 +143,12 @@ def read_all(bootstrap: str, topic: str, idle_timeout_s: float = 1.0, max_wait_s
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        at_eof.add(msg.partition())
+                        before = at_eof.get(msg.partition())
+                        if before is None or before[0] != msg.offset():
+                            at_eof[msg.partition()] = (msg.offset(), time.monotonic())
                         continue
                     raise RuntimeError(f"read_all({topic!r}): {err.str()}")
-                at_eof.discard(msg.partition())
+                at_eof.pop(msg.partition(), None)
                 last_activity = time.monotonic()
                 out[msg.partition()].append(Record(
                     msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),

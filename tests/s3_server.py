@@ -62,8 +62,12 @@ def _wait_listening(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 def s3_uri(endpoint: str, prefix: str = "checkpoints") -> str:
-    """A ``pyarrow.fs`` URI of a fresh bucket on ``endpoint`` (credentials and endpoint in the URI,
-    so that every process of a test, executors included, reaches it without environment)."""
+    """A ``pyarrow.fs`` URI under a fresh bucket on ``endpoint``, created (credentials and endpoint
+    in the URI, so that every process of a test, executors included, reaches it without environment)."""
+    from pyarrow import fs as pafs
+
     bucket = f"b{uuid.uuid4().hex[:12]}"
-    return (f"s3://{ACCESS_KEY}:{SECRET_KEY}@{bucket}/{prefix}?scheme=http&endpoint_override={endpoint}"
-            "&region=us-east-1&allow_bucket_creation=true")
+    query = f"scheme=http&endpoint_override={endpoint}&region=us-east-1"
+    fs, _ = pafs.FileSystem.from_uri(f"s3://{ACCESS_KEY}:{SECRET_KEY}@{bucket}?{query}&allow_bucket_creation=true")
+    fs.create_dir(bucket)
+    return f"s3://{ACCESS_KEY}:{SECRET_KEY}@{bucket}/{prefix}?{query}"

@@ -76,10 +76,13 @@ def _first_run(stack, tmp_path: Path, name: str, a: str, b: str, conf: dict[str,
 def _kill(proc: subprocess.Popen, everything: bool) -> None:
     """SIGKILL the driver alone (its JVM, executors and workers then die with the application), or
     every process of the run at once; wait until none is left."""
-    if everything:
-        os.killpg(proc.pid, signal.SIGKILL)
-    else:
-        os.kill(proc.pid, signal.SIGKILL)
+    try:
+        if everything:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            os.kill(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended already (the caller reports why)
     proc.wait(30)
     deadline = time.monotonic() + 90
     while _group_alive(proc.pid) and time.monotonic() < deadline:
