@@ -6,7 +6,7 @@ key group followed by the caller's ``rest`` bytes, so the key groups of a vnode
 form one contiguous key range.
 
 Caching: writes and deletes go to a dirty map (a delete is a tombstone) that
-``flush()`` writes with one ``WriteBatch``; it is flushed automatically when it
+``flush()`` writes in WriteBatches of a few MiB; it is flushed automatically when it
 holds more than ``cache_max_entries`` keys. Reads look at the dirty map, then at
 a bounded LRU read cache of clean values (and known-absent keys), then at
 RocksDB. All writes must go through this object while it is open (it holds the
@@ -60,6 +60,7 @@ from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
 from rhino_state.increments import (
     DIGEST_MODULUS,
+    WRITE_BATCH_BYTES,
     IncrementMeta,
     IncrementWriter,
     Instance,
@@ -274,7 +275,8 @@ class RocksDBStateBackend:
         return len(self._dirty)
 
     def flush(self) -> None:
-        """Write all dirty entries to RocksDB in one WriteBatch."""
+        """Write all dirty entries to RocksDB (in WriteBatches of about ``WRITE_BATCH_BYTES``; the
+        first deletes the checkpoint marker, so the marker never stands beside other content)."""
         db = self._open_db()
         if not self._dirty:
             return
@@ -289,7 +291,14 @@ class RocksDBStateBackend:
         batch = WriteBatch(raw_mode=True)
         if self._marker_valid:
             batch.delete(MARKER_KEY)
-        written = sum(batch_write(batch, key, value) for key, value in self._dirty.items())
+        written = in_batch = 0
+        for key, value in self._dirty.items():
+            size = batch_write(batch, key, value)
+            written += size
+            in_batch += size
+            if in_batch >= WRITE_BATCH_BYTES:
+                db.write(batch)
+                batch, in_batch = WriteBatch(raw_mode=True), 0
         db.write(batch)
         self._marker_valid = False
         self._stats["flushes"] += 1

@@ -14,7 +14,14 @@ import shutil
 from rocksdict import Options, Rdict, WriteBatch
 
 from rhino_state.backend import MARKER_KEY, encode_marker
-from rhino_state.increments import IncrementFormatError, IncrementMeta, IncrementReader, digest_hex, pair_hash
+from rhino_state.increments import (
+    WRITE_BATCH_BYTES,
+    IncrementFormatError,
+    IncrementMeta,
+    IncrementReader,
+    digest_hex,
+    pair_hash,
+)
 
 __all__ = [
     "IncrementDigestError",
@@ -28,7 +35,6 @@ __all__ = [
     "write_records",
 ]
 
-_WRITE_BATCH_BYTES = 4 << 20
 # RocksDB never modifies these after writing them (it only creates and unlinks them), so a
 # restore may hard-link them; everything else (CURRENT, MANIFEST, WAL, OPTIONS, rocksdict's
 # config) may be rewritten or appended in place by the opener and is copied.
@@ -114,7 +120,7 @@ def load_full(db: Rdict, meta: IncrementMeta, payload: str) -> None:
             total += pair_hash(key, value)
             batch.append((key, value))
             batch_bytes += len(key) + len(value)
-            if batch_bytes >= _WRITE_BATCH_BYTES:
+            if batch_bytes >= WRITE_BATCH_BYTES:
                 write_records(db, batch)
                 batch, batch_bytes = [], 0
         write_records(db, batch)

@@ -157,6 +157,33 @@ def test_auto_flush_write_batch_and_stats(tmp_path: Path) -> None:
         assert backend.stats()["flushes"] == 1  # nothing dirty, no empty batch
 
 
+def test_a_large_flush_is_written_in_batches_of_a_few_mib(tmp_path: Path, monkeypatch) -> None:
+    """rocksdict holds the GIL for a whole write: a flush of many large values goes in batches."""
+    import rhino_state.backend as backend_module
+
+    batches: list[list] = []  # [batch, bytes] (the batch kept: ids are not reused)
+    real = backend_module.batch_write
+
+    def counting(batch, key, value):
+        size = real(batch, key, value)
+        if not batches or batches[-1][0] is not batch:
+            batches.append([batch, 0])
+        batches[-1][1] += size
+        return size
+
+    monkeypatch.setattr(backend_module, "batch_write", counting)
+    value = b"v" * (64 << 10)
+    with RocksDBStateBackend(tmp_path / "db", cache_max_entries=1000) as backend:
+        for i in range(200):  # 12.5 MiB dirty
+            backend.put(0, b"k%03d" % i, value)
+        backend.flush()
+        assert len(batches) >= 3
+        assert max(size for _, size in batches) < backend_module.WRITE_BATCH_BYTES + len(value) + 16
+        assert all(backend.get(0, b"k%03d" % i) == value for i in range(200))
+    with RocksDBStateBackend(tmp_path / "db") as reopened:
+        assert sum(1 for _ in reopened.iter_prefix(0, b"")) == 200
+
+
 def test_zero_cache_writes_through(tmp_path: Path) -> None:
     with RocksDBStateBackend(tmp_path / "db", cache_max_entries=0) as backend:
         backend.put(3, b"k", b"v")
