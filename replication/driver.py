@@ -70,7 +70,7 @@ from replication.spark_cluster import driver_advertise_host, driver_bind_host, e
 from replication.status import write_status
 from replication.worker import WorkerBootstrap, election_identity, election_membership, run_worker
 from rhino_state import AllAtOnce, Batched, HandoverState, JobState, RoutingTable
-from rhino_state.durable import DurableStore, without_credentials
+from rhino_state.durable import DurableCut, DurableStore, without_credentials
 from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager, RestorePlan
 from transport import rpc
@@ -209,6 +209,14 @@ class JobMaster:
             seq, offset = committed.get(f"{t}-{p}-{kind}", (-1, -1))
             self.sinks[(t, p, kind)] = [role[0], 1, seq, offset]
 
+    def resume_restore_points(self, cut: DurableCut) -> None:
+        """A resumed run: the cut's checkpoints are its first completed ones, held by the durable
+        store, so a replica lost before this run's own checkpoints complete is restored from there."""
+        assert self.rhino is not None
+        for inst, part in sorted(cut.parts.items()):
+            self.rhino.checkpoint_completed(inst, part.checkpoint_id, part.positions, part.digest, now=time.time(),
+                                            holders=(), outputs=part.outputs, durable_file=part.file)
+
     def fail(self, reason: str) -> None:
         with self._cond:
             self._fail(reason)
@@ -287,7 +295,7 @@ class JobMaster:
             if self.rhino is None:
                 return True
             cp = self.rhino.restore_point((t, p))
-            if cp is None or not cp.holders - self.rhino.dead - {w}:
+            if cp is None or not (cp.durable_file or cp.holders - self.rhino.dead - {w}):
                 return True
         return False
 
@@ -312,7 +320,7 @@ class JobMaster:
                 self._fail(f"{lost} lost ({where}) before a consistent set of checkpoints to roll it back "
                            "to was completed")
                 return False
-            if not cp.holders - self.rhino.dead:
+            if not cp.durable_file and not cp.holders - self.rhino.dead:
                 self._fail(f"{lost} lost ({where}) and so is every worker holding the checkpoint {cp.checkpoint_id} "
                            f"it would be rolled back to: nothing is left to restore it from")
                 return False
@@ -581,7 +589,8 @@ class JobMaster:
                                  self._addresses(), attempt,
                                  # the committed handovers it takes part in that its checkpoint may predate
                                  [] if self.handovers is None else self.handovers.replica_restored(replica, attempt),
-                                 "" if plan.source is None else self.workers[plan.source].address)
+                                 "" if plan.source is None else self.workers[plan.source].address,
+                                 cp.durable_file if plan.durable else "")
             threading.Thread(target=self._restore, args=(replica, host, address, req, plan),
                              name=f"restore-{replica}", daemon=True).start()
 
@@ -693,7 +702,8 @@ class JobMaster:
             # the lost incarnation's last figures (its pulse reached near its twin's) must not count
             # as the restored one's: it is caught up only by what the restored one reports
             self.metrics.pop(name, None)
-            pulled = "" if plan.source is None else f" (pulled from worker {plan.source})"
+            pulled = f" (pulled from worker {plan.source})" if plan.source is not None else \
+                " (built from the durable cut)" if plan.durable else ""
             self.event(f"{name} {'rolled back' if rollback else 'restored'} on worker {host} from checkpoint "
                        f"{reply.checkpoint_id}{pulled} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
                        "failure); its upstreams replay from their backups")
@@ -1956,6 +1966,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     if cfg.checkpoint_dir is not None:
         if plan.resume is not None:
             master.resume_outputs(plan.resume.cut.sinks)
+            master.resume_restore_points(plan.resume.cut)
             for note in plan.resume.notes:
                 master.note(note)
         assert cfg.checkpoint_dir is not None

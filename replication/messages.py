@@ -138,7 +138,8 @@ class Registered:
 @dataclass(frozen=True)
 class RestoreReplica:
     """Run the lost replica ``replica`` on the worker called, from the completed checkpoint it
-    holds, or (``source``: a holder's address) one it pulls from there first."""
+    holds, or (``source``: a holder's address) one it pulls from there first, or (``durable_file``)
+    the checkpoint of the resumed cut it builds from the durable store."""
 
     replica: ReplicaId
     checkpoint_id: int
@@ -148,6 +149,7 @@ class RestoreReplica:
     attempt: int
     handovers: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
+    durable_file: str = ""
 
 
 @wire.record

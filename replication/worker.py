@@ -410,21 +410,25 @@ class Worker:
         resume = self.plan.resume
         if resume is None or self.attempt != 0:
             return {}
-        store = DurableStore(resume.uri, self.job_name)
         out = {}
         for (task_id, part, _), w in sorted(self.boot.placement.items()):
             if w != self.index:
                 continue
             started = time.monotonic()
             target = self.state_root / f"t{task_id}-p{part}-resumed"
-            shutil.rmtree(target, ignore_errors=True)
-            cut_part = resume.cut.parts[(task_id, part)]
-            meta = store.restore((task_id, part), cut_part.file, target, scratch=self.state_root)
+            meta = self._from_durable((task_id, part), resume.cut.parts[(task_id, part)].file, target)
             out[(task_id, part)] = (meta, target)
             log.warning("worker %d: %s[%d] resumes from checkpoint %d of cut %d (built in %.3fs)", self.index,
                         self.plan.task(task_id).name, part, meta.checkpoint_id, resume.cut.number,
                         time.monotonic() - started)
         return out
+
+    def _from_durable(self, inst: Instance, file: str, target: Path) -> IncrementMeta:
+        """Build checkpoint ``file`` of ``inst`` at ``target`` from the durable store this run
+        resumed from (downloaded and checked increment by increment)."""
+        assert self.plan.resume is not None
+        shutil.rmtree(target, ignore_errors=True)
+        return DurableStore(self.plan.resume.uri, self.job_name).restore(inst, file, target, scratch=self.state_root)
 
     def _hosted(self) -> list[PartitionInstance]:
         """The instances hosted now, as a copy: restores add and removals drop instances from
@@ -486,7 +490,9 @@ class Worker:
         self._addresses.update(req.addresses)
         inst = self._instance(task_id, part, replica, restoring=True)
         target = self.state_root / f"t{task_id}-p{part}-restored"
-        if req.source:
+        if req.durable_file:
+            meta = self._from_durable((task_id, part), req.durable_file, target)
+        elif req.source:
             meta = self.checkpoints.fetch((task_id, part), target, req.checkpoint_id, self._peer(req.source))
         else:
             meta = self.checkpoints.restore((task_id, part), target, req.checkpoint_id)

@@ -8,7 +8,9 @@ replica is lost, it is restored on a member holding the latest completed checkpo
 restore: hard links, no bulk transfer); that member then runs the replica, so the group gets a new
 member in its place, which needs a full snapshot first.  The worker of the replica that ships
 the checkpoints holds them too.  If every live holder runs a replica of the instance itself,
-another worker restores it from a checkpoint it pulls from a holder.
+another worker restores it from a checkpoint it pulls from a holder.  A run that resumed from a
+durable cut starts with the cut's checkpoints as its completed ones (``durable_file``): until its
+own checkpoints complete, a free worker restores a lost replica by building it from the store.
 
 **Rollback.** When *every* replica of an instance is lost (or its twin dies before a restored
 replica delivered what it should), restoring it from its latest checkpoint is not enough: what
@@ -47,6 +49,9 @@ class CompletedCheckpoint:
     digest: str = ""
     completed_at: float = 0.0  # when the driver learned of it (wall clock)
     outputs: Mapping[int, int] = field(default_factory=dict)  # output channel -> next seq at the checkpoint
+    # the file of its increment in the durable store, when it is a checkpoint of the cut a run
+    # resumed from: any free worker can build it from there, whichever workers die
+    durable_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class RestorePlan:
     checkpoint: CompletedCheckpoint
     rollback: bool
     source: int | None = None
+    durable: bool = False  # no live worker holds it: ``host`` builds it from the durable store
 
 
 Channel = tuple[int, Instance, Instance]  # (channel id, upstream instance, downstream instance)
@@ -129,14 +135,16 @@ class ReplicationManager:
     # -- events ------------------------------------------------------------------------------
     def checkpoint_completed(self, inst: Instance, checkpoint_id: int, positions: Mapping[int, int],
                              digest: str = "", now: float = 0.0, holders: Iterable[int] | None = None,
-                             outputs: Mapping[int, int] | None = None) -> bool:
+                             outputs: Mapping[int, int] | None = None, durable_file: str = "") -> bool:
         """The chain's tail acknowledged ``checkpoint_id`` of ``inst``; ``holders``: the members of
-        the chain it went along (default: the current group).  False if it is not newer."""
+        the chain it went along (default: the current group).  ``durable_file``: it is the
+        checkpoint of the durable cut a run resumed from (no worker needs to hold it).  False if
+        it is not newer."""
         known = self.completed.get(inst)
         if known is not None and checkpoint_id <= known.checkpoint_id:
             return False
         held = frozenset(self.groups.get(inst, ()) if holders is None else holders) - self.dead
-        cp = CompletedCheckpoint(checkpoint_id, dict(positions), held, digest, now, dict(outputs or {}))
+        cp = CompletedCheckpoint(checkpoint_id, dict(positions), held, digest, now, dict(outputs or {}), durable_file)
         self.completed[inst] = cp
         self.history.setdefault(inst, []).append(cp)
         self._recompute_safe()
@@ -208,9 +216,10 @@ class ReplicationManager:
                     covered[-1])
 
     def _held_apart(self, inst: Instance, cp: CompletedCheckpoint) -> bool:
-        """Whether a live worker holds ``cp`` apart from each worker running a replica of ``inst``."""
+        """Whether a live worker holds ``cp`` apart from each worker running a replica of ``inst``
+        (or the durable store does)."""
         holders = cp.holders - self.dead
-        return all(holders - {w} for w in self.replica_workers(inst) or {-1})
+        return bool(cp.durable_file) or all(holders - {w} for w in self.replica_workers(inst) or {-1})
 
     def restore_point(self, inst: Instance) -> CompletedCheckpoint | None:
         """What a restore of ``inst`` starts from: the checkpoint a restore in progress is pinned
@@ -307,7 +316,7 @@ class ReplicationManager:
             return None
         held = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
         held = [w for w in dict.fromkeys(held) if w not in self.dead and w not in self.ended]
-        if not held:
+        if not held and not cp.durable_file:
             return None
         rollback = not busy
         host = next((w for w in held if w not in busy and w not in avoid), None)
@@ -317,6 +326,8 @@ class ReplicationManager:
                 and w not in avoid]
         if not free:
             return None
+        if not held:  # only the durable store has it: built there from the cut's chain
+            return RestorePlan(min(free, key=self._load), cp, rollback, durable=True)
         return RestorePlan(min(free, key=self._load), cp, rollback, source=held[0])
 
     def survives_a_loss(self, inst: Instance, avoid: Collection[int] = ()) -> bool:

@@ -20,11 +20,19 @@ from pathlib import Path
 import pytest
 
 from replication import run, savepoint
+from replication.chaos import kill_executor, locate
 from replication.durability import rescale_savepoint_dir
 from replication.examples.ordered import build_ordered_job, verify_chains
 from replication.soak_check import read_topic
 from rhino_state.durable import DurableStore
-from tests.ordered_runs import fed_without_pause, rhino_conf, source_topics, wait_until, where_missing
+from tests.ordered_runs import (
+    fed_without_pause,
+    replicas_sharing_worker,
+    rhino_conf,
+    source_topics,
+    wait_until,
+    where_missing,
+)
 from tests.s3_server import s3_uri
 
 pytestmark = pytest.mark.integration
@@ -98,10 +106,12 @@ def _outputs(stack, topic: str) -> list[dict]:
 
 
 def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, everything: bool,
-                        replicated: bool = True, damage=None, parallelism: int = 2, checkpoints: str | None = None):
+                        replicated: bool = True, damage=None, parallelism: int = 2, checkpoints: str | None = None,
+                        second_conf: dict[str, str] | None = None, in_second_run=None):
     """Run the job under load until its directory (``checkpoints``, by default one in ``tmp_path``)
     holds two cuts, kill it, (``damage`` the directory), start it again (the chain task at
-    ``parallelism``); returns (result, fed ids, the cut resumed from, cuts before)."""
+    ``parallelism``, ``second_conf`` added; ``in_second_run(handle)`` once it started); returns
+    (result, fed ids, the cut resumed from, cuts before)."""
     a, b = source_topics(stack, name)
     checkpoints = checkpoints or str(tmp_path / "checkpoints")
     conf = _conf(stack, mode, checkpoints, replicated)
@@ -122,7 +132,7 @@ def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, e
             damage(store)
         cut = store.read_cut(store.cut_numbers()[-1])
         handle = run(build_ordered_job(a, b, f"{name}out", name=name, parallelism=parallelism), spark=spark,
-                     conf=conf)
+                     conf={**conf, **(second_conf or {})})
         try:
             handle.wait_started(180)
             if parallelism == 2:
@@ -132,6 +142,8 @@ def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, e
                 assert handle.plan.savepoint is not None and handle.plan.task(
                     next(t.id for t in handle.plan.tasks if t.name == "chain")).parallelism == parallelism
             time.sleep(1)  # the second run under load a while
+            if in_second_run is not None:
+                in_second_run(handle)
         except BaseException:
             handle.stop()
             raise
@@ -172,6 +184,34 @@ def test_a_job_goes_on_exactly_once_after_its_driver_is_killed(request, stack, s
                                                    replicated=replicated, checkpoints=checkpoints)
     assert cut.number == before[-1] and _consumed(cut) >= 100, cut
     _check(stack, name, result, ids)
+
+
+@pytest.mark.slow
+def test_a_resumed_job_that_loses_an_executor_before_its_own_first_checkpoint_rolls_back_to_the_cut(
+        stack, spark, topic_prefix, tmp_path):
+    """Replication off (checkpoint-restart), LiveRobin. The second run takes no checkpoint of its
+    own (``checkpointEvery`` at its maximum), so no worker holds one when an executor dies: every
+    partition instance on it is rolled back to the cut it resumed from, built from the directory
+    on a free worker, and the output is still exact."""
+    name = f"{topic_prefix}dlost"
+
+    def kill_an_executor(handle) -> None:
+        victim = "chain[0]r0"
+        lost = replicas_sharing_worker(handle, victim)
+        _wait(lambda: handle.sink_metrics().records_out > 0, 60, "output of the second run")
+        kill_executor(locate(victim, job=name))
+        _wait(lambda: len(handle.recoveries()) >= lost, 180, f"{lost} partitions rolled back to the cut")
+
+    result, ids, cut, before = _killed_and_resumed(
+        stack, spark, tmp_path, name, "liverobin", everything=False, replicated=False,
+        second_conf={"spark.replication.rhino.checkpointEvery": "1000000"}, in_second_run=kill_an_executor)
+    _check(stack, name, result, ids)
+    assert result.recoveries and all(rec["rollback"] for rec in result.recoveries), result.recoveries
+    for rec in result.recoveries:  # each from its partition's checkpoint in the cut
+        task, rest = rec["replica"].split("[", 1)
+        inst = (cut.plan["tasks"][task]["id"], int(rest.split("]", 1)[0]))
+        assert rec["checkpoint_id"] == cut.parts[inst].checkpoint_id, (rec, cut.parts[inst])
+    assert any("built from the durable cut" in text for _, text in result.events), result.events
 
 
 def _corrupt_the_newest_increment(store: DurableStore) -> str:

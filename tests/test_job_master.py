@@ -406,6 +406,35 @@ def test_a_lost_replica_is_not_restored_on_a_worker_that_reported_its_end():
     assert restores.calls and all(address != master.workers[finished].address for address, _ in restores.calls)
 
 
+def test_a_resumed_run_restores_a_partition_it_lost_whole_from_the_durable_cut():
+    """Right after a resume no worker holds a checkpoint of the new run yet: losing both replicas
+    of a partition neither ends the job nor waits; a free worker builds it from the cut's file."""
+    from rhino_state.durable import CutPart, DurableCut
+
+    master = _master(mode="liverobin", rhino=True, workers=4)
+    rhino = master.rhino
+    parts = {inst: CutPart(30 + inst[0], f"file-{inst[0]}-{inst[1]}", "d", {0: 5}, {1: 6}) for inst in rhino.instances()}
+    master.resume_restore_points(DurableCut(7, "jm", parts))
+    first, second = [r for r in _replicas(master, "chain") if r[1] == 0]
+    killed = {master.placement[first], master.placement[second]}
+    assert not any(master._loss_ends_the_job(w) for w in killed)
+    restores = _RecordingRestores()
+    for info in master.workers.values():
+        master._peers[info.address] = restores.peer(info.address)
+    with master._cond:
+        for w in sorted(killed):
+            master._declare_dead(w, "killed")
+    assert master.failure is None
+    deadline = time.monotonic() + 5
+    while not (first in master.moves or second in master.moves):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    req = next(r for _, r in restores.calls if r.replica[:2] == first[:2])
+    inst = first[:2]
+    assert req.durable_file == f"file-{inst[0]}-{inst[1]}" and req.checkpoint_id == parts[inst].checkpoint_id
+    assert any("built from the durable cut" in text for _, text in master.events)
+
+
 class _CopyingPeer:
     def __init__(self, fail: bool = False) -> None:
         self.fail, self.calls = fail, []

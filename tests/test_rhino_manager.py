@@ -63,6 +63,27 @@ def test_a_worker_that_ended_neither_runs_a_restored_replica_nor_serves_a_copy()
     assert m.groups[(0, 0)] and not any(source in (2, 3) for *_, source in m.copies_wanted())
 
 
+def test_a_resumed_cut_restores_a_replica_whichever_workers_died_until_held_checkpoints_complete():
+    """A run resumed from a durable cut: its checkpoints count as completed, held by no worker;
+    a lost replica (its twin lost too: a rollback) is built from the store on a free worker."""
+    m = ReplicationManager(dict(PLACEMENT), 3)
+    for inst in m.instances():
+        m.checkpoint_completed(inst, 40, {0: 7}, "d", holders=(), durable_file=f"f{inst}")
+    assert all(m.survives_a_loss(inst) for inst in m.instances()) and not m.copies_wanted()
+    m.worker_dead(0)
+    m.worker_dead(1)  # both replicas of (0, 0) lost
+    plan = m.restore_plan((0, 0, 0))
+    assert plan.durable and plan.host == 2 and plan.source is None and plan.rollback
+    assert plan.checkpoint.durable_file == "f(0, 0)" and plan.checkpoint.positions == {0: 7}
+    # once a checkpoint of this run completes where a live worker holds it, that one is restored from
+    m2 = ReplicationManager(dict(PLACEMENT), 3)
+    m2.checkpoint_completed((0, 0), 40, {}, holders=(), durable_file="f")
+    m2.checkpoint_completed((0, 0), 41, {}, holders=[2])
+    m2.worker_dead(0)
+    plan = m2.restore_plan((0, 0, 0))
+    assert not plan.durable and plan.checkpoint.checkpoint_id == 41 and plan.host == 2
+
+
 def test_holders_are_the_chain_the_checkpoint_went_along_not_the_current_group():
     m = ReplicationManager(dict(PLACEMENT), 3)
     m.worker_dead(1)
