@@ -430,10 +430,11 @@ class _Whole:
     """Write ``path`` so that what a reader finds there was written whole.
 
     On a local file system (``rename``): a temporary file beside it, synced to disk and renamed
-    when closed without error.  On an object store, which has no rename but makes an object visible only once its upload
-    completes: the object itself; when writing fails, what the closed stream made visible (pyarrow
-    completes a multipart upload on close, and has no abort) is deleted at once.  Readers check
-    sizes and checksums, so even in that moment a partial object is never used."""
+    when closed without error.  On an object store, which has no rename but makes an object
+    visible only once its upload completes: the object itself; when writing fails, what the closed
+    stream made visible (pyarrow completes a multipart upload on close, and has no abort) is
+    deleted at once.  Readers check sizes and checksums, so even in that moment a partial object
+    is never used."""
 
     def __init__(self, fs: pafs.FileSystem, path: str, rename: bool) -> None:
         self.fs, self.path = fs, path
