@@ -17,10 +17,10 @@ deltas since the last one add up to its size, or number :data:`MAX_CHAIN`: the d
 at most about twice the state per kept chain, and a resume reads about as much.
 
 A store slower than the checkpoints would let the queue, and the spool on the worker's disk, grow
-without end.  So a partition whose queued deltas add up to its last full snapshot also wants
-a full snapshot, and a full snapshot offered drops that partition's increments still queued (no
-cut can need them once a newer chain is on its way; the cut waits for that chain instead): the
-spool holds about twice each partition's state at most.
+without end.  So a full snapshot offered drops that partition's increments still queued (no cut
+can need them once a newer chain is on its way; the cut waits for that chain instead).  What is
+queued of a partition is then its deltas since its last full snapshot (and that snapshot), which
+the rule above bounds: the spool holds about twice each partition's state at most.
 """
 
 from __future__ import annotations
@@ -115,14 +115,10 @@ class IncrementUploader:
         self._queue = kept
 
     def wants_full(self, inst: Instance) -> bool:
-        """Whether ``inst``'s next checkpoint should be a full snapshot: its chain is long, or its
-        deltas waiting for their upload add up to its last full snapshot."""
+        """Whether ``inst``'s chain is long enough that its next checkpoint should be a full snapshot."""
         with self._cond:
             chain = self._chains.get(inst)
-            queued = sum(item[3].stat().st_size for item in self._queue if item[0].instance == inst
-                         and not item[0].full)
-        return chain is not None and (chain[1] >= max(chain[0], 1) or chain[2] >= MAX_CHAIN
-                                      or queued >= max(chain[0], 1))
+        return chain is not None and (chain[1] >= max(chain[0], 1) or chain[2] >= MAX_CHAIN)
 
     def backlog(self) -> int:
         with self._cond:
