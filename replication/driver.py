@@ -1699,7 +1699,7 @@ class JobHandle:
         """Tell every worker where the savepoint goes, and wait until each knows (a replica that
         ended before it knew would flush its windows and write nothing)."""
         if savepoints.is_complete(root):
-            raise ValueError(f"{savepoints.shown(root)} already holds a savepoint: give an empty or new directory")
+            raise ValueError(f"{without_credentials(root)} already holds a savepoint: give an empty or new directory")
         savepoints.prepare(root)
         master = self.master
         with master._cond:
@@ -1709,7 +1709,7 @@ class JobHandle:
             if not master._cond.wait_for(lambda: live() <= master.savepoint_armed, 30):
                 raise TimeoutError(f"workers {sorted(live() - master.savepoint_armed)} did not learn of the savepoint "
                                    "within 30 s")
-            master.event(f"savepoint to {savepoints.shown(root)}: every worker knows; draining")
+            master.event(f"savepoint to {without_credentials(root)}: every worker knows; draining")
             return master.savepoint
 
     def _complete_savepoint(self, root: str, result: JobResult) -> None:
@@ -1717,12 +1717,12 @@ class JobHandle:
         tasks = {t.name: t.parallelism for t in self.plan.tasks}
         missing = savepoints.missing_parts(root, tasks, self.plan.replicas)
         if result.status != "finished" or missing:
-            raise JobFailedError(f"savepoint {savepoints.shown(root)} incomplete (job {result.status}; no part from "
+            raise JobFailedError(f"savepoint {without_credentials(root)} incomplete (job {result.status}; no part from "
                                  f"{', '.join(missing) or 'none missing'}): it cannot be restored from")
         savepoints.write_meta(root, job=self.job.name, num_key_groups=self.plan.num_key_groups, tasks=tasks,
                               sources=[t.name for t in self.plan.tasks if t.is_source],
                               keyed=[t.name for t in self.plan.tasks if t.id in self.plan.routing])
-        self.master.event(f"savepoint {savepoints.shown(root)} complete")
+        self.master.event(f"savepoint {without_credentials(root)} complete")
 
     def stop(self, timeout: float | None = None) -> JobResult:
         """Stop now (application-level signal first; the Spark job is cancelled if the
@@ -1810,7 +1810,7 @@ def _from_savepoint(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
     try:
         meta = savepoints.read_meta(root)
     except (OSError, ValueError) as exc:
-        raise ConfigError([(key, f"{key}={savepoints.shown(root)}: {exc}")]) from None
+        raise ConfigError([(key, f"{key}={without_credentials(root)}: {exc}")]) from None
     kinds = {t.name: ("source" if t.is_source else "keyed" if t.id in plan.routing else "other", t.parallelism)
              for t in plan.tasks}
     problems = savepoints.check(root, meta, num_key_groups=plan.num_key_groups, tasks=kinds, key=key)
@@ -1843,7 +1843,7 @@ def _resume_then_rescale(job: Job, spark: Any, conf: Mapping[str, Any] | None, c
             first.stop()
         raise
     log.warning("durable checkpoints: the run at the checkpoints' parallelism drained into %s after %.1fs "
-                "(%d records written); starting at this job's parallelism", savepoints.shown(between), result.duration_s,
+                "(%d records written); starting at this job's parallelism", without_credentials(between), result.duration_s,
                 result.records_written)
     DurableStore(cfg.checkpoint_dir, job.name).clear()
     return run(job, spark=spark, conf={**(conf or {}), PREFIX + "restoreFrom": between})
@@ -1867,7 +1867,7 @@ def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: s
     if rescaling:
         # a resume at another parallelism drained into it, and its second run wrote no cut yet
         log.warning("durable checkpoints: no cut since a resume at another parallelism; starting from its "
-                    "savepoint %s", savepoints.shown(between))
+                    "savepoint %s", without_credentials(between))
         _from_savepoint(plan, replace(cfg, restore_from=between))
 
 

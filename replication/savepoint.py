@@ -48,28 +48,29 @@ def canonical(root: Where) -> str:
     return root if "://" in root else os.path.abspath(root)
 
 
-def shown(root: Where) -> str:
+def _shown(root: Where) -> str:
     """``root`` for messages: without credentials a URI may carry."""
     return without_credentials(os.fspath(root))
 
 
-def _file(root: Where, *parts: str) -> tuple[pafs.FileSystem, str]:
-    fs, base = file_system(os.fspath(root))
-    return fs, "/".join((base, *parts))
+def _opened(root: Where) -> tuple[pafs.FileSystem, str]:
+    """The file system of ``root`` and the path of ``root`` in it (opened once per call below)."""
+    return file_system(os.fspath(root))
+
+
+def _part(base: str, task: str, partition: int, replica: int) -> str:
+    """Where one replica's part lies under the savepoint's directory ``base``."""
+    return f"{base}/{task}/p{partition}-r{replica}.pkl"
 
 
 def _exists(fs: pafs.FileSystem, path: str) -> bool:
     return fs.get_file_info(path).type == pafs.FileType.File
 
 
-def replica_file(task: str, partition: int, replica: int) -> tuple[str, str]:
-    """Where one replica's part lies under the savepoint's directory."""
-    return task, f"p{partition}-r{replica}.pkl"
-
-
 def write_replica(root: Where, task: str, partition: int, replica: int, content: Mapping[str, Any]) -> None:
     """Write one replica's part of a savepoint, whole or not at all."""
-    fs, path = _file(root, *replica_file(task, partition, replica))
+    fs, base = _opened(root)
+    path = _part(base, task, partition, replica)
     fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
     with open_whole(fs, path) as out:
         pickle.dump(dict(content), out, protocol=5)
@@ -82,17 +83,18 @@ def _load(fs: pafs.FileSystem, path: str) -> Any:
 
 def read_partition(root: Where, task: str, partition: int, replicas: int = 2) -> dict[str, Any]:
     """One partition's part (the first replica that wrote one)."""
+    fs, base = _opened(root)
     for r in range(replicas):
-        fs, path = _file(root, *replica_file(task, partition, r))
-        if _exists(fs, path):
+        if _exists(fs, path := _part(base, task, partition, r)):
             return _load(fs, path)
-    raise FileNotFoundError(f"savepoint {shown(root)}: no part of {task}[{partition}]")
+    raise FileNotFoundError(f"savepoint {_shown(root)}: no part of {task}[{partition}]")
 
 
 def missing_parts(root: Where, tasks: Mapping[str, int], replicas: int) -> list[str]:
     """The ``task[partition]`` of which no replica wrote its part."""
+    fs, base = _opened(root)
     return [f"{task}[{p}]" for task, n in sorted(tasks.items()) for p in range(n)
-            if not any(_exists(*_file(root, *replica_file(task, p, r))) for r in range(replicas))]
+            if not any(_exists(fs, _part(base, task, p, r)) for r in range(replicas))]
 
 
 def write_meta(root: Where, *, job: str, num_key_groups: int, tasks: Mapping[str, int],
@@ -100,42 +102,43 @@ def write_meta(root: Where, *, job: str, num_key_groups: int, tasks: Mapping[str
     """Mark the savepoint complete: written last, once every part is there."""
     meta = {"format": FORMAT, "job": job, "num_key_groups": num_key_groups, "tasks": dict(tasks),
             "sources": sorted(sources), "keyed": sorted(keyed), "created": time.time()}
-    fs, path = _file(root, META)
-    with open_whole(fs, path) as out:
+    fs, base = _opened(root)
+    with open_whole(fs, f"{base}/{META}") as out:
         out.write(json.dumps(meta, indent=1).encode())
 
 
 def is_complete(root: Where) -> bool:
     """Whether ``root`` holds a complete savepoint (its meta was written)."""
-    return _exists(*_file(root, META))
+    fs, base = _opened(root)
+    return _exists(fs, f"{base}/{META}")
 
 
 def holds_anything(root: Where) -> bool:
     """Whether anything lies under ``root`` (a savepoint, complete or not)."""
-    fs, path = _file(root)
-    return bool(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
+    fs, base = _opened(root)
+    return bool(fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)))
 
 
 def prepare(root: Where) -> None:
     """Create the directory a savepoint is about to be written to."""
-    fs, path = _file(root)
-    fs.create_dir(path, recursive=True)
+    fs, base = _opened(root)
+    fs.create_dir(base, recursive=True)
 
 
 def delete(root: Where) -> None:
     """Delete a savepoint (nothing if there is none)."""
-    fs, path = _file(root)
-    fs.delete_dir_contents(path, missing_dir_ok=True)
+    fs, base = _opened(root)
+    fs.delete_dir_contents(base, missing_dir_ok=True)
     try:
-        fs.delete_dir(path)
+        fs.delete_dir(base)
     except (FileNotFoundError, OSError):
         pass  # an object store has no directory left to delete
 
 
 def read_meta(root: Where) -> dict[str, Any]:
-    fs, path = _file(root, META)
-    if not _exists(fs, path):
-        raise FileNotFoundError(f"{shown(root)} holds no complete savepoint (no {META}: the drain that wrote it did "
+    fs, base = _opened(root)
+    if not _exists(fs, path := f"{base}/{META}"):
+        raise FileNotFoundError(f"{_shown(root)} holds no complete savepoint (no {META}: the drain that wrote it did "
                                 "not finish, or this is not a savepoint directory)")
     with fs.open_input_stream(path) as f:
         return json.loads(f.read())
@@ -145,7 +148,7 @@ def check(root: Where, meta: Mapping[str, Any], *, num_key_groups: int, tasks: M
           key: str) -> list[str]:
     """Why the savepoint at ``root`` cannot restore a plan with ``tasks`` (name -> (kind, parallelism),
     kind ``source``, ``keyed`` or ``other``); empty when it can.  ``key`` names the config key."""
-    root = shown(root)
+    root = _shown(root)
     problems = []
     if meta.get("format") != FORMAT:
         problems.append(f"{key}={root}: savepoint format {meta.get('format')!r}, this version reads {FORMAT}")
@@ -170,11 +173,11 @@ def source_offsets(root: Where, task: str, partitions: int, replicas: int = 2) -
     """The next offset of every Kafka partition a source's partitions read: the furthest of its
     replicas (without LiveRobin's final pulse they may end a few records apart; the downstream
     consumed the longer sequence, its copies deduplicated)."""
+    fs, base = _opened(root)
     out: dict[int, int] = {}
     for p in range(partitions):
         for r in range(replicas):
-            fs, path = _file(root, *replica_file(task, p, r))
-            if _exists(fs, path):
+            if _exists(fs, path := _part(base, task, p, r)):
                 for k, offset in _load(fs, path)["offsets"].items():
                     out[k] = max(offset, out.get(k, offset))
     return out
