@@ -258,6 +258,11 @@ class ReplicationManager:
                 table[inst] = without(table[inst])
         return lost, self._regroup(self.instances())
 
+    @property
+    def _gone(self) -> set[int]:
+        """Workers that neither run a restored replica nor serve a checkpoint: dead, or ended."""
+        return self.dead | self.ended
+
     def worker_ended(self, w: int) -> None:
         """``w``'s process ended normally (it reported its end): no restore or copy goes to or
         comes from it."""
@@ -315,15 +320,15 @@ class ReplicationManager:
         if cp is None:
             return None
         held = [w for w in self.groups.get(inst, []) if w in cp.holders] + sorted(cp.holders)
-        held = [w for w in dict.fromkeys(held) if w not in self.dead and w not in self.ended]
+        gone = self._gone
+        held = [w for w in dict.fromkeys(held) if w not in gone]
         if not held and not cp.durable_file:
             return None
         rollback = not busy
         host = next((w for w in held if w not in busy and w not in avoid), None)
         if host is not None:
             return RestorePlan(host, cp, rollback)
-        free = [w for w in range(self.num_workers) if w not in self.dead and w not in self.ended and w not in busy
-                and w not in avoid]
+        free = [w for w in range(self.num_workers) if w not in gone and w not in busy and w not in avoid]
         if not free:
             return None
         if not held:  # only the durable store has it: built there from the cut's chain
@@ -339,7 +344,8 @@ class ReplicationManager:
         if cp is None or not self._held_apart(inst, cp):
             return False
         busy = self.replica_workers(inst)
-        live = [w for w in range(self.num_workers) if w not in self.dead and w not in self.ended and w not in avoid]
+        gone = self._gone
+        live = [w for w in range(self.num_workers) if w not in gone and w not in avoid]
         return all([x for x in live if x != w and x not in busy] for w in busy or {-1})
 
     def copies_wanted(self, avoid: Collection[int] = ()) -> list[tuple[Instance, CompletedCheckpoint, int, int]]:
@@ -353,10 +359,10 @@ class ReplicationManager:
             cp = self.restore_point(inst)
             if cp is None or self.survives_a_loss(inst, avoid):
                 continue
-            holders = cp.holders - self.dead - self.ended
+            gone = self._gone
+            holders = cp.holders - gone
             busy = self.replica_workers(inst)
-            member = next((w for w in self.groups.get(inst, []) if w not in holders and w not in self.dead
-                           and w not in self.ended
+            member = next((w for w in self.groups.get(inst, []) if w not in holders and w not in gone
                            and w not in busy and w not in avoid), None)
             if holders and member is not None:
                 wanted.append((inst, cp, member, min(holders, key=lambda w: (w in busy, w))))
