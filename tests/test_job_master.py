@@ -11,6 +11,7 @@ from replication.messages import Ack, Attach, Heartbeat, Register, Restored, Res
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 from rhino_state.manager import CompletedCheckpoint, RestorePlan
+from tests.ordered_runs import wait_until
 
 
 def _master(mode: str = "kazoo", rhino: bool = False, workers: int = 3) -> JobMaster:
@@ -334,6 +335,11 @@ class _RecordingRestores:
     def __init__(self) -> None:
         self.calls: list[tuple[str, RestoreReplica]] = []
 
+    def install(self, master: JobMaster, *more: str) -> None:
+        """Be the peer of every registered worker of ``master`` (and of addresses ``more``)."""
+        for address in [info.address for info in master.workers.values()] + list(more):
+            master._peers[address] = self.peer(address)
+
     def peer(self, address: str) -> object:
         recorder = self
 
@@ -360,8 +366,7 @@ def test_a_replica_waiting_for_a_free_worker_is_restored_when_a_relaunched_one_r
     holder = rhino.groups[inst][0]
     restores = _RecordingRestores()
     relaunched = "127.0.0.1:4999"
-    for address in [info.address for info in master.workers.values()] + [relaunched]:
-        master._peers[address] = restores.peer(address)
+    restores.install(master, relaunched)
     with master._cond:
         master._declare_dead(master.placement[first], "killed")
     deadline = time.monotonic() + 5
@@ -393,15 +398,11 @@ def test_a_lost_replica_is_not_restored_on_a_worker_that_reported_its_end():
     busy = rhino.replica_workers(replica[:2])
     finished, free = sorted(w for w in range(4) if w not in busy)
     restores = _RecordingRestores()
-    for info in master.workers.values():
-        master._peers[info.address] = restores.peer(info.address)
+    restores.install(master)
     master.finished(WorkerFinished(finished, 0, "finished"))
     with master._cond:
         master._declare_dead(master.placement[replica], "silent for 2.1s")
-    deadline = time.monotonic() + 5
-    while replica not in master.moves:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: replica in master.moves, 5, "the restore", poll_s=0.01)
     assert master.moves[replica][0] == free
     assert restores.calls and all(address != master.workers[finished].address for address, _ in restores.calls)
 
@@ -419,16 +420,12 @@ def test_a_resumed_run_restores_a_partition_it_lost_whole_from_the_durable_cut()
     killed = {master.placement[first], master.placement[second]}
     assert not any(master._loss_ends_the_job(w) for w in killed)
     restores = _RecordingRestores()
-    for info in master.workers.values():
-        master._peers[info.address] = restores.peer(info.address)
+    restores.install(master)
     with master._cond:
         for w in sorted(killed):
             master._declare_dead(w, "killed")
     assert master.failure is None
-    deadline = time.monotonic() + 5
-    while not (first in master.moves or second in master.moves):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_until(lambda: first in master.moves or second in master.moves, 5, "the rollback", poll_s=0.01)
     req = next(r for _, r in restores.calls if r.replica[:2] == first[:2])
     inst = first[:2]
     assert req.durable_file == f"file-{inst[0]}-{inst[1]}" and req.checkpoint_id == parts[inst].checkpoint_id
