@@ -590,7 +590,8 @@ class JobMaster:
                                  # the committed handovers it takes part in that its checkpoint may predate
                                  [] if self.handovers is None else self.handovers.replica_restored(replica, attempt),
                                  "" if plan.source is None else self.workers[plan.source].address,
-                                 cp.durable_file if plan.durable else "")
+                                 cp.durable_file if plan.durable else "", frozenset(self.lost),
+                                 self._restores_done)
             threading.Thread(target=self._restore, args=(replica, host, address, req, plan),
                              name=f"restore-{replica}", daemon=True).start()
 

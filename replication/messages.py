@@ -139,7 +139,10 @@ class Registered:
 class RestoreReplica:
     """Run the lost replica ``replica`` on the worker called, from the completed checkpoint it
     holds, or (``source``: a holder's address) one it pulls from there first, or (``durable_file``)
-    the checkpoint of the resumed cut it builds from the durable store."""
+    the checkpoint of the resumed cut it builds from the durable store.  ``placement`` and
+    ``lost`` (the replicas running nowhere now; their placement is where they ran) are as of the
+    driver's first ``restores_seen`` restores: it sends to no lost replica until it learns of a
+    later restore that runs it again."""
 
     replica: ReplicaId
     checkpoint_id: int
@@ -150,6 +153,8 @@ class RestoreReplica:
     handovers: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
     durable_file: str = ""
+    lost: frozenset[ReplicaId] = frozenset()
+    restores_seen: int = 0
 
 
 @wire.record

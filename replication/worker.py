@@ -120,6 +120,16 @@ class WorkerBootstrap:
     epoch_base: int = 0  # added to KaZoo election epochs: a resumed run elects above the run before
 
 
+@dataclass(frozen=True)
+class KnownMove:
+    """A replica restored on ``worker`` by the driver's ``restore``-th restore; its upstreams
+    replay to it from ``positions`` (channel id -> seq)."""
+
+    worker: int
+    positions: dict[int, int]
+    restore: int
+
+
 def election_identity(worker: int, attempt: int) -> str:
     """What a worker attempt's election nodes hold: the driver evicts a dead worker's nodes by it."""
     return f"w{worker}a{attempt}"
@@ -240,9 +250,9 @@ class Worker:
         self._election: ElectionClient | None = None
         self._election_lock = threading.Lock()  # (a standby opens its session while a restore may need it)
         self._addresses: dict[int, str] = {}
-        self._moves_applied: dict[ReplicaId, int] = {}  # restored replicas: the restore upstreams replay to
-        # where each restored replica runs now, and what its upstreams replay to it from
-        self._moves_known: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
+        # where each restored replica runs now, what its upstreams replay to it from, and which
+        # restore of the driver's count put it there
+        self._moves_known: dict[ReplicaId, KnownMove] = {}
         self._placement: dict[ReplicaId, int] = dict(boot.placement)  # with the restored replicas' new workers
         self._savepoint: str | None = None  # the directory a drain writes its savepoint to
         self._lock = threading.Lock()
@@ -454,9 +464,11 @@ class Worker:
                 self._links[(w, address)] = link
         return link
 
-    def _outputs(self, inst: PartitionInstance, placement: dict[ReplicaId, int],
-                 first_seqs: dict[int, int]) -> list[tuple[Any, list[OutputChannel]]]:
-        """The output channels of ``inst``, each to every replica of its destination partition."""
+    def _outputs(self, inst: PartitionInstance, placement: dict[ReplicaId, int], first_seqs: dict[int, int],
+                 lost: frozenset[ReplicaId] = frozenset()) -> list[tuple[Any, list[OutputChannel]]]:
+        """The output channels of ``inst``, each to every replica of its destination partition but
+        the ``lost`` ones (running nowhere: sent to once this worker learns where they run again;
+        their placement names the worker they ran on, which may be relaunched under that index)."""
         plan, cfg = self.plan, self.cfg
         outputs = []
         for edge in inst.task.outputs:
@@ -468,6 +480,9 @@ class Worker:
                                    max_ready=2 if plan.replicas == 1 else 8, first_seq=first_seqs.get(spec.id, 0),
                                    retain=cfg.rhino_enabled, backup_limit=cfg.rhino_backup_limit,
                                    on_cut_off=self._cut_off_reported, destinations=targets)
+                for r in range(plan.replicas):
+                    if (spec.dst_task, spec.dst_partition, r) in lost:
+                        ch.cut_off(r, "lost, not restored yet")
                 with self._lock:
                     for r, w in enumerate(targets):
                         self._transports_to.setdefault(w, []).append((ch, r))
@@ -498,7 +513,7 @@ class Worker:
             meta = self.checkpoints.restore((task_id, part), target, req.checkpoint_id)
         loaded = time.monotonic()
         runtime = inst.restore_from(meta, target)
-        inst.build(self._outputs(inst, req.placement, runtime["outputs"]))
+        inst.build(self._outputs(inst, req.placement, runtime["outputs"], lost=req.lost))
         self._apply_roles(req.sinks, inst)
         inst.attempt = req.attempt
         inst.savepoint_dir = self._savepoint
@@ -508,7 +523,7 @@ class Worker:
             self._placement[(task_id, part, replica)] = self.index
         self.instances[(task_id, part)] = inst
         self._restored_at[(task_id, part)] = time.monotonic()
-        self._send_to_moved(inst)
+        self._send_to_moved(inst, req.restores_seen)
         inst.start()
         if inst.handovers is not None and inst.handovers.missing_cuts():
             with self._lock:
@@ -531,31 +546,32 @@ class Worker:
     def _apply_moves(self, moves: dict) -> None:
         """Replicas restored on other workers: send to them there, replaying from their checkpoint."""
         for (task_id, part, replica), (w, address, positions, restore) in moves.items():
-            if self._moves_applied.get((task_id, part, replica)) == restore:
+            known = self._moves_known.get((task_id, part, replica))
+            if known is not None and known.restore == restore:
                 continue  # (keyed by the restore, not the worker: it may be relaunched and host it again)
-            self._moves_applied[(task_id, part, replica)] = restore
             self._addresses[w] = address
             with self._lock:
                 self._placement[(task_id, part, replica)] = w
-                self._moves_known[(task_id, part, replica)] = (w, dict(positions))
+                self._moves_known[(task_id, part, replica)] = KnownMove(w, dict(positions), restore)
             self.dead_workers.discard(w)  # relaunched: a replica lives there now
             for inst in self._hosted():
                 for ch in inst.outputs:
                     if (ch.spec.dst_task, ch.spec.dst_partition) == (task_id, part):
                         self._rejoin(ch, replica, w, positions)
 
-    def _send_to_moved(self, inst: Any) -> None:
+    def _send_to_moved(self, inst: Any, restores_seen: int) -> None:
         """A replica restored here: its channels were built from the placement of when its restore
-        started, so a destination restored elsewhere meanwhile (a move this worker applied before
-        the instance existed) is sent to where it runs now."""
+        started (after the driver's first ``restores_seen`` restores), so a destination restored
+        since (a move this worker applied before the instance existed) is sent to where it runs
+        now, replaying from its checkpoint, even on the worker it ran on before."""
         with self._lock:
             known = dict(self._moves_known)
         for ch in inst.outputs:
             spec = ch.spec
             for replica in range(self.plan.replicas):
                 move = known.get((spec.dst_task, spec.dst_partition, replica))
-                if move is not None and ch.destination(replica) != move[0]:
-                    self._rejoin(ch, replica, move[0], move[1])
+                if move is not None and move.restore > restores_seen:
+                    self._rejoin(ch, replica, move.worker, move.positions)
 
     def _rejoin(self, ch: OutputChannel, replica: int, w: int, positions: dict[int, int]) -> None:
         """Send to the restored ``replica`` on ``w``, replaying from where it restarted, or (this

@@ -16,7 +16,7 @@ from replication.handovers import HandoverOrder, PartitionHandovers, TargetCut
 from replication.instance import drain_position
 from replication.messages import CutRequest, Instructions
 from replication.plan import ChannelSpec
-from replication.worker import RESTORED_REPORT_S, Worker, _Mailbox
+from replication.worker import RESTORED_REPORT_S, KnownMove, Worker, _Mailbox
 from rhino_state import RoutingTable, VnodeMove
 from transport import wire
 from transport.security import RpcSecurity
@@ -175,12 +175,46 @@ def test_a_restored_upstream_sends_to_where_its_destinations_were_restored_meanw
     worker._lock = threading.Lock()
     worker.plan = SimpleNamespace(replicas=2)
     worker._transports_to = {}
-    worker._moves_known = {(4, 0, 0): (3, {8: 40})}
+    worker._moves_known = {(4, 0, 0): KnownMove(3, {8: 40}, restore=5)}
     worker._transport = lambda w: (reached.append(w), lambda payload: None)[1]
-    worker._send_to_moved(SimpleNamespace(outputs=[ch]))
+    worker._send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=4)
     assert ch.destination(0) == 3 and ch.destination(1) == 2 and reached == [3]
     assert ch.live_replicas == [0, 1] and worker._transports_to == {3: [(ch, 0)]}
     ch.abort()
+
+
+def test_a_restored_upstream_sends_to_no_lost_replica_until_it_runs_again_even_where_it_ran():
+    """union[1]r1 is restored on worker 1, relaunched under the index of the worker that ran
+    chain[0]r1, which is lost and not restored yet (the placement still names worker 1).  Its
+    channel to chain[0] sends nothing to replica 1 and reports no cut-off (it used to push there at
+    once, be refused, and have the driver replace chain[0]r1 right after its restore on worker 1).
+    Once chain[0]r1 is restored here by a restore later than the request, it replays to it; an
+    older move of a replica lost since is not followed."""
+    spec = ChannelSpec(id=6, edge_id=0, src_task=2, src_partition=1, dst_task=3, dst_partition=0)
+    reported: list = []
+    local: list[bytes] = []
+    worker = Worker.__new__(Worker)
+    worker.index = 1
+    worker._lock = threading.Lock()
+    worker._transports_to = {}
+    worker.plan = SimpleNamespace(replicas=2, output_channels=lambda task, part, edge: [spec])
+    worker.cfg = SimpleNamespace(channel_batch_size=4, channel_buffer_timeout_ms=1, rhino_enabled=True,
+                                 rhino_backup_limit=1000)
+    worker._transport = lambda w: local.append if w == 1 else (lambda payload: None)
+    worker._cut_off_reported = lambda *args: reported.append(args)
+    upstream = SimpleNamespace(task=SimpleNamespace(id=2, outputs=[SimpleNamespace(edge_id=0)]), partition=1)
+    placement = {(3, 0, 0): 2, (3, 0, 1): 1}
+    [(_, [ch])] = worker._outputs(upstream, placement, {6: 10}, lost=frozenset({(3, 0, 1)}))
+    assert ch.live_replicas == [0] and not reported
+    worker._moves_known = {(3, 0, 1): KnownMove(1, {6: 10}, restore=7)}
+    worker._send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=7)  # known to the driver's request
+    assert ch.live_replicas == [0]
+    worker._moves_known = {(3, 0, 1): KnownMove(1, {6: 10}, restore=8)}
+    worker._send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=7)
+    assert ch.live_replicas == [0, 1] and ch.destination(1) == 1
+    ch.emit(("k", 1))
+    assert ch.close(timeout=5)
+    assert local and not reported
 
 
 def test_a_standby_s_zookeeper_session_is_opened_once_whoever_asks_first(monkeypatch):
