@@ -66,8 +66,12 @@ SCAN_STALL_S = TRANSACTION_TIMEOUT_MS / 1000 + STALL_MARGIN_S
 STUCK_CHECK_S = 3.0
 # The embedded broker lists every batch of a partition on each fetch and answers with nothing when
 # that takes longer than the fetch's wait (docs/embedded-broker.md): a short wait never reads a
-# large output partition.  The scan is not latency: a long wait costs it nothing.
+# large output partition.  But a fetch at the end of a partition waits its whole wait, and the
+# output waits for the scan: a scan fetches with the short wait first, and with the long one only
+# once the short one brought nothing for QUICK_SCAN_S short of the end.
 SCAN_FETCH_WAIT_MS = 500
+QUICK_SCAN_FETCH_WAIT_MS = 10
+QUICK_SCAN_S = 0.5
 # A consume call returns when it has a thousand records or after this long, whichever is first.
 SCAN_CONSUME_S = 0.02
 
@@ -140,12 +144,22 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
     end only there too: a ``read_committed`` reader gets it at the last stable offset, which an
     open transaction holds below the high watermark, and the records from there on (the fenced
     writer's, still open) are exactly those a takeover must not miss.  (Waiting for the event
-    alone would cost a fetch at the end, which waits its whole ``fetch.wait.max.ms``: half a
-    second more for every takeover.)"""
-    reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
-                       "isolation.level": isolation, "fetch.wait.max.ms": SCAN_FETCH_WAIT_MS})
+    alone would cost a fetch at the end, which waits its whole ``fetch.wait.max.ms``.)"""
     found = _Scan(position=start)
-    tp = TopicPartition(topic, partition, start)
+    if stall_s > 0:
+        _read(consumer, conf, topic, partition, key, isolation, QUICK_SCAN_FETCH_WAIT_MS, min(QUICK_SCAN_S, stall_s),
+              found)
+    if not found.at_end and stall_s > QUICK_SCAN_S:
+        _read(consumer, conf, topic, partition, key, isolation, SCAN_FETCH_WAIT_MS, stall_s, found)
+    return found
+
+
+def _read(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: int, key: bytes, isolation: str,
+          wait_ms: int, stall_s: float, found: _Scan) -> None:
+    """:func:`_scan` on with a reader fetching with ``wait_ms`` from ``found.position``."""
+    reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
+                       "isolation.level": isolation, "fetch.wait.max.ms": wait_ms})
+    tp = TopicPartition(topic, partition, found.position)
     try:
         reader.assign([tp])
         last_new = time.monotonic()
@@ -158,7 +172,7 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
                     found.position = msg.offset()
                     if _at_high_watermark(reader, tp, found.position):
                         found.at_end = True
-                        return found
+                        return
                     continue  # at the last stable offset only: read on until stall_s passed
                 last_new, found.position = time.monotonic(), msg.offset() + 1
                 headers = dict(msg.headers() or ())
@@ -167,8 +181,7 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
                 else:
                     found.foreign = True
             if _reached_high_watermark(reader, tp, found):
-                return found
-        return found
+                return
     finally:
         reader.close()
 

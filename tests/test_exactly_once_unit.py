@@ -9,6 +9,7 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from replication import exactly_once
 from replication.config import ReplicationConfig
 from replication.exactly_once import ExactlyOnceOutput, max_written_seq
 
@@ -145,6 +146,31 @@ def test_a_takeover_scan_reads_up_to_the_end_of_the_partition_as_read_committed(
     read_to: list[int] = []
     assert max_written_seq({}, "out", 0, "out-1", 3, stall_s=0.3, consumer=reader, read_to=read_to) == 9
     assert made == ["read_committed"] and read_to == [10]  # (the takeover logs how far it read)
+
+
+def test_a_takeover_scan_fetches_with_a_short_wait_first_and_a_long_one_if_that_reads_nothing():
+    """A fetch at the end of a partition answers when its wait ends, and the new writer's output
+    waits for the scan: the scan's first reader fetches with a short wait.  On the embedded
+    broker a fetch whose listing of a long partition outlasts its wait answers with nothing: the
+    scan goes on from where it was with a reader whose wait is long enough."""
+    reader, made = _partition(stable=10, high=10)
+    waits: list[int] = []
+
+    class Recording(reader):
+        def __init__(self, conf: dict) -> None:
+            super().__init__(conf)
+            waits.append(conf["fetch.wait.max.ms"])
+            self.wait_ms = conf["fetch.wait.max.ms"]
+
+    class ListingOutlastsShortWaits(Recording):
+        def consume(self, num_messages: int, timeout: float):
+            return [] if self.wait_ms < 100 else super().consume(num_messages, timeout)
+
+    assert max_written_seq({}, "out", 0, "out-1", 3, stall_s=5, consumer=ListingOutlastsShortWaits) == 9
+    assert waits == [exactly_once.QUICK_SCAN_FETCH_WAIT_MS, exactly_once.SCAN_FETCH_WAIT_MS]
+    waits.clear()
+    assert max_written_seq({}, "out", 0, "out-1", 3, stall_s=5, consumer=Recording) == 9
+    assert waits == [exactly_once.QUICK_SCAN_FETCH_WAIT_MS]  # the partition listed within the short wait
 
 
 def test_a_takeover_scan_ends_at_the_high_watermark_without_an_end_of_partition_fetch():
