@@ -67,8 +67,9 @@ STUCK_CHECK_S = 3.0
 # The embedded broker lists every batch of a partition on each fetch and answers with nothing when
 # that takes longer than the fetch's wait (docs/embedded-broker.md): a short wait never reads a
 # large output partition.  But a fetch at the end of a partition waits its whole wait, and the
-# output waits for the scan: a scan fetches with the short wait first, and with the long one only
-# once the short one brought nothing for QUICK_SCAN_S short of the end.
+# output waits for the scan: a scan reads with the short wait, and when that has not reached the
+# end after QUICK_SCAN_S, a second reader with the long wait reads beside it; the first at the
+# end ends both.
 SCAN_FETCH_WAIT_MS = 500
 QUICK_SCAN_FETCH_WAIT_MS = 10
 QUICK_SCAN_S = 0.5
@@ -145,25 +146,37 @@ def _scan(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
     open transaction holds below the high watermark, and the records from there on (the fenced
     writer's, still open) are exactly those a takeover must not miss.  (Waiting for the event
     alone would cost a fetch at the end, which waits its whole ``fetch.wait.max.ms``.)"""
-    found = _Scan(position=start)
-    if stall_s > 0:
-        _read(consumer, conf, topic, partition, key, isolation, QUICK_SCAN_FETCH_WAIT_MS, min(QUICK_SCAN_S, stall_s),
-              found)
-    if not found.at_end and stall_s > QUICK_SCAN_S:
-        _read(consumer, conf, topic, partition, key, isolation, SCAN_FETCH_WAIT_MS, stall_s, found)
-    return found
+    quick, patient, ended = _Scan(position=start), _Scan(position=start), threading.Event()
+    args = (consumer, conf, topic, partition, key, isolation)
+    backup = threading.Timer(QUICK_SCAN_S, _read, args=(*args, SCAN_FETCH_WAIT_MS, stall_s, patient, ended))
+    backup.daemon = True
+    if stall_s > QUICK_SCAN_S:
+        backup.start()
+    try:
+        _read(*args, QUICK_SCAN_FETCH_WAIT_MS, stall_s, quick, ended)
+    except BaseException:
+        ended.set()
+        raise
+    finally:
+        backup.cancel()
+    if quick.at_end:
+        return quick  # (a patient reader still waiting for its fetch closes by itself)
+    if backup.ident is not None:  # started: cancelled before it fired, or reading
+        backup.join()
+    return max(quick, patient, key=lambda found: (found.at_end, found.position))
 
 
 def _read(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: int, key: bytes, isolation: str,
-          wait_ms: int, stall_s: float, found: _Scan) -> None:
-    """:func:`_scan` on with a reader fetching with ``wait_ms`` from ``found.position``."""
+          wait_ms: int, stall_s: float, found: _Scan, ended: threading.Event) -> None:
+    """One reader of :func:`_scan`, fetching with ``wait_ms``, until the end (then it sets
+    ``ended``), ``stall_s`` without a record, or ``ended`` set by the other reader."""
     reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
                        "isolation.level": isolation, "fetch.wait.max.ms": wait_ms})
     tp = TopicPartition(topic, partition, found.position)
     try:
         reader.assign([tp])
         last_new = time.monotonic()
-        while time.monotonic() - last_new < stall_s:
+        while time.monotonic() - last_new < stall_s and not ended.is_set():
             for msg in reader.consume(num_messages=1000, timeout=SCAN_CONSUME_S):
                 err = msg.error()
                 if err is not None:
@@ -172,6 +185,7 @@ def _read(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
                     found.position = msg.offset()
                     if _at_high_watermark(reader, tp, found.position):
                         found.at_end = True
+                        ended.set()
                         return
                     continue  # at the last stable offset only: read on until stall_s passed
                 last_new, found.position = time.monotonic(), msg.offset() + 1
@@ -181,6 +195,7 @@ def _read(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
                 else:
                     found.foreign = True
             if _reached_high_watermark(reader, tp, found):
+                ended.set()
                 return
     finally:
         reader.close()

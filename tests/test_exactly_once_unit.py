@@ -151,8 +151,9 @@ def test_a_takeover_scan_reads_up_to_the_end_of_the_partition_as_read_committed(
 def test_a_takeover_scan_fetches_with_a_short_wait_first_and_a_long_one_if_that_reads_nothing():
     """A fetch at the end of a partition answers when its wait ends, and the new writer's output
     waits for the scan: the scan's first reader fetches with a short wait.  On the embedded
-    broker a fetch whose listing of a long partition outlasts its wait answers with nothing: the
-    scan goes on from where it was with a reader whose wait is long enough."""
+    broker a fetch whose listing of a long partition outlasts its wait answers with nothing: when
+    the short-wait reader has not reached the end after half a second, a reader whose wait is
+    long enough reads beside it, and the first at the end ends the scan."""
     reader, made = _partition(stable=10, high=10)
     waits: list[int] = []
 
