@@ -9,8 +9,13 @@ multiple of any wait); per wait, the median and worst produce-to-consume latency
 completes a waiting fetch when a record arrives (Apache Kafka) shows the same few milliseconds at
 every wait, so consumers can long-poll for free; one that answers only when the wait ends shows
 latencies growing with the wait, so every consumer must poll with short waits and the broker serves
-hundreds of empty fetches a second per consumer.  Without ``--bootstrap`` it runs on the embedded
-stack (DESIGN §10).  Writes ``fetch_wait.csv``.
+hundreds of empty fetches a second per consumer.
+
+Then how long a new reader of an empty partition takes to learn it is at the end (its first
+end-of-partition event), per wait and per start: offset 0, or librdkafka's logical
+``OFFSET_BEGINNING``, which it resolves with an offset lookup first (a takeover's scan starts a
+reader like this, and the new writer's output waits for it).  Without ``--bootstrap`` it runs on
+the embedded stack (DESIGN §10).  Writes ``fetch_wait.csv`` and ``first_end.csv``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 
 from bench.common import print_plain_table, write_csv  # noqa: E402
 from deploy.stack import EmbeddedStack  # noqa: E402
@@ -51,6 +56,22 @@ def latencies(bootstrap: str, topic: str, wait_ms: int, records: int) -> list[fl
     return sorted(out)
 
 
+def first_end_s(bootstrap: str, topic: str, wait_ms: int, start: int) -> float:
+    """Seconds from a new reader's creation to its first end-of-partition event on ``topic``[0]."""
+    started = time.monotonic()
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"first-end-{wait_ms}", "enable.auto.commit": False,
+                         "enable.partition.eof": True, "fetch.wait.max.ms": wait_ms, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(topic, 0, start)])
+        while time.monotonic() - started < 10:
+            for msg in consumer.consume(1000, timeout=0.01):
+                if msg.error() is not None and msg.error().code() == KafkaError._PARTITION_EOF:
+                    return time.monotonic() - started
+        raise TimeoutError(f"no end of {topic}[0] within 10 s")
+    finally:
+        consumer.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--waits", default="10,100,500")
@@ -69,8 +90,18 @@ def main(argv: list[str] | None = None) -> int:
             lat = latencies(bootstrap, topic, wait, args.records)
             rows.append({"fetch_wait_max_ms": wait, "records": len(lat), "p50_ms": round(lat[len(lat) // 2], 1),
                          "max_ms": round(lat[-1], 1)})
+        empty = f"{topic}-empty"
+        create_topics(bootstrap, {empty: 1})
+        ends = []
+        for wait in (int(w) for w in args.waits.split(",")):
+            for start, label in ((0, "offset 0"), (OFFSET_BEGINNING, "OFFSET_BEGINNING")):
+                seconds = sorted(first_end_s(bootstrap, empty, wait, start) for _ in range(3))
+                ends.append({"fetch_wait_max_ms": wait, "start": label, "median_ms": round(seconds[1] * 1000, 1),
+                             "max_ms": round(seconds[-1] * 1000, 1)})
     write_csv(out / "fetch_wait.csv", rows, digits=1)
+    write_csv(out / "first_end.csv", ends, digits=1)
     print_plain_table("produce-to-consume latency by fetch.wait.max.ms", rows, tuple(rows[0]))
+    print_plain_table("a new reader of an empty partition: its first end-of-partition event", ends, tuple(ends[0]))
     return 0
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from replication.config import ReplicationConfig
 from transport.kafka_io import produce_blocking
@@ -109,7 +109,9 @@ def max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: 
 def _max_written_seq(consumer_conf: dict, topic: str, partition: int, output_id: str, start_offset: int,
                      stall_s: float, consumer: Callable[[dict], Any], stuck_check_s: float) -> tuple[int, int]:
     key = output_id.encode()
-    start = start_offset if start_offset >= 0 else OFFSET_BEGINNING
+    # offset 0, not OFFSET_BEGINNING, which costs the embedded broker's clients half a second (a
+    # partition whose log starts later answers out of range, and the reader resets to its start)
+    start = max(start_offset, 0)
     stuck_check_s = min(stuck_check_s, stall_s)
     committed = _scan(consumer, consumer_conf, topic, partition, key, start, "read_committed", stuck_check_s)
     if committed.at_end:
@@ -171,7 +173,7 @@ def _read(consumer: Callable[[dict], Any], conf: dict, topic: str, partition: in
     """One reader of :func:`_scan`, fetching with ``wait_ms``, until the end (then it sets
     ``ended``), ``stall_s`` without a record, or ``ended`` set by the other reader."""
     reader = consumer({**conf, "enable.auto.commit": False, "enable.partition.eof": True,
-                       "isolation.level": isolation, "fetch.wait.max.ms": wait_ms})
+                       "isolation.level": isolation, "fetch.wait.max.ms": wait_ms, "auto.offset.reset": "earliest"})
     tp = TopicPartition(topic, partition, found.position)
     try:
         reader.assign([tp])

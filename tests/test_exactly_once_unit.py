@@ -174,6 +174,25 @@ def test_a_takeover_scan_fetches_with_a_short_wait_first_and_a_long_one_if_that_
     assert waits == [exactly_once.QUICK_SCAN_FETCH_WAIT_MS]  # the partition listed within the short wait
 
 
+def test_a_takeover_scan_of_an_output_never_written_reads_from_offset_0_not_a_logical_offset():
+    """A logical start (OFFSET_BEGINNING) costs the embedded broker's clients half a second of
+    offset lookup before the first fetch; offset 0 with an earliest reset reads the same."""
+    reader, _ = _partition(stable=3, high=3)
+    seen: list[tuple[int, str]] = []
+
+    class Recording(reader):
+        def __init__(self, conf: dict) -> None:
+            super().__init__(conf)
+            self.reset = conf["auto.offset.reset"]
+
+        def assign(self, parts) -> None:
+            seen.append((parts[0].offset, self.reset))
+            super().assign(parts)
+
+    assert max_written_seq({}, "out", 0, "out-1", -1, stall_s=5, consumer=Recording) == 2
+    assert seen == [(0, "earliest")]
+
+
 def test_a_takeover_scan_ends_at_the_high_watermark_without_an_end_of_partition_fetch():
     """A fetch at the end of a partition answers only when its wait ends (half a second): the
     scan stops once its position, past the last transaction's marker, reaches the high watermark
