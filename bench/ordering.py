@@ -204,22 +204,30 @@ class OrderedRun:
                 "outcome": self.outcome}
 
 
-def nice_new_executors(app_id: str, known: set[int], seconds: float) -> None:
-    """For ``seconds``: every executor JVM of ``app_id`` not in ``known`` (the one Spark launches in place
-    of a killed one) and its descendants (its Python workers) run at nice 19, so that on a small machine
-    its start takes no CPU from the surviving replicas (at weight 15 against 1,024: CFS gives it what the
-    survivors leave)."""
-    deadline = time.monotonic() + seconds
-    niced: set[int] = set()
-    while time.monotonic() < deadline:
+def nice_new_executors(app_id: str, known: set[int], until: threading.Event) -> None:
+    """Until ``until`` is set: every executor JVM of ``app_id`` not in ``known`` (the one Spark launches
+    in place of a killed one) and its descendants (its Python workers) run at nice 19, so that on a small
+    machine its start takes no CPU from the surviving replicas (at weight 15 against 1,024: CFS gives it
+    what the survivors leave).  Then back at nice 0: the executor outlives the run, and the workers of
+    the next job on this Spark, forked from it, would inherit nice 19 and starve on a loaded machine
+    (their heartbeats seconds late: declared dead)."""
+    def every_thread() -> set[int]:
+        tids: set[int] = set()
         for pid in {p for ps in executor_jvms(app_id).values() for p in ps} - known:
             for p in (pid, *procfs.descendants(pid)):
                 with contextlib.suppress(OSError):  # (Linux: a nice value is per thread)
-                    for tid in {int(t.name) for t in Path(f"/proc/{p}/task").iterdir()} - niced:
-                        with contextlib.suppress(OSError):
-                            os.setpriority(os.PRIO_PROCESS, tid, 19)
-                            niced.add(tid)
-        time.sleep(0.05)
+                    tids |= {int(t.name) for t in Path(f"/proc/{p}/task").iterdir()}
+        return tids
+
+    niced: set[int] = set()
+    while not until.wait(0.05):
+        for tid in every_thread() - niced:
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, tid, 19)
+                niced.add(tid)
+    for tid in every_thread():
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, tid, 0)
 
 
 def leader_of(handle: JobHandle, partition: str, timeout: float = 10.0) -> str:
@@ -304,6 +312,7 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
         return text
 
     injected: dict[str, Any] = {}
+    run_ended = threading.Event()  # (a niced replacement executor runs at nice 0 again)
     timer = None
     if kill_at_s is not None:
         def inject() -> None:
@@ -324,8 +333,10 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                     before = {p for ps in executor_jvms(spark.sparkContext.applicationId).values() for p in ps}
                     injected["what"] = kill_replica_executor(handle, victim)
                     if config.kill == "executor-niced":
-                        threading.Thread(target=nice_new_executors, daemon=True,
-                                         args=(spark.sparkContext.applicationId, before, 30.0)).start()
+                        nicer = injected["nicer"] = threading.Thread(
+                            target=nice_new_executors, daemon=True,
+                            args=(spark.sparkContext.applicationId, before, run_ended))
+                        nicer.start()
                         injected["what"] += "; its replacement runs at nice 19"
             except Exception as err:  # noqa: BLE001 - reported in the summary
                 injected["what"] = f"kill failed: {type(err).__name__}: {err}"
@@ -352,6 +363,10 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                 handle.stop(30)
             except (JobFailedError, TimeoutError):
                 pass
+    finally:
+        run_ended.set()
+        if "nicer" in injected:
+            injected["nicer"].join(10)
     costs = cost_columns(before, probe.snapshot() if probe is not None else None, load.produced)
     fo: dict[str, tuple[float, float | None]] = {}
     led: list[str] = []
