@@ -14,8 +14,10 @@ hundreds of empty fetches a second per consumer.
 Then how long a new reader of an empty partition takes to learn it is at the end (its first
 end-of-partition event), per wait and per start: offset 0, or librdkafka's logical
 ``OFFSET_BEGINNING``, which it resolves with an offset lookup first (a takeover's scan starts a
-reader like this, and the new writer's output waits for it).  Without ``--bootstrap`` it runs on
-the embedded stack (DESIGN §10).  Writes ``fetch_wait.csv`` and ``first_end.csv``.
+reader like this, and the new writer's output waits for it).  And how long a new transactional
+producer's ``init_transactions`` takes, called at once after the producer is made or after it had
+0.3 s to connect (a takeover fences the old writer with it).  Without ``--bootstrap`` it runs on
+the embedded stack (DESIGN §10).  Writes ``fetch_wait.csv``, ``first_end.csv`` and ``first_txn.csv``.
 """
 
 from __future__ import annotations
@@ -72,6 +74,16 @@ def first_end_s(bootstrap: str, topic: str, wait_ms: int, start: int) -> float:
         consumer.close()
 
 
+def init_transactions_s(bootstrap: str, connected_for_s: float) -> float:
+    """Seconds a new transactional producer's ``init_transactions`` takes, ``connected_for_s`` after
+    it was made."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"first-txn-{time.time_ns()}"})
+    time.sleep(connected_for_s)
+    started = time.monotonic()
+    producer.init_transactions(30)
+    return time.monotonic() - started
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--waits", default="10,100,500")
@@ -98,10 +110,17 @@ def main(argv: list[str] | None = None) -> int:
                 seconds = sorted(first_end_s(bootstrap, empty, wait, start) for _ in range(3))
                 ends.append({"fetch_wait_max_ms": wait, "start": label, "median_ms": round(seconds[1] * 1000, 1),
                              "max_ms": round(seconds[-1] * 1000, 1)})
+        txns = []
+        for connected_for_s in (0.0, 0.3):
+            seconds = sorted(init_transactions_s(bootstrap, connected_for_s) for _ in range(5))
+            txns.append({"made_before_s": connected_for_s, "median_ms": round(seconds[2] * 1000, 1),
+                         "min_ms": round(seconds[0] * 1000, 1), "max_ms": round(seconds[-1] * 1000, 1)})
     write_csv(out / "fetch_wait.csv", rows, digits=1)
     write_csv(out / "first_end.csv", ends, digits=1)
+    write_csv(out / "first_txn.csv", txns, digits=1)
     print_plain_table("produce-to-consume latency by fetch.wait.max.ms", rows, tuple(rows[0]))
     print_plain_table("a new reader of an empty partition: its first end-of-partition event", ends, tuple(ends[0]))
+    print_plain_table("a new transactional producer's init_transactions", txns, tuple(txns[0]))
     return 0
 
 

@@ -239,6 +239,7 @@ class _Takeover:
     fenced_s: float = 0.0  # how long fencing the old writer took (init_transactions)
     scanned_s: float = 0.0  # and then the scan
     read_to: list[int] = field(default_factory=list)  # the offset the scan read up to
+    spare: Any = None  # the producer made ahead for it, if any
 
 
 def _writes_no_more(error: KafkaError) -> bool:
@@ -258,12 +259,15 @@ class ExactlyOnceOutput:
     applies the driver's role; ``on_idle`` commits what is due; ``finish`` waits until the output
     is confirmed.  ``on_role`` hears "writer"/"standby"; ``on_written`` the wall-clock time a
     record was produced and its ingest time (latency); ``on_committed`` the committed seq and
-    offset as they advance."""
+    offset as they advance.  ``ready_producer``: while a standby, keep the producer a takeover
+    would open made and connected, so that the takeover fences at once (a producer asked before
+    its first connection is up waits for librdkafka's coordinator timer, about half a second:
+    ``bench/fetch_wait.py``): for the outputs a reader waits for."""
 
     def __init__(self, name: str, cfg: ReplicationConfig, replica: int, output_id: str, topic: str,
                  kafka_partition: int, linger_s: float, on_role: Callable[[str], None] | None = None,
                  on_written: Callable[[float, float], None] | None = None,
-                 on_committed: Callable[[int, int], None] | None = None) -> None:
+                 on_committed: Callable[[int, int], None] | None = None, ready_producer: bool = False) -> None:
         self.name, self.cfg, self.replica = name, cfg, replica
         self.output_id, self.topic, self.kafka_partition = output_id, topic, kafka_partition
         self.seq = -1  # last output seq assigned
@@ -283,6 +287,8 @@ class ExactlyOnceOutput:
         self._on_written = on_written
         self._on_committed = on_committed or (lambda seq, offset: None)
         self._takeover: _Takeover | None = None
+        self._ready_producer = ready_producer
+        self._spare: Producer | None = None  # made ahead for a takeover (not initialised: fences nobody)
         # the epoch this replica wrote at when a producer of the same output fenced it (-1: not
         # fenced since its last assignment); the driver names a writer again when that is still its
         # current one (a superseded takeover that fenced late, a local fatal producer error)
@@ -416,6 +422,8 @@ class ExactlyOnceOutput:
         self.epoch = epoch
         if self._takeover is not None:
             self._poll_takeover()  # a takeover for an older epoch is dropped
+        if self._ready_producer and not self.writer and self._takeover is None and self._spare is None:
+            self._spare = Producer(self._producer_conf())
 
     @property
     def taking_over(self) -> bool:
@@ -430,8 +438,8 @@ class ExactlyOnceOutput:
         return conf
 
     @staticmethod
-    def _producer(conf: dict[str, Any]) -> Producer:
-        producer = Producer(conf)
+    def _producer(conf: dict[str, Any], spare: Producer | None = None) -> Producer:
+        producer = spare or Producer(conf)
         producer.init_transactions(30)  # fences any older producer of this output
         return producer
 
@@ -439,19 +447,20 @@ class ExactlyOnceOutput:
         """Named writer at ``epoch``: open the producer now (fencing any older one, while a hung
         old writer is still frozen: on the embedded broker a batch of it in flight during the
         fencing can land after it, DESIGN §10), and, taking over, scan what it wrote."""
+        spare, self._spare = self._spare, None
         if epoch == 0:  # the first writer: nothing written before it
-            self._start_writing(self._producer(self._producer_conf()))
+            self._start_writing(self._producer(self._producer_conf(), spare))
             return
         # taking over: what did the previous writer get into the log?  Found in a thread of its own
         # (the scan can take long), while this replica goes on and keeps its records meanwhile
-        self._takeover = takeover = _Takeover(epoch, self.committed_offset)
+        self._takeover = takeover = _Takeover(epoch, self.committed_offset, spare=spare)
         threading.Thread(target=self._take_over, args=(takeover,), name=f"takeover-{self.name}",
                          daemon=True).start()
 
     def _take_over(self, takeover: _Takeover) -> None:
         try:
             conf = self._producer_conf()
-            producer = self._producer(conf)
+            producer = self._producer(conf, takeover.spare)
             takeover.fenced_s = time.monotonic() - takeover.started
             takeover.written = max_written_seq(
                 self.cfg.kafka_consumer_config(group_id=f"scan-{self.output_id}"), self.topic,

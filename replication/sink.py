@@ -30,7 +30,8 @@ class ExactlyOnceSink(SinkBase):
             metrics.sink_committed_seq, metrics.sink_committed_offset = seq, offset
 
         self.out = ExactlyOnceOutput(name, env.cfg, env.replica, env.sink_id, topic, env.sink_partition(topic),
-                                     env.cfg.channel_buffer_timeout_ms / 1000, role, written, committed)
+                                     env.cfg.channel_buffer_timeout_ms / 1000, role, written, committed,
+                                     ready_producer=True)
         env.register_sink(self)
 
     def process(self, rec: tuple) -> None:

@@ -474,3 +474,41 @@ def test_a_partition_restored_with_no_replica_left_writes_what_its_checkpoint_co
     old_format = ExactlyOnceOutput("sink[0]r0", cfg, 0, "run:1:0", "out", 0, 0.001)
     old_format.restore_state(3)  # a checkpoint of an earlier version: the seq alone
     assert old_format.seq == 3 and not old_format.buffer
+
+
+def test_a_standby_sink_takes_over_with_the_producer_it_made_ahead(monkeypatch):
+    """A producer asked to fence before its first connection is up waits half a second for
+    librdkafka's coordinator timer, and the output waits with it: a standby of an output made
+    with ``ready_producer`` keeps one made (not initialised: it fences nobody) and a takeover
+    initialises that one; a standby without keeps none."""
+    from replication import exactly_once
+
+    made: list[TransactionalProducer] = []
+    inits: list[TransactionalProducer] = []
+
+    class Counted(TransactionalProducer):
+        def __init__(self, conf: dict) -> None:
+            super().__init__(conf)
+            made.append(self)
+
+        def init_transactions(self, timeout: float) -> None:
+            inits.append(self)
+
+    monkeypatch.setattr(exactly_once, "max_written_seq", lambda *a, **k: -1)
+    monkeypatch.setattr(exactly_once, "Producer", Counted)
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    plain = ExactlyOnceOutput("sink[0]r1 dead letters", cfg, 1, "run:1:0:dlq", "dlq", 0, 0.001)
+    plain.control(0, 0, -1, -1)
+    assert made == []
+    out = ExactlyOnceOutput("sink[0]r1", cfg, 1, "run:1:0", "out", 0, 0.001, ready_producer=True)
+    out.control(0, 0, -1, -1)  # the other replica writes: this one stands by with a producer made
+    assert len(made) == 1 and inits == []
+    out.append(b"0", None, [])
+    out.control(1, 1, -1, -1)  # its writer died: this replica takes over
+    deadline = time.monotonic() + 5
+    while not out.writer and time.monotonic() < deadline:
+        out.on_idle()  # (follows the takeover's thread)
+        time.sleep(0.01)
+    assert out.writer and out.producer is made[0] and inits == [made[0]] and len(made) == 1
+    out.control(0, 2, 0, 0)  # demoted again (the other replica restored and named): a new one made
+    assert not out.writer and len(made) == 2 and inits == [made[0]]
