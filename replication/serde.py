@@ -20,11 +20,11 @@ def json_loads(data: bytes) -> Any:
 def json_dumps(value: Any) -> bytes:
     """Compact JSON with sorted keys and non-ASCII characters escaped, as the json module writes
     it, by orjson (several times faster), by the json module where orjson writes otherwise or
-    not at all (non-ASCII text, integers over 64 bits, non-string keys).  NaN and infinities
+    not at all (non-ASCII text and DEL, integers over 64 bits, non-string keys).  NaN and infinities
     are written as ``null`` (JSON has no such numbers)."""
     try:
         out = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-        if out.isascii():
+        if out.isascii() and b"\x7f" not in out:  # (the json module escapes DEL, orjson does not)
             return out
     except TypeError:
         pass

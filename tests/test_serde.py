@@ -33,6 +33,10 @@ def test_json_dumps_reads_back_as_the_json_module_writes_it(value):
         assert out == _reference(value)
 
 
+def test_json_dumps_escapes_del_as_the_json_module_does():
+    assert json_dumps({"k": "a\x7fb"}) == _reference({"k": "a\x7fb"}) == b'{"k":"a\\u007fb"}'
+
+
 def _leaves(value):
     if isinstance(value, dict):
         for v in value.values():
