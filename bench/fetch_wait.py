@@ -98,14 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap = args.bootstrap or stack.enter_context(EmbeddedStack()).bootstrap_servers
         topic = f"fetch-wait-{int(time.time() * 1000) % 10**10}"
         create_topics(bootstrap, {topic: 1})
-        for wait in (int(w) for w in args.waits.split(",")):
+        waits = [int(w) for w in args.waits.split(",")]
+        for wait in waits:
             lat = latencies(bootstrap, topic, wait, args.records)
             rows.append({"fetch_wait_max_ms": wait, "records": len(lat), "p50_ms": round(lat[len(lat) // 2], 1),
                          "max_ms": round(lat[-1], 1)})
         empty = f"{topic}-empty"
         create_topics(bootstrap, {empty: 1})
         ends = []
-        for wait in (int(w) for w in args.waits.split(",")):
+        for wait in waits:
             for start, label in ((0, "offset 0"), (OFFSET_BEGINNING, "OFFSET_BEGINNING")):
                 seconds = sorted(first_end_s(bootstrap, empty, wait, start) for _ in range(3))
                 ends.append({"fetch_wait_max_ms": wait, "start": label, "median_ms": round(seconds[1] * 1000, 1),

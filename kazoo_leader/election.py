@@ -571,17 +571,17 @@ def _evict_level_by_level(zk: KazooClient, root: str, data: bytes, deleted: list
         nodes = []
         for path, listing in listings:
             try:
-                nodes += [f"{path.rstrip('/')}/{name}" for name in sorted(listing.get())]
+                nodes += [(f"{path.rstrip('/')}/{name}", name) for name in sorted(listing.get())]
             except NoNodeError:
                 continue
-        reads = [(full, zk.get_async(full)) for full in nodes]
+        reads = [(full, name, zk.get_async(full)) for full, name in nodes]
         level, deletes = [], []
-        for full, read in reads:
+        for full, name, read in reads:
             try:
                 value, stat = read.get()
             except NoNodeError:
                 continue
-            if _seq(full.rsplit("/", 1)[1]) is not None and stat.ephemeralOwner != 0 and stat.numChildren == 0:
+            if _seq(name) is not None and stat.ephemeralOwner != 0 and stat.numChildren == 0:
                 if value == data:
                     deletes.append((full, zk.delete_async(full, version=stat.version)))
             elif stat.numChildren > 0:
