@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kazoo_leader.orders import Order
-from transport.kafka_io import consume_ready
+from transport.fetch_policy import FetchWaitPolicy, Pace
+from transport.kafka_io import ReadyConsumers, assign_now, consume_ready
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +48,14 @@ class _Topic:
 class OrderLog:
     """Reads and writes the order topics of one worker's replicas (register all, then start)."""
 
-    def __init__(self, consumer_conf: Mapping[str, Any], producer_conf: Mapping[str, Any], name: str = "") -> None:
+    def __init__(self, consumer_conf: Mapping[str, Any], producer_conf: Mapping[str, Any], name: str = "",
+                 idle_fetch_wait_ms: int = 0, idle_after_s: float = 0.0) -> None:
         self.name = name
         self._consumer_conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
+        # (no orders for a while: a longer wait, see transport.fetch_policy; never a catch-up wait)
+        self._pace = FetchWaitPolicy(FETCH_WAIT_MS, idle_fetch_wait_ms, idle_after_s)
+        self._consumers = ReadyConsumers(self._consumer_conf)
+        self.remakes = 0  # readers made again for another fetch wait (for tests and logs)
         self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
         self._topics: dict[str, _Topic] = {}
         self._producer: Producer | None = None
@@ -107,15 +114,17 @@ class OrderLog:
     # -- reading ------------------------------------------------------------------------------
     def _read(self) -> None:
         try:
-            consumer = Consumer(self._consumer_conf)
+            consumer = self._consumers.make(FETCH_WAIT_MS)
         except Exception as exc:  # noqa: BLE001 - surfaced to every replica's orderer
             self._fail(exc)
             return
         try:
-            consumer.assign([TopicPartition(t.name, 0, t.start_offset) for t in self._topics.values()])
+            starts = {t.name: t.start_offset for t in self._topics.values()}
+            consumer.assign([TopicPartition(t, 0, o) for t, o in starts.items()])
             while not self._stop.is_set():
                 batches: dict[str, list[Order]] = {}
-                for msg in consume_ready(consumer, CONSUME_BATCH, 0.1):
+                messages = consume_ready(consumer, CONSUME_BATCH, 0.1)
+                for msg in messages:
                     err = msg.error()
                     if err is not None:
                         if err.fatal():
@@ -131,10 +140,29 @@ class OrderLog:
                     batches.setdefault(msg.topic(), []).append(order)
                 for topic, orders in batches.items():
                     self._topics[topic].on_records(orders)
+                if self._pace.on_poll(time.monotonic(), bool(messages), False) is not None:
+                    consumer = self._remade(consumer, starts)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         finally:
             consumer.close()
+            self._consumers.close()
+
+    def _remade(self, consumer: Consumer, starts: dict[str, int]) -> Consumer:
+        """A reader with the fetch wait the policy asks for, reading on from where ``consumer``
+        stopped (every message it returned is handled); ``starts`` holds where each topic's
+        reading started and is moved on (librdkafka knows no position before a message)."""
+        for tp in consumer.position([TopicPartition(t, 0) for t in self._topics]):
+            if tp.offset >= 0:
+                starts[tp.topic] = tp.offset
+        consumer.close()
+        log.info("%s: order log %s: fetching with a %d ms wait", self.name, self._pace.pace.value, self._pace.wait_ms)
+        consumer = self._consumers.make(self._pace.wait_ms)
+        self.remakes += 1
+        assign_now(consumer, [TopicPartition(t, 0, o) for t, o in starts.items()])
+        if self._pace.pace is Pace.IDLE:  # the next order ends it: be ready
+            self._consumers.make_ahead(FETCH_WAIT_MS, next(iter(starts)))
+        return consumer
 
     def _fail(self, exc: BaseException) -> None:
         log.exception("%s: order log reader failed", self.name)

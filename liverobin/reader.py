@@ -140,7 +140,8 @@ class PulseReader:
                     for topic in feeds.keys() - segments.keys():
                         feeds.pop(topic).close()
                     for topic in segments.keys() - feeds.keys():
-                        feeds[topic] = shared.open(topic, {0: positions[topic]}, limit=FEED_LIMIT, bell=self._bell)
+                        feeds[topic] = shared.open(topic, {0: positions[topic]}, limit=FEED_LIMIT, bell=self._bell,
+                                                   is_input=False)  # (pulses are written while idle too)
                 self._bell.clear()  # (cleared before the feeds are read: nothing set after it is missed)
                 counted, read = [], 0
                 for feed in list(feeds.values()):

@@ -341,6 +341,19 @@ class ReplicationConfig:
         "Kafka brokers for sources, sinks and internal topics, e.g. `127.0.0.1:9092`.",
         required=True, fmt="hostports",
     )
+    kafka_idle_fetch_wait_ms: int = _key(
+        "kafka.idleFetchWait", DURATION, 200,
+        "Fetch wait of a worker's source consumer and KaZoo order-log reader once they found no record for "
+        "`kafka.idleAfter` (0: keep the short wait). A broker that answers a waiting fetch only when its wait "
+        "ends (the embedded one) is otherwise asked about a hundred times a second per consumer by a job with "
+        "no input; the first records after such a pause are seen up to half this long late.",
+        min=0, max=10_000,
+    )
+    kafka_idle_after_ms: int = _key(
+        "kafka.idleAfter", DURATION, 5_000,
+        "How long a worker's consumer finds no record before it fetches with `kafka.idleFetchWait`.",
+        min=100, max=3_600_000,
+    )
     zookeeper_connect: str | None = _key(
         "zookeeper.connect", STR, None,
         "ZooKeeper connect string for leader election and membership; unset: none.",

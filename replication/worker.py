@@ -304,7 +304,9 @@ class Worker:
         if self._source_consumer is None:
             conf = self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-sources-w{self.index}")
             conf.setdefault("fetch.wait.max.ms", SOURCE_FETCH_WAIT_MS)
-            self._source_consumer = SharedConsumer(conf, name=f"sources-w{self.index}")
+            self._source_consumer = SharedConsumer(conf, name=f"sources-w{self.index}",
+                                                   idle_fetch_wait_ms=self.cfg.kafka_idle_fetch_wait_ms,
+                                                   idle_after_s=self.cfg.kafka_idle_after_ms / 1000)
         return self._source_consumer
 
     def own_pulse_reader(self, after: PulseRecord | None) -> PulseReader:
@@ -322,7 +324,8 @@ class Worker:
         if self._order_log is None:
             self._order_log = OrderLog(
                 self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}"),
-                self.cfg.kafka_producer_config(), name=f"w{self.index}")
+                self.cfg.kafka_producer_config(), name=f"w{self.index}",
+                idle_fetch_wait_ms=self.cfg.kafka_idle_fetch_wait_ms, idle_after_s=self.cfg.kafka_idle_after_ms / 1000)
         return self._order_log
 
     def own_order_log(self) -> OrderLog:
@@ -330,7 +333,8 @@ class Worker:
         worker's shared one cannot follow a topic from a new offset once started."""
         log_ = OrderLog(self.cfg.kafka_consumer_config(
             group_id=f"replication-{self.job_name}-orders-w{self.index}-{len(self._own_order_logs)}"),
-            self.cfg.kafka_producer_config(), name=f"w{self.index}-restored{len(self._own_order_logs)}")
+            self.cfg.kafka_producer_config(), name=f"w{self.index}-restored{len(self._own_order_logs)}",
+            idle_fetch_wait_ms=self.cfg.kafka_idle_fetch_wait_ms, idle_after_s=self.cfg.kafka_idle_after_ms / 1000)
         self._own_order_logs.append(log_)
         return log_
 

@@ -1,7 +1,8 @@
 """The worker's shared source consumer (transport.kafka_feeds) on the real embedded broker:
 every feed gets its partitions' records exactly once and in order, through back-pressure
 pauses, reader pauses, closes and a partition moving to a new feed; positions never run ahead
-of what a reader was handed."""
+of what a reader was handed; and the fetch waits of long-lived consumers (this one and the KaZoo
+order log's reader) going idle and back without losing or repeating a record."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Producer
 from confluent_kafka.admin import AdminClient
 
+from kazoo_leader.order_log import OrderLog
+from kazoo_leader.orders import Order
+from transport.fetch_policy import Pace
 from transport.kafka_feeds import NO_POSITION, PartitionFeed, SharedConsumer
 from transport.kafka_io import ensure_topics
 
@@ -307,14 +311,84 @@ def test_a_broker_that_never_answers_within_the_wait_is_read_with_a_longer_one(s
         got = _read(feed_a, 2000)
         assert [o for k, o in got if k == 0] == list(range(1200))
         assert [o for k, o in got if k == 1] == list(range(400, 1200))
-        assert shared.catch_ups >= 1
+        assert shared.policy.stalls >= 1
         assert feed_b.consume(10, 0.5) == []  # paused across the switch
         feed_b.resume()
         assert _read(feed_b, 300) == [(0, o) for o in range(300)]
         deadline = time.monotonic() + 20
-        while shared.catching_up:  # every partition at its end for a while: the configured wait again
+        while shared.policy.pace is Pace.CATCHING_UP:  # every partition at its end for a while: the configured wait again
             assert time.monotonic() < deadline, "still fetching with the catch-up wait"
             time.sleep(0.05)
         assert feed_a.consume(10, 0.3) == [] and feed_b.consume(10, 0) == []
     finally:
         shared.close()
+
+
+def _eventually(holds, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not holds():
+        assert time.monotonic() < deadline, f"not {what} after {timeout}s"
+        time.sleep(0.02)
+
+
+def test_a_consumer_without_input_fetches_with_the_idle_wait_and_reads_on_exactly_once(stack, topic_prefix):
+    """No record of an input feed for a while: the consumer is made again with the idle wait,
+    though a feed of control records (``is_input=False``) gets records meanwhile; the first
+    records after that bring the short wait back, and every record comes once, in order."""
+    data, log = _topic(stack, topic_prefix + "data", 2), _topic(stack, topic_prefix + "log", 1)
+    _produce(stack.bootstrap_servers, data, 0, 30)
+    shared = SharedConsumer(_conf(stack), idle_fetch_wait_ms=300, idle_after_s=0.5)
+    stop = threading.Event()
+
+    def pulses() -> None:  # written while the job is idle, like the heartbeat log's
+        n = 0
+        while not stop.wait(0.1):
+            _produce(stack.bootstrap_servers, log, 0, 1, start=n)
+            n += 1
+
+    writer = threading.Thread(target=pulses, daemon=True)
+    try:
+        feed = shared.open(data, {0: OFFSET_BEGINNING, 1: OFFSET_BEGINNING}, limit=1000)
+        pulse_feed = shared.open(log, {0: OFFSET_BEGINNING}, limit=1000, is_input=False)
+        assert _read(feed, 30) == [(0, o) for o in range(30)]
+        writer.start()
+        _eventually(lambda: shared.policy.pace is Pace.IDLE, "idle")
+        idle_at = shared.remakes
+        time.sleep(1.0)
+        assert len(_read(pulse_feed, 3)) >= 3  # control records still come, and it stays idle
+        assert shared.policy.pace is Pace.IDLE and shared.remakes == idle_at
+        _produce(stack.bootstrap_servers, data, 1, 20)
+        assert _read(feed, 20) == [(1, o) for o in range(20)]
+        _eventually(lambda: shared.remakes > idle_at, "made again with the short wait")
+        _produce(stack.bootstrap_servers, data, 0, 10, start=30)
+        assert _read(feed, 10) == [(0, o) for o in range(30, 40)]
+        assert feed.consume(10, 0.3) == []
+        assert feed.position(0) == 40 and feed.position(1) == 20
+    finally:
+        stop.set()
+        shared.close()
+
+
+def test_the_kazoo_order_log_reads_every_order_once_across_idle_pauses(stack, topic_prefix):
+    """The order log's reader goes to the idle wait when no order comes for a while and back with
+    the next one; every order is read back once and in log order."""
+    topic = _topic(stack, topic_prefix + "orders", 1)
+    got: list[Order] = []
+    errors: list[str] = []
+    order_log = OrderLog(_conf(stack), {"bootstrap.servers": stack.bootstrap_servers}, name="test",
+                         idle_fetch_wait_ms=300, idle_after_s=0.5)
+    publish = order_log.register(topic, 0, got.extend, lambda order, reason: errors.append(reason), errors.append)
+    order_log.start()
+    try:
+        for round_ in range(3):
+            for seq in range(5):
+                publish(Order(1, round_ * 5 + seq, ((0, 1),)))
+            deadline = time.monotonic() + 10
+            while len(got) < 5 * (round_ + 1):
+                assert time.monotonic() < deadline, f"{len(got)} orders read back"
+                time.sleep(0.02)
+            _eventually(lambda: order_log._pace.pace is Pace.IDLE, "idle")
+        assert [o.seq for o in got] == list(range(15)) and [o.offset for o in got] == list(range(15))
+        assert order_log.remakes >= 5 and not errors  # idle three times at least, back twice
+    finally:
+        order_log.close()

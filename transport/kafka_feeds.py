@@ -29,7 +29,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from transport.kafka_io import assign_now, consume_ready, resume_now
+from transport.fetch_policy import FetchWaitPolicy, Pace
+from transport.kafka_io import ReadyConsumers, assign_now, consume_ready, resume_now
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +41,6 @@ POLL_WAIT_S = 0.02
 POLL_BATCH = 2000
 # librdkafka's offset for "no position yet".
 NO_POSITION = -1001
-# A broker may answer a fetch empty when reading what it asked for takes longer than the fetch's
-# ``fetch.wait.max.ms`` (the embedded broker does for records behind the end of a partition under
-# load, and always with a wait of 0): a short wait keeps reading at the end fast, but a replica that
-# starts far behind (a restore, a resume) would never be served.  When every poll for this long came
-# back empty while an unpaused partition has records below its high watermark, the consumer is
-# made again with CATCH_UP_FETCH_WAIT_MS; once every partition read has been at its high watermark
-# for a while, with the configured wait again.  That while doubles with each stall (a partition grown
-# past what the short wait can serve would stall again at once), from CAUGHT_UP_HOLD_S on.
-STALL_S = 1.0
-CATCH_UP_FETCH_WAIT_MS = 100
-CAUGHT_UP_HOLD_S = 2.0
-CAUGHT_UP_HOLD_MAX_S = 300.0
-
-
 # (partition, low watermark, high watermark), called by the fetch thread when a fetch moved the high
 # watermark: every record below it exists, whether the feed's reader took it or not
 HighWatermarkCallback = Callable[[int, int, int], None]
@@ -71,8 +58,9 @@ class PartitionFeed:
 
     def __init__(self, owner: SharedConsumer, feed_id: int, topic: str, starts: Mapping[int, int],
                  limit: int, on_high: HighWatermarkCallback | None = None,
-                 bell: threading.Event | None = None) -> None:
+                 bell: threading.Event | None = None, is_input: bool = True) -> None:
         self._owner = owner
+        self.is_input = is_input  # its records count as the job's input (a log of control records does not)
         self.on_high = on_high
         self.bell = bell  # set whenever a consume could return more (a reader of several feeds waits on it)
         self.id = feed_id
@@ -218,34 +206,41 @@ class SharedConsumer:
     """One consumer and its fetch thread, serving the :class:`PartitionFeed` s opened on it.
 
     ``conf`` is a confluent-kafka consumer config (manual assignment: offsets are never
-    committed).  The thread starts with the first feed and stops on :meth:`close`."""
+    committed).  The thread starts with the first feed and stops on :meth:`close`.  The
+    consumer is made again with another fetch wait as :class:`~transport.fetch_policy.FetchWaitPolicy`
+    says: a longer one while records it cannot reach wait, and ``idle_fetch_wait_ms`` once no
+    feed opened with ``is_input=True`` got a record for ``idle_after_s`` (0: never)."""
 
-    def __init__(self, conf: Mapping[str, Any], name: str = "sources") -> None:
+    def __init__(self, conf: Mapping[str, Any], name: str = "sources", idle_fetch_wait_ms: int = 0,
+                 idle_after_s: float = 0.0) -> None:
         self._conf = {**conf, "enable.auto.commit": False}
+        self.policy = FetchWaitPolicy(int(self._conf.get("fetch.wait.max.ms", 500)), idle_fetch_wait_ms, idle_after_s)
+        self._consumers = ReadyConsumers(self._conf)
         self.name = name
         self._lock = threading.Condition()
         self._requests: dict[int, PartitionFeed] = {}  # feeds whose pause, resume or close is due
         self._owners: dict[tuple[str, int], PartitionFeed] = {}  # assigned partitions -> their feed
+        # assigned partitions -> where reading goes on when the consumer is made again: the last
+        # position known (a logical offset, e.g. OFFSET_BEGINNING, until one is)
+        self._reading_from: dict[tuple[str, int], int] = {}
         self._paused: set[int] = set()  # feeds whose partitions are paused in the consumer
-        self._stalled_since: float | None = None  # every poll empty while records wait (monotonic)
-        self.catching_up = False  # the consumer now fetches with CATCH_UP_FETCH_WAIT_MS
-        self._caught_up_since: float | None = None  # while catching up: at the end since (monotonic)
-        self._hold_s = CAUGHT_UP_HOLD_S / 2  # doubled by each stall
-        self.catch_ups = 0  # times it switched to that (for tests and logs)
         self._ids = itertools.count(1)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
         self.polls = 0  # polls made (for tests and profiles)
+        self.remakes = 0  # consumers made again for another fetch wait (for tests and logs)
 
     def open(self, topic: str, starts: Mapping[int, int], limit: int,
-             on_high: HighWatermarkCallback | None = None, bell: threading.Event | None = None) -> PartitionFeed:
+             on_high: HighWatermarkCallback | None = None, bell: threading.Event | None = None,
+             is_input: bool = True) -> PartitionFeed:
         """A feed of ``topic``'s partitions, each read from its start offset (negative:
         librdkafka's logical offsets, e.g. ``OFFSET_BEGINNING``).  A partition another feed
         reads is taken from it (that feed gets nothing more from it).  ``on_high`` is told, on
         the fetch thread, each time a fetch moves a partition's high watermark (it must not
-        block); ``bell`` is set each time the feed has something new for its reader."""
-        feed = PartitionFeed(self, next(self._ids), topic, starts, limit, on_high, bell)
+        block); ``bell`` is set each time the feed has something new for its reader.  ``is_input``
+        False: its records (written while the job is idle, e.g. pulses) keep the consumer idle."""
+        feed = PartitionFeed(self, next(self._ids), topic, starts, limit, on_high, bell, is_input)
         with self._lock:
             if self._stop.is_set():
                 raise FeedClosed(f"{self.name}: the consumer is closed")
@@ -278,7 +273,7 @@ class SharedConsumer:
 
     # -- the fetch thread ---------------------------------------------------------------------
     def _main(self) -> None:
-        self._consumer = Consumer(self._conf)
+        self._consumer = self._consumers.make(self.policy.wait_ms)
         try:
             self._run()
         except Exception as exc:  # noqa: BLE001 - handed to every feed's reader
@@ -290,6 +285,7 @@ class SharedConsumer:
                 feed._fail(self.error)
         finally:
             self._consumer.close()
+            self._consumers.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -304,49 +300,38 @@ class SharedConsumer:
                 continue
             messages = consume_ready(self._consumer, POLL_BATCH, POLL_WAIT_S)
             self.polls += 1
-            behind = self._dispatch(self._consumer, messages)
-            self._watch_stall(bool(messages), behind)
+            got, behind, input_behind = self._dispatch(self._consumer, messages)
+            self._pace(got, behind, input_behind)
 
-    def _watch_stall(self, got: bool, behind: bool) -> None:
-        """Switch the fetch wait as the polls go (see :data:`STALL_S`)."""
+    def _pace(self, got: bool, behind: bool, input_behind: bool) -> None:
+        """Make the consumer again when its fetch wait should change (see :class:`FetchWaitPolicy`)."""
+        policy = self.policy
         now = time.monotonic()
-        if got or not behind:
-            self._stalled_since = None
-        elif self._stalled_since is None:
-            self._stalled_since = now
-        if not self.catching_up and self._stalled_since is not None and now - self._stalled_since >= STALL_S:
-            self._hold_s = min(CAUGHT_UP_HOLD_MAX_S, 2 * self._hold_s)
+        stalled = policy.stalled_for(now)
+        pace = policy.on_poll(now, got, behind, input_behind)
+        if pace is None:
+            return
+        if pace is Pace.CATCHING_UP:
             log.warning("%s: fetches came back empty for %.1fs with records to read: fetching with a %d ms "
-                        "wait until at the end for %.0fs", self.name, now - self._stalled_since,
-                        CATCH_UP_FETCH_WAIT_MS, self._hold_s)
-            self.catch_ups += 1
-            self._remake(catching_up=True)
-        elif self.catching_up:
-            self._caught_up_since = None if behind else self._caught_up_since or now
-            if self._caught_up_since is not None and now - self._caught_up_since >= self._hold_s:
-                log.info("%s: caught up: fetching with the configured wait again", self.name)
-                self._remake(catching_up=False)
+                        "wait until at the end for %.0fs", self.name, stalled, policy.wait_ms, policy.hold_s)
+        else:
+            log.info("%s: %s: fetching with a %d ms wait", self.name, pace.value, policy.wait_ms)
+        self._remake(policy.wait_ms)
 
-    def _remake(self, catching_up: bool) -> None:
-        """Replace the consumer by one with the other fetch wait, reading every partition on from
+    def _remake(self, wait_ms: int) -> None:
+        """Replace the consumer by one with fetch wait ``wait_ms``, reading every partition on from
         where the old one stopped (every message it returned was dispatched), paused ones paused."""
         old = self._consumer
         tps = [TopicPartition(t, k) for t, k in self._owners]
-        positions = {(tp.topic, tp.partition): tp.offset for tp in old.position(tps)}
+        for tp in old.position(tps):
+            if tp.offset >= 0:  # (librdkafka knows no position before a message: then where it started)
+                self._reading_from[(tp.topic, tp.partition)] = tp.offset
         old.close()
-        conf = dict(self._conf)
-        if catching_up:
-            conf["fetch.wait.max.ms"] = CATCH_UP_FETCH_WAIT_MS
-        self._consumer = consumer = Consumer(conf)
-        self.catching_up, self._stalled_since, self._caught_up_since = catching_up, None, None
-        assigned = []
-        for (topic, k), feed in self._owners.items():
-            # from the old consumer's position; a partition it had none of, from where its feed started
-            start = positions.get((topic, k), NO_POSITION)
-            if start < 0:
-                start = feed.starts.get(k, OFFSET_BEGINNING)
-            assigned.append(TopicPartition(topic, k, start if start >= 0 else OFFSET_BEGINNING))
-        assign_now(consumer, assigned)
+        self._consumer = consumer = self._consumers.make(wait_ms)
+        self.remakes += 1
+        assign_now(consumer, [TopicPartition(t, k, self._reading_from[(t, k)]) for t, k in self._owners])
+        if self.policy.pace is Pace.IDLE and self._owners:  # the first records end it: be ready
+            self._consumers.make_ahead(self.policy.normal_ms, next(iter(self._owners))[0])
         paused = [TopicPartition(t, k) for (t, k), feed in self._owners.items() if feed.id in self._paused]
         if paused:
             consumer.pause(paused)
@@ -361,6 +346,7 @@ class SharedConsumer:
             with self._lock:
                 for tp in mine:
                     del self._owners[(tp.topic, tp.partition)]
+                    del self._reading_from[(tp.topic, tp.partition)]
             self._paused.discard(feed.id)
             return
         if not feed.assigned:
@@ -369,12 +355,13 @@ class SharedConsumer:
                 consumer.incremental_unassign(taken)
                 log.warning("%s: %s partitions %s move to a new reader", self.name, feed.topic,
                             [tp.partition for tp in taken])
-            assign_now(consumer, [TopicPartition(feed.topic, k, o if o >= 0 else OFFSET_BEGINNING)
-                                  for k, o in feed.starts.items()])
+            starts = {k: o if o >= 0 else OFFSET_BEGINNING for k, o in feed.starts.items()}
+            assign_now(consumer, [TopicPartition(feed.topic, k, o) for k, o in starts.items()])
             feed.assigned = True
             with self._lock:
                 for k in feed.partitions:
                     self._owners[(feed.topic, k)] = feed
+                    self._reading_from[(feed.topic, k)] = starts[k]
             mine = [TopicPartition(feed.topic, k) for k in feed.partitions]
         feed.full = feed._over_limit()
         paused = feed.reader_paused or feed.full
@@ -385,9 +372,10 @@ class SharedConsumer:
             resume_now(consumer, mine)
             self._paused.discard(feed.id)
 
-    def _dispatch(self, consumer: Consumer, messages: list[Any]) -> bool:
-        """Hand the messages to their feeds, with every feed's positions as of now; whether an
-        unpaused partition has records below its high watermark still to be fetched."""
+    def _dispatch(self, consumer: Consumer, messages: list[Any]) -> tuple[bool, bool, bool]:
+        """Hand the messages to their feeds, with every feed's positions as of now; whether a feed
+        of input got any, whether an unpaused partition has records below its high watermark
+        still to be fetched, and whether one of a feed of input has."""
         by_feed: dict[int, list[Any]] = {}
         for msg in messages:
             feed = self._owners.get((msg.topic(), msg.partition()))
@@ -399,8 +387,9 @@ class SharedConsumer:
                 log.warning("%s: consumer error: %s", self.name, msg.error())
         feeds = {feed.id: feed for feed in self._owners.values()}
         if not feeds:
-            return False
-        behind = False
+            return False, False, False
+        got = any(feeds[i].is_input for i in by_feed if i in feeds)
+        behind = input_behind = False
         tps = [TopicPartition(t, k) for t, k in self._owners]
         fetched = {(tp.topic, tp.partition): tp.offset for tp in consumer.position(tps) if tp.offset >= 0}
         for feed in feeds.values():
@@ -410,6 +399,8 @@ class SharedConsumer:
                 if (feed.topic, k) in fetched:
                     positions[k] = fetched[(feed.topic, k)]
                 low, high = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), cached=True)
+                if high < 0:  # none fetched since the consumer was made again: the last one known
+                    high = feed.high_watermark(k)
                 if low >= 0:
                     lows[k] = low
                 if high >= 0:
@@ -420,9 +411,13 @@ class SharedConsumer:
                     feed.on_high(k, lows.get(k, -1), highs[k])
             if feed._over_limit() != feed.full:
                 self._apply(consumer, feed)
-            if feed.id not in self._paused:
-                behind = behind or any(self._behind(consumer, feed, k, positions, lows, highs) for k in mine)
-        return behind
+            # (a consumer made again knows no position before its first message: where it reads from)
+            reading = {k: positions.get(k, self._reading_from.get((feed.topic, k), NO_POSITION)) for k in mine}
+            reading = {k: o for k, o in reading.items() if o >= 0}
+            if feed.id not in self._paused and any(self._behind(consumer, feed, k, reading, lows, highs) for k in mine):
+                behind = True
+                input_behind = input_behind or feed.is_input
+        return got, behind, input_behind
 
     def _behind(self, consumer: Consumer, feed: PartitionFeed, k: int, positions: Mapping[int, int],
                 lows: Mapping[int, int], highs: Mapping[int, int]) -> bool:
@@ -430,7 +425,7 @@ class SharedConsumer:
         fetch answered with it, the watermark is asked of the broker, once polls have stalled."""
         high = highs.get(k)
         if high is None:
-            if self._stalled_since is None or time.monotonic() - self._stalled_since < STALL_S:
+            if self.policy.stalled_for(time.monotonic()) < self.policy.stall_s:
                 return True  # not known yet: counts as behind until a stall makes it worth asking
             try:
                 low, high = consumer.get_watermark_offsets(TopicPartition(feed.topic, k), timeout=1.0)

@@ -147,3 +147,40 @@ def end_offsets_by_fetch(consumer_conf: Mapping[str, Any], topic: str, partition
         return ends
     finally:
         consumer.close()
+
+
+class ReadyConsumers:
+    """Consumers of one config, made with a given ``fetch.wait.max.ms``; one can be made ahead.
+
+    A new client's first request waits for its connection (about 50 ms on the embedded broker,
+    now and then), so a consumer made again to switch back to its short fetch wait would leave
+    the records that arrive meanwhile waiting; :meth:`make_ahead` connects the next one early."""
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        self._conf = dict(conf)
+        self._ahead: tuple[int, Consumer] | None = None
+
+    def make(self, wait_ms: int) -> Consumer:
+        """A consumer with ``wait_ms`` (the one made ahead if it has that wait)."""
+        if self._ahead is not None and self._ahead[0] == wait_ms:
+            consumer, self._ahead = self._ahead[1], None
+            return consumer
+        self.close()
+        return Consumer({**self._conf, "fetch.wait.max.ms": wait_ms})
+
+    def make_ahead(self, wait_ms: int, topic: str) -> None:
+        """Make the next consumer now and connect it by asking for ``topic``'s metadata (a topic
+        that exists: the embedded broker creates topics a metadata request names)."""
+        self.close()
+        consumer = Consumer({**self._conf, "fetch.wait.max.ms": wait_ms})
+        try:
+            consumer.list_topics(topic, timeout=1.0)
+        except KafkaException:
+            pass  # (connected or not, it is made)
+        self._ahead = (wait_ms, consumer)
+
+    def close(self) -> None:
+        """Close the consumer made ahead, if any."""
+        if self._ahead is not None:
+            self._ahead[1].close()
+            self._ahead = None
