@@ -58,6 +58,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from bench.common import (  # noqa: E402
     CPU_GROUPS,
+    IDLE_SETTLE_S,
     CostProbe,
     format_row,
     max_sustainable,
@@ -206,7 +207,7 @@ def measure_idle(stack: StackEndpoints, spark: Any, probe: CostProbe, config: Co
     handle.wait_started(120)
     try:
         status.update(f"idle: {config.label} at parallelism {parallelism}")
-        time.sleep(5)  # first checkpoints, elections, the generator's first pulses
+        time.sleep(IDLE_SETTLE_S)
         used, _ = cores(probe, seconds)
         threads, per_process = python_threads(probe)
     finally:
@@ -365,11 +366,12 @@ def targets(ceiling: dict, idle: list[dict], throughput: list[dict], latency: li
             add(f"{config}: flat or better from P={ps[0]} to P={ps[-1]}",
                 " / ".join(f"P={p}: {by_p[p]:,.0f}" for p in ps),
                 all(by_p[b] >= by_p[a] for a, b in zip(ps, ps[1:], strict=False)))
-    for r in idle:
+    for r in idle:  # (the job's processes and its driver, which runs in this process)
+        total = r["cores_job"] + r["cores_driver"]
         add(f"idle {r['config']}, P={r['parallelism']} <= {IDLE_TARGET_CORES} cores",
-            f"{r['cores_job']:.3f} cores (Python {r['cores_python']:.3f}, broker {r['cores_broker']:.3f}, "
+            f"{total:.3f} cores (executors' Python {r['cores_python']:.3f}, broker {r['cores_broker']:.3f}, "
             f"driver {r['cores_driver']:.3f}); {r['threads_largest_process']} threads in the largest Python process",
-            r["cores_job"] <= IDLE_TARGET_CORES)
+            total <= IDLE_TARGET_CORES)
     off = next((r for r in latency if r["config"] == "off"), None)
     for r in latency:
         mode = r["config"].split()[0]

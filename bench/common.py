@@ -133,6 +133,9 @@ class PacedFeeder(threading.Thread):
 
 #: the job's process groups (the benchmark process, ``bench``, is counted apart: it also runs the load generator)
 CPU_GROUPS = ("executor_jvm", "python", "driver_jvm", "broker", "zookeeper")
+# An idle job is measured this long after it started: its first checkpoints, elections and pulses,
+# and its consumers' switch to the idle fetch wait (spark.replication.kafka.idleAfter, 5 s) are over.
+IDLE_SETTLE_S = 10.0
 #: the cost columns of a run's CSV row, in order (see :func:`cost_columns`)
 COST_COLUMNS = ("window_s", "cpu_s", "cpu_per_1k", *(f"cpu_{g}_s" for g in CPU_GROUPS), "cpu_bench_s",
                 "cpu_bench_per_1k", "cpu_machine_s", "net_bytes", "net_bytes_per_record")

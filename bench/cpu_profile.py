@@ -7,7 +7,8 @@ One embedded stack and one ``local-cluster[3,1,512]`` Spark.  First the machine 
 stack up and no job (*baseline*).  Then, per mode, the ordered job of :mod:`replication.examples.ordered`
 (L=1, the chain task at ``--parallelism``, two topics of that many partitions):
 
-1. *idle*: the job running with no input, for ``--seconds``;
+1. *idle*: the job running with no input, for ``--seconds`` from 10 s after its start
+   (``bench.common.IDLE_SETTLE_S``: its consumers have gone to their idle fetch wait by then);
 2. *load*: ``--rate`` events/s, profiled for ``--seconds`` after a warm-up of 5 s;
 
 then a drain and a check that the output is exact.  In each window every executor's Python processes
@@ -41,7 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import CostProbe, CostSnapshot, write_csv, write_machine  # noqa: E402
+from bench.common import IDLE_SETTLE_S, CostProbe, CostSnapshot, write_csv, write_machine  # noqa: E402
 from bench.ordering import Config, event_makers  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
@@ -278,7 +279,7 @@ def profile_mode(stack: Any, spark: Any, probe: CostProbe, config: Config, args:
                  conf={**config.conf(stack), **dict(kv.split("=", 1) for kv in args.conf)})
     handle.wait_started(120)
     rows, stacks = [], {}
-    time.sleep(5)  # first checkpoints, elections, the generator's first pulses
+    time.sleep(IDLE_SETTLE_S)
     status.update(f"{config.label}: idle window")
     row, stacks["idle"], kinds = window(probe, args.seconds, out, f"{label}-idle", True, args.gil)
     rows.append({"mode": config.label, "phase": "idle", "events_per_s": 0, **row})
