@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 # How long the fetch thread waits in one poll when nothing arrives: bounds how late a feed's
 # queued pause, resume or close is applied (the consumer cannot be woken from another thread).
 POLL_WAIT_S = 0.02
+# The same while the consumer fetches with its idle wait (nothing is read, and a poll's
+# bookkeeping of every feed was half of an idle worker's Python work).
+IDLE_POLL_WAIT_S = 0.1
 # Messages taken from the consumer per poll.
 POLL_BATCH = 2000
 # librdkafka's offset for "no position yet".
@@ -298,7 +301,8 @@ class SharedConsumer:
                 self._apply(self._consumer, feed)
             if not self._owners:
                 continue
-            messages = consume_ready(self._consumer, POLL_BATCH, POLL_WAIT_S)
+            messages = consume_ready(self._consumer, POLL_BATCH,
+                                     IDLE_POLL_WAIT_S if self.policy.pace is Pace.IDLE else POLL_WAIT_S)
             self.polls += 1
             got, behind, input_behind = self._dispatch(self._consumer, messages)
             self._pace(got, behind, input_behind)
