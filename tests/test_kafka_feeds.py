@@ -9,14 +9,14 @@ from __future__ import annotations
 import threading
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Producer
+from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from kazoo_leader.order_log import OrderLog
 from kazoo_leader.orders import Order
 from transport.fetch_policy import Pace
 from transport.kafka_feeds import NO_POSITION, PartitionFeed, SharedConsumer
-from transport.kafka_io import ensure_topics
+from transport.kafka_io import ReadyConsumers, consume_ready, ensure_topics
 
 
 def _produce(bootstrap: str, topic: str, partition: int, n: int, start: int = 0) -> None:
@@ -392,3 +392,24 @@ def test_the_kazoo_order_log_reads_every_order_once_across_idle_pauses(stack, to
         assert order_log.remakes >= 5 and not errors  # idle three times at least, back twice
     finally:
         order_log.close()
+
+
+def test_a_consumer_made_ahead_is_the_one_made_next_with_its_wait(stack, topic_prefix):
+    """ReadyConsumers hands out the consumer it made ahead when the wait matches, connected (it
+    reads at once), and closes it when another wait is asked for."""
+    topic = _topic(stack, topic_prefix + "ahead", 1)
+    _produce(stack.bootstrap_servers, topic, 0, 3)
+    consumers = ReadyConsumers(_conf(stack))
+    consumers.make_ahead(10, topic)
+    ahead = consumers._ahead[1]
+    first = consumers.make(10)
+    assert first is ahead and consumers._ahead is None
+    first.assign([TopicPartition(topic, 0, 0)])
+    assert len(consume_ready(first, 10, 5.0)) >= 1
+    first.close()
+    consumers.make_ahead(10, topic)
+    second = consumers._ahead[1]
+    other = consumers.make(200)  # another wait: a new consumer, the one made ahead closed
+    assert other is not second and consumers._ahead is None
+    other.close()
+    consumers.close()
