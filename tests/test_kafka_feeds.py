@@ -352,7 +352,8 @@ def test_a_consumer_without_input_fetches_with_the_idle_wait_and_reads_on_exactl
         pulse_feed = shared.open(log, {0: OFFSET_BEGINNING}, limit=1000, is_input=False)
         assert _read(feed, 30) == [(0, o) for o in range(30)]
         writer.start()
-        _eventually(lambda: shared.policy.pace is Pace.IDLE, "idle")
+        # (the pace changes before the consumer is made again: wait for both)
+        _eventually(lambda: shared.policy.pace is Pace.IDLE and shared.remakes > 0, "idle")
         idle_at = shared.remakes
         time.sleep(1.0)
         assert len(_read(pulse_feed, 3)) >= 3  # control records still come, and it stays idle
@@ -387,7 +388,9 @@ def test_the_kazoo_order_log_reads_every_order_once_across_idle_pauses(stack, to
             while len(got) < 5 * (round_ + 1):
                 assert time.monotonic() < deadline, f"{len(got)} orders read back"
                 time.sleep(0.02)
-            _eventually(lambda: order_log._pace.pace is Pace.IDLE, "idle")
+            # (the pace changes before the reader is made again: wait for both)
+            _eventually(lambda remade=2 * round_ + 1: order_log.policy.pace is Pace.IDLE and order_log.remakes >= remade,
+                        "idle")
         assert [o.seq for o in got] == list(range(15)) and [o.offset for o in got] == list(range(15))
         assert order_log.remakes >= 5 and not errors  # idle three times at least, back twice
     finally:
