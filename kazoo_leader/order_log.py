@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kazoo_leader.orders import Order
 from transport.fetch_policy import FetchWaitPolicy, Pace
-from transport.kafka_io import ReadyConsumers, assign_now, consume_ready
+from transport.kafka_io import ReadyConsumers, consume_ready
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class OrderLog:
         self.name = name
         self._consumer_conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
         # (no orders for a while: a longer wait, see transport.fetch_policy; never a catch-up wait)
-        self._pace = FetchWaitPolicy(FETCH_WAIT_MS, idle_fetch_wait_ms, idle_after_s)
+        self.policy = FetchWaitPolicy(FETCH_WAIT_MS, idle_fetch_wait_ms, idle_after_s)
         self._consumers = ReadyConsumers(self._consumer_conf)
         self.remakes = 0  # readers made again for another fetch wait (for tests and logs)
         self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
@@ -119,8 +119,8 @@ class OrderLog:
             self._fail(exc)
             return
         try:
-            starts = {t.name: t.start_offset for t in self._topics.values()}
-            consumer.assign([TopicPartition(t, 0, o) for t, o in starts.items()])
+            reading_from = {(t.name, 0): t.start_offset for t in self._topics.values()}
+            consumer.assign([TopicPartition(t, k, o) for (t, k), o in reading_from.items()])
             while not self._stop.is_set():
                 batches: dict[str, list[Order]] = {}
                 messages = consume_ready(consumer, CONSUME_BATCH, 0.1)
@@ -140,28 +140,22 @@ class OrderLog:
                     batches.setdefault(msg.topic(), []).append(order)
                 for topic, orders in batches.items():
                     self._topics[topic].on_records(orders)
-                if self._pace.on_poll(time.monotonic(), bool(messages), False) is not None:
-                    consumer = self._remade(consumer, starts)
+                if self.policy.on_poll(time.monotonic(), bool(messages), False) is not None:
+                    consumer = self._remade(consumer, reading_from)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         finally:
             consumer.close()
             self._consumers.close()
 
-    def _remade(self, consumer: Consumer, starts: dict[str, int]) -> Consumer:
+    def _remade(self, consumer: Consumer, reading_from: dict[tuple[str, int], int]) -> Consumer:
         """A reader with the fetch wait the policy asks for, reading on from where ``consumer``
-        stopped (every message it returned is handled); ``starts`` holds where each topic's
-        reading started and is moved on (librdkafka knows no position before a message)."""
-        for tp in consumer.position([TopicPartition(t, 0) for t in self._topics]):
-            if tp.offset >= 0:
-                starts[tp.topic] = tp.offset
-        consumer.close()
-        log.info("%s: order log %s: fetching with a %d ms wait", self.name, self._pace.pace.value, self._pace.wait_ms)
-        consumer = self._consumers.make(self._pace.wait_ms)
+        stopped (every message it returned is handled)."""
+        log.info("%s: order log %s: fetching with a %d ms wait", self.name, self.policy.pace.value, self.policy.wait_ms)
+        consumer = self._consumers.switch(consumer, reading_from, self.policy.wait_ms)
         self.remakes += 1
-        assign_now(consumer, [TopicPartition(t, 0, o) for t, o in starts.items()])
-        if self._pace.pace is Pace.IDLE:  # the next order ends it: be ready
-            self._consumers.make_ahead(FETCH_WAIT_MS, next(iter(starts)))
+        if self.policy.pace is Pace.IDLE:  # the next order ends it: be ready
+            self._consumers.make_ahead(FETCH_WAIT_MS, next(iter(reading_from))[0])
         return consumer
 
     def _fail(self, exc: BaseException) -> None:

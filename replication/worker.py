@@ -103,6 +103,11 @@ SOURCE_FETCH_WAIT_MS = 10
 BEAT_GAP_S = 0.02
 
 
+def _idle_fetch(cfg: ReplicationConfig) -> dict[str, Any]:
+    """How a worker's long-lived consumers fetch once they find no input (``kafka.idle*``)."""
+    return {"idle_fetch_wait_ms": cfg.kafka_idle_fetch_wait_ms, "idle_after_s": cfg.kafka_idle_after_ms / 1000}
+
+
 @dataclass
 class WorkerBootstrap:
     """Everything a worker task needs; pickled (with the user's functions) into the Spark job."""
@@ -304,9 +309,7 @@ class Worker:
         if self._source_consumer is None:
             conf = self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-sources-w{self.index}")
             conf.setdefault("fetch.wait.max.ms", SOURCE_FETCH_WAIT_MS)
-            self._source_consumer = SharedConsumer(conf, name=f"sources-w{self.index}",
-                                                   idle_fetch_wait_ms=self.cfg.kafka_idle_fetch_wait_ms,
-                                                   idle_after_s=self.cfg.kafka_idle_after_ms / 1000)
+            self._source_consumer = SharedConsumer(conf, name=f"sources-w{self.index}", **_idle_fetch(self.cfg))
         return self._source_consumer
 
     def own_pulse_reader(self, after: PulseRecord | None) -> PulseReader:
@@ -324,8 +327,7 @@ class Worker:
         if self._order_log is None:
             self._order_log = OrderLog(
                 self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}"),
-                self.cfg.kafka_producer_config(), name=f"w{self.index}",
-                idle_fetch_wait_ms=self.cfg.kafka_idle_fetch_wait_ms, idle_after_s=self.cfg.kafka_idle_after_ms / 1000)
+                self.cfg.kafka_producer_config(), name=f"w{self.index}", **_idle_fetch(self.cfg))
         return self._order_log
 
     def own_order_log(self) -> OrderLog:
@@ -334,7 +336,7 @@ class Worker:
         log_ = OrderLog(self.cfg.kafka_consumer_config(
             group_id=f"replication-{self.job_name}-orders-w{self.index}-{len(self._own_order_logs)}"),
             self.cfg.kafka_producer_config(), name=f"w{self.index}-restored{len(self._own_order_logs)}",
-            idle_fetch_wait_ms=self.cfg.kafka_idle_fetch_wait_ms, idle_after_s=self.cfg.kafka_idle_after_ms / 1000)
+            **_idle_fetch(self.cfg))
         self._own_order_logs.append(log_)
         return log_
 

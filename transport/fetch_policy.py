@@ -51,6 +51,7 @@ class FetchWaitPolicy:
         self.pace = Pace.NORMAL
         self.hold_s = hold_s / 2  # doubled by each stall
         self.stalls = 0  # times it went to catching up (for tests and logs)
+        self.last_stall_s = 0.0  # how long the polls that made it catch up last came back empty
         self._stalled_since: float | None = None  # every poll empty while records wait
         self._caught_up_since: float | None = None  # catching up: at the end since
         self._quiet_since: float | None = None  # normal: nothing found and nothing behind since
@@ -73,35 +74,34 @@ class FetchWaitPolicy:
         be made again with :attr:`wait_ms`, else None.  Idleness follows input alone: a partition
         of control records written while idle is behind for a moment whenever one is fetched."""
         waiting = behind if input_behind is None else input_behind
-        if got or not behind:
-            self._stalled_since = None
-        elif self._stalled_since is None:
-            self._stalled_since = now
+        self._stalled_since = _since(self._stalled_since, behind and not got, now)
         if self.pace is Pace.IDLE:
             return self._go(Pace.NORMAL) if got or waiting else None
         if self.pace is Pace.CATCHING_UP:
-            if behind:
-                self._caught_up_since = None
-            elif self._caught_up_since is None:
-                self._caught_up_since = now
-            if self._caught_up_since is not None and now - self._caught_up_since >= self.hold_s:
-                return self._go(Pace.NORMAL)
-            return None
-        if self._stalled_since is not None and now - self._stalled_since >= self.stall_s:
+            self._caught_up_since = _since(self._caught_up_since, not behind, now)
+            return self._go(Pace.NORMAL) if _lasted(self._caught_up_since, self.hold_s, now) else None
+        if _lasted(self._stalled_since, self.stall_s, now):
             self.hold_s = min(self.hold_max_s, 2 * self.hold_s)
             self.stalls += 1
+            self.last_stall_s = self.stalled_for(now)
             return self._go(Pace.CATCHING_UP)
         if not self.idle_ms:
             return None
-        if got or waiting:
-            self._quiet_since = None
-        elif self._quiet_since is None:
-            self._quiet_since = now
-        if self._quiet_since is not None and now - self._quiet_since >= self.idle_after_s:
-            return self._go(Pace.IDLE)
-        return None
+        self._quiet_since = _since(self._quiet_since, not got and not waiting, now)
+        return self._go(Pace.IDLE) if _lasted(self._quiet_since, self.idle_after_s, now) else None
 
     def _go(self, pace: Pace) -> Pace:
         self.pace = pace
         self._stalled_since = self._caught_up_since = self._quiet_since = None
         return pace
+
+
+def _since(since: float | None, holds: bool, now: float) -> float | None:
+    """When a condition that ``holds`` now began: ``since`` if it held already, None if not."""
+    if not holds:
+        return None
+    return now if since is None else since
+
+
+def _lasted(since: float | None, seconds: float, now: float) -> bool:
+    return since is not None and now - since >= seconds

@@ -310,14 +310,13 @@ class SharedConsumer:
     def _pace(self, got: bool, behind: bool, input_behind: bool) -> None:
         """Make the consumer again when its fetch wait should change (see :class:`FetchWaitPolicy`)."""
         policy = self.policy
-        now = time.monotonic()
-        stalled = policy.stalled_for(now)
-        pace = policy.on_poll(now, got, behind, input_behind)
+        pace = policy.on_poll(time.monotonic(), got, behind, input_behind)
         if pace is None:
             return
         if pace is Pace.CATCHING_UP:
             log.warning("%s: fetches came back empty for %.1fs with records to read: fetching with a %d ms "
-                        "wait until at the end for %.0fs", self.name, stalled, policy.wait_ms, policy.hold_s)
+                        "wait until at the end for %.0fs", self.name, policy.last_stall_s, policy.wait_ms,
+                        policy.hold_s)
         else:
             log.info("%s: %s: fetching with a %d ms wait", self.name, pace.value, policy.wait_ms)
         self._remake(policy.wait_ms)
@@ -325,15 +324,8 @@ class SharedConsumer:
     def _remake(self, wait_ms: int) -> None:
         """Replace the consumer by one with fetch wait ``wait_ms``, reading every partition on from
         where the old one stopped (every message it returned was dispatched), paused ones paused."""
-        old = self._consumer
-        tps = [TopicPartition(t, k) for t, k in self._owners]
-        for tp in old.position(tps):
-            if tp.offset >= 0:  # (librdkafka knows no position before a message: then where it started)
-                self._reading_from[(tp.topic, tp.partition)] = tp.offset
-        old.close()
-        self._consumer = consumer = self._consumers.make(wait_ms)
+        self._consumer = consumer = self._consumers.switch(self._consumer, self._reading_from, wait_ms)
         self.remakes += 1
-        assign_now(consumer, [TopicPartition(t, k, self._reading_from[(t, k)]) for t, k in self._owners])
         if self.policy.pace is Pace.IDLE and self._owners:  # the first records end it: be ready
             self._consumers.make_ahead(self.policy.normal_ms, next(iter(self._owners))[0])
         paused = [TopicPartition(t, k) for (t, k), feed in self._owners.items() if feed.id in self._paused]
@@ -415,10 +407,7 @@ class SharedConsumer:
                     feed.on_high(k, lows.get(k, -1), highs[k])
             if feed._over_limit() != feed.full:
                 self._apply(consumer, feed)
-            # (a consumer made again knows no position before its first message: where it reads from)
-            reading = {k: positions.get(k, self._reading_from.get((feed.topic, k), NO_POSITION)) for k in mine}
-            reading = {k: o for k, o in reading.items() if o >= 0}
-            if feed.id not in self._paused and any(self._behind(consumer, feed, k, reading, lows, highs) for k in mine):
+            if feed.id not in self._paused and any(self._behind(consumer, feed, k, positions, lows, highs) for k in mine):
                 behind = True
                 input_behind = input_behind or feed.is_input
         return got, behind, input_behind
@@ -436,4 +425,9 @@ class SharedConsumer:
             except KafkaException:
                 return False
             lows = {k: low}
-        return positions.get(k, lows.get(k, high)) < high
+        position = positions.get(k)
+        if position is None:  # (a consumer made again knows none before its first message: where it reads from)
+            position = self._reading_from.get((feed.topic, k), NO_POSITION)
+            if position < 0:
+                position = lows.get(k, high)
+        return position < high

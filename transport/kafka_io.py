@@ -168,6 +168,19 @@ class ReadyConsumers:
         self.close()
         return Consumer({**self._conf, "fetch.wait.max.ms": wait_ms})
 
+    def switch(self, old: Consumer, reading_from: dict[tuple[str, int], int], wait_ms: int) -> Consumer:
+        """Close ``old``; a consumer with ``wait_ms`` reading every partition of ``reading_from``
+        on from ``old``'s position, or, where ``old`` returned no message of it (librdkafka knows
+        no position before one), from the offset it holds there (where ``old`` started).
+        ``reading_from`` is moved on to those positions."""
+        for tp in old.position([TopicPartition(t, k) for t, k in reading_from]):
+            if tp.offset >= 0:
+                reading_from[(tp.topic, tp.partition)] = tp.offset
+        old.close()
+        consumer = self.make(wait_ms)
+        assign_now(consumer, [TopicPartition(t, k, o) for (t, k), o in reading_from.items()])
+        return consumer
+
     def make_ahead(self, wait_ms: int, topic: str) -> None:
         """Make the next consumer now and connect it by asking for ``topic``'s metadata (a topic
         that exists: the embedded broker creates topics a metadata request names)."""
