@@ -4,7 +4,8 @@
   runs on what it reads back from the log (:class:`OrderApplier`) and the leader's proposer
   (:class:`OrderProposer`); pure, property-tested;
 * :mod:`kazoo_leader.orderer`: both fed from a partition instance's input queues and an inbox;
-* :mod:`kazoo_leader.order_log`: the Kafka edge (one reader and writer of order topics per worker);
+* :mod:`kazoo_leader.segments`: a partition's order log as a sequence of short topics; pure;
+* :mod:`kazoo_leader.order_log`: the Kafka edge (one reader and writer of order logs per worker);
 * :mod:`kazoo_leader.election`: the ZooKeeper edge (one session per worker, epochs from
   sequential nodes, eviction of a dead worker by the driver).
 """

@@ -1,12 +1,15 @@
-"""The Kafka edge of KaZoo: one worker's reader and writer of the order topics of its replicas.
+"""The Kafka edge of KaZoo: one worker's reader and writer of the order logs of its replicas.
 
-Each replicated partition that needs ordering has a single-partition order topic.  A worker
-reads all the order topics of the replicas it hosts with one consumer (one fetch per poll for
-all of them, instead of one consumer per replica) and writes the orders of the partitions it
-leads with one idempotent producer (``acks=all``, no linger: an order is latency).  Records
-are handed to each replica's orderer in log order; what counts is decided by the orderer from
-the log alone, so every reader, here or in the other replica's worker, applies the same ones.
-A record that does not decode is skipped with an error by every reader alike.
+Each replicated partition that needs ordering has an order log, a sequence of single-partition
+topics (:mod:`kazoo_leader.segments`).  A worker reads all the order logs of the replicas it
+hosts with one consumer (one fetch per poll for all of them, instead of one consumer per
+replica), each at its current segment and the next one, and writes the orders of the partitions
+it leads with one idempotent producer (``acks=all``, no linger: an order is latency) into the
+segment its reader is in, making the next segments exist ahead of the readers; an order that
+landed past the end of a full segment is written again into a later one.  Records are handed to
+each replica's orderer in log order, with their positions; what counts is decided by the
+orderer from the log alone, so every reader, here or in the other replica's worker, applies the
+same ones.  A record that does not decode is skipped with an error by every reader alike.
 """
 
 from __future__ import annotations
@@ -15,14 +18,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kazoo_leader.orders import Order
+from kazoo_leader.segments import OrderCursor, SegmentedLog
 from transport.fetch_policy import FetchWaitPolicy, Pace
-from transport.kafka_io import ReadyConsumers, consume_ready
+from transport.kafka_io import ReadyConsumers, assign_now, consume_ready
 
 log = logging.getLogger(__name__)
 
@@ -30,25 +34,34 @@ log = logging.getLogger(__name__)
 # order up to fetch.wait.max.ms late (measured: 1 ms -> 1.2 ms p50, 100 ms -> 16 ms p50).  But it
 # also lists every batch of the partition on each fetch and answers with nothing when that outlasts
 # the wait (docs/embedded-broker.md): at 1 ms an order topic stops being read at about 2,000
-# orders.  20 ms reads one of about 16,000 (a ten-minute soak's); on Apache Kafka a long wait
+# orders, 20 ms reads one of about 16,000; a segment holds far fewer.  On Apache Kafka a long wait
 # costs no latency and could be raised.
 FETCH_WAIT_MS = 20
 CONSUME_BATCH = 500
+# Segments made to exist ahead of the one written (readers read the next one ahead).
+SEGMENTS_AHEAD = 4
+# How long the writer's thread waits for delivery reports (and segments to make) in one poll.
+WRITER_POLL_S = 0.05
 
 
 @dataclass
-class _Topic:
-    name: str
-    start_offset: int
+class _Log:
+    log: SegmentedLog
+    cursor: OrderCursor[bytes]
     on_records: Callable[[list[Order]], None]
     on_failed: Callable[[Order, str], None]
     on_error: Callable[[str], None]
+    made: int = -1  # segments up to this one exist (made here or by the driver)
+    assigned: dict[str, int] = field(default_factory=dict)  # its topics the reader reads -> their segment
 
 
 class OrderLog:
-    """Reads and writes the order topics of one worker's replicas (register all, then start)."""
+    """Reads and writes the order logs of one worker's replicas (register all, then start).
 
-    def __init__(self, consumer_conf: Mapping[str, Any], producer_conf: Mapping[str, Any], name: str = "",
+    ``create_topics`` makes topics exist (single-partition), for the segments ahead."""
+
+    def __init__(self, consumer_conf: Mapping[str, Any], producer_conf: Mapping[str, Any],
+                 create_topics: Callable[[list[str]], None], name: str = "",
                  idle_fetch_wait_ms: int = 0, idle_after_s: float = 0.0) -> None:
         self.name = name
         self._consumer_conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
@@ -56,33 +69,39 @@ class OrderLog:
         self.policy = FetchWaitPolicy(FETCH_WAIT_MS, idle_fetch_wait_ms, idle_after_s)
         self._consumers = ReadyConsumers(self._consumer_conf)
         self.remakes = 0  # readers made again for another fetch wait (for tests and logs)
+        self.rewritten = 0  # orders written again, having landed past the end of a full segment
         self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
-        self._topics: dict[str, _Topic] = {}
+        self._create_topics = create_topics
+        self._logs: dict[str, _Log] = {}  # by prefix
+        self._to_make: dict[str, int] = {}  # prefix -> segments up to this one must exist (the writer's thread)
+        self._lock = threading.Lock()
         self._producer: Producer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def register(
         self,
-        topic: str,
-        start_offset: int,
+        order_log: SegmentedLog,
+        start: int,
         on_records: Callable[[list[Order]], None],
         on_failed: Callable[[Order, str], None],
         on_error: Callable[[str], None],
     ) -> Callable[[Order], None]:
-        """Follow ``topic`` from ``start_offset``; returns the function that publishes to it."""
+        """Follow ``order_log`` from position ``start``; returns the function that publishes to it.
+        Each order is handed out with its position as :attr:`Order.offset`."""
         if self._threads:
-            raise RuntimeError("register order topics before the order log starts")
-        if topic in self._topics:
-            raise ValueError(f"order topic {topic} registered twice")
-        self._topics[topic] = _Topic(topic, start_offset, on_records, on_failed, on_error)
-        return lambda order: self._publish(topic, order)
+            raise RuntimeError("register order logs before the order log starts")
+        if order_log.prefix in self._logs:
+            raise ValueError(f"order log {order_log.prefix} registered twice")
+        self._logs[order_log.prefix] = entry = _Log(order_log, OrderCursor(order_log, start), on_records, on_failed,
+                                                     on_error)
+        return lambda order: self._publish(entry, order)
 
     def start(self) -> None:
-        if not self._topics:
+        if not self._logs:
             return
         self._producer = Producer(self._producer_conf)
-        for target, name in ((self._read, "order-log-reader"), (self._poll_producer, "order-log-writer")):
+        for target, name in ((self._read, "order-log-reader"), (self._write, "order-log-writer")):
             thread = threading.Thread(target=target, name=f"{name}-{self.name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -95,21 +114,42 @@ class OrderLog:
             self._producer.flush(flush_timeout_s)
 
     # -- writing ------------------------------------------------------------------------------
-    def _publish(self, topic: str, order: Order) -> None:
+    def _publish(self, entry: _Log, order: Order, segment: int | None = None) -> None:
+        """Write ``order`` into ``segment`` (default: the one the reader is in)."""
         if self._producer is None:
             raise RuntimeError("the order log is not started")
-        entry = self._topics[topic]
+        target = entry.cursor.segment if segment is None else segment
+        if entry.made < target + 2:
+            with self._lock:
+                self._to_make[entry.log.prefix] = max(self._to_make.get(entry.log.prefix, -1), target + SEGMENTS_AHEAD)
 
-        def delivered(err: Any, _msg: Any) -> None:
+        def delivered(err: Any, msg: Any) -> None:
             if err is not None:
                 entry.on_failed(order, str(err))
+                return
+            again = entry.log.rewrite_segment(target, msg.offset(), entry.cursor.segment)
+            if again is not None:  # past the end of a full segment: not in the log
+                self.rewritten += 1
+                self._publish(entry, order, again)
 
-        self._producer.produce(topic, value=order.encode(), partition=0, on_delivery=delivered)
+        self._producer.produce(entry.log.topic(target), value=order.encode(), partition=0, on_delivery=delivered)
 
-    def _poll_producer(self) -> None:
+    def _write(self) -> None:
+        """Serve the producer's delivery reports and make the segments the writers will need."""
         assert self._producer is not None
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            self._producer.poll(WRITER_POLL_S)
+            with self._lock:
+                wanted, self._to_make = self._to_make, {}
+            for prefix, upto in wanted.items():
+                entry = self._logs[prefix]
+                if upto <= entry.made:
+                    continue
+                try:
+                    self._create_topics([entry.log.topic(n) for n in range(entry.made + 1, upto + 1)])
+                    entry.made = upto
+                except Exception as exc:  # noqa: BLE001 - asked again by the next order
+                    log.warning("%s: order log %s: cannot make segments up to %d: %s", self.name, prefix, upto, exc)
 
     # -- reading ------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -118,10 +158,13 @@ class OrderLog:
         except Exception as exc:  # noqa: BLE001 - surfaced to every replica's orderer
             self._fail(exc)
             return
+        reading_from: dict[tuple[str, int], int] = {}  # assigned partitions -> where reading started
         try:
-            reading_from = {(t.name, 0): t.start_offset for t in self._topics.values()}
-            consumer.assign([TopicPartition(t, k, o) for (t, k), o in reading_from.items()])
+            assigned: dict[str, tuple[_Log, int]] = {}  # topics read -> their log and segment
             while not self._stop.is_set():
+                for entry in self._logs.values():
+                    if entry.assigned != entry.cursor.segments():
+                        self._follow(consumer, entry, assigned, reading_from)
                 batches: dict[str, list[Order]] = {}
                 messages = consume_ready(consumer, CONSUME_BATCH, 0.1)
                 for msg in messages:
@@ -129,17 +172,22 @@ class OrderLog:
                     if err is not None:
                         if err.fatal():
                             raise RuntimeError(f"Kafka consumer fatal error: {err}")
-                        if err.code() != KafkaError._PARTITION_EOF:
+                        if err.code() not in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART):
                             log.warning("%s: order log consumer: %s", self.name, err)
                         continue
-                    try:
-                        order = Order.decode(msg.value(), offset=msg.offset())
-                    except ValueError as exc:  # every reader skips the same record
-                        log.error("order topic %s offset %d skipped: %s", msg.topic(), msg.offset(), exc)
-                        continue
-                    batches.setdefault(msg.topic(), []).append(order)
-                for topic, orders in batches.items():
-                    self._topics[topic].on_records(orders)
+                    read = assigned.get(msg.topic())
+                    if read is None:
+                        continue  # a segment left already
+                    entry, segment = read
+                    for position, value in entry.cursor.add(segment, msg.offset(), msg.value()):
+                        try:
+                            order = Order.decode(value, offset=position)
+                        except ValueError as exc:  # every reader skips the same record
+                            log.error("order log %s position %d skipped: %s", entry.log.prefix, position, exc)
+                            continue
+                        batches.setdefault(entry.log.prefix, []).append(order)
+                for prefix, orders in batches.items():
+                    self._logs[prefix].on_records(orders)
                 if self.policy.on_poll(time.monotonic(), bool(messages), False) is not None:
                     consumer = self._remade(consumer, reading_from)
         except Exception as exc:  # noqa: BLE001
@@ -147,6 +195,25 @@ class OrderLog:
         finally:
             consumer.close()
             self._consumers.close()
+
+    @staticmethod
+    def _follow(consumer: Consumer, entry: _Log, assigned: dict[str, tuple[_Log, int]],
+                reading_from: dict[tuple[str, int], int]) -> None:
+        """Read the segments ``entry``'s cursor names, and no other of its log."""
+        wanted, positions = entry.cursor.segments(), entry.cursor.positions()
+        left = [TopicPartition(topic, 0) for topic in entry.assigned.keys() - wanted.keys()]
+        if left:
+            consumer.incremental_unassign(left)
+        for tp in left:
+            assigned.pop(tp.topic, None)
+            reading_from.pop((tp.topic, 0), None)
+        new = [TopicPartition(topic, 0, positions[topic]) for topic in wanted.keys() - entry.assigned.keys()]
+        if new:
+            assign_now(consumer, new)
+        for tp in new:
+            assigned[tp.topic] = (entry, wanted[tp.topic])
+            reading_from[(tp.topic, 0)] = tp.offset
+        entry.assigned = wanted
 
     def _remade(self, consumer: Consumer, reading_from: dict[tuple[str, int], int]) -> Consumer:
         """A reader with the fetch wait the policy asks for, reading on from where ``consumer``
@@ -160,5 +227,5 @@ class OrderLog:
 
     def _fail(self, exc: BaseException) -> None:
         log.exception("%s: order log reader failed", self.name)
-        for topic in self._topics.values():
-            topic.on_error(f"{type(exc).__name__}: {exc}")
+        for entry in self._logs.values():
+            entry.on_error(f"{type(exc).__name__}: {exc}")

@@ -73,7 +73,7 @@ class Order:
     epoch: int
     seq: int
     entries: tuple[tuple[int, int], ...] = ()
-    offset: int = field(default=-1, compare=False)  # where the reader found it in the log (-1: not read)
+    offset: int = field(default=-1, compare=False)  # its position in the log (kazoo_leader.segments; -1: not read)
 
     def __post_init__(self) -> None:
         if not _is_int(self.epoch) or self.epoch < 0:
@@ -264,7 +264,7 @@ class OrderApplier:
 
     def start_state(self, log_start: int) -> ApplierState:
         """The state before any record was applied (a replica's first checkpoint, at its start): a
-        restore from it reads the log from ``log_start``."""
+        restore from it reads the log from position ``log_start``."""
         return ApplierState(0, log_start - 1, self.epoch, self.last_seq, dict(self._applied), sorted(self._ended))
 
     def take_checkpoint(self) -> ApplierState:
@@ -329,7 +329,7 @@ class OrderApplier:
 @dataclass(frozen=True)
 class ApplierState:
     """Where a Rhino checkpoint of an ordered partition stands: right after the ``number``-th
-    accepted record (at ``offset`` of the order log, with ``epoch``/``seq``) was fully applied."""
+    accepted record (at position ``offset`` of the order log, with ``epoch``/``seq``) was fully applied."""
 
     number: int
     offset: int

@@ -566,9 +566,15 @@ class ReplicationConfig:
         """The LiveRobin heartbeat log of job ``job_name``."""
         return self.liverobin_heartbeat_topic or f"_replication.{job_name}.heartbeats"
 
-    def order_topic(self, job_name: str, task_id: int, partition: int) -> str:
-        """The KaZoo order log of one partition of job ``job_name`` (one Kafka partition)."""
-        return f"_replication.{job_name}.orders.t{task_id}p{partition}"
+    def order_logs_prefix(self, job_name: str) -> str:
+        """What the KaZoo order logs of job ``job_name`` are named after (a run adds its own id)."""
+        return f"_replication.{job_name}.orders"
+
+    @staticmethod
+    def order_log(run_prefix: str, task_id: int, partition: int) -> str:
+        """The KaZoo order log of one partition in a run's logs ``run_prefix`` (its segments' topics
+        are named after it)."""
+        return f"{run_prefix}.t{task_id}p{partition}"
 
     @property
     def pulse_period_ms(self) -> int:

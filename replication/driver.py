@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kazoo_leader.election import delete_tree, evict, expel, zk_client
+from kazoo_leader.segments import SegmentedLog
 from liverobin.generator import FETCH_WAIT_MS, HeartbeatGenerator
 from liverobin.positions import PositionBoard
 from liverobin.segments import HeartbeatLog
@@ -1892,7 +1893,6 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         plan.replicas = 2
     if cfg.enabled or cfg.mode != "unordered":
         check_replicable(plan, partitions)
-    start_conf = cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start")
     if cfg.mode in ("liverobin", "kazoo"):  # KaZoo: pulses only in the windows a handover opens
         # this run's own segments (liverobin.segments): generators make the later ones exist; a resumed
         # run goes on in the log of the run it resumes (its sources read the pulses after their checkpoints)
@@ -1900,12 +1900,19 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         plan.heartbeat_log = HeartbeatLog(resumed or f"{cfg.heartbeat_topic(job.name)}.{uuid.uuid4().hex[:8]}")
         ensure_topics(admin, {plan.heartbeat_log.topic(n): 1 for n in range(3)})
     if cfg.mode == "kazoo":
-        # each run follows its order logs from their current end: orders of an earlier run of the
-        # job (and their epochs) are not this run's
-        topics = {inst: cfg.order_topic(job.name, *inst) for inst in plan.multi_input_partitions()}
-        ensure_topics(admin, dict.fromkeys(topics.values(), 1))
-        plan.order_logs = {inst: (topic, end_offsets_by_fetch(start_conf, topic, [0])[0])
-                           for inst, topic in topics.items()}
+        # each run writes order logs of its own (kazoo_leader.segments): orders of an earlier run of the
+        # job (and their epochs) are not this run's; a resumed run goes on in the logs of the run it
+        # resumes, every partition from its cut's checkpoint on (a cut holds them all)
+        prefix = f"{cfg.order_logs_prefix(job.name)}.{uuid.uuid4().hex[:8]}"
+        if plan.resume is not None:
+            prefix = plan.resume.cut.run.get("order_logs") or ""
+            if not prefix:
+                raise ValueError(f"durable cut {plan.resume.cut.number} of job {job.name} names no KaZoo order "
+                                 "logs (written by an earlier build): set spark.replication.checkpointDir.ignore")
+        plan.order_logs_prefix = prefix
+        plan.order_logs = {inst: SegmentedLog(cfg.order_log(prefix, *inst))
+                           for inst in plan.multi_input_partitions()}
+        ensure_topics(admin, {log_.topic(n): 1 for log_ in plan.order_logs.values() for n in range(3)})
     elif cfg.enabled and cfg.mode == "unordered":  # (LiveRobin orders them by pulses)
         multi = [t.name for t in plan.multi_input_tasks()]
         log.warning("spark.replication.mode=%s: input channels are consumed first come, first served%s", cfg.mode,
@@ -1974,7 +1981,8 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
         master.durable = DurableCheckpoints(
             DurableStore(cfg.checkpoint_dir, job.name), plan=plan_shape(plan, cfg.mode), retain=cfg.checkpoint_dir_retain,
             run={**lineage, "run_id": run_id,
-                 "heartbeat_log": plan.heartbeat_log.prefix if plan.heartbeat_log is not None else None},
+                 "heartbeat_log": plan.heartbeat_log.prefix if plan.heartbeat_log is not None else None,
+                 "order_logs": plan.order_logs_prefix},
             on_event=master.note)
         between = rescale_savepoint_dir(cfg.checkpoint_dir, job.name)
         if plan.savepoint is not None and savepoints.canonical(plan.savepoint[0]) == between:

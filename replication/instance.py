@@ -21,6 +21,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 from kazoo_leader.orderer import KazooOrderer
+from kazoo_leader.segments import SegmentedLog
 from liverobin import LiveRobinOrderer, PulsePlacer
 from liverobin.heartbeats import PULSE_ITEM, PulseRecord
 from liverobin.windows import HOLD, LEAVE, PulseWindows
@@ -426,14 +427,14 @@ class ProcessingInstance(PartitionInstance):
             self.orderer.restore(state)
             log_ = self.worker.own_order_log()  # the worker's shared reader started long ago
             self._publish_order = log_.register(
-                self._order_log[0], state.offset + 1, on_records=self.orderer.on_records,
+                self._order_log, state.offset + 1, on_records=self.orderer.on_records,
                 on_failed=self.orderer.on_publish_failed, on_error=self.orderer.on_error)
             log_.start()
         elif isinstance(self.orderer, LiveRobinOrderer):
             self.orderer.merge.restore(rt["orderer"])
         return rt
 
-    def _kazoo(self, order_log: tuple[str, int]) -> KazooOrderer:
+    def _kazoo(self, order_log: SegmentedLog) -> KazooOrderer:
         """KaZoo: this partition's order log through the worker's reader/writer, its election in
         the worker's ZooKeeper session (entered when the instance starts)."""
         cfg = self.cfg
@@ -452,7 +453,7 @@ class ProcessingInstance(PartitionInstance):
         self._order_log = order_log
         if not self.restoring:  # (a restored replica reads the log from its checkpoint on: restore_from)
             self._publish_order = self.worker.order_log().register(
-                *order_log, on_records=orderer.on_records, on_failed=orderer.on_publish_failed,
+                order_log, 0, on_records=orderer.on_records, on_failed=orderer.on_publish_failed,
                 on_error=orderer.on_error)
         self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
         self.worker.election()
@@ -539,7 +540,7 @@ class ProcessingInstance(PartitionInstance):
     def _start_orderer_state(self, kazoo: KazooOrderer | None) -> Any:
         """The orderer's state before any input, for the first checkpoint."""
         if kazoo is not None:
-            return kazoo.applier.start_state(self._order_log[1])
+            return kazoo.applier.start_state(0)
         if isinstance(self.orderer, LiveRobinOrderer):
             return self.orderer.merge.state()
         return None

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kazoo_leader.segments import SegmentedLog
 from liverobin.segments import HeartbeatLog
 from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError, Node
 from replication.durability import ResumePoint
@@ -96,9 +97,10 @@ class PhysicalPlan:
     # LiveRobin (KaZoo: for pulse windows): this run's heartbeat log, set by the driver; both
     # replicas of a source partition read it from its start, so they count the same pulses
     heartbeat_log: HeartbeatLog | None = None
-    # KaZoo: the order log (topic, first offset of this run) of every partition with several input
-    # channels, set by the driver; both replicas follow it from there
-    order_logs: dict[Instance, tuple[str, int]] = field(default_factory=dict)
+    # KaZoo: the order log of every partition with several input channels, set by the driver; both
+    # replicas follow it from its start (a resumed run's, restored from its cut, from their checkpoint)
+    order_logs: dict[Instance, SegmentedLog] = field(default_factory=dict)
+    order_logs_prefix: str | None = None  # what this run's order logs are named after
     # a savepoint this run starts from: (directory, its _meta.json), set by the driver
     savepoint: tuple[str, dict] | None = None
     resume: ResumePoint | None = None  # the durable cut this run goes on from, set by the driver

@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +79,7 @@ from rhino_state.increments import IncrementMeta
 from transport import rpc, wire
 from transport.frames import FrameServer
 from transport.kafka_feeds import SharedConsumer
+from transport.kafka_io import admin_client, ensure_topics
 from transport.rpc import host_port
 from transport.security import Refusals, RpcSecurity
 
@@ -106,6 +107,11 @@ BEAT_GAP_S = 0.02
 def _idle_fetch(cfg: ReplicationConfig) -> dict[str, Any]:
     """How a worker's long-lived consumers fetch once they find no input (``kafka.idle*``)."""
     return {"idle_fetch_wait_ms": cfg.kafka_idle_fetch_wait_ms, "idle_after_s": cfg.kafka_idle_after_ms / 1000}
+
+
+def _topic_maker(cfg: ReplicationConfig) -> Callable[[list[str]], None]:
+    """Makes single-partition topics exist (the order logs' next segments)."""
+    return lambda topics: ensure_topics(admin_client(cfg.kafka_admin_config()), dict.fromkeys(topics, 1))
 
 
 @dataclass
@@ -323,20 +329,21 @@ class Worker:
         return reader
 
     def order_log(self) -> OrderLog:
-        """The worker's reader and writer of its replicas' KaZoo order topics."""
+        """The worker's reader and writer of its replicas' KaZoo order logs."""
         if self._order_log is None:
             self._order_log = OrderLog(
                 self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}"),
-                self.cfg.kafka_producer_config(), name=f"w{self.index}", **_idle_fetch(self.cfg))
+                self.cfg.kafka_producer_config(), _topic_maker(self.cfg), name=f"w{self.index}",
+                **_idle_fetch(self.cfg))
         return self._order_log
 
     def own_order_log(self) -> OrderLog:
-        """A reader and writer of one restored replica's order topic (register, then start it): the
-        worker's shared one cannot follow a topic from a new offset once started."""
-        log_ = OrderLog(self.cfg.kafka_consumer_config(
-            group_id=f"replication-{self.job_name}-orders-w{self.index}-{len(self._own_order_logs)}"),
-            self.cfg.kafka_producer_config(), name=f"w{self.index}-restored{len(self._own_order_logs)}",
-            **_idle_fetch(self.cfg))
+        """A reader and writer of one restored replica's order log (register, then start it): the
+        worker's shared one cannot follow a log from a new position once started."""
+        n = len(self._own_order_logs)
+        log_ = OrderLog(self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}-{n}"),
+                        self.cfg.kafka_producer_config(), _topic_maker(self.cfg), name=f"w{self.index}-restored{n}",
+                        **_idle_fetch(self.cfg))
         self._own_order_logs.append(log_)
         return log_
 

@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient
 
 from kazoo_leader.order_log import OrderLog
 from kazoo_leader.orders import Order
+from kazoo_leader.segments import SegmentedLog
 from transport.fetch_policy import Pace
 from transport.kafka_feeds import NO_POSITION, PartitionFeed, SharedConsumer
 from transport.kafka_io import ReadyConsumers, consume_ready, ensure_topics
@@ -372,13 +373,16 @@ def test_a_consumer_without_input_fetches_with_the_idle_wait_and_reads_on_exactl
 
 def test_the_kazoo_order_log_reads_every_order_once_across_idle_pauses(stack, topic_prefix):
     """The order log's reader goes to the idle wait when no order comes for a while and back with
-    the next one; every order is read back once and in log order."""
-    topic = _topic(stack, topic_prefix + "orders", 1)
+    the next one; every order is read back once and in log order (across its segments)."""
+    segments = SegmentedLog(topic_prefix + "orders", per_segment=4)
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     got: list[Order] = []
     errors: list[str] = []
-    order_log = OrderLog(_conf(stack), {"bootstrap.servers": stack.bootstrap_servers}, name="test",
+    order_log = OrderLog(_conf(stack), {"bootstrap.servers": stack.bootstrap_servers},
+                         lambda topics: ensure_topics(admin, dict.fromkeys(topics, 1)), name="test",
                          idle_fetch_wait_ms=300, idle_after_s=0.5)
-    publish = order_log.register(topic, 0, got.extend, lambda order, reason: errors.append(reason), errors.append)
+    ensure_topics(admin, {segments.topic(n): 1 for n in range(2)})
+    publish = order_log.register(segments, 0, got.extend, lambda order, reason: errors.append(reason), errors.append)
     order_log.start()
     try:
         for round_ in range(3):

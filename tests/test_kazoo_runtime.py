@@ -10,6 +10,7 @@ break the chains in the output; :func:`verify_chains` checks that from the outpu
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -47,9 +48,16 @@ def _leader_of(handle, partition: str, timeout: float = 30) -> str:
 
 
 def _order_log(stack, handle, task="chain", partition=0) -> list[Order]:
+    """The partition's order log: the first ``per_segment`` records of each segment, up to the
+    first segment that is not full."""
     tid = next(t.id for t in handle.plan.tasks if t.name == task)
-    topic, start = handle.plan.order_logs[(tid, partition)]
-    return [Order.decode(r.value) for r in read_all(stack.bootstrap_servers, topic) if r.offset >= start]
+    log_ = handle.plan.order_logs[(tid, partition)]
+    orders: list[Order] = []
+    for segment in itertools.count():
+        records = read_all(stack.bootstrap_servers, log_.topic(segment))[:log_.per_segment]
+        orders += [Order.decode(r.value, offset=log_.position(segment, r.offset)) for r in records]
+        if len(records) < log_.per_segment:
+            return orders
 
 
 def _per_key_ids(outputs):

@@ -172,8 +172,8 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
         with pytest.raises(_Made):
             call()
         assert role in made, role
-    made["order log reader"] = OrderLog(cfg.kafka_consumer_config(), cfg.kafka_producer_config())._consumer_conf
-    made["order log writer"] = OrderLog(cfg.kafka_consumer_config(), cfg.kafka_producer_config())._producer_conf
+    order_log = OrderLog(cfg.kafka_consumer_config(), cfg.kafka_producer_config(), lambda topics: None)
+    made["order log reader"], made["order log writer"] = order_log._consumer_conf, order_log._producer_conf
     generator = HeartbeatGenerator(name="g", heartbeat_log=HeartbeatLog("hb"), sources={}, positions=PositionBoard(),
                                    starts={}, period_s=0.01,
                                    max_step=10, consumer_conf=cfg.kafka_consumer_config(),
