@@ -1907,8 +1907,10 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         if plan.resume is not None:
             prefix = plan.resume.cut.run.get("order_logs") or ""
             if not prefix:
-                raise ValueError(f"durable cut {plan.resume.cut.number} of job {job.name} names no KaZoo order "
-                                 "logs (written by an earlier build): set spark.replication.checkpointDir.ignore")
+                key = PREFIX + "checkpointDir"
+                raise ConfigError([(key, f"{key}={without_credentials(cfg.checkpoint_dir or '')}: cut "
+                                         f"{plan.resume.cut.number} names no KaZoo order logs (written by an earlier "
+                                         f"build); set {key}.ignore=true to start afresh")])
         plan.order_logs_prefix = prefix
         plan.order_logs = {inst: SegmentedLog(cfg.order_log(prefix, *inst))
                            for inst in plan.multi_input_partitions()}

@@ -293,6 +293,45 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
     assert store.cut_numbers() == []
 
 
+def test_a_kazoo_resume_goes_on_in_the_order_logs_its_cut_names(stack, topic_prefix, tmp_path):
+    """Checked by ``prepare`` (no Spark): a KaZoo job resumed from a cut follows the order logs of
+    the run that wrote it; a cut that names none (an earlier build's) is refused in one line."""
+    from replication.config import ConfigError, ReplicationConfig
+    from replication.driver import prepare
+    from replication.durability import plan_shape
+    from rhino_state.durable import CutPart, DurableCut
+    from tests.test_rhino_store import Origin
+
+    name = f"{topic_prefix}dko"
+    a, b = source_topics(stack, name)
+    checkpoints = tmp_path / "checkpoints"
+    cfg = ReplicationConfig.from_mapping(_conf(stack, "kazoo", checkpoints))
+    fresh = prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg)
+    assert fresh.resume is None and fresh.order_logs_prefix.startswith(f"_replication.{name}.orders.")
+    assert {log_.prefix for log_ in fresh.order_logs.values()} == {
+        f"{fresh.order_logs_prefix}.t{t}p{p}" for t, p in fresh.multi_input_partitions()}
+    store = DurableStore(str(checkpoints), name)
+    origin = Origin(tmp_path, instance=(2, 0))
+    try:
+        origin.write(0, 10, b"x")
+        meta, payload = origin.checkpoint(7, full=True)
+        file = store.upload(meta, payload, None).file
+    finally:
+        origin.close()
+    run = {"output_prefix": "r0", "epoch_base": 0, "heartbeat_log": None}
+    store.write_cut(DurableCut(1, name, {(2, 0): CutPart(7, file, meta.digest)}, plan=plan_shape(fresh, "kazoo"),
+                               run=run))
+    with pytest.raises(ConfigError) as refused:
+        prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg)
+    text = str(refused.value)
+    assert text.startswith("spark.replication.checkpointDir=") and "\n" not in text
+    assert "names no KaZoo order logs" in text
+    store.write_cut(DurableCut(2, name, {(2, 0): CutPart(7, file, meta.digest)}, plan=plan_shape(fresh, "kazoo"),
+                               run={**run, "order_logs": fresh.order_logs_prefix}))
+    resumed = prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg)
+    assert resumed.resume.cut.number == 2 and resumed.order_logs == fresh.order_logs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["path", "s3"])
 def test_a_job_killed_at_one_parallelism_goes_on_exactly_once_at_another(request, stack, spark, topic_prefix,
