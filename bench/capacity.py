@@ -26,11 +26,12 @@ fetches cost more the more batches it holds, so on one stack each step ran slowe
      and once with the replacement kept off the survivors' CPU (its JVM and Python at nice 19);
    * *sustained* (``--sustained-minutes``, 0: skipped): each mode at half its max sustainable rate,
      fed in batches of 100 ms (:data:`SUSTAINED_FEEDER_LINGER_MS`); the per-minute p99 and the
-     executors' Python memory, first minute against last.
+     executors' Python memory, first minute against last, the broker's and the Python workers'
+     cores per minute, and per-second latencies (``sustained_seconds.csv``).
 3. *SSS*: ``bench/sss.py``'s throughput ramp of Spark Structured Streaming on the same job shape.
 
 Writes ``ceiling.csv``, ``idle.csv``, ``throughput.csv``, ``latency.csv``, ``kills.csv``, ``sustained.csv``,
-``sss/``, ``targets.csv`` and ``targets.md`` (each figure beside its target, ``met`` yes/no, and the
+``sustained_seconds.csv``, ``sss/``, ``targets.csv`` and ``targets.md`` (each figure beside its target, ``met`` yes/no, and the
 ratios to the ceiling and to SSS), ``capacity.png`` and ``machine.txt``.  ``--quick`` is a smoke-sized
 run (minutes) that checks the command, not the targets.
 """
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import resource
@@ -279,15 +281,20 @@ def kill_run(stack: StackEndpoints, spark: Any, config: Config, rate: float, dur
 
 
 def sustained_run(stack: StackEndpoints, spark: Any, probe: CostProbe, config: Config, rate: float,
-                  minutes: float, status: StatusLine) -> dict[str, Any]:
-    """Per-minute p99 by event time and the executors' Python memory, first minute against last."""
+                  minutes: float, status: StatusLine) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Per-minute p99 by event time and the executors' Python memory, first minute against last;
+    the broker's and the executors' Python cores per minute; and per second of event time the
+    records' count, p50, p99 and worst latency (the second list)."""
     print(f"== sustained: {config.label} at {rate:,.0f} events/s for {minutes:.0f} min", flush=True)
     rss: list[float] = []
+    snapshots = [probe.snapshot()]
     halt = threading.Event()
 
-    def sample() -> None:  # the executors' Python memory every 10 s while the load runs
+    def sample() -> None:  # the executors' Python memory every 10 s, the CPU every minute, while the load runs
         while not halt.wait(10):
             rss.append(_python_rss_mb(probe))
+            if len(rss) % 6 == 0:
+                snapshots.append(probe.snapshot())
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -305,10 +312,22 @@ def sustained_run(stack: StackEndpoints, spark: Any, probe: CostProbe, config: C
         by_minute.setdefault(int((s.produced - t0) // 60), []).append(s.sink - s.produced)
     minutes_p99 = [percentile(v, 0.99) * 1000 for _, v in sorted(by_minute.items()) if len(v) > 100]
     first, last = (minutes_p99[0], minutes_p99[-1]) if minutes_p99 else (0.0, 0.0)
+    hz = os.sysconf("SC_CLK_TCK")
+
+    def cores(group: str) -> str:
+        return " ".join(f"{(b.ticks.get(group, 0) - a.ticks.get(group, 0)) / hz / (b.at - a.at):.2f}"
+                        for a, b in itertools.pairwise(snapshots))
+
+    by_second: dict[int, list[float]] = {}
+    for s in r.samples:
+        by_second.setdefault(int(s.produced - t0), []).append((s.sink - s.produced) * 1000)
+    seconds = [{"config": config.label, "second": k, "records": len(v), "p50_ms": percentile(v, 0.5),
+                "p99_ms": percentile(v, 0.99), "max_ms": max(v)} for k, v in sorted(by_second.items())]
     return {"config": config.label, "rate": rate, "minutes": minutes, "exact": "yes" if r.exact else "no",
             "p99_first_minute_ms": first, "p99_last_minute_ms": last, "p99_ratio": last / first if first else "",
             "per_minute_p99_ms": " ".join(f"{p:.0f}" for p in minutes_p99),
-            "python_rss_start_mb": rss_first, "python_rss_end_mb": rss_last}
+            "python_rss_start_mb": rss_first, "python_rss_end_mb": rss_last,
+            "per_minute_broker_cores": cores("broker"), "per_minute_python_cores": cores("python")}, seconds
 
 
 def _python_rss_mb(probe: CostProbe) -> float:
@@ -492,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     status = StatusLine()
     modes = latency_configs(args.modes, [PERIOD_MS])
     kills = [kill_config(k) for k in args.kills.split(",") if k]
-    idle, throughput, latency, kill_results, sustained = [], [], [], [], []
+    idle, throughput, latency, kill_results, sustained, sustained_seconds = [], [], [], [], [], []
     ceiling: dict[str, Any] = {}
     if args.ceiling_events:
         with EmbeddedStack() as stack:
@@ -537,8 +556,11 @@ def main(argv: list[str] | None = None) -> int:
             for config in modes:
                 rate = float(given[config.mode]) if config.mode in given else (best.get(config.label) or args.rates[0]) / 2
                 with fresh_stack(spark) as (stack, probe):
-                    sustained.append(sustained_run(stack, spark, probe, config, rate, args.sustained_minutes, status))
+                    row, seconds = sustained_run(stack, spark, probe, config, rate, args.sustained_minutes, status)
+                sustained.append(row)
+                sustained_seconds += seconds
             write_csv(out / "sustained.csv", sustained)
+            write_csv(out / "sustained_seconds.csv", sustained_seconds)
     finally:
         stop_session(spark)
     sss = sss_ramp(args.sss_rates, args.sss_duration, out / "sss") if args.sss_rates else []
