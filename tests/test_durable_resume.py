@@ -250,6 +250,20 @@ def test_every_process_killed_and_the_latest_cut_damaged_it_goes_on_from_the_one
     _check(stack, name, result, ids)
 
 
+def _uploaded_part(store: DurableStore, tmp_path: Path):
+    """A full checkpoint 7 of instance (2, 0), uploaded to ``store``: a cut's part."""
+    from rhino_state.durable import CutPart
+    from tests.test_rhino_store import Origin
+
+    origin = Origin(tmp_path, instance=(2, 0))
+    try:
+        origin.write(0, 10, b"x")
+        meta, payload = origin.checkpoint(7, full=True)
+        return CutPart(7, store.upload(meta, payload, None).file, meta.digest)
+    finally:
+        origin.close()
+
+
 def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(stack, topic_prefix, tmp_path):
     """Checked by ``prepare`` (no Spark): other key groups are refused in one line naming the key;
     another parallelism is a resume at the checkpoints' first; with ``checkpointDir.ignore=true``
@@ -257,8 +271,7 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
     from replication.config import ConfigError, ReplicationConfig
     from replication.driver import prepare
     from replication.durability import plan_shape
-    from rhino_state.durable import CutPart, DurableCut
-    from tests.test_rhino_store import Origin
+    from rhino_state.durable import DurableCut
 
     name = f"{topic_prefix}dfit"
     a, b = source_topics(stack, name)
@@ -267,14 +280,8 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
     plan = prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg)
     assert plan.resume is None
     store = DurableStore(str(checkpoints), name)
-    origin = Origin(tmp_path, instance=(2, 0))
-    try:
-        origin.write(0, 10, b"x")
-        meta, payload = origin.checkpoint(7, full=True)
-        file = store.upload(meta, payload, None).file
-    finally:
-        origin.close()
-    store.write_cut(DurableCut(1, name, {(2, 0): CutPart(7, file, meta.digest)}, plan=plan_shape(plan, "liverobin"),
+    part = _uploaded_part(store, tmp_path)
+    store.write_cut(DurableCut(1, name, {(2, 0): part}, plan=plan_shape(plan, "liverobin"),
                                run={"output_prefix": "r0", "epoch_base": 0, "heartbeat_log": None}))
     assert prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg).resume.cut.number == 1
     # another parallelism: resumed at the checkpoints' (then through a savepoint: run() does that)
@@ -299,8 +306,7 @@ def test_a_kazoo_resume_goes_on_in_the_order_logs_its_cut_names(stack, topic_pre
     from replication.config import ConfigError, ReplicationConfig
     from replication.driver import prepare
     from replication.durability import plan_shape
-    from rhino_state.durable import CutPart, DurableCut
-    from tests.test_rhino_store import Origin
+    from rhino_state.durable import DurableCut
 
     name = f"{topic_prefix}dko"
     a, b = source_topics(stack, name)
@@ -311,22 +317,16 @@ def test_a_kazoo_resume_goes_on_in_the_order_logs_its_cut_names(stack, topic_pre
     assert {log_.prefix for log_ in fresh.order_logs.values()} == {
         f"{fresh.order_logs_prefix}.t{t}p{p}" for t, p in fresh.multi_input_partitions()}
     store = DurableStore(str(checkpoints), name)
-    origin = Origin(tmp_path, instance=(2, 0))
-    try:
-        origin.write(0, 10, b"x")
-        meta, payload = origin.checkpoint(7, full=True)
-        file = store.upload(meta, payload, None).file
-    finally:
-        origin.close()
+    part = _uploaded_part(store, tmp_path)
     run = {"output_prefix": "r0", "epoch_base": 0, "heartbeat_log": None}
-    store.write_cut(DurableCut(1, name, {(2, 0): CutPart(7, file, meta.digest)}, plan=plan_shape(fresh, "kazoo"),
+    store.write_cut(DurableCut(1, name, {(2, 0): part}, plan=plan_shape(fresh, "kazoo"),
                                run=run))
     with pytest.raises(ConfigError) as refused:
         prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg)
     text = str(refused.value)
     assert text.startswith("spark.replication.checkpointDir=") and "\n" not in text
     assert "names no KaZoo order logs" in text
-    store.write_cut(DurableCut(2, name, {(2, 0): CutPart(7, file, meta.digest)}, plan=plan_shape(fresh, "kazoo"),
+    store.write_cut(DurableCut(2, name, {(2, 0): part}, plan=plan_shape(fresh, "kazoo"),
                                run={**run, "order_logs": fresh.order_logs_prefix}))
     resumed = prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg)
     assert resumed.resume.cut.number == 2 and resumed.order_logs == fresh.order_logs
