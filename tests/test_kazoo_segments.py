@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kazoo_leader.segments import OrderCursor, SegmentedLog
+from kazoo_leader.segments import READ_AHEAD, OrderCursor, SegmentedLog
 
 
 def _the_log(log: SegmentedLog, segments: list[list[str]]) -> list[tuple[int, str]]:
@@ -69,8 +69,20 @@ def test_a_segment_read_ahead_in_full_is_left_at_once() -> None:
     assert cursor.segment == 2 and cursor.positions() == {"o.2": 0, "o.3": 0}
 
 
+def test_the_next_segment_is_read_only_near_the_end_of_the_current_one() -> None:
+    log = SegmentedLog("o", per_segment=READ_AHEAD + 50)
+    cursor = OrderCursor(log)
+    assert cursor.positions() == {"o.0": 0}  # an idle reader fetches one partition per log
+    for offset in range(49):
+        cursor.add(0, offset, offset)
+    assert cursor.positions() == {"o.0": 49}
+    cursor.add(0, 49, 49)
+    assert cursor.positions() == {"o.0": 50, "o.1": 0}
+    assert OrderCursor(log, 60).segments() == {"o.0": 0, "o.1": 1}
+
+
 @settings(max_examples=300, deadline=None)
-@given(per_segment=st.integers(1, 5),
+@given(per_segment=st.sampled_from([1, 2, 3, 5, READ_AHEAD + 2]),
        sizes=st.lists(st.integers(0, 8), min_size=1, max_size=6),
        start=st.integers(0, 30),
        picks=st.lists(st.integers(0, 1), max_size=40))
