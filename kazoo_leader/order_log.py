@@ -3,7 +3,7 @@
 Each replicated partition that needs ordering has an order log, a sequence of single-partition
 topics (:mod:`kazoo_leader.segments`).  A worker reads all the order logs of the replicas it
 hosts with one consumer (one fetch per poll for all of them, instead of one consumer per
-replica), each at its current segment and the next one, and writes the orders of the partitions
+replica), each at its current segment (and the next one near its end), and writes the orders of the partitions
 it leads with one idempotent producer (``acks=all``, no linger: an order is latency) into the
 segment its reader is in, making the next segments exist ahead of the readers; an order that
 landed past the end of a full segment is written again into a later one.  Records are handed to
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 # costs no latency and could be raised.
 FETCH_WAIT_MS = 20
 CONSUME_BATCH = 500
-# Segments made to exist ahead of the one written (readers read the next one ahead).
+# Segments made to exist ahead of the one written (readers read the next one before it is written).
 SEGMENTS_AHEAD = 4
 # How long the writer's thread waits for delivery reports (and segments to make) in one poll.
 WRITER_POLL_S = 0.05
@@ -158,13 +158,12 @@ class OrderLog:
         except Exception as exc:  # noqa: BLE001 - surfaced to every replica's orderer
             self._fail(exc)
             return
-        reading_from: dict[tuple[str, int], int] = {}  # assigned partitions -> where reading started
         try:
             assigned: dict[str, tuple[_Log, int]] = {}  # topics read -> their log and segment
             while not self._stop.is_set():
                 for entry in self._logs.values():
                     if entry.assigned != entry.cursor.segments():
-                        self._follow(consumer, entry, assigned, reading_from)
+                        self._follow(consumer, entry, assigned)
                 batches: dict[str, list[Order]] = {}
                 messages = consume_ready(consumer, CONSUME_BATCH, 0.1)
                 for msg in messages:
@@ -189,7 +188,7 @@ class OrderLog:
                 for prefix, orders in batches.items():
                     self._logs[prefix].on_records(orders)
                 if self.policy.on_poll(time.monotonic(), bool(messages), False) is not None:
-                    consumer = self._remade(consumer, reading_from)
+                    consumer = self._remade(consumer, assigned)
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         finally:
@@ -197,8 +196,7 @@ class OrderLog:
             self._consumers.close()
 
     @staticmethod
-    def _follow(consumer: Consumer, entry: _Log, assigned: dict[str, tuple[_Log, int]],
-                reading_from: dict[tuple[str, int], int]) -> None:
+    def _follow(consumer: Consumer, entry: _Log, assigned: dict[str, tuple[_Log, int]]) -> None:
         """Read the segments ``entry``'s cursor names, and no other of its log."""
         wanted, positions = entry.cursor.segments(), entry.cursor.positions()
         left = [TopicPartition(topic, 0) for topic in entry.assigned.keys() - wanted.keys()]
@@ -206,23 +204,26 @@ class OrderLog:
             consumer.incremental_unassign(left)
         for tp in left:
             assigned.pop(tp.topic, None)
-            reading_from.pop((tp.topic, 0), None)
         new = [TopicPartition(topic, 0, positions[topic]) for topic in wanted.keys() - entry.assigned.keys()]
         if new:
             assign_now(consumer, new)
         for tp in new:
             assigned[tp.topic] = (entry, wanted[tp.topic])
-            reading_from[(tp.topic, 0)] = tp.offset
         entry.assigned = wanted
 
-    def _remade(self, consumer: Consumer, reading_from: dict[tuple[str, int], int]) -> Consumer:
-        """A reader with the fetch wait the policy asks for, reading on from where ``consumer``
-        stopped (every message it returned is handled)."""
+    def _remade(self, consumer: Consumer, assigned: dict[str, tuple[_Log, int]]) -> Consumer:
+        """A reader with the fetch wait the policy asks for, nothing assigned yet: every message
+        ``consumer`` returned is handled, so :meth:`_follow` assigns it where each cursor goes on."""
         log.info("%s: order log %s: fetching with a %d ms wait", self.name, self.policy.pace.value, self.policy.wait_ms)
-        consumer = self._consumers.switch(consumer, reading_from, self.policy.wait_ms)
+        some_topic = next(iter(assigned))
+        consumer.close()
+        consumer = self._consumers.make(self.policy.wait_ms)
+        assigned.clear()
+        for entry in self._logs.values():
+            entry.assigned = {}
         self.remakes += 1
         if self.policy.pace is Pace.IDLE:  # the next order ends it: be ready
-            self._consumers.make_ahead(FETCH_WAIT_MS, next(iter(reading_from))[0])
+            self._consumers.make_ahead(FETCH_WAIT_MS, some_topic)
         return consumer
 
     def _fail(self, exc: BaseException) -> None:

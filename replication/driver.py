@@ -1903,8 +1903,9 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         # each run writes order logs of its own (kazoo_leader.segments): orders of an earlier run of the
         # job (and their epochs) are not this run's; a resumed run goes on in the logs of the run it
         # resumes, every partition from its cut's checkpoint on (a cut holds them all)
-        prefix = f"{cfg.order_logs_prefix(job.name)}.{uuid.uuid4().hex[:8]}"
-        if plan.resume is not None:
+        if plan.resume is None:
+            prefix = f"{cfg.order_logs_prefix(job.name)}.{uuid.uuid4().hex[:8]}"
+        else:
             prefix = plan.resume.cut.run.get("order_logs") or ""
             if not prefix:
                 key = PREFIX + "checkpointDir"

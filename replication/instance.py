@@ -528,10 +528,7 @@ class ProcessingInstance(PartitionInstance):
             if self.measure_request > self.metrics.vnode_bytes[0] and self.handovers is not None:
                 self.metrics.vnode_bytes = (self.measure_request, vnode_bytes(
                     self.state_backend(), self.num_key_groups, self.handovers.num_vnodes))
-            runs = self.orderer.next_runs(0)
-            if not runs:
-                self.flush_outputs()
-                runs = self.orderer.next_runs(self.idle_wait(0.2))
+            runs = self._next_runs()
             self.metrics.queue_batches = self.queues.size()
             if kazoo is not None:
                 self._kazoo_metrics(kazoo)
@@ -547,6 +544,16 @@ class ProcessingInstance(PartitionInstance):
                 if self.handovers is None or not self.handovers.holds_records():  # (it would lose them)
                     self._checkpoint(state.number, state)
         return True
+
+    def _next_runs(self) -> list[tuple[int, list]]:
+        """What the orderer has consumable now, else what comes within the idle wait; with
+        ``channel.flushWhenIdle``, the open output batches leave before that wait."""
+        if self.cfg.channel_flush_when_idle:
+            runs = self.orderer.next_runs(0)
+            if runs:
+                return runs
+            self.flush_outputs()
+        return self.orderer.next_runs(self.idle_wait(0.2))
 
     def _start_orderer_state(self, kazoo: KazooOrderer | None) -> Any:
         """The orderer's state before any input, for the first checkpoint."""
