@@ -59,7 +59,7 @@ GROUPS = ("python", "executor_jvm", "broker", "zookeeper", "driver_jvm", "bench"
 # (category, substrings of a frame "function (file:line)"): the first match of a sample's innermost
 # frame that matches any, searched from the innermost frame outwards
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("pickle / framing", ("pickle", "framing.py", "wire.py", "msgpack")),
+    ("pickle / framing", ("pickle", "batch_format.py", "wire.py", "msgpack")),
     ("gRPC", ("grpc", "rpc.py")),
     ("Kafka client", ("confluent_kafka", "kafka_io.py")),
     ("RocksDB / state", ("rocksdict", "rhino_state/state.py", "rhino_state/backend.py", "rhino_state/keys.py")),
@@ -70,7 +70,7 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("merge", ("merge/",)),
     ("operators / user code", ("operators.py", "functions.py", "examples/", "sink.py", "exactly_once.py")),
     ("channels", ("channels.py",)),
-    ("instance loop", ("instance.py",)),
+    ("instance loop", ("runtime/instance.py", "processing.py", "runtime/source.py")),
     ("worker / heartbeat", ("worker.py", "metrics.py", "messages.py")),
     ("threading / queues", ("threading.py", "queue.py")),
     ("json", ("json/",)),

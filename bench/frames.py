@@ -5,7 +5,7 @@ on a plain socket (transport.frames).
 
 Both servers and their clients in this one process on 127.0.0.1, with the job's signing (HMAC
 over method, time and payload; a signed reply): per payload size, ``--calls`` calls one after
-another, as a :class:`replication.senders.PushLink` makes them (one in flight per peer).  The
+another, as a :class:`replication.runtime.senders.PushLink` makes them (one in flight per peer).  The
 CPU per call is this process's (both ends, and gRPC's own threads), from ``time.process_time``;
 the wall time per call is the round trip.  Writes ``frames.csv``, ``frames.png`` and
 ``machine.txt``.

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 # Element kinds (first tuple field).  Only END matters here; they are the runtime's
-# (replication.elements, pinned by a test): kazoo_leader does not import the runtime.
+# (replication.runtime.elements, pinned by a test): kazoo_leader does not import the runtime.
 DATA = 0
 WATERMARK = 1
 END = 2

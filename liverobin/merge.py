@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 # Element kinds (first tuple field) the merge acts on; the rest is payload to it.  They are the
-# runtime's (replication.elements, pinned by a test): liverobin does not import the runtime.
+# runtime's (replication.runtime.elements, pinned by a test): liverobin does not import the runtime.
 END = 2
 PULSE = 3
 _kind = itemgetter(0)

@@ -10,30 +10,30 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
-from replication import framing
-from replication.channels import OutputChannel
-from replication.dedup import Dedup
-from replication.elements import END_ELEMENT, record, watermark
 from replication.plan import ChannelSpec
+from replication.runtime.channels import OutputChannel
+from replication.runtime.dedup import Dedup
+from replication.runtime.elements import END_ELEMENT, record, watermark
+from transport import batch_format
 
 
 def test_batch_round_trip_keeps_header_and_elements():
     els = [record({"a": 1}, key="k", ts=5, ingest_ts=1.5, origin=("t", 0, 9)), watermark(4), END_ELEMENT]
-    data = framing.encode_batch(3, 1, 2**40, 2**63, els)
-    h = framing.decode_header(data)
+    data = batch_format.encode_batch(3, 1, 2**40, 2**63, els)
+    h = batch_format.decode_header(data)
     assert (h.task, h.partition, h.channel, h.first_seq, h.count, h.last_seq) == (3, 1, 2**40, 2**63, 3, 2**63 + 2)
-    assert framing.decode_elements(data, h) == els
+    assert batch_format.decode_elements(data, h) == els
 
 
 def test_framing_rejects_garbage_and_seq_overflow():
-    with pytest.raises(framing.FramingError):
-        framing.decode_header(b"xx")
-    with pytest.raises(framing.FramingError):
-        framing.decode_header(b"XX" + bytes(framing.HEADER_SIZE))
+    with pytest.raises(batch_format.FramingError):
+        batch_format.decode_header(b"xx")
+    with pytest.raises(batch_format.FramingError):
+        batch_format.decode_header(b"XX" + bytes(batch_format.HEADER_SIZE))
     with pytest.raises(ValueError):
-        framing.encode_batch(0, 0, 0, framing.MAX_SEQ, [1, 2])
+        batch_format.encode_batch(0, 0, 0, batch_format.MAX_SEQ, [1, 2])
     with pytest.raises(ValueError):
-        framing.encode_batch(0, 0, 0, 0, [])
+        batch_format.encode_batch(0, 0, 0, 0, [])
 
 
 def test_dedup_delivers_in_order_drops_duplicates_reports_gaps():
@@ -111,8 +111,8 @@ def test_per_channel_queues_never_block_a_channel_behind_the_others():
 def _collecting_transport(out: list, delay: float = 0.0):
     def send(payload: bytes) -> None:
         time.sleep(delay)
-        h = framing.decode_header(payload)
-        out.append((h.first_seq, framing.decode_elements(payload, h)))
+        h = batch_format.decode_header(payload)
+        out.append((h.first_seq, batch_format.decode_elements(payload, h)))
     return send
 
 
@@ -138,8 +138,8 @@ def test_a_drained_emitter_sends_at_once_when_nothing_is_on_its_way_else_when_it
 
     def send(payload: bytes) -> None:
         gate.wait(10)
-        h = framing.decode_header(payload)
-        sent.append((h.first_seq, framing.decode_elements(payload, h)))
+        h = batch_format.decode_header(payload)
+        sent.append((h.first_seq, batch_format.decode_elements(payload, h)))
 
     ch = OutputChannel(ChannelSpec(2, 0, 0, 0, 1, 0), send, batch_size=100, buffer_timeout_s=60)
     ch.emit(0)
@@ -184,9 +184,9 @@ def test_a_sender_that_is_behind_sends_the_waiting_batches_in_one_call():
 
     def slow(payload: bytes) -> None:
         gate.wait(5)
-        h = framing.decode_header(payload)
+        h = batch_format.decode_header(payload)
         calls.append((h.first_seq, h.count))
-        got.extend(framing.decode_elements(payload, h))
+        got.extend(batch_format.decode_elements(payload, h))
 
     ch = OutputChannel(spec, slow, batch_size=8, buffer_timeout_s=0.001, max_ready=100)
     for i in range(20):

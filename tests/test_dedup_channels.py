@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replication import framing
-from replication.channels import ChannelClosed, OutputChannel
-from replication.dedup import Dedup
 from replication.plan import ChannelSpec
+from replication.runtime.channels import ChannelClosed, OutputChannel
+from replication.runtime.dedup import Dedup
+from transport import batch_format
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -69,7 +69,7 @@ class FakeTransport:
         self.fail_after = fail_after  # calls that succeed before every further call raises
         self.fail_after_gate = fail_after_gate
         self.calls = 0
-        self.batches: list[tuple[framing.BatchHeader, list]] = []
+        self.batches: list[tuple[batch_format.BatchHeader, list]] = []
         self._lock = threading.Lock()
 
     def __call__(self, payload: bytes) -> None:
@@ -86,8 +86,8 @@ class FakeTransport:
             time.sleep(self.delay)
         if self.fail_after is not None and call > self.fail_after:
             raise ConnectionError(f"send {call} failed")
-        header = framing.decode_header(payload)
-        elements = framing.decode_elements(payload, header)
+        header = batch_format.decode_header(payload)
+        elements = batch_format.decode_elements(payload, header)
         with self._lock:
             self.batches.append((header, elements))
 
@@ -413,7 +413,7 @@ def test_failing_transport_is_cut_off_and_the_other_gets_everything(harness, cap
     transports[failing] = FakeTransport(fail_after=fail_after)
     bad, good = transports[failing], transports[1 - failing]
     ch = harness.channel(transports, batch_size=4, max_ready=2)
-    with caplog.at_level(logging.WARNING, logger="replication.channels"):
+    with caplog.at_level(logging.WARNING, logger="replication.runtime.channels"):
         em = harness.emitter(ch, range(400))
         assert em.done(3), "emit blocked on a failed replica"
         assert em.error is None and em.emitted == 400
@@ -491,7 +491,7 @@ def test_cut_off_stops_sending_to_that_replica(harness, caplog):
     for i in range(10):
         ch.emit(i)
     assert _wait_for(lambda: t0.count == t1.count == 10)
-    with caplog.at_level(logging.WARNING, logger="replication.channels"):
+    with caplog.at_level(logging.WARNING, logger="replication.runtime.channels"):
         ch.cut_off(1, "worker 4 declared dead by the driver")
         ch.cut_off(1, "again")  # idempotent
     assert ch.live_replicas == [0]
@@ -684,11 +684,11 @@ def test_two_upstream_replicas_with_different_batching_feed_one_receiver_exactly
     lock = threading.Lock()
 
     def receive(payload: bytes) -> None:
-        h = framing.decode_header(payload)
+        h = batch_format.decode_header(payload)
         with lock:
             a = receiver.admit(h.channel, h.first_seq, h.count)
             assert a.gap == 0
-            delivered.extend(framing.decode_elements(payload, h)[a.start:a.stop])
+            delivered.extend(batch_format.decode_elements(payload, h)[a.start:a.stop])
 
     spec = ChannelSpec(77, 1, 0, 0, 2, 3)  # the same channel id on both upstream replicas
     ch_a = OutputChannel(spec, [receive], batch_size=7, buffer_timeout_s=0.002)

@@ -9,9 +9,9 @@ import time
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from replication import exactly_once
 from replication.config import ReplicationConfig
-from replication.exactly_once import ExactlyOnceOutput, max_written_seq
+from replication.runtime import exactly_once
+from replication.runtime.exactly_once import ExactlyOnceOutput, max_written_seq
 
 
 class FencedProducer:
@@ -69,7 +69,7 @@ class CountingProducer:
 
 
 def test_a_new_writer_writes_a_long_backlog_in_transactions_of_the_usual_size():
-    from replication.exactly_once import COMMIT_EVERY
+    from replication.runtime.exactly_once import COMMIT_EVERY
     cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
     out = ExactlyOnceOutput("sink[0]r1", cfg, 1, "run:1:0", "out", 0, 60.0)
     for _ in range(2 * COMMIT_EVERY + 7):  # kept as a standby does
@@ -339,7 +339,7 @@ def test_a_replica_taking_over_goes_on_while_its_scan_runs(monkeypatch):
     and more).  Meanwhile the replica must go on (its checkpoints, its downstreams and the safe cut
     of the whole job wait for it otherwise): it keeps its records as a standby does and writes
     those the scan did not find once the scan is done."""
-    from replication import exactly_once
+    from replication.runtime import exactly_once
 
     scanning, release = threading.Event(), threading.Event()
     producers: list[TransactionalProducer] = []
@@ -383,7 +383,7 @@ def test_a_replica_taking_over_goes_on_while_its_scan_runs(monkeypatch):
 
 
 def test_a_takeover_superseded_before_its_scan_ended_does_not_write(monkeypatch):
-    from replication import exactly_once
+    from replication.runtime import exactly_once
 
     release = threading.Event()
     monkeypatch.setattr(exactly_once, "max_written_seq", lambda *a, **k: release.wait(30) and -1)
@@ -401,7 +401,7 @@ def test_a_takeover_superseded_before_its_scan_ended_does_not_write(monkeypatch)
 
 
 def test_a_failed_takeover_fails_its_replica(monkeypatch):
-    from replication import exactly_once
+    from replication.runtime import exactly_once
 
     def scan(*args, **kwargs) -> int:
         raise TimeoutError("no end of partition")
@@ -450,7 +450,7 @@ def test_a_partition_restored_with_no_replica_left_writes_what_its_checkpoint_co
     """A checkpoint taken while records wait for their commit, then every replica lost (a rollback,
     or a resume after the whole job died): the restored partition regenerates only what comes after
     the checkpoint, so the records the checkpoint counted come from the checkpoint itself."""
-    from replication import exactly_once
+    from replication.runtime import exactly_once
 
     monkeypatch.setattr(exactly_once, "Producer", TransactionalProducer)
     monkeypatch.setattr(exactly_once, "max_written_seq", lambda *a, **k: 1)  # the output holds seqs 0 and 1
@@ -481,7 +481,7 @@ def test_a_standby_sink_takes_over_with_the_producer_it_made_ahead(monkeypatch):
     librdkafka's coordinator timer, and the output waits with it: a standby of an output made
     with ``ready_producer`` keeps one made (not initialised: it fences nobody) and a takeover
     initialises that one; a standby without keeps none."""
-    from replication import exactly_once
+    from replication.runtime import exactly_once
 
     made: list[TransactionalProducer] = []
     inits: list[TransactionalProducer] = []

@@ -274,7 +274,7 @@ class _Instance:
 def _worker(store: ReplicaStore, hosted: list[_Instance]):
     """A worker hosting ``hosted`` (the origin's replica among them: fetches are answered in process)
     whose replica store is ``store``."""
-    from replication.worker import Worker
+    from replication.runtime.worker import Worker
 
     worker = Worker.__new__(Worker)
     worker.index, worker.dead_workers, worker._addresses = 0, set(), {0: "here"}
@@ -292,7 +292,7 @@ def test_a_target_that_cannot_rebuild_the_cut_from_its_checkpoint_copy_fetches_i
     changes against a checkpoint it does not hold (after a short wait for its increment), or a
     rebuild whose digest differs from the origin's, make it fetch the whole cut an origin replica
     kept.  Either way the target ends with exactly the origin's cut."""
-    monkeypatch.setattr("replication.worker.BASE_WAIT_S", 0.05)
+    monkeypatch.setattr("replication.runtime.worker.BASE_WAIT_S", 0.05)
     origin_state = RocksDBStateBackend(tmp_path / "origin", 4, instance=ORIGIN)
     store = ReplicaStore(tmp_path / "store")
     try:
@@ -333,7 +333,7 @@ class _Unreachable(grpc.RpcError):
 def test_a_cut_no_origin_replica_can_give_is_asked_for_less_and_less_often_and_logged_once(monkeypatch, caplog):
     """The origin's workers are down: the target asks every 0.2 s, doubling up to 2 s, and says so
     once per worker in one line (it logged the whole gRPC error every 0.2 s)."""
-    from replication import worker as worker_module
+    from replication.runtime import worker as worker_module
 
     target = _Instance(1)
     worker = _worker(None, [target])
@@ -361,7 +361,7 @@ def test_a_cut_no_origin_replica_can_give_is_asked_for_less_and_less_often_and_l
             target.stop_requested.set()
 
     monkeypatch.setattr(worker_module.time, "sleep", sleep)
-    with caplog.at_level(logging.WARNING, logger="replication.worker"):
+    with caplog.at_level(logging.WARNING, logger="replication.runtime.worker"):
         worker._fetch_cuts(target, 0.5)
     assert waits == [0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]
     assert len(calls) == 7 * 3  # both origin replicas and the target's twin, every round

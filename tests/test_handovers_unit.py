@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import pytest
 
 from replication.config import ReplicationConfig
-from replication.elements import DATA, WATERMARK
 from replication.examples.ordered import build_ordered_job
 from replication.handovers import (
     CodeOrder,
@@ -29,8 +28,9 @@ from replication.handovers import (
     step_phases,
     vnode_bytes,
 )
-from replication.instance import ProcessingInstance
 from replication.plan import plan_job
+from replication.runtime.elements import DATA, WATERMARK
+from replication.runtime.processing import ProcessingInstance
 from rhino_state import (
     AllAtOnce,
     Batched,

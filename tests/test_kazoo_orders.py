@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from kazoo_leader import Order, OrderApplier, OrderLogCorrupt, OrderProposer
 from kazoo_leader import orders as ko
-from replication import elements
-from replication.elements import DATA, END_ELEMENT, watermark
+from replication.runtime import elements
+from replication.runtime.elements import DATA, END_ELEMENT, watermark
 
 A, B, C = 0, 7, 3
 

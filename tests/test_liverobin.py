@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from liverobin import LiveRobinMerge
 from liverobin import merge as lr
-from replication import elements
-from replication.elements import DATA, END_ELEMENT, pulse
+from replication.runtime import elements
+from replication.runtime.elements import DATA, END_ELEMENT, pulse
 
 
 def d(name: str) -> tuple:

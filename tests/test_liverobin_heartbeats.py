@@ -17,7 +17,7 @@ from liverobin.reader import PulseReader
 from liverobin.segments import HeartbeatLog
 from merge import InputQueues
 from merge.queues import QueuesClosed
-from replication.elements import DATA, END_ELEMENT, pulse
+from replication.runtime.elements import DATA, END_ELEMENT, pulse
 
 T = "payments"
 

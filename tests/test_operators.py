@@ -1,4 +1,4 @@
-"""Runtime operators (replication.operators) driven by a fake hosting instance.
+"""Runtime operators (replication.runtime.operators) driven by a fake hosting instance.
 
 No Spark, no Kafka: the environment offers real keyed state (rhino_state over RocksDB
 in a temporary directory), a dead-letter list, fake producers and fake channels.
@@ -19,11 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replication.api import Job
-from replication.elements import DATA, END, END_ELEMENT, MAX_WATERMARK, WATERMARK, record
 from replication.functions import Aggregator, KeyedProcessFunction
 from replication.handovers import HandoverOrder, RouterSwitches
 from replication.metrics import InstanceMetrics
-from replication.operators import (
+from replication.plan import OutputEdge, plan_job
+from replication.runtime.elements import DATA, END, END_ELEMENT, MAX_WATERMARK, WATERMARK, record
+from replication.runtime.operators import (
     FilterOperator,
     FlatMapOperator,
     MapOperator,
@@ -35,7 +36,6 @@ from replication.operators import (
     build_chain,
     serves_through_moves,
 )
-from replication.plan import OutputEdge, plan_job
 from rhino_state import (
     RocksDBStateBackend,
     RoutingTable,

@@ -15,13 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from merge.queues import InputQueues
-from replication import framing
-from replication.channels import OutputChannel
-from replication.dedup import Dedup
-from replication.instance import ProcessingInstance
 from replication.metrics import InstanceMetrics
 from replication.plan import ChannelSpec
-from replication.senders import (
+from replication.runtime.channels import OutputChannel
+from replication.runtime.dedup import Dedup
+from replication.runtime.processing import ProcessingInstance
+from replication.runtime.senders import (
     PUSH_BUSY,
     PUSH_OK,
     LocalSender,
@@ -31,6 +30,7 @@ from replication.senders import (
     encode_pushes,
     receive_pushes,
 )
+from transport import batch_format
 from transport.frames import TransportFailure
 
 
@@ -56,13 +56,13 @@ class FakeWorker:
     def close(self) -> None:
         pass
 
-    def deliver(self, h: framing.BatchHeader, payload: bytes) -> bool:
+    def deliver(self, h: batch_format.BatchHeader, payload: bytes) -> bool:
         """What ``ProcessingInstance.deliver(block=False)`` does, on plain dedup and queues."""
         if h.channel not in self.queues.channels:
             raise ValueError(f"channel {h.channel} is not an input here")
         adm = self.dedup.check(h.channel, h.first_seq, h.count)
         if adm.delivers and not self.queues.put(
-                h.channel, framing.decode_elements(payload, h)[adm.start:adm.stop], block=False):
+                h.channel, batch_format.decode_elements(payload, h)[adm.start:adm.stop], block=False):
             self.busy += 1
             return False
         self.dedup.commit(h.channel, h.first_seq, adm)
@@ -153,8 +153,8 @@ def test_a_refused_batch_cuts_that_replica_off_and_the_other_replica_gets_everyt
     peer = FakeWorker([5])
     link = PushLink(peer, give_up=lambda: False)
     got: list = []
-    ch = _channel(9, [link, lambda payload: got.extend(framing.decode_elements(
-        payload, framing.decode_header(payload)))])  # channel 9 is not an input of the fake worker
+    ch = _channel(9, [link, lambda payload: got.extend(batch_format.decode_elements(
+        payload, batch_format.decode_header(payload)))])  # channel 9 is not an input of the fake worker
     _emit_all(ch, 40).join(5)
     assert ch.close(5)
     assert got == [(0, i) for i in range(40)]
@@ -217,9 +217,9 @@ def _receiving_instance(channels: list[int], capacity: int):
     return inst, lambda h, payload: ProcessingInstance.deliver(inst, h, payload)
 
 
-def _batch(channel: int, first_seq: int) -> tuple[framing.BatchHeader, bytes]:
-    payload = framing.encode_batch(0, 0, channel, first_seq, [(0, first_seq)])
-    return framing.decode_header(payload), payload
+def _batch(channel: int, first_seq: int) -> tuple[batch_format.BatchHeader, bytes]:
+    payload = batch_format.encode_batch(0, 0, channel, first_seq, [(0, first_seq)])
+    return batch_format.decode_header(payload), payload
 
 
 def test_a_same_worker_sender_facing_a_full_queue_does_not_hold_up_a_remote_call():

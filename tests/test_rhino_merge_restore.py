@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from liverobin import LiveRobinMerge
-from replication.elements import DATA, END_ELEMENT, PULSE, pulse
+from replication.runtime.elements import DATA, END_ELEMENT, PULSE, pulse
 
 
 def channel_sequences(rnd: random.Random, channels: int, pulses: int) -> dict[int, list[tuple]]:

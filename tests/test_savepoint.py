@@ -21,7 +21,7 @@ from replication.examples.ordered import (
     verify_chains,
     window_counts,
 )
-from replication.operators import WindowOperator
+from replication.runtime.operators import WindowOperator
 from rhino_state import encode_key, key_group
 from tests.ordered_runs import feed, read_output, source_topics, where_missing
 

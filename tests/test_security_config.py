@@ -136,8 +136,8 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
     """Sources, sinks and dead letters (their writers and takeover scans), the order log, the
     heartbeat log (generator and readers), the plain dead-letter writer and the admin client all
     get the pass-through properties."""
-    import replication.exactly_once as exactly_once
-    import replication.worker as worker
+    import replication.runtime.exactly_once as exactly_once
+    import replication.runtime.worker as worker
     import transport.kafka_io as kafka_io
     from kazoo_leader.order_log import OrderLog
     from liverobin.generator import HeartbeatGenerator

@@ -10,11 +10,11 @@ import pytest
 from confluent_kafka import Producer
 
 from deploy.topics import create_topics, read_all
-from replication import exactly_once
 from replication.config import ReplicationConfig
-from replication.elements import DATA
 from replication.metrics import InstanceMetrics
-from replication.sink import ExactlyOnceSink
+from replication.runtime import exactly_once
+from replication.runtime.elements import DATA
+from replication.runtime.sink import ExactlyOnceSink
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,7 @@ def test_takeover_after_a_writer_dies_mid_transaction_writes_every_record_once(s
     writer's open transaction, aborted by the fencing, is skipped): the new writer writes those
     records again, so a read_committed reader (every record but the aborted transaction's) sees each
     once, while a read_uncommitted one sees the aborted ones twice: what the sink promises, exactly
-    (replication/exactly_once.py)."""
+    (replication/runtime/exactly_once.py)."""
     topic, sink_id = f"{topic_prefix}out", f"{topic_prefix}run:2:0"
     create_topics(stack.bootstrap_servers, {topic: 1})
     cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers})
@@ -218,7 +218,7 @@ def test_a_writer_fenced_by_a_superseded_takeover_is_named_again_and_writes_ever
 def test_dead_letters_are_written_once_by_the_writer_replica_and_after_a_takeover(stack, topic_prefix):
     """Both replicas meet the same bad records; only the writer writes them, and the replica that
     takes over writes only those the output does not have yet."""
-    from replication.deadletter import ExactlyOnceDeadLetters
+    from replication.runtime.deadletter import ExactlyOnceDeadLetters
 
     topic = f"{topic_prefix}dlq"
     create_topics(stack.bootstrap_servers, {topic: 1})

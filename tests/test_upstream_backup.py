@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from replication import framing
-from replication.channels import BackupTrimmed, OutputChannel
-from replication.dedup import Dedup
 from replication.plan import ChannelSpec
+from replication.runtime.channels import BackupTrimmed, OutputChannel
+from replication.runtime.dedup import Dedup
+from transport import batch_format
 
 SPEC = ChannelSpec(id=5, edge_id=0, src_task=0, src_partition=0, dst_task=1, dst_partition=0)
 
@@ -30,7 +30,7 @@ class Receiver:
     def __call__(self, payload: bytes) -> None:
         if self.fail:
             raise ConnectionError("replica gone")
-        h = framing.decode_header(payload)
+        h = batch_format.decode_header(payload)
         with self.lock:
             adm = self.dedup.admit(h.channel, h.first_seq, h.count)
             self.delivered += [h.first_seq + i for i in range(adm.start, adm.stop)]
@@ -137,7 +137,7 @@ def test_a_stale_sender_of_the_old_place_cannot_move_the_new_position():
     calls = []
 
     def hung(payload: bytes) -> None:
-        calls.append(framing.decode_header(payload).first_seq)
+        calls.append(batch_format.decode_header(payload).first_seq)
         release_old.wait(5)
         raise ConnectionError("old place finally failed")
 
@@ -175,7 +175,7 @@ def test_every_destination_replica_lost_keeps_the_output_for_a_rollback_then_blo
     """Both replicas of the destination die (a rollback will restore it): with a backup the
     channel keeps what is emitted, up to its limit, then blocks the emitter; the restored
     replica rejoins and gets everything from its checkpoint on.  Without a backup it is an error."""
-    from replication.channels import ChannelClosed
+    from replication.runtime.channels import ChannelClosed
 
     a, b = Receiver(), Receiver()
     ch = OutputChannel(SPEC, [a, b], batch_size=4, buffer_timeout_s=0.001, max_ready=100, retain=True,

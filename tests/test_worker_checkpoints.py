@@ -1,11 +1,11 @@
-"""A worker's Rhino checkpoint runtime without Spark (replication.checkpoints)."""
+"""A worker's Rhino checkpoint runtime without Spark (replication.runtime.checkpoints)."""
 
 from __future__ import annotations
 
 import time
 from types import SimpleNamespace
 
-from replication.checkpoints import WorkerCheckpoints
+from replication.runtime.checkpoints import WorkerCheckpoints
 from rhino_state import RocksDBStateBackend
 from tests.test_rhino_store import content
 from transport import rpc

@@ -1,4 +1,4 @@
-"""A worker's handling of the driver's word, without Spark (replication.worker)."""
+"""A worker's handling of the driver's word, without Spark (replication.runtime.worker)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from types import SimpleNamespace
 
 import grpc
 
-from replication import worker as worker_module
-from replication.channels import OutputChannel
-from replication.checkpoints import WorkerCheckpoints
 from replication.handovers import HandoverOrder, PartitionHandovers, TargetCut
-from replication.instance import drain_position
 from replication.messages import CutRequest, Instructions
 from replication.plan import ChannelSpec
-from replication.worker import RESTORED_REPORT_S, KnownMove, Worker, _Mailbox
+from replication.runtime import worker as worker_module
+from replication.runtime.channels import OutputChannel
+from replication.runtime.checkpoints import WorkerCheckpoints
+from replication.runtime.source import drain_position
+from replication.runtime.worker import RESTORED_REPORT_S, KnownMove, Worker, _Mailbox
 from rhino_state import RoutingTable, VnodeMove
 from transport import wire
 from transport.security import RpcSecurity
@@ -220,7 +220,7 @@ def test_a_restored_upstream_sends_to_no_lost_replica_until_it_runs_again_even_w
 def test_a_standby_s_zookeeper_session_is_opened_once_whoever_asks_first(monkeypatch):
     """A KaZoo standby opens its session ahead of restores, in the background; a restore asking
     meanwhile gets that same session, and a session that could not start is tried again."""
-    import replication.worker as worker_module
+    import replication.runtime.worker as worker_module
 
     clients: list = []
 

@@ -1,6 +1,6 @@
 """The exactly-once sink of replicated jobs (and of checkpointed ones without replication: a
 partition restored from a checkpoint takes over as writer like a replica does): the sink
-operator over :class:`replication.exactly_once.ExactlyOnceOutput`, which writes output sink
+operator over :class:`replication.runtime.exactly_once.ExactlyOnceOutput`, which writes output sink
 partition ``p`` to output partition ``p mod N`` (what a reader sees, exactly, is in that
 module's docstring)."""
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from replication.exactly_once import ExactlyOnceOutput
-from replication.operators import SinkBase
+from replication.runtime.exactly_once import ExactlyOnceOutput
+from replication.runtime.operators import SinkBase
 
 
 class ExactlyOnceSink(SinkBase):

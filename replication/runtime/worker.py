@@ -39,13 +39,8 @@ from kazoo_leader.order_log import OrderLog
 from liverobin.heartbeats import PulseRecord
 from liverobin.positions import PositionOutbox
 from liverobin.reader import PulseReader
-from replication import framing
-from replication.channels import BackupTrimmed, OutputChannel
-from replication.checkpoints import WorkerCheckpoints
 from replication.config import ReplicationConfig
-from replication.deadletter import DeadLetterWriter
 from replication.handovers import DeltaCut, HandoverOrder, TargetCut, order_from_wire
-from replication.instance import PartitionInstance, ProcessingInstance, SourceInstance
 from replication.messages import (
     Ack,
     Attach,
@@ -63,7 +58,12 @@ from replication.messages import (
     WorkerFinished,
 )
 from replication.plan import Instance, PhysicalPlan, ReplicaId
-from replication.senders import (
+from replication.runtime.channels import BackupTrimmed, OutputChannel
+from replication.runtime.checkpoints import WorkerCheckpoints
+from replication.runtime.deadletter import DeadLetterWriter
+from replication.runtime.instance import PartitionInstance
+from replication.runtime.processing import ProcessingInstance
+from replication.runtime.senders import (
     PUSH_METHOD,
     BatchSender,
     LocalSender,
@@ -71,12 +71,13 @@ from replication.senders import (
     WorkerDataPeer,
     receive_pushes,
 )
+from replication.runtime.source import SourceInstance
 from replication.spark_cluster import current_executor_id, executor_bind_host, local_advertise_host
 from rhino_state import CheckpointNotHeldError, moved_key_groups
 from rhino_state.cut import Delivery, apply_changes, cut_digest, entry_bytes, plan_delivery
 from rhino_state.durable import DurableStore
 from rhino_state.increments import IncrementMeta
-from transport import rpc, wire
+from transport import batch_format, rpc, wire
 from transport.frames import FrameServer
 from transport.kafka_feeds import SharedConsumer
 from transport.kafka_io import admin_client, ensure_topics
@@ -376,14 +377,14 @@ class Worker:
         return {"worker": self.index, "attempt": self.attempt, "status": status, **extra}
 
     # -- receiving ------------------------------------------------------------------------
-    def _deliver(self, header: framing.BatchHeader, payload: bytes) -> bool:
+    def _deliver(self, header: batch_format.BatchHeader, payload: bytes) -> bool:
         """One batch to a hosted instance without blocking (False: its queue is full, busy)."""
         inst = self.instances.get((header.task, header.partition))
         if not isinstance(inst, ProcessingInstance):
             raise ValueError(f"worker {self.index} hosts no replica of ({header.task}, {header.partition})")
         return inst.deliver(header, payload)
 
-    def _deliver_local(self, header: framing.BatchHeader, payload: bytes) -> bool:
+    def _deliver_local(self, header: batch_format.BatchHeader, payload: bytes) -> bool:
         if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
             raise RuntimeError(f"worker {self.index} not ready")
         return self._deliver(header, payload)

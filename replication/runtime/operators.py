@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from replication.deadletter import describe_error, payload_of
-from replication.elements import DATA, END_ELEMENT, pulse, watermark
 from replication.functions import ProcessContext, RuntimeContext, mergeable
+from replication.runtime.deadletter import describe_error, payload_of
+from replication.runtime.elements import DATA, END_ELEMENT, pulse, watermark
 from rhino_state import canonical_dumps, encode_key, key_group
 from transport.kafka_io import produce_blocking
 
@@ -445,7 +445,7 @@ def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:
             ops.append(WindowOperator(node.name, env, spec["size_ms"], copy.deepcopy(spec["aggregator"])))
         elif kind == "sink":
             if getattr(env, "exactly_once_sink", False):
-                from replication.sink import ExactlyOnceSink  # imports this module
+                from replication.runtime.sink import ExactlyOnceSink  # imports this module
 
                 cls: type[Operator] = ExactlyOnceSink
             else:

@@ -2,7 +2,7 @@
 
 Elements are plain tuples (cheap to build and to pickle); the first field is the
 kind.  Every element, data and control alike, gets a per-channel sequence number
-when it is put on a channel (see :mod:`replication.channels`); the seq is not part
+when it is put on a channel (see :mod:`replication.runtime.channels`); the seq is not part
 of the tuple, it is implied by the element's position in its batch.
 
 * ``(DATA, value, key, ts, ingest_ts, origin)``: a record.  ``key`` is set once the

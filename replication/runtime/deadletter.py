@@ -17,8 +17,8 @@ import traceback
 from typing import Any
 
 from replication.config import ReplicationConfig
-from replication.elements import Origin
-from replication.exactly_once import ExactlyOnceOutput
+from replication.runtime.elements import Origin
+from replication.runtime.exactly_once import ExactlyOnceOutput
 from transport.kafka_io import produce_blocking
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class DeadLetterWriter:
 class ExactlyOnceDeadLetters:
     """One partition replica's dead letters, written once for the partition: both replicas meet
     the same bad records in the same order, number them alike, and only the partition's writer
-    replica writes them, fenced like a sink (:class:`replication.exactly_once.ExactlyOnceOutput`,
+    replica writes them, fenced like a sink (:class:`replication.runtime.exactly_once.ExactlyOnceOutput`,
     output ``<sink id>:dlq``).  Its seq is checkpointed with the replica."""
 
     kind = "dlq"  # which of the partition's outputs the driver's writer role is for

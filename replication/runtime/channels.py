@@ -5,7 +5,7 @@ is full or after the buffer timeout, stamped with the next seq and framed once.
 Each replica of the destination partition (duplicate sending, DESIGN §4 rule 1;
 one when replication is off) has its own position in the shared list of sealed
 batches, so a slow or dead replica does not hold the other one back, and is sent
-to by the sender of the worker it runs on (:mod:`replication.senders`): one
+to by the sender of the worker it runs on (:mod:`replication.runtime.senders`): one
 thread per destination worker sends the batches of every channel and replica
 routed there (to another worker in one ``PushMany`` call for everything waiting,
 to this worker's own instances directly).  No thread per
@@ -39,9 +39,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from replication import framing
 from replication.plan import ChannelSpec
-from replication.senders import BatchSender, Cursor, LocalSender, OutgoingBatch, Transport
+from replication.runtime.senders import BatchSender, Cursor, LocalSender, OutgoingBatch, Transport
+from transport import batch_format
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class OutputChannel:
     def _sender_for(self, transport: Transport | BatchSender, replica: int) -> BatchSender:
         if isinstance(transport, BatchSender):
             return transport
-        def deliver(_header: framing.BatchHeader, payload: bytes) -> bool:
+        def deliver(_header: batch_format.BatchHeader, payload: bytes) -> bool:
             transport(payload)  # returns once taken; raises if it failed
             return True
 
@@ -317,7 +317,7 @@ class OutputChannel:
         self._seal_when_free = False
         batch, self._current = self._current, []
         spec = self.spec
-        payload = framing.encode_batch(spec.dst_task, spec.dst_partition, spec.id, self._next_seq, batch)
+        payload = batch_format.encode_batch(spec.dst_task, spec.dst_partition, spec.id, self._next_seq, batch)
         self._batches[self._next_seq] = (payload, len(batch))
         self._sealed.append(self._next_seq)
         self._next_seq += len(batch)
@@ -384,9 +384,9 @@ class OutputChannel:
         if len(framed) > 1:  # (the receiver's dedup takes any range)
             elements = []
             for one in framed:
-                elements += framing.decode_elements(one, framing.decode_header(one))
+                elements += batch_format.decode_elements(one, batch_format.decode_header(one))
             spec = self.spec
-            payload = framing.encode_batch(spec.dst_task, spec.dst_partition, spec.id, first_seq, elements)
+            payload = batch_format.encode_batch(spec.dst_task, spec.dst_partition, spec.id, first_seq, elements)
         return OutgoingBatch(first_seq, count, len(framed), payload)
 
     def batch_sent(self, cursor: Cursor, batch: OutgoingBatch) -> None:

@@ -1,6 +1,6 @@
 """Who sends a channel's batches: one thread per destination worker, whatever the channels.
 
-A channel (:class:`replication.channels.OutputChannel`) keeps a :class:`Cursor` per destination
+A channel (:class:`replication.runtime.channels.OutputChannel`) keeps a :class:`Cursor` per destination
 replica and *schedules* it on the :class:`BatchSender` of the worker that replica runs on when a
 batch is sealed, or *at* the time its open batch is due.  The sender's thread takes every ready
 cursor, asks its channel for the next batch (``next_batch``), sends them all at once and reports
@@ -23,8 +23,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from replication import framing
-from transport import wire
+from transport import batch_format, wire
 from transport.frames import FrameCallFailed, FramePeer, TransportFailure
 from transport.rpc import Peer, is_retryable
 
@@ -67,13 +66,13 @@ def decode_push_reply(reply: bytes, count: int) -> tuple[bytes, list[str]]:
     return reply[:count], ([str(r) for r in wire.decode(reply[count:], list)] if len(reply) > count else [])
 
 
-def receive_pushes(request: bytes, deliver: Callable[[framing.BatchHeader, bytes], bool]) -> bytes:
+def receive_pushes(request: bytes, deliver: Callable[[batch_format.BatchHeader, bytes], bool]) -> bytes:
     """The receiving side of a ``PushMany`` call: ``deliver`` each batch without blocking (True:
     taken, False: its queue is full, ValueError: refused, with the reason); the reply."""
     statuses, reasons = [], []
     for payload in decode_pushes(request):
         try:
-            statuses.append(PUSH_OK if deliver(framing.decode_header(payload), payload) else PUSH_BUSY)
+            statuses.append(PUSH_OK if deliver(batch_format.decode_header(payload), payload) else PUSH_BUSY)
         except ValueError as exc:
             statuses.append(PUSH_REFUSED)
             reasons.append(str(exc))
@@ -312,7 +311,7 @@ class LocalSender(BatchSender):
     taken, False: busy, ValueError: refused), as a remote ``PushMany`` would: to this worker's own
     instances, or through a plain :data:`Transport` callable (tests, simple transports)."""
 
-    def __init__(self, name: str, deliver: Callable[[framing.BatchHeader, bytes], bool]) -> None:
+    def __init__(self, name: str, deliver: Callable[[batch_format.BatchHeader, bytes], bool]) -> None:
         self._deliver = deliver
         super().__init__(name)
 
@@ -320,7 +319,7 @@ class LocalSender(BatchSender):
         out: list[Status] = []
         for payload in payloads:
             try:
-                out.append((PUSH_OK if self._deliver(framing.decode_header(payload), payload) else PUSH_BUSY, None))
+                out.append((PUSH_OK if self._deliver(batch_format.decode_header(payload), payload) else PUSH_BUSY, None))
             except ValueError as exc:
                 out.append((PUSH_REFUSED, str(exc)))
             except Exception as exc:  # noqa: BLE001 - that replica is cut off, the others go on

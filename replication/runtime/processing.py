@@ -1,0 +1,399 @@
+"""Processing instances: a partition of a task fed by input channels.
+
+A :class:`ProcessingInstance` receives batches on its input channels (dedup by seq, bounded
+queues), consumes them in the orderer's order (arrival, LiveRobin or KaZoo), drives watermarks
+(minimum over channels) and runs its operator chain, until END on every input or stop.  Handovers
+and checkpoints happen at pulses, where both replicas are at the same point of their input.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kazoo_leader.orderer import KazooOrderer
+from kazoo_leader.segments import SegmentedLog
+from liverobin import LiveRobinOrderer
+from merge import ArrivalOrderer, InputQueues, QueuesClosed
+from replication.handovers import (
+    split_cut,
+    vnode_bytes,
+)
+from replication.plan import PhysicalPlan, TaskSpec
+from replication.runtime.dedup import Dedup
+from replication.runtime.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
+from replication.runtime.instance import PartitionInstance
+from replication.runtime.operators import chain_operators
+from rhino_state import encode_key, key_group
+from rhino_state.cut import entry_bytes
+from transport.batch_format import BatchHeader, decode_elements
+
+log = logging.getLogger(__name__)
+
+
+class ProcessingInstance(PartitionInstance):
+    """Consumes its input channels in its orderer's order and runs its operator chain."""
+
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan,
+                 restoring: bool = False) -> None:
+        super().__init__(worker, task, partition, replica, plan, restoring)
+        self.channels = [c.id for c in plan.input_channels(task.id, partition)]
+        capacity = self.cfg.channel_queue_capacity
+        order_log = plan.order_logs.get((task.id, partition)) if self.cfg.mode == "kazoo" else None
+        self._candidate: Any = None
+        if self.cfg.mode == "liverobin" or order_log is not None:
+            self.queues = InputQueues(self.channels, max(4, capacity // len(self.channels)), per_channel=True)
+            self.orderer: Any = (LiveRobinOrderer(self.queues, self.checkpoint_every) if order_log is None
+                                 else self._kazoo(order_log))
+        else:
+            self.queues = InputQueues(self.channels, capacity)
+            self.orderer = ArrivalOrderer(self.queues)
+        self.dedup = Dedup()
+        self._dedup_lock = threading.Lock()
+        self._channel_locks = {c: threading.Lock() for c in self.channels}
+        self._consumed = dict.fromkeys(self.channels, 0)  # per channel: elements consumed (= next seq)
+        self._channel_wm = {c: MIN_WATERMARK for c in self.channels}
+        self._open_channels = set(self.channels)
+        self._current_wm = MIN_WATERMARK
+        self._forwarded_pulse = 0
+        self._aligned = self.cfg.mode == "kazoo"  # pulses (of handover windows) forwarded once aligned
+        self._last_counted = 0  # the last count-based checkpoint (its id: elements consumed)
+        self._channel_pulse = dict.fromkeys(self.channels, 0)
+
+    def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
+        rt = super().restore_from(meta, state_dir)
+        for channel, position in rt["positions"].items():
+            self.dedup.resume(channel, position)  # the upstreams replay from here
+        self._consumed = dict(rt["positions"])
+        self._last_counted = meta.checkpoint_id
+        self._channel_wm = dict(rt["channel_wm"])
+        self._open_channels = set(rt["open"])
+        self._current_wm = self.metrics.watermark = rt["current_wm"]
+        self._forwarded_pulse = self.metrics.pulse = rt["pulse"]
+        # KaZoo forwards a pulse once every channel delivered it: where each channel was
+        self._channel_pulse.update(rt.get("channel_pulse", {}))
+        if isinstance(self.orderer, KazooOrderer):
+            state = rt["orderer"]
+            self.orderer.restore(state)
+            log_ = self.worker.own_order_log()  # the worker's shared reader started long ago
+            self._publish_order = log_.register(
+                self._order_log, state.offset + 1, on_records=self.orderer.on_records,
+                on_failed=self.orderer.on_publish_failed, on_error=self.orderer.on_error)
+            log_.start()
+        elif isinstance(self.orderer, LiveRobinOrderer):
+            self.orderer.merge.restore(rt["orderer"])
+        return rt
+
+    def _kazoo(self, order_log: SegmentedLog) -> KazooOrderer:
+        """KaZoo: this partition's order log through the worker's reader/writer, its election in
+        the worker's ZooKeeper session (entered when the instance starts)."""
+        cfg = self.cfg
+
+        def publish_while_leader(order: Any) -> None:
+            # the election drops the epoch the moment ZooKeeper is in doubt, before its callback
+            # reaches the orderer: nothing goes out under an epoch that may have been superseded
+            if self._candidate is not None and self._candidate.epoch == order.epoch:
+                self._publish_order(order)
+
+        orderer = KazooOrderer(
+            self.queues, publish_while_leader, max_batch=cfg.kazoo_max_batch, min_batch=cfg.kazoo_min_batch,
+            idle_timeout_s=cfg.kazoo_idle_timeout_ms / 1000,
+            hold_limit=max(4 * cfg.channel_batch_size, 2 * cfg.kazoo_max_batch),
+            checkpoint_every=self.checkpoint_every, checkpoint_mark=self._record_enters_new_interval, name=self.name)
+        self._order_log = order_log
+        if not self.restoring:  # (a restored replica reads the log from its checkpoint on: restore_from)
+            self._publish_order = self.worker.order_log().register(
+                order_log, 0, on_records=orderer.on_records, on_failed=orderer.on_publish_failed,
+                on_error=orderer.on_error)
+        self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
+        self.worker.election()
+        return orderer
+
+    def deliver(self, header: BatchHeader, payload: bytes) -> bool:
+        """Called by the threads that receive batches (a peer's ``PushMany``, this worker's
+        :class:`~replication.runtime.senders.LocalSender`): dedup, then enqueue without ever waiting.  A
+        full queue refuses the batch (False, not counted: its sender sends it again after a
+        backoff), so a call carrying batches of several channels never waits behind one of them."""
+        lock = self._channel_locks.get(header.channel)
+        if lock is None:
+            raise ValueError(f"{self.name}: channel {header.channel} is not an input of this instance")
+        with lock:  # one deliverer per channel: the check below stays true until the commit
+            with self._dedup_lock:
+                adm = self.dedup.check(header.channel, header.first_seq, header.count)
+            if adm.gap:
+                log.error("%s: gap of %d seqs on channel %d before seq %d (not delivered)",
+                          self.name, adm.gap, header.channel, header.first_seq)
+            elif adm.delivers:
+                elements = decode_elements(payload, header)
+                try:
+                    if not self.queues.put(header.channel, elements[adm.start:adm.stop], block=False):
+                        return False
+                except QueuesClosed:
+                    pass  # the instance is stopping: it consumes nothing more
+            with self._dedup_lock:
+                self.dedup.commit(header.channel, header.first_seq, adm)
+                self.metrics.dedup_dropped = self.dedup.dropped
+                self.metrics.gaps = self.dedup.gaps
+            return True
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        self.queues.close()
+
+    def wake(self) -> None:
+        self.queues.wake()
+
+    def run(self) -> bool:
+        kazoo = self.orderer if isinstance(self.orderer, KazooOrderer) else None
+        if kazoo is not None:
+            self._candidate = self.worker.election().candidate(self._election_path, kazoo.on_leadership)
+        drained = False
+        try:
+            drained = self._run(kazoo)
+            return drained
+        finally:
+            # a replica that consumed everything keeps its leadership until the worker ends: all is
+            # ordered, and handing it over would only make the other replica write a useless fence
+            if self._candidate is not None and not drained:
+                self._candidate.withdraw()
+
+    def _run(self, kazoo: KazooOrderer | None) -> bool:
+        if self.cfg.rhino_enabled and self.restored is None:
+            # at once, before any input (both replicas alike): every partition is restorable from its
+            # first seconds on, also one that gets little or no input
+            self._checkpoint(0, self._start_orderer_state(kazoo))
+        while self._open_channels:
+            if self.stop_requested.is_set():
+                return False
+            if self.pending_control is not None:
+                self.poll_control()
+            if self.measure_request > self.metrics.vnode_bytes[0] and self.handovers is not None:
+                self.metrics.vnode_bytes = (self.measure_request, vnode_bytes(
+                    self.state_backend(), self.num_key_groups, self.handovers.num_vnodes))
+            runs = self._next_runs()
+            self.metrics.queue_batches = self.queues.size()
+            if kazoo is not None:
+                self._kazoo_metrics(kazoo)
+            if not runs:
+                self.idle()
+            for channel, elements in runs:
+                if self.count_every:
+                    self._consume_counted(channel, elements)
+                else:
+                    self._consume(channel, elements)
+            if kazoo is not None and kazoo.applier.checkpoint_due is not None:
+                state = kazoo.applier.take_checkpoint()  # every element of that order record is consumed
+                if self.handovers is None or not self.handovers.holds_records():  # (it would lose them)
+                    self._checkpoint(state.number, state)
+        return True
+
+    def _next_runs(self) -> list[tuple[int, list]]:
+        """What the orderer has consumable now, else what comes within the idle wait; with
+        ``channel.flushWhenIdle``, the open output batches leave before that wait."""
+        if self.cfg.channel_flush_when_idle:
+            runs = self.orderer.next_runs(0)
+            if runs:
+                return runs
+            self.flush_outputs()
+        return self.orderer.next_runs(self.idle_wait(0.2))
+
+    def _start_orderer_state(self, kazoo: KazooOrderer | None) -> Any:
+        """The orderer's state before any input, for the first checkpoint."""
+        if kazoo is not None:
+            return kazoo.applier.start_state(0)
+        if isinstance(self.orderer, LiveRobinOrderer):
+            return self.orderer.merge.state()
+        return None
+
+    def _consume_counted(self, channel: int, elements: list) -> None:
+        """One input channel, no orderer state: checkpoint every ``count_every`` elements consumed,
+        and before a record whose event time enters a new ``rhino.checkpointInterval`` (both
+        replicas at the same positions, with the same ids: either may ship them)."""
+        while elements:
+            done = self._consumed[channel]
+            due = (done // self.count_every + 1) * self.count_every
+            cut = next((i for i, el in enumerate(elements[:due - done]) if el[0] == DATA and self._new_interval(el[3])),
+                       None)
+            if cut is not None:  # the records before it, then a checkpoint (unless one is there already)
+                self._consume(channel, elements[:cut])
+                elements = elements[cut:]
+                self._checkpoint_counted(self._consumed[channel])
+                self._consume(channel, elements[:1])
+                elements = elements[1:]
+                continue
+            head, elements = elements[:due - done], elements[due - done:]
+            self._consume(channel, head)
+            if self._consumed[channel] == due:
+                self._checkpoint_counted(due)
+
+    def _checkpoint_counted(self, position: int) -> None:
+        if position > self._last_counted:
+            self._last_counted = position
+            self._checkpoint(position, None)
+
+    def _checkpoint(self, checkpoint_id: int, orderer_state: Any, positions: dict[int, int] | None = None) -> None:
+        self.take_checkpoint(checkpoint_id, {
+            "positions": dict(self._consumed) if positions is None else positions,
+            "channel_wm": dict(self._channel_wm),
+            "open": sorted(self._open_channels), "current_wm": self._current_wm, "pulse": self._forwarded_pulse,
+            "channel_pulse": dict(self._channel_pulse), "orderer": orderer_state})
+
+    def _kazoo_metrics(self, kazoo: KazooOrderer) -> None:
+        m = self.metrics
+        m.leader, m.orders_accepted, m.orders_published = kazoo.is_leader, kazoo.applier.accepted, kazoo.published
+        m.order_epoch = -1 if kazoo.epoch is None else kazoo.epoch
+        m.elected_at, m.first_order_at = kazoo.elected_at, kazoo.first_order_at
+
+    def _consume(self, channel: int, elements: list) -> None:
+        """Run ``elements`` of ``channel`` through the chain; watermarks: the minimum over channels."""
+        chain, metrics, handovers = self.chain, self.metrics, self.handovers
+        gate = handovers if handovers is not None and handovers.gating else None
+        for i, el in enumerate(elements):
+            kind = el[0]
+            if gate is not None and kind in (DATA, WATERMARK):  # a handover's target holds the moved key groups
+                kg = key_group(encode_key(el[2]), self.num_key_groups) if kind == DATA else None
+                for ch, held in gate.gate((channel, el), kg):
+                    self._element(ch, held)
+                continue
+            if kind == DATA:
+                metrics.records_in += 1
+                chain.process(el)
+                continue
+            if kind == PULSE:
+                # LiveRobin: forward a pulse the first time it is seen (Algorithm 1); KaZoo (pulse
+                # windows): once every open channel delivered it, in the order the log decided
+                due = self._aligned_pulses(channel, el[1]) if self._aligned else (el[1],)
+                for h in due:
+                    if h <= self._forwarded_pulse:
+                        continue
+                    if handovers is not None:
+                        if not self._handovers_at_pulse(h):
+                            return  # stopping while waiting for a handover
+                        gate = handovers if handovers.gating else None
+                    self._forwarded_pulse = metrics.pulse = h
+                    chain.on_pulse(h)
+                    self.code_switches.position = h  # (an instruction for a pulse already passed is late)
+                    if self.code_switches.pending and not self._replace_operators_at(h):
+                        return  # stopping while waiting for a replacement's commit
+                    if self.checkpoint_every and not self._aligned and h % self.checkpoint_every == 0:
+                        self._checkpoint_at_pulse(h, channel, i + 1)  # (KaZoo: at order numbers, not pulses)
+                continue
+            self._element(channel, el)
+        self._consumed[channel] += len(elements)
+
+    def _aligned_pulses(self, channel: int, h: int) -> range:
+        """KaZoo: ``channel`` delivered pulse ``h``; the pulses every open channel has delivered now
+        and that are not forwarded yet."""
+        self._channel_pulse[channel] = max(self._channel_pulse[channel], h)
+        low = min((self._channel_pulse[c] for c in self._open_channels), default=self._forwarded_pulse)
+        return range(self._forwarded_pulse + 1, low + 1)
+
+    def _element(self, channel: int, el: tuple) -> None:
+        """One data, watermark or end element (not a pulse) into the chain."""
+        kind, channel_wm = el[0], self._channel_wm
+        if kind == DATA:
+            self.metrics.records_in += 1
+            self.chain.process(el)
+            return
+        if kind == WATERMARK:
+            if el[1] <= channel_wm[channel]:
+                return
+            channel_wm[channel] = el[1]
+        elif kind == END:
+            channel_wm[channel] = MAX_WATERMARK
+            self._open_channels.discard(channel)
+        new_wm = min(channel_wm.values())
+        if new_wm > self._current_wm:
+            self._current_wm = self.metrics.watermark = new_wm
+            if new_wm < MAX_WATERMARK:
+                self.chain.on_watermark(new_wm)
+
+    def _replace_operators_at(self, h: int) -> bool:
+        """Pulse ``h`` was forwarded: the operator replacements due take effect from the next element.
+        False: stopping while waiting to know whether one was committed."""
+        for order in self.code_switches.at_pulse(h):
+            decided = self.code_switches.decided(order.handover_id, self.stop_requested.is_set)
+            if decided is None:
+                return False
+            if decided:
+                op = next(o for o in chain_operators(self.chain) if o.name == order.operator)
+                op.replace_fn(pickle.loads(order.fn))
+                self.code[op.name] = order.fn
+                self.handover_ack(order.handover_id, order.epoch, "switched")
+            self.code_switches.done(order.handover_id)
+        return True
+
+    def _handovers_at_pulse(self, h: int) -> bool:
+        """Before forwarding pulse ``h``: cut what this origin gives away (h = P + 1), load what this
+        target gets and process the records it held (h = R).  False: stopping while waiting."""
+        handovers = self.handovers
+        assert handovers is not None
+        stopping = self.stop_requested.is_set
+        cuts, releases = handovers.at_pulse(h)
+        for order in cuts:
+            decided = handovers.decided(order.handover_id, stopping)
+            if decided is None:
+                return False
+            step = handovers.step(order.handover_id)
+            if not decided:
+                if step is not None:
+                    handovers.drop(step)
+                continue
+            moving = frozenset(kg for r in handovers.cut_groups(order) for kg in r)
+            extras = {op.name: op.cut_keys(moving.__contains__)
+                      for op in chain_operators(self.chain) if hasattr(op, "cut_keys")}
+            # Rhino: a target whose worker holds this origin's last checkpoint gets the changes since
+            cut = handovers.cut(order, self.state_backend(), incremental=self.cfg.rhino_enabled)
+            cut_at = time.time()  # before the send: the transfer is a phase of its own
+            per_target = split_cut(order, self.partition, cut, extras, self.num_key_groups,
+                                   self.cfg.handover_chunk_bytes)
+            if self.cfg.rhino_enabled:
+                handovers.keep(order.handover_id, per_target)
+            shipped = self.worker.send_handover_state(order, self.partition, per_target)
+            self.handover_ack(order.handover_id, order.epoch, "cut", cut.digest, len(cut.entries),
+                              {"at": cut_at, "bytes": entry_bytes(cut.entries), "shipped": shipped})
+        for step in releases:
+            decided = handovers.decided(step.order.handover_id, stopping)
+            if decided is None:
+                return False
+            windows = [op for op in chain_operators(self.chain) if hasattr(op, "adopt_keys")]
+            if decided:
+                merge = _merger(windows) if handovers.serve_through else None
+                held = handovers.release(step, self.state_backend(), stopping, merge)
+                if held is None:
+                    return False
+                for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
+                    for op in windows:
+                        op.adopt_keys(step.extras[origin].get(op.name, ()))
+            else:
+                held = handovers.drop(step)
+            for ch, el in held:
+                self._element(ch, el)
+            if decided:
+                for op in windows:
+                    op.fire_behind()
+                # acked once the held records are processed: its time ends the catch-up
+                self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=step.entries,
+                                  times={**step.times(), "held": len(held), "served": int(handovers.serve_through)})
+        return True
+
+    def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:
+        """Checkpoint right after pulse ``h``: both replicas consumed the same prefix by then
+        (``_consume`` adds the run to ``_consumed`` only when it is done)."""
+        merge_state = self.orderer.merge.take_state(h)
+        if self.handovers is not None and self.handovers.holds_records_at(h):
+            return
+        positions = dict(self._consumed)
+        positions[channel] += consumed_in_run
+        self._checkpoint(h, merge_state, positions)
+
+
+def _merger(windows: list[Any]) -> Any:
+    """A target serving through a move: merges a moved accumulator with the one it built since the
+    switch, by the window operator whose state the entry is (its state id starts the key)."""
+    mergers = {op.state_prefix: op.merge_raw for op in windows}
+    return lambda rest, moved, served: mergers[rest[:4]](moved, served)

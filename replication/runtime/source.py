@@ -1,0 +1,450 @@
+"""Source instances: a partition of a source task reading its Kafka partitions.
+
+A :class:`SourceInstance` reads its Kafka partitions by manual assignment, emits watermarks at
+deterministic record positions and places LiveRobin pulses or KaZoo pulse windows, driving its
+operator chain itself until every partition is read to its drain position or it is stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
+
+from liverobin import PulsePlacer
+from liverobin.heartbeats import PULSE_ITEM, PulseRecord
+from liverobin.windows import HOLD, LEAVE, PulseWindows
+from replication import savepoint
+from replication.plan import PhysicalPlan, TaskSpec
+from replication.runtime.deadletter import describe_error
+from replication.runtime.elements import DATA, MIN_WATERMARK
+from replication.runtime.instance import PartitionInstance
+from transport.kafka_feeds import PartitionFeed
+from transport.kafka_io import end_offsets_by_fetch
+
+log = logging.getLogger(__name__)
+
+# KaZoo, in a pulse window: how long an idle source waits for the next pulse before polling
+# Kafka again.
+PULSE_WAIT_S = 0.005
+# The longest an idle source sleeps: records, pulses and every word from its worker (roles,
+# drain, stop, pulse windows) wake it, so this only bounds the cost of a wake-up missed by a bug.
+IDLE_WAIT_S = 1.0
+
+
+def drain_position(next_offset: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
+    """How far a source replica reads in a drain without pulses: per Kafka partition, the end a
+    fetch told (the high watermark; 0 for an empty partition) or its next offset if it emitted
+    more."""
+    return {k: max(next_offset.get(k, -1), end) for k, end in ends.items()}
+
+
+class SourceInstance(PartitionInstance):
+    """Reads assigned Kafka partitions; emits watermarks at deterministic record positions."""
+
+    def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan,
+                 restoring: bool = False) -> None:
+        super().__init__(worker, task, partition, replica, plan, restoring)
+        spec = task.head.spec
+        self.topic: str = spec["topic"]
+        self.kafka_partitions: list[int] = plan.source_partitions[task.id][partition]
+        self.deserializer = spec["deserializer"]
+        self.timestamp_fn = spec["timestamp"]
+        self.out_of_orderness = spec["max_out_of_orderness_ms"]
+        self.start_offsets = plan.source_start_offsets.get(task.id, {})
+        self.drain_requested_at: float | None = None
+        # a drain without pulses (unordered, KaZoo): how far this replica reads (its partitions' ends when
+        # the drain came, or further), for the driver, and where every replica of the partition ends (the
+        # furthest report; -1: nothing to read there)
+        self.drain_position: dict[int, int] | None = None
+        self.drain_at: dict[int, int] | None = None  # set by the worker from the driver's word
+        # LiveRobin: the counted pulses of the heartbeat log, from the worker's reader (END follows the
+        # final pulse)
+        # (a restored replica subscribes to a reader of its own: the shared one started long ago)
+        # KaZoo: the pulses of the windows a handover opens; records wait for pulses only inside one
+        self._pulses = worker.pulse_reader().subscribe() if plan.heartbeat_log is not None and not restoring \
+            else None
+        self._windows = PulseWindows() if self.cfg.mode == "kazoo" and plan.heartbeat_log is not None else None
+        self.pending_window: tuple | None = None  # the driver's latest word on the pulse window (worker thread)
+        self._window_word: tuple | None = None
+        self.holding: tuple[int, dict[int, int]] | None = None  # (window, {partition: position}) for the driver
+        self._max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
+        self._emitted_wm = MIN_WATERMARK
+        self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
+        self._after_pulse = 0  # a restored replica: pulses up to this one are behind it
+        self._pulse_placed: PulseRecord | None = None  # the counted record of the last pulse placed
+        self._read = 0  # records emitted (count-based checkpoints)
+        self._last_counted = 0  # the last count-based checkpoint (its id: records emitted)
+        if self._windows is not None:
+            self.checkpoint_every = 0  # KaZoo: count-based checkpoints only, inside pulse windows too
+        self._reader: Any = None  # a restored replica's own reader of the heartbeat log
+        self._hold_limit = max(4 * self.cfg.channel_batch_size, 2 * self.cfg.liverobin_max_pulse_step)
+        self._reading: PartitionFeed | None = None  # while the loop runs
+
+    def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
+        rt = super().restore_from(meta, state_dir)
+        self.start_offsets = {**self.start_offsets, **rt["offsets"]}
+        self._next_offset = dict(rt["offsets"])
+        self._max_ts = dict(rt["max_ts"])
+        self._emitted_wm = self.metrics.watermark = rt["emitted_wm"]
+        self._after_pulse = self.metrics.pulse = rt["pulse"]
+        self._pulse_placed = rt.get("pulse_placed")
+        self._read = rt.get("read", 0)
+        self._last_counted = self._read
+        if self._windows is not None:
+            if rt.get("windows") is not None:
+                self._windows.restore(*rt["windows"])
+            self._windows.after_pulse = self._after_pulse
+        # the worker's shared reader started long ago: read the log again, from right after the last
+        # pulse placed before the checkpoint (what counts is decided by the log alone, and the
+        # counting goes on from that pulse's record, so the same pulses come out)
+        if self.worker.plan.heartbeat_log is not None:
+            reader = self._reader = self.worker.own_pulse_reader(self._pulse_placed)
+            self._pulses = reader.subscribe()
+            reader.start()
+        return rt
+
+    def savepoint_content(self) -> dict[str, Any]:
+        """Where the next run starts reading, and the event-time marks to continue from."""
+        return {"offsets": {**self.start_offsets, **self._next_offset}, "max_ts": dict(self._max_ts),
+                "emitted_wm": self._emitted_wm}
+
+    def _load_savepoint(self, root: str, meta: dict[str, Any]) -> None:
+        """The offsets come with the plan; the event-time marks, so that watermarks go on from
+        where the last run left them."""
+        if self.task.name in meta["sources"]:
+            part = savepoint.read_partition(root, self.task.name, self.partition)
+            self._max_ts.update({k: v for k, v in part["max_ts"].items() if k in self._max_ts})
+            self._emitted_wm = self.metrics.watermark = part["emitted_wm"]
+
+    def request_drain(self) -> None:
+        """Read to the current end and finish (LiveRobin: the final pulse of the log decides)."""
+        if self.drain_requested_at is None:
+            self.drain_requested_at = time.monotonic()
+            self.wake()
+
+    def request_stop(self) -> None:
+        super().request_stop()
+        self.wake()
+
+    def _open_feed(self) -> PartitionFeed:
+        """This replica's partitions, read through the worker's one source consumer."""
+        # LiveRobin: the fetch thread reports where records exist at once; waiting for this thread
+        # would wait for a pulse, which waits for the report
+        on_high = self._report_position if self._pulses is not None and self._windows is None else None
+        return self.worker.source_consumer().open(
+            self.topic, {k: self.start_offsets.get(k, OFFSET_BEGINNING) for k in self.kafka_partitions},
+            limit=self._hold_limit, on_high=on_high)
+
+    def _report_position(self, k: int, low: int, position: int) -> None:
+        """Every record of Kafka partition ``k`` below ``position`` exists: the heartbeat
+        generators place pulses there (the worker's outbox drops a report that moves nothing).
+        Not before a fetch told where the partition starts (``low``), if the plan does not.
+        Called by the fetch thread in LiveRobin, by this replica's thread in a KaZoo window."""
+        start = self.start_offsets.get(k, low)
+        if start >= 0:
+            self.worker.report_position(self.topic, k, start, position)
+
+    def wake(self) -> None:
+        """End the loop's wait for records (any thread: the worker's word, a pulse)."""
+        feed = self._reading
+        if feed is not None:
+            feed.wake()
+
+    def _drain_hold(self) -> bool:
+        """A drain without pulses: report how far this replica reads (each Kafka partition's end by
+        a fetch made after the request, or further if it emitted more: the high watermark in fetch
+        responses, ListOffsets is not trusted, DESIGN §10) and hold until the driver names where
+        every replica of the partition ends (the furthest report)."""
+        if self.drain_requested_at is None:
+            return False
+        if self.drain_position is None:
+            conf = self.cfg.kafka_consumer_config(
+                group_id=f"replication-{self.worker.job_name}-{self.task.id}-{self.partition}")
+            ends = end_offsets_by_fetch(conf, self.topic, self.kafka_partitions, timeout=30.0)
+            self.drain_position = drain_position(self._next_offset, ends)
+        return True
+
+    def _read_to(self, feed: PartitionFeed, target: dict[int, int]) -> bool:
+        """A drain without pulses: every Kafka partition read up to the offset the replicas agreed
+        on (records from it on are not emitted)."""
+        for k in self.kafka_partitions:
+            end = target.get(k, -1)
+            if end < 0:
+                continue  # no replica read anything there
+            if max(self._next_offset.get(k, -1), feed.position(k)) < end:
+                return False
+        return True
+
+    def run(self) -> bool:
+        batch = self.cfg.channel_batch_size
+        feed = self._reading = self._open_feed()
+        if self._pulses is not None:
+            self._pulses.on_pulse = self.wake
+        placer = self._pulse_placer() if self._windows is None else None
+        if self.cfg.rhino_enabled and self.restored is None:
+            self._source_checkpoint(0, 0)  # at once: restorable from its first seconds on, idle or not
+        if self._windows is not None and self.restored is not None:
+            placer = self._start_replay()
+        try:
+            while not self.stop_requested.is_set():
+                # take what is there without waiting for a full batch; block only when idle
+                if self.pending_control is not None:
+                    self.poll_control()
+                # (windows already in the log first: one announced now waits until they are placed)
+                if placer is None and self._windows is not None:
+                    self._windows.queue(self._pulses.take(0))  # a window this replica was not waited for
+                    if self._windows.later or self._windows.pending:
+                        placer = self._next_window()
+                if self._windows is not None and self.pending_window != self._window_word:
+                    placer = self._window_changed(placer, feed)
+                if placer is None and self.drain_at is None and self._drain_hold():
+                    self.idle()
+                    time.sleep(0.01)
+                    continue
+                messages = feed.consume(batch, 0)
+                if placer is None:
+                    if not messages:
+                        self.flush_outputs()
+                        messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
+                elif self._windows is not None:  # KaZoo, in a window
+                    self._windows.queue(self._pulses.take(0 if messages else PULSE_WAIT_S))
+                    self._feed(placer)
+                else:  # LiveRobin: a pulse rings the feed too, so one wait sees records and pulses
+                    pulses = self._pulses.take(0)
+                    if not messages and not pulses:
+                        self.flush_outputs()
+                        messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
+                        pulses = self._pulses.take(0)
+                    for record in pulses:
+                        if record.h > self._after_pulse:
+                            placer.add_pulse(record)
+                if not messages:
+                    self.idle()
+                for msg in messages:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            continue
+                        if err.fatal():
+                            raise RuntimeError(f"Kafka consumer fatal error: {err}")
+                        log.warning("%s: consumer error: %s", self.name, err)
+                        continue
+                    if placer is None:
+                        if self.drain_at is not None and msg.offset() >= self.drain_at.get(msg.partition(), -1):
+                            continue  # beyond where the replicas end
+                        self._emit_counted(msg, time.time())
+                    else:
+                        placer.add_record(msg.offset(), (msg, time.time()))
+                if placer is not None:
+                    if self._place(placer, feed):
+                        return True
+                    if self._windows is not None and self._windows.current is None:
+                        placer = self._after_window(placer, feed)  # its last pulse is out
+                elif self.drain_at is not None and self._read_to(feed, self.drain_at):
+                    return True
+                if self._windows is not None:
+                    self._show_window(placer)
+                if self.drain_requested_at is not None:
+                    self.metrics.drain = ({k: max(self._next_offset.get(k, -1), feed.position(k))
+                                           for k in self.kafka_partitions},
+                                          dict(self.drain_position or {}), dict(self.drain_at or {}))
+            return False
+        finally:
+            self._reading = None
+            feed.close()
+
+    def _emit(self, msg: Any, ingest: float) -> None:
+        """One Kafka record into the chain (or the dead-letter topic); watermarks follow record
+        positions, so both replicas of the partition emit them at the same places."""
+        metrics = self.metrics
+        k, off, raw = msg.partition(), msg.offset(), msg.value()
+        self._next_offset[k] = off + 1
+        origin = (self.topic, k, off)
+        metrics.records_in += 1
+        try:
+            value = self.deserializer(raw)
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(reason="deserialize: " + describe_error(exc), operator=self.task.head.name,
+                             origin=origin, payload=raw or b"")
+            return
+        try:
+            ts = int(self.timestamp_fn(value)) if self.timestamp_fn is not None else msg.timestamp()[1]
+        except Exception as exc:  # noqa: BLE001
+            self.dead_letter(reason="timestamp: " + describe_error(exc), operator=self.task.head.name,
+                             origin=origin, payload=raw or b"")
+            return
+        self.chain.process((DATA, value, None, ts, ingest, origin))
+        if ts > self._max_ts[k]:
+            self._max_ts[k] = ts
+            wm = min(self._max_ts.values()) - self.out_of_orderness
+            emitted = self._emitted_wm
+            if wm >= emitted + self.cfg.watermark_interval_ms or (emitted == MIN_WATERMARK and wm > MIN_WATERMARK // 2):
+                self._emitted_wm = metrics.watermark = wm
+                self.chain.on_watermark(wm)
+
+    def _emit_counted(self, msg: Any, ingest: float) -> None:
+        """:meth:`_emit`, with count-based checkpoints (KaZoo mode: both replicas emit the same
+        records, pulses or not): before a record whose Kafka timestamp enters a new
+        ``rhino.checkpointInterval``, and every ``count_every`` records."""
+        if self.count_every and self._new_interval(msg.timestamp()[1]) and self._read > self._last_counted:
+            self._last_counted = self._read
+            self._source_checkpoint(self._read, self.metrics.pulse)
+        self._emit(msg, ingest)
+        if self.count_every:
+            self._read += 1
+            if self._read % self.count_every == 0:
+                self._last_counted = self._read
+                self._source_checkpoint(self._read, self.metrics.pulse)
+
+    def _source_checkpoint(self, checkpoint_id: int, pulse: int) -> None:
+        """Every record before this point is out, none after it: where a restore resumes (a Kafka
+        partition with no record read yet restarts where this run started).  ``pulse``: the last
+        one placed; KaZoo: the pulse window held for."""
+        placed = self._pulse_placed if self._pulse_placed is not None and self._pulse_placed.h == pulse else None
+        self.take_checkpoint(checkpoint_id, {"offsets": dict(self._next_offset), "max_ts": dict(self._max_ts),
+                                             "emitted_wm": self._emitted_wm, "pulse": pulse, "read": self._read,
+                                             "pulse_placed": placed,
+                                             "windows": None if self._windows is None else self._windows.state()})
+
+    # -- LiveRobin: pulses at positions read from the heartbeat log ---------------------------
+    def _pulse_placer(self) -> PulsePlacer | None:
+        if self._pulses is None:
+            return None
+        if len(self.kafka_partitions) != 1:
+            raise RuntimeError(f"{self.name}: LiveRobin needs one Kafka partition per source partition")
+        k = self.kafka_partitions[0]
+        return PulsePlacer(self.topic, k, fetched_to=self.start_offsets.get(k, 0))
+
+    # -- KaZoo: pulse windows ----------------------------------------------------------------
+    def _window_changed(self, placer: PulsePlacer | None, feed: PartitionFeed) -> PulsePlacer | None:
+        """The driver's word on the pulse window changed: start holding (and report where this
+        replica is), or stop because the window closed before any pulse was written."""
+        word = self._window_word = self.pending_window
+        assert self._windows is not None and word is not None
+        action = self._windows.announce(*word)
+        if action == LEAVE:
+            if placer is not None:
+                placer = self._leave_window(placer, feed)
+            action = self._windows.announce(*word)  # the same word may open the next window
+        if action == HOLD:
+            return self._hold(word[0])
+        return placer
+
+    def _show_window(self, placer: PulsePlacer | None) -> None:
+        windows, metrics = self._windows, self.metrics
+        assert windows is not None
+        metrics.window = (-1 if windows.current is None else windows.current, windows.handled,
+                          -1 if windows.pending is None else windows.pending)
+        metrics.held_records = 0 if placer is None else placer.held
+
+    def _hold(self, window: int) -> PulsePlacer:
+        """Start holding for ``window`` (announced open) at this replica's position and report it."""
+        placer = self._placer_here()
+        self.holding = (window, {placer.partition: placer.fetched_to})
+        self._windows.queue(self._pulses.take(0))
+        self._feed(placer)
+        return placer
+
+    def _placer_here(self) -> PulsePlacer:
+        k = self.kafka_partitions[0]
+        return PulsePlacer(self.topic, k, fetched_to=self._next_offset.get(k, self.start_offsets.get(k, 0)))
+
+    def _feed(self, placer: PulsePlacer) -> None:
+        """Give ``placer`` the queued pulses of the window held for."""
+        assert self._windows is not None
+        for record in self._windows.to_place():
+            placer.add_pulse(record)
+
+    # -- KaZoo, a restored replica: the windows written before it came back ----------------------
+    def _start_replay(self) -> PulsePlacer | None:
+        """Read the heartbeat log to its end as it was now before emitting anything: a window whose
+        pulses are already in it is not announced to this replica again, and a record may only go
+        out once no pulse before it can still be unknown.  Restored inside a window: hold again."""
+        assert self._reader is not None and self._windows is not None
+        while not self._reader.caught_up.wait(0.1):
+            if self.stop_requested.is_set():
+                return None
+        self._windows.queue(self._pulses.take(0))
+        if self._windows.current is None:
+            return None
+        placer = self._placer_here()
+        self._feed(placer)
+        return placer
+
+    def _next_window(self) -> PulsePlacer | None:
+        """Out of any window: enter the next window of the queued pulses (written before it was
+        restored, or while it was not yet among the replicas a window waited for), else hold for
+        the window announced while it still placed others; None: neither."""
+        windows = self._windows
+        assert windows is not None
+        entered = windows.next_window()
+        if entered == HOLD:
+            return self._hold(windows.current)
+        if not entered:
+            return None
+        self._entered_from_log()
+        placer = self._placer_here()
+        self._feed(placer)
+        return placer
+
+    def _entered_from_log(self) -> None:
+        assert self._windows is not None
+        log.warning("%s: places the pulses of window %d from the heartbeat log (it came back behind them)",
+                    self.name, self._windows.current)
+        self.metrics.windows_from_log += 1
+
+    def _after_window(self, placer: PulsePlacer, feed: PartitionFeed) -> PulsePlacer | None:
+        """The window's last pulse is out.  If the next window's pulses are already queued, the records
+        held may lie on both sides of them: hold on with the same placer; else leave."""
+        assert self._windows is not None
+        if self._windows.enter_queued():
+            self._entered_from_log()
+            self._feed(placer)
+            return placer
+        return self._leave_window(placer, feed)
+
+    def _leave_window(self, placer: PulsePlacer, feed: PartitionFeed) -> None:
+        """Emit the records held beyond the window's last pulse; from now on records go out as read."""
+        for item in placer.release_records():
+            self._emit_counted(*item)
+        feed.resume()
+        self.holding = None
+        return None
+
+    def _place(self, placer: PulsePlacer, feed: PartitionFeed) -> bool:
+        """Emit what the pulses known so far allow; True once the final pulse is out (drained)."""
+        pos = feed.position(placer.partition)
+        if pos >= 0:
+            placer.fetched(pos)  # also past transaction markers, which are never returned as records
+        elif placer.partition not in self._next_offset:
+            low = feed.low_watermark(placer.partition)
+            if low >= 0:
+                placer.fetched(low)  # nothing below the low watermark exists
+        if self._windows is not None:  # (LiveRobin: the fetch thread reports, see _open_feed)
+            k = placer.partition
+            self._report_position(k, feed.low_watermark(k), max(placer.fetched_to, feed.high_watermark(k)))
+        for kind, item in placer.take():
+            if kind == PULSE_ITEM:
+                h, final = item
+                self.metrics.pulse = h
+                self._pulse_placed = placer.last_placed
+                self.chain.on_pulse(h)
+                if self._windows is not None and self._windows.placed(h):
+                    break  # the window's last pulse: the records after it go out as read
+                if self.checkpoint_every and h % self.checkpoint_every == 0:
+                    # every record before the pulse is out, none after it: where a restore resumes
+                    self._source_checkpoint(h, h)
+                if final:
+                    return True
+            else:
+                self._emit_counted(*item)
+        # the records held wait for a pulse beyond them; the heartbeat log is never paused
+        if placer.held > self._hold_limit:
+            feed.pause()
+        elif placer.held < self._hold_limit // 2:
+            feed.resume()
+        return False
