@@ -36,7 +36,7 @@ def follow(bootstrap: str, topic: str, out: str, broker: int, seconds: float) ->
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     from bench.common import pid_ticks
-    from replication.runtime.worker import SOURCE_FETCH_WAIT_MS
+    from replication.runtime.feeds import SOURCE_FETCH_WAIT_MS
     from replication.workload import percentile
     from transport.kafka_io import consume_ready
 

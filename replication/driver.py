@@ -66,7 +66,8 @@ from replication.plan import (
     replica_name,
 )
 from replication.pulses import DriverPulses, switch_pulse
-from replication.runtime.worker import WorkerBootstrap, election_identity, election_membership, run_worker
+from replication.runtime.feeds import election_identity, election_membership
+from replication.runtime.worker import WorkerBootstrap, run_worker
 from replication.security import job_security, remove_cli_credentials, write_cli_credentials
 from replication.spark_cluster import driver_advertise_host, driver_bind_host, executor_ids, warm_up
 from replication.status import write_status

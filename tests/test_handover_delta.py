@@ -25,6 +25,8 @@ from replication.handovers import (
     split_cut,
 )
 from replication.plan import plan_job
+from replication.runtime.cut_exchange import CutExchange
+from replication.runtime.routes import Routes
 from rhino_state import (
     CheckpointNotHeldError,
     ReplicaStore,
@@ -262,7 +264,7 @@ def test_an_origin_cut_keeps_its_digest_with_its_entries():
 
 
 class _Instance:
-    """What ``Worker._rebuild_cut`` and ``Worker._fetch_cut`` use of a hosted replica."""
+    """What ``CutExchange._rebuild_cut`` and ``CutExchange._fetch_cut`` use of a hosted replica."""
 
     def __init__(self, partition: int) -> None:
         self.task = type("Task", (), {"id": 3, "name": "chain"})()
@@ -277,12 +279,14 @@ def _worker(store: ReplicaStore, hosted: list[_Instance]):
     from replication.runtime.worker import Worker
 
     worker = Worker.__new__(Worker)
-    worker.index, worker.dead_workers, worker._addresses = 0, set(), {0: "here"}
-    worker._lock, worker._stopping = threading.Lock(), threading.Event()
+    worker.index, worker.stopping = 0, threading.Event()
     worker.plan = type("Plan", (), {"num_key_groups": G, "replicas": 1})()
+    worker.cfg = None
     worker.checkpoints = type("Checkpoints", (), {"store": store})()
     worker.instances = {(i.task.id, i.partition): i for i in hosted}
-    worker._placement = {(3, i.partition, 0): 0 for i in hosted}
+    worker.routes = Routes(0, None, worker.plan, {(3, i.partition, 0): 0 for i in hosted}, peer=None,
+                           deliver_local=None, cut_off=None, stopping=worker.stopping)
+    worker.routes.learn({0: "here"})
     return worker
 
 
@@ -292,7 +296,7 @@ def test_a_target_that_cannot_rebuild_the_cut_from_its_checkpoint_copy_fetches_i
     changes against a checkpoint it does not hold (after a short wait for its increment), or a
     rebuild whose digest differs from the origin's, make it fetch the whole cut an origin replica
     kept.  Either way the target ends with exactly the origin's cut."""
-    monkeypatch.setattr("replication.runtime.worker.BASE_WAIT_S", 0.05)
+    monkeypatch.setattr("replication.runtime.cut_exchange.BASE_WAIT_S", 0.05)
     origin_state = RocksDBStateBackend(tmp_path / "origin", 4, instance=ORIGIN)
     store = ReplicaStore(tmp_path / "store")
     try:
@@ -313,7 +317,7 @@ def test_a_target_that_cannot_rebuild_the_cut_from_its_checkpoint_copy_fetches_i
         base = {"rebuilt": 5, "checkpoint not here": 6, "wrong digest": 5}[case]
         digest = "0" * 64 if case == "wrong digest" else tcut.digest
         delta = target.handovers.delta_arrived(7, 0, base, changes, 0, 1, digest, tcut.entries, {})
-        _worker(store, [origin, target])._rebuild_cut(target, delta)
+        CutExchange(_worker(store, [origin, target]))._rebuild_cut(target, delta)
         step = target.handovers.step(7)
         assert step.state == sorted(e for ch in tcut.chunks for e in ch) and len(step.state) == tcut.entries
         assert (step.from_store > 0) == (case == "rebuilt")
@@ -333,13 +337,12 @@ class _Unreachable(grpc.RpcError):
 def test_a_cut_no_origin_replica_can_give_is_asked_for_less_and_less_often_and_logged_once(monkeypatch, caplog):
     """The origin's workers are down: the target asks every 0.2 s, doubling up to 2 s, and says so
     once per worker in one line (it logged the whole gRPC error every 0.2 s)."""
-    from replication.runtime import worker as worker_module
+    from replication.runtime import cut_exchange
 
     target = _Instance(1)
     worker = _worker(None, [target])
-    worker._addresses = {0: "here", 1: "origin-r0", 2: "target-twin"}
     worker.plan = type("Plan", (), {"num_key_groups": G, "replicas": 2})()
-    worker._placement = {(3, 0, 0): 1, (3, 0, 1): 1, (3, 1, 0): 0, (3, 1, 1): 2}
+    worker.routes.learn({1: "origin-r0", 2: "target-twin"}, {(3, 0, 0): 1, (3, 0, 1): 1, (3, 1, 0): 0, (3, 1, 1): 2})
     calls: list[str] = []
 
     class _Peer:
@@ -350,8 +353,9 @@ def test_a_cut_no_origin_replica_can_give_is_asked_for_less_and_less_often_and_l
             calls.append(self.address)
             raise _Unreachable()
 
-    worker._peer = _Peer
-    worker._fetching = {target.name}
+    worker.peer = _Peer
+    cuts = CutExchange(worker)
+    cuts._fetching = {target.name}
     target.handovers.missing_cuts = lambda blocked_for: [(7, 0)]
     waits: list[float] = []
 
@@ -360,9 +364,9 @@ def test_a_cut_no_origin_replica_can_give_is_asked_for_less_and_less_often_and_l
         if len(waits) == 7:
             target.stop_requested.set()
 
-    monkeypatch.setattr(worker_module.time, "sleep", sleep)
-    with caplog.at_level(logging.WARNING, logger="replication.runtime.worker"):
-        worker._fetch_cuts(target, 0.5)
+    monkeypatch.setattr(cut_exchange.time, "sleep", sleep)
+    with caplog.at_level(logging.WARNING, logger="replication.runtime.cut_exchange"):
+        cuts._fetch_cuts(target, 0.5)
     assert waits == [0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]
     assert len(calls) == 7 * 3  # both origin replicas and the target's twin, every round
     logged = [r.getMessage() for r in caplog.records if "fetching the cut" in r.getMessage()]

@@ -383,7 +383,7 @@ def test_a_replica_restored_past_its_part_of_a_committed_step_reports_that_part_
 def _running_instance(tmp_path, partition: int, send=None) -> tuple[ProcessingInstance, HandoverOrder]:
     """A running chain replica (partition ``partition``, replica 0) on a real RocksDB, and a
     committed move of vnode 0 from partition 0 to 1 (switch at 100, release at 110) it armed.
-    ``send(order)``: called when it ships its cut (as :meth:`Worker.send_handover_state`).  Its
+    ``send(order)``: called when it ships its cut (as :meth:`CutExchange.send`).  Its
     worker counts the heartbeats asked for at once (``inst.worker.beats``): one per ack."""
     plan = _plan()
     chain = next(t for t in plan.tasks if t.name == "chain")
@@ -391,9 +391,9 @@ def _running_instance(tmp_path, partition: int, send=None) -> tuple[ProcessingIn
                     committed=True)
     worker = SimpleNamespace(cfg=ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092"),
                              boot=SimpleNamespace(run_id="run", output_prefix="run"), job_name="job", state_root=tmp_path,
-                             send_handover_state=lambda o, origin, cuts: (send or (lambda _: None))(o) or 0,
+                             cuts=SimpleNamespace(send=lambda o, origin, cuts: (send or (lambda _: None))(o) or 0),
                              beats=[])
-    worker.beat_soon = lambda: worker.beats.append(1)
+    worker.link = SimpleNamespace(ring=lambda: worker.beats.append(1))
     inst = ProcessingInstance(worker, chain, partition, 0, plan)
     inst.apply_handover(order)
     assert [a[3] for a in inst.take_handover_acks()] == ["armed"] and len(worker.beats) == 1

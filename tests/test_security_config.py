@@ -144,6 +144,7 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
     from liverobin.positions import PositionBoard
     from liverobin.reader import PulseReader
     from liverobin.segments import HeartbeatLog
+    from replication.runtime.feeds import WorkerFeeds
 
     cfg = _config(**{f"kafka.{k}": v for k, v in kafka_security.items()})
     made: dict[str, dict] = {}
@@ -179,8 +180,7 @@ def test_kafka_sasl_and_tls_settings_reach_every_client(kafka_security, monkeypa
                                    max_step=10, consumer_conf=cfg.kafka_consumer_config(),
                                    producer_conf=cfg.kafka_producer_config(), create_topics=lambda topics: None)
     made["pulse generator reader"], made["pulse generator writer"] = generator._consumer_conf, generator._producer_conf
-    made["sources"] = worker.Worker.source_consumer(SimpleNamespace(
-        cfg=cfg, job_name="j", index=0, _source_consumer=None))._conf
+    made["sources"] = WorkerFeeds(SimpleNamespace(cfg=cfg, plan=None, job_name="j"), 0, 0).source_consumer()._conf
     made["pulse reader"] = PulseReader(HeartbeatLog("hb"), cfg.kafka_consumer_config())._conf
     assert len(made) == 11
     for role, conf in made.items():

@@ -1,4 +1,5 @@
-"""A worker's handling of the driver's word, without Spark (replication.runtime.worker)."""
+"""A worker's handling of the driver's word, without Spark (replication.runtime.worker and the
+parts it is built of: driver_link, feeds, cut_exchange)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,12 @@ from replication.plan import ChannelSpec
 from replication.runtime import worker as worker_module
 from replication.runtime.channels import OutputChannel
 from replication.runtime.checkpoints import WorkerCheckpoints
+from replication.runtime.cut_exchange import CutExchange
+from replication.runtime.driver_link import RESTORED_REPORT_S, DriverLink, Mailbox
+from replication.runtime.feeds import WorkerFeeds
+from replication.runtime.routes import KnownMove, Routes
 from replication.runtime.source import drain_position
-from replication.runtime.worker import RESTORED_REPORT_S, KnownMove, Worker, _Mailbox
+from replication.runtime.worker import Worker
 from rhino_state import RoutingTable, VnodeMove
 from transport import wire
 from transport.security import RpcSecurity
@@ -24,7 +29,8 @@ from transport.security import RpcSecurity
 
 class _Replica:
     def __init__(self, task: int, partition: int, replica: int, attempt: int = 0, kinds=("dlq",)) -> None:
-        self.task, self.partition, self.replica, self.attempt = SimpleNamespace(id=task), partition, replica, attempt
+        self.task = SimpleNamespace(id=task, is_source=False)
+        self.partition, self.replica, self.attempt = partition, replica, attempt
         self.name = f"t{task}[{partition}]r{replica}"
         self.stopped = False
         self.writers = [SimpleNamespace(kind=k) for k in kinds]
@@ -46,8 +52,26 @@ class _Replica:
 def _worker(*replicas: _Replica) -> Worker:
     worker = Worker.__new__(Worker)
     worker.instances = {(r.task.id, r.partition): r for r in replicas}
-    worker._restored_at = {}
     return worker
+
+
+def _routes(plan: object, index: int = 1, placement: dict | None = None, cut_off=None) -> Routes:
+    """Routes of worker ``index`` whose channels batch 4 elements, keep a backup (Rhino) and
+    report cut-offs to ``cut_off``."""
+    cfg = SimpleNamespace(channel_batch_size=4, channel_buffer_timeout_ms=1, rhino_enabled=True,
+                          rhino_backup_limit=1000)
+    return Routes(index, cfg, plan, placement or {}, peer=None, deliver_local=None,
+                  cut_off=cut_off or (lambda *args: None), stopping=threading.Event())
+
+
+def _link(worker: Worker, heartbeat_log: object = None, **cfg: object) -> DriverLink:
+    """The driver link of ``worker`` (index 1, attempt 0, no server, no savepoint)."""
+    worker.index, worker.attempt, worker.server, worker.savepoint_dir = 1, 0, None, None
+    worker.stopping = threading.Event()
+    worker.cfg = SimpleNamespace(**{"pulse_period_ms": 0, "heartbeat_interval_ms": 1000, "metrics_interval_ms": 1000,
+                                    **cfg})
+    worker.plan = SimpleNamespace(heartbeat_log=heartbeat_log)
+    return DriverLink(worker)
 
 
 def test_a_replica_the_driver_replaces_is_stopped_unless_it_is_a_later_incarnation():
@@ -76,7 +100,7 @@ def test_writer_roles_reach_each_output_by_kind():
 
 
 def test_the_heartbeat_mailbox_hands_over_the_newest_reply_and_says_since_when_the_driver_is_unreachable():
-    box = _Mailbox()
+    box = Mailbox()
     assert box.take(0.01) == (None, False, None)
     box.post(Instructions("run"), False, 1.0)
     box.post(Instructions("drain"), True, 2.0)  # a newer view replaces the one not applied yet
@@ -116,18 +140,17 @@ def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
     reports: one lost with a failed heartbeat would leave the partition unrestorable until the
     next checkpoint."""
     worker = _worker()
-    worker.index, worker.attempt, worker.server, worker._savepoint = 1, 0, None, None
-    worker._lock, worker._cut_offs, worker._unsent_acks = threading.Lock(), {}, []
     worker.checkpoints = WorkerCheckpoints.__new__(WorkerCheckpoints)
     worker.checkpoints._lock, worker.checkpoints._taken, worker.checkpoints._completed = threading.Lock(), [], []
     worker.checkpoints._uploaded = [(2, 0, 3500, "000000003500-ab")]  # durable checkpoints: uploads too
     worker.checkpoints._taken.append((2, 0, 0, 3500, "d1"))
     worker.checkpoints._completed.append((2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7}))
+    link = _link(worker)
     master = _Unreachable()
-    assert worker._heartbeat(master, with_metrics=False) is None
+    assert link.heartbeat(master, with_metrics=False) is None
     worker.checkpoints._taken.append((2, 0, 0, 3550, "d2"))
     master.fail = False
-    assert worker._heartbeat(master, with_metrics=False).command == "run"
+    assert link.heartbeat(master, with_metrics=False).command == "run"
     assert master.sent[0].checkpoints == {"taken": [(2, 0, 0, 3500, "d1"), (2, 0, 0, 3550, "d2")],
                                           "completed": [(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})],
                                           "durable": [(2, 0, 3500, "000000003500-ab")]}
@@ -139,16 +162,16 @@ def test_a_replica_restored_here_reports_its_progress_with_every_heartbeat_for_a
     restored, other = _Replica(2, 0, 1, kinds=()), _Replica(3, 1, 0, kinds=())
     restored.metrics, other.metrics = "restored's", "other's"
     worker = _worker(restored, other)
-    worker.index, worker.attempt, worker.server, worker._savepoint, worker.checkpoints = 1, 0, None, None, None
-    worker._lock, worker._cut_offs, worker._unsent_acks = threading.Lock(), {}, []
+    worker.checkpoints = None
+    link = _link(worker)
     master = _Unreachable()
     master.fail = False
-    worker._heartbeat(master, with_metrics=False)
-    worker._restored_at[(2, 0)] = time.monotonic()
-    worker._heartbeat(master, with_metrics=False)
-    worker._heartbeat(master, with_metrics=True)
-    worker._restored_at[(2, 0)] = time.monotonic() - RESTORED_REPORT_S - 1
-    worker._heartbeat(master, with_metrics=False)
+    link.heartbeat(master, with_metrics=False)
+    link.restored((2, 0))
+    link.heartbeat(master, with_metrics=False)
+    link.heartbeat(master, with_metrics=True)
+    link._restored_at[(2, 0)] = time.monotonic() - RESTORED_REPORT_S - 1
+    link.heartbeat(master, with_metrics=False)
     assert [beat.metrics for beat in master.sent] == [
         None, {"t2[0]r1": "restored's"}, {"t2[0]r1": "restored's", "t3[1]r0": "other's"}, None]
 
@@ -171,15 +194,12 @@ def test_a_restored_upstream_sends_to_where_its_destinations_were_restored_meanw
     reached: list[int] = []
     ch = OutputChannel(spec, [lambda payload: None, lambda payload: None], batch_size=4, buffer_timeout_s=0.001,
                        first_seq=100, retain=True, destinations=[1, 2])
-    worker = Worker.__new__(Worker)
-    worker._lock = threading.Lock()
-    worker.plan = SimpleNamespace(replicas=2)
-    worker._transports_to = {}
-    worker._moves_known = {(4, 0, 0): KnownMove(3, {8: 40}, restore=5)}
-    worker._transport = lambda w: (reached.append(w), lambda payload: None)[1]
-    worker._send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=4)
+    routes = _routes(SimpleNamespace(replicas=2))
+    routes._moves_known = {(4, 0, 0): KnownMove(3, {8: 40}, restore=5)}
+    routes.sender = lambda w: (reached.append(w), lambda payload: None)[1]
+    routes.send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=4)
     assert ch.destination(0) == 3 and ch.destination(1) == 2 and reached == [3]
-    assert ch.live_replicas == [0, 1] and worker._transports_to == {3: [(ch, 0)]}
+    assert ch.live_replicas == [0, 1] and routes._transports_to == {3: [(ch, 0)]}
     ch.abort()
 
 
@@ -193,24 +213,18 @@ def test_a_restored_upstream_sends_to_no_lost_replica_until_it_runs_again_even_w
     spec = ChannelSpec(id=6, edge_id=0, src_task=2, src_partition=1, dst_task=3, dst_partition=0)
     reported: list = []
     local: list[bytes] = []
-    worker = Worker.__new__(Worker)
-    worker.index = 1
-    worker._lock = threading.Lock()
-    worker._transports_to = {}
-    worker.plan = SimpleNamespace(replicas=2, output_channels=lambda task, part, edge: [spec])
-    worker.cfg = SimpleNamespace(channel_batch_size=4, channel_buffer_timeout_ms=1, rhino_enabled=True,
-                                 rhino_backup_limit=1000)
-    worker._transport = lambda w: local.append if w == 1 else (lambda payload: None)
-    worker._cut_off_reported = lambda *args: reported.append(args)
+    routes = _routes(SimpleNamespace(replicas=2, output_channels=lambda task, part, edge: [spec]),
+                     cut_off=lambda *args: reported.append(args))
+    routes.sender = lambda w: local.append if w == 1 else (lambda payload: None)
     upstream = SimpleNamespace(task=SimpleNamespace(id=2, outputs=[SimpleNamespace(edge_id=0)]), partition=1)
     placement = {(3, 0, 0): 2, (3, 0, 1): 1}
-    [(_, [ch])] = worker._outputs(upstream, placement, {6: 10}, lost=frozenset({(3, 0, 1)}))
+    [(_, [ch])] = routes.outputs(upstream, placement, {6: 10}, lost=frozenset({(3, 0, 1)}))
     assert ch.live_replicas == [0] and not reported
-    worker._moves_known = {(3, 0, 1): KnownMove(1, {6: 10}, restore=7)}
-    worker._send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=7)  # known to the driver's request
+    routes._moves_known = {(3, 0, 1): KnownMove(1, {6: 10}, restore=7)}
+    routes.send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=7)  # known to the driver's request
     assert ch.live_replicas == [0]
-    worker._moves_known = {(3, 0, 1): KnownMove(1, {6: 10}, restore=8)}
-    worker._send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=7)
+    routes._moves_known = {(3, 0, 1): KnownMove(1, {6: 10}, restore=8)}
+    routes.send_to_moved(SimpleNamespace(outputs=[ch]), restores_seen=7)
     assert ch.live_replicas == [0, 1] and ch.destination(1) == 1
     ch.emit(("k", 1))
     assert ch.close(timeout=5)
@@ -220,7 +234,7 @@ def test_a_restored_upstream_sends_to_no_lost_replica_until_it_runs_again_even_w
 def test_a_standby_s_zookeeper_session_is_opened_once_whoever_asks_first(monkeypatch):
     """A KaZoo standby opens its session ahead of restores, in the background; a restore asking
     meanwhile gets that same session, and a session that could not start is tried again."""
-    import replication.runtime.worker as worker_module
+    import replication.runtime.feeds as feeds_module
 
     clients: list = []
 
@@ -235,28 +249,24 @@ def test_a_standby_s_zookeeper_session_is_opened_once_whoever_asks_first(monkeyp
                 raise RuntimeError("ZooKeeper is down")
             self.started = True
 
-    monkeypatch.setattr(worker_module, "ElectionClient", _Client)
+    monkeypatch.setattr(feeds_module, "ElectionClient", _Client)
     for fail_first in (False, True):
         clients.clear()
-        worker = _worker()
-        worker.index, worker.attempt, worker._election, worker._election_lock = 1, 0, None, threading.Lock()
-        worker.cfg = SimpleNamespace(zookeeper_connect="zk:2181", kazoo_session_timeout_ms=2000,
-                                     start_timeout_ms=1000, zookeeper_digest=None)
-        worker.boot = SimpleNamespace(election_root="/replication/j/r", epoch_base=0)
-        worker._ready = threading.Event()
-        worker._ready.set()
-        opener = threading.Thread(target=worker._open_election)
+        cfg = SimpleNamespace(zookeeper_connect="zk:2181", kazoo_session_timeout_ms=2000, start_timeout_ms=1000,
+                              zookeeper_digest=None)
+        feeds = WorkerFeeds(SimpleNamespace(cfg=cfg, plan=None, job_name="j", election_root="/replication/j/r",
+                                            epoch_base=0), 1, 0)
+        feeds.start()  # the standby is ready: a session opened from now on starts at once
+        opener = threading.Thread(target=feeds.open_election)
         opener.start()
         time.sleep(0.05)
-        got = worker.election()  # a restore, while the standby's own opening is under way
+        got = feeds.election()  # a restore, while the standby's own opening is under way
         opener.join(5)
-        assert got.started and worker._election is got
+        assert got.started and feeds.election() is got
         assert len(clients) == (2 if fail_first else 1)
 
 
 def test_the_position_stream_is_opened_again_when_it_ended():
-    from liverobin.positions import PositionOutbox
-
     class Call:
         def __init__(self, messages):
             self.messages, self.ended = messages, False
@@ -270,46 +280,37 @@ def test_the_position_stream_is_opened_again_when_it_ended():
             self.calls.append(Call(messages))
             return self.calls[-1]
 
-    outbox = PositionOutbox(period_s=0.0)
-    outbox.report("t", 0, 0, 3)
-    fake = SimpleNamespace(_positions=outbox, _stopping=threading.Event(), _position_stream=None, index=2,
-                           attempt=0)
+    link = _link(_worker(), heartbeat_log="heartbeats")
+    link.report_position("t", 0, 0, 3)
     master = Master()
-    Worker._stream_positions(fake, master)
-    Worker._stream_positions(fake, master)  # open: nothing to do
+    link.stream_positions(master)
+    link.stream_positions(master)  # open: nothing to do
     assert len(master.calls) == 1 and next(master.calls[0].messages).positions == [("t", 0, 0, 3)]
     master.calls[0].ended = True
-    Worker._stream_positions(fake, master)
+    link.stream_positions(master)
     assert len(master.calls) == 2
     first = next(master.calls[1].messages)
-    assert (first.worker, first.positions) == (2, [("t", 0, 0, 3)])  # everything known, again
-    fake._stopping.set()
+    assert (first.worker, first.positions) == (1, [("t", 0, 0, 3)])  # everything known, again
+    link.worker.stopping.set()
     master.calls[1].ended = True
-    Worker._stream_positions(fake, master)  # stopping: not again
+    link.stream_positions(master)  # stopping: not again
     assert len(master.calls) == 2
 
 
 def test_a_ring_of_the_driver_sends_the_next_heartbeat_at_once():
     """A writer role passed to this worker, or a replica restored elsewhere, reaches it at once
     when the driver rings its watch, not a heartbeat interval later."""
-    worker = _worker()
-    worker.index, worker.cfg = 1, SimpleNamespace(heartbeat_interval_ms=60_000, metrics_interval_ms=60_000)
-    worker._beat_now = threading.Event()
+    link = _link(_worker(), heartbeat_interval_ms=60_000, metrics_interval_ms=60_000)
     beats = threading.Semaphore(0)
-    worker._heartbeat = lambda master, with_metrics: beats.release()
-    worker._stream_positions = lambda master: None
-    stop = threading.Event()
-    beater = threading.Thread(target=worker._beat, args=(None, stop, _Mailbox()), daemon=True)
-    beater.start()
+    link.heartbeat = lambda master, with_metrics: beats.release()
+    link.start(master=None)
     try:
         assert beats.acquire(timeout=30)  # the first beat
         for _ in range(2):
-            worker._beat_now.set()
+            link.ring()
             assert beats.acquire(timeout=30)  # not 60 s later
     finally:
-        stop.set()
-        worker._beat_now.set()
-        beater.join(30)
+        link.stop()
 
 
 def test_a_finished_worker_s_replicas_are_retired_before_pushes_give_up_on_it():
@@ -319,17 +320,17 @@ def test_a_finished_worker_s_replicas_are_retired_before_pushes_give_up_on_it():
     worker._drop = lambda drop: None
     worker._apply_handovers = lambda handovers: None
     worker._learn_savepoint = lambda reply: None
-    worker.dead_workers, worker.finished_workers, worker.checkpoints = set(), set(), None
+    worker.checkpoints, worker.routes = None, _routes(SimpleNamespace(replicas=2))
     seen: list[bool] = []
 
     class Channel:
         def retire(self, replica: int, worker: int) -> None:
-            seen.append(worker in outer.finished_workers)
+            seen.append(worker in routes.finished_workers)
 
-    outer = worker
-    worker._transports_to = {2: [(Channel(), 1)]}
+    routes = worker.routes
+    routes._transports_to = {2: [(Channel(), 1)]}
     worker._apply(Instructions("run", finished=[2]))
-    assert seen == [False] and worker.finished_workers == {2}
+    assert seen == [False] and routes.finished_workers == {2}
 
 
 def test_a_worker_whose_rpc_server_cannot_start_stops_its_data_port(monkeypatch):
@@ -347,6 +348,7 @@ def test_a_worker_whose_rpc_server_cannot_start_stops_its_data_port(monkeypatch)
     monkeypatch.setattr(worker_module.rpc, "serve", no_rpc_server)
     worker = Worker.__new__(Worker)
     worker.index, worker.checkpoints = 0, None
+    worker.cuts = SimpleNamespace(receive_chunk=lambda req: None, serve_kept_cut=lambda req: None)
     worker.security = RpcSecurity(b"worker-unit-secret-0123456789abcdef")
     worker.boot = SimpleNamespace(master_address="127.0.0.1:1", placement={0: "e0"})
     try:
@@ -367,15 +369,17 @@ def test_a_worker_whose_rpc_server_cannot_start_stops_its_data_port(monkeypatch)
 def test_a_cut_for_a_target_replica_no_longer_here_does_not_fail_the_origin(caplog):
     worker = Worker.__new__(Worker)
     worker.index, worker.checkpoints, worker.instances = 0, None, {}
-    worker._lock, worker._ready, worker.dead_workers = threading.Lock(), threading.Event(), {1}
+    worker._ready = threading.Event()
     worker._ready.set()
     worker.cfg = SimpleNamespace(start_timeout_ms=1000)
     worker.plan = SimpleNamespace(replicas=2, task=lambda _t: SimpleNamespace(name="chain"))
     # the target's replica 0 is placed here, but was lost (its instance is gone); replica 1's worker is dead
-    worker._placement = {(3, 2, 0): 0, (3, 2, 1): 1, (3, 0, 0): 0, (3, 0, 1): 1}
+    worker.routes = _routes(worker.plan, index=0,
+                            placement={(3, 2, 0): 0, (3, 2, 1): 1, (3, 0, 0): 0, (3, 0, 1): 1})
+    worker.routes.dead_workers = {1}
     order = SimpleNamespace(handover_id=7, task=3)
     cut = TargetCut(chunks=[[(b"k", b"v")]], extras={}, digest="d", entries=1)
-    assert worker.send_handover_state(order, 2, {0: cut}) == 0
+    assert CutExchange(worker).send(order, 2, {0: cut}) == 0
     assert "state for chain[0] not delivered here: worker 0 hosts no replica of (3, 0)" in caplog.text
 
 
@@ -387,7 +391,8 @@ def test_a_cut_no_origin_replica_keeps_is_served_by_the_twin_of_the_asking_targe
     entries = [(0, b"a", b"1"), (1, b"b", b"2")]
     twin.handovers.state_arrived(7, 0, entries)
     worker = _worker(twin)
-    worker.cfg = SimpleNamespace(handover_chunk_bytes=1 << 20)
-    reply = worker._handover_cut(CutRequest(7, 3, 0, 1, 0))  # origin 0 runs nowhere here; target 1's twin does
+    worker.index, worker.plan, worker.cfg = 0, None, SimpleNamespace(handover_chunk_bytes=1 << 20)
+    cuts = CutExchange(worker)
+    reply = cuts.serve_kept_cut(CutRequest(7, 3, 0, 1, 0))  # origin 0 runs nowhere here; target 1's twin does
     assert not reply.missing and reply.chunks == 1 and wire.unpack_rows(reply.entries) == entries
-    assert worker._handover_cut(CutRequest(8, 3, 0, 1, 0)).missing  # another handover: not received
+    assert cuts.serve_kept_cut(CutRequest(8, 3, 0, 1, 0)).missing  # another handover: not received

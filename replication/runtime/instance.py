@@ -156,7 +156,7 @@ class PartitionInstance:
             self._handover_acks.append((handover_id, epoch, (self.task.id, self.partition, self.replica), kind,
                                         digest, entries, self.attempt, self.metrics.checkpoint_id,
                                         {"at": time.time(), **(times or {})}))
-        self.worker.beat_soon()  # the next step of the handover waits for this ack
+        self.worker.link.ring()  # the next step of the handover waits for this ack
 
     def take_handover_acks(self) -> list[tuple]:
         with self._ack_lock:

@@ -79,7 +79,7 @@ class ProcessingInstance(PartitionInstance):
         if isinstance(self.orderer, KazooOrderer):
             state = rt["orderer"]
             self.orderer.restore(state)
-            log_ = self.worker.own_order_log()  # the worker's shared reader started long ago
+            log_ = self.worker.feeds.own_order_log()  # the worker's shared reader started long ago
             self._publish_order = log_.register(
                 self._order_log, state.offset + 1, on_records=self.orderer.on_records,
                 on_failed=self.orderer.on_publish_failed, on_error=self.orderer.on_error)
@@ -106,11 +106,11 @@ class ProcessingInstance(PartitionInstance):
             checkpoint_every=self.checkpoint_every, checkpoint_mark=self._record_enters_new_interval, name=self.name)
         self._order_log = order_log
         if not self.restoring:  # (a restored replica reads the log from its checkpoint on: restore_from)
-            self._publish_order = self.worker.order_log().register(
+            self._publish_order = self.worker.feeds.order_log().register(
                 order_log, 0, on_records=orderer.on_records, on_failed=orderer.on_publish_failed,
                 on_error=orderer.on_error)
         self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
-        self.worker.election()
+        self.worker.feeds.election()
         return orderer
 
     def deliver(self, header: BatchHeader, payload: bytes) -> bool:
@@ -150,7 +150,7 @@ class ProcessingInstance(PartitionInstance):
     def run(self) -> bool:
         kazoo = self.orderer if isinstance(self.orderer, KazooOrderer) else None
         if kazoo is not None:
-            self._candidate = self.worker.election().candidate(self._election_path, kazoo.on_leadership)
+            self._candidate = self.worker.feeds.election().candidate(self._election_path, kazoo.on_leadership)
         drained = False
         try:
             drained = self._run(kazoo)
@@ -353,7 +353,7 @@ class ProcessingInstance(PartitionInstance):
                                    self.cfg.handover_chunk_bytes)
             if self.cfg.rhino_enabled:
                 handovers.keep(order.handover_id, per_target)
-            shipped = self.worker.send_handover_state(order, self.partition, per_target)
+            shipped = self.worker.cuts.send(order, self.partition, per_target)
             self.handover_ack(order.handover_id, order.epoch, "cut", cut.digest, len(cut.entries),
                               {"at": cut_at, "bytes": entry_bytes(cut.entries), "shipped": shipped})
         for step in releases:

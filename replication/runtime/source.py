@@ -65,7 +65,7 @@ class SourceInstance(PartitionInstance):
         # final pulse)
         # (a restored replica subscribes to a reader of its own: the shared one started long ago)
         # KaZoo: the pulses of the windows a handover opens; records wait for pulses only inside one
-        self._pulses = worker.pulse_reader().subscribe() if plan.heartbeat_log is not None and not restoring \
+        self._pulses = worker.feeds.pulse_reader().subscribe() if plan.heartbeat_log is not None and not restoring \
             else None
         self._windows = PulseWindows() if self.cfg.mode == "kazoo" and plan.heartbeat_log is not None else None
         self.pending_window: tuple | None = None  # the driver's latest word on the pulse window (worker thread)
@@ -102,7 +102,7 @@ class SourceInstance(PartitionInstance):
         # pulse placed before the checkpoint (what counts is decided by the log alone, and the
         # counting goes on from that pulse's record, so the same pulses come out)
         if self.worker.plan.heartbeat_log is not None:
-            reader = self._reader = self.worker.own_pulse_reader(self._pulse_placed)
+            reader = self._reader = self.worker.feeds.own_pulse_reader(self._pulse_placed)
             self._pulses = reader.subscribe()
             reader.start()
         return rt
@@ -135,7 +135,7 @@ class SourceInstance(PartitionInstance):
         # LiveRobin: the fetch thread reports where records exist at once; waiting for this thread
         # would wait for a pulse, which waits for the report
         on_high = self._report_position if self._pulses is not None and self._windows is None else None
-        return self.worker.source_consumer().open(
+        return self.worker.feeds.source_consumer().open(
             self.topic, {k: self.start_offsets.get(k, OFFSET_BEGINNING) for k in self.kafka_partitions},
             limit=self._hold_limit, on_high=on_high)
 
@@ -146,7 +146,7 @@ class SourceInstance(PartitionInstance):
         Called by the fetch thread in LiveRobin, by this replica's thread in a KaZoo window."""
         start = self.start_offsets.get(k, low)
         if start >= 0:
-            self.worker.report_position(self.topic, k, start, position)
+            self.worker.link.report_position(self.topic, k, start, position)
 
     def wake(self) -> None:
         """End the loop's wait for records (any thread: the worker's word, a pulse)."""

@@ -1,0 +1,214 @@
+"""A worker's link to the job master: heartbeats up, the driver's replies down, source positions.
+
+A heartbeat thread sends one :class:`~replication.messages.Heartbeat` every interval (at once when
+the driver rings or a replica has news, such as a handover's ack), whatever the worker's main
+loop is busy with: the replicas' sink progress, errors, checkpoint reports, handover acks, drain
+positions, the replicas its channels cut off, and metrics every metrics interval.  Each reply
+goes to a :class:`Mailbox` the main loop takes it from (a reply carries the driver's whole view,
+so a newer one replaces one not applied yet).  The hosted sources' read positions go to the
+driver's heartbeat generators on a stream of their own, opened again whenever it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import grpc
+
+from liverobin.positions import PositionOutbox
+from replication.messages import Heartbeat, Instructions, SourcePositions
+from replication.plan import Instance, ReplicaId
+from transport import rpc
+
+log = logging.getLogger(__name__)
+
+# A replica restored here reports its progress with every heartbeat for this long (not every
+# metrics interval): the driver sees it caught up within a heartbeat of it.
+RESTORED_REPORT_S = 10.0
+# Beats at most this often when the driver rings (a restore storm rings many times a second).
+BEAT_GAP_S = 0.02
+
+
+class Mailbox:
+    """The latest heartbeat reply, from the heartbeat thread to the worker's main loop."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._reply: Instructions | None = None
+        self._done = False
+        self._unreachable_since: float | None = None
+
+    def post(self, reply: Instructions | None, done: bool, at: float) -> None:
+        with self._cond:
+            if reply is None:
+                self._unreachable_since = self._unreachable_since or at
+            else:
+                self._unreachable_since = None
+                self._reply, self._done = reply, done
+            self._cond.notify_all()
+
+    def take(self, timeout: float) -> tuple[Instructions | None, bool, float | None]:
+        """The newest reply not taken yet (None after ``timeout``), whether every instance had
+        finished when it was asked for, and since when the driver has been unreachable."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._reply is not None, timeout)
+            reply, self._reply = self._reply, None
+            return reply, self._done, self._unreachable_since
+
+
+class DriverLink:
+    """What a worker tells the driver and when.  ``worker`` is the
+    :class:`~replication.runtime.worker.Worker`: its hosted replicas, checkpoints, savepoint."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.index, self.attempt, self.cfg = worker.index, worker.attempt, worker.cfg
+        self._lock = threading.Lock()
+        self._ring = threading.Event()  # the driver rang, or a replica has news for it
+        self._unsent_acks: list[tuple] = []  # handover acks of the hosted replicas, for the next heartbeat
+        self._cut_offs: dict[ReplicaId, tuple[int, str]] = {}  # replicas the channels cut off
+        self._restored_at: dict[Instance, float] = {}  # replicas restored here: when (monotonic)
+        # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin; KaZoo windows)
+        self._positions = PositionOutbox(self.cfg.pulse_period_ms / 1000) \
+            if worker.plan.heartbeat_log is not None else None
+        self._position_stream: rpc.OpenCall | None = None
+        self.mailbox = Mailbox()
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+
+    # -- what the worker and its replicas hand in ---------------------------------------------
+    def ring(self) -> None:
+        """Send the next heartbeat now, not at the interval (rings within ``BEAT_GAP_S`` merge)."""
+        self._ring.set()
+
+    def report_position(self, topic: str, partition: int, start: int, position: int) -> None:
+        """Every record of ``partition`` of ``topic`` below ``position`` exists (a hosted source
+        replica reading it from ``start`` saw it)."""
+        if self._positions is not None:
+            self._positions.report(topic, partition, start, position)
+
+    def cut_off(self, replica: ReplicaId, worker: int, why: str) -> None:
+        """A channel cut ``replica`` off by itself: the driver hears of it with the next heartbeat."""
+        with self._lock:
+            self._cut_offs[replica] = (worker, why)
+
+    def restored(self, inst: Instance) -> None:
+        """A replica was restored here: its metrics go with every heartbeat for a while."""
+        self._restored_at[inst] = time.monotonic()
+
+    # -- what goes up ---------------------------------------------------------------------------
+    def stream_positions(self, master: rpc.Peer) -> None:
+        """Keep the stream of the hosted sources' positions to the driver open: opened again (from
+        every position known) when it ended while this attempt runs, or a source's last position
+        might never reach the generators."""
+        call = self._position_stream
+        if self._positions is None or self.worker.stopping.is_set() or (call is not None and not call.ended):
+            return
+        if call is not None:
+            log.warning("worker %d: the stream of source positions to the driver ended: opening it again", self.index)
+        self._position_stream = master.stream("SourcePositions", self._positions.batches(
+            lambda reports: SourcePositions(self.index, self.attempt, reports)))
+
+    def metrics(self) -> dict[str, Any]:
+        return {inst.name: inst.metrics for inst in self.worker.hosted()}
+
+    def _catching_up_metrics(self) -> dict[str, Any] | None:
+        """The metrics of the replicas restored here in the last :data:`RESTORED_REPORT_S`."""
+        since = time.monotonic() - RESTORED_REPORT_S
+        recent = [inst for key, inst in list(self.worker.instances.items())
+                  if self._restored_at.get(key, since) > since]
+        return {inst.name: inst.metrics for inst in recent} or None
+
+    def sink_progress(self) -> dict[tuple[int, int, str], tuple[int, int]]:
+        """What each exactly-once output (sink, dead letters) of the hosted replicas committed."""
+        return {(t, p, w.kind): w.committed for (t, p), inst in list(self.worker.instances.items())
+                for w in inst.writers}
+
+    def _fenced_writers(self) -> dict[tuple[int, int, int, str], int]:
+        """The exactly-once outputs of the hosted replicas whose writer was fenced: the epoch."""
+        return {(t, p, inst.replica, w.kind): w.fenced_at for (t, p), inst in list(self.worker.instances.items())
+                for w in inst.writers if w.fenced_at >= 0}
+
+    def heartbeat(self, master: rpc.Peer, with_metrics: bool) -> Instructions | None:
+        """One heartbeat; the driver's reply, or None if it could not be reached."""
+        hosted = self.worker.hosted()
+        for inst in hosted:
+            self._unsent_acks += inst.take_handover_acks()
+        sources = [inst for inst in hosted if inst.task.is_source]
+        with self._lock:
+            cut_offs = dict(self._cut_offs)
+        holding = {(inst.task.id, inst.partition, inst.replica): inst.holding for inst in sources
+                   if inst.holding is not None}
+        drain_positions = {(inst.task.id, inst.partition, inst.replica): inst.drain_position for inst in sources
+                           if inst.drain_position is not None and inst.drain_at is None}
+        checkpoints, server = self.worker.checkpoints, self.worker.server
+        req = Heartbeat(
+            self.index, self.attempt, sinks=self.sink_progress(),
+            errors=[inst.error for inst in hosted if inst.error],
+            checkpoints=checkpoints.report() if checkpoints is not None else None,
+            metrics=self.metrics() if with_metrics else self._catching_up_metrics(), holding=holding,
+            handover_acks=list(self._unsent_acks), savepoint_armed=self.worker.savepoint_dir,
+            drain_positions=drain_positions, cut_offs=cut_offs, fenced=self._fenced_writers(),
+            rpc_refused=server.refused if server is not None else 0)
+        try:
+            reply = master.call("Heartbeat", req, Instructions, timeout=5)
+        except grpc.RpcError as err:
+            log.warning("heartbeat failed: %s", err.code())
+            if req.checkpoints and checkpoints is not None:
+                checkpoints.unreport(req.checkpoints)  # the driver would never hear of them
+            return None
+        self._unsent_acks = []
+        with self._lock:
+            for replica in req.cut_offs:
+                self._cut_offs.pop(replica, None)
+        return reply
+
+    # -- the heartbeat thread -----------------------------------------------------------------
+    def start(self, master: rpc.Peer) -> None:
+        """Start the heartbeat thread; its replies arrive in :attr:`mailbox`."""
+        self._stop.clear()
+        self._beater = threading.Thread(target=self._beat, args=(master, self._stop, self.mailbox),
+                                        name=f"heartbeat-w{self.index}", daemon=True)
+        self._beater.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._ring.set()
+        if self._beater is not None:
+            self._beater.join(5)
+
+    def close(self) -> None:
+        """End the position stream (after the worker reported its end)."""
+        if self._positions is not None:
+            self._positions.close()
+        if self._position_stream is not None:
+            self._position_stream.close()
+
+    def _beat(self, master: rpc.Peer, stop: threading.Event, mailbox: Mailbox) -> None:
+        """The liveness loop: a heartbeat every interval, whatever the main loop is busy with
+        (applying a reply may wait on a restore's locks for a while); each reply goes to
+        ``mailbox`` with whether every instance had finished when it was asked for."""
+        interval = self.cfg.heartbeat_interval_ms / 1000
+        metrics_every = self.cfg.metrics_interval_ms / 1000
+        next_metrics = 0.0
+        last = time.monotonic()
+        while not stop.is_set():
+            started = time.monotonic()
+            if started - last > 4 * interval:
+                log.warning("heartbeat thread of worker %d ran %.2fs after its last beat (starved)", self.index,
+                            started - last)
+            last = started
+            done = self.worker.all_finished()
+            reply = self.heartbeat(master, with_metrics=done or started >= next_metrics)
+            self.stream_positions(master)
+            if time.monotonic() - started > 1.0:
+                log.warning("heartbeat of worker %d took %.2fs", self.index, time.monotonic() - started)
+            if started >= next_metrics:
+                next_metrics = started + metrics_every
+            mailbox.post(reply, done, started)
+            self._ring.wait(max(0.0, interval - (time.monotonic() - started)))
+            self._ring.clear()
+            stop.wait(max(0.0, started + BEAT_GAP_S - time.monotonic()))  # (rings merge into one beat)
