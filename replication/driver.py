@@ -76,7 +76,7 @@ from rhino_state.durable import DurableCut, DurableStore, without_credentials
 from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager, RestorePlan
 from transport import rpc
-from transport.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
+from transport.kafka_io import TopicMaker, admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from transport.rpc import host_port
 from transport.security import RpcSecurity
 
@@ -1066,6 +1066,7 @@ class JobHandle:
         self._started = time.monotonic()
         self._elections = elections
         self.pulses: DriverPulses | None = None
+        self._segment_maker = TopicMaker(cfg.kafka_admin_config())  # the heartbeat log's next segments
         if plan.heartbeat_log is not None:
             resumed_at = int(plan.resume.cut.run.get("pulse", 0)) if plan.resume is not None else 0
             self.pulses = DriverPulses(self._new_generator, plan.heartbeat_log, master.event, first_h=resumed_at)
@@ -1127,12 +1128,8 @@ class JobHandle:
                     for t in self.plan.tasks if t.is_source},
             period_s=cfg.pulse_period_ms / 1000, max_step=cfg.liverobin_max_pulse_step,
             consumer_conf=cfg.kafka_consumer_config(group_id=f"replication-{self.job.name}-pulses"),
-            producer_conf=cfg.kafka_producer_config(), create_topics=self._create_log_segments,
+            producer_conf=cfg.kafka_producer_config(), create_topics=self._segment_maker,
             from_segment=from_segment, windowed=windowed)
-
-    def _create_log_segments(self, topics: list[str]) -> None:
-        """Make the heartbeat log's next segments exist (a generator's call)."""
-        ensure_topics(admin_client(self.cfg.kafka_admin_config()), dict.fromkeys(topics, 1))
 
     def kill_pulse_generators(self) -> list[str]:
         """Stop every running heartbeat generator at once, without a final pulse (a crash for the

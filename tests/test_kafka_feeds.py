@@ -420,3 +420,21 @@ def test_a_consumer_made_ahead_is_the_one_made_next_with_its_wait(stack, topic_p
     assert other is not second and consumers._ahead is None
     other.close()
     consumers.close()
+
+
+def test_a_topic_maker_makes_every_segment_through_one_admin_client(stack, topic_prefix, monkeypatch):
+    """The heartbeat generator and the order logs make their next segments with a kept admin client:
+    a new one per call cost about 55 ms on the embedded broker (a connection and metadata), in the
+    generator's pulse loop every few seconds."""
+    import transport.kafka_io as kafka_io
+
+    made: list[AdminClient] = []
+    real = kafka_io.admin_client
+    monkeypatch.setattr(kafka_io, "admin_client", lambda conf: made.append(real(conf)) or made[-1])
+    maker = kafka_io.TopicMaker({"bootstrap.servers": stack.bootstrap_servers})
+    for n in range(3):
+        maker([f"{topic_prefix}seg.{3 * n + k}" for k in range(3)])
+    topics = AdminClient({"bootstrap.servers": stack.bootstrap_servers}).list_topics(timeout=10).topics
+    assert all(f"{topic_prefix}seg.{i}" in topics and len(topics[f"{topic_prefix}seg.{i}"].partitions) == 1
+               for i in range(9))
+    assert len(made) == 1

@@ -8,6 +8,7 @@ never from ListOffsets (DESIGN §10), and metadata requests never name a topic
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -121,6 +122,24 @@ def assign_now(consumer: Consumer, partitions: list[TopicPartition], timeout: fl
 
 def admin_client(conf: Mapping[str, Any]) -> AdminClient:
     return AdminClient(dict(conf))
+
+
+class TopicMaker:
+    """Makes single-partition topics exist (a segmented log's next segments) through one admin
+    client, made on first use and kept: a new client costs a connection and a metadata round trip,
+    about 55 ms on the embedded broker, against 1-4 ms for creating three topics with one kept."""
+
+    def __init__(self, admin_conf: Mapping[str, Any]) -> None:
+        self._conf = dict(admin_conf)
+        self._admin: AdminClient | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, topics: list[str]) -> None:
+        with self._lock:
+            if self._admin is None:
+                self._admin = admin_client(self._conf)
+            admin = self._admin
+        ensure_topics(admin, dict.fromkeys(topics, 1))
 
 
 def end_offsets_by_fetch(consumer_conf: Mapping[str, Any], topic: str, partitions: Iterable[int],

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from kazoo_leader.election import ElectionClient
@@ -20,7 +19,7 @@ from liverobin.heartbeats import PulseRecord
 from liverobin.reader import PulseReader
 from replication.config import ReplicationConfig
 from transport.kafka_feeds import SharedConsumer
-from transport.kafka_io import admin_client, ensure_topics
+from transport.kafka_io import TopicMaker
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +32,6 @@ SOURCE_FETCH_WAIT_MS = 10
 def _idle_fetch(cfg: ReplicationConfig) -> dict[str, Any]:
     """How a worker's long-lived consumers fetch once they find no input (``kafka.idle*``)."""
     return {"idle_fetch_wait_ms": cfg.kafka_idle_fetch_wait_ms, "idle_after_s": cfg.kafka_idle_after_ms / 1000}
-
-
-def _topic_maker(cfg: ReplicationConfig) -> Callable[[list[str]], None]:
-    """Makes single-partition topics exist (the order logs' next segments)."""
-    return lambda topics: ensure_topics(admin_client(cfg.kafka_admin_config()), dict.fromkeys(topics, 1))
 
 
 def election_identity(worker: int, attempt: int) -> str:
@@ -122,7 +116,7 @@ class WorkerFeeds:
         if self._order_log is None:
             self._order_log = OrderLog(
                 self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}"),
-                self.cfg.kafka_producer_config(), _topic_maker(self.cfg), name=f"w{self.index}",
+                self.cfg.kafka_producer_config(), TopicMaker(self.cfg.kafka_admin_config()), name=f"w{self.index}",
                 **_idle_fetch(self.cfg))
         return self._order_log
 
@@ -131,8 +125,8 @@ class WorkerFeeds:
         worker's shared one cannot follow a log from a new position once started."""
         n = len(self._own_order_logs)
         log_ = OrderLog(self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}-{n}"),
-                        self.cfg.kafka_producer_config(), _topic_maker(self.cfg), name=f"w{self.index}-restored{n}",
-                        **_idle_fetch(self.cfg))
+                        self.cfg.kafka_producer_config(), TopicMaker(self.cfg.kafka_admin_config()),
+                        name=f"w{self.index}-restored{n}", **_idle_fetch(self.cfg))
         self._own_order_logs.append(log_)
         return log_
 
