@@ -396,3 +396,26 @@ def test_a_cut_no_origin_replica_keeps_is_served_by_the_twin_of_the_asking_targe
     reply = cuts.serve_kept_cut(CutRequest(7, 3, 0, 1, 0))  # origin 0 runs nowhere here; target 1's twin does
     assert not reply.missing and reply.chunks == 1 and wire.unpack_rows(reply.entries) == entries
     assert cuts.serve_kept_cut(CutRequest(8, 3, 0, 1, 0)).missing  # another handover: not received
+
+
+def test_a_target_waiting_at_its_release_pulse_for_a_cut_fetches_it_in_the_background_once():
+    """Each round of the worker's main loop looks for target replicas waiting too long at their
+    release pulse; one already fetching is not given a second fetch."""
+    from replication.runtime.cut_exchange import CUT_OVERDUE_S
+
+    waiting = SimpleNamespace(name="chain[1]r0", handovers=SimpleNamespace(missing_cuts=lambda blocked_for: [(7, 0)]))
+    fine = SimpleNamespace(name="chain[0]r0", handovers=SimpleNamespace(missing_cuts=lambda blocked_for: []))
+    worker = _worker()
+    worker.instances = {(3, 1): waiting, (3, 0): fine, (2, 0): SimpleNamespace(name="source[0]r0", handovers=None)}
+    worker.index, worker.plan, worker.cfg = 0, None, None
+    cuts = CutExchange(worker)
+    started, release = threading.Semaphore(0), threading.Event()
+    fetched: list = []
+    cuts._fetch_cuts = lambda inst, blocked_for: (fetched.append((inst.name, blocked_for)), started.release(),
+                                                  release.wait(10))
+    cuts.fetch_overdue_cuts()
+    assert started.acquire(timeout=10)
+    cuts.fetch_overdue_cuts()  # still fetching
+    release.set()
+    assert not started.acquire(timeout=0.2)
+    assert fetched == [("chain[1]r0", CUT_OVERDUE_S)]

@@ -219,7 +219,7 @@ class CutExchange:
 
     def fetch_overdue_cuts(self) -> None:
         """Target replicas waiting at a release pulse for a cut that does not come: fetch it."""
-        for inst in self._hosted():
+        for inst in self.worker.hosted():
             if inst.handovers is None or not inst.handovers.missing_cuts(CUT_OVERDUE_S):
                 continue
             with self._lock:
