@@ -21,7 +21,9 @@ make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` an
 * once no partition grew for a second, every pulse of its own was read back and no other
   generator's was read for a while, it stops fetching the log until it writes the next one (an
   idle job's log costs the broker a fetch or two a second, not one per fetch wait); a new
-  generator's pulses are read then, and whichever record of an ``h`` came first counts;
+  generator's pulses are read then, and whichever record of an ``h`` came first counts.  Until
+  then it sleeps until a source reports a new position, its own word changes (a drain, a
+  window, eager, stop: :meth:`PositionBoard.ring`) or the next idle pulse is due, not every period;
 * on a drain it writes one *final* pulse at the end offsets a fetch made after the drain request
   shows (the one time it reads the sources); they end right after it, at the same position on
   both replicas.
@@ -119,6 +121,7 @@ class HeartbeatGenerator:
     def kill(self, timeout: float = 5.0) -> None:
         """Stop at once, without a final pulse (a crash, as far as the log can tell)."""
         self._stop.set()
+        self.positions.ring()
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -126,16 +129,19 @@ class HeartbeatGenerator:
         """Write the final pulse at the end offsets seen ``grace_s`` from now (a drain)."""
         if self._finish_at is None:
             self._finish_at = time.monotonic() + grace_s
+            self.positions.ring()
 
     def eager(self, seconds: float) -> None:
         """For ``seconds``, write a pulse every :data:`EAGER_PULSE_EVERY_S` even while no source
         partition grows (a handover switches at a pulse: it should come soon, not once a second)."""
         self._eager_until = time.monotonic() + seconds
+        self.positions.ring()
 
     def open_window(self, window: int, floor: Offsets) -> None:
         """Windowed: write pulses tagged ``window`` every period, none below ``floor``."""
         with self._closed:
             self._window, self._closing, self._last_h = (window, {t: dict(p) for t, p in floor.items()}), False, 0
+        self.positions.ring()
 
     def close_window(self, timeout: float) -> int | None:
         """Windowed: end the open window with a pulse marked last and wait until the log counted
@@ -144,6 +150,7 @@ class HeartbeatGenerator:
             if self._window is None:
                 return self._last_h or None  # ended already (by an earlier call)
             self._closing = True
+            self.positions.ring()
             self._closed.wait_for(lambda: self._window is None or self.error is not None or not self.alive, timeout)
             return self._last_h if self._window is None else None
 
@@ -183,11 +190,22 @@ class HeartbeatGenerator:
         quiet = False  # the last pulse due placed nothing new (an idle job)
         moved_at = 0.0  # when a pulse that placed something new was last written
         others_at = -OTHERS_RECENT_S  # when a pulse of another generator was last read
+        news = self.positions.version  # the sources' positions (and this generator's word) as last seen
         try:
             while not self._stop.is_set() and not self.pulses.final:
                 # never poll with a zero timeout while there is nothing to do: with one the loop spun
                 # (about 30,000 empty polls a second at a 10 ms period, ~6% of a core taken from the job)
-                if blocked:  # what unblocks it is a message (our pulse back)
+                if paused:  # idle: nothing to read; sleep until a source moves, a word comes or a pulse is due
+                    now = time.monotonic()
+                    if self.windowed and self._window is None:
+                        due = IDLE_PULSE_EVERY_S  # nothing to write before a window opens (open_window rings)
+                    else:
+                        due = last_write + (IDLE_PULSE_EVERY_S if now >= self._eager_until
+                                            else EAGER_PULSE_EVERY_S) - now
+                    news = self.positions.wait_news(news, max(due, self.period_s))
+                    next_tick = min(next_tick, time.monotonic())
+                    wait = 0.0
+                elif blocked:  # what unblocks it is a message (our pulse back)
                     wait = FETCH_WAIT_MS / 1000
                 else:
                     wait = min(max(next_tick - time.monotonic(), 0.0), 0.05)

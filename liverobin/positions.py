@@ -99,18 +99,38 @@ class PositionBoard:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._news = threading.Condition(self._lock)
         self._positions: dict[str, dict[int, int]] = {}
         self._starts: dict[str, dict[int, int]] = {}
         self.reports = 0  # entries received
+        self.version = 0  # grows with every position that moves, and every ring
 
     def update(self, reports: Iterable[Report]) -> None:
         with self._lock:
+            moved = False
             for topic, k, start, position in reports:
                 self.reports += 1
                 self._starts.setdefault(topic, {}).setdefault(k, start)
                 known = self._positions.setdefault(topic, {})
                 if position > known.get(k, -1):
                     known[k] = position
+                    moved = True
+            if moved:
+                self.version += 1
+                self._news.notify_all()
+
+    def ring(self) -> None:
+        """Wake every :meth:`wait_news` (a generator's own word changed: drain, window, stop)."""
+        with self._lock:
+            self.version += 1
+            self._news.notify_all()
+
+    def wait_news(self, seen: int, timeout: float) -> int:
+        """Wait until :attr:`version` is past ``seen`` (a position moved, or a ring), at most
+        ``timeout`` seconds; the version now."""
+        with self._lock:
+            self._news.wait_for(lambda: self.version > seen, timeout)
+            return self.version
 
     def positions(self, sources: Mapping[str, Iterable[int]]) -> Positions:
         """The furthest reported position of each partition of ``sources`` that has one."""

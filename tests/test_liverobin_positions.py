@@ -81,3 +81,27 @@ def test_a_new_sender_starts_with_every_position_known_and_the_old_one_stops():
     outbox.report("a", 1, 0, 9)
     outbox.report("a", 1, 0, 8)  # behind what is known: nothing to send
     assert next(new) == [("a", 1, 0, 9)]
+
+
+def test_an_idle_generator_s_wait_ends_when_a_position_moves_or_it_is_rung_and_not_otherwise():
+    """An idle heartbeat generator sleeps on the board instead of waking every period: a report
+    that moves a position (or a ring: a drain, a window, stop) ends its wait, one that moves
+    nothing does not."""
+    board = PositionBoard()
+    board.update([("a", 0, 0, 10)])
+    seen = board.version
+    assert board.wait_news(seen, 0.01) == seen  # nothing new: the whole timeout
+    board.update([("a", 0, 0, 10), ("a", 0, 0, 7)])  # reports, nothing moved
+    assert board.wait_news(seen, 0.01) == seen
+    woke: list[int] = []
+    waiter = threading.Thread(target=lambda: woke.append(board.wait_news(seen, 30)))
+    waiter.start()
+    board.update([("a", 0, 0, 11)])
+    waiter.join(30)
+    assert woke and woke[0] > seen
+    seen = woke[0]
+    waiter = threading.Thread(target=lambda: woke.append(board.wait_news(seen, 30)))
+    waiter.start()
+    board.ring()
+    waiter.join(30)
+    assert len(woke) == 2 and woke[1] > seen
