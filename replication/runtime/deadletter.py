@@ -18,7 +18,7 @@ from typing import Any
 
 from replication.config import ReplicationConfig
 from replication.runtime.elements import Origin
-from replication.runtime.exactly_once import ExactlyOnceOutput
+from replication.runtime.exactly_once import ExactlyOnceOutput, WritesExactlyOnce
 from transport.kafka_io import produce_blocking
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class DeadLetterWriter:
         log.warning("dead letter from %s: %s (origin %s)", operator, reason, origin)
 
 
-class ExactlyOnceDeadLetters:
+class ExactlyOnceDeadLetters(WritesExactlyOnce):
     """One partition replica's dead letters, written once for the partition: both replicas meet
     the same bad records in the same order, number them alike, and only the partition's writer
     replica writes them, fenced like a sink (:class:`replication.runtime.exactly_once.ExactlyOnceOutput`,
@@ -93,21 +93,3 @@ class ExactlyOnceDeadLetters:
         self.out.append(payload, key, headers)
         if self.out.writer or self.out.taking_over:  # (the writer logs it, once for the partition)
             log.warning("dead letter from %s: %s (origin %s)", operator, reason, origin)
-
-    def on_idle(self) -> None:
-        self.out.on_idle()
-
-    def due_in(self) -> float | None:
-        return self.out.due_in()
-
-    def control(self, writer_replica: int, epoch: int, committed_seq: int, committed_offset: int) -> None:
-        self.out.control(writer_replica, epoch, committed_seq, committed_offset)
-
-    @property
-    def committed(self) -> tuple[int, int]:
-        return self.out.committed_seq, self.out.committed_offset
-
-    @property
-    def fenced_at(self) -> int:
-        """The epoch this replica wrote at when it was fenced, or -1 (see ExactlyOnceOutput)."""
-        return self.out.fenced_at

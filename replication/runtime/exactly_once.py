@@ -522,3 +522,29 @@ class ExactlyOnceOutput:
                                    f"(committed {self.committed_seq})")
             poll_control()
             time.sleep(0.02)
+
+
+class WritesExactlyOnce:
+    """What a partition's exactly-once output (a sink, its dead letters) shows its instance and the
+    driver, delegated to its :class:`ExactlyOnceOutput` ``out``."""
+
+    out: ExactlyOnceOutput
+
+    def on_idle(self) -> None:
+        self.out.on_idle()
+
+    def due_in(self) -> float | None:
+        return self.out.due_in()
+
+    def control(self, writer_replica: int, epoch: int, committed_seq: int, committed_offset: int) -> None:
+        self.out.control(writer_replica, epoch, committed_seq, committed_offset)
+
+    @property
+    def committed(self) -> tuple[int, int]:
+        """(seq, offset) this output is known to have committed, for the driver."""
+        return self.out.committed_seq, self.out.committed_offset
+
+    @property
+    def fenced_at(self) -> int:
+        """The epoch this replica wrote at when it was fenced, or -1 (see ExactlyOnceOutput)."""
+        return self.out.fenced_at

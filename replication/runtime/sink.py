@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from replication.runtime.exactly_once import ExactlyOnceOutput
+from replication.runtime.exactly_once import ExactlyOnceOutput, WritesExactlyOnce
 from replication.runtime.operators import SinkBase
 
 
-class ExactlyOnceSink(SinkBase):
+class ExactlyOnceSink(WritesExactlyOnce, SinkBase):
     kind = "out"  # which of the partition's outputs the driver's writer role is for
 
     def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
@@ -42,15 +42,6 @@ class ExactlyOnceSink(SinkBase):
         self.env.metrics.records_out += 1
         self.out.append(value, key, [("ingest_ts", repr(rec[4]).encode())], rec[4])
 
-    def on_idle(self) -> None:
-        self.out.on_idle()
-
-    def due_in(self) -> float | None:
-        return self.out.due_in()
-
-    def control(self, writer_replica: int, epoch: int, committed_seq: int, committed_offset: int) -> None:
-        self.out.control(writer_replica, epoch, committed_seq, committed_offset)
-
     def snapshot(self) -> Any:
         return self.out.checkpoint_state()
 
@@ -59,13 +50,3 @@ class ExactlyOnceSink(SinkBase):
 
     def on_end(self) -> None:
         self.out.finish(self.env.poll_control)
-
-    @property
-    def committed(self) -> tuple[int, int]:
-        """(seq, offset) this output is known to have committed, for the driver."""
-        return self.out.committed_seq, self.out.committed_offset
-
-    @property
-    def fenced_at(self) -> int:
-        """The epoch this replica wrote at when it was fenced, or -1 (see ExactlyOnceOutput)."""
-        return self.out.fenced_at
