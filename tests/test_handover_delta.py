@@ -342,7 +342,9 @@ def test_a_cut_no_origin_replica_can_give_is_asked_for_less_and_less_often_and_l
     target = _Instance(1)
     worker = _worker(None, [target])
     worker.plan = type("Plan", (), {"num_key_groups": G, "replicas": 2})()
-    worker.routes.learn({1: "origin-r0", 2: "target-twin"}, {(3, 0, 0): 1, (3, 0, 1): 1, (3, 1, 0): 0, (3, 1, 1): 2})
+    worker.routes = Routes(0, None, worker.plan, {(3, 0, 0): 1, (3, 0, 1): 1, (3, 1, 0): 0, (3, 1, 1): 2}, peer=None,
+                           deliver_local=None, cut_off=None, stopping=worker.stopping)
+    worker.routes.learn({0: "here", 1: "origin-r0", 2: "target-twin"})
     calls: list[str] = []
 
     class _Peer:

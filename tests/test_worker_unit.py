@@ -253,7 +253,7 @@ def test_a_standby_s_zookeeper_session_is_opened_once_whoever_asks_first(monkeyp
     for fail_first in (False, True):
         clients.clear()
         cfg = SimpleNamespace(zookeeper_connect="zk:2181", kazoo_session_timeout_ms=2000, start_timeout_ms=1000,
-                              zookeeper_digest=None)
+                              zookeeper_digest=None, kafka_admin_config=dict)
         feeds = WorkerFeeds(SimpleNamespace(cfg=cfg, plan=None, job_name="j", election_root="/replication/j/r",
                                             epoch_base=0), 1, 0)
         feeds.start()  # the standby is ready: a session opened from now on starts at once

@@ -58,6 +58,7 @@ class WorkerFeeds:
         self._own_order_logs: list[OrderLog] = []
         self._order_log: OrderLog | None = None
         self._election: ElectionClient | None = None
+        self._segments = TopicMaker(self.cfg.kafka_admin_config())  # the order logs' next segments
 
     def start(self) -> None:
         """Start what the replicas built so far opened; what is opened later starts at once."""
@@ -116,7 +117,7 @@ class WorkerFeeds:
         if self._order_log is None:
             self._order_log = OrderLog(
                 self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}"),
-                self.cfg.kafka_producer_config(), TopicMaker(self.cfg.kafka_admin_config()), name=f"w{self.index}",
+                self.cfg.kafka_producer_config(), self._segments, name=f"w{self.index}",
                 **_idle_fetch(self.cfg))
         return self._order_log
 
@@ -125,8 +126,8 @@ class WorkerFeeds:
         worker's shared one cannot follow a log from a new position once started."""
         n = len(self._own_order_logs)
         log_ = OrderLog(self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}-{n}"),
-                        self.cfg.kafka_producer_config(), TopicMaker(self.cfg.kafka_admin_config()),
-                        name=f"w{self.index}-restored{n}", **_idle_fetch(self.cfg))
+                        self.cfg.kafka_producer_config(), self._segments, name=f"w{self.index}-restored{n}",
+                        **_idle_fetch(self.cfg))
         self._own_order_logs.append(log_)
         return log_
 

@@ -69,12 +69,9 @@ class Routes:
     def address_of(self, w: int) -> str | None:
         return self._addresses.get(w)
 
-    def learn(self, addresses: dict[int, str], placement: dict[ReplicaId, int] | None = None) -> None:
-        """Workers' addresses, and where replicas run (a restore's view of the driver's)."""
+    def learn(self, addresses: dict[int, str]) -> None:
+        """Workers' control-plane addresses (at start, and with each restore here)."""
         self._addresses.update(addresses)
-        if placement:
-            with self._lock:
-                self._placement.update(placement)
 
     # -- building the channels --------------------------------------------------------------
     def sender(self, w: int) -> BatchSender:
