@@ -129,15 +129,29 @@ def read_output(stack, topic: str) -> list[dict]:
 
 def where_missing(stack, name: str, missing: list[str]) -> str:
     """For a failed check: where each missing id of the job on ``<name>a`` / ``<name>b`` is in
-    its input topic, and whether a reader on another client (kafka-python, which reads aborted and
-    open transactions too) finds it in ``<name>out``: tells a feed, runtime or reader fault apart."""
+    its input topic, and where a reader on another client (kafka-python, which reads aborted and
+    open transactions too) finds it in ``<name>out``, with the headers that name its writer; then
+    each output partition's high watermark and how far a ``read_committed`` reader gets (an open
+    transaction holds it back): tells a feed, runtime, broker or reader fault apart."""
     wanted = set(missing[:20])
     found = {json.loads(r.value)["id"]: f"{r.topic}[{r.partition}]@{r.offset}"
              for t in (f"{name}a", f"{name}b") for r in read_topic(stack.bootstrap_servers, t)
              if json.loads(r.value)["id"] in wanted}
-    out = {json.loads(r.value)["id"] for r in read_topic(stack.bootstrap_servers, f"{name}out")}
-    return "; ".join(f"{i}: input {found.get(i, 'absent')}, output {'present' if i in out else 'absent'}"
-                     for i in sorted(wanted))
+    raw = read_topic(stack.bootstrap_servers, f"{name}out")
+    out = {}
+    for r in raw:
+        if (i := json.loads(r.value)["id"]) in wanted:
+            h = {k: v.decode() for k, v in r.headers or () if k in ("rsink", "rseq", "rwriter")}
+            out[i] = f"[{r.partition}]@{r.offset} {h}"
+    committed: dict[int, int] = {}
+    for r in read_all(stack.bootstrap_servers, f"{name}out", held_s=2.0):
+        committed[r.partition] = max(committed.get(r.partition, -1), r.offset)
+    high: dict[int, int] = {}
+    for r in raw:
+        high[r.partition] = max(high.get(r.partition, -1), r.offset)
+    ends = ", ".join(f"[{p}] last offset {high[p]}, last committed {committed.get(p, -1)}" for p in sorted(high))
+    return "; ".join(f"{i}: input {found.get(i, 'absent')}, output {out.get(i, 'absent')}"
+                     for i in sorted(wanted)) + f"; output partitions: {ends}"
 
 
 def latencies_s(stack, name: str) -> list[tuple[float, float]]:

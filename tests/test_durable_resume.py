@@ -165,7 +165,7 @@ def _latest_consumed(store: DurableStore) -> int:
 def _check(stack, name: str, result, ids) -> None:
     outputs = _outputs(stack, f"{name}out")
     report = verify_chains(outputs, ids)
-    assert report.exact, (report, where_missing(stack, name, report.missing))
+    assert report.exact, f"{report}; {where_missing(stack, name, report.missing)}"
     assert not result.divergences
 
 

@@ -124,10 +124,11 @@ def test_a_drained_job_goes_on_from_its_savepoint_at_another_parallelism(stack, 
     second.wait_started(120)
     feed(stack, a, b, ids, rounds=20, first_round=20)
     result2 = second.drain(timeout=300)
+    assert result2.status == "finished", result2.failure
     loaded = sum(result2.per_instance[f"chain[{p}]r0"].savepoint_entries for p in range(3))
     assert loaded > 0, "the second run loaded no state"
     output = verify_chains(read_output(stack, f"{name}out"), ids)
-    assert output.exact, (output, where_missing(stack, name, output.missing))
+    assert output.exact, f"{output}; {where_missing(stack, name, output.missing)}"
     assert output.keys == 30
 
 
