@@ -397,7 +397,7 @@ class JobMaster:
                 self.workers[w] = WorkerInfo(w, attempt, req.executor, req.address, req.python_pid,
                                              time.monotonic(), standby=True)
                 if self.rhino is not None:  # it can hold checkpoints and host restored replicas: alive again
-                    del self.dead[w]
+                    self.dead.pop(w, None)  # (not there when its last attempt had reported its end)
                 self.event(f"worker {w} relaunched on executor {req.executor} as a standby: " + (
                     "it joins replica groups and can host restored replicas" if self.rhino is not None else
                     "its replicas' state is lost (restoring it needs spark.replication.rhino.enabled); the other "

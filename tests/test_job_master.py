@@ -188,6 +188,18 @@ def test_a_relaunched_worker_declared_dead_again_is_evicted_when_it_is_heard_fro
     assert master.heartbeat(Heartbeat(worker=1, attempt=1)).command == "evicted"
 
 
+def test_a_worker_relaunched_after_its_attempt_reported_its_end_registers_as_a_standby():
+    """An attempt that reported its end is not declared dead when Spark runs the worker again
+    (a report is final); the new attempt still registers, as a standby, instead of failing the
+    registration on a death that was never recorded."""
+    master = _master(mode="liverobin", rhino=True, workers=4)
+    master.start_timeout_s = 1.0
+    master.finished(WorkerFinished(1, 0, "finished"))
+    assert 1 not in master.dead
+    assert master.register(Register(1, 1, "9", "127.0.0.1:4901", 4242)).status == "standby"
+    assert 1 not in master.dead and master.failure is None
+
+
 def test_without_rhino_a_relaunched_worker_stays_a_bystander_and_is_not_evicted():
     master = _master(mode="liverobin", rhino=False, workers=3)
     master.start_timeout_s = 1.0
