@@ -89,6 +89,11 @@ def produce(bootstrap: str, topic: str, records: Iterable[Any], partition: int |
     return count
 
 
+def list_topics(bootstrap: str, timeout: float = 10.0) -> list[str]:
+    """Names of every topic the broker has."""
+    return sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout).topics)
+
+
 def partitions_of(bootstrap: str, topic: str, timeout: float = 10.0) -> Sequence[int]:
     """Partition ids of an existing topic (raises RuntimeError if it does not exist).
 
