@@ -73,6 +73,17 @@ OTHERS_RECENT_S = 2.0
 MIN_WAIT_S = 0.001
 
 
+def pulse_producer_conf(producer_conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The generator's producer: not idempotent (a retried pulse that lands twice or late is
+    ignored by the counting rules, and every idempotent produce makes the embedded broker rewrite
+    its table of topics and producers: docs/embedded-broker.md), and without librdkafka's periodic
+    metadata refresh, which names every topic the producer wrote to: the embedded broker creates a
+    topic named in a metadata request, so the segments the driver deletes came back (with four
+    partitions).  A produce error still refreshes what it needs."""
+    return {**producer_conf, "enable.idempotence": False, "acks": "all", "linger.ms": 0,
+            "topic.metadata.refresh.interval.ms": -1}
+
+
 class HeartbeatGenerator:
     """Writes pulses every ``period_s`` to ``heartbeat_log`` for the partitions of ``sources``
     (topic -> partitions) at the positions the sources report to ``positions``; ``starts`` are
@@ -95,10 +106,7 @@ class HeartbeatGenerator:
         self.period_s = period_s
         self.max_step = max_step
         self._consumer_conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
-        # not idempotent: a retried pulse that lands twice or late is ignored by the counting rules,
-        # and every idempotent produce makes the embedded broker rewrite its producer table, which
-        # each fetch then parses again (docs/embedded-broker.md)
-        self._producer_conf = {**producer_conf, "enable.idempotence": False, "acks": "all", "linger.ms": 0}
+        self._producer_conf = pulse_producer_conf(producer_conf)
         self.written = 0  # records this generator produced
         self.error: str | None = None
         self._stop = threading.Event()

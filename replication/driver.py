@@ -365,6 +365,32 @@ class JobMaster:
         m = self.metrics.get(self._replica_label(*replica))
         return m is not None and m.pulse > pulse
 
+    def heartbeat_log_needed_from(self) -> int | None:
+        """LiveRobin: the lowest pulse a source replica counted, or a restore of one (from a Rhino
+        checkpoint or the durable store's oldest cut) starts after; None while not every live
+        source replica has reported one.  Log segments before that pulse's are read by nobody."""
+        with self._cond:
+            sources = {t.id for t in self.plan.tasks if t.is_source}
+            needed: list[int] = []
+            for (t, p, r), w in self.placement.items():
+                if t not in sources or w in self.dead or (t, p, r) in self.lost:
+                    continue  # (a lost replica is restored from a checkpoint, below, or never)
+                m = self.metrics.get(self._replica_label(t, p, r))
+                if m is None:
+                    return None
+                if not m.finished:
+                    needed.append(m.pulse)
+            if self.rhino is not None:  # a source checkpoint's id is the last pulse it placed
+                for inst in self.rhino.instances():
+                    if inst[0] in sources:
+                        kept = self.rhino.retain_from(inst)
+                        if kept is None:
+                            return None
+                        needed.append(kept)
+            if self.durable is not None and self.durable.oldest_kept is not None:
+                needed.append(self.durable.oldest_kept)
+            return min(needed, default=None)
+
     def _writer_fenced(self, replica: ReplicaId, kind: str, epoch: int) -> None:
         """The writer of an exactly-once output says a newer producer fenced it at ``epoch`` (a
         superseded takeover that fenced late, a fatal producer error).  Still the writer at that
@@ -1069,7 +1095,10 @@ class JobHandle:
         self._segment_maker = TopicMaker(cfg.kafka_admin_config())  # the heartbeat log's next segments
         if plan.heartbeat_log is not None:
             resumed_at = int(plan.resume.cut.run.get("pulse", 0)) if plan.resume is not None else 0
-            self.pulses = DriverPulses(self._new_generator, plan.heartbeat_log, master.event, first_h=resumed_at)
+            retain = cfg.mode == "liverobin"  # (KaZoo's log holds pulse windows only: a few segments)
+            self.pulses = DriverPulses(self._new_generator, plan.heartbeat_log, master.event, first_h=resumed_at,
+                                       needed_from=master.heartbeat_log_needed_from if retain else None,
+                                       delete_topics=self._segment_maker.delete if retain else None)
             if master.durable is not None:  # a cut says how far the log was: a resume reads it from there
                 master.durable.pulse = lambda: self.pulses.last_h if self.pulses is not None else 0
         if cfg.mode == "liverobin":

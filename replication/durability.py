@@ -214,6 +214,9 @@ class DurableCheckpoints:
         self.on_first_cut: Callable[[], None] | None = None  # called once this run's first cut is written
         self.tracker = CutTracker()
         self.next_number = (max(store.cut_numbers(), default=0)) + 1
+        # the lowest checkpoint id of the oldest kept cut (None: the store holds none), as of its
+        # last write: a resume may go back that far
+        self.oldest_kept: int | None = store.oldest_checkpoint()
         self.cuts_written = 0
         self.last_written: DurableCut | None = None
         self.last_written_at: float | None = None
@@ -292,6 +295,7 @@ class DurableCheckpoints:
         try:
             self.store.write_cut(cut)
             deleted = self.store.retain(self.retain)
+            self.oldest_kept = self.store.oldest_checkpoint()
         except Exception as exc:  # noqa: BLE001 - the next cut tries again; the older ones stay valid
             self.failures += 1
             text = f"durable checkpoints: cut {cut.number} not written to {self.store.where}: {exc}"

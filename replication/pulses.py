@@ -16,7 +16,11 @@ may run at once and any may die: the heartbeat log decides which pulses count
   release at pulses counted ahead, at the rate pulses are written (:meth:`DriverPulses.period_ms`);
 * a pulse window is ended only by :meth:`DriverPulses.close_window`; the driver calls it once no
   committed handover needs the window's pulses (a committed step only rolls forward, and it
-  reaches its switch and release pulses only while pulses are written).
+  reaches its switch and release pulses only while pulses are written);
+* given ``needed_from`` and ``delete_topics`` (LiveRobin), the watcher deletes the log's segments
+  that no reader can read any more (:class:`liverobin.segments.SegmentRetention`): a log makes a
+  topic a second at the default period, and a broker's topics cost it on every request of some
+  kinds (docs/embedded-broker.md), a real cluster its metadata.
 """
 
 from __future__ import annotations
@@ -30,13 +34,16 @@ from collections.abc import Callable
 
 from liverobin.generator import EAGER_PULSE_EVERY_S, HeartbeatGenerator
 from liverobin.heartbeats import Offsets
-from liverobin.segments import HeartbeatLog
+from liverobin.segments import HeartbeatLog, SegmentRetention
 
 log = logging.getLogger(__name__)
 
 # How often the watcher looks for a generator that died (a pulse period is 10 ms by default: a
 # window's sources wait this long at most for the replacement's first pulse, plus its log read).
 WATCH_EVERY_S = 0.2
+
+# How often the watcher looks for segments of the log no reader needs any more.
+RETAIN_EVERY_S = 1.0
 
 # How far back the pulses written are counted for the rate a handover's margins assume.
 RATE_OVER_S = 2.0
@@ -60,9 +67,13 @@ class DriverPulses:
     records what happens to them (the job master's event list)."""
 
     def __init__(self, factory: GeneratorFactory, heartbeat_log: HeartbeatLog, event: Callable[[str], None],
-                 first_h: int = 0) -> None:
+                 first_h: int = 0, needed_from: Callable[[], int | None] | None = None,
+                 delete_topics: Callable[[list[str]], None] | None = None) -> None:
         """``first_h``: a pulse the log is known to hold (a resumed run's log, written by the run
-        before): generators read it from that pulse's segment on, not from the first."""
+        before): generators read it from that pulse's segment on, not from the first.
+        ``needed_from``: the lowest pulse a reader of the log outside this driver counted or a
+        restore starts after, None while that is not known; ``delete_topics``: deletes topics
+        without waiting.  Without both, every segment is kept."""
         self._factory = factory
         self._log = heartbeat_log
         self._first_segment = heartbeat_log.segment_of(first_h) if first_h > 0 else 0
@@ -77,6 +88,10 @@ class DriverPulses:
         self._eager_until = 0.0  # a handover waits for pulses until then: generators started meanwhile too
         self._finish_grace: float | None = None  # a drain: every generator writes the final pulse
         self._seen: deque[tuple[float, int]] = deque()  # (when, the log's largest pulse), by the watcher
+        self._needed_from = needed_from
+        self._delete_topics = delete_topics
+        self._retention = SegmentRetention(heartbeat_log)
+        self._retained_at = 0.0
 
     # -- generators -----------------------------------------------------------------------------
     def start(self, windowed: bool = False) -> HeartbeatGenerator:
@@ -208,8 +223,27 @@ class DriverPulses:
             try:
                 self._sample()
                 self._replace_dead()
+                if time.monotonic() - self._retained_at >= RETAIN_EVERY_S:
+                    self._retained_at = time.monotonic()
+                    self._delete_unneeded()
             except Exception:  # noqa: BLE001 - the next round tries again
-                log.exception("replacing a heartbeat generator failed")
+                log.exception("the heartbeat generators' watcher failed a round")
+
+    def _delete_unneeded(self) -> None:
+        """Delete the segments below the first one a reader may still read: the outside readers'
+        (``needed_from``) and this driver's generators' own, live or to be started."""
+        if self._needed_from is None or self._delete_topics is None:
+            return
+        needed_h = self._needed_from()
+        if needed_h is None:
+            return
+        with self._lock:
+            segments = [g.cursor.segment for g in self.generators if g.alive]
+            start_from = self._log.segment_of(self.last_h + 1) - 1  # where start() reads from
+        gone = self._retention.release(min(self._log.first_read_after(needed_h), start_from, *segments))
+        if gone:
+            log.info("heartbeat log: deleting segments %d to %d (pulse %d is read on)", gone[0], gone[-1], needed_h)
+            self._delete_topics([self._log.topic(n) for n in gone])
 
     def _replace_dead(self) -> None:
         """Replace each generator that died on its own (an error), once; in a window, the

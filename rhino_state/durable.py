@@ -362,6 +362,17 @@ class DurableStore:
         self.fs.delete_dir_contents(self.root, missing_dir_ok=True)
 
     # -- retention -------------------------------------------------------------------------------
+    def oldest_checkpoint(self) -> int | None:
+        """The lowest checkpoint id of any partition in the oldest cut that reads (None: no cut
+        reads): nothing a resume from a kept cut restores is older."""
+        for number in self.cut_numbers():
+            try:
+                cut = self._cuts_read.get(number) or self.read_cut(number)
+            except DamagedCheckpointError:
+                continue
+            return min((part.checkpoint_id for part in cut.parts.values()), default=None)
+        return None
+
     def retain(self, keep: int) -> tuple[int, int]:
         """Delete all but the newest ``keep`` cuts, and the increments of each partition older than
         the oldest chain a kept cut needs (a later cut's chain starts at or after it: a new chain

@@ -188,8 +188,10 @@ def test_retention_keeps_every_increment_a_kept_or_later_cut_needs(tmp_path, ori
     files = _chain(store, origin, [10, 20, 30, 40, 50, 60, 70], full_at=(40, 70))
     for n, cid in enumerate([20, 30, 50, 60], start=1):
         _cut(store, n, files, origin, cid)
+    assert store.oldest_checkpoint() == 20
     assert store.retain(2) == (2, 6)  # cuts 1, 2; ids 10-30 (payload + meta each)
     assert store.cut_numbers() == [3, 4]
+    assert store.oldest_checkpoint() == 50  # how far back a resume may go (a LiveRobin log is kept from there)
     assert store.uploaded(INSTANCE) == [files[c] for c in (40, 50, 60, 70)]
     for number in (3, 4):
         cut = store.read_cut(number)

@@ -200,6 +200,57 @@ def test_a_worker_relaunched_after_its_attempt_reported_its_end_registers_as_a_s
     assert 1 not in master.dead and master.failure is None
 
 
+# -- how far back the LiveRobin heartbeat log is read ---------------------------------------------
+
+def _report_pulses(master: JobMaster, pulses: dict[tuple[int, int, int], int]) -> None:
+    by_worker: dict[int, dict[str, InstanceMetrics]] = {}
+    for replica, pulse in pulses.items():
+        by_worker.setdefault(master.placement[replica], {})[master._replica_label(*replica)] = \
+            InstanceMetrics(pulse=pulse)
+    for w, metrics in by_worker.items():
+        _beat(master, w, metrics=metrics)
+
+
+def test_the_heartbeat_log_is_read_from_the_lowest_pulse_a_live_source_replica_counted():
+    master = _master(mode="liverobin", rhino=False, workers=3)
+    sources = _replicas(master, "source-a") + _replicas(master, "source-b")
+    assert master.heartbeat_log_needed_from() is None  # no source replica reported yet
+    pulses = {r: 500 + 10 * i for i, r in enumerate(sources)}
+    _report_pulses(master, {r: h for r, h in pulses.items() if r != sources[3]})
+    assert master.heartbeat_log_needed_from() is None  # one has not
+    _report_pulses(master, {sources[3]: 420})
+    assert master.heartbeat_log_needed_from() == 420
+    with master._cond:  # its worker dies: nobody restores it (no Rhino), nobody reads for it
+        master._declare_dead(master.placement[sources[3]], "killed")
+    alive = [r for r in sources if master.placement[r] not in master.dead]
+    assert master.heartbeat_log_needed_from() == min(pulses[r] for r in alive)
+    master.metrics[master._replica_label(*alive[0])] = InstanceMetrics(pulse=100, finished=True)
+    assert master.heartbeat_log_needed_from() == min(pulses[r] for r in alive[1:])  # (a drained one reads no more)
+
+
+def test_with_rhino_the_heartbeat_log_is_kept_from_the_oldest_source_checkpoint_a_restore_may_use():
+    """A source checkpoint's id is the last pulse it placed; a restore from it reads the log from
+    there, so the log is kept from the oldest source checkpoint Rhino still keeps."""
+    master = _master(mode="liverobin", rhino=True, workers=4)
+    rhino = master.rhino
+    sources = _replicas(master, "source-a") + _replicas(master, "source-b")
+    _report_pulses(master, {r: 800 for r in sources})
+    assert master.heartbeat_log_needed_from() is None  # no checkpoint of the sources yet
+    for inst in rhino.instances():
+        rhino.checkpoint_completed(inst, 300, {}, holders=rhino.groups[inst])
+    assert master.heartbeat_log_needed_from() == 300
+    for inst in rhino.instances():
+        rhino.checkpoint_completed(inst, 600, {}, holders=rhino.groups[inst])
+    kept = min(rhino.retain_from(inst) for inst in rhino.instances() if inst[0] == sources[0][0])
+    assert master.heartbeat_log_needed_from() == kept and kept in (300, 600)
+    _report_pulses(master, {sources[0]: 250})  # a replica far behind its twin
+    assert master.heartbeat_log_needed_from() == 250
+    with master._cond:  # lost: restored from a checkpoint Rhino keeps, not from where it was
+        master._declare_dead(master.placement[sources[0]], "killed")
+    assert master.heartbeat_log_needed_from() == min(rhino.retain_from(inst) for inst in rhino.instances()
+                                                     if inst[0] == sources[0][0])
+
+
 def test_without_rhino_a_relaunched_worker_stays_a_bystander_and_is_not_evicted():
     master = _master(mode="liverobin", rhino=False, workers=3)
     master.start_timeout_s = 1.0

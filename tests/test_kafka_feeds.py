@@ -12,12 +12,15 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from deploy.topics import list_topics
 from kazoo_leader.order_log import OrderLog
 from kazoo_leader.orders import Order
 from kazoo_leader.segments import SegmentedLog
+from liverobin.generator import pulse_producer_conf
+from tests.ordered_runs import wait_until
 from transport.fetch_policy import Pace
 from transport.kafka_feeds import NO_POSITION, PartitionFeed, SharedConsumer
-from transport.kafka_io import ReadyConsumers, consume_ready, ensure_topics
+from transport.kafka_io import ReadyConsumers, TopicMaker, consume_ready, ensure_topics
 
 
 def _produce(bootstrap: str, topic: str, partition: int, n: int, start: int = 0) -> None:
@@ -438,3 +441,31 @@ def test_a_topic_maker_makes_every_segment_through_one_admin_client(stack, topic
     assert all(f"{topic_prefix}seg.{i}" in topics and len(topics[f"{topic_prefix}seg.{i}"].partitions) == 1
                for i in range(9))
     assert len(made) == 1
+
+
+def test_a_deleted_segment_stays_deleted_though_the_pulse_producer_wrote_to_it(stack, topic_prefix):
+    """A topic maker deletes the segments no reader needs.  The embedded broker creates a topic
+    that a metadata request names, and a producer's periodic metadata refresh names every topic it
+    wrote to: a producer refreshing every second brings its deleted topic back, so the heartbeat
+    generator's producer does no periodic refresh (a produce error still refreshes)."""
+    bootstrap = stack.bootstrap_servers
+    conf = pulse_producer_conf({"bootstrap.servers": bootstrap})
+    assert conf["topic.metadata.refresh.interval.ms"] == -1
+    names = {"pulses": f"{topic_prefix}hb.0", "refreshing": f"{topic_prefix}other.0"}
+    maker = TopicMaker({"bootstrap.servers": bootstrap})
+    maker(list(names.values()))
+    producers = {"pulses": Producer(conf),
+                 "refreshing": Producer({**conf, "topic.metadata.refresh.interval.ms": 1000})}
+    for kind, producer in producers.items():
+        producer.produce(names[kind], value=b"1")
+        assert producer.flush(10) == 0
+    maker.delete(list(names.values()))
+    wait_until(lambda: not set(names.values()) & set(list_topics(bootstrap)), 10, "the deletions")
+
+    def refreshed() -> bool:
+        for producer in producers.values():
+            producer.poll(0)
+        return names["refreshing"] in list_topics(bootstrap)
+
+    wait_until(refreshed, 15, "the refreshing producer's topic to be created again", poll_s=0.2)
+    assert names["pulses"] not in list_topics(bootstrap)

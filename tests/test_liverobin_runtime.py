@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from deploy.topics import read_all
+from deploy.topics import list_topics, read_all
 from liverobin.heartbeats import PulseLog, PulseRecord
 from replication import run
 from replication.chaos import kill_executor, locate
@@ -24,6 +24,7 @@ from tests.ordered_runs import (
     replicas_agree,
     source_topics,
     start_under_load,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -77,6 +78,34 @@ def test_replicas_agree_and_a_kill_does_not_change_the_output(stack, spark, topi
     key = lambda r: (r["key"], r["n"])  # noqa: E731
     assert sorted(outputs[0], key=key) == sorted(outputs[1], key=key)
     assert chain_heads(outputs[0]) == chain_heads(outputs[1])
+
+
+def test_the_heartbeat_log_segments_no_reader_needs_are_deleted_while_the_job_runs(stack, spark, topic_prefix):
+    """Input waiting for the job, at most 8 records of a partition between two pulses: the log
+    gets a segment of 100 pulses every second or so; once every source replica is three segments
+    past one, the driver deletes it (nothing is restored in this job: Rhino is off), and the
+    job's output stays exact."""
+    a, b = source_topics(stack, topic_prefix)
+    ids = preproduce(stack, a, b, 10_000)  # 5,000 a partition: over 600 pulses
+    name = f"{topic_prefix}lrseg"
+    handle = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark,
+                 conf=_conf(stack, **{"spark.replication.liverobin.maxPulseStep": "8"}))
+    handle.wait_started(120)
+    hb = handle.plan.heartbeat_log
+
+    def segments() -> list[int]:
+        return sorted(int(t.rsplit(".", 1)[1]) for t in list_topics(stack.bootstrap_servers)
+                      if t.startswith(f"{hb.prefix}."))
+
+    wait_until(lambda: segments() and segments()[0] >= 2, 90, "the first two segments to be deleted",
+               detail=segments, poll_s=0.5)
+    result = handle.drain(timeout=300)
+    assert result.status == "finished", result.failure
+    report = verify_chains(read_output(stack, f"{name}out"), ids)
+    assert report.exact, report
+    left = segments()
+    assert left == list(range(left[0], left[-1] + 1))  # the newest are all there
+    assert left[-1] >= hb.segment_of(handle.pulses.last_h)
 
 
 @pytest.mark.parametrize("victim", ["chain-sink[0]r0", "source-a[1]r1"], ids=["sink-writer", "source-replica"])

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from liverobin.heartbeats import PulseLog, PulseRecord
-from liverobin.segments import HeartbeatLog, LogCursor
+from liverobin.segments import DELETE_PER_ROUND, KEEP_BEHIND, HeartbeatLog, LogCursor, SegmentRetention
 
 T = "payments"
 LOG = HeartbeatLog("hb", per_segment=5)
@@ -110,3 +110,26 @@ def test_a_stray_record_outside_its_segment_counts_nowhere():
 def test_resuming_after_the_last_pulse_of_a_segment_starts_the_next_one():
     cursor = LogCursor(LOG, after=PulseLog().accept(PulseRecord(10, {T: {0: 3}}, at=4)))
     assert cursor.segment == 2 and cursor.positions() == {"hb.2": 0, "hb.3": 0}
+
+
+def test_retention_names_the_segments_below_the_first_one_read_less_a_margin():
+    log = HeartbeatLog("hb", per_segment=10)
+    assert log.first_read_after(0) == 0 and log.first_read_after(10) == 0 and log.first_read_after(25) == 2
+    keep = SegmentRetention(log)
+    assert keep.release(log.first_read_after(0)) == []
+    assert KEEP_BEHIND == 2 and keep.release(log.first_read_after(55)) == [0, 1, 2]
+    assert keep.release(4) == []  # a reader reported lower than before: nothing comes back, nothing goes
+    assert keep.release(6) == [3]
+    assert keep.release(6 + DELETE_PER_ROUND + 10) == list(range(4, 4 + DELETE_PER_ROUND))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 1_000), max_size=30))
+def test_retention_never_names_a_segment_twice_nor_one_a_reader_may_still_read(needed):
+    keep = SegmentRetention(HeartbeatLog("hb"))
+    named: list[int] = []
+    for first_read in needed:
+        gone = keep.release(first_read)
+        assert all(s < first_read - KEEP_BEHIND for s in gone)
+        named += gone
+    assert named == sorted(set(named)) and named == list(range(len(named)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 
 import pytest
 
@@ -33,6 +34,7 @@ class FakeGenerator:
         self.closed_at: int | None = None  # the window's last pulse, once ended
         self.eager_s = 0.0
         self.finish_grace: float | None = None
+        self.cursor = types.SimpleNamespace(segment=from_segment)  # where it reads the log
 
     def start(self) -> FakeGenerator:
         self.alive = True
@@ -391,3 +393,31 @@ def test_generators_of_a_resumed_run_read_the_log_from_the_pulse_its_cut_knew():
         assert fresh.start().from_segment == 0
     finally:
         fresh.close()
+
+
+def test_the_segments_no_reader_needs_are_deleted_and_no_others():
+    """Segments go once the readers outside the driver (the sources, the restores Rhino and the
+    durable store allow) and every generator, running or to be started, are past them, less a
+    margin of two; nothing goes while the readers' positions are not all known."""
+    factory = Factory(last_h=950)  # its generators have counted pulse 950 (segment 9)
+    needed: list[int | None] = [None]
+    deleted: list[str] = []
+    pulses = DriverPulses(factory, HeartbeatLog("hb"), lambda text: None, needed_from=lambda: needed[0],
+                          delete_topics=deleted.extend)
+    try:
+        gen = pulses.start()
+        gen.cursor.segment = 9  # (a generator started now would read from segment 8)
+        pulses._delete_unneeded()
+        assert deleted == []
+        needed[0] = 420  # segment 4
+        pulses._delete_unneeded()
+        assert deleted == ["hb.0", "hb.1"]
+        needed[0], gen.cursor.segment = 900, 5  # a generator behind the sources holds the log back
+        pulses._delete_unneeded()
+        assert deleted == ["hb.0", "hb.1", "hb.2"]
+        gen.cursor.segment = 9
+        pulses._delete_unneeded()  # the generators to be started read from segment 8
+        assert deleted == [f"hb.{n}" for n in range(6)]
+    finally:
+        pulses.close()
+
