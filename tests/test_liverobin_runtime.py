@@ -22,6 +22,7 @@ from tests.ordered_runs import (
     preproduce,
     read_output,
     replicas_agree,
+    rhino_conf,
     source_topics,
     start_under_load,
     wait_until,
@@ -80,16 +81,19 @@ def test_replicas_agree_and_a_kill_does_not_change_the_output(stack, spark, topi
     assert chain_heads(outputs[0]) == chain_heads(outputs[1])
 
 
-def test_the_heartbeat_log_segments_no_reader_needs_are_deleted_while_the_job_runs(stack, spark, topic_prefix):
+@pytest.mark.parametrize("rhino", [False, True], ids=["replicas", "replicas+rhino"])
+def test_the_heartbeat_log_segments_no_reader_needs_are_deleted_while_the_job_runs(stack, spark, topic_prefix,
+                                                                                   rhino):
     """Input waiting for the job, at most 8 records of a partition between two pulses: the log
     gets a segment of 100 pulses every second or so; once every source replica is three segments
-    past one, the driver deletes it (nothing is restored in this job: Rhino is off), and the
-    job's output stays exact."""
+    past one, and with Rhino every source checkpoint a restore may still use, the driver deletes
+    it, and the job's output stays exact."""
     a, b = source_topics(stack, topic_prefix)
     ids = preproduce(stack, a, b, 10_000)  # 5,000 a partition: over 600 pulses
     name = f"{topic_prefix}lrseg"
-    handle = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark,
-                 conf=_conf(stack, **{"spark.replication.liverobin.maxPulseStep": "8"}))
+    step = {"spark.replication.liverobin.maxPulseStep": "8"}
+    conf = rhino_conf(stack, "liverobin", **step) if rhino else _conf(stack, **step)
+    handle = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark, conf=conf)
     handle.wait_started(120)
     hb = handle.plan.heartbeat_log
 
