@@ -76,7 +76,7 @@ class DriverPulses:
         without waiting.  Without both, every segment is kept."""
         self._factory = factory
         self._log = heartbeat_log
-        self._first_segment = heartbeat_log.segment_of(first_h) if first_h > 0 else 0
+        self._first_segment = heartbeat_log.first_read_after(first_h)
         self._event = event
         self.generators: list[HeartbeatGenerator] = []
         self._lock = threading.RLock()
@@ -98,8 +98,7 @@ class DriverPulses:
         """Start one more generator; it reads the newest segments the others counted and goes on
         after the largest pulse there.  ``windowed``: KaZoo's, which writes only pulse windows."""
         with self._lock:
-            from_segment = max(self._first_segment, self._log.segment_of(self.last_h + 1) - 1)
-            gen = self._factory(f"g{len(self.generators) + 1}", from_segment, windowed)
+            gen = self._factory(f"g{len(self.generators) + 1}", self._start_segment(), windowed)
             self.generators.append(gen.start())
             if self._eager_until > time.monotonic():
                 gen.eager(self._eager_until - time.monotonic())
@@ -108,6 +107,11 @@ class DriverPulses:
             self._watch()
         self._event(f"heartbeat generator {gen.name} started")
         return gen
+
+    def _start_segment(self) -> int:
+        """Where a generator started now reads the log from: the newest segments the others
+        counted (a resumed run's, from the pulse its cut knew)."""
+        return max(self._first_segment, self._log.segment_of(self.last_h + 1) - 1)
 
     def kill(self) -> list[str]:
         """Stop every running generator at once, without a final pulse (a crash, as far as the log
@@ -239,7 +243,7 @@ class DriverPulses:
             return
         with self._lock:
             segments = [g.cursor.segment for g in self.generators if g.alive]
-            start_from = self._log.segment_of(self.last_h + 1) - 1  # where start() reads from
+            start_from = self._start_segment()
         gone = self._retention.release(min(self._log.first_read_after(needed_h), start_from, *segments))
         if gone:
             log.info("heartbeat log: deleting segments %d to %d (pulse %d is read on)", gone[0], gone[-1], needed_h)
