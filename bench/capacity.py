@@ -18,7 +18,9 @@ fetches cost more the more batches it holds, so on one stack each step ran slowe
      subtracted, and the threads of the executors' Python processes;
    * *throughput*: per parallelism of ``--parallelisms`` and mode, ``--rates`` in increasing order until a
      run is not flat twice in a row (``bench/ordering.py``'s criteria: kept up, p99 within its bound, no
-     backlog growth, output exact); the broker's CPU per event beside the workers';
+     backlog growth, output exact); the broker's CPU per event beside the workers'; the load generator
+     batches for ``--ramp-feeder-linger`` ms, as the ceiling's producer and SSS's ramp do (see
+     :data:`RAMP_FEEDER_LINGER_MS`);
    * *latency*: fault-free p50 / p99 at ``--latency-rate``;
    * *kills* at ``--latency-rate``: a LiveRobin replica's and a KaZoo follower's executor, and
      separately only their Python worker (the JVM stays); worst per-second p99 in the 10 s after
@@ -28,7 +30,8 @@ fetches cost more the more batches it holds, so on one stack each step ran slowe
      fed in batches of 100 ms (:data:`SUSTAINED_FEEDER_LINGER_MS`); the per-minute p99 and the
      executors' Python memory, first minute against last, the broker's and the Python workers'
      cores per minute, and per-second latencies (``sustained_seconds.csv``).
-3. *SSS*: ``bench/sss.py``'s throughput ramp of Spark Structured Streaming on the same job shape.
+3. *SSS*: ``bench/sss.py``'s throughput ramp of Spark Structured Streaming on the same job shape, fed
+   with the same ``--ramp-feeder-linger``.
 
 Writes ``ceiling.csv``, ``idle.csv``, ``throughput.csv``, ``latency.csv``, ``kills.csv``, ``sustained.csv``,
 ``sustained_seconds.csv``, ``sss/``, ``targets.csv`` and ``targets.md`` (each figure beside its target, ``met`` yes/no, and the
@@ -100,6 +103,13 @@ KILL_FACTOR_TARGET = 2.0  # worst per-second p99 after a kill <= this x the faul
 # broker stays flat, and the runs measure whether the job does.  It adds up to this much to every
 # record's latency, the same in every minute.
 SUSTAINED_FEEDER_LINGER_MS = 100.0
+# The ramps' load generator (and SSS's, and the ceiling's producer) batches for this long.  Each fetch
+# of the embedded broker lists every batch the partition holds, so a feeder lingering 2 ms (500
+# batches a second per partition) makes the broker's CPU per event grow within each 8 s step and sets
+# the limit for every mode alike (off at 12,800 events/s: broker 55 us per event at 2 ms, 17 us at
+# 20 ms).  On Apache Kafka the feeder's batches do not change what a fetch costs.  The latency and
+# kill runs keep a 2 ms feeder: there a longer linger would add to every record's latency.
+RAMP_FEEDER_LINGER_MS = 20.0
 HZ = os.sysconf("SC_CLK_TCK")  # clock ticks per second (/proc)
 
 
@@ -223,17 +233,18 @@ def measure_idle(stack: StackEndpoints, spark: Any, probe: CostProbe, config: Co
 
 
 def ramp(stack: StackEndpoints, spark: Any, probe: CostProbe, config: Config, parallelism: int,
-         rates: list[float], duration: float, status: StatusLine) -> list[dict[str, Any]]:
+         rates: list[float], duration: float, status: StatusLine,
+         feeder_linger_ms: float = RAMP_FEEDER_LINGER_MS) -> list[dict[str, Any]]:
     """``rates`` in increasing order until a run is not flat, a run that is not flat tried once more
     before the ramp stops (a single 8 s run on 2 cores can miss for a transient); a row per run, with
     the broker's share."""
     rows: list[dict[str, Any]] = []
     base = None
     for rate in rates:
-        row = _ramp_step(stack, spark, probe, config, parallelism, rate, duration, status, base)
+        row = _ramp_step(stack, spark, probe, config, parallelism, rate, duration, status, base, feeder_linger_ms)
         if row["verdict"] != "flat" and not row["verdict"].startswith("error"):
             rows.append({**row, "verdict": "retried: " + row["verdict"]})
-            row = _ramp_step(stack, spark, probe, config, parallelism, rate, duration, status, base)
+            row = _ramp_step(stack, spark, probe, config, parallelism, rate, duration, status, base, feeder_linger_ms)
         rows.append(row)
         if row["verdict"] != "flat":
             break
@@ -242,15 +253,16 @@ def ramp(stack: StackEndpoints, spark: Any, probe: CostProbe, config: Config, pa
 
 
 def _ramp_step(stack: StackEndpoints, spark: Any, probe: CostProbe, config: Config, parallelism: int, rate: float,
-               duration: float, status: StatusLine, base: float | None) -> dict[str, Any]:
+               duration: float, status: StatusLine, base: float | None, feeder_linger_ms: float) -> dict[str, Any]:
     print(f"== throughput: {config.label}, parallelism {parallelism}, {rate:,.0f} events/s", flush=True)
     try:
         r = run_ordered(stack, spark, config, pipeline=1, rate=rate, duration_s=duration, status=status,
-                        probe=probe, parallelism=parallelism, source_partitions=parallelism)
+                        probe=probe, parallelism=parallelism, source_partitions=parallelism,
+                        feeder_linger_ms=feeder_linger_ms)
         row = throughput_row(r, rate, 2.0, base)
         produced = max(1, r.load.produced)
         cpu = r.costs
-        row.update({"parallelism": parallelism,
+        row.update({"parallelism": parallelism, "feeder_linger_ms": feeder_linger_ms,
                     "broker_cpu_us_per_event": cpu["cpu_broker_s"] / produced * 1e6,
                     "python_cpu_us_per_event": cpu["cpu_python_s"] / produced * 1e6,
                     "job_cpu_us_per_event": cpu["cpu_s"] / produced * 1e6})
@@ -336,9 +348,10 @@ def _python_rss_mb(probe: CostProbe) -> float:
 
 # --------------------------------------------------------------------------- 3. Spark Structured Streaming
 
-def sss_ramp(rates: list[float], duration: float, out: Path) -> list[dict[str, Any]]:
+def sss_ramp(rates: list[float], duration: float, out: Path,
+             feeder_linger_ms: float = RAMP_FEEDER_LINGER_MS) -> list[dict[str, Any]]:
     """``bench/sss.py``'s throughput ramp (its own Spark session and stack), rows of its throughput.csv."""
-    cmd = [sys.executable, str(REPO / "bench/sss.py"), "--logic", "chain",
+    cmd = [sys.executable, str(REPO / "bench/sss.py"), "--logic", "chain", "--feeder-linger", f"{feeder_linger_ms:g}",
            "--throughput-rates", ",".join(f"{r:.0f}" for r in rates), "--throughput-duration", f"{duration:.0f}",
            "--throughput-warm-up", "5", "--trigger-ms", "100", "--drain-timeout", "120", "--out", str(out)]
     print(f"== Spark Structured Streaming: {' '.join(cmd[1:])}", flush=True)
@@ -376,7 +389,8 @@ def targets(ceiling: dict, idle: list[dict], throughput: list[dict], latency: li
         at = flat[-1] if flat else {}
         cost = (f"; at {best.max_rate:,.0f}/s: workers {at.get('python_cpu_us_per_event', 0):.0f} us, broker "
                 f"{at.get('broker_cpu_us_per_event', 0):.0f} us CPU per event") if at else ""
-        add(f"max sustainable {config}, P={p} >= {TARGETS[mode]:,.0f}/s", best.text + cost,
+        linger = f" (feeder linger {float(rs[0].get('feeder_linger_ms') or 2):g} ms)"
+        add(f"max sustainable {config}, P={p} >= {TARGETS[mode]:,.0f}/s", best.text + cost + linger,
             (best.max_rate or 0.0) >= TARGETS[mode], best.max_rate)
     for config in dict.fromkeys(r["config"] for r in throughput):
         by_p = {p: max_sustainable(rs)[config].max_rate or 0.0 for (c, p), rs in ramps.items() if c == config}
@@ -454,9 +468,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smoke-sized run: checks the command, not the targets")
     ap.add_argument("--modes", default="off,liverobin,kazoo")
-    ap.add_argument("--rates", default="400,800,1600,3200,6400,12800,25600")
+    ap.add_argument("--rates", default="400,800,1600,3200,6400,8000,12800,20000,25600",
+                    help="the ramps' offered events/s, in increasing order (the targets 8,000 and 20,000 among them)")
     ap.add_argument("--parallelisms", default="2,4,8")
     ap.add_argument("--ramp-duration", type=float, default=8.0)
+    ap.add_argument("--ramp-feeder-linger", type=float, default=RAMP_FEEDER_LINGER_MS,
+                    help="the throughput ramps' load generator linger.ms, the job's and SSS's (default %(default)s)")
     ap.add_argument("--idle-parallelisms", default="2,8")
     ap.add_argument("--idle-seconds", type=float, default=10.0)
     ap.add_argument("--latency-rate", type=float, default=1000.0)
@@ -534,7 +551,8 @@ def main(argv: list[str] | None = None) -> int:
         for p in args.parallelisms:
             for config in modes:
                 with fresh_stack(spark) as (stack, probe):
-                    throughput += ramp(stack, spark, probe, config, p, args.rates, args.ramp_duration, status)
+                    throughput += ramp(stack, spark, probe, config, p, args.rates, args.ramp_duration, status,
+                                       args.ramp_feeder_linger)
                 write_csv(out / "throughput.csv", throughput)
         for config in modes if args.latency_duration > 0 else []:
             with fresh_stack(spark) as (stack, _):
@@ -563,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
             write_csv(out / "sustained_seconds.csv", sustained_seconds)
     finally:
         stop_session(spark)
-    sss = sss_ramp(args.sss_rates, args.sss_duration, out / "sss") if args.sss_rates else []
+    sss = sss_ramp(args.sss_rates, args.sss_duration, out / "sss", args.ramp_feeder_linger) if args.sss_rates else []
     table = targets(ceiling, idle, throughput, latency, kill_results, sustained, sss)
     write_csv(out / "targets.csv", table)
     write_markdown(out / "targets.md", table)

@@ -719,9 +719,11 @@ class Feeder(threading.Thread):
     """Produces ids 0.., keys ``k0..`` round robin, ``ts`` = wall clock ms: first ``warmup`` records at
     once (then waits for ``go``), then ``rate`` records/s until stopped."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: float, keys: int, warmup: int = 0) -> None:
+    def __init__(self, bootstrap: str, topic: str, rate: float, keys: int, warmup: int = 0,
+                 linger_ms: float = 1.0) -> None:
         super().__init__(name="sss-feeder", daemon=True)
         self.bootstrap, self.topic, self.rate, self.keys, self.warmup = bootstrap, topic, rate, keys, warmup
+        self.linger_ms = linger_ms
         self.stop_event = threading.Event()
         self.go = threading.Event()
         self.warm_sent = threading.Event()
@@ -755,7 +757,7 @@ class Feeder(threading.Thread):
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "acks": "all", "enable.idempotence": True,
-                             "linger.ms": 1})
+                             "linger.ms": self.linger_ms})
         try:
             for i in range(self.warmup):
                 self._produce(producer, i)
@@ -814,9 +816,10 @@ class ChainFeeder(threading.Thread):
     duration: ``stop_event`` only cancels before it)."""
 
     def __init__(self, bootstrap: str, topics: Mapping[str, str], rate: float, keys: int,
-                 duration_s: float) -> None:
+                 duration_s: float, linger_ms: float = 2.0) -> None:
         super().__init__(name="sss-chain-feeder", daemon=True)
         self.bootstrap, self.topics, self.rate, self.keys = bootstrap, dict(topics), rate, keys
+        self.linger_ms = linger_ms
         self.duration_s = duration_s
         self.stop_event = threading.Event()
         self.go = threading.Event()
@@ -856,7 +859,8 @@ class ChainFeeder(threading.Thread):
             warm = len(self.produced)
             streams = [(self.topics[s], self.makers[s]) for s in CHAIN_STREAMS]
             try:
-                generate_load(self.bootstrap, streams, rate=self.rate, duration_s=self.duration_s)
+                generate_load(self.bootstrap, streams, rate=self.rate, duration_s=self.duration_s,
+                              producer_conf={"linger.ms": self.linger_ms})
             except Exception as exc:  # noqa: BLE001 - reported (feed_errors), delivery of the rest unknown
                 self.errors.append(f"{type(exc).__name__}: {exc}")
             # generate_load returns only once every record is acknowledged (and raises otherwise)
@@ -1043,9 +1047,10 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
                        partitions: int | None = None, victim: str | None = None,
                        drain_timeout_s: float = 90.0, warmup_s: float = 5.0, warmup_timeout_s: float = 300.0,
                        changelog_checkpointing: bool = True, kill_phase: str = "any",
-                       logic: str = "chain", probe: Any = None) -> dict[str, Any]:
+                       logic: str = "chain", probe: Any = None, feeder_linger_ms: float = 2.0) -> dict[str, Any]:
     """Run the SSS job on ``spark`` against the broker at ``bootstrap``: feed ``rate`` records/s for
-    ``duration_s``, SIGKILL an executor at ``kill_at_s`` (None: no fault), drain, stop the query.
+    ``duration_s`` (the feeder's producer lingering ``feeder_linger_ms``), SIGKILL an executor at
+    ``kill_at_s`` (None: no fault), drain, stop the query.
 
     ``logic``: ``"chain"`` (bench/ordering.py's hash chain job and input: topics ``<prefix>a`` and
     ``<prefix>b`` of 2 partitions fed 2:1) or ``"count"`` (a running count per key on one topic
@@ -1100,9 +1105,9 @@ def run_sss_experiment(bootstrap: str, spark: Any, *, rate: float, keys: int, du
     feeder: Feeder | ChainFeeder
     if logic == "chain":
         sources = {t[len(out_topic_prefix):]: t for t in inputs}
-        feeder = ChainFeeder(bootstrap, sources, rate, keys, duration_s)
+        feeder = ChainFeeder(bootstrap, sources, rate, keys, duration_s, linger_ms=feeder_linger_ms)
     else:
-        feeder = Feeder(bootstrap, next(iter(inputs)), rate, keys, warmup=keys)
+        feeder = Feeder(bootstrap, next(iter(inputs)), rate, keys, warmup=keys, linger_ms=feeder_linger_ms)
     collector = Collector(bootstrap, out_topic, range(partitions))
     events: list[tuple[float, str]] = []
     batches: dict[int, dict[str, Any]] = {}
@@ -1427,7 +1432,8 @@ def throughput_main(args: argparse.Namespace, out: Path) -> int:
                         stack.bootstrap_servers, spark, rate=rate, keys=args.keys, duration_s=args.throughput_duration,
                         kill_at_s=None, trigger_ms=args.trigger_ms, out_topic_prefix=f"sss{os.getpid()}r{j}-",
                         status=status, partitions=args.partitions, drain_timeout_s=args.drain_timeout,
-                        warmup_s=args.throughput_warm_up, logic=args.logic, probe=probe)
+                        warmup_s=args.throughput_warm_up, logic=args.logic, probe=probe,
+                        feeder_linger_ms=args.feeder_linger)
                     status.done()
                     row = throughput_row(result, rate, args.throughput_warm_up, base, label)
                 except Exception as err:  # noqa: BLE001 - reported in throughput.csv, not hidden
@@ -1483,6 +1489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--throughput-rates", default="",
                     help="max sustainable throughput instead of the fault experiment: offered records/s of the ramp, "
                          "tried in increasing order until a run is not flat (bench/ordering.py's criteria)")
+    ap.add_argument("--feeder-linger", type=float, default=2.0,
+                    help="the load generator's linger.ms in the throughput ramp (bench/capacity.py passes its own)")
     ap.add_argument("--throughput-duration", type=float, default=20.0, help="seconds of timed feeding per ramp run")
     ap.add_argument("--throughput-warm-up", type=float, default=5.0,
                     help="seconds of timed feeding left out of each ramp run's steady window")

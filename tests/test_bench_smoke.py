@@ -759,7 +759,8 @@ def test_capacity_targets_table_puts_each_figure_beside_its_target():
     from bench.capacity import targets
 
     ceiling = {"events_per_s": 90_000.0, "cpu_us_per_event": 11.0, "broker_cpu_us_per_event": 3.0, "exact": "yes"}
-    flat = {"verdict": "flat", "python_cpu_us_per_event": 900.0, "broker_cpu_us_per_event": 400.0}
+    flat = {"verdict": "flat", "python_cpu_us_per_event": 900.0, "broker_cpu_us_per_event": 400.0,
+            "feeder_linger_ms": 20.0}
     throughput = [
         {"config": "off", "parallelism": 2, "offered_rate": 400.0, "verdict": "retried: not flat: p99"},
         {"config": "off", "parallelism": 2, "offered_rate": 400.0, **flat},  # the second try counts
@@ -780,6 +781,7 @@ def test_capacity_targets_table_puts_each_figure_beside_its_target():
     off2 = rows["max sustainable off, P=2 >= 20,000/s"]
     assert off2["met"] == "no" and off2["figure"].startswith("400") and off2["of_ceiling"] == "0.004"
     assert off2["of_sss"] == "0.50"
+    assert off2["figure"].endswith("(feeder linger 20 ms)")  # what the broker's cost per event depends on
     assert rows["off: flat or better from P=2 to P=8"]["met"] == "no"  # 400 at P=2, none at P=8
     assert rows["idle off, P=2 <= 0.05 cores"]["met"] == "yes"
     assert rows["idle kazoo, P=8 <= 0.05 cores"]["met"] == "no"
