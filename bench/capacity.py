@@ -107,8 +107,11 @@ SUSTAINED_FEEDER_LINGER_MS = 100.0
 # of the embedded broker lists every batch the partition holds, so a feeder lingering 2 ms (500
 # batches a second per partition) makes the broker's CPU per event grow within each 8 s step and sets
 # the limit for every mode alike (off at 12,800 events/s: broker 55 us per event at 2 ms, 17 us at
-# 20 ms).  On Apache Kafka the feeder's batches do not change what a fetch costs.  The latency and
-# kill runs keep a 2 ms feeder: there a longer linger would add to every record's latency.
+# 20 ms).  On Apache Kafka the feeder's batches do not change what a fetch costs.  A ramp's latency
+# runs from the feeder's clock, so it includes the linger (at most 20 ms; its bound, twice the first
+# rate's p99 plus 50 ms, grows by as much).  The kill runs keep a 2 ms feeder (their ratio, measured
+# from the feeder's clock too, would look better by a longer linger), and so do the latency runs
+# (measured from the source's read, which a longer linger would make burstier).
 RAMP_FEEDER_LINGER_MS = 20.0
 HZ = os.sysconf("SC_CLK_TCK")  # clock ticks per second (/proc)
 
