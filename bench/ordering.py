@@ -110,6 +110,7 @@ class Config:
     # kill runs: SIGKILL the victim's executor JVM (``executor``; ``executor-niced``: and run the executor
     # Spark launches in its place at nice 19, off the survivors' CPU), or (``python``) its Python worker only
     kill: str = "executor"
+    extra_conf: tuple[tuple[str, str], ...] = ()  # further spark.replication.* settings of the job
 
     @property
     def replicated(self) -> bool:
@@ -127,6 +128,7 @@ class Config:
             conf["spark.replication.liverobin.heartbeatPeriod"] = f"{self.period_ms}ms"
         if self.mode == "kazoo":
             conf["spark.replication.zookeeper.connect"] = stack.zookeeper_connect
+        conf.update(self.extra_conf)
         return conf
 
 
@@ -174,6 +176,7 @@ class OrderedRun:
     led_at_kill: list[str] = field(default_factory=list)  # KaZoo partitions the killed executor led then
     costs: dict[str, Any] = field(default_factory=dict)  # COST_COLUMNS over load + drain (with a CostProbe)
     load_window: tuple[float, float] | None = None  # wall clock of the first and the last produced event
+    orders_published: int = 0  # KaZoo: order records the leaders wrote (fences included)
 
     @property
     def report(self) -> Latencies:
@@ -388,7 +391,7 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
     status.done()
     return OrderedRun(config, pipeline, load, samples, verify_chains(outputs, event_ids), failure,
                       injected.get("at"), injected.get("what", ""), injected.get("victim", ""), events, fo, led,
-                      costs, (load_start, load_end))
+                      costs, (load_start, load_end), sum(m.orders_published for m in per_instance.values()))
 
 
 def latency_row(r: OrderedRun, warm_up_s: float) -> dict:

@@ -43,6 +43,8 @@ class KazooOrderer:
         max_batch: int = 1000,
         min_batch: int = 1,
         idle_timeout_s: float = 0.002,
+        max_in_flight: int = 1,
+        pipeline_below: int = 1,
         hold_limit: int = 4096,
         checkpoint_every: int = 0,
         checkpoint_mark: Callable[[tuple], bool] | None = None,
@@ -56,7 +58,8 @@ class KazooOrderer:
         self.name = name
         self.applier = OrderApplier(queues.channels, checkpoint_every, checkpoint_mark)
         self.proposer = OrderProposer(self.applier, max_batch=max_batch, min_batch=min_batch,
-                                      idle_timeout_s=idle_timeout_s)
+                                      idle_timeout_s=idle_timeout_s, max_in_flight=max_in_flight,
+                                      pipeline_below=pipeline_below)
         self.hold_limit = max(hold_limit, max_batch)
         self._publish = publish
         self._clock = clock
@@ -82,7 +85,7 @@ class KazooOrderer:
 
     def on_publish_failed(self, order: Order, reason: str) -> None:
         """``order`` was not acknowledged by the log (the producer's thread): re-published if
-        it is still the one in flight."""
+        it is still in flight."""
         self._offer(("failed", order, reason))
 
     def on_error(self, reason: str) -> None:
@@ -151,7 +154,7 @@ class KazooOrderer:
                 self._leadership(item[1])
             elif kind == "failed":
                 order, reason = item[1], item[2]
-                if self.proposer.in_flight == order:
+                if self.proposer.is_in_flight(order):
                     log.warning("%s: order %d/%d not written (%s): writing it again", self.name, order.epoch,
                                 order.seq, reason)
                     self.republished += 1

@@ -356,9 +356,13 @@ class OrderProposer:
         max_batch: int = 1000,
         min_batch: int = 1,
         idle_timeout_s: float = 0.002,
+        max_in_flight: int = 1,
+        pipeline_below: int = 1,
     ) -> None:
         if max_batch < 1 or min_batch < 1:
             raise ValueError("max_batch and min_batch must be >= 1")
+        if max_in_flight < 1 or pipeline_below < 1:
+            raise ValueError("max_in_flight and pipeline_below must be >= 1")
         if min_batch > max_batch:
             raise ValueError(f"min_batch {min_batch} exceeds max_batch {max_batch}")
         if idle_timeout_s < 0:
@@ -367,9 +371,17 @@ class OrderProposer:
         self.max_batch = max_batch
         self.min_batch = min_batch
         self.idle_timeout_s = idle_timeout_s
+        self.max_in_flight = max_in_flight
+        # while an order is in flight, another goes out only if it names fewer elements than this
+        # (small orders: latency; under load the next one waits and grows instead of multiplying)
+        self.pipeline_below = pipeline_below
         self.epoch: int | None = None  # our epoch while leader
         self._state = _FOLLOWER
-        self._in_flight: Order | None = None
+        # published and not yet read back, oldest first; their elements are not ordered again while
+        # they are (an order read back after a later one of ours is ignored: its elements are then
+        # uncovered, and ordered again)
+        self._in_flight: deque[Order] = deque()
+        self._pending = dict.fromkeys(applier.channels, 0)  # per channel, elements named in flight
         self._last_seq = -1  # seq of the last record we produced in this epoch
         self._arrived = dict.fromkeys(applier.channels, 0)
         # per channel, arrival runs [lo, hi, time, arrival number, channel], oldest first
@@ -397,9 +409,14 @@ class OrderProposer:
 
     @property
     def in_flight(self) -> Order | None:
-        """The record published and not yet read back (re-publish it if its produce failed)."""
+        """The oldest record published and not yet read back."""
         self._sync()
-        return self._in_flight
+        return self._in_flight[0] if self._in_flight else None
+
+    def is_in_flight(self, order: Order) -> bool:
+        """Whether ``order`` is published and not read back yet (re-publish it if its produce failed)."""
+        self._sync()
+        return order in self._in_flight
 
     def become_leader(self, epoch: int) -> Order:
         """Elected with ``epoch``: returns the fence record to publish first."""
@@ -411,7 +428,8 @@ class OrderProposer:
         fence = Order(epoch, self.applier.last_seq + 1)
         self.epoch = epoch
         self._state = _FENCING
-        self._in_flight = fence
+        self._clear_in_flight()
+        self._in_flight.append(fence)
         self._last_seq = fence.seq
         self.deposed_by = None
         return fence
@@ -419,7 +437,12 @@ class OrderProposer:
     def resign(self) -> None:
         """Leadership lost: become a follower; no order of the old epoch is returned after this."""
         self._state = _FOLLOWER
-        self._in_flight = None
+        self._clear_in_flight()
+
+    def _clear_in_flight(self) -> None:
+        self._in_flight.clear()
+        for channel in self._pending:
+            self._pending[channel] = 0
 
     def on_record(self, order: Order) -> None:
         """A log record (the same ones the applier sees): a higher epoch deposes us."""
@@ -433,9 +456,14 @@ class OrderProposer:
         if self._state != _FOLLOWER and a.epoch is not None and a.epoch > self.epoch:
             self.deposed_by = a.epoch
             self.resign()
-        if self._in_flight is not None and a.epoch == self.epoch and a.last_seq >= self._in_flight.seq:
-            self._in_flight = None  # our record is back and accepted: coverage includes it
-            self._state = _LEADING
+        if a.epoch == self.epoch:
+            while self._in_flight and a.last_seq >= self._in_flight[0].seq:
+                # back and accepted (coverage includes it), or passed by a later one (then ignored)
+                done = self._in_flight.popleft()
+                for channel, count in done.entries:
+                    self._pending[channel] -= count
+                if self._state == _FENCING:
+                    self._state = _LEADING
         self._trim()
 
     # -- arrivals ----------------------------------------------------------------------------
@@ -462,45 +490,50 @@ class OrderProposer:
             runs.popleft()
 
     def _orderable(self, channel: int) -> tuple[int, int]:
-        """[frontier, end) of the elements of ``channel`` that nobody ordered and that we hold."""
-        frontier = self.applier._covered_of(channel)
+        """[frontier, end) of the elements of ``channel`` that nobody ordered, that no order of ours in
+        flight names, and that we hold."""
+        frontier = self.applier._covered_of(channel) + self._pending[channel]
         end = min(self._arrived[channel], self.applier._received_of(channel))
         return frontier, max(frontier, end)
 
     # -- ordering ----------------------------------------------------------------------------
     def uncovered(self) -> int:
-        """Elements received here that no accepted record covers (none is in flight when it matters)."""
+        """Elements received here that neither an accepted record nor one of ours in flight covers."""
+        self._sync()
         return sum(hi - lo for lo, hi in map(self._orderable, self._runs))
 
     def _oldest(self) -> float | None:
         oldest = None
         for channel, runs in self._runs.items():
             lo, hi = self._orderable(channel)
-            if runs and lo < hi and (oldest is None or runs[0][2] < oldest):
-                oldest = runs[0][2]
+            if lo < hi:
+                first = next(run for run in runs if run[1] > lo)  # the oldest run not in flight
+                if oldest is None or first[2] < oldest:
+                    oldest = first[2]
         return oldest
 
     def wake_at(self) -> float | None:
         """When :meth:`next_order` will return an order if nothing else happens (None: not by time)."""
         self._sync()
-        if self._state != _LEADING or self._in_flight is not None:
+        if self._state != _LEADING or len(self._in_flight) >= self.max_in_flight:
             return None
         oldest = self._oldest()
-        if oldest is None:
+        if oldest is None or (self._in_flight and self.uncovered() >= self.pipeline_below):
             return None
         return oldest if self.uncovered() >= self.min_batch else oldest + self.idle_timeout_s
 
     def next_order(self, now: float) -> Order | None:
-        """The next order to publish, or None (not ordering, one in flight, or nothing due yet).
+        """The next order to publish, or None (not ordering, ``max_in_flight`` in flight, or nothing due yet).
 
         Due when uncovered elements reach ``min_batch`` or the oldest has waited ``idle_timeout_s``;
         it names everything uncovered in arrival order (merged runs), at most ``max_batch`` elements.
+        With orders in flight, only while fewer than ``pipeline_below`` elements are uncovered.
         """
         self._sync()
-        if self._state != _LEADING or self._in_flight is not None:
+        if self._state != _LEADING or len(self._in_flight) >= self.max_in_flight:
             return None
         total = self.uncovered()
-        if total == 0:
+        if total == 0 or (self._in_flight and total >= self.pipeline_below):
             return None
         if total < self.min_batch and now - self._oldest() < self.idle_timeout_s:
             return None
@@ -527,5 +560,7 @@ class OrderProposer:
                 entries.append([channel, take])
         self._last_seq += 1
         order = Order(self.epoch, self._last_seq, tuple((c, n) for c, n in entries))
-        self._in_flight = order
+        self._in_flight.append(order)
+        for channel, count in order.entries:
+            self._pending[channel] += count
         return order

@@ -267,8 +267,25 @@ class ReplicationConfig:
     )
     kazoo_max_batch: int = _key(
         "kazoo.maxBatch", INT, 1_000,
-        "At most this many elements per order record (`kazoo` mode). One record is in flight per partition; "
-        "the next one orders everything that arrived meanwhile, up to this cap.", min=1, max=1_000_000,
+        "At most this many elements per order record (`kazoo` mode). Up to `kazoo.maxInFlight` records are "
+        "in flight per partition; the next one orders everything that arrived meanwhile, up to this cap.",
+        min=1, max=1_000_000,
+    )
+    kazoo_max_in_flight: int = _key(
+        "kazoo.maxInFlight", INT, 4,
+        "Order records a leader may have written and not yet read back, per partition (`kazoo` mode). With "
+        "one, an element that arrives while an order is on its way waits for it to come back before it is "
+        "ordered; more let it go out at once, in more, smaller records (see `kazoo.pipelineBelow`). An order "
+        "read back after a later one of the same leader is ignored by every replica and its elements ordered "
+        "again.",
+        min=1, max=1_000,
+    )
+    kazoo_pipeline_below: int = _key(
+        "kazoo.pipelineBelow", INT, 32,
+        "While an order record is in flight, another is written only if it would name fewer than this many "
+        "elements (`kazoo` mode): at a low rate records go out at once, under load the next one waits for "
+        "the log and grows instead of multiplying (each record costs the broker a request).",
+        min=1, max=1_000_000,
     )
     kazoo_min_batch: int = _key(
         "kazoo.minBatch", INT, 1,

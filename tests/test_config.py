@@ -53,7 +53,7 @@ def test_prefix_and_defaults() -> None:
     assert cfg(**kazoo).pulse_period_ms == 30
     assert cfg(**kazoo, **{"kazoo.windowPulsePeriod": "20ms"}).pulse_period_ms == 20
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 53
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 55
 
 
 def test_other_keys_ignored_and_values_typed() -> None:

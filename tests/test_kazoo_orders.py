@@ -230,6 +230,64 @@ def test_one_order_in_flight_and_the_next_takes_what_arrived_meanwhile():
     assert second.entries == ((A, 1), (B, 1), (A, 1), (B, 1), (A, 1)) and second.seq == first.seq + 1
 
 
+def test_several_orders_in_flight_each_name_what_the_others_do_not():
+    r = Replica([A, B], max_in_flight=2, pipeline_below=10)
+    log = [r.proposer.become_leader(1).encode()]
+    r.read_log(log)
+    r.deliver(A, [d("a1")], now=0.0)
+    first = r.proposer.next_order(0.0)
+    r.deliver(B, [d("b1")], now=0.001)
+    r.deliver(A, [d("a2")], now=0.002)
+    second = r.proposer.next_order(0.002)  # at once, not after the first is back
+    assert (first.entries, second.entries) == (((A, 1),), ((B, 1), (A, 1)))
+    r.deliver(B, [d("b2")], now=0.003)
+    assert r.proposer.next_order(0.003) is None and r.proposer.uncovered() == 1  # two in flight
+    log += [first.encode(), second.encode()]
+    r.read_log(log)
+    assert r.out == [(A, d("a1")), (B, d("b1")), (A, d("a2"))]
+    assert r.proposer.in_flight is None and r.proposer.next_order(0.004).entries == ((B, 1),)
+
+
+def test_under_load_the_next_order_waits_for_the_log_and_grows():
+    r = Replica([A, B], max_in_flight=4, pipeline_below=3)
+    log = [r.proposer.become_leader(1).encode()]
+    r.read_log(log)
+    r.deliver(A, [d("a1")], now=0.0)
+    first = r.proposer.next_order(0.0)
+    r.deliver(B, [d("b1"), d("b2")], now=0.001)
+    second = r.proposer.next_order(0.001)  # two elements, below 3: out at once
+    r.deliver(A, [d("a2"), d("a3"), d("a4")], now=0.002)
+    assert r.proposer.next_order(0.002) is None and r.proposer.wake_at() is None  # three: wait for the log
+    log += [first.encode(), second.encode()]
+    r.read_log(log)
+    assert r.proposer.next_order(0.003).entries == ((A, 3),)
+
+
+def test_an_order_read_back_after_a_later_one_is_ignored_and_its_elements_ordered_again():
+    """Orders name counts, not positions: a later order landing first covers the earlier one's
+    elements, every replica alike, and the earlier one is ignored when it lands."""
+    leader, follower = Replica([A, B], max_in_flight=3, pipeline_below=10), Replica([A, B])
+    log = [leader.proposer.become_leader(1).encode()]
+    leader.read_log(log)
+    orders = []
+    for channel, element in [(A, d("a1")), (B, d("b1")), (A, d("a2"))]:
+        for r in (leader, follower):
+            r.deliver(channel, [element])
+        orders.append(leader.proposer.next_order(0.0))
+    assert [o.entries for o in orders] == [((A, 1),), ((B, 1),), ((A, 1),)]
+    log += [orders[1].encode(), orders[2].encode(), orders[0].encode()]  # the first lands last
+    for r in (leader, follower):
+        r.read_log(log)
+    assert leader.out == follower.out == [(B, d("b1")), (A, d("a1"))]
+    assert leader.proposer.in_flight is None and leader.applier.ignored == 1
+    again = leader.proposer.next_order(0.0)
+    assert again == Order(1, 4, ((A, 1),))
+    log.append(again.encode())
+    for r in (leader, follower):
+        r.read_log(log)
+    assert leader.out == follower.out == [(B, d("b1")), (A, d("a1")), (A, d("a2"))]
+
+
 def test_max_batch_caps_an_order_even_in_the_middle_of_a_run():
     r = Replica([A, B], max_batch=4)
     log = [r.proposer.become_leader(1).encode()]
@@ -434,7 +492,8 @@ class Cluster:
     in any order, late, or never)."""
 
     def __init__(self, seqs: dict[int, list], rnd: random.Random) -> None:
-        kw = dict(max_batch=rnd.randint(1, 6), min_batch=1, idle_timeout_s=0.002)
+        kw = dict(max_batch=rnd.randint(1, 6), min_batch=1, idle_timeout_s=0.002, max_in_flight=rnd.randint(1, 4),
+                  pipeline_below=rnd.randint(1, 8))
         kw["min_batch"] = rnd.randint(1, kw["max_batch"])
         self.rnd = rnd
         self.replicas = [Replica(seqs, **kw) for _ in range(2)]
@@ -486,9 +545,10 @@ class Cluster:
         elif action == "lose" and self.pending:
             self.pending.pop(rnd.randrange(len(self.pending)))  # its producer died, or the produce failed
         elif action == "republish":
-            in_flight = self.replicas[i].proposer.in_flight
-            if in_flight is not None:
-                self.pending.append(in_flight)
+            p = self.replicas[i].proposer
+            in_flight = [o for o in p._in_flight if p.is_in_flight(o)]
+            if in_flight:
+                self.pending.append(rnd.choice(in_flight))
         elif action == "read":
             r = self.replicas[i]
             r.read_log(self.log, upto=min(len(self.log), r.read + rnd.randint(1, 3)))

@@ -101,7 +101,8 @@ class ProcessingInstance(PartitionInstance):
 
         orderer = KazooOrderer(
             self.queues, publish_while_leader, max_batch=cfg.kazoo_max_batch, min_batch=cfg.kazoo_min_batch,
-            idle_timeout_s=cfg.kazoo_idle_timeout_ms / 1000,
+            idle_timeout_s=cfg.kazoo_idle_timeout_ms / 1000, max_in_flight=cfg.kazoo_max_in_flight,
+            pipeline_below=cfg.kazoo_pipeline_below,
             hold_limit=max(4 * cfg.channel_batch_size, 2 * cfg.kazoo_max_batch),
             checkpoint_every=self.checkpoint_every, checkpoint_mark=self._record_enters_new_interval, name=self.name)
         self._order_log = order_log
