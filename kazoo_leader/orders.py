@@ -500,6 +500,9 @@ class OrderProposer:
     def uncovered(self) -> int:
         """Elements received here that neither an accepted record nor one of ours in flight covers."""
         self._sync()
+        return self._uncovered()
+
+    def _uncovered(self) -> int:
         return sum(hi - lo for lo, hi in map(self._orderable, self._runs))
 
     def _oldest(self) -> float | None:
@@ -518,9 +521,12 @@ class OrderProposer:
         if self._state != _LEADING or len(self._in_flight) >= self.max_in_flight:
             return None
         oldest = self._oldest()
-        if oldest is None or (self._in_flight and self.uncovered() >= self.pipeline_below):
+        if oldest is None:
             return None
-        return oldest if self.uncovered() >= self.min_batch else oldest + self.idle_timeout_s
+        total = self._uncovered()
+        if self._in_flight and total >= self.pipeline_below:
+            return None
+        return oldest if total >= self.min_batch else oldest + self.idle_timeout_s
 
     def next_order(self, now: float) -> Order | None:
         """The next order to publish, or None (not ordering, ``max_in_flight`` in flight, or nothing due yet).
@@ -532,7 +538,7 @@ class OrderProposer:
         self._sync()
         if self._state != _LEADING or len(self._in_flight) >= self.max_in_flight:
             return None
-        total = self.uncovered()
+        total = self._uncovered()
         if total == 0 or (self._in_flight and total >= self.pipeline_below):
             return None
         if total < self.min_batch and now - self._oldest() < self.idle_timeout_s:
