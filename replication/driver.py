@@ -66,6 +66,7 @@ from replication.plan import (
     replica_name,
 )
 from replication.pulses import DriverPulses, switch_pulse
+from replication.runtime.driver_link import HEARTBEAT_METHOD
 from replication.runtime.feeds import election_identity, election_membership
 from replication.runtime.worker import WorkerBootstrap, run_worker
 from replication.security import job_security, remove_cli_credentials, write_cli_credentials
@@ -76,6 +77,7 @@ from rhino_state.durable import DurableCut, DurableStore, without_credentials
 from rhino_state.handover import Strategy
 from rhino_state.manager import ReplicationManager, RestorePlan
 from transport import rpc
+from transport.frames import FrameServer
 from transport.kafka_io import TopicMaker, admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
 from transport.rpc import host_port
 from transport.security import RpcSecurity
@@ -191,6 +193,7 @@ class JobMaster:
         self.drain_at: dict[Instance, dict[int, int]] = {}
         self.dropped: dict[ReplicaId, int] = {}  # replicas replaced after a cut-off: up to which restore attempt
         self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
+        self.heartbeat_port = 0  # the workers' heartbeat frames (on the control address's host; in the status file)
         self.mover: Callable[[HandoverRequest], HandoverReport] | None = None  # the JobHandle's, to the CLI
 
     # -- state changes (caller holds the condition unless noted) ---------------------------------
@@ -930,7 +933,7 @@ class JobMaster:
         """What ``replication status`` shows (written as JSON next to the job)."""
         return {
             "job": self.job_name, "app_id": self.app_id, "driver_pid": os.getpid(), "updated": time.time(),
-            "state": state, "control_address": self.control_address,
+            "state": state, "control_address": self.control_address, "heartbeat_port": self.heartbeat_port,
             "workers": {str(w): {"executor": i.executor, "address": i.address, "python_pid": i.python_pid,
                                  "attempt": i.attempt, "alive": w not in self.dead or self._bystander(i),
                                  "standby": i.standby} for w, i in self.workers.items()},
@@ -1072,6 +1075,20 @@ class ElectionJanitor:
 
 # A handover job aborted because a participant was already past the switch pulse goes again this often.
 LATE_RETRIES = 2
+
+
+@dataclass(frozen=True)
+class ControlServers:
+    """The job master's servers: gRPC for the control calls, watches and streams, signed frames for
+    the workers' heartbeats (a gRPC unary call costs several times the CPU of the same bytes on a
+    socket, and every worker beats several times a second, idle or not)."""
+
+    calls: rpc.RpcServer
+    heartbeats: FrameServer
+
+    def stop(self, grace: float | None = None) -> None:
+        self.heartbeats.stop()
+        self.calls.stop(grace=grace)
 
 
 class JobHandle:
@@ -2021,7 +2038,6 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
         if election_root else None
     threading.Thread(target=master.monitor, name=f"monitor-{job.name}", daemon=True).start()
     server = rpc.serve({"Register": rpc.typed(master.register, Register),
-                        "Heartbeat": rpc.typed(master.heartbeat, Heartbeat),
                         "Finished": rpc.typed(master.finished, WorkerFinished),
                         "MoveVnodes": rpc.typed(master.move, HandoverRequest)},
                        watches={"Attach": rpc.decoding(master.attach, Attach)},
@@ -2030,13 +2046,22 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                        # evicted one may still hold its own beside its relaunch's)
                        security=security, bind_host=driver_bind_host(sc), max_workers=num_workers * 6 + 8,
                        name="job master")
+    try:
+        beats = FrameServer(HEARTBEAT_METHOD, rpc.typed(master.heartbeat, Heartbeat), security=security,
+                            bind_host=driver_bind_host(sc), max_connections=num_workers * 2 + 8,
+                            refusals=server.refusals, name="job master heartbeats")
+    except BaseException:
+        server.stop(grace=None)
+        raise
     master.server = server
     address = host_port(driver_advertise_host(sc), server.port)
     master.control_address = address
+    master.heartbeat_port = beats.port
     write_cli_credentials(job.name, security, cfg)
     boot = WorkerBootstrap(job.name, run_id, plan, placement, cfg, address, num_workers, election_root, security,
-                           output_prefix=lineage["output_prefix"], epoch_base=lineage["epoch_base"])
-    handle = JobHandle(job, cfg, plan, placement, master, server, sc, f"replication-{job.name}-{run_id}", elections)
+                           output_prefix=lineage["output_prefix"], epoch_base=lineage["epoch_base"],
+                           heartbeat_port=beats.port)
+    handle = JobHandle(job, cfg, plan, placement, master, ControlServers(server, beats), sc, f"replication-{job.name}-{run_id}", elections)
     master.mover = handle.move_request
     log.info("%s\nwarm executors: %s; %d workers; job master at %s", plan.describe(), sorted(warm), num_workers,
              address)

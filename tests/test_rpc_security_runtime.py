@@ -30,7 +30,7 @@ from transport.security import RpcSecurity
 
 pytestmark = pytest.mark.integration
 
-DRIVER_METHODS = ("Register", "Heartbeat", "Finished", "MoveVnodes")
+DRIVER_METHODS = ("Register", "Finished", "MoveVnodes")
 WORKER_METHODS = ("DataPort", "HandoverState", "HandoverCut", "Restore", "IncrementChunk", "IncrementAck")
 
 
@@ -59,7 +59,7 @@ def _call(address: str, method: str, payload: bytes) -> grpc.StatusCode:
 
 
 def _push(address: str, port: int, request: bytes) -> int | None:
-    """A raw frame to a worker's data plane (``PushMany``): the reply's status byte (0 answered,
+    """A raw frame to a frame server (a worker's ``PushMany``, the driver's ``Heartbeat``): the status byte (0 answered,
     1 failed or refused), None if the connection closed without a reply."""
     host = address.rsplit(":", 1)[0].strip("[]")
     with socket.create_connection((host, port), timeout=10) as s:
@@ -111,23 +111,26 @@ def test_a_hostile_pickle_sent_to_the_driver_or_a_worker_runs_nothing(stack, spa
                 assert _call(address, method, stamp + mac + hostile) == grpc.StatusCode.UNAUTHENTICATED, \
                     (address, method)
             data_ports = {w: rpc.Peer(w, job_secret).call("DataPort", None, int, timeout=10) for w in workers}
-            for w, port in data_ports.items():  # the data plane's frames: unsigned, then another secret's
-                assert _push(w, port, hostile) == 1
-                assert _push(w, port, b"".join(stranger.sign("PushMany", hostile)) + hostile) == 1
+            frame_ports = [(w, port, "PushMany") for w, port in data_ports.items()] + \
+                [(driver, status["heartbeat_port"], "Heartbeat")]  # the driver's heartbeat frames
+            for address, port, method in frame_ports:  # frames: unsigned, then another secret's
+                assert _push(address, port, hostile) == 1, (address, method)
+                assert _push(address, port, b"".join(stranger.sign(method, hostile)) + hostile) == 1, (address, method)
             # signed with the job's own secret (a compromised peer): still never unpickled
             for address, method in targets:
                 stamp, mac = job_secret.sign(method, hostile)
                 assert _call(address, method, stamp + mac + hostile) != grpc.StatusCode.UNAUTHENTICATED, \
                     (address, method)
-            for w, port in data_ports.items():
-                assert _push(w, port, b"".join(job_secret.sign("PushMany", hostile)) + hostile) in (0, 1)  # answered
+            for address, port, method in frame_ports:
+                assert _push(address, port, b"".join(job_secret.sign(method, hostile)) + hostile) in (0, 1)  # answered
             time.sleep(1.0)  # a command that ran would have created the marker by now
             assert not marker.exists()
             per_worker = 2 * len(WORKER_METHODS) + 2
-            _wait(lambda: _refused(handle.metrics_url).get("driver", 0) >= 2 * len(DRIVER_METHODS)
+            per_driver = 2 * len(DRIVER_METHODS) + 2
+            _wait(lambda: _refused(handle.metrics_url).get("driver", 0) >= per_driver
                   and all(_refused(handle.metrics_url).get(f"worker {w}", 0) >= per_worker for w in range(3)),
                   10, "the refused calls in the metrics")
-            assert _refused(handle.metrics_url)["driver"] == 2 * len(DRIVER_METHODS)
+            assert _refused(handle.metrics_url)["driver"] == per_driver
     except BaseException:
         handle.stop()
         raise

@@ -8,8 +8,6 @@ import threading
 import time
 from types import SimpleNamespace
 
-import grpc
-
 from replication.handovers import HandoverOrder, PartitionHandovers, TargetCut
 from replication.messages import CutRequest, Instructions
 from replication.plan import ChannelSpec
@@ -24,6 +22,7 @@ from replication.runtime.source import drain_position
 from replication.runtime.worker import Worker
 from rhino_state import RoutingTable, VnodeMove
 from transport import wire
+from transport.frames import TransportFailure
 from transport.security import RpcSecurity
 
 
@@ -118,19 +117,14 @@ def test_the_heartbeat_mailbox_hands_over_the_newest_reply_and_says_since_when_t
     assert got and got[0][0].command == "stop" and got[0][2] is None
 
 
-class _Unavailable(grpc.RpcError):
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
-
-
 class _Unreachable:
     def __init__(self) -> None:
         self.fail = True
         self.sent: list = []
 
-    def call(self, method, req, reply_type, timeout):
+    def beat(self, req, timeout):
         if self.fail:
-            raise _Unavailable()
+            raise TransportFailure("Heartbeat to 127.0.0.1:1: connection refused")
         self.sent.append(req)
         return Instructions("run")
 
@@ -146,11 +140,11 @@ def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
     worker.checkpoints._taken.append((2, 0, 0, 3500, "d1"))
     worker.checkpoints._completed.append((2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7}))
     link = _link(worker)
-    master = _Unreachable()
-    assert link.heartbeat(master, with_metrics=False) is None
+    master = link.beats = _Unreachable()
+    assert link.heartbeat(with_metrics=False) is None
     worker.checkpoints._taken.append((2, 0, 0, 3550, "d2"))
     master.fail = False
-    assert link.heartbeat(master, with_metrics=False).command == "run"
+    assert link.heartbeat(with_metrics=False).command == "run"
     assert master.sent[0].checkpoints == {"taken": [(2, 0, 0, 3500, "d1"), (2, 0, 0, 3550, "d2")],
                                           "completed": [(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})],
                                           "durable": [(2, 0, 3500, "000000003500-ab")]}
@@ -164,14 +158,14 @@ def test_a_replica_restored_here_reports_its_progress_with_every_heartbeat_for_a
     worker = _worker(restored, other)
     worker.checkpoints = None
     link = _link(worker)
-    master = _Unreachable()
+    master = link.beats = _Unreachable()
     master.fail = False
-    link.heartbeat(master, with_metrics=False)
+    link.heartbeat(with_metrics=False)
     link.restored((2, 0))
-    link.heartbeat(master, with_metrics=False)
-    link.heartbeat(master, with_metrics=True)
+    link.heartbeat(with_metrics=False)
+    link.heartbeat(with_metrics=True)
     link._restored_at[(2, 0)] = time.monotonic() - RESTORED_REPORT_S - 1
-    link.heartbeat(master, with_metrics=False)
+    link.heartbeat(with_metrics=False)
     assert [beat.metrics for beat in master.sent] == [
         None, {"t2[0]r1": "restored's"}, {"t2[0]r1": "restored's", "t3[1]r0": "other's"}, None]
 
@@ -302,7 +296,7 @@ def test_a_ring_of_the_driver_sends_the_next_heartbeat_at_once():
     when the driver rings its watch, not a heartbeat interval later."""
     link = _link(_worker(), heartbeat_interval_ms=60_000, metrics_interval_ms=60_000)
     beats = threading.Semaphore(0)
-    link.heartbeat = lambda master, with_metrics: beats.release()
+    link.heartbeat = lambda with_metrics: beats.release()
     link.start(master=None)
     try:
         assert beats.acquire(timeout=30)  # the first beat

@@ -7,6 +7,12 @@ positions, the replicas its channels cut off, and metrics every metrics interval
 goes to a :class:`Mailbox` the main loop takes it from (a reply carries the driver's whole view,
 so a newer one replaces one not applied yet).  The hosted sources' read positions go to the
 driver's heartbeat generators on a stream of their own, opened again whenever it ends.
+
+Heartbeats travel as signed frames (:mod:`transport.frames`) to a port of their own on the driver,
+not as gRPC calls: a worker beats five times a second whether or not it has input, and a gRPC
+unary call costs several times the CPU of the same bytes on a socket at both ends.  The driver's
+other calls, its watch (which tells it at once that the process died) and the position stream
+stay on gRPC.
 """
 
 from __future__ import annotations
@@ -16,12 +22,12 @@ import threading
 import time
 from typing import Any
 
-import grpc
-
 from liverobin.positions import PositionOutbox
 from replication.messages import Heartbeat, Instructions, SourcePositions
 from replication.plan import Instance, ReplicaId
-from transport import rpc
+from transport import rpc, wire
+from transport.frames import FrameCallFailed, FramePeer, TransportFailure
+from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +36,23 @@ log = logging.getLogger(__name__)
 RESTORED_REPORT_S = 10.0
 # Beats at most this often when the driver rings (a restore storm rings many times a second).
 BEAT_GAP_S = 0.02
+# The frame method of the driver's heartbeat port.
+HEARTBEAT_METHOD = "Heartbeat"
+HEARTBEAT_TIMEOUT_S = 5.0
+
+
+class HeartbeatPeer:
+    """The worker's end of the driver's heartbeat port: one connection, one beat at a time."""
+
+    def __init__(self, host: str, port: int, security: RpcSecurity) -> None:
+        self._peer = FramePeer(host, port, HEARTBEAT_METHOD, security)
+
+    def beat(self, req: Heartbeat, timeout: float) -> Instructions:
+        """The driver's reply; raises :class:`TransportFailure` or :class:`FrameCallFailed`."""
+        return wire.decode(self._peer.call(wire.encode(req), timeout), Instructions)
+
+    def close(self) -> None:
+        self._peer.close()
 
 
 class Mailbox:
@@ -78,6 +101,11 @@ class DriverLink:
         self.mailbox = Mailbox()
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
+        self.beats: HeartbeatPeer | None = None  # set by :meth:`connect`
+
+    def connect(self, host: str, port: int, security: RpcSecurity) -> None:
+        """Where the heartbeats go: the driver's heartbeat port (connected at the first beat)."""
+        self.beats = HeartbeatPeer(host, port, security)
 
     # -- what the worker and its replicas hand in ---------------------------------------------
     def ring(self) -> None:
@@ -132,8 +160,9 @@ class DriverLink:
         return {(t, p, inst.replica, w.kind): w.fenced_at for (t, p), inst in list(self.worker.instances.items())
                 for w in inst.writers if w.fenced_at >= 0}
 
-    def heartbeat(self, master: rpc.Peer, with_metrics: bool) -> Instructions | None:
+    def heartbeat(self, with_metrics: bool) -> Instructions | None:
         """One heartbeat; the driver's reply, or None if it could not be reached."""
+        assert self.beats is not None, "connect() first"
         hosted = self.worker.hosted()
         for inst in hosted:
             self._unsent_acks += inst.take_handover_acks()
@@ -154,9 +183,9 @@ class DriverLink:
             drain_positions=drain_positions, cut_offs=cut_offs, fenced=self._fenced_writers(),
             rpc_refused=server.refused if server is not None else 0)
         try:
-            reply = master.call("Heartbeat", req, Instructions, timeout=5)
-        except grpc.RpcError as err:
-            log.warning("heartbeat failed: %s", err.code())
+            reply = self.beats.beat(req, HEARTBEAT_TIMEOUT_S)
+        except (TransportFailure, FrameCallFailed) as err:
+            log.warning("heartbeat failed: %s", err)
             if req.checkpoints and checkpoints is not None:
                 checkpoints.unreport(req.checkpoints)  # the driver would never hear of them
             return None
@@ -186,6 +215,8 @@ class DriverLink:
             self._positions.close()
         if self._position_stream is not None:
             self._position_stream.close()
+        if self.beats is not None:
+            self.beats.close()
 
     def _beat(self, master: rpc.Peer, stop: threading.Event, mailbox: Mailbox) -> None:
         """The liveness loop: a heartbeat every interval, whatever the main loop is busy with
@@ -202,7 +233,7 @@ class DriverLink:
                             started - last)
             last = started
             done = self.worker.all_finished()
-            reply = self.heartbeat(master, with_metrics=done or started >= next_metrics)
+            reply = self.heartbeat(with_metrics=done or started >= next_metrics)
             self.stream_positions(master)
             if time.monotonic() - started > 1.0:
                 log.warning("heartbeat of worker %d took %.2fs", self.index, time.monotonic() - started)

@@ -88,6 +88,7 @@ class WorkerBootstrap:
     security: RpcSecurity | None = field(default=None, repr=False)  # the run's RPC secret (and TLS material)
     output_prefix: str = ""  # the exactly-once outputs' ids start with it (default: run_id); kept by a resume
     epoch_base: int = 0  # added to KaZoo election epochs: a resumed run elects above the run before
+    heartbeat_port: int = 0  # the driver's port for heartbeat frames (on the host of master_address)
 
 
 class WorkerEvicted(RuntimeError):
@@ -389,12 +390,13 @@ class Worker:
                                                      os.getpid()), Registered,
                                 timeout=self.cfg.start_timeout_ms / 1000)
             if reply.status in ("ok", "standby"):
+                self.link.connect(master_host, self.boot.heartbeat_port, self.security)
                 watch = master.watch("Attach", Attach(self.index, self.attempt), on_ring=self.link.ring)
                 self.link.stream_positions(master)
             if reply.status == "standby":
                 log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply.reason)
                 if self.checkpoints is None:
-                    report = self._idle(master)
+                    report = self._idle()
                     return report
                 self._build_host(reply.addresses)  # it may host restored replicas
                 assert reply.instructions is not None
@@ -495,10 +497,10 @@ class Worker:
         finally:
             self.link.stop()
 
-    def _idle(self, master: rpc.Peer) -> dict[str, Any]:
+    def _idle(self) -> dict[str, Any]:
         """A standby holds its slot until the job ends."""
         while True:
-            reply = self.link.heartbeat(master, with_metrics=False)
+            reply = self.link.heartbeat(with_metrics=False)
             if reply is not None:
                 self._learn_savepoint(reply)
             if reply is not None and reply.command in ("drain", "stop", "evicted"):
