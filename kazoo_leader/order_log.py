@@ -42,6 +42,9 @@ CONSUME_BATCH = 500
 SEGMENTS_AHEAD = 4
 # How long the writer's thread waits for delivery reports (and segments to make) in one poll.
 WRITER_POLL_S = 0.05
+# With nothing in flight and no segment to make, the writer's thread sleeps until an order is
+# written, at most this long (the producer's own error reports wait that long at worst).
+WRITER_IDLE_S = 1.0
 
 
 @dataclass
@@ -77,6 +80,7 @@ class OrderLog:
         self._lock = threading.Lock()
         self._producer: Producer | None = None
         self._stop = threading.Event()
+        self._written = threading.Event()  # an order was produced (or segments asked for) since the writer looked
         self._threads: list[threading.Thread] = []
 
     def register(
@@ -108,6 +112,7 @@ class OrderLog:
 
     def close(self, flush_timeout_s: float = 2.0) -> None:
         self._stop.set()
+        self._written.set()
         for thread in self._threads:
             thread.join(5)
         if self._producer is not None:
@@ -133,11 +138,16 @@ class OrderLog:
                 self._publish(entry, order, again)
 
         self._producer.produce(entry.log.topic(target), value=order.encode(), partition=0, on_delivery=delivered)
+        self._written.set()
 
     def _write(self) -> None:
         """Serve the producer's delivery reports and make the segments the writers will need."""
         assert self._producer is not None
         while not self._stop.is_set():
+            self._written.clear()
+            if len(self._producer) == 0 and not self._to_make:
+                self._written.wait(WRITER_IDLE_S)  # (set after every produce: none is missed)
+                continue
             self._producer.poll(WRITER_POLL_S)
             with self._lock:
                 wanted, self._to_make = self._to_make, {}

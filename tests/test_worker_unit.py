@@ -327,6 +327,22 @@ def test_a_finished_worker_s_replicas_are_retired_before_pushes_give_up_on_it():
     assert seen == [False] and routes.finished_workers == {2}
 
 
+def test_a_request_to_measure_state_wakes_the_replica_once():
+    """An idle replica's loop sleeps up to a second; the driver's request to measure its state
+    per vnode (before planning a handover) wakes it, and a repeated request does not again."""
+    replica, other = _Replica(3, 0, 1, kinds=()), _Replica(4, 0, 1, kinds=())
+    replica.measure_request = other.measure_request = 0
+    worker = _worker(replica, other)
+    worker._drop = lambda drop: None
+    worker._apply_handovers = lambda handovers: None
+    worker._learn_savepoint = lambda reply: None
+    worker.checkpoints, worker.routes = None, _routes(SimpleNamespace(replicas=2))
+    worker._apply(Instructions("run", measure_state={3: 7}))
+    worker._apply(Instructions("run", measure_state={3: 7}))
+    assert (replica.measure_request, replica.woken) == (7, 1)
+    assert (other.measure_request, other.woken) == (0, 0)
+
+
 def test_a_worker_whose_rpc_server_cannot_start_stops_its_data_port(monkeypatch):
     started: list = []
     real = worker_module.FrameServer

@@ -37,6 +37,11 @@ from rhino_state.increments import digest_hex
 
 log = logging.getLogger(__name__)
 
+# The longest an idle replica's loop sleeps: input, pulses and every word from its worker (roles,
+# drain, stop, pulse windows, a state measurement) wake it, so this only bounds the cost of a
+# wake-up missed by a bug.
+IDLE_WAIT_S = 1.0
+
 
 class PartitionInstance:
     """Shared plumbing: metrics, dead letters, state, output channels, lifecycle."""

@@ -26,7 +26,7 @@ from replication.handovers import (
 from replication.plan import PhysicalPlan, TaskSpec
 from replication.runtime.dedup import Dedup
 from replication.runtime.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
-from replication.runtime.instance import PartitionInstance
+from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
 from replication.runtime.operators import chain_operators
 from rhino_state import encode_key, key_group
 from rhino_state.cut import entry_bytes
@@ -200,7 +200,7 @@ class ProcessingInstance(PartitionInstance):
             if runs:
                 return runs
             self.flush_outputs()
-        return self.orderer.next_runs(self.idle_wait(0.2))
+        return self.orderer.next_runs(self.idle_wait(IDLE_WAIT_S))
 
     def _start_orderer_state(self, kazoo: KazooOrderer | None) -> Any:
         """The orderer's state before any input, for the first checkpoint."""

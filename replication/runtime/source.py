@@ -21,7 +21,7 @@ from replication import savepoint
 from replication.plan import PhysicalPlan, TaskSpec
 from replication.runtime.deadletter import describe_error
 from replication.runtime.elements import DATA, MIN_WATERMARK
-from replication.runtime.instance import PartitionInstance
+from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
 from transport.kafka_feeds import PartitionFeed
 from transport.kafka_io import end_offsets_by_fetch
 
@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 # KaZoo, in a pulse window: how long an idle source waits for the next pulse before polling
 # Kafka again.
 PULSE_WAIT_S = 0.005
-# The longest an idle source sleeps: records, pulses and every word from its worker (roles,
-# drain, stop, pulse windows) wake it, so this only bounds the cost of a wake-up missed by a bug.
-IDLE_WAIT_S = 1.0
 
 
 def drain_position(next_offset: dict[int, int], ends: dict[int, int]) -> dict[int, int]:

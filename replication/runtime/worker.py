@@ -318,8 +318,9 @@ class Worker:
         self._learn_savepoint(reply)
         for task, request in reply.measure_state.items():
             for inst in self.hosted():
-                if inst.task.id == task:
-                    inst.measure_request = max(inst.measure_request, request)
+                if inst.task.id == task and request > inst.measure_request:
+                    inst.measure_request = request
+                    inst.wake()
         if reply.retained_handovers is not None:  # Rhino: the cuts origins keep for restored targets
             retained = set(reply.retained_handovers)
             for inst in self.hosted():
