@@ -70,7 +70,13 @@ from replication.runtime.driver_link import HEARTBEAT_METHOD
 from replication.runtime.feeds import election_identity, election_membership
 from replication.runtime.worker import WorkerBootstrap, run_worker
 from replication.security import job_security, remove_cli_credentials, write_cli_credentials
-from replication.spark_cluster import driver_advertise_host, driver_bind_host, executor_ids, warm_up
+from replication.spark_cluster import (
+    driver_advertise_host,
+    driver_bind_host,
+    executor_ids,
+    executor_lister,
+    warm_up,
+)
 from replication.status import write_status
 from rhino_state import AllAtOnce, Batched, HandoverState, JobState, RoutingTable
 from rhino_state.durable import DurableCut, DurableStore, without_credentials
@@ -83,6 +89,12 @@ from transport.rpc import host_port
 from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
+
+
+# How often the liveness loop asks Spark which executors are registered.  A killed executor's
+# worker is usually seen dead sooner, when its process exits and its watch on the driver ends:
+# both wait for the kernel to tear the JVM down.
+EXECUTOR_POLL_S = 0.5
 
 
 class JobFailedError(RuntimeError):
@@ -852,15 +864,20 @@ class JobMaster:
             return all(w in self.reports or (w in self.dead and not self._bystander(self.workers[w]))
                        for w in range(self.num_workers) if w in self.workers) and len(self.workers) > 0
 
-    def monitor(self, period_s: float = 0.1) -> None:
-        """Liveness loop (a driver thread) until :meth:`close`."""
+    def monitor(self, period_s: float = 0.1, executor_poll_s: float = EXECUTOR_POLL_S) -> None:
+        """Liveness loop (a driver thread) until :meth:`close`; Spark's list of executors is asked
+        for every ``executor_poll_s`` (a py4j call costs the driver and its JVM more than the rest
+        of a round)."""
         last_round = time.monotonic()
+        next_poll = last_round
         while not self._closed.wait(period_s):
-            try:
-                alive_executors = set(self._executor_ids()) if self._executor_ids else None
-            except Exception as err:  # noqa: BLE001 - the SparkContext may be stopping
-                log.debug("executor list unavailable: %s", err)
-                alive_executors = None
+            alive_executors = None
+            if self._executor_ids is not None and time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + executor_poll_s
+                try:
+                    alive_executors = set(self._executor_ids())
+                except Exception as err:  # noqa: BLE001 - the SparkContext may be stopping
+                    log.debug("executor list unavailable: %s", err)
             status = None
             with self._cond:
                 now = time.monotonic()
@@ -2013,7 +2030,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                             f"instance(s) of each partition), the cluster has {num_workers}")])
     placement = place(plan, num_workers)
     security = job_security(dict(sc.getConf().getAll()), cfg)
-    master = JobMaster(plan, placement, num_workers, cfg, job.name, sc.applicationId, lambda: executor_ids(sc),
+    master = JobMaster(plan, placement, num_workers, cfg, job.name, sc.applicationId, executor_lister(sc),
                        security)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     election_root = f"/replication/{job.name}/{run_id}" if plan.order_logs else None

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -287,9 +287,21 @@ def stop_session(spark: SparkSession, *, stop_jvm: bool = True, timeout: float =
 
 def executor_ids(sc: SparkContext) -> list[str]:
     """Ids of the registered executors (the driver excluded), sorted numerically where possible."""
-    seq = sc._jsc.sc().getExecutorIds()  # Scala Seq[String]: not iterable through py4j
-    ids = [x for x in seq.mkString("\n").split("\n") if x and x != "driver"]
-    return sorted(ids, key=lambda s: (0, int(s), s) if s.isdigit() else (1, 0, s))
+    return executor_lister(sc)()
+
+
+def executor_lister(sc: SparkContext) -> Callable[[], list[str]]:
+    """:func:`executor_ids` for calling again and again: the JVM's SparkContext is looked up
+    once, so each call costs two py4j round trips instead of three, each with its reference to
+    release (a liveness loop's poll costs the driver's Python and its JVM a few milliseconds)."""
+    jsc = sc._jsc.sc()
+
+    def ids() -> list[str]:
+        seq = jsc.getExecutorIds()  # Scala Seq[String]: not iterable through py4j
+        found = [x for x in seq.mkString("\n").split("\n") if x and x != "driver"]
+        return sorted(found, key=lambda s: (0, int(s), s) if s.isdigit() else (1, 0, s))
+
+    return ids
 
 
 def spark_work_dir() -> Path:

@@ -74,6 +74,15 @@ def test_the_declared_are_silent_past_the_timeout_and_a_long_silence_always_coun
         assert declared == sorted(w for w in over if w not in fatal or silence[w] > timeout * FATAL_SILENCE_FACTOR)
 
 
+def _beat_until_declared(master, victim: int, others: tuple[int, ...], timeout: float = 5.0) -> None:
+    """Keep ``others`` heard from until ``victim`` is declared dead (or ``timeout`` passes)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and victim not in master.dead:
+        for w in others:
+            master.workers[w].last_seen = time.monotonic()
+        time.sleep(0.02)
+
+
 def test_the_job_master_waits_out_a_silence_every_worker_shares_and_declares_one_alone():
     master = _master(mode="liverobin", workers=3)
     master.failure_timeout_s = 0.5
@@ -99,11 +108,7 @@ def test_the_job_master_waits_out_a_silence_every_worker_shares_and_declares_one
     try:
         master.workers[1].last_seen = time.monotonic() - 1.0
         monitor.start()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and 1 not in master.dead:
-            for w in (0, 2):
-                master.workers[w].last_seen = time.monotonic()
-            time.sleep(0.02)
+        _beat_until_declared(master, 1, others=(0, 2))
         assert list(master.dead) == [1] and "silent for" in master.dead[1]
     finally:
         master.end_watching()
@@ -167,6 +172,38 @@ def test_the_job_master_gives_a_worker_whose_heartbeats_came_late_lately_longer(
         order = [w for _, text in master.events for w in (0, 1)
                  if text.startswith(f"worker {w} (executor") and "declared dead" in text]
         assert order == [0, 1]
+    finally:
+        master.end_watching()
+        monitor.join(2)
+
+
+def test_the_job_master_asks_spark_for_its_executors_at_the_poll_period_not_every_round():
+    """Spark's list of executors is a py4j call: asked for every ``executor_poll_s``, while the
+    loop's rounds (silence, restores, the status file) go on every ``period_s``; an executor
+    gone from the list is declared dead at the next poll."""
+    master = _master(mode="liverobin", workers=3)
+    registered = ["0", "1", "2"]
+    asked: list[float] = []
+
+    def executor_ids() -> list[str]:
+        asked.append(time.monotonic())
+        return list(registered)
+
+    master._executor_ids = executor_ids
+    monitor = threading.Thread(target=master.monitor, args=(0.01, 0.25), daemon=True)
+    try:
+        started = time.monotonic()
+        monitor.start()
+        while time.monotonic() - started < 1.0:
+            for info in master.workers.values():
+                info.last_seen = time.monotonic()
+            time.sleep(0.02)
+        elapsed = time.monotonic() - started
+        assert 1 <= len(asked) <= elapsed / 0.25 + 1  # not once per 10 ms round
+        assert master.dead == {}
+        registered.remove("1")
+        _beat_until_declared(master, 1, others=(0, 2))
+        assert list(master.dead) == [1] and "executor 1 left the cluster" in master.dead[1]
     finally:
         master.end_watching()
         monitor.join(2)
