@@ -10,6 +10,12 @@ landed past the end of a full segment is written again into a later one.  Record
 each replica's orderer in log order, with their positions; what counts is decided by the
 orderer from the log alone, so every reader, here or in the other replica's worker, applies the
 same ones.  A record that does not decode is skipped with an error by every reader alike.
+
+A reader that read no order for a while, while none of its replicas had input waiting, leaves its
+segments and sleeps until input arrives (or this worker writes an order): an order names input
+elements, and a replica with none to consume needs no order before its next input, which wakes
+the reader.  On the embedded broker every fetch costs the same whether or not it finds records
+(docs/embedded-broker.md), so an idle job's order logs cost it nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from kazoo_leader.orders import Order
 from kazoo_leader.segments import OrderCursor, SegmentedLog
-from transport.fetch_policy import FetchWaitPolicy, Pace
 from transport.kafka_io import ReadyConsumers, assign_now, consume_ready
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,9 @@ WRITER_POLL_S = 0.05
 # With nothing in flight and no segment to make, the writer's thread sleeps until an order is
 # written, at most this long (the producer's own error reports wait that long at worst).
 WRITER_IDLE_S = 1.0
+# A resting reader asks its replicas whether input waits at least this often (input that arrives
+# wakes it at once: this only bounds a wake-up missed).
+REST_CHECK_S = 1.0
 
 
 @dataclass
@@ -54,6 +62,7 @@ class _Log:
     on_records: Callable[[list[Order]], None]
     on_failed: Callable[[Order, str], None]
     on_error: Callable[[str], None]
+    pending: Callable[[], bool] | None  # whether the replica has input waiting (None: always)
     made: int = -1  # segments up to this one exist (made here or by the driver)
     assigned: dict[str, int] = field(default_factory=dict)  # its topics the reader reads -> their segment
 
@@ -61,17 +70,19 @@ class _Log:
 class OrderLog:
     """Reads and writes the order logs of one worker's replicas (register all, then start).
 
-    ``create_topics`` makes topics exist (single-partition), for the segments ahead."""
+    ``create_topics`` makes topics exist (single-partition), for the segments ahead.  The reader
+    rests after ``rest_after_s`` without an order while no registered replica has input pending
+    (0: never)."""
 
     def __init__(self, consumer_conf: Mapping[str, Any], producer_conf: Mapping[str, Any],
-                 create_topics: Callable[[list[str]], None], name: str = "",
-                 idle_fetch_wait_ms: int = 0, idle_after_s: float = 0.0) -> None:
+                 create_topics: Callable[[list[str]], None], name: str = "", rest_after_s: float = 0.0) -> None:
         self.name = name
         self._consumer_conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
-        # (no orders for a while: a longer wait, see transport.fetch_policy; never a catch-up wait)
-        self.policy = FetchWaitPolicy(FETCH_WAIT_MS, idle_fetch_wait_ms, idle_after_s)
         self._consumers = ReadyConsumers(self._consumer_conf)
-        self.remakes = 0  # readers made again for another fetch wait (for tests and logs)
+        self.rest_after_s = rest_after_s
+        self.rests = 0  # times the reader paused for want of input (for tests and logs)
+        self._wanted = threading.Event()  # input arrived or an order was written since the reader looked
+        self._unread: set[tuple[str, int, int]] = set()  # orders written here, not read back yet (prefix, epoch, seq)
         self.rewritten = 0  # orders written again, having landed past the end of a full segment
         self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
         self._create_topics = create_topics
@@ -90,15 +101,18 @@ class OrderLog:
         on_records: Callable[[list[Order]], None],
         on_failed: Callable[[Order, str], None],
         on_error: Callable[[str], None],
+        pending: Callable[[], bool] | None = None,
     ) -> Callable[[Order], None]:
         """Follow ``order_log`` from position ``start``; returns the function that publishes to it.
-        Each order is handed out with its position as :attr:`Order.offset`."""
+        Each order is handed out with its position as :attr:`Order.offset`.  ``pending``: whether
+        the replica has input it has not consumed (None: the reader never rests for it); call
+        :meth:`input_arrived` whenever it gets some."""
         if self._threads:
             raise RuntimeError("register order logs before the order log starts")
         if order_log.prefix in self._logs:
             raise ValueError(f"order log {order_log.prefix} registered twice")
         self._logs[order_log.prefix] = entry = _Log(order_log, OrderCursor(order_log, start), on_records, on_failed,
-                                                     on_error)
+                                                     on_error, pending)
         return lambda order: self._publish(entry, order)
 
     def start(self) -> None:
@@ -110,9 +124,14 @@ class OrderLog:
             thread.start()
             self._threads.append(thread)
 
+    def input_arrived(self) -> None:
+        """A registered replica got input (any thread): a resting reader reads on at once."""
+        self._wanted.set()
+
     def close(self, flush_timeout_s: float = 2.0) -> None:
         self._stop.set()
         self._written.set()
+        self._wanted.set()
         for thread in self._threads:
             thread.join(5)
         if self._producer is not None:
@@ -124,12 +143,17 @@ class OrderLog:
         if self._producer is None:
             raise RuntimeError("the order log is not started")
         target = entry.cursor.segment if segment is None else segment
+        key = (entry.log.prefix, order.epoch, order.seq)
+        with self._lock:
+            self._unread.add(key)
         if entry.made < target + 2:
             with self._lock:
                 self._to_make[entry.log.prefix] = max(self._to_make.get(entry.log.prefix, -1), target + SEGMENTS_AHEAD)
 
         def delivered(err: Any, msg: Any) -> None:
             if err is not None:
+                with self._lock:
+                    self._unread.discard(key)  # (written again, if still in flight: on_failed)
                 entry.on_failed(order, str(err))
                 return
             again = entry.log.rewrite_segment(target, msg.offset(), entry.cursor.segment)
@@ -139,6 +163,7 @@ class OrderLog:
 
         self._producer.produce(entry.log.topic(target), value=order.encode(), partition=0, on_delivery=delivered)
         self._written.set()
+        self._wanted.set()
 
     def _write(self) -> None:
         """Serve the producer's delivery reports and make the segments the writers will need."""
@@ -170,6 +195,7 @@ class OrderLog:
             return
         try:
             assigned: dict[str, tuple[_Log, int]] = {}  # topics read -> their log and segment
+            last_read = time.monotonic()
             while not self._stop.is_set():
                 for entry in self._logs.values():
                     if entry.assigned != entry.cursor.segments():
@@ -197,8 +223,15 @@ class OrderLog:
                         batches.setdefault(entry.log.prefix, []).append(order)
                 for prefix, orders in batches.items():
                     self._logs[prefix].on_records(orders)
-                if self.policy.on_poll(time.monotonic(), bool(messages), False) is not None:
-                    consumer = self._remade(consumer, assigned)
+                    if self._unread:
+                        with self._lock:
+                            self._unread.difference_update((prefix, o.epoch, o.seq) for o in orders)
+                now = time.monotonic()
+                if batches:
+                    last_read = now
+                elif self.rest_after_s and now - last_read >= self.rest_after_s and self._may_rest():
+                    self._rest(consumer, assigned)
+                    last_read = time.monotonic()
         except Exception as exc:  # noqa: BLE001
             self._fail(exc)
         finally:
@@ -221,20 +254,28 @@ class OrderLog:
             assigned[tp.topic] = (entry, wanted[tp.topic])
         entry.assigned = wanted
 
-    def _remade(self, consumer: Consumer, assigned: dict[str, tuple[_Log, int]]) -> Consumer:
-        """A reader with the fetch wait the policy asks for, nothing assigned yet: every message
-        ``consumer`` returned is handled, so :meth:`_follow` assigns it where each cursor goes on."""
-        log.info("%s: order log %s: fetching with a %d ms wait", self.name, self.policy.pace.value, self.policy.wait_ms)
-        some_topic = next(iter(assigned))
-        consumer.close()
-        consumer = self._consumers.make(self.policy.wait_ms)
+    def _may_rest(self) -> bool:
+        """No registered replica has input waiting and every order written here was read back
+        (checked after clearing the wake-up: what comes from now on wakes the rest this may start)."""
+        self._wanted.clear()
+        with self._lock:
+            if self._unread:
+                return False
+        return not any(entry.pending is None or entry.pending() for entry in self._logs.values())
+
+    def _rest(self, consumer: Consumer, assigned: dict[str, tuple[_Log, int]]) -> None:
+        """Fetch nothing until a replica gets input, this worker writes an order, or the reader
+        stops; then every cursor's segments are assigned again where it is.  (Not a pause: a
+        resumed partition of librdkafka's was fetched up to a second later, an assigned one at once.)"""
+        consumer.incremental_unassign([TopicPartition(topic, 0) for topic in assigned])
         assigned.clear()
         for entry in self._logs.values():
             entry.assigned = {}
-        self.remakes += 1
-        if self.policy.pace is Pace.IDLE:  # the next order ends it: be ready
-            self._consumers.make_ahead(FETCH_WAIT_MS, some_topic)
-        return consumer
+        self.rests += 1
+        log.debug("%s: order logs resting (no input waiting)", self.name)
+        while not self._stop.is_set():
+            if self._wanted.wait(REST_CHECK_S) or not self._may_rest():
+                break
 
     def _fail(self, exc: BaseException) -> None:
         log.exception("%s: order log reader failed", self.name)

@@ -360,7 +360,7 @@ class ReplicationConfig:
     )
     kafka_idle_fetch_wait_ms: int = _key(
         "kafka.idleFetchWait", DURATION, 200,
-        "Fetch wait of a worker's source consumer and KaZoo order-log reader once they found no record for "
+        "Fetch wait of a worker's source consumer once it found no record for "
         "`kafka.idleAfter` (0: keep the short wait). A broker that answers a waiting fetch only when its wait "
         "ends (the embedded one) is otherwise asked about a hundred times a second per consumer by a job with "
         "no input; the first records after such a pause are seen up to half this long late.",
@@ -368,7 +368,9 @@ class ReplicationConfig:
     )
     kafka_idle_after_ms: int = _key(
         "kafka.idleAfter", DURATION, 5_000,
-        "How long a worker's consumer finds no record before it fetches with `kafka.idleFetchWait`.",
+        "How long a worker's source consumer finds no record before it fetches with `kafka.idleFetchWait`, "
+        "and its KaZoo order-log reader reads no order (with no input waiting) before it stops fetching "
+        "until input arrives.",
         min=100, max=3_600_000,
     )
     zookeeper_connect: str | None = _key(

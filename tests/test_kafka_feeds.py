@@ -374,34 +374,52 @@ def test_a_consumer_without_input_fetches_with_the_idle_wait_and_reads_on_exactl
         shared.close()
 
 
-def test_the_kazoo_order_log_reads_every_order_once_across_idle_pauses(stack, topic_prefix):
-    """The order log's reader goes to the idle wait when no order comes for a while and back with
-    the next one; every order is read back once and in log order (across its segments)."""
+def test_the_kazoo_order_log_rests_while_its_replica_has_no_input_and_reads_every_order_once(stack, topic_prefix):
+    """The order log's reader stops fetching once no order came for a while and its replica has no
+    input waiting, and reads on when input arrives (or this worker writes an order); every order is
+    read back once and in log order (across its segments), whichever worker wrote it."""
     segments = SegmentedLog(topic_prefix + "orders", per_segment=4)
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     got: list[Order] = []
     errors: list[str] = []
-    order_log = OrderLog(_conf(stack), {"bootstrap.servers": stack.bootstrap_servers},
-                         lambda topics: ensure_topics(admin, dict.fromkeys(topics, 1)), name="test",
-                         idle_fetch_wait_ms=300, idle_after_s=0.5)
+    pending = [False]
+
+    def order_log(name: str, rest_after_s: float) -> OrderLog:
+        return OrderLog(_conf(stack), {"bootstrap.servers": stack.bootstrap_servers},
+                        lambda topics: ensure_topics(admin, dict.fromkeys(topics, 1)), name=name,
+                        rest_after_s=rest_after_s)
+
     ensure_topics(admin, {segments.topic(n): 1 for n in range(2)})
-    publish = order_log.register(segments, 0, got.extend, lambda order, reason: errors.append(reason), errors.append)
-    order_log.start()
+    here, elsewhere = order_log("here", 0.5), order_log("elsewhere", 0.0)  # (the other writes: a leader there)
+    publish = here.register(segments, 0, got.extend, lambda order, reason: errors.append(reason), errors.append,
+                            pending=lambda: pending[0])
+    publish_elsewhere = elsewhere.register(segments, 0, lambda orders: None,
+                                           lambda order, reason: errors.append(reason), errors.append)
+    here.start()
+    elsewhere.start()
     try:
-        for round_ in range(3):
-            for seq in range(5):
-                publish(Order(1, round_ * 5 + seq, ((0, 1),)))
-            deadline = time.monotonic() + 10
-            while len(got) < 5 * (round_ + 1):
-                assert time.monotonic() < deadline, f"{len(got)} orders read back"
-                time.sleep(0.02)
-            # (the pace changes before the reader is made again: wait for both)
-            _eventually(lambda remade=2 * round_ + 1: order_log.policy.pace is Pace.IDLE and order_log.remakes >= remade,
-                        "idle")
-        assert [o.seq for o in got] == list(range(15)) and [o.offset for o in got] == list(range(15))
-        assert order_log.remakes >= 5 and not errors  # idle three times at least, back twice
+        for seq in range(4):  # written here (filling segment 0: none written again): read back here at once
+            publish(Order(1, seq, ((0, 1),)))
+        wait_until(lambda: len(got) == 4, 10, "own orders read back")
+        _eventually(lambda: here.rests == 1, "resting")
+        for seq in range(4, 9):
+            publish_elsewhere(Order(1, seq, ((0, 1),)))
+        time.sleep(1.5)  # (a resting reader looks again every REST_CHECK_S: no input is waiting yet)
+        assert len(got) == 4 and here.rests == 1
+        pending[0] = True
+        here.input_arrived()
+        wait_until(lambda: len(got) == 9, 10, "orders written elsewhere, read once input arrived")
+        pending[0] = False
+        _eventually(lambda: here.rests == 2, "resting again")
+        for seq in range(9, 14):
+            publish_elsewhere(Order(1, seq, ((0, 1),)))
+        pending[0] = True  # input counted, its wake-up missed: seen at the next look
+        wait_until(lambda: len(got) == 14, 10, "orders read once input was seen waiting")
+        assert [o.seq for o in got] == list(range(14)) and [o.offset for o in got] == list(range(14))
+        assert not errors
     finally:
-        order_log.close()
+        here.close()
+        elsewhere.close()
 
 
 def test_a_consumer_made_ahead_is_the_one_made_next_with_its_wait(stack, topic_prefix):

@@ -118,7 +118,7 @@ class WorkerFeeds:
             self._order_log = OrderLog(
                 self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}"),
                 self.cfg.kafka_producer_config(), self._segments, name=f"w{self.index}",
-                **_idle_fetch(self.cfg))
+                rest_after_s=self.cfg.kafka_idle_after_ms / 1000)
         return self._order_log
 
     def own_order_log(self) -> OrderLog:
@@ -127,7 +127,7 @@ class WorkerFeeds:
         n = len(self._own_order_logs)
         log_ = OrderLog(self.cfg.kafka_consumer_config(group_id=f"replication-{self.job_name}-orders-w{self.index}-{n}"),
                         self.cfg.kafka_producer_config(), self._segments, name=f"w{self.index}-restored{n}",
-                        **_idle_fetch(self.cfg))
+                        rest_after_s=self.cfg.kafka_idle_after_ms / 1000)
         self._own_order_logs.append(log_)
         return log_
 

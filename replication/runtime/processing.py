@@ -45,6 +45,9 @@ class ProcessingInstance(PartitionInstance):
         capacity = self.cfg.channel_queue_capacity
         order_log = plan.order_logs.get((task.id, partition)) if self.cfg.mode == "kazoo" else None
         self._candidate: Any = None
+        self._order_reader: Any = None  # KaZoo: the order-log reader that follows this replica's log
+        self._elements_in = 0  # delivered into the queues (KaZoo: whether input waits for orders)
+        self._elements_ordered = 0  # consumed in the orderer's order
         if self.cfg.mode == "liverobin" or order_log is not None:
             self.queues = InputQueues(self.channels, max(4, capacity // len(self.channels)), per_channel=True)
             self.orderer: Any = (LiveRobinOrderer(self.queues, self.checkpoint_every) if order_log is None
@@ -79,10 +82,11 @@ class ProcessingInstance(PartitionInstance):
         if isinstance(self.orderer, KazooOrderer):
             state = rt["orderer"]
             self.orderer.restore(state)
-            log_ = self.worker.feeds.own_order_log()  # the worker's shared reader started long ago
+            log_ = self._order_reader = self.worker.feeds.own_order_log()  # (the shared one started long ago)
             self._publish_order = log_.register(
                 self._order_log, state.offset + 1, on_records=self.orderer.on_records,
-                on_failed=self.orderer.on_publish_failed, on_error=self.orderer.on_error)
+                on_failed=self.orderer.on_publish_failed, on_error=self.orderer.on_error,
+                pending=self._input_pending)
             log_.start()
         elif isinstance(self.orderer, LiveRobinOrderer):
             self.orderer.merge.restore(rt["orderer"])
@@ -107,9 +111,10 @@ class ProcessingInstance(PartitionInstance):
             checkpoint_every=self.checkpoint_every, checkpoint_mark=self._record_enters_new_interval, name=self.name)
         self._order_log = order_log
         if not self.restoring:  # (a restored replica reads the log from its checkpoint on: restore_from)
-            self._publish_order = self.worker.feeds.order_log().register(
+            self._order_reader = self.worker.feeds.order_log()
+            self._publish_order = self._order_reader.register(
                 order_log, 0, on_records=orderer.on_records, on_failed=orderer.on_publish_failed,
-                on_error=orderer.on_error)
+                on_error=orderer.on_error, pending=self._input_pending)
         self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
         self.worker.feeds.election()
         return orderer
@@ -122,6 +127,7 @@ class ProcessingInstance(PartitionInstance):
         lock = self._channel_locks.get(header.channel)
         if lock is None:
             raise ValueError(f"{self.name}: channel {header.channel} is not an input of this instance")
+        delivered = 0
         with lock:  # one deliverer per channel: the check below stays true until the commit
             with self._dedup_lock:
                 adm = self.dedup.check(header.channel, header.first_seq, header.count)
@@ -131,14 +137,19 @@ class ProcessingInstance(PartitionInstance):
             elif adm.delivers:
                 elements = decode_elements(payload, header)
                 try:
-                    if not self.queues.put(header.channel, elements[adm.start:adm.stop], block=False):
+                    batch = elements[adm.start:adm.stop]
+                    if not self.queues.put(header.channel, batch, block=False):
                         return False
+                    delivered = len(batch)
                 except QueuesClosed:
                     pass  # the instance is stopping: it consumes nothing more
             with self._dedup_lock:
                 self.dedup.commit(header.channel, header.first_seq, adm)
                 self.metrics.dedup_dropped = self.dedup.dropped
                 self.metrics.gaps = self.dedup.gaps
+                self._elements_in += delivered
+            if delivered and self._order_reader is not None:
+                self._order_reader.input_arrived()
             return True
 
     def request_stop(self) -> None:
@@ -176,6 +187,7 @@ class ProcessingInstance(PartitionInstance):
                 self.metrics.vnode_bytes = (self.measure_request, vnode_bytes(
                     self.state_backend(), self.num_key_groups, self.handovers.num_vnodes))
             runs = self._next_runs()
+            self._elements_ordered += sum(len(elements) for _, elements in runs)
             self.metrics.queue_batches = self.queues.size()
             if kazoo is not None:
                 self._kazoo_metrics(kazoo)
@@ -201,6 +213,12 @@ class ProcessingInstance(PartitionInstance):
                 return runs
             self.flush_outputs()
         return self.orderer.next_runs(self.idle_wait(IDLE_WAIT_S))
+
+    def _input_pending(self) -> bool:
+        """Whether input was delivered that the orderer has not handed out yet (any thread; read
+        in this order, a delivery not yet counted is seen by the reader through its wake-up)."""
+        ordered = self._elements_ordered
+        return self._elements_in > ordered
 
     def _start_orderer_state(self, kazoo: KazooOrderer | None) -> Any:
         """The orderer's state before any input, for the first checkpoint."""
