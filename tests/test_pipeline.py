@@ -126,3 +126,21 @@ def test_latest_starting_offsets_skip_old_records_and_drain_idle_partitions(stac
     got = sorted(r.value.decode() for r in read_all(stack.bootstrap_servers, out))
     assert got == sorted(f"NEW-{i}" for i in range(50))
     assert result.records_read == 50
+
+
+def test_a_drain_ends_a_source_partition_that_never_had_a_record(stack, spark, topic_prefix):
+    """Read from the beginning, a partition that never got a record has no position to report: a
+    drain agrees it ends at offset 0 there, which the replica reading it has reached already."""
+    from replication import Job
+
+    src, out = f"{topic_prefix}in", f"{topic_prefix}out"
+    create_topics(stack.bootstrap_servers, {src: 3})
+    job = Job(f"{topic_prefix}empty")
+    job.source(src, deserializer="str").map(str.upper).sink(out, serializer="str")
+    handle = run(job, spark=spark, conf=_conf(stack))
+    # keys k0/k1 hash to at most two of the three partitions: at least one stays empty
+    produce(stack.bootstrap_servers, src, [(b"k%d" % (i % 2), b"new-%d" % i) for i in range(20)])
+    result = handle.drain(timeout=60)
+    got = sorted(r.value.decode() for r in read_all(stack.bootstrap_servers, out))
+    assert got == sorted(f"NEW-{i}" for i in range(20))
+    assert result.records_read == 20

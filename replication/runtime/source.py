@@ -172,7 +172,10 @@ class SourceInstance(PartitionInstance):
             end = target.get(k, -1)
             if end < 0:
                 continue  # no replica read anything there
-            if max(self._next_offset.get(k, -1), feed.position(k)) < end:
+            read = max(self._next_offset.get(k, -1), feed.position(k), self.start_offsets.get(k, 0))
+            if k not in self._next_offset:
+                read = max(read, feed.low_watermark(k))  # nothing below it exists (an empty partition)
+            if read < end:
                 return False
         return True
 
