@@ -213,7 +213,8 @@ def _receiving_instance(channels: list[int], capacity: int):
     per-channel queues), without a worker around it."""
     inst = SimpleNamespace(name="chain[0]r1", _channel_locks={c: threading.Lock() for c in channels},
                            _dedup_lock=threading.Lock(), dedup=Dedup(), metrics=InstanceMetrics(),
-                           queues=InputQueues(channels, capacity, per_channel=True))
+                           queues=InputQueues(channels, capacity, per_channel=True), _elements_in=0,
+                           _order_reader=None)
     return inst, lambda h, payload: ProcessingInstance.deliver(inst, h, payload)
 
 
