@@ -80,7 +80,7 @@ class OrderLog:
         self._consumer_conf = {**consumer_conf, "fetch.wait.max.ms": FETCH_WAIT_MS, "enable.auto.commit": False}
         self._consumers = ReadyConsumers(self._consumer_conf)
         self.rest_after_s = rest_after_s
-        self.rests = 0  # times the reader paused for want of input (for tests and logs)
+        self.rests = 0  # times the reader left its segments for want of input (for tests and logs)
         self._wanted = threading.Event()  # input arrived or an order was written since the reader looked
         self._unread: set[tuple[str, int, int]] = set()  # orders written here, not read back yet (prefix, epoch, seq)
         self.rewritten = 0  # orders written again, having landed past the end of a full segment

@@ -119,13 +119,7 @@ def test_latest_starting_offsets_skip_old_records_and_drain_idle_partitions(stac
     produce(stack.bootstrap_servers, src, [(b"k%d" % (i % 2), b"old-%d" % i) for i in range(100)])
     job = Job(f"{topic_prefix}latest")
     job.source(src, deserializer="str", starting_offsets="latest").map(str.upper).sink(out, serializer="str")
-    handle = run(job, spark=spark, conf=_conf(stack))
-    # keys k0/k1 hash to at most two of the three partitions: at least one stays idle
-    produce(stack.bootstrap_servers, src, [(b"k%d" % (i % 2), b"new-%d" % i) for i in range(50)])
-    result = handle.drain(timeout=120)
-    got = sorted(r.value.decode() for r in read_all(stack.bootstrap_servers, out))
-    assert got == sorted(f"NEW-{i}" for i in range(50))
-    assert result.records_read == 50
+    _new_records_alone_come_out(stack, spark, job, src, out, 50, drain_timeout=120)
 
 
 def test_a_drain_ends_a_source_partition_that_never_had_a_record(stack, spark, topic_prefix):
@@ -137,10 +131,16 @@ def test_a_drain_ends_a_source_partition_that_never_had_a_record(stack, spark, t
     create_topics(stack.bootstrap_servers, {src: 3})
     job = Job(f"{topic_prefix}empty")
     job.source(src, deserializer="str").map(str.upper).sink(out, serializer="str")
+    _new_records_alone_come_out(stack, spark, job, src, out, 20, drain_timeout=60)
+
+
+def _new_records_alone_come_out(stack, spark, job, src: str, out: str, n: int, drain_timeout: float) -> None:
+    """Run ``job`` (``src`` of three partitions, upper-cased into ``out``), produce ``n`` records
+    keyed k0/k1, which hash to at most two of the three partitions (at least one gets nothing), drain
+    it: exactly those records come out."""
     handle = run(job, spark=spark, conf=_conf(stack))
-    # keys k0/k1 hash to at most two of the three partitions: at least one stays empty
-    produce(stack.bootstrap_servers, src, [(b"k%d" % (i % 2), b"new-%d" % i) for i in range(20)])
-    result = handle.drain(timeout=60)
+    produce(stack.bootstrap_servers, src, [(b"k%d" % (i % 2), b"new-%d" % i) for i in range(n)])
+    result = handle.drain(timeout=drain_timeout)
     got = sorted(r.value.decode() for r in read_all(stack.bootstrap_servers, out))
-    assert got == sorted(f"NEW-{i}" for i in range(20))
-    assert result.records_read == 20
+    assert got == sorted(f"NEW-{i}" for i in range(n))
+    assert result.records_read == n
