@@ -1273,7 +1273,7 @@ class JobHandle:
         (docs/handover.md): every upstream reroutes them at a pulse about ``margin_s`` ahead, the
         origin cuts their state and sends it to the target, which processes their records from
         the pulse ``release_s`` later on (None: sized from the task's earlier steps, see
-        :class:`replication.handovers.ReleaseMargin`; 0.3 s before any).  Exactly once on both
+        :class:`replication.handovers.ReleaseMargin`; 0.15 s before any).  Exactly once on both
         replicas.
 
         ``strategy``: ``AllAtOnce()`` (default: one step), ``Fluid()`` (one vnode per step) or

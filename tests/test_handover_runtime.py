@@ -23,6 +23,7 @@ from replication.examples.ordered import (
     verify_chains,
     window_counts,
 )
+from replication.handovers import DEFAULT_RELEASE_S
 from replication.status import read_status
 from rhino_state import Batched, Fluid, encode_key, key_group, vnode_of
 from tests.ordered_runs import (
@@ -115,8 +116,8 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
         assert sum(v for k, v in step["phases"].items() if k not in ("held", "blocked")) == \
             pytest.approx(t["completed"] - step["instructed_at"]), step
     # the first step's release margin is the default; later ones are sized from the steps before
-    assert steps[0]["release_s"] == pytest.approx(0.3), steps[0]
-    assert any(s["release_s"] != pytest.approx(0.3) for s in steps[1:]), [s["release_s"] for s in steps]
+    assert steps[0]["release_s"] == pytest.approx(DEFAULT_RELEASE_S), steps[0]
+    assert any(s["release_s"] != pytest.approx(DEFAULT_RELEASE_S) for s in steps[1:]), [s["release_s"] for s in steps]
     if mode == "kazoo":  # one pulse window per handover job, each ended by its last pulse
         closed = [text for _, text in result.events if text.startswith("pulse window") and "closed at pulse" in text]
         assert len(closed) == 4, result.events
