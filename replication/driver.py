@@ -53,6 +53,7 @@ from replication.messages import (
     RestoreReplica,
     SourcePositions,
     WorkerFinished,
+    quiet_after,
 )
 from replication.metrics import InstanceMetrics, aggregate, window_text
 from replication.plan import (
@@ -159,6 +160,10 @@ class JobMaster:
         # each attached worker attempt's bell: rung when what its next heartbeat reply says changed
         # in a way that cannot wait for it (writer roles, dead workers, restored replicas)
         self._bells: dict[tuple[int, int], rpc.Bell] = {}
+        # per worker attempt, the last heartbeat reply given, and the quiet ones (they beat seldom):
+        # rung when the reply they would get changed
+        self._given: dict[tuple[int, int], Instructions] = {}
+        self._quiet: dict[tuple[int, int], Instructions] = {}
         self._status_dirty = True
         self._status_written = 0.0
         # called (each in a thread of its own, outside the lock) with a worker declared dead and its attempt
@@ -243,12 +248,14 @@ class JobMaster:
             self.failure = reason
             self.event(f"job failed: {reason}")
         self.command = "stop"
+        self._ring_workers()
         self._cond.notify_all()
 
     def set_command(self, command: str) -> None:
         with self._cond:
             if self.command != "stop":
                 self.command = command
+                self._ring_workers()
 
     def _bystander(self, info: WorkerInfo) -> bool:
         """A relaunched worker that can host nothing (no Rhino checkpoints to restore from): it stays
@@ -533,12 +540,30 @@ class JobMaster:
             if req.errors:
                 self._fail("; ".join(req.errors))
                 command = "stop"
-            return Instructions(
+            view = Instructions(
                 command, list(self.dead), self._sink_roles(),
                 [w for w, r in self.reports.items() if r.status == "finished"], handovers, retained,
                 None if self.pulse_window is None else tuple(self.pulse_window), dict(self.measure_state),
                 self.savepoint, rhino, dict(self.drain_at),
                 dict(self.dropped))
+            self._ring_quiet(req, view)
+            return view
+
+    def _ring_quiet(self, req: Heartbeat, view: Instructions) -> None:
+        """Note whether ``req``'s worker is quiet now (``quiet_after``: it beats seldom), and ring
+        every quiet worker that was given another reply than ``view``: it asks for it at once."""
+        key = (req.worker, req.attempt)
+        given, self._given[key] = self._given.get(key), view
+        if quiet_after(req, view, given):
+            self._quiet[key] = view
+        else:
+            self._quiet.pop(key, None)
+        for other, seen in list(self._quiet.items()):
+            if seen != view:
+                del self._quiet[other]
+                bell = self._bells.get(other)
+                if bell is not None:
+                    bell.ring()
 
     def _settle_drain(self) -> None:
         """Where each source partition's replicas end a drain without pulses: once every live
@@ -814,6 +839,8 @@ class JobMaster:
     def _watch_ended(self, w: int, attempt: int) -> None:
         with self._cond:
             self._bells.pop((w, attempt), None)
+            self._given.pop((w, attempt), None)
+            self._quiet.pop((w, attempt), None)
         if self._closed.is_set():
             return
         with self._cond:
@@ -1356,6 +1383,7 @@ class JobHandle:
         master = self.master
         with master._cond:
             rid = master.measure_state[spec.id] = master.measure_state.get(spec.id, 0) + 1
+            master._ring_workers()
             done = master._cond.wait_for(lambda: all(
                 any((m := master.metrics.get(replica_name(spec.name, p, r))) is not None and m.vnode_bytes[0] >= rid
                     for r in range(self.plan.replicas)) for p in range(spec.parallelism)), timeout)
@@ -1767,6 +1795,7 @@ class JobHandle:
         master = self.master
         with master._cond:
             master.savepoint = root
+            master._ring_workers()
             live = lambda: {w for w, i in master.workers.items()  # noqa: E731
                             if w not in master.dead and w not in master.reports}
             if not master._cond.wait_for(lambda: live() <= master.savepoint_armed, 30):

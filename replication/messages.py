@@ -80,6 +80,9 @@ class Heartbeat:
     # exactly-once outputs whose writer replica a newer producer of the output fenced:
     # (task, partition, replica, kind "out" | "dlq") -> the epoch it wrote at
     fenced: dict[tuple[int, int, int, str], int] = field(default_factory=dict)
+    # the report (metrics apart) and the records its replicas handled are as at the beat before:
+    # with the same reply as then, the worker is quiet and beats seldom until the driver rings
+    unchanged: bool = False
 
 
 @wire.record
@@ -120,6 +123,14 @@ class Instructions:
     # replicas to stop wherever they run, up to the restore attempt given: the driver replaces them
     # (cut off by an upstream)
     drop: dict[ReplicaId, int] = field(default_factory=dict)
+
+
+def quiet_after(req: Heartbeat, reply: Instructions, previous: Instructions | None) -> bool:
+    """Whether a worker is quiet after the beat ``req`` the driver answered with ``reply``: it
+    reported nothing new, and the reply is the one it got before (``previous``), the job running.
+    Both ends decide it from the same three: the worker to beat seldom, the driver to ring it when
+    its reply would change."""
+    return req.unchanged and reply.command == "run" and reply == previous
 
 
 @wire.record

@@ -12,6 +12,7 @@ from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 from rhino_state.manager import CompletedCheckpoint, RestorePlan
 from tests.ordered_runs import wait_until
+from transport.rpc import Bell
 
 
 def _master(mode: str = "kazoo", rhino: bool = False, workers: int = 3) -> JobMaster:
@@ -38,6 +39,39 @@ def _replicas(master: JobMaster, task: str) -> list[tuple[int, int, int]]:
 
 def _beat(master: JobMaster, w: int, **parts) -> object:
     return master.heartbeat(Heartbeat(worker=w, attempt=0, **parts))
+
+
+# -- quiet workers hear of a change at once ---------------------------------------------------
+
+def test_a_quiet_worker_is_rung_when_its_reply_would_change_and_every_worker_for_a_command():
+    """Quiet workers beat seldom (replication.runtime.driver_link): the driver tells which are from
+    their beats (nothing new, the same reply twice) and rings those whose reply would now differ,
+    so they ask for it at once; a worker that is not quiet beats at its interval anyway and is not
+    rung; a command set from outside a heartbeat rings every worker."""
+    master = _master(workers=3)
+    bells = {w: Bell() for w in range(3)}
+    master._bells.update({(w, 0): bell for w, bell in bells.items()})
+
+    def rung() -> dict[int, int]:
+        return {w: bell.wait_past(-1, 0) for w, bell in bells.items()}
+
+    for w in (0, 1):
+        _beat(master, w)
+        _beat(master, w, unchanged=True)  # the same reply twice, nothing new: quiet
+    _beat(master, 2, unchanged=False)
+    assert rung() == {0: 0, 1: 0, 2: 0}
+    master.measure_state[3] = 1  # the reply changes (set directly: the JobHandle's request rings by itself)
+    _beat(master, 2)
+    assert rung() == {0: 1, 1: 1, 2: 0}  # the quiet ones, once
+    _beat(master, 2)
+    assert rung() == {0: 1, 1: 1, 2: 0}
+    _beat(master, 0, unchanged=True)  # a new reply: not quiet yet
+    _beat(master, 0, unchanged=True)  # quiet again
+    master.measure_state[3] = 2
+    _beat(master, 1)
+    assert rung() == {0: 2, 1: 1, 2: 0}  # worker 1 was rung before and has not been quiet since
+    master.set_command("drain")
+    assert rung() == {0: 3, 1: 2, 2: 1}
 
 
 # -- a drain without pulses ends both replicas of a source at the same offsets ------------------

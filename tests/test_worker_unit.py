@@ -8,8 +8,11 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from replication.handovers import HandoverOrder, PartitionHandovers, TargetCut
 from replication.messages import CutRequest, Instructions
+from replication.metrics import InstanceMetrics
 from replication.plan import ChannelSpec
 from replication.runtime import worker as worker_module
 from replication.runtime.channels import OutputChannel
@@ -68,7 +71,7 @@ def _link(worker: Worker, heartbeat_log: object = None, **cfg: object) -> Driver
     worker.index, worker.attempt, worker.server, worker.savepoint_dir = 1, 0, None, None
     worker.stopping = threading.Event()
     worker.cfg = SimpleNamespace(**{"pulse_period_ms": 0, "heartbeat_interval_ms": 1000, "metrics_interval_ms": 1000,
-                                    **cfg})
+                                    "failure_timeout_ms": 2000, **cfg})
     worker.plan = SimpleNamespace(heartbeat_log=heartbeat_log)
     return DriverLink(worker)
 
@@ -154,7 +157,7 @@ def test_a_replica_restored_here_reports_its_progress_with_every_heartbeat_for_a
     """The driver counts a restored replica caught up from its metrics: sent with every heartbeat
     after its restore (not every metrics interval), the catch-up shows within a heartbeat."""
     restored, other = _Replica(2, 0, 1, kinds=()), _Replica(3, 1, 0, kinds=())
-    restored.metrics, other.metrics = "restored's", "other's"
+    restored.metrics, other.metrics = InstanceMetrics(records_in=1), InstanceMetrics(records_in=2)
     worker = _worker(restored, other)
     worker.checkpoints = None
     link = _link(worker)
@@ -167,7 +170,7 @@ def test_a_replica_restored_here_reports_its_progress_with_every_heartbeat_for_a
     link._restored_at[(2, 0)] = time.monotonic() - RESTORED_REPORT_S - 1
     link.heartbeat(with_metrics=False)
     assert [beat.metrics for beat in master.sent] == [
-        None, {"t2[0]r1": "restored's"}, {"t2[0]r1": "restored's", "t3[1]r0": "other's"}, None]
+        None, {"t2[0]r1": restored.metrics}, {"t2[0]r1": restored.metrics, "t3[1]r0": other.metrics}, None]
 
 
 def test_a_drain_without_pulses_ends_where_a_fetch_said_or_past_it():
@@ -305,6 +308,69 @@ def test_a_ring_of_the_driver_sends_the_next_heartbeat_at_once():
             assert beats.acquire(timeout=30)  # not 60 s later
     finally:
         link.stop()
+
+
+class _Driver:
+    """The driver's end of the heartbeat port: answers ``reply`` and counts the beats."""
+
+    def __init__(self) -> None:
+        self.reply = Instructions("run")
+        self.sent: list = []
+
+    def beat(self, req, timeout):
+        self.sent.append(req)
+        return self.reply
+
+
+def test_a_worker_is_quiet_once_a_beat_brought_nothing_new_either_way():
+    """Quiet: the report (metrics apart), the records its replicas handled and the driver's reply
+    all as at the beat before; anything new, or a command other than run, ends it."""
+    replica = _Replica(2, 0, 1, kinds=())
+    replica.metrics = InstanceMetrics()
+    worker = _worker(replica)
+    worker.checkpoints = None
+    link = _link(worker)
+    driver = link.beats = _Driver()
+    link.heartbeat(with_metrics=False)
+    assert not link.quiet  # nothing to compare with
+    link.heartbeat(with_metrics=True)
+    assert link.quiet  # the metrics do not count
+    assert [beat.unchanged for beat in driver.sent] == [False, True]  # what the driver decides it from
+    replica.metrics.records_out += 1
+    link.heartbeat(with_metrics=False)
+    assert not link.quiet
+    link.heartbeat(with_metrics=False)
+    assert link.quiet
+    replica.error = "boom"  # news for the driver
+    link.heartbeat(with_metrics=False)
+    assert not link.quiet
+    replica.error = None
+    link.heartbeat(with_metrics=False)
+    link.heartbeat(with_metrics=False)
+    assert link.quiet
+    driver.reply = Instructions("run", dead=[3])  # news from the driver
+    link.heartbeat(with_metrics=False)
+    assert not link.quiet
+    link.heartbeat(with_metrics=False)
+    assert link.quiet
+    driver.reply = Instructions("drain")
+    for _ in range(3):
+        link.heartbeat(with_metrics=False)
+        assert not link.quiet
+
+
+def test_a_quiet_worker_beats_at_a_fifth_of_the_failure_timeout_up_to_a_second():
+    """Under a quarter of the silence timeout, so the driver never counts a quiet gap late; at most
+    a second, so what the driver does not ring for reaches the worker within it; never more often
+    than the heartbeat interval."""
+    link = _link(_worker(), heartbeat_interval_ms=200, failure_timeout_ms=2_000)
+    assert link.beat_gap() == 0.2
+    link.quiet = True
+    assert link.beat_gap() == pytest.approx(0.4)
+    link.cfg.failure_timeout_ms = 60_000
+    assert link.beat_gap() == 1.0
+    link.cfg.failure_timeout_ms, link.cfg.heartbeat_interval_ms = 500, 200
+    assert link.beat_gap() == 0.2
 
 
 def test_a_finished_worker_s_replicas_are_retired_before_pushes_give_up_on_it():

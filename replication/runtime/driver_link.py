@@ -1,7 +1,9 @@
 """A worker's link to the job master: heartbeats up, the driver's replies down, source positions.
 
 A heartbeat thread sends one :class:`~replication.messages.Heartbeat` every interval (at once when
-the driver rings or a replica has news, such as a handover's ack), whatever the worker's main
+the driver rings or a replica has news, such as a handover's ack; every :data:`QUIET_BEAT_SHARE` of
+``failureTimeout`` while quiet: its last beat reported nothing new, its hosted replicas handled no
+record since the one before, and the driver's reply was the same as before), whatever the worker's main
 loop is busy with: the replicas' sink progress, errors, checkpoint reports, handover acks, drain
 positions, the replicas its channels cut off, and metrics every metrics interval.  Each reply
 goes to a :class:`Mailbox` the main loop takes it from (a reply carries the driver's whole view,
@@ -9,8 +11,9 @@ so a newer one replaces one not applied yet).  The hosted sources' read position
 driver's heartbeat generators on a stream of their own, opened again whenever it ends.
 
 Heartbeats travel as signed frames (:mod:`transport.frames`) to a port of their own on the driver,
-not as gRPC calls: a worker beats five times a second whether or not it has input, and a gRPC
-unary call costs several times the CPU of the same bytes on a socket at both ends.  The driver's
+not as gRPC calls: a worker beats five times a second while it works (and two and a half times
+while quiet, at the defaults), and a gRPC unary call costs several times the CPU of the same bytes
+on a socket at both ends.  The driver's
 other calls, its watch (which tells it at once that the process died) and the position stream
 stay on gRPC.
 """
@@ -20,10 +23,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from liverobin.positions import PositionOutbox
-from replication.messages import Heartbeat, Instructions, SourcePositions
+from replication.messages import Heartbeat, Instructions, SourcePositions, quiet_after
 from replication.plan import Instance, ReplicaId
 from transport import rpc, wire
 from transport.frames import FrameCallFailed, FramePeer, TransportFailure
@@ -39,6 +43,11 @@ BEAT_GAP_S = 0.02
 # The frame method of the driver's heartbeat port.
 HEARTBEAT_METHOD = "Heartbeat"
 HEARTBEAT_TIMEOUT_S = 5.0
+# A quiet worker beats every this share of ``failureTimeout`` (under a quarter, so the driver's
+# silence detector never counts the gap as a late beat), at most every QUIET_BEAT_MAX_S (what the
+# driver does not ring for reaches it within that) and at least every ``heartbeatInterval``.
+QUIET_BEAT_SHARE = 0.2
+QUIET_BEAT_MAX_S = 1.0
 
 
 class HeartbeatPeer:
@@ -99,6 +108,11 @@ class DriverLink:
             if worker.plan.heartbeat_log is not None else None
         self._position_stream: rpc.OpenCall | None = None
         self.mailbox = Mailbox()
+        # the previous beat's report (metrics apart) with how many records the hosted replicas had
+        # handled, and the driver's reply to it: a beat that changes neither leaves the worker quiet
+        self._last_report: tuple[Heartbeat, int] | None = None
+        self._last_reply: Instructions | None = None
+        self.quiet = False
         self._stop = threading.Event()
         self._beater: threading.Thread | None = None
         self.beats: HeartbeatPeer | None = None  # set by :meth:`connect`
@@ -182,18 +196,36 @@ class DriverLink:
             handover_acks=list(self._unsent_acks), savepoint_armed=self.worker.savepoint_dir,
             drain_positions=drain_positions, cut_offs=cut_offs, fenced=self._fenced_writers(),
             rpc_refused=server.refused if server is not None else 0)
+        report = (replace(req, metrics=None), self._records_handled(hosted))
+        req = replace(req, unchanged=report == self._last_report)
+        self._last_report = report
+        self.quiet = False
         try:
             reply = self.beats.beat(req, HEARTBEAT_TIMEOUT_S)
         except (TransportFailure, FrameCallFailed) as err:
             log.warning("heartbeat failed: %s", err)
             if req.checkpoints and checkpoints is not None:
                 checkpoints.unreport(req.checkpoints)  # the driver would never hear of them
+            self._last_reply = None
             return None
         self._unsent_acks = []
         with self._lock:
             for replica in req.cut_offs:
                 self._cut_offs.pop(replica, None)
+        self.quiet = quiet_after(req, reply, self._last_reply)
+        self._last_reply = reply
         return reply
+
+    def beat_gap(self) -> float:
+        """Seconds from one heartbeat to the next unless rung: longer while quiet."""
+        interval = self.cfg.heartbeat_interval_ms / 1000
+        if not self.quiet:
+            return interval
+        return max(interval, min(QUIET_BEAT_MAX_S, QUIET_BEAT_SHARE * self.cfg.failure_timeout_ms / 1000))
+
+    @staticmethod
+    def _records_handled(hosted: list[Any]) -> int:
+        return sum(inst.metrics.records_in + inst.metrics.records_out + inst.metrics.dead_lettered for inst in hosted)
 
     # -- the heartbeat thread -----------------------------------------------------------------
     def start(self, master: rpc.Peer) -> None:
@@ -240,6 +272,6 @@ class DriverLink:
             if started >= next_metrics:
                 next_metrics = started + metrics_every
             mailbox.post(reply, done, started)
-            self._ring.wait(max(0.0, interval - (time.monotonic() - started)))
+            self._ring.wait(max(0.0, self.beat_gap() - (time.monotonic() - started)))
             self._ring.clear()
             stop.wait(max(0.0, started + BEAT_GAP_S - time.monotonic()))  # (rings merge into one beat)
