@@ -163,7 +163,7 @@ class JobMaster:
         # per worker attempt, the last heartbeat reply given, and the quiet ones (they beat seldom):
         # rung when the reply they would get changed
         self._given: dict[tuple[int, int], Instructions] = {}
-        self._quiet: dict[tuple[int, int], Instructions] = {}
+        self._quiet: set[tuple[int, int]] = set()
         self._status_dirty = True
         self._status_written = 0.0
         # called (each in a thread of its own, outside the lock) with a worker declared dead and its attempt
@@ -555,15 +555,14 @@ class JobMaster:
         key = (req.worker, req.attempt)
         given, self._given[key] = self._given.get(key), view
         if quiet_after(req, view, given):
-            self._quiet[key] = view
+            self._quiet.add(key)
         else:
-            self._quiet.pop(key, None)
-        for other, seen in list(self._quiet.items()):
-            if seen != view:
-                del self._quiet[other]
-                bell = self._bells.get(other)
-                if bell is not None:
-                    bell.ring()
+            self._quiet.discard(key)
+        for other in [k for k in self._quiet if self._given[k] != view]:
+            self._quiet.discard(other)
+            bell = self._bells.get(other)
+            if bell is not None:
+                bell.ring()
 
     def _settle_drain(self) -> None:
         """Where each source partition's replicas end a drain without pulses: once every live
@@ -840,7 +839,7 @@ class JobMaster:
         with self._cond:
             self._bells.pop((w, attempt), None)
             self._given.pop((w, attempt), None)
-            self._quiet.pop((w, attempt), None)
+            self._quiet.discard((w, attempt))
         if self._closed.is_set():
             return
         with self._cond:
