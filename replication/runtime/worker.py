@@ -18,7 +18,8 @@ hung is *evicted* when it wakes up: it stops at once.
 The worker is built of parts that each own one concern: :mod:`.driver_link` (heartbeats and the
 driver's replies), :mod:`.routes` (where replicas run, the channels' senders), :mod:`.feeds` (the
 consumers, logs and ZooKeeper session its replicas share), :mod:`.cut_exchange` (handover cuts
-between workers) and :mod:`.checkpoints` (Rhino).
+between workers), :mod:`.checkpoints` (Rhino) and :mod:`.executor_watch` (the worker exits as soon as
+its executor JVM begins to exit, so that its death is seen from its broken connections at once).
 """
 
 from __future__ import annotations
@@ -56,13 +57,19 @@ from replication.runtime.checkpoints import WorkerCheckpoints
 from replication.runtime.cut_exchange import CutExchange
 from replication.runtime.deadletter import DeadLetterWriter
 from replication.runtime.driver_link import DriverLink
+from replication.runtime.executor_watch import ExecutorWatch
 from replication.runtime.feeds import WorkerFeeds
 from replication.runtime.instance import PartitionInstance
 from replication.runtime.processing import ProcessingInstance
 from replication.runtime.routes import Routes
 from replication.runtime.senders import PUSH_METHOD, receive_pushes
 from replication.runtime.source import SourceInstance
-from replication.spark_cluster import current_executor_id, executor_bind_host, local_advertise_host
+from replication.spark_cluster import (
+    current_executor_id,
+    current_executor_jvm_pid,
+    executor_bind_host,
+    local_advertise_host,
+)
 from rhino_state.durable import DurableStore
 from rhino_state.increments import IncrementMeta
 from transport import batch_format, rpc
@@ -380,6 +387,7 @@ class Worker:
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
         watch: rpc.OpenCall | None = None  # held while this attempt runs: the driver sees its process exit at once
+        executor: ExecutorWatch | None = None  # and this process exits as soon as its executor begins to
         report = self._report("aborted")
         try:
             address = host_port(bind_host if bind_host not in ("0.0.0.0", "::") else local_advertise_host(master_host),
@@ -393,6 +401,9 @@ class Worker:
             if reply.status in ("ok", "standby"):
                 self.link.connect(master_host, self.boot.heartbeat_port, self.security)
                 watch = master.watch("Attach", Attach(self.index, self.attempt), on_ring=self.link.ring)
+                jvm = current_executor_jvm_pid()
+                if jvm is not None:
+                    executor = ExecutorWatch(jvm, self._executor_exiting).start()
                 self.link.stream_positions(master)
             if reply.status == "standby":
                 log.warning("worker %d (attempt %d) is a standby: %s", self.index, self.attempt, reply.reason)
@@ -425,6 +436,8 @@ class Worker:
             log.exception("worker %d failed", self.index)
             raise
         finally:
+            if executor is not None:
+                executor.stop()
             self.stopping.set()
             evicted = report.get("status") == "evicted"
             if evicted:
@@ -454,6 +467,13 @@ class Worker:
             for peer in [*self._peers.values(), master]:
                 peer.close()
             shutil.rmtree(self.state_root, ignore_errors=True)
+
+    def _executor_exiting(self) -> None:
+        """The executor JVM began to exit (it was killed): nothing this worker does from here on can
+        be reported through it, and its twins mask it only once it is seen dead; so it exits now."""
+        log.error("worker %d (attempt %d): its executor JVM is exiting: the worker exits with it",
+                  self.index, self.attempt)
+        os._exit(1)
 
     def all_finished(self) -> bool:
         # (a standby hosts nothing until a replica is restored here)
