@@ -1418,7 +1418,10 @@ def throughput_main(args: argparse.Namespace, out: Path) -> int:
     base: float | None = None
     t0 = time.monotonic()
     with EmbeddedStack() as stack:
-        conf = {} if args.locality_wait is None else {"spark.locality.wait": args.locality_wait}
+        # SSS runs its operators in the executor JVMs: they keep the JVM's own compiler and collector
+        conf = {"spark.executor.extraJavaOptions": ""}
+        if args.locality_wait is not None:
+            conf["spark.locality.wait"] = args.locality_wait
         spark = build_session("local-cluster[3,1,512]", app_name="bench-sss-throughput", conf=conf)
         try:
             probe = CostProbe.for_spark(spark, stack.run_dir, driver_python=True)
@@ -1507,7 +1510,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.throughput_rates:
         return throughput_main(args, out)
     with EmbeddedStack() as stack:
-        conf = {} if args.locality_wait is None else {"spark.locality.wait": args.locality_wait}
+        # SSS runs its operators in the executor JVMs: they keep the JVM's own compiler and collector
+        conf = {"spark.executor.extraJavaOptions": ""}
+        if args.locality_wait is not None:
+            conf["spark.locality.wait"] = args.locality_wait
         spark = build_session("local-cluster[3,1,512]", app_name="bench-sss", conf=conf)
         try:
             print(f"== SSS {args.logic}: {args.rate:.0f} records/s, {args.keys} keys, {args.duration:.0f}s, "

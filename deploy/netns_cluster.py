@@ -29,6 +29,7 @@ from pathlib import Path
 from deploy.netns import TestHosts, netns_unavailable
 from deploy.stack import EmbeddedStack, _pid_alive, _terminate, stop_run_dir
 from deploy.standalone import MASTER_CLASS, WORKER_CLASS, StandaloneCluster, WorkerSpec, spark_home
+from replication.spark_cluster import EXECUTOR_JAVA_OPTIONS
 
 STATE = "cluster.json"
 
@@ -94,6 +95,7 @@ def submit_argv(state: dict, args: list[str]) -> list[str]:
             "--conf", f"spark.driver.host={state['gateway']}", "--conf", f"spark.driver.bindAddress={state['gateway']}",
             "--conf", "spark.executor.cores=1", "--conf", "spark.task.cpus=1", "--conf", f"spark.cores.max={n}",
             "--conf", "spark.executor.memory=512m", "--conf", "spark.task.maxFailures=100",
+            "--conf", f"spark.executor.extraJavaOptions={EXECUTOR_JAVA_OPTIONS}",
             "--conf", f"spark.pyspark.python={sys.executable}",
             "--conf", f"spark.replication.kafka.bootstrapServers={state['bootstrap_servers']}",
             "--conf", f"spark.replication.zookeeper.connect={state['zookeeper_connect']}", *args]

@@ -82,6 +82,13 @@ def is_local_master(master: str) -> bool:
     return master.strip().startswith("local")
 
 
+EXECUTOR_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""The executor JVMs' options: a replicated job's executor only hosts its Python worker, so its JVM
+needs no optimizing compiler and no concurrent collector, and their start (6-8 CPU-seconds on the
+JVM's defaults, 2.5-3.5 without) is what a replacement executor takes from the replicas that mask
+a failure (docs/runtime.md, *The replacement executor's start*)."""
+
+
 def default_conf(master: str, app_name: str = DEFAULT_APP_NAME) -> dict[str, str]:
     """The Spark configuration :func:`build_session` uses before applying overrides."""
     conf: dict[str, str] = {
@@ -101,6 +108,7 @@ def default_conf(master: str, app_name: str = DEFAULT_APP_NAME) -> dict[str, str
         "spark.driver.memory": "1g",
         # Python tracebacks of crashed workers end up in the executor stderr
         "spark.python.worker.faulthandler.enabled": "true",
+        "spark.executor.extraJavaOptions": EXECUTOR_JAVA_OPTIONS,
     }
     lc = parse_local_cluster(master)
     if lc is not None:

@@ -21,7 +21,8 @@ from bench.common import format_row, write_csv, write_machine  # noqa: E402
                                     "bench/handover.py", "bench/broker_cost.py", "bench/cpu_profile.py",
                                     "bench/pulse_cost.py", "bench/capacity.py", "bench/broker_limits.py",
                                     "bench/frames.py", "bench/durable.py",
-                                    "bench/kazoo_in_flight.py", "bench/thread_wakeups.py", "bench/kill_timeline.py"])
+                                    "bench/kazoo_in_flight.py", "bench/thread_wakeups.py", "bench/kill_timeline.py",
+                                    "bench/executor_start.py"])
 def test_benchmark_command_parses_its_arguments(script):
     proc = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True,
                           timeout=120)

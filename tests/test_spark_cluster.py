@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
+from replication import procfs
 from replication import spark_cluster as scl
 
 # Executors cannot import this test module: ship its task functions by value.
@@ -135,6 +136,14 @@ def test_current_executor_id_inside_tasks(sc: Any) -> None:
     jvm = scl.executor_jvm_pids(sc)
     for eid, jvm_pid, _pid in rows:
         assert jvm_pid == jvm[eid]
+
+
+@pytest.mark.integration
+def test_executor_jvms_start_without_the_optimizing_compiler(sc: Any) -> None:
+    """A replacement executor's start takes its CPU from the replicas that mask the failure."""
+    for pid in scl.executor_jvm_pids(sc).values():
+        argv = procfs.cmdline(pid)
+        assert "-XX:TieredStopAtLevel=1" in argv and "-XX:+UseSerialGC" in argv, argv
 
 
 @pytest.mark.integration
