@@ -116,7 +116,7 @@ def thread_ticks(pids: list[int]) -> dict[tuple[int, int], tuple[str, int]]:
             except OSError:
                 continue
             name = text[text.index("(") + 1:text.rindex(")")]
-            fields = text.rpartition(")")[2].split()  # utime and stime are fields 14 and 15
+            fields = procfs.stat_fields(text)  # utime and stime are fields 14 and 15 of proc(5)
             out[(pid, tid)] = (name, int(fields[11]) + int(fields[12]))
     return out
 

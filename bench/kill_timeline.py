@@ -31,10 +31,10 @@ from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from replication import procfs  # noqa: E402
 from replication.chaos import ReplicaProcess, kill_executor, kill_python, locate  # noqa: E402
 from replication.progress import StatusLine  # noqa: E402
+from replication.runtime.executor_watch import PF_EXITING  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
 from replication.workload import percentile  # noqa: E402
 
-PF_EXITING = 0x4
 MS = 1000.0
 
 
@@ -42,7 +42,7 @@ def _flags(pid: int) -> tuple[str, int] | None:
     """(state, flags) of ``pid`` or None when it is gone (reaped)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
+            fields = procfs.stat_fields(f.read())
     except OSError:
         return None
     return fields[0], int(fields[6])

@@ -1405,6 +1405,15 @@ def throughput_row(result: Mapping[str, Any], offered: float, warm_up_s: float, 
            **{k: costs.get(k, "") for k in ("cpu_s", "cpu_per_1k", "cpu_bench_per_1k", "net_bytes_per_record")}}
 
 
+def session_conf(locality_wait: str | None) -> dict[str, str]:
+    """The SSS sessions' Spark settings: SSS runs its operators in the executor JVMs, so they keep
+    the JVM's own compiler and collector (not the replicated jobs' executor options)."""
+    conf = {"spark.executor.extraJavaOptions": ""}
+    if locality_wait is not None:
+        conf["spark.locality.wait"] = locality_wait
+    return conf
+
+
 def throughput_main(args: argparse.Namespace, out: Path) -> int:
     """The SSS throughput ramp (module doc): ``throughput.csv``, ``throughput.png``, ``machine.txt``."""
     from bench.common import CostProbe, error_text, format_row, max_sustainable, write_csv, write_machine
@@ -1418,10 +1427,7 @@ def throughput_main(args: argparse.Namespace, out: Path) -> int:
     base: float | None = None
     t0 = time.monotonic()
     with EmbeddedStack() as stack:
-        # SSS runs its operators in the executor JVMs: they keep the JVM's own compiler and collector
-        conf = {"spark.executor.extraJavaOptions": ""}
-        if args.locality_wait is not None:
-            conf["spark.locality.wait"] = args.locality_wait
+        conf = session_conf(args.locality_wait)
         spark = build_session("local-cluster[3,1,512]", app_name="bench-sss-throughput", conf=conf)
         try:
             probe = CostProbe.for_spark(spark, stack.run_dir, driver_python=True)
@@ -1510,10 +1516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.throughput_rates:
         return throughput_main(args, out)
     with EmbeddedStack() as stack:
-        # SSS runs its operators in the executor JVMs: they keep the JVM's own compiler and collector
-        conf = {"spark.executor.extraJavaOptions": ""}
-        if args.locality_wait is not None:
-            conf["spark.locality.wait"] = args.locality_wait
+        conf = session_conf(args.locality_wait)
         spark = build_session("local-cluster[3,1,512]", app_name="bench-sss", conf=conf)
         try:
             print(f"== SSS {args.logic}: {args.rate:.0f} records/s, {args.keys} keys, {args.duration:.0f}s, "

@@ -28,13 +28,19 @@ def arg(argv: list[str], name: str) -> str | None:
     return None
 
 
+def stat_fields(text: str) -> list[str]:
+    """The fields of a ``/proc/<pid>/stat`` text after the command name (which may hold spaces and
+    parentheses): ``[0]`` is the state (field 3 of proc(5)), ``[1]`` the parent, ``[6]`` the flags,
+    ``[11]`` / ``[12]`` utime / stime."""
+    return text.rpartition(")")[2].split()
+
+
 def stat(pid: int) -> tuple[str, str, int]:
     """``(comm, state, ppid)`` of a process, from ``/proc/<pid>/stat`` (raises OSError if gone)."""
     with open(f"/proc/{pid}/stat") as f:
         data = f.read()
-    head, _, tail = data.rpartition(")")
-    fields = tail.split()
-    return head.partition("(")[2], fields[0], int(fields[1])
+    fields = stat_fields(data)
+    return data.rpartition(")")[0].partition("(")[2], fields[0], int(fields[1])
 
 
 def state(pid: int) -> str | None:

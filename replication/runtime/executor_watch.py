@@ -16,13 +16,12 @@ to judge.  Both files refer to the process, never to a later one given the same 
 
 from __future__ import annotations
 
-import logging
 import os
 import select
 import threading
 from collections.abc import Callable
 
-log = logging.getLogger(__name__)
+from replication.procfs import stat_fields
 
 PF_EXITING = 0x4
 """The kernel's flag of a process that began to exit (``include/linux/sched.h``)."""
@@ -32,7 +31,7 @@ CHECKS_PER_SECOND = 4
 
 def exiting(stat_line: str) -> bool:
     """Whether the process whose ``/proc/<pid>/stat`` reads ``stat_line`` is exiting or dead."""
-    fields = stat_line.rpartition(")")[2].split()
+    fields = stat_fields(stat_line)
     if len(fields) < 7:
         return True  # the kernel always writes them: a short line is a process being torn down
     return fields[0] in ("Z", "X", "x") or bool(int(fields[6]) & PF_EXITING)

@@ -387,7 +387,7 @@ class Worker:
         self.server = server
         master = rpc.Peer(self.boot.master_address, self.security)
         watch: rpc.OpenCall | None = None  # held while this attempt runs: the driver sees its process exit at once
-        executor: ExecutorWatch | None = None  # and this process exits as soon as its executor begins to
+        executor: ExecutorWatch | None = None  # and this process exits as soon as its executor begins to exit
         report = self._report("aborted")
         try:
             address = host_port(bind_host if bind_host not in ("0.0.0.0", "::") else local_advertise_host(master_host),
