@@ -1,7 +1,7 @@
 """KaZoo: leader-based ordering of a replicated partition's input channels (DESIGN §5, paper 004 §IV).
 
 * :mod:`kazoo_leader.orders`: the order log record (:class:`Order`), the applier every replica
-  runs on what it reads back from the log (:class:`OrderApplier`) and the leader's proposer
+  runs on the log's records in the log's order (:class:`OrderApplier`) and the leader's proposer
   (:class:`OrderProposer`); pure, property-tested;
 * :mod:`kazoo_leader.orderer`: both fed from a partition instance's input queues and an inbox;
 * :mod:`kazoo_leader.segments`: a partition's order log as a sequence of short topics; pure;

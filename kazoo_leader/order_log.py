@@ -11,6 +11,14 @@ each replica's orderer in log order, with their positions; what counts is decide
 orderer from the log alone, so every reader, here or in the other replica's worker, applies the
 same ones.  A record that does not decode is skipped with an error by every reader alike.
 
+An order written here is handed out from its delivery report (``acks=all``: it is in the log at
+the offset the broker names) when every record before that offset has been read already: it is
+then the log's next record, exactly what the reader would hand out on reaching it, a fetch's
+round trip later (the reader then reads it as read already).  Any other record, and an order
+acknowledged while records before it are unread (another writer's), waits for the reader.  So
+a leader applies its own orders about a millisecond after writing them, its followers as they
+read them, and every replica still applies the log's records in the log's order.
+
 A reader that read no order for a while, while none of its replicas had input waiting, leaves its
 segments and sleeps until input arrives (or this worker writes an order): an order names input
 elements, and a replica with none to consume needs no order before its next input, which wakes
@@ -55,11 +63,62 @@ WRITER_IDLE_S = 1.0
 REST_CHECK_S = 1.0
 
 
+class OrderHandOut:
+    """One replica's place in its order log, fed what the reader reads and what the writer has
+    acknowledged (any thread); hands each of the log's records to ``on_records`` once, in log
+    order, with its position as :attr:`Order.offset`.  No I/O."""
+
+    def __init__(self, order_log: SegmentedLog, start: int, on_records: Callable[[list[Order]], None]) -> None:
+        self.log = order_log
+        self._cursor: OrderCursor[bytes] = OrderCursor(order_log, start)
+        self._on_records = on_records
+        self._lock = threading.Lock()  # held while handing out: on_records sees the log in its order
+        self.from_acks = 0  # records handed out from their acknowledgement, before the reader reached them
+
+    @property
+    def segment(self) -> int:
+        """The segment the next record is in."""
+        return self._cursor.segment
+
+    def reading(self) -> tuple[dict[str, int], dict[str, int]]:
+        """What to read: topic -> segment, and topic -> the offset to read it from."""
+        with self._lock:
+            return self._cursor.segments(), self._cursor.positions()
+
+    def read(self, records: list[tuple[int, int, bytes]]) -> list[Order]:
+        """Records ``(segment, offset, value)`` read, each segment's in their order (a record read
+        already is ignored); returns the orders handed out."""
+        with self._lock:
+            return self._hand_out([r for segment, offset, value in records
+                                   for r in self._cursor.add(segment, offset, value)])
+
+    def acknowledged(self, segment: int, offset: int, value: bytes) -> list[Order]:
+        """A record written at ``offset`` of ``segment``, as its writer's acknowledgement says:
+        handed out now if every record before it has been read (it is then the log's next
+        record), else left for the reader; returns the orders handed out."""
+        with self._lock:
+            if not self._cursor.follows(segment, offset):
+                return []
+            orders = self._hand_out(self._cursor.add(segment, offset, value))
+            self.from_acks += len(orders)
+            return orders
+
+    def _hand_out(self, records: list[tuple[int, bytes]]) -> list[Order]:
+        orders = []
+        for position, value in records:
+            try:
+                orders.append(Order.decode(value, offset=position))
+            except ValueError as exc:  # every reader skips the same record
+                log.error("order log %s position %d skipped: %s", self.log.prefix, position, exc)
+        if orders:
+            self._on_records(orders)
+        return orders
+
+
 @dataclass
 class _Log:
     log: SegmentedLog
-    cursor: OrderCursor[bytes]
-    on_records: Callable[[list[Order]], None]
+    hand_out: OrderHandOut
     on_failed: Callable[[Order, str], None]
     on_error: Callable[[str], None]
     pending: Callable[[], bool] | None  # whether the replica has input waiting (None: always)
@@ -82,7 +141,7 @@ class OrderLog:
         self.rest_after_s = rest_after_s
         self.rests = 0  # times the reader left its segments for want of input (for tests and logs)
         self._wanted = threading.Event()  # input arrived or an order was written since the reader looked
-        self._unread: set[tuple[str, int, int]] = set()  # orders written here, not read back yet (prefix, epoch, seq)
+        self._unread: set[tuple[str, int, int]] = set()  # orders written here, not handed out yet (prefix, epoch, seq)
         self.rewritten = 0  # orders written again, having landed past the end of a full segment
         self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
         self._create_topics = create_topics
@@ -111,7 +170,7 @@ class OrderLog:
             raise RuntimeError("register order logs before the order log starts")
         if order_log.prefix in self._logs:
             raise ValueError(f"order log {order_log.prefix} registered twice")
-        self._logs[order_log.prefix] = entry = _Log(order_log, OrderCursor(order_log, start), on_records, on_failed,
+        self._logs[order_log.prefix] = entry = _Log(order_log, OrderHandOut(order_log, start, on_records), on_failed,
                                                      on_error, pending)
         return lambda order: self._publish(entry, order)
 
@@ -142,7 +201,7 @@ class OrderLog:
         """Write ``order`` into ``segment`` (default: the one the reader is in)."""
         if self._producer is None:
             raise RuntimeError("the order log is not started")
-        target = entry.cursor.segment if segment is None else segment
+        target = entry.hand_out.segment if segment is None else segment
         key = (entry.log.prefix, order.epoch, order.seq)
         with self._lock:
             self._unread.add(key)
@@ -150,18 +209,24 @@ class OrderLog:
             with self._lock:
                 self._to_make[entry.log.prefix] = max(self._to_make.get(entry.log.prefix, -1), target + SEGMENTS_AHEAD)
 
+        value = order.encode()
+
         def delivered(err: Any, msg: Any) -> None:
             if err is not None:
                 with self._lock:
                     self._unread.discard(key)  # (written again, if still in flight: on_failed)
                 entry.on_failed(order, str(err))
                 return
-            again = entry.log.rewrite_segment(target, msg.offset(), entry.cursor.segment)
+            again = entry.log.rewrite_segment(target, msg.offset(), entry.hand_out.segment)
             if again is not None:  # past the end of a full segment: not in the log
                 self.rewritten += 1
                 self._publish(entry, order, again)
+                return
+            if entry.hand_out.acknowledged(target, msg.offset(), value):
+                with self._lock:
+                    self._unread.discard(key)
 
-        self._producer.produce(entry.log.topic(target), value=order.encode(), partition=0, on_delivery=delivered)
+        self._producer.produce(entry.log.topic(target), value=value, partition=0, on_delivery=delivered)
         self._written.set()
         self._wanted.set()
 
@@ -198,9 +263,9 @@ class OrderLog:
             last_read = time.monotonic()
             while not self._stop.is_set():
                 for entry in self._logs.values():
-                    if entry.assigned != entry.cursor.segments():
+                    if entry.assigned != entry.hand_out.reading()[0]:
                         self._follow(consumer, entry, assigned)
-                batches: dict[str, list[Order]] = {}
+                read_now: dict[str, list[tuple[int, int, bytes]]] = {}  # prefix -> (segment, offset, value)
                 messages = consume_ready(consumer, CONSUME_BATCH, 0.1)
                 for msg in messages:
                     err = msg.error()
@@ -214,20 +279,14 @@ class OrderLog:
                     if read is None:
                         continue  # a segment left already
                     entry, segment = read
-                    for position, value in entry.cursor.add(segment, msg.offset(), msg.value()):
-                        try:
-                            order = Order.decode(value, offset=position)
-                        except ValueError as exc:  # every reader skips the same record
-                            log.error("order log %s position %d skipped: %s", entry.log.prefix, position, exc)
-                            continue
-                        batches.setdefault(entry.log.prefix, []).append(order)
-                for prefix, orders in batches.items():
-                    self._logs[prefix].on_records(orders)
-                    if self._unread:
+                    read_now.setdefault(entry.log.prefix, []).append((segment, msg.offset(), msg.value()))
+                for prefix, records in read_now.items():
+                    orders = self._logs[prefix].hand_out.read(records)
+                    if orders and self._unread:
                         with self._lock:
                             self._unread.difference_update((prefix, o.epoch, o.seq) for o in orders)
                 now = time.monotonic()
-                if batches:
+                if read_now:
                     last_read = now
                 elif self.rest_after_s and now - last_read >= self.rest_after_s and self._may_rest():
                     self._rest(consumer, assigned)
@@ -241,7 +300,7 @@ class OrderLog:
     @staticmethod
     def _follow(consumer: Consumer, entry: _Log, assigned: dict[str, tuple[_Log, int]]) -> None:
         """Read the segments ``entry``'s cursor names, and no other of its log."""
-        wanted, positions = entry.cursor.segments(), entry.cursor.positions()
+        wanted, positions = entry.hand_out.reading()
         left = [TopicPartition(topic, 0) for topic in entry.assigned.keys() - wanted.keys()]
         if left:
             consumer.incremental_unassign(left)
@@ -255,7 +314,7 @@ class OrderLog:
         entry.assigned = wanted
 
     def _may_rest(self) -> bool:
-        """No registered replica has input waiting and every order written here was read back
+        """No registered replica has input waiting and every order written here was handed out
         (checked after clearing the wake-up: what comes from now on wakes the rest this may start)."""
         self._wanted.clear()
         with self._lock:

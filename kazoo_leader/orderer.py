@@ -2,8 +2,8 @@
 
 The instance thread owns the :class:`~kazoo_leader.orders.OrderApplier` and the
 :class:`~kazoo_leader.orders.OrderProposer`; everything else reaches it through a small inbox
-(order records read back from the log, leadership changes from the election, failed publishes),
-each of which wakes the instance through its input queues.  The I/O itself (Kafka, ZooKeeper)
+(the order log's records as they are read or acknowledged, leadership changes from the
+election, failed publishes), each of which wakes the instance through its input queues.  The I/O itself (Kafka, ZooKeeper)
 is at the edges: ``publish`` is handed in, and :mod:`kazoo_leader.order_log` and
 :mod:`kazoo_leader.election` call the ``on_*`` methods.
 
@@ -72,11 +72,11 @@ class KazooOrderer:
         self.published = 0
         self.republished = 0
         self.elected_at = 0.0  # wall time of the last election of this replica
-        self.first_order_at = 0.0  # wall time its first order of that leadership was read back
+        self.first_order_at = 0.0  # wall time its first order of that leadership was applied
 
     # -- from other threads -------------------------------------------------------------------
     def on_records(self, orders: Sequence[Order]) -> None:
-        """Records read back from the order log, in log order (the log reader's thread)."""
+        """The order log's records, in log order (the log reader's or the producer's thread)."""
         self._offer(("records", list(orders)))
 
     def on_leadership(self, epoch: int | None) -> None:

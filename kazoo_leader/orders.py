@@ -6,7 +6,7 @@ This module owns what goes into the order log and what every replica does with i
   ``entries`` are runs ``(channel, count)`` ("consume the next ``count`` elements of
   ``channel``"); empty entries make an epoch-start (fence) record.
 * :class:`OrderApplier`: every replica, the leader too, consumes its input channels only as the
-  records it reads back from the log say.  Which records count is decided from the log alone:
+  log's records say, in the log's order.  Which records count is decided from the log alone:
   a record whose epoch is below the highest epoch seen is ignored (stale leader), a record of a
   higher epoch is accepted and makes that epoch current, and within an epoch only a ``seq``
   strictly above the last accepted one is accepted (so a re-published record is harmless).
@@ -178,7 +178,7 @@ class OrderApplier:
         self._received[channel] += len(elements)
 
     def on_record(self, order: Order) -> bool:
-        """A record read back from the order log, in log order; returns whether it was accepted."""
+        """The order log's next record; returns whether it was accepted."""
         if self.epoch is not None and order.epoch < self.epoch:
             self.ignored += 1  # a stale leader's record
             return False
@@ -377,8 +377,8 @@ class OrderProposer:
         self.pipeline_below = pipeline_below
         self.epoch: int | None = None  # our epoch while leader
         self._state = _FOLLOWER
-        # published and not yet read back, oldest first; their elements are not ordered again while
-        # they are (an order read back after a later one of ours is ignored: its elements are then
+        # published and not yet seen in the log, oldest first; their elements are not ordered again while
+        # they are (an order seen after a later one of ours is ignored: its elements are then
         # uncovered, and ordered again)
         self._in_flight: deque[Order] = deque()
         self._pending = dict.fromkeys(applier.channels, 0)  # per channel, elements named in flight
@@ -409,12 +409,12 @@ class OrderProposer:
 
     @property
     def in_flight(self) -> Order | None:
-        """The oldest record published and not yet read back."""
+        """The oldest record published and not yet seen in the log."""
         self._sync()
         return self._in_flight[0] if self._in_flight else None
 
     def is_in_flight(self, order: Order) -> bool:
-        """Whether ``order`` is published and not read back yet (re-publish it if its produce failed)."""
+        """Whether ``order`` is published and not seen in the log yet (re-publish it if its produce failed)."""
         self._sync()
         return order in self._in_flight
 

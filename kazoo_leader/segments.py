@@ -99,6 +99,12 @@ class OrderCursor(Generic[V]):
             return self.segment, self.segment + 1
         return (self.segment,)
 
+    def follows(self, segment: int, offset: int) -> bool:
+        """Whether the record at ``offset`` of ``segment`` is the next one this cursor reads there
+        (every record before it in that segment read already), so that adding it now hands out
+        what a reader reaching it would."""
+        return self._next.get(segment) == offset
+
     def add(self, segment: int, offset: int, value: V) -> list[tuple[int, V]]:
         """``value``, read at ``offset`` of ``segment``; the log's records that follow now, as
         ``(position, value)`` in log order."""

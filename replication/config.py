@@ -273,9 +273,10 @@ class ReplicationConfig:
     )
     kazoo_max_in_flight: int = _key(
         "kazoo.maxInFlight", INT, 4,
-        "Order records a leader may have written and not yet read back, per partition (`kazoo` mode). With "
-        "one, an element that arrives while an order is on its way waits for it to come back before it is "
-        "ordered; more let it go out at once, in more, smaller records (see `kazoo.pipelineBelow`). An order "
+        "Order records a leader may have written and not yet seen in the log (acknowledged in its turn, or "
+        "read back), per partition (`kazoo` mode). With one, an element that arrives while an order is on its "
+        "way waits for it before it is ordered; more let it go out at once, in more, smaller records (see "
+        "`kazoo.pipelineBelow`). An order "
         "read back after a later one of the same leader is ignored by every replica and its elements ordered "
         "again.",
         min=1, max=1_000,
