@@ -170,8 +170,8 @@ class OrderLog:
             raise RuntimeError("register order logs before the order log starts")
         if order_log.prefix in self._logs:
             raise ValueError(f"order log {order_log.prefix} registered twice")
-        self._logs[order_log.prefix] = entry = _Log(order_log, OrderHandOut(order_log, start, on_records), on_failed,
-                                                     on_error, pending)
+        hand_out = OrderHandOut(order_log, start, lambda orders: self._handed_out(order_log.prefix, orders, on_records))
+        self._logs[order_log.prefix] = entry = _Log(order_log, hand_out, on_failed, on_error, pending)
         return lambda order: self._publish(entry, order)
 
     def start(self) -> None:
@@ -222,9 +222,7 @@ class OrderLog:
                 self.rewritten += 1
                 self._publish(entry, order, again)
                 return
-            if entry.hand_out.acknowledged(target, msg.offset(), value):
-                with self._lock:
-                    self._unread.discard(key)
+            entry.hand_out.acknowledged(target, msg.offset(), value)
 
         self._producer.produce(entry.log.topic(target), value=value, partition=0, on_delivery=delivered)
         self._written.set()
@@ -250,6 +248,19 @@ class OrderLog:
                     entry.made = upto
                 except Exception as exc:  # noqa: BLE001 - asked again by the next order
                     log.warning("%s: order log %s: cannot make segments up to %d: %s", self.name, prefix, upto, exc)
+
+    def _handed_out(self, prefix: str, orders: list[Order], on_records: Callable[[list[Order]], None]) -> None:
+        """The log's next records, read or acknowledged (under the log's hand-out lock)."""
+        on_records(orders)
+        if self._unread:
+            with self._lock:
+                self._unread.difference_update((prefix, o.epoch, o.seq) for o in orders)
+
+    @property
+    def awaiting(self) -> int:
+        """Orders written here and not handed out yet (the reader does not rest while there are)."""
+        with self._lock:
+            return len(self._unread)
 
     # -- reading ------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -281,10 +292,7 @@ class OrderLog:
                     entry, segment = read
                     read_now.setdefault(entry.log.prefix, []).append((segment, msg.offset(), msg.value()))
                 for prefix, records in read_now.items():
-                    orders = self._logs[prefix].hand_out.read(records)
-                    if orders and self._unread:
-                        with self._lock:
-                            self._unread.difference_update((prefix, o.epoch, o.seq) for o in orders)
+                    self._logs[prefix].hand_out.read(records)
                 now = time.monotonic()
                 if read_now:
                     last_read = now

@@ -1,6 +1,7 @@
 """The KaZoo order log's Kafka edge (kazoo_leader.order_log) on the real embedded broker: two
 workers writing one segmented log at once, every record written past a full segment is written
-again, and both readers hand out the same log, every order once, at contiguous positions."""
+again, and both readers hand out the same log, every order once, at contiguous positions, whether
+a record came to them read or (their own) acknowledged."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def test_two_writers_of_one_segmented_log_are_read_alike_and_nothing_is_lost(sta
             assert [o.offset for o in read[w]] == list(range(len(sent)))
         assert [(o.epoch, o.seq) for o in read[0]] == [(o.epoch, o.seq) for o in read[1]]
         assert sum(order_log.rewritten for order_log in logs) > 0  # bursts of 8 into segments of 5
+        # every order written was handed out, however it came (read, acknowledged in turn, or with a
+        # segment completed): nothing keeps the readers from resting
+        assert [order_log.awaiting for order_log in logs] == [0, 0]
         assert not errors
     finally:
         for order_log in logs:
