@@ -364,6 +364,16 @@ def sss_ramp(rates: list[float], duration: float, out: Path,
 
 # --------------------------------------------------------------------------- the targets table
 
+def _victim_led(kill: dict) -> str:
+    """A KaZoo kill whose victim led partitions (placement and the elections decide, so a follower's
+    kill may take a leader with it): which, and when the last of them ordered again."""
+    led = kill.get("led_at_kill") or "none"
+    if led == "none":
+        return ""
+    first = kill.get("failover_max_ms", "")
+    return f"; the victim also led {led}" + (f" (ordering again {first:.0f} ms after the kill)" if first != "" else "")
+
+
 def targets(ceiling: dict, idle: list[dict], throughput: list[dict], latency: list[dict], kills: list[dict],
             sustained: list[dict], sss: list[dict]) -> list[dict[str, Any]]:
     """Each figure beside its target: ``met`` yes / no / ``-`` (not measured), ratios to the ceiling and SSS."""
@@ -420,7 +430,7 @@ def targets(ceiling: dict, idle: list[dict], throughput: list[dict], latency: li
         factor = r.get("factor", "")
         add(f"kill {r['config']} ({r['kill']}): worst p99 in 10 s <= {KILL_FACTOR_TARGET:.0f}x fault-free",
             f"{r.get('worst_p99_after_ms', 0):.0f} ms vs {r.get('p99_before_ms', 0):.0f} ms before"
-            + (f" ({factor:.1f}x)" if factor != "" else "") + f", exact {r.get('exact')}",
+            + (f" ({factor:.1f}x)" if factor != "" else "") + f", exact {r.get('exact')}" + _victim_led(r),
             factor != "" and factor <= KILL_FACTOR_TARGET and r.get("exact") == "yes")
     for r in sustained:
         ratio = r["p99_ratio"]

@@ -776,7 +776,12 @@ def test_capacity_targets_table_puts_each_figure_beside_its_target():
     latency = [{"config": "off", "offered_rate": 1000.0, "p50_ms": 20.0, "p99_ms": 40.0, "exact": "yes"},
                {"config": "liverobin 10ms", "offered_rate": 1000.0, "p50_ms": 39.0, "p99_ms": 90.0, "exact": "yes"}]
     kills = [{"config": "liverobin 10ms", "kill": "python", "worst_p99_after_ms": 300.0, "p99_before_ms": 100.0,
-              "factor": 3.0, "exact": "yes"}]
+              "factor": 3.0, "exact": "yes"},
+             {"config": "kazoo follower kill", "kill": "executor", "worst_p99_after_ms": 1100.0,
+              "p99_before_ms": 200.0, "factor": 5.5, "exact": "yes", "led_at_kill": "union-2[1]",
+              "failover_max_ms": 1033.0},
+             {"config": "kazoo follower kill", "kill": "python", "worst_p99_after_ms": 300.0,
+              "p99_before_ms": 200.0, "factor": 1.5, "exact": "yes", "led_at_kill": "none", "failover_max_ms": ""}]
     sss = [{"config": "SSS", "offered_rate": 800.0, "verdict": "flat"},
            {"config": "SSS", "offered_rate": 1600.0, "verdict": "not flat: p99"}]
     rows = {r["target"]: r for r in targets(ceiling, idle, throughput, latency, kills, [], sss)}
@@ -790,3 +795,8 @@ def test_capacity_targets_table_puts_each_figure_beside_its_target():
     assert rows["fault-free p50 off at 1,000/s <= 10 ms"]["met"] == "no"
     assert rows["fault-free p50 liverobin 10ms at 1,000/s <= 40 ms"]["met"] == "yes"  # off + 2 periods
     assert rows["kill liverobin 10ms (python): worst p99 in 10 s <= 2x fault-free"]["met"] == "no"
+    # a follower's kill that took a leader with it says so
+    assert rows["kill kazoo follower kill (executor): worst p99 in 10 s <= 2x fault-free"]["figure"].endswith(
+        "; the victim also led union-2[1] (ordering again 1033 ms after the kill)")
+    assert rows["kill kazoo follower kill (python): worst p99 in 10 s <= 2x fault-free"]["figure"].endswith(
+        "exact yes")
