@@ -274,8 +274,9 @@ class OrderLog:
             last_read = time.monotonic()
             while not self._stop.is_set():
                 for entry in self._logs.values():
-                    if entry.assigned != entry.hand_out.reading()[0]:
-                        self._follow(consumer, entry, assigned)
+                    wanted, positions = entry.hand_out.reading()
+                    if entry.assigned != wanted:
+                        self._follow(consumer, entry, assigned, wanted, positions)
                 read_now: dict[str, list[tuple[int, int, bytes]]] = {}  # prefix -> (segment, offset, value)
                 messages = consume_ready(consumer, CONSUME_BATCH, 0.1)
                 for msg in messages:
@@ -306,9 +307,10 @@ class OrderLog:
             self._consumers.close()
 
     @staticmethod
-    def _follow(consumer: Consumer, entry: _Log, assigned: dict[str, tuple[_Log, int]]) -> None:
-        """Read the segments ``entry``'s cursor names, and no other of its log."""
-        wanted, positions = entry.hand_out.reading()
+    def _follow(consumer: Consumer, entry: _Log, assigned: dict[str, tuple[_Log, int]],
+                wanted: dict[str, int], positions: dict[str, int]) -> None:
+        """Read the segments ``wanted`` (topic -> segment, from ``positions``) of ``entry``'s log, and
+        no other of it."""
         left = [TopicPartition(topic, 0) for topic in entry.assigned.keys() - wanted.keys()]
         if left:
             consumer.incremental_unassign(left)

@@ -3,9 +3,9 @@
 The instance thread owns the :class:`~kazoo_leader.orders.OrderApplier` and the
 :class:`~kazoo_leader.orders.OrderProposer`; everything else reaches it through a small inbox
 (the order log's records as they are read or acknowledged, leadership changes from the
-election, failed publishes), each of which wakes the instance through its input queues.  The I/O itself (Kafka, ZooKeeper)
-is at the edges: ``publish`` is handed in, and :mod:`kazoo_leader.order_log` and
-:mod:`kazoo_leader.election` call the ``on_*`` methods.
+election, failed publishes), each of which wakes the instance through its input queues.  The
+I/O itself (Kafka, ZooKeeper) is at the edges: ``publish`` is handed in, and
+:mod:`kazoo_leader.order_log` and :mod:`kazoo_leader.election` call the ``on_*`` methods.
 
 Input is taken from the bounded per-channel queues only while fewer than ``hold_limit`` elements
 wait here to be consumed, except from the channel the current order waits for, which is always

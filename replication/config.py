@@ -276,9 +276,8 @@ class ReplicationConfig:
         "Order records a leader may have written and not yet seen in the log (acknowledged in its turn, or "
         "read back), per partition (`kazoo` mode). With one, an element that arrives while an order is on its "
         "way waits for it before it is ordered; more let it go out at once, in more, smaller records (see "
-        "`kazoo.pipelineBelow`). An order "
-        "read back after a later one of the same leader is ignored by every replica and its elements ordered "
-        "again.",
+        "`kazoo.pipelineBelow`). An order read back after a later one of the same leader is ignored by every "
+        "replica and its elements ordered again.",
         min=1, max=1_000,
     )
     kazoo_pipeline_below: int = _key(
