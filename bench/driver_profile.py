@@ -18,7 +18,7 @@ sys.path.insert(0, os.getcwd())
 from bench.ordering import latency_configs  # noqa: E402
 from deploy.stack import EmbeddedStack  # noqa: E402
 from deploy.topics import create_topics  # noqa: E402
-from replication.driver import run  # noqa: E402
+from replication import run  # noqa: E402
 from replication.examples.ordered import build_ordered_job  # noqa: E402
 from replication.spark_cluster import build_session, stop_session  # noqa: E402
 

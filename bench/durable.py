@@ -161,7 +161,7 @@ class Sessions:
 
 def resume_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from deploy.topics import create_topics
-    from replication.driver import run
+    from replication import run
     from rhino_state.durable import DurableStore
 
     bootstrap = stack.bootstrap_servers

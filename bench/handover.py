@@ -676,7 +676,7 @@ def checkpointing(args: argparse.Namespace) -> Checkpointing:
 
 def state_model(size: int, args: argparse.Namespace, conf: dict[str, str]) -> StateModel:
     """The keys and pad of a run at ``size`` bytes, for the key groups and vnodes ``conf`` gives."""
-    from replication.driver import resolve_config
+    from replication.control.launch import resolve_config
 
     cfg = resolve_config(None, conf)
     keys = pick_keys(args.keys_per_vnode, cfg.state_key_groups, cfg.state_vnodes)
@@ -755,7 +755,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     """A fresh job at ``spec.size`` in ``spec.mode``, under load, then its handover(s) with
     ``spec.strategy`` (see the module doc): one row per handover job."""
     from deploy.topics import create_topics, read_all
-    from replication.driver import resolve_config, run
+    from replication.control.launch import resolve_config, run
     from replication.workload import sample_of
 
     args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
@@ -924,7 +924,7 @@ def wait_for_state(handle: Any, feeder: Feeder, keys: int, before_s: float) -> N
 def restart_floor(ctx: RunContext) -> dict[str, Any]:
     """Start the job shape (smallest size, idle) and stop it: the seconds each takes."""
     from deploy.topics import create_topics
-    from replication.driver import run
+    from replication import run
 
     args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
     conf = job_conf(bootstrap, args.period)

@@ -91,14 +91,14 @@ class Timeline:
         victim, label = (target.python_pid, "worker") if python_only else (target.jvm_pid, "jvm")
         if not python_only:
             pythons[target.python_pid] = "worker (the replica's)"
-        ended = master._watch_ended  # the driver's Attach-watch callback, timed when it starts
+        ended = master.losses.watch_ended  # the driver's Attach-watch callback, timed when it starts
 
         def watch_ended(w: int, attempt: int) -> None:
             if w == target.worker:
                 self.mark("driver: its Attach watch ended", time.perf_counter() - self.t0)
             ended(w, attempt)
 
-        master._watch_ended = watch_ended
+        master.losses.watch_ended = watch_ended
         self.t0 = time.perf_counter()
         self.kill_wall = time.time()
         threading.Thread(target=self.watch, daemon=True,

@@ -81,10 +81,14 @@ from bench.common import (  # noqa: E402
 )
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
-from replication import procfs  # noqa: E402
+from replication import (  # noqa: E402
+    JobFailedError,
+    JobHandle,
+    procfs,  # noqa: E402
+    run,
+)
 from replication.chaos import executor_jvms, kill_python, locate  # noqa: E402
 from replication.demo import kill_replica_executor  # noqa: E402
-from replication.driver import JobFailedError, JobHandle, run  # noqa: E402
 from replication.examples.ordered import ChainReport, build_ordered_job, make_events, verify_chains  # noqa: E402
 from replication.loadgen import LoadResult, generate_load  # noqa: E402
 from replication.metrics import InstanceMetrics  # noqa: E402

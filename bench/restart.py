@@ -314,7 +314,7 @@ def finish_job(handle: Any) -> tuple[Any, str | None]:
 
 def live_run(ctx: RunContext, size: int) -> RunResult:
     """A fresh job with the chain on 2 of 3 partitions, under load; ``rescale(chain, 3)`` all at once."""
-    from replication.driver import run
+    from replication import run
 
     args = ctx.args
     s = setup(ctx, size, "live")
@@ -378,7 +378,7 @@ def live_run(ctx: RunContext, size: int) -> RunResult:
 def restart_run(ctx: RunContext, size: int) -> RunResult:
     """A fresh job with the chain on 2 partitions, under load; drained into a savepoint; the same job
     again with the chain on 3 partitions from it, the load going on throughout."""
-    from replication.driver import run
+    from replication import run
 
     args = ctx.args
     s = setup(ctx, size, "restart")

@@ -101,9 +101,9 @@ sys.path.insert(0, str(REPO))
 from bench.common import PacedFeeder, format_row, one_line, write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
+from replication import JobFailedError, JobHandle, run  # noqa: E402
 from replication.api import Job  # noqa: E402
 from replication.chaos import kill_executor, locate  # noqa: E402
-from replication.driver import JobFailedError, JobHandle, run  # noqa: E402
 from replication.examples.workloads import (  # noqa: E402
     NEXMARK_JOIN,
     NexmarkConfig,
@@ -454,7 +454,7 @@ class CheckpointLog(threading.Thread):
 
     def _shippers(self) -> dict[tuple[int, int], int]:
         master = self.handle.master
-        with master._cond:
+        with master.locked():
             if master.rhino is None:
                 return {}
             out: dict[tuple[int, int], int] = {}
@@ -659,7 +659,7 @@ class Run:
         """Every partition's latest completed checkpoint is held by a live worker that runs none
         of its replicas (where it can be restored)."""
         master = self.handle.master
-        with master._cond:
+        with master.locked():
             rhino = master.rhino
             return rhino is not None and all(
                 (cp := rhino.completed.get(inst)) is not None and cp.holders - rhino.dead

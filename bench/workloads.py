@@ -56,7 +56,7 @@ from bench.common import format_row, one_line, write_csv, write_machine  # noqa:
 from bench.ordering import MODES, Config, latency_configs  # noqa: E402
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
-from replication.driver import JobFailedError, JobHandle, run  # noqa: E402
+from replication import JobFailedError, JobHandle, run  # noqa: E402
 from replication.examples.workloads import (  # noqa: E402
     NEXMARK_JOIN,
     BetterCloudGenerator,

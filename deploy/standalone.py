@@ -36,9 +36,9 @@ WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 
 def spark_home(root: Path | None = None) -> Path:
     """A Spark home for the daemons: the pip PySpark package, with its own ``work/`` directory."""
-    from replication.spark_cluster import _shadow_spark_home
+    from replication.spark_cluster import shadow_spark_home
 
-    return _shadow_spark_home(root or Path(tempfile.gettempdir()) / "replication-spark")
+    return shadow_spark_home(root or Path(tempfile.gettempdir()) / "replication-spark")
 
 
 def master_argv(home: Path, host: str, port: int, webui_port: int) -> list[str]:

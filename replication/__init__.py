@@ -5,7 +5,9 @@ The public API: build a :class:`Job`, hand it to :func:`run`, get a :class:`JobH
 
 from replication.api import DataStream, Job, JobDefinitionError, KeyedStream
 from replication.config import ConfigError, ReplicationConfig
-from replication.driver import JobFailedError, JobHandle, JobResult, run
+from replication.control.handle import JobHandle, JobResult
+from replication.control.launch import run
+from replication.control.master import JobFailedError
 from replication.functions import Aggregator, KeyedProcessFunction, ProcessContext, RuntimeContext
 
 __all__ = [

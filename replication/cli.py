@@ -77,7 +77,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from replication.driver import run
+    from replication import run
     from replication.spark_cluster import build_session, stop_session
 
     conf = _conf_pairs(args.conf)
@@ -100,7 +100,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from replication.driver import prepare
+    from replication.control.launch import prepare
 
     cfg = ReplicationConfig.from_mapping(_conf_pairs(args.conf))
     print(prepare(_load_job(args.job)[0], cfg).describe())

@@ -1,7 +1,7 @@
 """Savepoints: a job stopped at a consistent point keeps its state for its next run, which may run
 its keyed tasks at another parallelism (docs/savepoints.md).
 
-Taken by :meth:`replication.driver.JobHandle.drain` with ``savepoint=DIR`` (a path every executor
+Taken by :meth:`replication.control.handle.JobHandle.drain` with ``savepoint=DIR`` (a path every executor
 reaches, or a URI ``pyarrow.fs`` opens, as for durable checkpoints): the job drains as
 usual (LiveRobin: at a final pulse; KaZoo and unordered: every source reads to the end of a fetch
 made after the request), but instead of firing every window at the end, each replica writes what

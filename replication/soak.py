@@ -222,7 +222,7 @@ class Injector:
         attempt = master.workers[worker].attempt
 
         def noticed() -> bool:
-            with master._cond:
+            with master.locked():
                 return worker in master.dead or master.workers[worker].attempt != attempt
         return noticed
 
@@ -291,7 +291,7 @@ class Injector:
 def live_workers(handle: Any) -> int:
     """The job's workers registered and not dead now."""
     master = handle.master
-    with master._cond:
+    with master.locked():
         return sum(1 for w in master.workers if w not in master.dead)
 
 
@@ -310,16 +310,16 @@ def unhealthy(handle: Any) -> str:
     lost, restoring or catching up, and every partition restorable from a checkpoint a live
     worker holds (so the next fault is masked too)."""
     master = handle.master
-    with master._cond:
-        label = master._replica_label
+    with master.locked():
+        label = master.replica_label
         if master.failure:
             return f"failed: {master.failure}"
         if master.lost:
             return "lost: " + ", ".join(label(*r) for r in sorted(master.lost))
-        if master._restoring:
-            return "restoring: " + ", ".join(label(*r) for r in sorted(master._restoring))
-        if master._catching_up:
-            return "catching up: " + ", ".join(rec["replica"] for rec in master._catching_up.values())
+        if master.restores.restoring:
+            return "restoring: " + ", ".join(label(*r) for r in sorted(master.restores.restoring))
+        if master.restores.catching_up:
+            return "catching up: " + ", ".join(rec["replica"] for rec in master.restores.catching_up.values())
         rhino = master.rhino
         if rhino is None:
             return ""
@@ -395,8 +395,7 @@ def run_soak(mode: str, duration_s: float, seed: int, rate: float = 300.0, execu
 def _soak(embedded: Any, spark: Any, report: SoakReport, gap_s: float, bad_every: int, say: Callable[[str], None],
           catalogue: tuple[str, ...], handovers: bool) -> SoakReport:
     from deploy.topics import create_topics
-    from replication import run
-    from replication.driver import JobFailedError
+    from replication import JobFailedError, run
 
     stack = embedded.endpoints  # (the EmbeddedStack itself restarts ZooKeeper)
     mode, seed, duration_s, rate = report.mode, report.seed, report.duration_s, report.rate

@@ -130,7 +130,7 @@ def _expected_executors(master: str, conf: Mapping[str, str]) -> int:
     return 0
 
 
-def _shadow_spark_home(root: Path) -> Path:
+def shadow_spark_home(root: Path) -> Path:
     """A Spark home whose entries are symlinks into the PySpark package, but with its own ``work/``.
 
     ``local-cluster`` Workers write executor directories to ``$SPARK_HOME/work``;
@@ -214,7 +214,7 @@ def build_session(
         os.environ.setdefault("SPARK_LOCAL_IP", merged.get("spark.driver.host", "127.0.0.1"))
     if parse_local_cluster(master) is not None and "SPARK_HOME" not in os.environ:
         root = Path(work_root) if work_root is not None else Path(tempfile.gettempdir()) / "replication-spark"
-        os.environ["SPARK_HOME"] = str(_shadow_spark_home(root))
+        os.environ["SPARK_HOME"] = str(shadow_spark_home(root))
 
     spark_conf = SparkConf(loadDefaults=False)
     for k, v in merged.items():

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.topics import create_topics, read_all
-from replication.driver import JobHandle, JobResult, run
+from replication import JobHandle, JobResult, run
 from replication.examples.fraud import (
     PaymentGenerator,
     Topics,

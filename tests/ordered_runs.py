@@ -184,13 +184,13 @@ def replicas_agree(result, handle, task: str = "chain") -> int:
 def replicas_sharing_worker(handle, replica: str) -> int:
     """How many replicas share the worker of ``replica`` (all are lost when its executor dies)."""
     master = handle.master
-    w = next(w for (t, p, r), w in master.placement.items() if master._replica_label(t, p, r) == replica)
+    w = next(w for (t, p, r), w in master.placement.items() if master.replica_label(t, p, r) == replica)
     return sum(1 for ww in master.placement.values() if ww == w)
 
 
 def every_partition_restorable(master) -> bool:
     """Every partition's restore point (its safe checkpoint) is held apart from each of its
     replicas: a replica lost now, with its worker, can be restored (``survives_a_loss``)."""
-    with master._cond:
+    with master.locked():
         rhino = master.rhino
         return all(rhino.survives_a_loss(inst, master.drained) for inst in rhino.instances())

@@ -53,7 +53,7 @@ def wait(cond, timeout: float, what: str) -> float:
 
 
 def label_of(master, replica) -> str:
-    return master._replica_label(*replica)
+    return master.replica_label(*replica)
 
 
 def find(master, name: str):

@@ -269,7 +269,7 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
     another parallelism is a resume at the checkpoints' first; with ``checkpointDir.ignore=true``
     the job starts empty and the old checkpoints are gone."""
     from replication.config import ConfigError, ReplicationConfig
-    from replication.driver import prepare
+    from replication.control.launch import prepare
     from replication.durability import plan_shape
     from rhino_state.durable import DurableCut
 
@@ -304,7 +304,7 @@ def test_a_kazoo_resume_goes_on_in_the_order_logs_its_cut_names(stack, topic_pre
     """Checked by ``prepare`` (no Spark): a KaZoo job resumed from a cut follows the order logs of
     the run that wrote it; a cut that names none (an earlier build's) is refused in one line."""
     from replication.config import ConfigError, ReplicationConfig
-    from replication.driver import prepare
+    from replication.control.launch import prepare
     from replication.durability import plan_shape
     from rhino_state.durable import DurableCut
 
@@ -358,7 +358,7 @@ def test_a_start_between_a_rescaling_resume_and_its_first_cut_goes_on_from_its_s
     resume at another parallelism was complete; until the new run writes a cut, a new start goes on
     from that savepoint; ``checkpointDir.ignore=true`` deletes it too."""
     from replication.config import ReplicationConfig
-    from replication.driver import prepare
+    from replication.control.launch import prepare
 
     name = f"{topic_prefix}dsp"
     a, b = source_topics(stack, name)

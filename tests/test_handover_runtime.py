@@ -206,7 +206,7 @@ def test_rebalancing_from_the_measured_load_relieves_the_busiest_partition_exact
 
 def handover_orders(master) -> list:
     """The handover orders the master runs or keeps in its history now."""
-    with master._cond:
+    with master.locked():
         coordinator = master.handovers
         return [] if coordinator is None else [*coordinator.orders.values(), *coordinator.history.values()]
 
@@ -256,7 +256,7 @@ def test_a_participant_killed_after_the_commit_does_not_break_exactly_once(stack
         mover = _move_in_background(handle, vnodes, outcome)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            with handle.master._cond:
+            with handle.master.locked():
                 coordinator = handle.master.handovers
                 if coordinator is not None and coordinator.orders and all(
                         o.committed for o in coordinator.orders.values()):
@@ -312,7 +312,7 @@ def test_with_rhino_a_participant_killed_during_a_handover_is_restored_and_the_o
             time.sleep(0.02)
 
     def reached(what: str) -> bool:
-        with master._cond:
+        with master.locked():
             coordinator = master.handovers
             if coordinator is None or not coordinator.orders:
                 return False

@@ -629,10 +629,10 @@ def test_the_coordinator_retains_completed_orders_for_restored_replicas_until_re
 def test_handovers_are_refused_with_the_reason_where_they_are_not_wired():
     from types import SimpleNamespace
 
-    from replication.driver import JobHandle
+    from replication.control.handover_calls import HandoverCalls
 
     def check(mode: str, rhino: bool) -> None:
-        JobHandle._require_pulses(SimpleNamespace(cfg=SimpleNamespace(mode=mode, rhino_enabled=rhino)), "moving vnodes")
+        HandoverCalls._require_pulses(SimpleNamespace(cfg=SimpleNamespace(mode=mode, rhino_enabled=rhino)), "moving vnodes")
 
     for mode in ("liverobin", "kazoo"):
         check(mode, True)

@@ -1,18 +1,19 @@
-"""The job master's decisions without Spark: heartbeats in, instructions out (replication.driver)."""
+"""The job master's decisions without Spark: heartbeats in, instructions out (replication.control)."""
 
 from __future__ import annotations
 
 import time
 
 from replication.config import ReplicationConfig
-from replication.driver import JobMaster, WorkerInfo
+from replication.control.liveness import WorkerInfo
+from replication.control.master import JobMaster
+from replication.control.status_view import job_status
 from replication.examples.ordered import build_ordered_job
 from replication.messages import Ack, Attach, Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 from rhino_state.manager import CompletedCheckpoint, RestorePlan
 from tests.ordered_runs import wait_until
-from transport.rpc import Bell
 
 
 def _master(mode: str = "kazoo", rhino: bool = False, workers: int = 3) -> JobMaster:
@@ -49,8 +50,7 @@ def test_a_quiet_worker_is_rung_when_its_reply_would_change_and_every_worker_for
     so they ask for it at once; a worker that is not quiet beats at its interval anyway and is not
     rung; a command set from outside a heartbeat rings every worker."""
     master = _master(workers=3)
-    bells = {w: Bell() for w in range(3)}
-    master._bells.update({(w, 0): bell for w, bell in bells.items()})
+    bells = {w: master.bells.attach((w, 0)) for w in range(3)}
 
     def rung() -> dict[int, int]:
         return {w: bell.wait_past(-1, 0) for w, bell in bells.items()}
@@ -94,8 +94,8 @@ def test_a_replica_that_dies_before_it_reported_leaves_the_decision_to_the_live_
     source = _replicas(master, "source-b")[:2]
     w0, w1 = (master.placement[r] for r in source)
     _beat(master, w0, drain_positions={source[0]: {1: 40, 0: -1}})
-    with master._cond:
-        master._declare_dead(w1, "killed")
+    with master.locked():
+        master.declare_dead(w1, "killed")
     assert master.drain_at[source[0][:2]] == {0: -1, 1: 40}
 
 
@@ -110,7 +110,7 @@ def test_a_cut_off_replica_is_stopped_where_it_runs_and_shown_lost():
     assert victim in master.lost and reply.drop == {victim: 0}
     assert any("replaced: an upstream cut it off" in text and "1025 batches behind" in text
                for _, text in master.events)
-    assert master._status("running")["lost"] == [master._replica_label(*victim)]
+    assert job_status(master, "running")["lost"] == [master.replica_label(*victim)]
 
 
 def test_a_cut_off_reported_for_a_replica_that_moved_since_is_ignored():
@@ -141,8 +141,8 @@ def test_losing_a_sink_writer_passes_both_its_writer_roles_to_the_twin():
     sink = _replicas(master, "chain-sink")[0]
     t, p, r = sink
     assert master.sinks[(t, p, "out")][:2] == [r, 0] and master.sinks[(t, p, "dlq")][:2] == [r, 0]
-    with master._cond:
-        master._declare_dead(master.placement[sink], "killed")
+    with master.locked():
+        master.declare_dead(master.placement[sink], "killed")
     assert master.sinks[(t, p, "out")][:2] == [1 - r, 1] and master.sinks[(t, p, "dlq")][:2] == [1 - r, 1]
 
 
@@ -177,11 +177,11 @@ def test_losing_both_replicas_and_every_holder_of_the_checkpoint_fails_the_job_a
         rhino.checkpoint_completed(inst, 7, {}, holders=rhino.groups[inst])
     chain = _replicas(master, "chain")[:2]
     holder = rhino.groups[chain[0][:2]][0]
-    with master._cond:
-        master._declare_dead(holder, "killed")
+    with master.locked():
+        master.declare_dead(holder, "killed")
         assert master.failure is None  # one loss per partition: every one of them is masked
         for replica in chain:
-            master._declare_dead(master.placement[replica], "killed")
+            master.declare_dead(master.placement[replica], "killed")
     assert master.failure is not None and master.command == "stop"
     assert "both replicas of" in master.failure and "every worker holding the checkpoint 7" in master.failure
 
@@ -192,10 +192,10 @@ def test_an_evicted_worker_s_last_report_does_not_replace_a_restored_replica_s_f
     copy of the replica: the driver keeps the restored replica's figures."""
     master = _master(mode="liverobin", workers=3)
     replica = _replicas(master, "chain")[0]
-    label = master._replica_label(*replica)
+    label = master.replica_label(*replica)
     old_worker = master.placement[replica]
-    with master._cond:
-        master._declare_dead(old_worker, "killed")
+    with master.locked():
+        master.declare_dead(old_worker, "killed")
     restored = InstanceMetrics(finished=True, state_digest="ab" * 32)
     other = next(w for w in master.workers if w != old_worker)
     _beat(master, other, metrics={label: restored})
@@ -212,13 +212,13 @@ def test_a_relaunched_worker_declared_dead_again_is_evicted_when_it_is_heard_fro
     stayed dead to the driver for good and its groups lost a member for the rest of the run."""
     master = _master(mode="kazoo", rhino=True, workers=4)
     master.start_timeout_s = 1.0
-    with master._cond:
-        master._declare_dead(1, "killed")
+    with master.locked():
+        master.declare_dead(1, "killed")
     registered = master.register(Register(1, 1, "9", "127.0.0.1:4901", 4242))
     assert registered.status == "standby" and 1 not in master.dead
     assert master.heartbeat(Heartbeat(worker=1, attempt=1)).command != "evicted"
-    with master._cond:
-        master._declare_dead(1, "silent for 2.0s")
+    with master.locked():
+        master.declare_dead(1, "silent for 2.0s")
     assert master.heartbeat(Heartbeat(worker=1, attempt=1)).command == "evicted"
 
 
@@ -239,7 +239,7 @@ def test_a_worker_relaunched_after_its_attempt_reported_its_end_registers_as_a_s
 def _report_pulses(master: JobMaster, pulses: dict[tuple[int, int, int], int]) -> None:
     by_worker: dict[int, dict[str, InstanceMetrics]] = {}
     for replica, pulse in pulses.items():
-        by_worker.setdefault(master.placement[replica], {})[master._replica_label(*replica)] = \
+        by_worker.setdefault(master.placement[replica], {})[master.replica_label(*replica)] = \
             InstanceMetrics(pulse=pulse)
     for w, metrics in by_worker.items():
         _beat(master, w, metrics=metrics)
@@ -254,11 +254,11 @@ def test_the_heartbeat_log_is_read_from_the_lowest_pulse_a_live_source_replica_c
     assert master.heartbeat_log_needed_from() is None  # one has not
     _report_pulses(master, {sources[3]: 420})
     assert master.heartbeat_log_needed_from() == 420
-    with master._cond:  # its worker dies: nobody restores it (no Rhino), nobody reads for it
-        master._declare_dead(master.placement[sources[3]], "killed")
+    with master.locked():  # its worker dies: nobody restores it (no Rhino), nobody reads for it
+        master.declare_dead(master.placement[sources[3]], "killed")
     alive = [r for r in sources if master.placement[r] not in master.dead]
     assert master.heartbeat_log_needed_from() == min(pulses[r] for r in alive)
-    master.metrics[master._replica_label(*alive[0])] = InstanceMetrics(pulse=100, finished=True)
+    master.metrics[master.replica_label(*alive[0])] = InstanceMetrics(pulse=100, finished=True)
     assert master.heartbeat_log_needed_from() == min(pulses[r] for r in alive[1:])  # (a drained one reads no more)
 
 
@@ -279,8 +279,8 @@ def test_with_rhino_the_heartbeat_log_is_kept_from_the_oldest_source_checkpoint_
     assert master.heartbeat_log_needed_from() == kept and kept in (300, 600)
     _report_pulses(master, {sources[0]: 250})  # a replica far behind its twin
     assert master.heartbeat_log_needed_from() == 250
-    with master._cond:  # lost: restored from a checkpoint Rhino keeps, not from where it was
-        master._declare_dead(master.placement[sources[0]], "killed")
+    with master.locked():  # lost: restored from a checkpoint Rhino keeps, not from where it was
+        master.declare_dead(master.placement[sources[0]], "killed")
     assert master.heartbeat_log_needed_from() == min(rhino.retain_from(inst) for inst in rhino.instances()
                                                      if inst[0] == sources[0][0])
 
@@ -288,8 +288,8 @@ def test_with_rhino_the_heartbeat_log_is_kept_from_the_oldest_source_checkpoint_
 def test_without_rhino_a_relaunched_worker_stays_a_bystander_and_is_not_evicted():
     master = _master(mode="liverobin", rhino=False, workers=3)
     master.start_timeout_s = 1.0
-    with master._cond:
-        master._declare_dead(2, "killed")
+    with master.locked():
+        master.declare_dead(2, "killed")
     assert master.register(Register(2, 1, "9", "127.0.0.1:4902", 4242)).status == "standby"
     assert master.heartbeat(Heartbeat(worker=2, attempt=1)).command != "evicted"
 
@@ -311,8 +311,8 @@ def test_a_worker_whose_watch_ends_before_its_report_is_declared_dead_at_once():
     master.finished(WorkerFinished(1, 0, "finished"))
     end_of[1]()
     assert 1 not in master.dead
-    with master._cond:
-        master._declare_dead(2, "killed")
+    with master.locked():
+        master.declare_dead(2, "killed")
     assert master.register(Register(2, 1, "9", "127.0.0.1:4902", 4242)).status == "standby"
     end_of[2]()  # the attempt Spark relaunched
     assert 2 not in master.dead
@@ -340,24 +340,24 @@ def test_in_kazoo_a_restored_replica_catches_up_at_the_checkpoint_its_twin_had_t
     master = _master(mode="kazoo", rhino=True, workers=4)
     replica = _replicas(master, "chain")[0]
     t, p, r = replica
-    twin = master._replica_label(t, p, 1 - r)
-    label = master._replica_label(*replica)
+    twin = master.replica_label(t, p, 1 - r)
+    label = master.replica_label(*replica)
     master.metrics[twin] = InstanceMetrics(checkpoint_id=250)
     host = next(w for w in master.workers if w not in master.rhino.replica_workers((t, p)))
     address = master.workers[host].address
-    master._peers[address] = _RestoringPeer(100)
-    with master._cond:
+    master.restores.peers[address] = _RestoringPeer(100)
+    with master.locked():
         master.lost[replica] = time.time()
-    master._restore(replica, host, address, RestoreReplica(replica, 100, {}, {}, {}, 1),
+    master.restores.restore(replica, host, address, RestoreReplica(replica, 100, {}, {}, {}, 1),
                     RestorePlan(host, CompletedCheckpoint(100, {}, frozenset({host})), rollback=False))
-    assert replica in master._catching_up
-    with master._cond:
+    assert replica in master.restores.catching_up
+    with master.locked():
         master.metrics[label] = InstanceMetrics(restored_from=100, checkpoint_id=200)
-        master._check_caught_up()
-        assert replica in master._catching_up
+        master.restores.check_caught_up()
+        assert replica in master.restores.catching_up
         master.metrics[label] = InstanceMetrics(restored_from=100, checkpoint_id=250)
-        master._check_caught_up()
-        assert replica not in master._catching_up and master.recoveries[-1]["replica"] == label
+        master.restores.check_caught_up()
+        assert replica not in master.restores.catching_up and master.recoveries[-1]["replica"] == label
 
 
 def test_a_restored_replica_is_not_caught_up_by_the_figures_of_its_lost_incarnation():
@@ -366,26 +366,26 @@ def test_a_restored_replica_is_not_caught_up_by_the_figures_of_its_lost_incarnat
     master = _master(mode="liverobin", rhino=True, workers=4)
     replica = _replicas(master, "chain")[0]
     t, p, r = replica
-    twin = master._replica_label(t, p, 1 - r)
-    label = master._replica_label(*replica)
+    twin = master.replica_label(t, p, 1 - r)
+    label = master.replica_label(*replica)
     master.metrics[twin] = InstanceMetrics(pulse=3032)
     master.metrics[label] = InstanceMetrics(pulse=3032, restored_from=2300, checkpoint_id=3000)
     host = next(w for w in master.workers if w not in master.rhino.replica_workers((t, p)))
     address = master.workers[host].address
-    master._peers[address] = _RestoringPeer(2900)
-    with master._cond:
+    master.restores.peers[address] = _RestoringPeer(2900)
+    with master.locked():
         master.lost[replica] = time.time()
-    master._restore(replica, host, address, RestoreReplica(replica, 2900, {}, {}, {}, 1),
+    master.restores.restore(replica, host, address, RestoreReplica(replica, 2900, {}, {}, {}, 1),
                     RestorePlan(host, CompletedCheckpoint(2900, {}, frozenset({host})), rollback=False))
-    with master._cond:
-        master._check_caught_up()  # what any heartbeat does
-        assert replica in master._catching_up
+    with master.locked():
+        master.restores.check_caught_up()  # what any heartbeat does
+        assert replica in master.restores.catching_up
         master.metrics[label] = InstanceMetrics(pulse=2950, restored_from=2900)
-        master._check_caught_up()
-        assert replica in master._catching_up
+        master.restores.check_caught_up()
+        assert replica in master.restores.catching_up
         master.metrics[label] = InstanceMetrics(pulse=3032, restored_from=2900)
-        master._check_caught_up()
-        assert replica not in master._catching_up and master.recoveries[-1]["replica"] == label
+        master.restores.check_caught_up()
+        assert replica not in master.restores.catching_up and master.recoveries[-1]["replica"] == label
 
 
 
@@ -397,8 +397,8 @@ class _HostDiesDuringTheRestore:
         self.master, self.host = master, host
 
     def call(self, method: str, request: RestoreReplica, reply_type: type, timeout: float) -> object:
-        with self.master._cond:
-            self.master._declare_dead(self.host, "silent for 2.1s")
+        with self.master.locked():
+            self.master.declare_dead(self.host, "silent for 2.1s")
         return Restored(request.checkpoint_id, {}, 0.01, 0.02, pulse=0)
 
 
@@ -414,15 +414,15 @@ def test_a_replica_restored_on_a_worker_declared_dead_meanwhile_is_lost_again_no
     t, p, r = replica
     host = next(w for w in master.workers if w not in rhino.replica_workers((t, p)) and w != master.placement[replica])
     address = master.workers[host].address
-    master._peers[address] = _HostDiesDuringTheRestore(master, host)
-    with master._cond:
+    master.restores.peers[address] = _HostDiesDuringTheRestore(master, host)
+    with master.locked():
         master.lost[replica] = time.time()
-    master._restore(replica, host, address, RestoreReplica(replica, 7, {}, {}, {}, 1),
+    master.restores.restore(replica, host, address, RestoreReplica(replica, 7, {}, {}, {}, 1),
                     RestorePlan(host, CompletedCheckpoint(7, {}, frozenset({host})), rollback=False))
-    with master._cond:
-        assert replica in master.lost and replica not in master._catching_up
+    with master.locked():
+        assert replica in master.lost and replica not in master.restores.catching_up
         assert master.placement[replica] != host and replica not in master.moves
-        assert any("declared dead meanwhile" in text and master._replica_label(*replica) in text
+        assert any("declared dead meanwhile" in text and master.replica_label(*replica) in text
                    for _, text in master.events)
 
 
@@ -435,7 +435,7 @@ class _RecordingRestores:
     def install(self, master: JobMaster, *more: str) -> None:
         """Be the peer of every registered worker of ``master`` (and of addresses ``more``)."""
         for address in [info.address for info in master.workers.values()] + list(more):
-            master._peers[address] = self.peer(address)
+            master.restores.peers[address] = self.peer(address)
 
     def peer(self, address: str) -> object:
         recorder = self
@@ -464,19 +464,19 @@ def test_a_replica_waiting_for_a_free_worker_is_restored_when_a_relaunched_one_r
     restores = _RecordingRestores()
     relaunched = "127.0.0.1:4999"
     restores.install(master, relaunched)
-    with master._cond:
-        master._declare_dead(master.placement[first], "killed")
+    with master.locked():
+        master.declare_dead(master.placement[first], "killed")
     deadline = time.monotonic() + 5
     while first not in master.moves:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert master.moves[first][0] == holder
     killed = master.placement[second]
-    with master._cond:
-        master._declare_dead(killed, "killed")
-        assert second in master.lost and second not in master._restoring  # no free worker to run it
+    with master.locked():
+        master.declare_dead(killed, "killed")
+        assert second in master.lost and second not in master.restores.restoring  # no free worker to run it
     assert master.register(Register(killed, 1, "9", relaunched, 4242)).status == "standby"
-    assert second in master._restoring
+    assert second in master.restores.restoring
     while second not in master.moves:
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -497,8 +497,8 @@ def test_a_lost_replica_is_not_restored_on_a_worker_that_reported_its_end():
     restores = _RecordingRestores()
     restores.install(master)
     master.finished(WorkerFinished(finished, 0, "finished"))
-    with master._cond:
-        master._declare_dead(master.placement[replica], "silent for 2.1s")
+    with master.locked():
+        master.declare_dead(master.placement[replica], "silent for 2.1s")
     wait_until(lambda: replica in master.moves, 5, "the restore", poll_s=0.01)
     assert master.moves[replica][0] == free
     assert restores.calls and all(address != master.workers[finished].address for address, _ in restores.calls)
@@ -515,12 +515,12 @@ def test_a_resumed_run_restores_a_partition_it_lost_whole_from_the_durable_cut()
     master.resume_restore_points(DurableCut(7, "jm", parts))
     first, second = [r for r in _replicas(master, "chain") if r[1] == 0]
     killed = {master.placement[first], master.placement[second]}
-    assert not any(master._loss_ends_the_job(w) for w in killed)
+    assert not any(master.losses.ends_the_job(w) for w in killed)
     restores = _RecordingRestores()
     restores.install(master)
-    with master._cond:
+    with master.locked():
         for w in sorted(killed):
-            master._declare_dead(w, "killed")
+            master.declare_dead(w, "killed")
     assert master.failure is None
     wait_until(lambda: first in master.moves or second in master.moves, 5, "the rollback", poll_s=0.01)
     req = next(r for _, r in restores.calls if r.replica[:2] == first[:2])
@@ -549,31 +549,31 @@ def test_a_restore_point_beside_a_replica_is_copied_to_a_member_and_a_failed_cop
     holder = rhino.groups[inst][0]
     for i in rhino.instances():
         rhino.checkpoint_completed(i, 1, {})
-    with master._cond:
+    with master.locked():
         rhino.replica_moved(replica, holder)  # as if restored on its only holder
     member = rhino.groups[inst][0]
     address = master.workers[member].address
-    master._peers[address] = failing = _CopyingPeer(fail=True)
-    with master._cond:
-        master._start_copies()
+    master.restores.peers[address] = failing = _CopyingPeer(fail=True)
+    with master.locked():
+        master.restores.start_copies()
     deadline = time.monotonic() + 5
-    while not failing.calls or master._copying.get(inst, 0) > time.monotonic() + 60:
+    while not failing.calls or master.restores.copying.get(inst, 0) > time.monotonic() + 60:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert failing.calls[0].instance == inst and failing.calls[0].source == master.workers[holder].address
-    with master._cond:
-        assert not rhino.survives_a_loss(inst) and master._copying[inst] > time.monotonic()  # waits to retry
-        master._copying[inst] = 0.0
-        master._peers[address] = working = _CopyingPeer()
-        master._start_copies()
-    while inst in master._copying:
+    with master.locked():
+        assert not rhino.survives_a_loss(inst) and master.restores.copying[inst] > time.monotonic()  # waits to retry
+        master.restores.copying[inst] = 0.0
+        master.restores.peers[address] = working = _CopyingPeer()
+        master.restores.start_copies()
+    while inst in master.restores.copying:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert working.calls and rhino.survives_a_loss(inst) and member in rhino.restore_point(inst).holders
 
 
 def test_a_jobs_summary_says_how_many_records_came_too_late_for_their_window():
-    from replication.driver import JobResult
+    from replication import JobResult
 
     on_time = JobResult("finished", InstanceMetrics(), {}, duration_s=3.0, records_read=1200, records_written=900)
     assert on_time.summary() == "finished after 3.0s: 1,200 records read, 900 written, 0 dead-lettered"

@@ -1,4 +1,4 @@
-"""Which silent workers the failure detector declares dead (replication.liveness), and the job
+"""Which silent workers the failure detector declares dead (replication.control.liveness), and the job
 master applying it."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import time
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replication.liveness import (
+from replication.control import watch
+from replication.control.liveness import (
     FATAL_SILENCE_FACTOR,
     SHARED_SILENCE_FACTOR,
     STRAIN_WINDOW_S,
@@ -86,7 +87,7 @@ def _beat_until_declared(master, victim: int, others: tuple[int, ...], timeout: 
 def test_the_job_master_waits_out_a_silence_every_worker_shares_and_declares_one_alone():
     master = _master(mode="liverobin", workers=3)
     master.failure_timeout_s = 0.5
-    monitor = threading.Thread(target=master.monitor, args=(0.02,), daemon=True)
+    monitor = threading.Thread(target=watch.monitor, args=(master, 0.02,), daemon=True)
     try:
         old = time.monotonic() - 0.6
         for info in master.workers.values():
@@ -104,7 +105,7 @@ def test_the_job_master_waits_out_a_silence_every_worker_shares_and_declares_one
 
     master = _master(mode="liverobin", workers=3)
     master.failure_timeout_s = 0.5
-    monitor = threading.Thread(target=master.monitor, args=(0.02,), daemon=True)
+    monitor = threading.Thread(target=watch.monitor, args=(master, 0.02,), daemon=True)
     try:
         master.workers[1].last_seen = time.monotonic() - 1.0
         monitor.start()
@@ -118,15 +119,15 @@ def test_the_job_master_waits_out_a_silence_every_worker_shares_and_declares_one
 def test_the_job_master_waits_longer_for_a_silent_worker_whose_loss_would_end_the_job():
     master = _master(mode="liverobin", workers=3)
     master.failure_timeout_s = 0.2
-    assert not any(master._loss_ends_the_job(w) for w in range(3))  # every partition has a twin elsewhere
-    with master._cond:
-        master._declare_dead(0, "killed")
+    assert not any(master.losses.ends_the_job(w) for w in range(3))  # every partition has a twin elsewhere
+    with master.locked():
+        master.declare_dead(0, "killed")
     last = {w for (t, p, r), w in master.placement.items() if w != 0
             and any(master.placement[(t, p, rr)] == 0 for rr in range(master.plan.replicas) if rr != r)}
     fatal = min(last)  # runs the twin of a replica worker 0 ran: the partition's last replica
     other = ({1, 2} - {fatal}).pop()
-    assert master._loss_ends_the_job(fatal)
-    monitor = threading.Thread(target=master.monitor, args=(0.02,), daemon=True)
+    assert master.losses.ends_the_job(fatal)
+    monitor = threading.Thread(target=watch.monitor, args=(master, 0.02,), daemon=True)
     try:
         master.workers[fatal].last_seen = time.monotonic() - 0.5
         started = time.monotonic()
@@ -156,7 +157,7 @@ def test_the_job_master_gives_a_worker_whose_heartbeats_came_late_lately_longer(
         master.heartbeat(Heartbeat(worker=w, attempt=0))
     master.workers[1].last_seen = time.monotonic() - 0.6
     master.heartbeat(Heartbeat(worker=1, attempt=0))  # 0.6 s after the one before
-    monitor = threading.Thread(target=master.monitor, args=(0.02,), daemon=True)
+    monitor = threading.Thread(target=watch.monitor, args=(master, 0.02,), daemon=True)
     try:
         started = time.monotonic()
         monitor.start()
@@ -189,8 +190,8 @@ def test_the_job_master_asks_spark_for_its_executors_at_the_poll_period_not_ever
         asked.append(time.monotonic())
         return list(registered)
 
-    master._executor_ids = executor_ids
-    monitor = threading.Thread(target=master.monitor, args=(0.01, 0.25), daemon=True)
+    master.executor_ids = executor_ids
+    monitor = threading.Thread(target=watch.monitor, args=(master, 0.01, 0.25), daemon=True)
     try:
         started = time.monotonic()
         monitor.start()

@@ -23,6 +23,7 @@ from replication.functions import Aggregator, KeyedProcessFunction
 from replication.handovers import HandoverOrder, RouterSwitches
 from replication.metrics import InstanceMetrics
 from replication.plan import OutputEdge, plan_job
+from replication.runtime.chain import build_chain
 from replication.runtime.elements import DATA, END, END_ELEMENT, MAX_WATERMARK, WATERMARK, record
 from replication.runtime.operators import (
     FilterOperator,
@@ -33,7 +34,6 @@ from replication.runtime.operators import (
     Router,
     SinkOperator,
     WindowOperator,
-    build_chain,
     serves_through_moves,
 )
 from rhino_state import (

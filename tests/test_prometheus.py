@@ -20,11 +20,9 @@ from hypothesis import strategies as st
 
 from liverobin.segments import HeartbeatLog
 from replication.config import ReplicationConfig
-from replication.driver import JobMaster, WorkerInfo
-from replication.examples.ordered import build_ordered_job
-from replication.metrics import InstanceMetrics, LatencyHistogram
-from replication.plan import place, plan_job
-from replication.prometheus import (
+from replication.control.liveness import WorkerInfo
+from replication.control.master import JobMaster
+from replication.control.prometheus import (
     CONTENT_TYPE,
     LATENCY_BUCKETS,
     DriverState,
@@ -36,6 +34,9 @@ from replication.prometheus import (
     histogram_buckets,
     render,
 )
+from replication.examples.ordered import build_ordered_job
+from replication.metrics import InstanceMetrics, LatencyHistogram
+from replication.plan import place, plan_job
 
 # -- a strict parser of the text exposition format 0.0.4 ------------------------------------------
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -362,7 +363,7 @@ class _FakeSparkContext:
 
 def _handle(port: int):
     """A JobHandle around a job master without Spark (nothing runs; only the endpoint is real)."""
-    from replication.driver import JobHandle
+    from replication import JobHandle
 
     master = _master()
     master.plan.heartbeat_log = None  # no pulse generator

@@ -1,4 +1,4 @@
-"""The driver's heartbeat generators (replication.pulses) and a KaZoo handover's pulse window, in
+"""The driver's heartbeat generators (replication.control.pulses) and a KaZoo handover's pulse window, in
 process: generators are fakes that record what they were told, the workers' acks are fed to the
 job master by hand, so every interleaving is the test's to choose."""
 
@@ -12,11 +12,12 @@ import pytest
 
 from liverobin.heartbeats import PulseLog
 from liverobin.segments import HeartbeatLog
+from replication import JobHandle
 from replication.config import ReplicationConfig
-from replication.driver import JobHandle, JobMaster
+from replication.control.master import JobMaster
+from replication.control.pulses import DriverPulses, switch_pulse
 from replication.examples.ordered import build_ordered_job
 from replication.plan import place, plan_job
-from replication.pulses import DriverPulses, switch_pulse
 from rhino_state import Batched
 
 
@@ -179,12 +180,12 @@ def _sources_hold(handle: JobHandle) -> None:
     """Every source replica reports holding for the window the driver announced (heartbeats)."""
     master = handle.master
     _until(lambda: master.pulse_window is not None and master.pulse_window[1])
-    with master._cond:
+    with master.locked():
         window = master.pulse_window[0]
         for rid in handle.placement:
             if handle.plan.task(rid[0]).is_source:
                 master.holding[rid] = (window, {rid[1]: 5})
-        master._cond.notify_all()
+        master.changed()
 
 
 def _move_in_thread(outcome: dict, move) -> threading.Thread:
@@ -218,7 +219,7 @@ def _committed_step(handle: JobHandle) -> int:
 
 def _ack(handle: JobHandle, kind: str, role: str, hid: int) -> None:
     master = handle.master
-    with master._cond:
+    with master.locked():
         coordinator = master.handovers
         order = coordinator.orders[hid]
         task = order.task
@@ -227,7 +228,7 @@ def _ack(handle: JobHandle, kind: str, role: str, hid: int) -> None:
         for text in coordinator.on_acks([(hid, order.epoch, (t, p, r), kind, "d", 1, 0, -1)
                                          for t, p in instances for r in (0, 1)]):
             master.event(text)
-        master._cond.notify_all()
+        master.changed()
 
 
 def test_a_kazoo_window_stays_open_past_the_deadline_until_the_committed_step_completes():
@@ -262,7 +263,7 @@ def test_a_step_not_committed_by_the_deadline_is_cancelled_and_the_job_stops_cle
     with pytest.raises(TimeoutError, match="not committed: cancelled"):
         threading.Thread(target=_sources_hold, args=(handle,), daemon=True).start()
         handle.move_vnodes("chain", [0, 1], 1, timeout=0.5, margin_s=5.0)
-    with handle.master._cond:
+    with handle.master.locked():
         coordinator = handle.master.handovers
         assert coordinator.rolling_forward() == [] and [o.cancelled for o in coordinator.orders.values()] == [True]
         assert coordinator.manager.tables[coordinator.orders[1].task].epoch == 0
@@ -284,7 +285,7 @@ def test_a_job_past_its_deadline_stops_between_steps_and_says_how_far_it_got():
         mover.join(5)
         assert isinstance(outcome.get("error"), TimeoutError), outcome
         assert "stopped after 1 of 3 step(s): not done within 1s" in str(outcome["error"])
-        with handle.master._cond:
+        with handle.master.locked():
             table = handle.master.handovers.manager.tables[handle.master.handovers.record(hid).task]
         assert [table.partition_of_vnode(v) for v in (0, 1, 2)] == [1, 0, 0]
         assert factory.made[0].closed_at is not None
@@ -301,9 +302,9 @@ def test_a_job_stopped_while_a_committed_step_waits_for_its_pulses_ends_the_wait
     mover = _move_in_thread(outcome, lambda: handle.move_vnodes("chain", [0, 1], 1, timeout=30.0, margin_s=5.0))
     try:
         _committed_step(handle)
-        with handle.master._cond:
+        with handle.master.locked():
             handle.master.command = "stop"
-            handle.master._cond.notify_all()
+            handle.master.changed()
         mover.join(5)
         assert not mover.is_alive(), "the handover call still waits for a stopped job"
         assert "the job ended during handover" in str(outcome.get("error")), outcome
@@ -315,7 +316,7 @@ def test_a_job_stopped_while_a_committed_step_waits_for_its_pulses_ends_the_wait
 def test_a_handover_counts_its_margins_in_pulses_at_the_rate_they_are_written(quiet_pulses, monkeypatch):
     """A step switches at a pulse counted ahead: at 100 pulses a second 0.5 s is 50 pulses, at the
     eager gap's 20 a second only 10 (counted at the period, the step would wait 2.5 s)."""
-    from replication import pulses as pulses_module
+    from replication.control import pulses as pulses_module
 
     factory, pulses = quiet_pulses
     gen = pulses.start()
@@ -347,7 +348,7 @@ def test_a_kazoo_handover_counts_its_margins_at_the_rate_its_window_is_written(q
     the handover benchmark released its steps 2-3 times later than planned, and its moved keys
     waited as long.  Before the window's pulses span a second their rate is not trusted: the
     margins are counted at the period then (later than planned, never sooner)."""
-    from replication import pulses as pulses_module
+    from replication.control import pulses as pulses_module
 
     factory, pulses = quiet_pulses
     gen = pulses.start(windowed=True)

@@ -148,7 +148,7 @@ def test_unordered_mode_diverges_on_a_two_input_task(stack, spark, topic_prefix,
         merged = job.source(a, deserializer="str").union(job.source(b, deserializer="str"))
         (merged.key_by(lambda v: "all", prepartitioned=True).process(RunningHash(), name="hash")
          .new_task().map(str, name="noop").sink(f"{topic_prefix}out{attempt}", serializer="str"))
-        with caplog.at_level(logging.WARNING, logger="replication.driver"):
+        with caplog.at_level(logging.WARNING, logger="replication.control.launch"):
             handle = run(job, spark=spark, conf=_conf(stack))
             handle.wait_started(120)
             feed(stack, a, b, [], rounds=20, first_round=20 * attempt)

@@ -37,8 +37,8 @@ def _every_checkpoint_held_by_a_live_worker(handle) -> bool:
 def _every_replica_back(handle) -> bool:
     """No replica lost, being restored or catching up: every partition on two live replicas."""
     master = handle.master
-    with master._cond:
-        return not (master.lost or master._restoring or master._catching_up)
+    with master.locked():
+        return not (master.lost or master.restores.restoring or master.restores.catching_up)
 
 
 @contextlib.contextmanager
@@ -125,12 +125,12 @@ def test_a_second_kill_before_new_members_hold_checkpoints_restores_by_pulling(s
             master = handle.master
             _wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere",
                   lambda: _rhino_state(handle))
-            label = {master._replica_label(*k): k for k in master.placement}
+            label = {master.replica_label(*k): k for k in master.placement}
             chain0 = label["chain[0]r0"][:2]
             kill_executor(locate("chain[0]r0", job=job.name))
             _wait(lambda: label["chain[0]r0"] in master.moves, 30, "chain[0]r0 restored",
                   lambda: _rhino_state(handle))
-            with master._cond:
+            with master.locked():
                 holders = master.rhino.restore_point(chain0).holders - master.rhino.dead
                 busy = master.rhino.replica_workers(chain0)
             assert holders and holders <= busy, _rhino_state(handle)  # only a holder running a replica holds it
@@ -166,16 +166,16 @@ def test_losing_the_only_group_member_leaves_the_shipper_holding_the_checkpoint(
         master = handle.master
         _wait(lambda: every_partition_restorable(master), 60, "a safe checkpoint everywhere",
               lambda: _rhino_state(handle))
-        label = {master._replica_label(*k): k for k in master.placement}
+        label = {master.replica_label(*k): k for k in master.placement}
         chain0 = label["chain[0]r0"][:2]
-        with master._cond:
+        with master.locked():
             shipper = master.placement[label["chain[0]r0"]]
             member = master.rhino.groups[chain0][0]
             assert master.rhino.restore_point(chain0).holders == {member, shipper}, _rhino_state(handle)
             on_member = next(name for name, k in label.items() if master.placement[k] == member)
         kill_executor(locate(on_member, job=job.name))
         _wait(lambda: member in master.rhino.dead, 30, f"worker {member} declared dead")
-        with master._cond:
+        with master.locked():
             assert master.rhino.restore_point(chain0).holders - master.rhino.dead == {shipper}, _rhino_state(handle)
         kill_executor(locate("chain[0]r1", job=job.name))
         _wait(lambda: any(r["replica"] == "chain[0]r1" for r in handle.recoveries()) and _every_replica_back(handle),
@@ -195,10 +195,10 @@ def test_losing_the_only_group_member_leaves_the_shipper_holding_the_checkpoint(
 def _rhino_state(handle) -> str:
     """Per partition: safe, pinned and latest checkpoint with holders, group, lost replicas (for failures)."""
     rhino, master = handle.master.rhino, handle.master
-    lines = [f"dead {sorted(rhino.dead)} lost {sorted(master.lost)} restoring {sorted(master._restoring)}",
+    lines = [f"dead {sorted(rhino.dead)} lost {sorted(master.lost)} restoring {sorted(master.restores.restoring)}",
              "catching up " + ", ".join(
                  f"{rec['replica']} at pulse {getattr(master.metrics.get(rec['replica']), 'pulse', None)} of "
-                 f"{rec['target_pulse']}" for rec in list(master._catching_up.values()))]
+                 f"{rec['target_pulse']}" for rec in list(master.restores.catching_up.values()))]
     for inst in rhino.instances():
         def show(cp):
             return None if cp is None else (cp.checkpoint_id, sorted(cp.holders))
@@ -221,11 +221,11 @@ def test_losing_both_replicas_rolls_the_partition_back_with_exact_output(stack, 
         master = handle.master
         targets = [locate(r, job=job.name) for r in ("chain[0]r0", "chain[0]r1")]
         dead_workers = {w for (t, p, r), w in master.placement.items()
-                        if master._replica_label(t, p, r) in ("chain[0]r0", "chain[0]r1")}
+                        if master.replica_label(t, p, r) in ("chain[0]r0", "chain[0]r1")}
         lost = sum(1 for w in master.placement.values() if w in dead_workers)
         both = {(t, p) for (t, p, r), w in master.placement.items()
                 if w in dead_workers and master.placement[(t, p, 1 - r)] in dead_workers}
-        second = master.placement[next(k for k in master.placement if master._replica_label(*k) == "chain[0]r1")]
+        second = master.placement[next(k for k in master.placement if master.replica_label(*k) == "chain[0]r1")]
         kill_executor(targets[0])
         # a restore of the first executor's replicas lands on the second before it dies (CI saw the
         # second loss detected a second after the first, and the replica restored twice on one worker)
@@ -302,9 +302,9 @@ def test_draining_an_executor_moves_its_replicas_elsewhere_while_the_twins_serve
     with _fed_job(stack, spark, f"{topic_prefix}rhinodrain", "liverobin") as (job, handle, ids):
         _wait(lambda: _every_checkpoint_held_by_a_live_worker(handle), 30, "a completed checkpoint everywhere")
         master = handle.master
-        w = next(w for (t, p, r), w in master.placement.items() if master._replica_label(t, p, r) == "chain[0]r0")
+        w = next(w for (t, p, r), w in master.placement.items() if master.replica_label(t, p, r) == "chain[0]r0")
         executor = str(master.workers[w].executor)
-        hosted = {master._replica_label(t, p, r) for (t, p, r), ww in master.placement.items() if ww == w}
+        hosted = {master.replica_label(t, p, r) for (t, p, r), ww in master.placement.items() if ww == w}
         time.sleep(0.6)  # the status file (with the driver's control address) is written every 0.5 s
         assert cli_main(["drain", job.name, executor]) == 0
         shown = capsys.readouterr().out

@@ -193,7 +193,7 @@ def test_status_command_errors(capsys) -> None:
 
 def test_status_written_by_a_job_master_renders(capsys) -> None:
     """The fields _write_status publishes are the ones format_status reads (no Spark)."""
-    from replication.driver import WorkerInfo
+    from replication.control.liveness import WorkerInfo
     from replication.metrics import InstanceMetrics
     from tests.test_prometheus import _master
 
@@ -205,9 +205,9 @@ def test_status_written_by_a_job_master_renders(capsys) -> None:
     master.metrics["chain[0]r1"] = InstanceMetrics(records_in=40, records_out=40, pulse=9, queue_batches=3)
     master.rhino.checkpoint_completed((chain, 0), 3, {}, now=NOW - 2, holders=list(master.rhino.groups[(chain, 0)]))
     master.metrics_url = "http://h:1/metrics"
-    with master._cond:
+    with master.locked():
         master.event("worker 9 said hello")
-        master._write_status()
+        master.write_status()
     assert main(["status", "prom"]) == 0
     out = capsys.readouterr().out
     assert "ordering liverobin, 2 replicas per partition, Rhino checkpoints on" in out

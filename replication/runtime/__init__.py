@@ -8,7 +8,7 @@ receivers drop duplicates by seq (:mod:`.dedup`).  Checkpoints (:mod:`.checkpoin
 exactly-once sink (:mod:`.exactly_once`) and the dead-letter topic (:mod:`.deadletter`) are the
 I/O around the pure protocol packages.
 
-Records flow one way: the driver's control plane (:mod:`replication.driver`) instructs workers,
+Records flow one way: the driver's control plane (:mod:`replication.control`) instructs workers,
 the runtime imports nothing of it, and the pure protocol packages (``merge``, ``liverobin``,
 ``kazoo_leader``, ``rhino_state``) and ``transport`` import nothing of the runtime.
 """

@@ -28,10 +28,11 @@ from replication.handovers import (
 )
 from replication.metrics import InstanceMetrics
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
+from replication.runtime.chain import build_chain, chain_operators
 from replication.runtime.channels import OutputChannel
 from replication.runtime.deadletter import ExactlyOnceDeadLetters, describe_error
 from replication.runtime.elements import DATA, MAX_WATERMARK
-from replication.runtime.operators import Router, build_chain, chain_operators, serves_through_moves
+from replication.runtime.operators import Router, serves_through_moves
 from rhino_state import RocksDBStateBackend, StateContext
 from rhino_state.increments import digest_hex
 

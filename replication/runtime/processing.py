@@ -24,10 +24,10 @@ from replication.handovers import (
     vnode_bytes,
 )
 from replication.plan import PhysicalPlan, TaskSpec
+from replication.runtime.chain import chain_operators
 from replication.runtime.dedup import Dedup
 from replication.runtime.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
 from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
-from replication.runtime.operators import chain_operators
 from rhino_state import encode_key, key_group
 from rhino_state.cut import entry_bytes
 from transport.batch_format import BatchHeader, decode_elements

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 SHARED_SILENCE_FACTOR = 4.0
 """How many plain timeouts a silence shared by most workers must last before it counts."""
@@ -82,3 +83,17 @@ def silent_workers(silence_s: Mapping[int, float], timeout_s: float,
         return max(fatal_factor if w in fatal else shared_factor if shared else 1.0, patience.get(w, 1.0))
 
     return [w for w in over if silence_s[w] > timeout_s * factor(w)]
+
+
+@dataclass
+class WorkerInfo:
+    """What the driver knows of a registered worker attempt."""
+
+    index: int
+    attempt: int
+    executor: str | None
+    address: str
+    python_pid: int | None = None
+    last_seen: float = 0.0
+    standby: bool = False  # relaunched after its executor died: hosts none of its replicas
+    late_beats: LateBeats = field(default_factory=LateBeats)

@@ -31,7 +31,7 @@ from replication.plan import replica_name
 from transport.rpc import host_port
 
 if TYPE_CHECKING:
-    from replication.driver import JobMaster
+    from replication.control.master import JobMaster
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class DriverState:
 
 def collect(master: JobMaster, now: float | None = None) -> DriverState:
     """A consistent copy of the job master's state (taken under its lock)."""
-    with master._cond:
+    with master.locked():
         plan = master.plan
         placement = dict(master.placement)
         dead, lost = set(master.dead), set(master.lost)

@@ -1,0 +1,439 @@
+"""The job master: the driver's control-plane state and the workers' calls on it.
+
+Its methods are the handlers of the workers' registrations, heartbeats, watches and reports
+(called from RPC threads); everything they change is guarded by one condition, which callers in
+the driver reach through :meth:`JobMaster.locked`, :meth:`JobMaster.wait_for` and
+:meth:`JobMaster.pause`. What is lost with a worker and who takes over is
+:mod:`replication.control.losses`; Rhino's restores :mod:`replication.control.restores`; the
+exactly-once writers :mod:`replication.control.outputs`; the liveness loop
+:mod:`replication.control.watch`; the status file :mod:`replication.control.status_view`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from liverobin.positions import PositionBoard
+from liverobin.windows import WindowWord
+from replication.config import ReplicationConfig
+from replication.control.bells import WorkerBells
+from replication.control.liveness import WorkerInfo
+from replication.control.losses import Losses
+from replication.control.outputs import OutputRoles
+from replication.control.restores import Restores
+from replication.control.status_view import job_status
+from replication.durability import DurableCheckpoints
+from replication.handovers import HandoverCoordinator
+from replication.messages import (
+    Ack,
+    Attach,
+    HandoverReport,
+    HandoverRequest,
+    Heartbeat,
+    Instructions,
+    Register,
+    Registered,
+    SourcePositions,
+    WorkerFinished,
+)
+from replication.metrics import InstanceMetrics
+from replication.plan import Instance, PhysicalPlan, ReplicaId, replica_name
+from replication.status import write_status
+from rhino_state.durable import DurableCut
+from rhino_state.manager import ReplicationManager
+from transport import rpc
+from transport.security import RpcSecurity
+
+log = logging.getLogger(__name__)
+
+
+class JobFailedError(RuntimeError):
+    """The job stopped because of an error (a failed instance, a lost worker, a start timeout)."""
+
+
+class JobMaster:
+    """Control plane state; its methods are the RPC handlers (called from RPC threads).
+
+    A worker whose executor left the cluster, whose process exited, or that was silent for
+    ``spark.replication.failureTimeout`` is declared dead (:class:`Losses`). With replication
+    its replicas are cut off, the other replicas carry on, and a sink partition whose writer was
+    there gets the other replica as writer with a higher epoch; without replication the job fails.
+    """
+
+    def __init__(self, plan: PhysicalPlan, placement: dict[ReplicaId, int], num_workers: int,
+                 cfg: ReplicationConfig, job_name: str = "", app_id: str = "",
+                 executor_ids: Callable[[], list[str]] | None = None, security: RpcSecurity | None = None) -> None:
+        self.plan = plan
+        self.placement = placement
+        self.num_workers = num_workers
+        self.replicated = plan.replicas > 1
+        self.start_timeout_s = cfg.start_timeout_ms / 1000
+        self.mode = cfg.mode
+        self.failure_timeout_s = cfg.failure_timeout_ms / 1000
+        self.job_name = job_name
+        self.app_id = app_id
+        self.executor_ids = executor_ids
+        self.workers: dict[int, WorkerInfo] = {}
+        self.dead: dict[int, str] = {}  # worker -> why its replicas are lost (until Spark relaunches it)
+        self.lost: dict[ReplicaId, float] = {}  # replicas whose worker died, not restored: when (wall clock)
+        self.command = "run"
+        self.metrics: dict[str, InstanceMetrics] = {}
+        self.reports: dict[int, WorkerFinished] = {}
+        self.failure: str | None = None
+        self.started_at: float | None = None
+        self.events: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        self.closed = threading.Event()
+        self.bells = WorkerBells()
+        self._status_dirty = True
+        self._status_written = 0.0
+        # called (each in a thread of its own, outside the lock) with a worker declared dead and its attempt
+        self.on_dead: list[Callable[[int, int], None]] = []
+        # Rhino: replica groups and completed checkpoints (the manager moves restored replicas in the one
+        # placement map the master and the handle share)
+        self.rhino = ReplicationManager(
+            placement, num_workers, cfg.rhino_replicas,
+            channels=[(c.id, (c.src_task, c.src_partition), (c.dst_task, c.dst_partition)) for c in plan.channels],
+        ) if cfg.rhino_enabled else None
+        self.outputs = OutputRoles(plan, self.replicated or cfg.rhino_enabled, self.replica_label)
+        self.restores = Restores(self, self.rhino)
+        self.losses = Losses(self)
+        self.savepoint: str | None = None  # a drain ending in a savepoint: its directory
+        self.savepoint_armed: set[int] = set()  # workers whose replicas know it
+        self.measure_state: dict[int, int] = {}  # keyed task -> the latest request to measure its state per vnode
+        self.security = security or RpcSecurity.generate()
+        self.server: rpc.RpcServer | None = None  # the job master's own server, once started
+        self.rpc_refused: dict[str, int] = {}  # calls each worker's server refused ("worker N"), as reported
+        self.metrics_url: str | None = None  # the Prometheus endpoint, set by the JobHandle that serves it
+        self.handovers: HandoverCoordinator | None = None  # created by the first handover request
+        self.durable: DurableCheckpoints | None = None  # spark.replication.checkpointDir: set by run()
+        # KaZoo pulse windows (liverobin.windows): the driver's latest word
+        # for the sources, and what each source replica reported holding: (window, {partition: position})
+        self.pulse_window: WindowWord | None = None
+        self.holding: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
+        self.source_positions = PositionBoard()  # how far the sources read: where pulses go
+        self.drained: set[int] = set()  # workers drained by request: no restored replica goes there
+        # a drain without pulses (unordered, KaZoo): where each source replica stopped reading, and where
+        # every replica of a source partition ends, once all its live replicas reported (the furthest)
+        self.drain_positions: dict[ReplicaId, dict[int, int]] = {}
+        self.drain_at: dict[Instance, dict[int, int]] = {}
+        self.dropped: dict[ReplicaId, int] = {}  # replicas replaced after a cut-off: up to which restore attempt
+        self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
+        self.heartbeat_port = 0  # the workers' heartbeat frames (on the control address's host; in the status file)
+        self.mover: Callable[[HandoverRequest], HandoverReport] | None = None  # the JobHandle's, to the CLI
+
+    # -- the lock and what waits on it -------------------------------------------------------------
+    def locked(self) -> threading.Condition:
+        """The master's condition, to hold while reading or changing its state (``with``)."""
+        return self._cond
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float | None) -> Any:
+        """Until ``predicate()`` (checked under the lock, which the caller may hold) or ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(predicate, timeout)
+
+    def pause(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for any change (the caller holds the lock)."""
+        self._cond.wait(seconds)
+
+    def changed(self) -> None:
+        """Something callers wait for changed (caller holds the lock): wake them, and the status
+        file is rewritten at the next round."""
+        self._status_dirty = True
+        self._cond.notify_all()
+
+    def ring_workers(self) -> None:
+        """Have every attached worker send its next heartbeat now (its reply says what changed)."""
+        self.bells.ring_all()
+
+    # -- reading ------------------------------------------------------------------------------------
+    def replica_label(self, t: int, p: int, r: int) -> str:
+        return replica_name(self.plan.task(t).name, p, r)
+
+    def bystander(self, info: WorkerInfo) -> bool:
+        """A relaunched worker that can host nothing (no Rhino checkpoints to restore from): it stays
+        counted dead and is left alone until the job ends.  With Rhino a relaunched worker is live
+        again, and declared dead like any other."""
+        return info.standby and self.rhino is None
+
+    def addresses(self) -> dict[int, str]:
+        return {i: info.address for i, info in self.workers.items()}
+
+    @property
+    def sinks(self) -> dict[tuple[int, int, str], list[int]]:
+        """The exactly-once outputs' roles (:class:`OutputRoles`)."""
+        return self.outputs.roles
+
+    @property
+    def moves(self) -> dict[ReplicaId, tuple[int, str, dict[int, int], int]]:
+        return self.restores.moves
+
+    @property
+    def recoveries(self) -> list[dict[str, Any]]:
+        return self.restores.recoveries
+
+    @property
+    def divergences(self) -> list[str]:
+        return self.restores.digests.divergences
+
+    @property
+    def checkpoints_compared(self) -> int:
+        return self.restores.digests.compared
+
+    def snapshot(self) -> dict[str, InstanceMetrics]:
+        with self._cond:
+            return dict(self.metrics)
+
+    def refused_calls(self) -> dict[str, int]:
+        """Unauthenticated calls each server refused: the driver's and each worker's (as reported)."""
+        with self._cond:
+            return {"driver": self.server.refused if self.server is not None else 0, **self.rpc_refused}
+
+    def all_done(self) -> bool:
+        """Every worker has reported its end, or is dead with no relaunch running."""
+        with self._cond:
+            return all(w in self.reports or (w in self.dead and not self.bystander(self.workers[w]))
+                       for w in range(self.num_workers) if w in self.workers) and len(self.workers) > 0
+
+    def heartbeat_log_needed_from(self) -> int | None:
+        """LiveRobin: the lowest pulse a source replica counted, or a restore of one (from a Rhino
+        checkpoint or the durable store's oldest cut) starts after; None while not every live
+        source replica has reported one.  Log segments before that pulse's are read by nobody."""
+        with self._cond:
+            sources = {t.id for t in self.plan.tasks if t.is_source}
+            needed: list[int] = []
+            for (t, p, r), w in self.placement.items():
+                if t not in sources or w in self.dead or (t, p, r) in self.lost:
+                    continue  # (a lost replica is restored from a checkpoint, below, or never)
+                m = self.metrics.get(self.replica_label(t, p, r))
+                if m is None:
+                    return None
+                if not m.finished:
+                    needed.append(m.pulse)
+            if self.rhino is not None:  # a source checkpoint's id is the last pulse it placed
+                for inst in self.rhino.instances():
+                    if inst[0] in sources:
+                        kept = self.rhino.retain_from(inst)
+                        if kept is None:
+                            return None
+                        needed.append(kept)
+            if self.durable is not None and self.durable.oldest_kept is not None:
+                needed.append(self.durable.oldest_kept)
+            return min(needed, default=None)
+
+    # -- state changes --------------------------------------------------------------------------
+    def event(self, text: str) -> None:
+        """Log ``text`` as an event of the job (caller holds the lock)."""
+        log.warning("%s", text)
+        self.events.append((time.time(), text))
+        self._status_dirty = True
+
+    def note(self, text: str) -> None:
+        """:meth:`event`, from a thread that does not hold the condition."""
+        with self._cond:
+            self.event(text)
+
+    def resume_outputs(self, committed: Mapping[str, list[int]]) -> None:
+        """A resumed run: see :meth:`OutputRoles.resume`."""
+        self.outputs.resume(committed)
+
+    def resume_restore_points(self, cut: DurableCut) -> None:
+        """A resumed run: see :meth:`Restores.resume_from`."""
+        self.restores.resume_from(cut)
+
+    def fail(self, reason: str) -> None:
+        """The job fails with ``reason`` (the first reason given stays); every worker is told to stop."""
+        with self._cond:
+            if self.failure is None:
+                self.failure = reason
+                self.event(f"job failed: {reason}")
+            self.command = "stop"
+            self.ring_workers()
+            self._cond.notify_all()
+
+    def set_command(self, command: str) -> None:
+        with self._cond:
+            if self.command != "stop":
+                self.command = command
+                self.ring_workers()
+
+    def declare_dead(self, w: int, reason: str) -> None:
+        """Worker ``w`` is dead (see :meth:`Losses.declare_dead`)."""
+        with self._cond:
+            self.losses.declare_dead(w, reason)
+
+    # -- handlers ---------------------------------------------------------------------------------
+    def register(self, req: Register) -> Registered:
+        w, attempt = req.worker, req.attempt
+        with self._cond:
+            if w in self.workers:  # Spark relaunched it after its executor was lost
+                return self.losses.relaunched(req)
+            self.workers[w] = WorkerInfo(w, attempt, req.executor, req.address, req.python_pid, time.monotonic())
+            log.info("worker %d registered from executor %s at %s", w, req.executor, req.address)
+            self.changed()
+            ok = self._cond.wait_for(lambda: len(self.workers) >= self.num_workers or self.failure,
+                                     self.start_timeout_s)
+            if self.failure:
+                return Registered("abort", self.failure)
+            if not ok:
+                self.fail(f"only {len(self.workers)} of {self.num_workers} workers registered within "
+                          f"spark.replication.startTimeout; are there {self.num_workers} free task slots?")
+                return Registered("abort", self.failure or "")
+            executors = [i.executor for i in self.workers.values()]
+            if (self.replicated or self.rhino is not None) and len(set(executors)) < len(executors):
+                self.fail(f"two workers share an executor ({executors}): replicas (or checkpoints and the "
+                          "partitions they are of) would not be apart; run executors with one task slot each "
+                          "(spark.executor.cores = spark.task.cpus)")
+                return Registered("abort", self.failure or "")
+            if self.started_at is None:
+                self.started_at = time.monotonic()
+                self.write_status()  # now, so the kill tooling can find the replicas at once
+                self._cond.notify_all()
+            self.workers[w].last_seen = time.monotonic()
+            # the Rhino view too: replicas ship their first checkpoint the moment they start
+            return Registered("ok", "", self.addresses(), Instructions(
+                self.command, list(self.dead), self.outputs.view(),
+                rhino=self.restores.view() if self.rhino is not None else None))
+
+    def heartbeat(self, req: Heartbeat) -> Instructions:
+        w, attempt = req.worker, req.attempt
+        arrived = time.monotonic()  # (before the lock: waiting for it is this driver's delay, not the worker's)
+        with self._cond:
+            info = self.workers.get(w)
+            if info is None or info.attempt != attempt or (w in self.dead and not self.bystander(info)):
+                return Instructions("evicted")  # declared dead while unresponsive, or an old attempt
+            info.late_beats.heard(arrived, arrived - info.last_seen, self.failure_timeout_s)
+            info.last_seen = max(info.last_seen, arrived)
+            if req.rpc_refused != self.rpc_refused.get(f"worker {w}", 0):
+                self.rpc_refused[f"worker {w}"] = req.rpc_refused
+                self._status_dirty = True
+            if req.metrics is not None:
+                self.metrics.update(req.metrics)
+                self.changed()  # e.g. state_bytes_per_vnode waits for the replicas' measurements
+                if self.restores.catching_up:
+                    self.restores.check_caught_up()
+            self.outputs.progress(req.sinks)
+            handovers: list[dict[str, Any]] = []
+            retained = None
+            if self.handovers is not None:
+                news = self.handovers.on_acks(req.handover_acks)
+                for text in news:
+                    self.event(text)
+                if news:  # committed, cancelled or completed: the next phase starts at each worker's reply
+                    self.ring_workers()
+                self.handovers.forget_cancelled(self.losses.replica_passed)
+                handovers = self.handovers.view()
+                if self.handovers.retain:
+                    retained = self.handovers.retained()
+                self._cond.notify_all()
+            if req.holding:  # KaZoo sources holding their records for a pulse window
+                self.holding.update(req.holding)
+                self._cond.notify_all()
+            if req.drain_positions:
+                self.drain_positions.update(req.drain_positions)
+                self.losses.settle_drain()
+            for replica, (worker, why) in req.cut_offs.items():
+                self.losses.replica_cut_off(replica, worker, why)
+            for (t, p, r, kind), epoch in req.fenced.items():
+                self.losses.writer_fenced((t, p, r), kind, epoch)
+            if self.savepoint is not None and req.savepoint_armed == self.savepoint and w not in self.savepoint_armed:
+                self.savepoint_armed.add(w)
+                self._cond.notify_all()
+            rhino = None
+            if self.rhino is not None:
+                self.restores.reports(req.checkpoints or {})
+                rhino = self.restores.view()
+            command = self.command
+            if req.errors:
+                self.fail("; ".join(req.errors))
+                command = "stop"
+            view = Instructions(
+                command, list(self.dead), self.outputs.view(),
+                [w for w, r in self.reports.items() if r.status == "finished"], handovers, retained,
+                None if self.pulse_window is None else tuple(self.pulse_window), dict(self.measure_state),
+                self.savepoint, rhino, dict(self.drain_at),
+                dict(self.dropped))
+            self.bells.replied(req, view)
+            return view
+
+    def report_positions(self, req: SourcePositions) -> None:
+        """A worker's stream of its sources' positions (an RPC handler; no lock of the master)."""
+        self.source_positions.update(req.positions)
+
+    def attach(self, req: Attach) -> rpc.Watched:
+        """A worker attempt's watch (an RPC handler): when it ends before the attempt reported its
+        end, the worker's process exited or lost its connection to this driver.  Its bell has the
+        worker beat at once when something changed for it."""
+        with self._cond:
+            bell = self.bells.attach((req.worker, req.attempt))
+        return rpc.Watched(lambda: self.losses.watch_ended(req.worker, req.attempt), bell)
+
+    def finished(self, req: WorkerFinished) -> Ack:
+        w = req.worker
+        with self._cond:
+            info = self.workers.get(w)
+            current = info is not None and info.attempt == req.attempt
+            if current and req.status != "evicted":
+                # (an evicted attempt's replicas run elsewhere now: its stale figures must not
+                # replace what their restored incarnations report, e.g. their final digests)
+                self.metrics.update(req.metrics)
+                self.outputs.progress(req.sinks)
+                self.reports[w] = req
+                if self.rhino is not None:
+                    self.rhino.worker_ended(w)  # its server stops: restores and copies go elsewhere
+                if req.status == "finished":
+                    self.ring_workers()  # its upstreams stop sending to it (retire) at once
+            if req.status == "failed":
+                if w in self.dead:  # its replicas were cut off already: what broke there is no failure
+                    self.event(f"worker {w}, declared dead before, reported: {'; '.join(req.errors)}")
+                else:
+                    self.fail("; ".join(req.errors))
+            self.changed()
+        return Ack()
+
+    def move(self, req: HandoverRequest) -> HandoverReport:
+        """The CLI's ``replication move`` (an RPC handler): the answer of the job's handle."""
+        if self.mover is None:
+            return HandoverReport(error="the job is not ready for handovers yet")
+        return self.mover(req)
+
+    # -- the status file ----------------------------------------------------------------------------
+    def status_due(self) -> dict[str, Any] | None:
+        """The status to write now, if it changed and the last was written half a second ago or
+        more (caller holds the lock; writing it is the caller's, outside the lock)."""
+        if not (self._status_dirty and time.monotonic() - self._status_written >= 0.5 and self.job_name):
+            return None
+        self._status_dirty = False
+        self._status_written = time.monotonic()
+        return self._status_or_none("running")
+
+    def end_watching(self) -> None:
+        """The job is over: stop the liveness loop; the watches that end as the server stops then
+        say nothing about the workers."""
+        self.closed.set()
+
+    def close(self, state: str) -> None:
+        self.end_watching()
+        with self._cond:
+            self.write_status(state)
+
+    def write_status(self, state: str = "running") -> None:
+        if self.job_name and (status := self._status_or_none(state)) is not None:
+            self.publish_status(status)
+
+    def _status_or_none(self, state: str) -> dict[str, Any] | None:
+        try:
+            return job_status(self, state)
+        except Exception:  # noqa: BLE001 - the status view must never stop the monitor or a registration
+            log.exception("cannot build the job status")
+            return None
+
+    def publish_status(self, status: dict[str, Any]) -> None:
+        try:
+            write_status(self.job_name, status)
+        except OSError as err:
+            log.warning("cannot write the job status file: %s", err)
