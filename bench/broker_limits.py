@@ -36,8 +36,8 @@ def follow(bootstrap: str, topic: str, out: str, broker: int, seconds: float) ->
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     from bench.common import pid_ticks
+    from ops.workload import percentile
     from replication.runtime.feeds import SOURCE_FETCH_WAIT_MS
-    from replication.workload import percentile
     from transport.kafka_io import consume_ready
 
     hz = 100.0

@@ -86,11 +86,11 @@ from bench.ordering import (  # noqa: E402
 )
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17, run_dir_status  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
+from ops.progress import StatusLine  # noqa: E402
+from ops.workload import percentile  # noqa: E402
 from replication import run  # noqa: E402
 from replication.examples.ordered import build_ordered_job, chain_step, verify_chains  # noqa: E402
-from replication.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
-from replication.workload import percentile  # noqa: E402
 from transport.kafka_io import produce_blocking  # noqa: E402
 
 PERIOD_MS = 10  # LiveRobin heartbeat period of every run

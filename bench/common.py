@@ -216,7 +216,7 @@ def cost_columns(before: CostSnapshot | None, after: CostSnapshot | None, record
 def spark_process_groups(app_id: str, driver_jvm: int | None, stack_pids: dict[str, int],
                          driver_python: bool = False) -> dict[str, list[int]]:
     """The live processes of a Spark job on this machine by group: ``executor_jvm`` (the executor JVMs of
-    application ``app_id``, found as :mod:`replication.chaos` finds them), ``python`` (their descendants:
+    application ``app_id``, found as :mod:`ops.chaos` finds them), ``python`` (their descendants:
     the PySpark daemon and workers), ``driver_jvm``, ``broker`` and ``zookeeper`` (``stack_pids``: pid by
     name, each with its descendants) and ``bench`` (this process).
 
@@ -224,7 +224,8 @@ def spark_process_groups(app_id: str, driver_jvm: int | None, stack_pids: dict[s
     theirs (in ``local-cluster`` mode the executors are the driver JVM's children): the Python processes
     the driver JVM starts, e.g. a Python streaming data source's driver-side runner (``latestOffset``,
     planning), also listed apart as ``driver_python`` (not a :data:`CPU_GROUPS` member: not summed twice)."""
-    from replication import chaos, procfs
+    from ops import chaos
+    from replication import procfs
 
     executors = sorted(p for ps in chaos.executor_jvms(app_id).values() for p in ps)
     groups = {"executor_jvm": executors,

@@ -46,10 +46,10 @@ from bench.common import IDLE_SETTLE_S, CostProbe, CostSnapshot, write_csv, writ
 from bench.ordering import Config, event_makers  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
+from ops.loadgen import generate_load  # noqa: E402
+from ops.progress import StatusLine  # noqa: E402
 from replication import procfs, run  # noqa: E402
 from replication.examples.ordered import build_ordered_job, verify_chains  # noqa: E402
-from replication.loadgen import generate_load  # noqa: E402
-from replication.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session  # noqa: E402
 
 PY_SPY = Path(sys.executable).with_name("py-spy")

@@ -50,7 +50,7 @@ Measured, per handover job:
   the request and its end) and after (to the next request or the end of the load);
 * the handover's duration and its phases, per step (``handover_steps.csv``, with the switch margin its
   pulses planned and the release margin ``release_s``, sized by the driver unless ``--release``) and summed
-  per run.  A step's phases are the report's (:func:`replication.handovers.step_phases`), from the wall-clock
+  per run.  A step's phases are the report's (:func:`replication.control.handover_coordinator.step_phases`), from the wall-clock
   times the participants put in their acks (ms resolution), adding up to the step's instruction ->
   completion: *trigger* (-> every participant armed, committed), *to switch* (-> the upstreams reached the
   switch pulse, ``--margin`` ahead), *alignment* (-> the origins processed what was routed to them before
@@ -122,11 +122,11 @@ from bench.common import (  # noqa: E402
     write_csv,
     write_machine,
 )
+from ops.progress import StatusLine, bar  # noqa: E402
+from ops.workload import percentile  # noqa: E402
 from replication.api import Job  # noqa: E402
 from replication.examples.ordered import ChainReport, chain_step, verify_chains  # noqa: E402
 from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext  # noqa: E402
-from replication.progress import StatusLine, bar  # noqa: E402
-from replication.workload import percentile  # noqa: E402
 from rhino_state import AllAtOnce, Batched, Fluid  # noqa: E402
 from rhino_state.keys import encode_key, key_group, vnode_of  # noqa: E402
 
@@ -755,8 +755,8 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     """A fresh job at ``spec.size`` in ``spec.mode``, under load, then its handover(s) with
     ``spec.strategy`` (see the module doc): one row per handover job."""
     from deploy.topics import create_topics, read_all
+    from ops.workload import sample_of
     from replication.control.launch import resolve_config, run
-    from replication.workload import sample_of
 
     args, bootstrap = ctx.args, ctx.stack.bootstrap_servers
     checkpoints = checkpointing(args)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 from bench.common import format_row, write_csv, write_machine  # noqa: E402
 from bench.ordering import latency_configs, latency_row, run_ordered  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
-from replication.progress import StatusLine  # noqa: E402
+from ops.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session  # noqa: E402
 
 

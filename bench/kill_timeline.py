@@ -28,12 +28,12 @@ sys.path.insert(0, str(REPO))
 import bench.ordering as ordering  # noqa: E402
 from bench.common import write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
+from ops.chaos import ReplicaProcess, kill_executor, kill_python, locate  # noqa: E402
+from ops.progress import StatusLine  # noqa: E402
+from ops.workload import percentile  # noqa: E402
 from replication import procfs  # noqa: E402
-from replication.chaos import ReplicaProcess, kill_executor, kill_python, locate  # noqa: E402
-from replication.progress import StatusLine  # noqa: E402
 from replication.runtime.executor_watch import PF_EXITING  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
-from replication.workload import percentile  # noqa: E402
 
 MS = 1000.0
 

@@ -81,21 +81,21 @@ from bench.common import (  # noqa: E402
 )
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
+from ops.chaos import executor_jvms, kill_python, locate  # noqa: E402
+from ops.demo import kill_replica_executor  # noqa: E402
+from ops.loadgen import LoadResult, generate_load  # noqa: E402
+from ops.progress import StatusLine  # noqa: E402
+from ops.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 from replication import (  # noqa: E402
     JobFailedError,
     JobHandle,
     procfs,  # noqa: E402
     run,
 )
-from replication.chaos import executor_jvms, kill_python, locate  # noqa: E402
-from replication.demo import kill_replica_executor  # noqa: E402
 from replication.examples.ordered import ChainReport, build_ordered_job, make_events, verify_chains  # noqa: E402
-from replication.loadgen import LoadResult, generate_load  # noqa: E402
 from replication.metrics import InstanceMetrics  # noqa: E402
 from replication.plan import replica_name  # noqa: E402
-from replication.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
-from replication.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 
 MS = 1000.0
 KEYS = 30  # hash chains (keys) per run

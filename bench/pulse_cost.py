@@ -33,9 +33,9 @@ from bench.common import CostProbe, write_csv, write_machine  # noqa: E402
 from bench.ordering import Config, event_makers  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
+from ops.loadgen import generate_load  # noqa: E402
 from replication import run  # noqa: E402
 from replication.examples.ordered import build_ordered_job, verify_chains  # noqa: E402
-from replication.loadgen import generate_load  # noqa: E402
 from replication.spark_cluster import build_session, stop_session  # noqa: E402
 
 WARM_UP_S = 5.0

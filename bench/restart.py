@@ -19,7 +19,7 @@ fresh job, ``--before`` seconds of load (and every key's pad written) before the
 * **live**: the chain built with ``parallelism=2, max_parallelism=3`` (partition 2 idle);
   ``handle.rescale("chain", 3)`` all at once, while the load flows.  The operation ends when the call
   returns.  Its parts are the handover's phases as its report gives them (its step's ``phases``,
-  :func:`replication.handovers.step_phases`: from the wall-clock times the participants put in their
+  :func:`replication.control.handover_coordinator.step_phases`: from the wall-clock times the participants put in their
   acks, ms resolution), in ``restart.csv`` as ``bench/handover.py``'s columns (``trigger_s``,
   ``to_switch_s``, ``alignment_s``, ``transfer_s``, ``release_wait_s``, ``load_s``, ``catch_up_s``,
   ``acks_s``); the table and the plot group them into parts that each end at a milestone of the step:
@@ -81,8 +81,8 @@ sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
 from bench.common import format_row, one_line, print_plain_table, read_csv_rows, write_csv, write_machine  # noqa: E402
-from replication.progress import StatusLine, bar  # noqa: E402
-from replication.workload import percentile  # noqa: E402
+from ops.progress import StatusLine, bar  # noqa: E402
+from ops.workload import percentile  # noqa: E402
 from rhino_state import AllAtOnce  # noqa: E402
 
 MS, MB = hb.MS, hb.MB
@@ -284,7 +284,7 @@ def setup(ctx: RunContext, size: int, way: str) -> Setup:
 def read_outputs(bootstrap: str, topic: str) -> tuple[list[dict], list[float]]:
     """The output records (decoded) and their sink times."""
     from deploy.topics import read_all
-    from replication.workload import sample_of
+    from ops.workload import sample_of
 
     raw = read_all(bootstrap, topic)
     return [json.loads(r.value) for r in raw], [sample_of(r).sink for r in raw]

@@ -45,7 +45,7 @@ Everything runs on one embedded stack and one ``local-cluster[3,1,512]`` Spark, 
 1. Recovery, per ``--sizes``: feed ``--rate`` records/s; once both replicas of ``stateful[0]`` have
    consumed every grow record and a checkpoint taken after that completed (and every partition has a
    completed checkpoint on a live group member), ``--steady`` more seconds; then SIGKILL the executor of
-   ``--victim`` (``replication.chaos``) and wait until ``JobHandle.recoveries()`` lists every replica that
+   ``--victim`` (``ops.chaos``) and wait until ``JobHandle.recoveries()`` lists every replica that
    executor hosted; then until the new replica group holds a checkpoint again, ``--after`` seconds, drain.
    Phases of the victim's recovery (Rhino's Table 1: scheduling, state fetch, state load):
    *detect* kill -> the driver declared the worker dead (Spark's notice: the scheduling part),
@@ -101,9 +101,11 @@ sys.path.insert(0, str(REPO))
 from bench.common import PacedFeeder, format_row, one_line, write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
+from ops.chaos import kill_executor, locate  # noqa: E402
+from ops.progress import StatusLine, bar  # noqa: E402
+from ops.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 from replication import JobFailedError, JobHandle, run  # noqa: E402
 from replication.api import Job  # noqa: E402
-from replication.chaos import kill_executor, locate  # noqa: E402
 from replication.examples.workloads import (  # noqa: E402
     NEXMARK_JOIN,
     NexmarkConfig,
@@ -116,9 +118,7 @@ from replication.examples.workloads import (  # noqa: E402
 )
 from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext  # noqa: E402
 from replication.plan import PhysicalPlan, replica_name  # noqa: E402
-from replication.progress import StatusLine, bar  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
-from replication.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 from rhino_state.keys import encode_key, key_group  # noqa: E402
 
 MS = 1000.0

@@ -8,7 +8,7 @@ Setup.  The job logic of our benchmarks, written the way an SSS user would (``--
 
 * **``chain``** (the default): the ordered job of :mod:`replication.examples.ordered`, as
   ``bench/ordering.py`` runs it, on the same input.  *Input*: two topics ``a`` and ``b`` of 2
-  partitions each, fed by ``bench/ordering.py``'s feeding code: :func:`replication.loadgen.generate_load`
+  partitions each, fed by ``bench/ordering.py``'s feeding code: :func:`ops.loadgen.generate_load`
   round robin over the streams a, a, b (events split 2:1) with ordering's event format
   (:func:`~replication.examples.ordered.make_events`: JSON ``{"id": "a-17", "key": "k17", "ts": wall
   clock ms at the producer}``, Kafka key ``key``, keys ``k0..k{n-1}`` round robin per source); ``--keys``
@@ -169,8 +169,8 @@ if str(REPO) not in sys.path:
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition  # noqa: E402
 
+from ops.loadgen import generate_load  # noqa: E402
 from replication.examples.ordered import chain_step, make_events, verify_chains  # noqa: E402
-from replication.loadgen import generate_load  # noqa: E402
 
 MS = 1000.0
 SOURCE_NAME = "sss_kafka_lite"
@@ -582,7 +582,7 @@ def out_record(value: Mapping[str, Any], headers: Mapping[str, str]) -> OutRecor
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank q-quantile (as replication.workload.percentile); NaN when empty."""
+    """Nearest-rank q-quantile (as ops.workload.percentile); NaN when empty."""
     if not values:
         return math.nan
     ordered = sorted(values)
@@ -792,7 +792,7 @@ class Feeder(threading.Thread):
 def ordering_stream(source: str, keys: int, produced: dict[str, tuple[str, int, None]]
                     ) -> Callable[[int], tuple[bytes, bytes, str]]:
     """bench/ordering.py's event maker for ``source`` (``make(ts) -> (key, value, id)`` for
-    :func:`~replication.loadgen.generate_load`): event ``i`` of the source is ``make_events``'s, id
+    :func:`~ops.loadgen.generate_load`): event ``i`` of the source is ``make_events``'s, id
     ``<source>-<i>``, key ``k<i % keys>``, ``ts`` the given wall clock; records each event in ``produced``
     (``id -> (key, ts, None)``: a chain position is not known in advance)."""
     counter = [0]
@@ -811,7 +811,7 @@ def ordering_stream(source: str, keys: int, produced: dict[str, tuple[str, int, 
 
 class ChainFeeder(threading.Thread):
     """bench/ordering.py's load on topics ``{"a": ..., "b": ...}``: first one event per key of each
-    source at once (the warm-up; then waits for ``go``), then :func:`~replication.loadgen.generate_load`
+    source at once (the warm-up; then waits for ``go``), then :func:`~ops.loadgen.generate_load`
     round robin over a, a, b at ``rate`` events/s for ``duration_s`` (once started it runs its whole
     duration: ``stop_event`` only cancels before it)."""
 
@@ -1383,7 +1383,7 @@ def throughput_row(result: Mapping[str, Any], offered: float, warm_up_s: float, 
     a query that failed or an output that is not exact makes the run not flat.  The cost columns are those of
     the run's steady window (``result["costs"]``, :func:`cost_summary`; empty without a probe)."""
     from bench.ordering import THROUGHPUT_COLUMNS, flat_verdict, p99_bound_ms, ramp_stats
-    from replication.workload import Sample
+    from ops.workload import Sample
 
     s = result["summary"]
     samples = [Sample(produced=p, ingest=p, sink=w) for p, w in result["writes"]]
@@ -1419,7 +1419,7 @@ def throughput_main(args: argparse.Namespace, out: Path) -> int:
     from bench.common import CostProbe, error_text, format_row, max_sustainable, write_csv, write_machine
     from bench.ordering import THROUGHPUT_COLUMNS, _plot_throughput
     from deploy.stack import EmbeddedStack
-    from replication.progress import StatusLine
+    from ops.progress import StatusLine
     from replication.spark_cluster import build_session, stop_session
 
     label = ramp_label(args.trigger_ms)
@@ -1470,7 +1470,7 @@ def throughput_main(args: argparse.Namespace, out: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     from bench.common import CostProbe, format_row, write_csv, write_machine
     from deploy.stack import EmbeddedStack, require_java17
-    from replication.progress import StatusLine
+    from ops.progress import StatusLine
     from replication.spark_cluster import build_session, stop_session
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -56,6 +56,9 @@ from bench.common import format_row, one_line, write_csv, write_machine  # noqa:
 from bench.ordering import MODES, Config, latency_configs  # noqa: E402
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
+from ops.loadgen import LoadResult, MakeRecord, generate_load  # noqa: E402
+from ops.progress import StatusLine  # noqa: E402
+from ops.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 from replication import JobFailedError, JobHandle, run  # noqa: E402
 from replication.examples.workloads import (  # noqa: E402
     NEXMARK_JOIN,
@@ -72,10 +75,7 @@ from replication.examples.workloads import (  # noqa: E402
     verify_bettercloud,
     verify_nexmark,
 )
-from replication.loadgen import LoadResult, MakeRecord, generate_load  # noqa: E402
-from replication.progress import StatusLine  # noqa: E402
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
-from replication.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 
 MS = 1000.0
 MB = 1_000_000

@@ -65,7 +65,7 @@ class SegmentRetention:
     """Which segments of a log no reader can read any more (pure): those below the first segment
     still needed, less :data:`KEEP_BEHIND`; each named once, at most :data:`DELETE_PER_ROUND` a
     call.  A segment is needed from the lowest pulse a reader counted or a restore starts after
-    (the driver's view: :meth:`replication.control.master.JobMaster.heartbeat_log_needed_from`)."""
+    (the driver's view: :func:`replication.control.retention.log_needed_from`)."""
 
     def __init__(self, log: HeartbeatLog) -> None:
         self.log = log

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from confluent_kafka import Producer
 
 from deploy.topics import create_topics, produce, read_all
+from ops.soak_check import read_topic
 from replication import run
 from replication.examples.ordered import build_ordered_job, make_events
-from replication.soak_check import read_topic
 from transport.kafka_io import produce_blocking
 
 START_TS = 1_700_000_000_000

@@ -79,7 +79,7 @@ def test_csv_and_machine_record(tmp_path):
 
 
 def test_format_row_and_per_second_grouping():
-    from replication.workload import Latencies, Sample
+    from ops.workload import Latencies, Sample
 
     assert format_row({"rate": 500.0, "exact": True, "events": "x"}, skip=("events",)) == "rate=500.0, exact=True"
     rep = Latencies([Sample(0, 10.0, 10.010), Sample(0, 10.5, 10.530), Sample(0, 12.2, 12.205)])
@@ -126,9 +126,9 @@ def test_ordering_configurations_and_kazoo_failover_columns(tmp_path):
     fo = ordering.failovers(per, ["chain[0]", "chain[1]", "union-2[0]"], {"chain[0]r0", "union-2[0]r0"}, kill)
     assert fo == {"chain[0]": (pytest.approx(0.2), pytest.approx(0.35)), "union-2[0]": (pytest.approx(0.3), None)}
 
+    from ops.loadgen import LoadResult
+    from ops.workload import Sample
     from replication.examples.ordered import ChainReport
-    from replication.loadgen import LoadResult
-    from replication.workload import Sample
 
     # kill runs are binned by event time (produced), latency runs by ingest time: both set here
     samples = [Sample(kill + t / 10, kill + t / 10, kill + t / 10 + 0.02 + (0.3 if 0 <= t < 10 else 0))
@@ -164,7 +164,7 @@ def test_ordering_benchmark_runs_kazoo(stack, spark, tmp_path):
     """A short KaZoo latency run at L=1 through the benchmark's own code: exact output, plausible latency
     (a kill run is too slow for the default suite: see bench/README.md for the full benchmark)."""
     from bench import ordering
-    from replication.progress import StatusLine
+    from ops.progress import StatusLine
 
     args = ordering.parse_args(["--modes", "kazoo", "--pipelines", "1", "--rate", "200", "--duration", "4",
                                 "--warm-up", "1", "--kill-duration", "0", "--out", str(tmp_path)])
@@ -261,7 +261,7 @@ def test_flat_verdict_ramp_stats_and_max_sustainable():
     or a failed job; the max sustainable rate is the last flat one below the first that is not."""
     from bench import ordering
     from bench.common import max_sustainable
-    from replication.workload import Sample
+    from ops.workload import Sample
 
     # 10 s at 100/s from t=1000, 30 ms producer->sink (2 s warm-up): flat
     steady = [Sample(1000 + i / 100, 1000 + i / 100 + 0.01, 1000 + i / 100 + 0.03) for i in range(1000)]
@@ -302,9 +302,9 @@ def test_ordering_costs_and_throughput_outputs(tmp_path):
     first run; the CSV files and both new plots are written, and the tables print."""
     from bench import ordering
     from bench.common import COST_COLUMNS, CostSnapshot, cost_columns
+    from ops.loadgen import LoadResult
+    from ops.workload import Sample
     from replication.examples.ordered import ChainReport
-    from replication.loadgen import LoadResult
-    from replication.workload import Sample
 
     args = ordering.parse_args(["--throughput-modes", "liverobin,off", "--throughput-rates", "800,200,400,200"])
     assert args.throughput_rates == [200.0, 400.0, 800.0] and args.throughput_duration == 8.0

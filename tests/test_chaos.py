@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from replication import chaos, cli
-from replication.chaos import ChaosError, ChaosRefused, ExecutorTarget, UnknownReplica
+from ops import chaos, cli
+from ops.chaos import ChaosError, ChaosRefused, ExecutorTarget, UnknownReplica
 from replication.status import (
     list_status_jobs,
     read_status,

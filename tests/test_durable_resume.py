@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from ops.chaos import kill_executor, locate
+from ops.soak_check import read_topic
 from replication import run, savepoint
-from replication.chaos import kill_executor, locate
 from replication.durability import rescale_savepoint_dir
 from replication.examples.ordered import build_ordered_job, verify_chains
-from replication.soak_check import read_topic
 from rhino_state.durable import DurableStore
 from tests.ordered_runs import (
     fed_without_pause,
@@ -67,7 +67,7 @@ def _first_run(stack, tmp_path: Path, name: str, a: str, b: str, conf: dict[str,
     """``replication run`` of the ordered job in a process group of its own; returns it and its log."""
     module = tmp_path / f"{name.replace('-', '_')}_job.py"
     module.write_text(JOB_MODULE.format(a=a, b=b, out=f"{name}out", name=name))
-    cmd = [sys.executable, "-m", "replication.cli", "run", f"{module.stem}:build", "--master",
+    cmd = [sys.executable, "-m", "ops.cli", "run", f"{module.stem}:build", "--master",
            f"local-cluster[{executors},1,512]"]
     for key, value in conf.items():
         cmd += ["--conf", f"{key}={value}"]

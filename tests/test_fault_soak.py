@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 def _soak(mode: str, seed: int, duration_s: int, tmp_path: Path, *flags: str) -> dict:
     out = tmp_path / f"soak-{mode}-{seed}.json"
-    proc = subprocess.run([sys.executable, "-m", "replication.cli", "soak", "--mode", mode, "--seed", str(seed),
+    proc = subprocess.run([sys.executable, "-m", "ops.cli", "soak", "--mode", mode, "--seed", str(seed),
                            "--duration", str(duration_s), "--json", str(out), *flags],
                           capture_output=True, text=True, timeout=duration_s + 600)
     print(proc.stdout)

@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
+from replication.control.handover_coordinator import HandoverCoordinator, step_phases  # noqa: E402
 from replication.functions import ProcessContext, RuntimeContext  # noqa: E402
-from replication.handovers import HandoverCoordinator, step_phases  # noqa: E402
 from replication.plan import plan_job  # noqa: E402
 from rhino_state import RocksDBStateBackend, VnodeMove, cut_key_groups  # noqa: E402
 from rhino_state.state import StateContext  # noqa: E402

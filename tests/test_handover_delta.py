@@ -16,16 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replication.control.handover_coordinator import HandoverCoordinator
 from replication.examples.ordered import build_ordered_job
-from replication.handovers import (
-    HandoverCoordinator,
-    HandoverOrder,
-    OriginCut,
-    PartitionHandovers,
-    split_cut,
-)
+from replication.handover_orders import HandoverOrder
 from replication.plan import plan_job
 from replication.runtime.cut_exchange import CutExchange
+from replication.runtime.handover_cuts import OriginCut, split_cut
+from replication.runtime.handovers import PartitionHandovers
 from replication.runtime.routes import Routes
 from rhino_state import (
     CheckpointNotHeldError,

@@ -12,36 +12,40 @@ from hypothesis import strategies as st
 
 from rhino_state import RoutingTable, vnode_key_groups
 from rhino_state.handover import (
-    AckKind,
-    AckOutcome,
     AllAtOnce,
     Batched,
-    CodeInstruction,
-    CodeSwitch,
     Fluid,
-    HandoverAck,
-    HandoverManager,
-    HandoverState,
-    Instruction,
-    JobState,
     LateInstructionError,
     MoveRequest,
-    OriginAlignment,
     RebalanceRequest,
     ReplaceOperatorRequest,
     RescaleRequest,
     SwitchNotCommittedError,
-    TargetGate,
-    VersionedRouter,
     VnodeMove,
     apply_moves,
-    cut_key_groups,
-    load_key_groups,
     move_vnodes,
     plan_drain,
     plan_steps,
     rebalance,
     rescale,
+)
+from rhino_state.handover_manager import HandoverManager
+from rhino_state.handover_messages import (
+    AckKind,
+    AckOutcome,
+    CodeInstruction,
+    HandoverAck,
+    HandoverState,
+    Instruction,
+    JobState,
+)
+from rhino_state.handover_participants import (
+    CodeSwitch,
+    OriginAlignment,
+    TargetGate,
+    VersionedRouter,
+    cut_key_groups,
+    load_key_groups,
 )
 from rhino_state.manager import ReplicationManager
 

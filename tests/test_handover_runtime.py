@@ -13,9 +13,10 @@ import time
 import pytest
 
 from deploy.topics import read_all
+from ops.chaos import kill_executor, locate
+from ops.cli import main as cli_main
 from replication import run
-from replication.chaos import kill_executor, locate
-from replication.cli import main as cli_main
+from replication.control.handover_coordinator import DEFAULT_RELEASE_S
 from replication.examples.ordered import (
     HashChain,
     build_ordered_job,
@@ -23,7 +24,6 @@ from replication.examples.ordered import (
     verify_chains,
     window_counts,
 )
-from replication.handovers import DEFAULT_RELEASE_S
 from replication.status import read_status
 from rhino_state import Batched, Fluid, encode_key, key_group, vnode_of
 from tests.ordered_runs import (

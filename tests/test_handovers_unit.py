@@ -1,5 +1,5 @@
 """The runtime side of a handover without Spark: a replica's origin and target roles on a real
-RocksDB backend, and the driver's coordinator fed acks (replication.handovers)."""
+RocksDB backend, and the driver's coordinator fed acks (replication.runtime.handovers, replication.control.handover_coordinator)."""
 
 from __future__ import annotations
 
@@ -10,27 +10,25 @@ from types import SimpleNamespace
 import pytest
 
 from replication.config import ReplicationConfig
-from replication.examples.ordered import build_ordered_job
-from replication.handovers import (
+from replication.control.handover_coordinator import (
     DEFAULT_RELEASE_S,
-    CodeOrder,
-    CodeSwitches,
     HandoverCoordinator,
-    HandoverOrder,
-    PartitionHandovers,
     ReleaseMargin,
-    TargetCut,
-    arm_acks,
-    chunk_entries,
+    step_phases,
+)
+from replication.examples.ordered import build_ordered_job
+from replication.handover_orders import (
+    CodeOrder,
+    HandoverOrder,
     format_vnodes,
     order_from_wire,
     parse_strategy,
     parse_vnodes,
-    step_phases,
-    vnode_bytes,
 )
 from replication.plan import plan_job
 from replication.runtime.elements import DATA, WATERMARK
+from replication.runtime.handover_cuts import TargetCut, chunk_entries, vnode_bytes
+from replication.runtime.handovers import CodeSwitches, PartitionHandovers, arm_acks
 from replication.runtime.processing import ProcessingInstance
 from rhino_state import (
     AllAtOnce,
@@ -575,7 +573,7 @@ def test_a_restored_replica_skips_the_roles_its_checkpoint_already_includes():
 
 
 def test_router_tables_go_into_a_checkpoint_and_a_restored_router_switches_only_later_tables():
-    from replication.handovers import RouterSwitches
+    from replication.runtime.handovers import RouterSwitches
 
     table = RoutingTable.uniform(V, 2)
     routers = RouterSwitches({3: table}, G)

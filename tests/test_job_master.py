@@ -7,6 +7,7 @@ import time
 from replication.config import ReplicationConfig
 from replication.control.liveness import WorkerInfo
 from replication.control.master import JobMaster
+from replication.control.retention import log_needed_from
 from replication.control.status_view import job_status
 from replication.examples.ordered import build_ordered_job
 from replication.messages import Ack, Attach, Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
@@ -248,18 +249,18 @@ def _report_pulses(master: JobMaster, pulses: dict[tuple[int, int, int], int]) -
 def test_the_heartbeat_log_is_read_from_the_lowest_pulse_a_live_source_replica_counted():
     master = _master(mode="liverobin", rhino=False, workers=3)
     sources = _replicas(master, "source-a") + _replicas(master, "source-b")
-    assert master.heartbeat_log_needed_from() is None  # no source replica reported yet
+    assert log_needed_from(master) is None  # no source replica reported yet
     pulses = {r: 500 + 10 * i for i, r in enumerate(sources)}
     _report_pulses(master, {r: h for r, h in pulses.items() if r != sources[3]})
-    assert master.heartbeat_log_needed_from() is None  # one has not
+    assert log_needed_from(master) is None  # one has not
     _report_pulses(master, {sources[3]: 420})
-    assert master.heartbeat_log_needed_from() == 420
+    assert log_needed_from(master) == 420
     with master.locked():  # its worker dies: nobody restores it (no Rhino), nobody reads for it
         master.declare_dead(master.placement[sources[3]], "killed")
     alive = [r for r in sources if master.placement[r] not in master.dead]
-    assert master.heartbeat_log_needed_from() == min(pulses[r] for r in alive)
+    assert log_needed_from(master) == min(pulses[r] for r in alive)
     master.metrics[master.replica_label(*alive[0])] = InstanceMetrics(pulse=100, finished=True)
-    assert master.heartbeat_log_needed_from() == min(pulses[r] for r in alive[1:])  # (a drained one reads no more)
+    assert log_needed_from(master) == min(pulses[r] for r in alive[1:])  # (a drained one reads no more)
 
 
 def test_with_rhino_the_heartbeat_log_is_kept_from_the_oldest_source_checkpoint_a_restore_may_use():
@@ -269,19 +270,19 @@ def test_with_rhino_the_heartbeat_log_is_kept_from_the_oldest_source_checkpoint_
     rhino = master.rhino
     sources = _replicas(master, "source-a") + _replicas(master, "source-b")
     _report_pulses(master, {r: 800 for r in sources})
-    assert master.heartbeat_log_needed_from() is None  # no checkpoint of the sources yet
+    assert log_needed_from(master) is None  # no checkpoint of the sources yet
     for inst in rhino.instances():
         rhino.checkpoint_completed(inst, 300, {}, holders=rhino.groups[inst])
-    assert master.heartbeat_log_needed_from() == 300
+    assert log_needed_from(master) == 300
     for inst in rhino.instances():
         rhino.checkpoint_completed(inst, 600, {}, holders=rhino.groups[inst])
     kept = min(rhino.retain_from(inst) for inst in rhino.instances() if inst[0] == sources[0][0])
-    assert master.heartbeat_log_needed_from() == kept and kept in (300, 600)
+    assert log_needed_from(master) == kept and kept in (300, 600)
     _report_pulses(master, {sources[0]: 250})  # a replica far behind its twin
-    assert master.heartbeat_log_needed_from() == 250
+    assert log_needed_from(master) == 250
     with master.locked():  # lost: restored from a checkpoint Rhino keeps, not from where it was
         master.declare_dead(master.placement[sources[0]], "killed")
-    assert master.heartbeat_log_needed_from() == min(rhino.retain_from(inst) for inst in rhino.instances()
+    assert log_needed_from(master) == min(rhino.retain_from(inst) for inst in rhino.instances()
                                                      if inst[0] == sources[0][0])
 
 

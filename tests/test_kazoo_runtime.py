@@ -19,8 +19,8 @@ import pytest
 
 from deploy.topics import read_all
 from kazoo_leader.orders import Order
+from ops.chaos import kill_executor, locate, pause_executor, resume_executor
 from replication import run
-from replication.chaos import kill_executor, locate, pause_executor, resume_executor
 from replication.examples.ordered import build_ordered_job, verify_chains
 from tests.ordered_runs import preproduce, read_output, replicas_agree, source_topics, start_under_load
 

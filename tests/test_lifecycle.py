@@ -135,7 +135,7 @@ def test_cli_run_ships_a_user_module_and_refuses_bad_config(stack, topic_prefix,
     module.write_text(JOB_MODULE.format(name=f"{topic_prefix}words", topic=topic, out=out))
     # only the driver finds the module (python -m puts the cwd on its path); executors need it shipped
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    cli = [sys.executable, "-m", "replication.cli", "run", f"{module.stem}:build",
+    cli = [sys.executable, "-m", "ops.cli", "run", f"{module.stem}:build",
            "--master", "local-cluster[2,1,512]", "--conf", f"spark.replication.kafka.bootstrapServers={stack.bootstrap_servers}"]
 
     bad = subprocess.run([*cli, "--conf", "spark.replication.channel.batchSize=-1"], env=env, cwd=tmp_path,

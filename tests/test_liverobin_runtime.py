@@ -14,8 +14,8 @@ import pytest
 
 from deploy.topics import list_topics, read_all
 from liverobin.heartbeats import PulseLog, PulseRecord
+from ops.chaos import kill_executor, locate
 from replication import run
-from replication.chaos import kill_executor, locate
 from replication.examples.ordered import build_ordered_job, chain_heads, verify_chains
 from tests.ordered_runs import (
     latencies_s,

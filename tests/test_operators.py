@@ -20,11 +20,12 @@ from hypothesis import strategies as st
 
 from replication.api import Job
 from replication.functions import Aggregator, KeyedProcessFunction
-from replication.handovers import HandoverOrder, RouterSwitches
+from replication.handover_orders import HandoverOrder
 from replication.metrics import InstanceMetrics
 from replication.plan import OutputEdge, plan_job
 from replication.runtime.chain import build_chain
 from replication.runtime.elements import DATA, END, END_ELEMENT, MAX_WATERMARK, WATERMARK, record
+from replication.runtime.handovers import RouterSwitches
 from replication.runtime.operators import (
     FilterOperator,
     FlatMapOperator,

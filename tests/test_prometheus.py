@@ -404,8 +404,8 @@ def _reported(fams: dict[str, Family], family: str, suffix: str = "", **labels: 
 def test_scrape_a_running_replicated_job_and_show_its_status(stack, spark, topic_prefix, capsys) -> None:
     """LiveRobin + Rhino, two replicas per partition: /metrics shows the sink writing, two live
     replicas everywhere and completed checkpoints; ``replication status`` shows the same job."""
+    from ops.cli import main as cli_main
     from replication import run
-    from replication.cli import main as cli_main
     from replication.examples.ordered import verify_chains
     from replication.status import read_status
     from tests.ordered_runs import feed, read_output, source_topics

@@ -21,8 +21,8 @@ import pytest
 from pyspark import cloudpickle
 
 from deploy.topics import create_topics, produce, read_all
+from ops.chaos import kill_executor, kill_python, locate, pause_executor, resume_executor
 from replication import Job, KeyedProcessFunction, run
-from replication.chaos import kill_executor, kill_python, locate, pause_executor, resume_executor
 from replication.examples.fraud import PaymentGenerator, build_replicated_job, canonical, generate, reference
 from replication.status import read_status
 from tests.ordered_runs import feed
@@ -185,7 +185,7 @@ def test_eight_partitions_on_three_executors_with_live_replica_metrics(stack, sp
         if sum(metrics.get(f"fraud-rule[{p}]r{r}", {}).get("in", 0) for p in range(8) for r in (0, 1)) >= 2 * 3900:
             break
         time.sleep(0.5)
-    cli = subprocess.run([sys.executable, "-m", "replication.cli", "replicas", job.name],
+    cli = subprocess.run([sys.executable, "-m", "ops.cli", "replicas", job.name],
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
     rows = {line.split()[0]: line.split() for line in cli.stdout.splitlines() if "[" in line.split()[0]}

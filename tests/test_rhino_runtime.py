@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from replication.chaos import kill_executor, locate
+from ops.chaos import kill_executor, locate
 from replication.examples.ordered import verify_chains
 from replication.status import read_status
 from tests.ordered_runs import (
@@ -297,7 +297,7 @@ def test_draining_an_executor_moves_its_replicas_elsewhere_while_the_twins_serve
     """``replication drain JOB EXECUTOR`` under load: the executor's worker stops as if it had died,
     the twins of its replicas go on serving, each replica is restored from its checkpoint on another
     worker and catches up; the output stays exact and the drained executor hosts nothing."""
-    from replication.cli import main as cli_main
+    from ops.cli import main as cli_main
 
     with _fed_job(stack, spark, f"{topic_prefix}rhinodrain", "liverobin") as (job, handle, ids):
         _wait(lambda: _every_checkpoint_held_by_a_live_worker(handle), 30, "a completed checkpoint everywhere")

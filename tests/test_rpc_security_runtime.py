@@ -19,7 +19,7 @@ import urllib.request
 import grpc
 import pytest
 
-from replication.chaos import kill_executor, locate
+from ops.chaos import kill_executor, locate
 from replication.examples.ordered import verify_chains
 from replication.security import read_cli_credentials
 from replication.status import read_status

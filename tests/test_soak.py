@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from replication.workload import run_fraud_workload
+from ops.workload import run_fraud_workload
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 

@@ -1,13 +1,13 @@
 """``replication soak`` without a cluster: what it refuses before starting anything, and its
-verdict, which must catch every kind of wrong output (replication.soak, replication.soak_check)."""
+verdict, which must catch every kind of wrong output (ops.soak, ops.soak_check)."""
 
 from __future__ import annotations
 
 import pytest
 
-from replication import soak
+from ops import soak
+from ops.soak_check import verify
 from replication.examples.ordered import chain_step
-from replication.soak_check import verify
 
 
 def test_a_fault_outside_the_mode_s_catalogue_is_refused_in_one_line(capsys):
@@ -61,7 +61,7 @@ def test_a_fault_s_clock_starts_when_its_signal_goes_out_not_while_its_target_is
     import time
     from types import SimpleNamespace
 
-    from replication import chaos
+    from ops import chaos
 
     signals: list[float] = []
     injector = soak.Injector(handle=None, stack=None, rnd=random.Random(1))
@@ -89,7 +89,7 @@ def test_fewer_than_one_checkpoint_holder_is_refused_in_one_line(capsys):
 
 def test_a_fault_of_two_kills_is_back_counted_from_its_second():
     """kill-two's phases run from its first kill; what it is back after is the second one."""
-    from replication.soak_report import Fault
+    from ops.soak_report import Fault
 
     fault = Fault("kill-two", 10.0, phases={"noticed": 5.2, "caught_up": 5.6}, last_signal_s=5.1)
     assert round(fault.back_after_last_signal_s, 2) == 0.5
@@ -99,7 +99,7 @@ def test_a_fault_of_two_kills_is_back_counted_from_its_second():
 def test_kills_that_left_one_live_worker_are_counted_apart_from_the_back_within_target():
     """With one live worker a lost replica cannot run apart from its twin until Spark relaunches
     a worker: the report counts those kills apart from the ones that had room to restore."""
-    from replication.soak_report import Fault, SoakReport
+    from ops.soak_report import Fault, SoakReport
 
     report = SoakReport("liverobin", 1, 600, 300, 5, 4, faults=[
         Fault("kill-executor", 10.0, survived=True, phases={"caught_up": 0.6}, live_workers=3),
@@ -157,8 +157,8 @@ def test_the_soak_s_handovers_are_drawn_from_the_table_and_judged_by_their_outco
     import random
     import time
 
-    from replication.soak_handovers import HandoverMover
-    from replication.soak_report import SoakReport
+    from ops.soak_handovers import HandoverMover
+    from ops.soak_report import SoakReport
 
     cases = [({"state": "completed", "steps": [{}, {}]}, "completed"),
              ({"state": "aborted", "steps": [], "reason": "replica lost before the commit"}, "cancelled"),
@@ -194,7 +194,7 @@ def test_a_handover_call_that_ends_long_past_its_timeout_is_not_accepted(monkeyp
     import random
     import time
 
-    from replication import soak_handovers
+    from ops import soak_handovers
 
     monkeypatch.setattr(soak_handovers, "TIMEOUT_S", 0.05)
     monkeypatch.setattr(soak_handovers, "ROLL_FORWARD_S", 0.05)

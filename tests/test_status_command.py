@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from replication.cli import main
+from ops.cli import main
 from replication.status import format_status, status_path, write_status
 
 NOW = 1_800_000_000.0

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from replication.handovers import HandoverOrder, PartitionHandovers, TargetCut
+from replication.handover_orders import HandoverOrder
 from replication.messages import CutRequest, Instructions
 from replication.metrics import InstanceMetrics
 from replication.plan import ChannelSpec
@@ -20,6 +20,8 @@ from replication.runtime.checkpoints import WorkerCheckpoints
 from replication.runtime.cut_exchange import CutExchange
 from replication.runtime.driver_link import RESTORED_REPORT_S, DriverLink, Mailbox
 from replication.runtime.feeds import WorkerFeeds
+from replication.runtime.handover_cuts import TargetCut
+from replication.runtime.handovers import PartitionHandovers
 from replication.runtime.routes import KnownMove, Routes
 from replication.runtime.source import drain_position
 from replication.runtime.worker import Worker

@@ -352,8 +352,8 @@ def test_generators_are_deterministic():
 def test_benchmark_rows_and_plot_from_made_up_runs(tmp_path):
     sys.path.insert(0, str(REPO))
     from bench import workloads as bench
-    from replication.loadgen import LoadResult
-    from replication.workload import Sample
+    from ops.loadgen import LoadResult
+    from ops.workload import Sample
 
     args = bench.parse_args(["--modes", "liverobin,off,unordered", "--workloads", "nexmark", "--rate", "100",
                              "--duration", "10", "--nexmark-state-mb", "5", "--warm-up", "0.5",

@@ -12,7 +12,7 @@
 | `outputs` | the exactly-once outputs' writers and epochs |
 | `restores` | Rhino: checkpoint reports, digests, restores and copies of lost replicas |
 | `handover_calls`, `handover_steps` | moves, rescales, rebalances, drains, operator swaps |
-| `pulses` | the heartbeat generators and KaZoo's pulse windows |
+| `pulses`, `retention` | the heartbeat generators and KaZoo's pulse windows; the log segments still needed |
 | `elections` | KaZoo: a dead worker's leaderships fail over at once |
 | `status_view`, `prometheus` | the status file and the metrics endpoint |
 

@@ -27,6 +27,7 @@ from replication.control.liveness import WorkerInfo
 from replication.control.master import JobFailedError, JobMaster
 from replication.control.prometheus import MetricsServer, collect, render
 from replication.control.pulses import DriverPulses
+from replication.control.retention import log_needed_from
 from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import PhysicalPlan, ReplicaId, replica_name
 from replication.runtime.worker import WorkerBootstrap, run_worker
@@ -108,7 +109,7 @@ class JobHandle:
             resumed_at = int(plan.resume.cut.run.get("pulse", 0)) if plan.resume is not None else 0
             retain = cfg.mode == "liverobin"  # (KaZoo's log holds pulse windows only: a few segments)
             self.pulses = DriverPulses(self._new_generator, plan.heartbeat_log, master.event, first_h=resumed_at,
-                                       needed_from=master.heartbeat_log_needed_from if retain else None,
+                                       needed_from=functools.partial(log_needed_from, master) if retain else None,
                                        delete_topics=self._segment_maker.delete if retain else None)
             if master.durable is not None:  # a cut says how far the log was: a resume reads it from there
                 master.durable.pulse = lambda: self.pulses.last_h if self.pulses is not None else 0

@@ -1,5 +1,5 @@
 """How the driver runs a handover: its steps one by one at pulses counted ahead, inside a window of
-pulses (caller-side of :class:`replication.handovers.HandoverCoordinator`).
+pulses (caller-side of :class:`replication.control.handover_coordinator.HandoverCoordinator`).
 
 LiveRobin's generators pulse eagerly while a handover runs; in KaZoo mode a pulse window is
 opened (every source replica holds its records, a windowed generator writes pulses from their
@@ -17,9 +17,9 @@ from typing import Any
 
 from liverobin.windows import WindowWord
 from replication.config import ReplicationConfig
+from replication.control.handover_coordinator import HandoverCoordinator, step_phases
 from replication.control.master import JobFailedError, JobMaster
 from replication.control.pulses import DriverPulses, switch_pulse
-from replication.handovers import HandoverCoordinator, step_phases
 from replication.metrics import InstanceMetrics, window_text
 from replication.plan import PhysicalPlan, ReplicaId
 from rhino_state import Batched, HandoverState, JobState

@@ -21,13 +21,13 @@ from liverobin.positions import PositionBoard
 from liverobin.windows import WindowWord
 from replication.config import ReplicationConfig
 from replication.control.bells import WorkerBells
+from replication.control.handover_coordinator import HandoverCoordinator
 from replication.control.liveness import WorkerInfo
 from replication.control.losses import Losses
 from replication.control.outputs import OutputRoles
 from replication.control.restores import Restores
-from replication.control.status_view import job_status
+from replication.control.status_view import StatusFile
 from replication.durability import DurableCheckpoints
-from replication.handovers import HandoverCoordinator
 from replication.messages import (
     Ack,
     Attach,
@@ -42,7 +42,6 @@ from replication.messages import (
 )
 from replication.metrics import InstanceMetrics
 from replication.plan import Instance, PhysicalPlan, ReplicaId, replica_name
-from replication.status import write_status
 from rhino_state.durable import DurableCut
 from rhino_state.manager import ReplicationManager
 from transport import rpc
@@ -89,8 +88,7 @@ class JobMaster:
         self._cond = threading.Condition()
         self.closed = threading.Event()
         self.bells = WorkerBells()
-        self._status_dirty = True
-        self._status_written = 0.0
+        self.status_file = StatusFile(job_name)
         # called (each in a thread of its own, outside the lock) with a worker declared dead and its attempt
         self.on_dead: list[Callable[[int, int], None]] = []
         # Rhino: replica groups and completed checkpoints (the manager moves restored replicas in the one
@@ -143,7 +141,7 @@ class JobMaster:
     def changed(self) -> None:
         """Something callers wait for changed (caller holds the lock): wake them, and the status
         file is rewritten at the next round."""
-        self._status_dirty = True
+        self.status_file.dirty = True
         self._cond.notify_all()
 
     def ring_workers(self) -> None:
@@ -199,38 +197,12 @@ class JobMaster:
             return all(w in self.reports or (w in self.dead and not self.bystander(self.workers[w]))
                        for w in range(self.num_workers) if w in self.workers) and len(self.workers) > 0
 
-    def heartbeat_log_needed_from(self) -> int | None:
-        """LiveRobin: the lowest pulse a source replica counted, or a restore of one (from a Rhino
-        checkpoint or the durable store's oldest cut) starts after; None while not every live
-        source replica has reported one.  Log segments before that pulse's are read by nobody."""
-        with self._cond:
-            sources = {t.id for t in self.plan.tasks if t.is_source}
-            needed: list[int] = []
-            for (t, p, r), w in self.placement.items():
-                if t not in sources or w in self.dead or (t, p, r) in self.lost:
-                    continue  # (a lost replica is restored from a checkpoint, below, or never)
-                m = self.metrics.get(self.replica_label(t, p, r))
-                if m is None:
-                    return None
-                if not m.finished:
-                    needed.append(m.pulse)
-            if self.rhino is not None:  # a source checkpoint's id is the last pulse it placed
-                for inst in self.rhino.instances():
-                    if inst[0] in sources:
-                        kept = self.rhino.retain_from(inst)
-                        if kept is None:
-                            return None
-                        needed.append(kept)
-            if self.durable is not None and self.durable.oldest_kept is not None:
-                needed.append(self.durable.oldest_kept)
-            return min(needed, default=None)
-
     # -- state changes --------------------------------------------------------------------------
     def event(self, text: str) -> None:
         """Log ``text`` as an event of the job (caller holds the lock)."""
         log.warning("%s", text)
         self.events.append((time.time(), text))
-        self._status_dirty = True
+        self.status_file.dirty = True
 
     def note(self, text: str) -> None:
         """:meth:`event`, from a thread that does not hold the condition."""
@@ -310,7 +282,7 @@ class JobMaster:
             info.last_seen = max(info.last_seen, arrived)
             if req.rpc_refused != self.rpc_refused.get(f"worker {w}", 0):
                 self.rpc_refused[f"worker {w}"] = req.rpc_refused
-                self._status_dirty = True
+                self.status_file.dirty = True
             if req.metrics is not None:
                 self.metrics.update(req.metrics)
                 self.changed()  # e.g. state_bytes_per_vnode waits for the replicas' measurements
@@ -402,15 +374,6 @@ class JobMaster:
         return self.mover(req)
 
     # -- the status file ----------------------------------------------------------------------------
-    def status_due(self) -> dict[str, Any] | None:
-        """The status to write now, if it changed and the last was written half a second ago or
-        more (caller holds the lock; writing it is the caller's, outside the lock)."""
-        if not (self._status_dirty and time.monotonic() - self._status_written >= 0.5 and self.job_name):
-            return None
-        self._status_dirty = False
-        self._status_written = time.monotonic()
-        return self._status_or_none("running")
-
     def end_watching(self) -> None:
         """The job is over: stop the liveness loop; the watches that end as the server stops then
         say nothing about the workers."""
@@ -422,18 +385,5 @@ class JobMaster:
             self.write_status(state)
 
     def write_status(self, state: str = "running") -> None:
-        if self.job_name and (status := self._status_or_none(state)) is not None:
-            self.publish_status(status)
-
-    def _status_or_none(self, state: str) -> dict[str, Any] | None:
-        try:
-            return job_status(self, state)
-        except Exception:  # noqa: BLE001 - the status view must never stop the monitor or a registration
-            log.exception("cannot build the job status")
-            return None
-
-    def publish_status(self, status: dict[str, Any]) -> None:
-        try:
-            write_status(self.job_name, status)
-        except OSError as err:
-            log.warning("cannot write the job status file: %s", err)
+        """Write the status file now (caller holds the lock)."""
+        self.status_file.write(self, state)

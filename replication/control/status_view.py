@@ -1,16 +1,57 @@
 """The job's status as ``replication status`` shows it: built from the job master's state, written
-as JSON next to the job (:mod:`replication.status`)."""
+as JSON next to the job (:mod:`replication.status`) at most twice a second while it changes."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from replication.handovers import CodeOrder
+from replication.handover_orders import CodeOrder
+from replication.status import write_status
 
 if TYPE_CHECKING:
     from replication.control.master import JobMaster
+
+log = logging.getLogger(__name__)
+
+
+class StatusFile:
+    """The status file of job ``job_name`` ("": none is written)."""
+
+    def __init__(self, job_name: str) -> None:
+        self.job_name = job_name
+        self.dirty = True  # changed since it was last written
+        self._written = 0.0
+
+    def due(self, master: JobMaster) -> dict[str, Any] | None:
+        """The status to write now, if it changed and the last was written half a second ago or
+        more (caller holds the master's lock; :meth:`publish` it outside the lock)."""
+        if not (self.dirty and time.monotonic() - self._written >= 0.5 and self.job_name):
+            return None
+        self.dirty = False
+        self._written = time.monotonic()
+        return self._build(master, "running")
+
+    def write(self, master: JobMaster, state: str) -> None:
+        """Write the status now, as ``state`` (caller holds the master's lock)."""
+        if self.job_name and (status := self._build(master, state)) is not None:
+            self.publish(status)
+
+    def publish(self, status: dict[str, Any]) -> None:
+        try:
+            write_status(self.job_name, status)
+        except OSError as err:
+            log.warning("cannot write the job status file: %s", err)
+
+    @staticmethod
+    def _build(master: JobMaster, state: str) -> dict[str, Any] | None:
+        try:
+            return job_status(master, state)
+        except Exception:  # noqa: BLE001 - the status view must never stop the monitor or a registration
+            log.exception("cannot build the job status")
+            return None
 
 
 def job_status(master: JobMaster, state: str) -> dict[str, Any]:

@@ -76,6 +76,6 @@ def monitor(master: JobMaster, period_s: float = 0.1, executor_poll_s: float = E
                 m.restores.start()
             if m.rhino is not None:
                 m.restores.start_copies()
-            status = m.status_due()
+            status = m.status_file.due(m)
         if status is not None:  # written (fsync) outside the lock: heartbeats do not wait for the disk
-            m.publish_status(status)
+            m.status_file.publish(status)

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from replication.handovers import DeltaCut, HandoverOrder, TargetCut
+from replication.handover_orders import HandoverOrder
 from replication.messages import Ack, CutChunk, CutRequest, KeptCut
+from replication.runtime.handover_cuts import DeltaCut, TargetCut
 from rhino_state import CheckpointNotHeldError, moved_key_groups
 from rhino_state.cut import Delivery, apply_changes, cut_digest, entry_bytes, plan_delivery
 from transport import wire

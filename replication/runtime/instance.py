@@ -18,20 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from replication import savepoint
-from replication.handovers import (
-    CodeOrder,
-    CodeSwitches,
-    HandoverOrder,
-    PartitionHandovers,
-    RouterSwitches,
-    arm_acks,
-)
+from replication.handover_orders import CodeOrder, HandoverOrder
 from replication.metrics import InstanceMetrics
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from replication.runtime.chain import build_chain, chain_operators
 from replication.runtime.channels import OutputChannel
 from replication.runtime.deadletter import ExactlyOnceDeadLetters, describe_error
 from replication.runtime.elements import DATA, MAX_WATERMARK
+from replication.runtime.handovers import CodeSwitches, PartitionHandovers, RouterSwitches, arm_acks
 from replication.runtime.operators import Router, serves_through_moves
 from rhino_state import RocksDBStateBackend, StateContext
 from rhino_state.increments import digest_hex
@@ -121,7 +115,7 @@ class PartitionInstance:
     def state_context(self, operator_name: str) -> StateContext:
         return StateContext(self.state_backend(), operator_name, self.num_key_groups)
 
-    # -- handovers (replication.handovers) --------------------------------------------------
+    # -- handovers (replication.runtime.handovers) --------------------------------------------------
     def apply_handover(self, order: HandoverOrder | CodeOrder, restored: bool = False) -> None:
         """Worker thread: install, commit or cancel ``order`` in the roles this replica has in it
         (``restored``: armed by :meth:`rearm`, where a part found done is in the checkpoint)."""

@@ -203,7 +203,7 @@ class WindowOperator(Operator):
         self._fire(wm)
         self.next.on_watermark(wm)
 
-    # -- handover (replication.handovers): the fire index moves with the keys' state ----------
+    # -- handover (replication.runtime.handovers): the fire index moves with the keys' state ----------
     def cut_keys(self, in_cut: Callable[[int], bool]) -> list[tuple[int, bytes, Any, float]]:
         """An origin: take the fire-index entries ``(end, encoded key, key, newest ingest)`` of the
         keys whose key group ``in_cut`` (their accumulators leave with the keyed state)."""

@@ -19,14 +19,11 @@ from kazoo_leader.orderer import KazooOrderer
 from kazoo_leader.segments import SegmentedLog
 from liverobin import LiveRobinOrderer
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
-from replication.handovers import (
-    split_cut,
-    vnode_bytes,
-)
 from replication.plan import PhysicalPlan, TaskSpec
 from replication.runtime.chain import chain_operators
 from replication.runtime.dedup import Dedup
 from replication.runtime.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
+from replication.runtime.handover_cuts import split_cut, vnode_bytes
 from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
 from rhino_state import encode_key, key_group
 from rhino_state.cut import entry_bytes

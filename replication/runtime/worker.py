@@ -38,7 +38,7 @@ import grpc
 from confluent_kafka import Producer
 
 from replication.config import ReplicationConfig
-from replication.handovers import order_from_wire
+from replication.handover_orders import order_from_wire
 from replication.messages import (
     Ack,
     Attach,

@@ -2,7 +2,7 @@
 Kafka client than the runtime's) and checked record by record: every input event exactly once,
 each key's records a gapless hash chain in the order of its sources with consistent counts,
 every malformed record dead-lettered exactly once, both replicas of every partition ending with
-equal state and no checkpoint divergence (:mod:`replication.soak` runs the job)."""
+equal state and no checkpoint divergence (:mod:`ops.soak` runs the job)."""
 
 from __future__ import annotations
 

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy.stack import EmbeddedStack, require_java17
+from ops.chaos import kill_executor, locate
+from ops.progress import StatusLine
+from ops.workload import percentile, run_fraud_workload
 from replication import procfs
-from replication.chaos import kill_executor, locate
 from replication.plan import replica_name
-from replication.progress import StatusLine
 from replication.spark_cluster import build_session, executor_ids, executor_jvm_pids, stop_session
-from replication.workload import percentile, run_fraud_workload
 
 WARM_UP_S = 2.0
 

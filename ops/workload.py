@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.topics import create_topics, read_all
+from ops.loadgen import LoadResult, generate_load
+from ops.progress import StatusLine
 from replication import JobHandle, JobResult, run
 from replication.examples.fraud import (
     PaymentGenerator,
@@ -26,8 +28,6 @@ from replication.examples.fraud import (
     canonical,
     reference,
 )
-from replication.loadgen import LoadResult, generate_load
-from replication.progress import StatusLine
 
 
 @dataclass

@@ -1,12 +1,12 @@
 """The fault soak's report: each fault with its recovery phases, each handover with its outcome,
-the verdict on the output, and the lines the soak prints (:mod:`replication.soak` runs it)."""
+the verdict on the output, and the lines the soak prints (:mod:`ops.soak` runs it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from replication.soak_check import Verdict
-from replication.soak_handovers import HandoverRun
+from ops.soak_check import Verdict
+from ops.soak_handovers import HandoverRun
 
 KILLS = ("kill-executor", "kill-python", "kill-two", "kill-leader")  # faults that lose replicas at once
 BACK_TARGET_S = 3.0  # issue 20: a killed replica is back (restored, caught up) within this

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from replication import chaos, soak
+from ops import chaos, soak
 from replication.api import Job, JobDefinitionError
 from replication.config import ConfigError, ReplicationConfig, config_reference_markdown
 from transport.kafka_io import KafkaUnavailable
@@ -65,7 +65,7 @@ def _conf_pairs(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from replication.demo import DemoOptions, main
+    from ops.demo import DemoOptions, main
 
     if args.rhino and (args.no_replication or args.mode == "unordered"):
         print("error: --rhino needs --mode liverobin or --mode kazoo (checkpoints are taken at pulses or orders)",
@@ -133,7 +133,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_move(args: argparse.Namespace) -> int:
-    from replication.handovers import parse_vnodes
+    from replication.handover_orders import parse_vnodes
 
     try:
         vnodes = parse_vnodes(args.vnodes)
@@ -157,7 +157,7 @@ def _cmd_drain(args: argparse.Namespace) -> int:
 
 def _handover_request(args: argparse.Namespace, **what: Any) -> int:
     """Send a handover request (move, rescale, rebalance, drain) to the job's driver and print its report."""
-    from replication.handovers import format_vnodes, parse_strategy
+    from replication.handover_orders import format_vnodes, parse_strategy
     from replication.messages import HandoverReport, HandoverRequest
     from replication.security import read_cli_credentials
     from replication.status import read_status

@@ -22,7 +22,7 @@ mode's catalogue with ``random.Random(seed)``:
 * ``restart-zookeeper`` (KaZoo): crash ZooKeeper and start it again a second later.
 
 Between the faults, at random moments, it moves vnodes of the chain, rescales it onto its spare
-third partition and back, or rebalances it (:mod:`replication.soak_handovers`; ``--no-handovers``
+third partition and back, or rebalances it (:mod:`ops.soak_handovers`; ``--no-handovers``
 turns them off): each must complete, or be cancelled or refused cleanly.  ``--no-rhino`` runs
 without checkpoints; no lost replica is restored then, so only the faults that lose none are
 drawn (``pause-short``, ``kill-generator``, ``restart-zookeeper``).
@@ -50,13 +50,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
+from ops.soak_check import compare_replicas, read_topic, verify
+from ops.soak_handovers import HandoverMover
+from ops.soak_report import Fault, SoakReport
 from replication.api import Job
 from replication.examples.ordered import chain_step
 from replication.functions import KeyedProcessFunction, ProcessContext, RuntimeContext
 from replication.metrics import drain_text, window_text
-from replication.soak_check import compare_replicas, read_topic, verify
-from replication.soak_handovers import HandoverMover
-from replication.soak_report import Fault, SoakReport
 
 log = logging.getLogger(__name__)
 
@@ -204,12 +204,12 @@ class Injector:
         return replicas
 
     def _locate(self, replica: str) -> Any:
-        from replication.chaos import locate
+        from ops.chaos import locate
 
         return locate(replica, job=self.handle.job.name)
 
     def _kill(self, replica: str) -> tuple[str, int]:
-        from replication.chaos import kill_executor
+        from ops.chaos import kill_executor
 
         target = self._locate(replica)
         self._strike()
@@ -229,7 +229,7 @@ class Injector:
     def inject(self, kind: str) -> tuple[str, list[Callable[[], bool]]]:
         """Inject ``kind``; what was hit, and the conditions that say the driver noticed it.
         Raises NoTarget when the process to hit is not there now (the soak draws again later)."""
-        from replication.chaos import ChaosError
+        from ops.chaos import ChaosError
 
         self.struck_at = self.last_struck_at = None
         try:
@@ -238,7 +238,7 @@ class Injector:
             raise NoTarget(str(exc)) from exc
 
     def _inject(self, kind: str) -> tuple[str, list[Callable[[], bool]]]:
-        from replication.chaos import kill_python, pause_executor, resume_executor
+        from ops.chaos import kill_python, pause_executor, resume_executor
 
         replica = self.rnd.choice(self._replicas())
         if kind == "kill-executor":

@@ -15,7 +15,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from replication.progress import StatusLine, bar
+from ops.progress import StatusLine, bar
 from transport.kafka_io import produce_blocking
 
 MakeRecord = Callable[[int], tuple[bytes | None, bytes, Any]]

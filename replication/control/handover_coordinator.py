@@ -1,0 +1,462 @@
+"""The driver's side of a handover: the coordinator that turns a request into steps, instructs
+their participants through the heartbeat replies, collects their acks and keeps each step's
+timeline (:class:`rhino_state.handover_manager.HandoverManager` decides; this is its I/O edge), and the
+release margin a task's steps learn (docs/handover.md)."""
+
+
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from replication.handover_orders import CodeOrder, HandoverOrder, Instance, ReplicaId, format_vnodes
+from rhino_state import (
+    AckKind,
+    AckOutcome,
+    AllAtOnce,
+    HandoverAck,
+    HandoverManager,
+    HandoverRecord,
+    HandoverState,
+    JobState,
+    MoveRequest,
+    RebalanceRequest,
+    ReplaceOperatorRequest,
+    RescaleRequest,
+)
+from rhino_state.handover import Strategy
+
+# The release margin of a task's first step, before any step taught it (:class:`ReleaseMargin`).
+DEFAULT_RELEASE_S = 0.15
+
+
+class ReleaseMargin:
+    """How long after the switch pulse a task's targets release (the margin of ``R = P + k``),
+    learnt from its steps so far.
+
+    The moved keys' records wait from the switch to the release, so the margin is latency for
+    them; a target that reaches the release before its state stalls there with every key until
+    the state is in.  What a step needs is the time from the switch until every cut is at the
+    targets (alignment, cut, transfer), modelled as ``fixed + bytes / rate``.  The margin is
+    ``safety`` times the prediction plus one pulse; ``fixed`` is the (lower) median of the recent steps'
+    residues, ``bytes`` the step's planned bytes or, unknown, its vnodes times the largest recent
+    bytes per vnode.  Before any step: ``default_s``.
+
+    The median, not the largest: as long as a step moves more than a hundredth of the records, a
+    second's p99 is the moved keys' wait whether they wait for the margin or the target stalls
+    until its state is in, so a margin set by one slow step would cost every later step of the
+    history that wait for nothing.  (With the largest, one step of the KaZoo rescale benchmark
+    whose alignment took 1.2 s set the next four margins to 1.9 s: held 2 s each, the rescale
+    twice as long as the one before it.)"""
+
+    def __init__(self, period_s: float, default_s: float = DEFAULT_RELEASE_S, safety: float = 1.5,
+                 rate_bytes_per_s: float = 50e6, history: int = 8, max_s: float = 5.0) -> None:
+        self.period_s, self.default_s, self.safety = period_s, default_s, safety
+        self.rate, self.max_s = rate_bytes_per_s, max_s
+        self._seen: deque[tuple[int, int, float]] = deque(maxlen=history)  # (vnodes, bytes, need s)
+
+    def observe(self, vnodes: int, moved_bytes: int, need_s: float) -> None:
+        """A completed step of ``vnodes`` moved ``moved_bytes``; its cuts were at the targets
+        ``need_s`` after the switch."""
+        if vnodes > 0 and need_s >= 0:
+            self._seen.append((vnodes, moved_bytes, need_s))
+
+    def margin_s(self, vnodes: int, planned_bytes: int | None = None) -> float:
+        """The margin for a step of ``vnodes`` (``planned_bytes`` of state, if measured)."""
+        if not self._seen:
+            return self.default_s
+        fixed = max(self.period_s, statistics.median_low(need - b / self.rate for _, b, need in self._seen))
+        size = planned_bytes if planned_bytes is not None else vnodes * max(b / v for v, b, _ in self._seen)
+        return min(self.max_s, max(2 * self.period_s, self.safety * (fixed + size / self.rate) + self.period_s))
+
+
+class HandoverCoordinator:
+    """Driver side: the :class:`HandoverManager`, the orders every worker is shown, and the acks the
+    workers send back (the job master calls it under its lock; no I/O here)."""
+
+    def __init__(self, plan: Any, retain: bool = False, max_bytes_in_flight: int | None = None,
+                 period_s: float = 0.01) -> None:
+        upstreams: dict[int, list[Instance]] = {t: [] for t in plan.routing}
+        for task in plan.tasks:
+            for edge in task.outputs:
+                if edge.partitioning == "hash" and edge.dst_task in upstreams:
+                    upstreams[edge.dst_task] += [(task.id, p) for p in range(task.parallelism)]
+        self.plan = plan
+        self.manager = HandoverManager(plan.routing, upstreams, replicas=plan.replicas,
+                                       max_bytes_in_flight=max_bytes_in_flight)
+        self.orders: dict[int, HandoverOrder | CodeOrder] = {}
+        self._cut_entries: dict[int, dict[int, int]] = {}  # handover id -> origin partition -> entries cut
+        self._deferred: list[HandoverAck] = []  # LOADED acks that came before the release was placed
+        # Rhino (``retain``): completed orders, kept until every participant's restore point is past
+        # them, for replicas restored from an earlier checkpoint to replay them (and the origins keep
+        # their cuts as long as the order is listed here)
+        self.retain = retain
+        self.history: dict[int, HandoverOrder | CodeOrder] = {}
+        # handover id -> participant instance -> the last checkpoint it had taken when it acted
+        # (switched, cut, loaded): a restore point past it includes the action
+        self._acted_after: dict[int, dict[Instance, int]] = {}
+        # handover id -> what happened -> instance -> wall-clock time (the first replica's) or bytes
+        # cut: the step's timeline (:meth:`timeline`), kept for the last TIMELINES handovers
+        self._times: dict[int, dict[str, dict[Instance, float]]] = {}
+        self.period_s = period_s
+        self._margins: dict[int, ReleaseMargin] = {}  # per keyed task
+        self._pruned: dict[int, HandoverRecord] = {}  # records the manager let go, for the driver's reports
+
+    def start_move(self, task: int, vnodes: Iterable[int], target: int, switch_at: int,
+                   release_at: int) -> HandoverOrder:
+        """Plan and instruct the move of ``vnodes`` of ``task`` to partition ``target`` in one step
+        at pulse ``switch_at`` (the targets release at ``release_at``); ValueError for a bad request."""
+        job = self.start_job(task, vnodes, target, AllAtOnce())
+        order = self.instruct_next(job, switch_at, release_at)
+        if order is None:
+            raise ValueError(f"task {task}: another handover is not committed yet, or a participant is lost")
+        return order
+
+    def start_job(self, task: int, vnodes: Iterable[int], target: int, strategy: Strategy,
+                  sizes: Sequence[int] | None = None) -> int:
+        """Plan the move of ``vnodes`` of ``task`` to ``target`` in steps (``strategy``; ``sizes``:
+        state bytes per vnode, for a byte cap); its job id."""
+        return self.manager.submit(MoveRequest(task, tuple(vnodes), target), strategy, sizes=sizes).job_id
+
+    def start_rescale(self, task: int, parallelism: int, strategy: Strategy,
+                      sizes: Sequence[int] | None = None) -> int:
+        """Plan taking ``task`` to ``parallelism`` partitions owning vnodes (the fewest moves; the
+        partitions beyond it end with none), in steps; its job id.  ValueError beyond the
+        partitions the task hosts."""
+        hosted = self.plan.task(task).parallelism
+        if not isinstance(parallelism, int) or not 1 <= parallelism <= hosted:
+            raise ValueError(f"task {self.plan.task(task).name!r} hosts {hosted} partitions (its max_parallelism): "
+                             f"it can run on 1 to {hosted} of them, not {parallelism!r}")
+        return self.manager.submit(RescaleRequest(task, parallelism), strategy, sizes=sizes).job_id
+
+    def start_rebalance(self, task: int, load_per_vnode: Sequence[float], fraction: float, target: int | None,
+                        strategy: Strategy, sizes: Sequence[int] | None = None) -> int:
+        """Plan moving up to ``fraction`` of the busiest partition's vnodes, heaviest first, to the
+        least loaded partition (or ``target``) as long as each move lowers the larger load; its job
+        id (a job with no step when nothing would improve)."""
+        return self.manager.submit(RebalanceRequest(task, tuple(load_per_vnode), fraction, target), strategy,
+                                   sizes=sizes).job_id
+
+    def moved_entries(self, handover_id: int) -> int:
+        """State entries the origins of ``handover_id`` cut (one replica of each origin counted)."""
+        return sum(self._cut_entries.get(handover_id, {}).values())
+
+    def instruct_next(self, job_id: int, switch_at: int, release_at: int) -> HandoverOrder | None:
+        """Instruct the job's next step at these pulses (None: not now, e.g. the previous step is
+        not completed)."""
+        if release_at < switch_at + 2:
+            raise ValueError(f"release pulse {release_at} must be at least 2 after the switch {switch_at}")
+        instruction = self.manager.instruct_next(job_id, switch_at)
+        if instruction is None:
+            return None
+        order = HandoverOrder(instruction.handover_id, instruction.epoch, instruction.task, instruction.table,
+                              instruction.moves, switch_at, release_at, instruction.participants["upstream"])
+        self.orders[order.handover_id] = order
+        return order
+
+    def job_state(self, job_id: int) -> JobState:
+        return self.manager.job(job_id).state
+
+    def start_replace(self, task: int, operator: str, fn: bytes, switch_at: int) -> CodeOrder:
+        """Instruct every replica of ``task`` to run ``fn`` (cloudpickled) as ``operator`` from pulse
+        ``switch_at`` on (the next version of that operator)."""
+        version = self.manager.code_versions.get((task, operator), 0) + 1
+        instruction = self.manager.replace_operator(ReplaceOperatorRequest(task, operator, version), switch_at,
+                                                    partitions=self.plan.task(task).parallelism)
+        order = CodeOrder(instruction.handover_id, task, operator, version, fn, switch_at)
+        self.orders[order.handover_id] = order
+        return order
+
+    def on_acks(self, acks: Iterable[tuple], now: float | None = None) -> list[str]:
+        """Feed the acks of one heartbeat (received at wall-clock ``now``); commits, releases and
+        completions follow.  Returns what happened, for the job's event log."""
+        events: list[str] = []
+        now = time.time() if now is None else now
+        for hid, epoch, replica, kind, digest, entries, attempt, checkpoint, *more in acks:
+            ack = HandoverAck(hid, epoch, tuple(replica), AckKind(kind), attempt, digest)
+            if kind in _ACTIONS:  # its checkpoints after this one include what it did
+                acted = self._acted_after.setdefault(hid, {})
+                acted[tuple(replica[:2])] = max(checkpoint, acted.get(tuple(replica[:2]), checkpoint))
+                if more and hid in self.orders:
+                    self._note_times(hid, kind, tuple(replica[:2]), more[0])
+            rec = self.manager.records.get(hid)
+            if ack.kind is AckKind.LOADED and rec is not None and not rec.released:
+                self._deferred.append(ack)
+                continue
+            outcome = self.manager.ack(ack)
+            if ack.kind is AckKind.CUT and outcome is AckOutcome.ACCEPTED:
+                if hid not in self._cut_entries:
+                    for old in sorted(self._cut_entries)[:-TIMELINES]:  # (kept as long as timelines)
+                        del self._cut_entries[old]
+                cuts = self._cut_entries.setdefault(hid, {})
+                cuts[replica[1]] = max(cuts.get(replica[1], 0), entries)
+            events += self._advance(hid, now)
+        return events
+
+    def _note_times(self, hid: int, kind: str, inst: Instance, times: Mapping[str, Any]) -> None:
+        """Keep the earliest replica's time of each thing ``inst`` did (the first copy is what its
+        downstreams take) and the bytes an origin cut."""
+        if hid not in self._times:
+            self._times[hid] = {}
+            for old in sorted(self._times)[:-TIMELINES]:
+                del self._times[old]
+        mine = self._times[hid]
+        for name, value in times.items():
+            if not isinstance(value, (int, float)):
+                continue
+            what = _ACTION_TIME[kind] if name == "at" else name
+            seen = mine.setdefault(what, {})
+            seen[inst] = max(seen.get(inst, value), value) if what in _AMOUNTS else min(seen.get(inst, value), value)
+
+    def timeline(self, hid: int) -> dict[str, float | None]:
+        """Wall-clock times of a step, each when the *last* participant of its role had done it
+        (through its first replica): ``committed`` and ``completed`` (the driver learnt it),
+        ``switched`` (upstreams rerouted at the switch pulse), ``cut`` (origins cut), ``arrived``
+        (every cut reached a target), ``release`` (targets reached the release pulse), ``loaded``,
+        ``caught_up`` (targets processed the records they held); None: not (yet) known."""
+        mine = self._times.get(hid, {})
+        return {name: max(mine[name].values()) if mine.get(name) else None for name in TIMELINE}
+
+    def release_margin(self, task: int) -> ReleaseMargin:
+        """The release margin of ``task``'s steps, learnt from its completed ones."""
+        return self._margins.setdefault(task, ReleaseMargin(self.period_s))
+
+    def next_release_s(self, job_id: int, sizes: Sequence[int] | None = None) -> float:
+        """The release margin for the job's next step (``sizes``: measured bytes per vnode)."""
+        job = self.manager.job(job_id)
+        if job.next_index >= len(job.steps):
+            return self.release_margin(job.task).default_s
+        step = job.steps[job.next_index]
+        planned = sum(sizes[v] for v in step.vnodes) if sizes else None
+        return self.release_margin(job.task).margin_s(len(step.vnodes), planned)
+
+    def moved_bytes(self, hid: int) -> int:
+        """Key + value bytes the origins of ``hid`` cut (one replica of each origin counted)."""
+        return int(sum(self._times.get(hid, {}).get("bytes", {}).values()))
+
+    def shipped_bytes(self, hid: int) -> int:
+        """Key + value bytes the origins of ``hid`` sent over the network to the targets' workers
+        (the most one replica of each origin sent; its twin sends about as much)."""
+        return int(sum(self._times.get(hid, {}).get("shipped", {}).values()))
+
+    def held_records(self, hid: int) -> int:
+        """Records of the moved keys the targets of ``hid`` held until the release (the most one
+        replica of each target held)."""
+        return int(sum(self._times.get(hid, {}).get("held", {}).values()))
+
+    def served(self, hid: int) -> bool:
+        """Whether every target of ``hid`` served the moved keys from the switch on (windows with
+        mergeable aggregators) instead of holding their records until the release."""
+        seen = self._times.get(hid, {}).get("served", {})  # (only targets ack LOADED)
+        return bool(seen) and all(seen.values())
+
+    def store_bytes(self, hid: int) -> int:
+        """Key + value bytes the targets of ``hid`` read from their workers' copies of the origins'
+        checkpoints instead of receiving them (the most one replica of each target read)."""
+        return int(sum(self._times.get(hid, {}).get("from_store", {}).values()))
+
+    def _stamp(self, hid: int, what: str, now: float) -> None:
+        self._times.setdefault(hid, {}).setdefault(what, {})[(-1, -1)] = now
+
+    def _advance(self, hid: int, now: float) -> list[str]:
+        rec = self.manager.records.get(hid)
+        order = self.orders.get(hid)
+        if rec is None or order is None:
+            return []
+        name = self.plan.task(order.task).name
+        events = []
+        if rec.state is HandoverState.ARMED:
+            self._stamp(hid, "committed", now)
+            self.manager.commit(hid)
+            self.orders[hid] = order = replace(order, committed=True)
+            release = f", release at {order.release_at}" if isinstance(order, HandoverOrder) else ""
+            events.append(f"handover {hid} of {name}: every participant armed; committed (switch at pulse "
+                          f"{order.switch_at}{release})")
+        if rec.state is HandoverState.ABORTED and not order.cancelled:
+            self.orders[hid] = replace(order, cancelled=True)
+            events.append(f"handover {hid} of {name} cancelled: {rec.reason}")
+        if isinstance(order, CodeOrder):
+            if rec.state is HandoverState.COMPLETED and hid in self.orders:
+                self._stamp(hid, "completed", now)
+                self._completed(hid)
+                events.append(f"operator {order.operator!r} of {name} replaced by version {order.version} on every "
+                              f"replica, from pulse {order.switch_at} on")
+            return events
+        if _ORDER_OF[rec.state] >= _ORDER_OF[HandoverState.CUT] and rec.state is not HandoverState.ABORTED \
+                and not rec.released:
+            self.manager.release(hid)
+            events.append(f"handover {hid} of {name}: the origins cut {self.moved_entries(hid)} state entries")
+            deferred, self._deferred = [a for a in self._deferred if a.handover_id == hid], \
+                [a for a in self._deferred if a.handover_id != hid]
+            for ack in deferred:
+                self.manager.ack(ack)
+        if rec.state is HandoverState.COMPLETED and hid in self.orders:
+            self._stamp(hid, "completed", now)
+            self._completed(hid)
+            times = self.timeline(hid)
+            if times["switched"] is not None and times["arrived"] is not None:
+                self.release_margin(order.task).observe(len(order.moves), self.moved_bytes(hid),
+                                                        times["arrived"] - times["switched"])
+            events.append(f"handover {hid} of {name} completed: vnodes "
+                          f"{format_vnodes(m.vnode for m in order.moves)} now on partition(s) {sorted(order.targets)}")
+        return events
+
+    def _completed(self, hid: int) -> None:
+        order = self.orders.pop(hid)
+        if self.retain:
+            self.history[hid] = order
+
+    def replica_restored(self, replica: ReplicaId, attempt: int) -> list[dict[str, Any]]:
+        """``replica`` is restored (incarnation ``attempt``, its acks carry it): the committed
+        orders it takes part in, completed ones still retained first, to arm before it replays
+        (those its checkpoint already includes it skips)."""
+        self.manager.replica_restored(replica, attempt)
+        inst = replica[:2]
+        orders = [*self.history.values(), *(o for o in self.orders.values() if o.committed and not o.cancelled)]
+        return [o.to_wire() for o in sorted(orders, key=lambda o: o.handover_id) if inst in self._participants(o)]
+
+    def _participants(self, order: HandoverOrder | CodeOrder) -> frozenset[Instance]:
+        """The instances whose replicas act on ``order``: upstreams, origins and targets, or every
+        partition of the task whose operator is replaced."""
+        if isinstance(order, CodeOrder):
+            return frozenset((order.task, p) for p in range(self.plan.task(order.task).parallelism))
+        return order.upstreams | {(order.task, p) for p in order.origins | order.targets}
+
+    def retained(self) -> list[int]:
+        """The handovers whose cuts the origins keep: those in progress and those retained."""
+        return sorted([*self.orders, *self.history])
+
+    def prune(self, restore_point: Callable[[Instance], int | None]) -> list[int]:
+        """Forget the retained orders every participant's restore point (the id of the checkpoint
+        a replica would be restored from) is past: a checkpoint taken after the participant acted
+        on the order (switched, cut, loaded).  Checkpoint ids are per instance (pulses, order
+        numbers or record counts), so each is compared with the last one that instance had taken
+        when it acted.  Returns their ids."""
+        gone = []
+        for hid, order in sorted(self.history.items()):
+            acted = self._acted_after.get(hid, {})
+            if all(inst in acted and (cp := restore_point(inst)) is not None and cp > acted[inst]
+                   for inst in self._participants(order)):
+                gone.append(hid)
+                del self.history[hid]
+                self._acted_after.pop(hid, None)
+        before = dict(self.manager.records)
+        for task in self.manager.tables:
+            left = [o.epoch for o in [*self.orders.values(), *self.history.values()]
+                    if isinstance(o, HandoverOrder) and o.task == task]
+            self.manager.prune(task, min(left) - 1 if left else self.manager.tables[task].epoch)
+        self._pruned.update((h, r) for h, r in before.items() if h not in self.manager.records)
+        for old in sorted(self._pruned)[:-TIMELINES]:
+            del self._pruned[old]
+        return gone
+
+    def replica_lost(self, replica: ReplicaId) -> list[str]:
+        """A replica's worker died (or it was cut off): handovers not committed yet are cancelled
+        (clean); committed ones go on without it, so one it alone held back advances now (its
+        release is placed, or it completes and leaves :attr:`orders`)."""
+        events = []
+        for cancel in self.manager.replica_lost(replica):
+            order = self.orders.get(cancel.handover_id)
+            if order is not None and not order.cancelled:
+                self.orders[cancel.handover_id] = replace(order, cancelled=True)
+                events.append(f"handover {cancel.handover_id} cancelled: {cancel.reason}")
+        now = time.time()
+        for hid in list(self.orders):
+            events += self._advance(hid, now)
+        return events
+
+    def forget_cancelled(self, passed: Callable[[ReplicaId, int], bool]) -> list[int]:
+        """Stop showing the cancelled orders no replica can still wait for: ``passed(replica, h)``
+        says every participant replica is past pulse ``h``, the order's last position (a target's
+        release; a replacement's switch), or lost (a restored replica arms committed orders only).
+        A replica that armed one waits at its position for the word, so until then it stays in
+        :meth:`view`.  Returns their ids."""
+        gone = []
+        for hid, order in list(self.orders.items()):
+            if not order.cancelled:
+                continue
+            last = order.release_at if isinstance(order, HandoverOrder) else order.switch_at
+            if all(passed((*inst, r), last) for inst in self._participants(order) for r in range(self.plan.replicas)):
+                del self.orders[hid]
+                gone.append(hid)
+        return gone
+
+    def rolling_forward(self) -> list[int]:
+        """The handovers committed and not completed (a completed order leaves :attr:`orders`): they
+        only roll forward, and need pulses until they complete (a KaZoo pulse window stays open)."""
+        return sorted(h for h, o in self.orders.items() if o.committed and not o.cancelled)
+
+    def give_up(self, hid: int, reason: str) -> list[str]:
+        """The driver stops waiting for handover ``hid``: not committed yet, it is cancelled
+        (clean: nobody switched); committed, it rolls forward (nothing to do).  The events."""
+        rec = self.manager.records.get(hid)
+        if rec is None or hid not in self.orders or rec.state not in (HandoverState.INSTRUCTED, HandoverState.ARMED):
+            return []
+        self.manager.abort(hid, reason)
+        return self._advance(hid, time.time())  # the order is shown cancelled, as for a LATE ack
+
+    def record(self, hid: int) -> HandoverRecord:
+        """The manager's record of ``hid``, also once the manager pruned it (the last
+        :data:`TIMELINES` pruned ones): the driver may look at a step after checkpoints let it go."""
+        rec = self.manager.records.get(hid) or self._pruned.get(hid)
+        return rec if rec is not None else self.manager.record(hid)
+
+    def state(self, hid: int) -> HandoverState:
+        return self.record(hid).state
+
+    def view(self) -> list[dict[str, Any]]:
+        """What every heartbeat reply carries: the handovers not completed (cancelled ones too)."""
+        return [o.to_wire() for o in self.orders.values()]
+
+
+_ORDER_OF = {s: i for i, s in enumerate(HandoverState)}
+
+
+_ACTIONS = ("switched", "cut", "loaded")  # acks of a participant's action (a replacement's too: switched)
+
+
+_ACTION_TIME = {"switched": "switched", "cut": "cut", "loaded": "caught_up"}  # what an action ack's time ends
+
+
+_AMOUNTS = ("bytes", "held", "shipped", "from_store", "served")  # what action acks count rather than time
+
+
+TIMELINE = ("committed", "switched", "cut", "arrived", "release", "loaded", "caught_up", "completed")
+
+
+TIMELINES = 256  # the handovers whose timelines a coordinator keeps
+
+
+PHASES = ("trigger", "to_switch", "alignment", "transfer", "release_wait", "load", "catch_up", "acks")
+
+
+def step_phases(instructed_at: float, timeline: Mapping[str, float | None],
+                served: bool = False) -> dict[str, float | None]:
+    """A step's duration by phase, in seconds, from the driver's instruction (wall clock) and its
+    :meth:`HandoverCoordinator.timeline`.  In order, adding up to instructed -> completed:
+    *trigger* (-> every replica armed, committed), *to_switch* (-> the upstreams reached the switch
+    pulse: the margin it was placed ahead), *alignment* (-> the origins consumed everything routed
+    to them before the switch and cut), *transfer* (-> every cut reached the targets),
+    *release_wait* (-> the targets reached the release pulse, when the cut was there first),
+    *load*, *catch_up* (-> the held records processed) and *acks* (-> the driver learnt it all).
+    Beside them: *held* (switch -> caught up: how long the moved keys' records waited; 0 when the
+    targets ``served`` them from the switch on) and *blocked* (how long a target waited at the
+    release pulse for its state, with every key).  None where a time is missing."""
+    t = {"instructed": instructed_at, **timeline}
+    def span(a: str, b: str) -> float | None:
+        return t[b] - t[a] if t.get(a) is not None and t.get(b) is not None else None  # type: ignore[operator]
+    arrived, release = t.get("arrived"), t.get("release")
+    ready = "arrived" if arrived is not None and release is not None and arrived > release else "release"
+    out = {"trigger": span("instructed", "committed"), "to_switch": span("committed", "switched"),
+           "alignment": span("switched", "cut"), "transfer": span("cut", "arrived"),
+           "release_wait": max(0.0, span("arrived", "release") or 0.0) if arrived and release else None,
+           "load": span(ready, "loaded"), "catch_up": span("loaded", "caught_up"),
+           "acks": span("caught_up", "completed"),
+           "held": 0.0 if served and t.get("caught_up") is not None else span("switched", "caught_up"),
+           "blocked": max(0.0, span("release", "arrived") or 0.0) if arrived and release else None}
+    return out
