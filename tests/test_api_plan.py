@@ -12,6 +12,7 @@ import pytest
 
 from replication import serde
 from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError
+from replication.config import ReplicationConfig
 from replication.examples.fraud import FraudRule, MerchantTotals, Topics, build_job
 from replication.functions import Aggregator, KeyedProcessFunction
 from replication.plan import PhysicalPlan, place, plan_job
@@ -600,3 +601,19 @@ def test_place_keeps_the_two_replicas_of_every_partition_apart():
     assert sorted(Counter(placement.values()).values()) == [6, 6, 6]  # 18 replicas on 3 workers
     with pytest.raises(JobDefinitionError, match="at least 2 worker"):
         place(plan, 1)
+
+
+def test_the_readme_job_plans_and_its_config_is_valid():
+    """The job on the README's first screen is a job the planner takes, with a valid config."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    assert "handle = run(job, conf=" in code
+    scope: dict = {}
+    exec(code.replace("handle = run(job, conf=", "conf = ("), scope)  # noqa: S102 - the README's own code
+    plan = plan_job(scope["job"], default_parallelism=2, num_key_groups=64, num_vnodes=8,
+                    topic_partitions={"payments": 2})
+    assert [t.name for t in plan.tasks][-1].startswith("process")
+    assert ReplicationConfig.from_mapping(scope["conf"]).enabled
