@@ -13,16 +13,16 @@ re-enters with a new, higher one.  When candidate A starts leading with ``a``, e
 lower number has gone (``sync`` + ``get_children`` after A's own create sees every node created
 before A's), so a leadership that starts after A's has a number created after ``a``, i.e. higher.
 This holds for one lifetime of the parent node: a job run must not delete and reuse its election
-path while candidates of that run may still be around (:func:`delete_tree` is for job end).
+path while candidates of that run may still be around (:func:`kazoo_leader.eviction.delete_tree` is for job end).
 
 Leadership ends when the connection is SUSPENDED or LOST (a leader that cannot be sure it still
 holds its node stops at once: its session may expire and a successor lead while it is cut off),
-when its node is deleted by someone else (:func:`evict`, the driver declaring a worker dead), on
+when its node is deleted by someone else (:func:`kazoo_leader.eviction.evict`, the driver declaring a worker dead), on
 :meth:`Candidate.withdraw` and on :meth:`ElectionClient.close`.
 
 **Membership.** A client made with ``membership=<path>`` creates that persistent node at start and
 creates every candidate node in one ZooKeeper transaction with a check that the membership node
-still exists.  :func:`expel` deletes it: from then on the client can never enter any election
+still exists.  :func:`kazoo_leader.eviction.expel` deletes it: from then on the client can never enter any election
 again, whatever its session does.  That is what makes a worker the driver declared dead while it
 was only hung harmless: when it wakes, its session has expired and it would re-enter every
 election with a new node; if its twins have meanwhile left (their job ended), it would lead.  A stale leader is harmless to
@@ -50,7 +50,6 @@ from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
     NoNodeError,
-    NotEmptyError,
     SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
@@ -69,7 +68,7 @@ class _Interrupted(Exception):
 
 
 class _Expelled(Exception):
-    """The client's membership node is gone (:func:`expel`): it must not enter any election."""
+    """The client's membership node is gone (:func:`~kazoo_leader.eviction.expel`): it must not enter any election."""
 
 
 # Errors after which the connection state listener is bound to report SUSPENDED/LOST and then
@@ -77,7 +76,7 @@ class _Expelled(Exception):
 _CONNECTION_ERRORS = (_Interrupted, ConnectionLoss, SessionExpiredError, ConnectionClosedError)
 
 
-def _seq(name: str) -> int | None:
+def sequence_number(name: str) -> int | None:
     m = _NODE.match(name)
     return int(m.group(1)) if m else None
 
@@ -183,7 +182,7 @@ class ElectionClient:
 
     @property
     def kazoo(self) -> KazooClient:
-        """The underlying session, e.g. to :func:`evict` or :func:`delete_tree` with it."""
+        """The underlying session, e.g. to :func:`~kazoo_leader.eviction.evict` or :func:`~kazoo_leader.eviction.delete_tree` with it."""
         return self._zk
 
     def start(self, timeout_s: float = 15) -> None:
@@ -463,7 +462,7 @@ class ElectionClient:
             return
         for name in children:
             full = f"{cand.path}/{name}"
-            if _seq(name) is None or full == cand._node:
+            if sequence_number(name) is None or full == cand._node:
                 continue
             try:
                 data, stat = self._op(self._zk.get_async(full), gen)
@@ -492,7 +491,7 @@ class ElectionClient:
                     children = self._op(self._zk.get_children_async(cand.path), gen)
                 except NoNodeError:
                     children = []
-                ranked = sorted((s, n) for n in children if (s := _seq(n)) is not None)
+                ranked = sorted((s, n) for n in children if (s := sequence_number(n)) is not None)
                 names = [n for _, n in ranked]
                 if name not in names:
                     # Deleted by someone else (evict): out, and back in with a new node.
@@ -523,99 +522,3 @@ class ElectionClient:
                 log.error("election: %s was expelled (%s is gone): it enters no election any more",
                           self.identity, self.membership)
             self._depose(cand, "expelled")
-
-
-def _kazoo(client: KazooClient | ElectionClient) -> KazooClient:
-    return client.kazoo if isinstance(client, ElectionClient) else client
-
-
-def evict(connect_or_client: KazooClient | ElectionClient | str, root: str, identity: str,
-          digest: str | None = None) -> list[str]:
-    """Delete every candidate node under ``root`` (any depth) whose data is ``identity``.
-
-    The driver calls this when it declares a worker dead, so the worker's leaderships fail over
-    at once instead of after its session timeout.  A live worker notices, stops leading and
-    re-enters with a higher epoch.  Accepts a started client (preferred) or a connect string
-    (and then the ``digest`` identity the election nodes' ACLs name, if any).
-    Returns the deleted node paths.
-    """
-    if isinstance(connect_or_client, str):
-        zk = zk_client(connect_or_client, digest)
-        try:
-            zk.start(timeout=15)
-        except KazooTimeoutError:
-            zk.stop()
-            zk.close()
-            raise RuntimeError(f"ZooKeeper at {connect_or_client!r} unreachable") from None
-        try:
-            return evict(zk, root, identity)
-        finally:
-            zk.stop()
-            zk.close()
-    zk = _kazoo(connect_or_client)
-    deleted: list[str] = []
-    zk.retry(_evict_level_by_level, zk, root.rstrip("/") or "/", identity.encode(), deleted)
-    if deleted:
-        log.info("evicted %s from %d election(s) under %s: %s", identity, len(deleted), root, deleted)
-    return deleted
-
-
-def _evict_level_by_level(zk: KazooClient, root: str, data: bytes, deleted: list[str]) -> None:
-    """:func:`evict`'s walk: each level of the tree in three rounds of requests sent at once
-    (list, read, delete), not one round trip per node, so a dead leader's partitions fail over
-    after a few round trips however many elections the run has.  Appends to ``deleted``; safe
-    to repeat after a lost connection (a node deleted before is gone)."""
-    level = [root]
-    while level:
-        listings = [(path, zk.get_children_async(path)) for path in level]
-        nodes = []
-        for path, listing in listings:
-            try:
-                nodes += [(f"{path.rstrip('/')}/{name}", name) for name in sorted(listing.get())]
-            except NoNodeError:
-                continue
-        reads = [(full, name, zk.get_async(full)) for full, name in nodes]
-        level, deletes = [], []
-        for full, name, read in reads:
-            try:
-                value, stat = read.get()
-            except NoNodeError:
-                continue
-            if _seq(name) is not None and stat.ephemeralOwner != 0 and stat.numChildren == 0:
-                if value == data:
-                    deletes.append((full, zk.delete_async(full, version=stat.version)))
-            elif stat.numChildren > 0:
-                level.append(full)
-        for full, delete in deletes:
-            try:
-                delete.get()
-                deleted.append(full)
-            except NoNodeError:
-                pass
-
-
-def expel(client: KazooClient | ElectionClient, membership: str) -> bool:
-    """Delete a client's membership node: it can never enter an election again (see the module
-    docstring).  Call it before :func:`evict`, so a re-entry racing with the eviction fails.
-    Returns False if the node was gone already."""
-    zk = _kazoo(client)
-    try:
-        zk.retry(zk.delete, membership)
-    except NoNodeError:
-        return False
-    log.info("expelled the holder of %s from every election", membership)
-    return True
-
-
-def delete_tree(client: KazooClient | ElectionClient, root: str) -> None:
-    """Remove a job run's election subtree at job end (no error if it is already gone)."""
-    zk = _kazoo(client)
-    for attempt in range(5):
-        try:
-            zk.retry(zk.delete, root, recursive=True)
-            return
-        except NoNodeError:
-            return
-        except NotEmptyError:  # a candidate entered meanwhile; it should be withdrawn by now
-            if attempt == 4:
-                raise

@@ -1,211 +1,41 @@
 """Job configuration: the ``spark.replication.*`` Spark conf keys, validated before anything starts.
 
 Every key is declared exactly once, as a field of :class:`ReplicationConfig` that carries its
-:class:`Key` spec. Parsing, validation, :meth:`ReplicationConfig.to_mapping` and the generated
-reference ``docs/configuration.md`` (:func:`config_reference_markdown`) all read that declaration.
+:class:`~replication.config_keys.Key` spec. Parsing, validation, :meth:`ReplicationConfig.to_mapping`
+and the generated reference ``docs/configuration.md`` (:func:`config_reference_markdown`) all read
+that declaration; how a key parses and checks a value is :mod:`replication.config_keys`.
 
 Keys under ``spark.replication.kafka.`` that are not declared here pass through to confluent-kafka
 (librdkafka) clients: ``kafka.<prop>`` to producers and consumers, ``kafka.consumer.<prop>`` to
-consumers only, ``kafka.producer.<prop>`` to producers only.
+consumers only, ``kafka.producer.<prop>`` to producers only (:mod:`replication.kafka_properties`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import logging
-import logging.handlers
-import re
 import ssl
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from transport.security import TlsError, TlsMaterial, load_pem
-
-PREFIX = "spark.replication."
-KAFKA_PREFIX = PREFIX + "kafka."
-KAFKA_CONSUMER_PREFIX = KAFKA_PREFIX + "consumer."
-KAFKA_PRODUCER_PREFIX = KAFKA_PREFIX + "producer."
-
-
-BOOL, INT, FLOAT, STR, ENUM, DURATION = "bool", "int", "float", "str", "enum", "duration"
-
-Value = str | int | float | bool
-
-_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?", re.IGNORECASE)
-_UNIT_MS = {"": 1, "ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-_HOSTPORT_RE = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})")
-_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
-
-
-def _hostports(value: str, chroot: bool = False) -> str | None:
-    """Problem with a ``host:port[,host:port...]`` list (optionally ``/chroot``), or None."""
-    hosts, _, _path = value.partition("/") if chroot else (value, "", "")
-    if all((m := _HOSTPORT_RE.fullmatch(h.strip())) and 0 < int(m[1]) < 65536 for h in hosts.split(",")):
-        return None
-    return "expected host:port[,host:port...]" + ("[/chroot]" if chroot else "")
-
-
-def _topic(value: str) -> str | None:
-    """Problem with a Kafka topic name, or None."""
-    if _TOPIC_RE.fullmatch(value) and value not in (".", ".."):
-        return None
-    return "expected a Kafka topic name (letters, digits, '.', '_', '-'; at most 249 characters)"
-
-
-def _credentials(value: str) -> str | None:
-    """Problem with a ``user:password`` pair, or None."""
-    user, sep, password = value.partition(":")
-    return None if user and sep and password else "expected user:password"
-
-
-_FORMATS = {
-    "credentials": (_credentials, "user:password"),
-    "hostports": (_hostports, "host:port list"),
-    "zkconnect": (lambda v: _hostports(v, chroot=True), "host:port list [/chroot]"),
-    "topic": (_topic, "Kafka topic name"),
-}
-_TYPE_OK = {
-    BOOL: lambda v: isinstance(v, bool),
-    INT: lambda v: isinstance(v, int) and not isinstance(v, bool),
-    DURATION: lambda v: isinstance(v, int) and not isinstance(v, bool),
-    FLOAT: lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    STR: lambda v: isinstance(v, str),
-    ENUM: lambda v: isinstance(v, str),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Key:
-    """Declaration of one ``spark.replication.*`` key: type, default, constraint and doc line."""
-
-    name: str
-    type: str
-    default: Any
-    doc: str
-    min: float | None = None
-    max: float | None = None
-    choices: tuple[str, ...] = ()
-    pow2: bool = False
-    required: bool = False
-    fmt: str | None = None
-
-    def parse(self, raw: Value | None) -> Any:
-        """Convert a raw (usually string) value to the key's type; raise ValueError with the reason."""
-        if raw is None:
-            return None
-        text = raw.strip() if isinstance(raw, str) else None
-        if self.type == BOOL:
-            if isinstance(raw, bool):
-                return raw
-            if text is not None and text.lower() in ("true", "false"):
-                return text.lower() == "true"
-            raise ValueError("expected true or false")
-        if self.type in (STR, ENUM):
-            if text is None:
-                raise ValueError("expected a string")
-            if self.type == ENUM:
-                text = next((c for c in self.choices if c.lower() == text.lower()), text)
-            return text or None  # an empty string means unset
-        if isinstance(raw, bool):
-            raise ValueError(f"expected {'a duration' if self.type == DURATION else 'a number'}, not a bool")
-        if self.type == INT:
-            if isinstance(raw, float) and raw.is_integer():
-                return int(raw)
-            try:
-                return int(text if text is not None else raw)
-            except (TypeError, ValueError):
-                raise ValueError("expected an integer") from None
-        if self.type == FLOAT:
-            try:
-                value = float(text if text is not None else raw)
-            except (TypeError, ValueError):
-                raise ValueError("expected a number") from None
-            if value != value or value in (float("inf"), float("-inf")):
-                raise ValueError("expected a finite number")
-            return value
-        if text is None:  # DURATION given as a number: milliseconds
-            ms = float(raw)
-        elif m := _DURATION_RE.fullmatch(text):
-            ms = float(m[1]) * _UNIT_MS[(m[2] or "").lower()]
-        else:
-            raise ValueError("expected a duration such as 500 (ms), 10ms, 2s, 1m or 1h")
-        if not ms.is_integer():
-            raise ValueError("expected a whole number of milliseconds")
-        return int(ms)
-
-    def check(self, value: Any) -> str | None:
-        """The constraint this (parsed) value breaks, or None."""
-        if value is None:
-            return "is required" if self.required else None
-        if not _TYPE_OK[self.type](value):
-            return f"expected {self.type}, got {type(value).__name__}"
-        unit = " ms" if self.type == DURATION else ""
-        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
-            if self.max is None:
-                return f"must be >= {self.min}{unit}"
-            return f"must be between {self.min}{unit} and {self.max}{unit}"
-        if self.pow2 and value & (value - 1):
-            return "must be a power of two"
-        if self.choices and value not in self.choices:
-            return f"must be one of {', '.join(self.choices)}"
-        return _FORMATS[self.fmt][0](value) if self.fmt else None
-
-    def render(self, value: Any) -> str:
-        """The string form of a value, as it would be written in a Spark conf."""
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        return f"{value}ms" if self.type == DURATION and isinstance(value, int) else str(value)
-
-    def constraint_text(self) -> str:
-        """A short human description of the constraint, for the docs table."""
-        unit = " ms" if self.type == DURATION else ""
-        parts = ["required"] if self.required else []
-        parts += ["power of two"] if self.pow2 else []
-        if self.min is not None:
-            parts.append(f"{self.min}..{self.max}{unit}" if self.max is not None else f">= {self.min}{unit}")
-        parts += [" / ".join(self.choices)] if self.choices else []
-        parts += [_FORMATS[self.fmt][1]] if self.fmt else []
-        return ", ".join(parts)
-
-
-def _key(suffix: str, type_: str, default: Any, doc: str, *, secret: bool = False, **constraint: Any) -> Any:
-    """A dataclass field declaring the key ``spark.replication.<suffix>`` (``secret``: never in a repr)."""
-    spec = Key(PREFIX + suffix, type_, default, doc, **constraint)
-    if spec.required:
-        return dataclasses.field(metadata={"key": spec}, repr=not secret)
-    return dataclasses.field(default=default, metadata={"key": spec}, repr=not secret)
-
-
-#: librdkafka properties the runtime owns; pass-through of these is refused with the reason.
-OWNED_KAFKA_PROPERTIES: dict[str, str] = {
-    "bootstrap.servers": "set spark.replication.kafka.bootstrapServers instead",
-    "metadata.broker.list": "set spark.replication.kafka.bootstrapServers instead",
-    "linger.ms": "set spark.replication.sink.lingerMs instead",
-    "queue.buffering.max.ms": "set spark.replication.sink.lingerMs instead",
-    "group.id": "owned by the runtime: sources read with manual partition assignment",
-    "enable.auto.commit": "owned by the runtime: source offsets live in checkpoints, never auto-committed",
-    "auto.commit.enable": "owned by the runtime: source offsets live in checkpoints, never auto-committed",
-    "enable.auto.offset.store": "owned by the runtime: source offsets live in checkpoints",
-    "enable.partition.eof": "owned by the runtime: it decides where end-of-partition events are needed",
-    "transactional.id": "owned by the runtime: one transactional id per sink partition fences zombie writers",
-    **{
-        cb: "callbacks are installed by the runtime"
-        for cb in ("logger", "error_cb", "stats_cb", "throttle_cb", "oauth_cb", "on_delivery", "on_commit")
-    },
-}
-_OVERRIDES = (  # field, key prefix, client roles it goes to
-    ("kafka_overrides", KAFKA_PREFIX, ("producer", "consumer")),
-    ("consumer_overrides", KAFKA_CONSUMER_PREFIX, ("consumer",)),
-    ("producer_overrides", KAFKA_PRODUCER_PREFIX, ("producer",)),
+from replication.config_keys import (
+    BOOL,
+    DURATION,
+    ENUM,
+    INT,
+    KAFKA_CONSUMER_PREFIX,
+    KAFKA_PREFIX,
+    KAFKA_PRODUCER_PREFIX,
+    PREFIX,
+    STR,
+    ConfigError,
+    Key,
+    Value,
+    key_field,
 )
-_PROBE_BOOTSTRAP = "127.0.0.1:1"
-
-
-def _kafka_str(value: Any) -> str:
-    """A pass-through value as the string librdkafka expects."""
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+from replication.kafka_properties import OVERRIDES, OWNED_KAFKA_PROPERTIES, kafka_problems, kafka_str
+from transport.security import TlsError, TlsMaterial, load_pem
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -216,12 +46,12 @@ class ReplicationConfig:
     ``kafka_overrides`` (producers and consumers), ``consumer_overrides`` and ``producer_overrides``.
     """
 
-    enabled: bool = _key(
+    enabled: bool = key_field(
         "enabled", BOOL, False,
         "Run every partition of every task (sources and sinks included) as two active replicas on two "
         "different executors, so that an executor failure is masked.",
     )
-    mode: str = _key(
+    mode: str = key_field(
         "mode", ENUM, "unordered",
         "How a task orders its input channels. `unordered`: first come, first served: fast, deterministic "
         "only for tasks with one input channel (a warning names the others). `liverobin`: a leaderless "
@@ -234,30 +64,30 @@ class ReplicationConfig:
         "when the driver sees the executor leave).",
         choices=("unordered", "liverobin", "kazoo"),
     )
-    liverobin_heartbeat_period_ms: int = _key(
+    liverobin_heartbeat_period_ms: int = key_field(
         "liverobin.heartbeatPeriod", DURATION, 10,
         "How often the heartbeat generator in the driver appends a pulse to the heartbeat log "
         "(`liverobin` mode). Shorter: lower latency, more control traffic.", min=1, max=10_000,
     )
-    liverobin_max_pulse_step: int = _key(
+    liverobin_max_pulse_step: int = key_field(
         "liverobin.maxPulseStep", INT, 1_000,
         "At most this many records of a source partition between two pulses (`liverobin` mode): a backlog "
         "is cut into bounded merge cycles, so no input queue has to hold more than one cycle.",
         min=1, max=10_000_000,
     )
-    liverobin_heartbeat_topic: str | None = _key(
+    liverobin_heartbeat_topic: str | None = key_field(
         "liverobin.heartbeatTopic", STR, None,
         "Where the heartbeat log goes (`liverobin` mode; `kazoo`: pulse windows): each run writes topics "
         "`<this>.<run>.<n>` of one partition, a segment of 100 pulses each; unset: `_replication.<job name>.heartbeats`.",
         fmt="topic",
     )
-    kazoo_session_timeout_ms: int = _key(
+    kazoo_session_timeout_ms: int = key_field(
         "kazoo.sessionTimeout", DURATION, 2_000,
         "ZooKeeper session timeout of each worker (`kazoo` mode): a leader whose executor hangs or loses "
         "ZooKeeper for this long is replaced (the server may round it into its own min/max, 2 to 20 ticks).",
         min=100, max=600_000,
     )
-    kazoo_window_pulse_period_ms: int = _key(
+    kazoo_window_pulse_period_ms: int = key_field(
         "kazoo.windowPulsePeriod", DURATION, 30,
         "How often the driver appends a pulse to the heartbeat log while a handover holds a pulse window "
         "open (`kazoo` mode); the sources report their positions as often. During a window every record "
@@ -265,13 +95,13 @@ class ReplicationConfig:
         "shorter batched rescales and a lower p99 during them than 10 or 20 ms (bench/README.md).",
         min=1, max=10_000,
     )
-    kazoo_max_batch: int = _key(
+    kazoo_max_batch: int = key_field(
         "kazoo.maxBatch", INT, 1_000,
         "At most this many elements per order record (`kazoo` mode). Up to `kazoo.maxInFlight` records are "
         "in flight per partition; the next one orders everything that arrived meanwhile, up to this cap.",
         min=1, max=1_000_000,
     )
-    kazoo_max_in_flight: int = _key(
+    kazoo_max_in_flight: int = key_field(
         "kazoo.maxInFlight", INT, 4,
         "Order records a leader may have written and not yet seen in the log (acknowledged in its turn, or "
         "read back), per partition (`kazoo` mode). With one, an element that arrives while an order is on its "
@@ -280,23 +110,23 @@ class ReplicationConfig:
         "replica and its elements ordered again.",
         min=1, max=1_000,
     )
-    kazoo_pipeline_below: int = _key(
+    kazoo_pipeline_below: int = key_field(
         "kazoo.pipelineBelow", INT, 32,
         "While an order record is in flight, another is written only if it would name fewer than this many "
         "elements (`kazoo` mode): at a low rate records go out at once, under load the next one waits for "
         "the log and grows instead of multiplying (each record costs the broker a request).",
         min=1, max=1_000_000,
     )
-    kazoo_min_batch: int = _key(
+    kazoo_min_batch: int = key_field(
         "kazoo.minBatch", INT, 1,
         "An order is written as soon as this many elements are unordered (`kazoo` mode), or when the "
         "oldest has waited `kazoo.idleTimeout`.", min=1, max=1_000_000,
     )
-    kazoo_idle_timeout_ms: int = _key(
+    kazoo_idle_timeout_ms: int = key_field(
         "kazoo.idleTimeout", DURATION, 2,
         "How long an unordered element may wait for `kazoo.minBatch` to fill (`kazoo` mode).", min=0, max=10_000,
     )
-    rhino_enabled: bool = _key(
+    rhino_enabled: bool = key_field(
         "rhino.enabled", BOOL, False,
         "Take Rhino incremental checkpoints at deterministic positions and replicate them to a replica "
         "group of other executors, so that a lost replica is restored from them; upstreams keep a backup of "
@@ -304,13 +134,13 @@ class ReplicationConfig:
         "Without `enabled=true` this is checkpoint-restart recovery (one instance per partition: a lost "
         "partition is rolled back to its checkpoint and replayed; the passive baseline).",
     )
-    rhino_replicas: int = _key(
+    rhino_replicas: int = key_field(
         "rhino.replicas", INT, 1,
         "Executors in each partition's replica group (holders of its checkpoints, other than those "
         "running its live replicas; the worker of the replica that ships them holds them too); increments "
         "travel along them as a chain.", min=1, max=16,
     )
-    rhino_checkpoint_every: int = _key(
+    rhino_checkpoint_every: int = key_field(
         "rhino.checkpointEvery", INT, 100,
         "Checkpoint every this many pulses (`liverobin` mode: a pulse is written when a source partition "
         "grew, at most one a period, and once a second while none does, so 100 at the default 10 ms "
@@ -319,13 +149,13 @@ class ReplicationConfig:
         "position, so their digests must be equal; a mismatch is reported as a divergence.",
         min=1, max=1_000_000,
     )
-    rhino_checkpoint_elements: int = _key(
+    rhino_checkpoint_elements: int = key_field(
         "rhino.checkpointElements", INT, 1_000,
         "`kazoo` mode: sources and tasks with one input channel (no order log) checkpoint every this many "
         "records read or elements consumed (both replicas at the same ones, so their digests compare and "
         "either may ship them); every partition also checkpoints once at its start.", min=1, max=100_000_000,
     )
-    rhino_checkpoint_interval_ms: int = _key(
+    rhino_checkpoint_interval_ms: int = key_field(
         "rhino.checkpointInterval", DURATION, 1_000,
         "`kazoo` mode: besides their count-based checkpoints, sources and tasks with one input channel "
         "also checkpoint before a record whose time (its Kafka timestamp at a source, its event time "
@@ -334,19 +164,19 @@ class ReplicationConfig:
         "checkpoints too; both replicas meet the same records in the same order, so they checkpoint at "
         "the same ones.", min=1, max=3_600_000,
     )
-    rhino_backup_limit: int = _key(
+    rhino_backup_limit: int = key_field(
         "rhino.backupLimit", INT, 4_096,
         "Upstream backup per output channel, in batches: what a restored replica is replayed from. "
         "Beyond it the oldest batches are dropped (and logged), which only matters when checkpoints "
         "stop completing.", min=16, max=10_000_000,
     )
-    heartbeat_interval_ms: int = _key(
+    heartbeat_interval_ms: int = key_field(
         "heartbeatInterval", DURATION, 200, "How often workers report liveness and progress to the driver "
         "(a quiet worker, with nothing new to report and no record handled, every fifth of `failureTimeout`, at "
         "most every second).",
         min=10, max=60_000,
     )
-    failure_timeout_ms: int = _key(
+    failure_timeout_ms: int = key_field(
         "failureTimeout", DURATION, 2_000,
         "A worker silent for this long (a hung executor) is declared dead (four times this long when more "
         "than half of the workers are silent at once; twice its longest gap between heartbeats in the last minute, "
@@ -355,12 +185,12 @@ class ReplicationConfig:
         "surviving replicas carry on. An executor that exits is noticed at once.",
         min=100, max=600_000,
     )
-    kafka_bootstrap_servers: str = _key(
+    kafka_bootstrap_servers: str = key_field(
         "kafka.bootstrapServers", STR, None,
         "Kafka brokers for sources, sinks and internal topics, e.g. `127.0.0.1:9092`.",
         required=True, fmt="hostports",
     )
-    kafka_idle_fetch_wait_ms: int = _key(
+    kafka_idle_fetch_wait_ms: int = key_field(
         "kafka.idleFetchWait", DURATION, 200,
         "Fetch wait of a worker's source consumer once it found no record for "
         "`kafka.idleAfter` (0: keep the short wait). A broker that answers a waiting fetch only when its wait "
@@ -368,39 +198,39 @@ class ReplicationConfig:
         "no input; the first records after such a pause are seen up to half this long late.",
         min=0, max=10_000,
     )
-    kafka_idle_after_ms: int = _key(
+    kafka_idle_after_ms: int = key_field(
         "kafka.idleAfter", DURATION, 5_000,
         "How long a worker's source consumer finds no record before it fetches with `kafka.idleFetchWait`, "
         "and its KaZoo order-log reader reads no order (with no input waiting) before it stops fetching "
         "until input arrives.",
         min=100, max=3_600_000,
     )
-    zookeeper_connect: str | None = _key(
+    zookeeper_connect: str | None = key_field(
         "zookeeper.connect", STR, None,
         "ZooKeeper connect string for leader election and membership; unset: none.",
         fmt="zkconnect",
     )
-    zookeeper_digest: str | None = _key(
+    zookeeper_digest: str | None = key_field(
         "zookeeper.digest", STR, None,
         "`user:password`: every ZooKeeper session of the job authenticates with this digest identity, and "
         "the nodes it creates (KaZoo elections, membership) carry an ACL giving that identity alone access; "
         "unset: open ACLs.", fmt="credentials", secret=True,
     )
-    parallelism: int = _key(
+    parallelism: int = key_field(
         "parallelism", INT, 2, "Default parallelism of operators that do not set their own.", min=1, max=1024,
     )
-    workers: int = _key(
+    workers: int = key_field(
         "workers", INT, 0,
         "Number of long-running Spark tasks hosting partition instances; 0: one worker task per executor.",
         min=0, max=4096,
     )
-    channel_batch_size: int = _key(
+    channel_batch_size: int = key_field(
         "channel.batchSize", INT, 256, "Elements per network batch on a channel.", min=1, max=100_000,
     )
-    channel_buffer_timeout_ms: int = _key(
+    channel_buffer_timeout_ms: int = key_field(
         "channel.bufferTimeout", DURATION, 5, "A batch that is not full is sent after this long.", min=0, max=10_000,
     )
-    channel_flush_when_idle: bool = _key(
+    channel_flush_when_idle: bool = key_field(
         "channel.flushWhenIdle", BOOL, True,
         "Send a batch that is not full as soon as its instance has no input left to process and no batch of "
         "its channel is on its way (else when that one arrives), instead of after `channel.bufferTimeout`: "
@@ -408,42 +238,42 @@ class ReplicationConfig:
         "smaller batches (up to twice the CPU per event at a few thousand events/s). `false`: batches close "
         "only when full or timed out, for jobs that need throughput more than latency.",
     )
-    channel_queue_capacity: int = _key(
+    channel_queue_capacity: int = key_field(
         "channel.queueCapacity", INT, 64,
         "Bounded input queue per partition instance, in batches; senders are back-pressured beyond it.",
         min=1, max=100_000,
     )
-    state_dir: str | None = _key(
+    state_dir: str | None = key_field(
         "state.dir", STR, None,
         "Directory for RocksDB state and checkpoints on each executor; unset: a temporary directory.",
     )
-    state_key_groups: int = _key(
+    state_key_groups: int = key_field(
         "state.keyGroups", INT, 32768,
         "Number of key groups G (key group = stable hash of the key mod G), the unit of state partitioning.",
         min=1, max=32768, pow2=True,
     )
-    state_vnodes: int = _key(
+    state_vnodes: int = key_field(
         "state.vnodes", INT, 256,
         "Number of virtual nodes (key-group ranges, the unit of migration); "
         "must be <= `state.keyGroups` and >= the largest operator parallelism.",
         min=1, max=32768,
     )
-    state_cache_entries: int = _key(
+    state_cache_entries: int = key_field(
         "state.cacheEntries", INT, 10_000, "Write-back state cache size per partition instance, in entries.",
         min=1, max=10_000_000,
     )
-    handover_chunk_bytes: int = _key(
+    handover_chunk_bytes: int = key_field(
         "handover.chunkBytes", INT, 8 * 1024 * 1024,
         "A handover sends the state it moves from the origin to the target replicas in calls of about this many "
         "bytes at most (a gRPC message is limited to 64 MiB).", min=256, max=32 * 1024 * 1024,
     )
-    restore_from: str | None = _key(
+    restore_from: str | None = key_field(
         "restoreFrom", STR, None,
         "Start from the savepoint in this directory (written by `JobHandle.drain(savepoint=DIR)`): sources at its "
         "offsets, keyed tasks with its state, at whatever parallelism this run plans (docs/savepoints.md). A path "
         "every executor reads, or a URI `pyarrow.fs` opens (`s3://`, `gs://`, `hdfs://`).",
     )
-    checkpoint_dir: str | None = _key(
+    checkpoint_dir: str | None = key_field(
         "checkpointDir", STR, None,
         "Also write the job's completed consistent cuts of Rhino checkpoints to this directory: a path every "
         "executor and the driver can reach, or a URI `pyarrow.fs` opens (`s3://`, `gs://`, `hdfs://`). Each "
@@ -451,58 +281,58 @@ class ReplicationConfig:
         "job started again with the same name and directory resumes from the newest complete cut "
         "(docs/operations.md). Needs `rhino.enabled=true`.",
     )
-    checkpoint_dir_retain: int = _key(
+    checkpoint_dir_retain: int = key_field(
         "checkpointDir.retain", INT, 3,
         "Cuts kept in `checkpointDir`; older ones, and the increments only they need, are deleted as new ones "
         "are written.", min=1, max=10_000,
     )
-    checkpoint_dir_ignore: bool = _key(
+    checkpoint_dir_ignore: bool = key_field(
         "checkpointDir.ignore", BOOL, False,
         "Start empty although `checkpointDir` holds checkpoints of this job: they are deleted first.",
     )
-    handover_max_bytes_in_flight: int = _key(
+    handover_max_bytes_in_flight: int = key_field(
         "handover.maxBytesInFlight", INT, 0,
         "At most this many bytes of keyed state in handovers instructed and not yet loaded, over every job and "
         "task (0: no cap). A step waits until the ones before it loaded; one larger than the cap runs alone. The "
         "state of each vnode is measured before a handover job is planned, which scans every partition's store.",
         min=0, max=1 << 50,
     )
-    dead_letter_topic_name: str | None = _key(
+    dead_letter_topic_name: str | None = key_field(
         "deadLetterTopic", STR, None,
         "Topic receiving malformed records with the reason; unset: `<job name>.dlq`.", fmt="topic",
     )
-    watermark_interval_ms: int = _key(
+    watermark_interval_ms: int = key_field(
         "watermark.interval", DURATION, 200,
         "Sources emit a watermark when event time advanced by at least this much.", min=1, max=3_600_000,
     )
-    stop_timeout_ms: int = _key(
+    stop_timeout_ms: int = key_field(
         "stopTimeout", DURATION, 10_000, "Graceful stop wait before the Spark job is cancelled.",
         min=100, max=600_000,
     )
-    start_timeout_ms: int = _key(
+    start_timeout_ms: int = key_field(
         "startTimeout", DURATION, 120_000, "How long the driver waits for all worker tasks to register.",
         min=1_000, max=3_600_000,
     )
-    metrics_interval_ms: int = _key(
+    metrics_interval_ms: int = key_field(
         "metrics.interval", DURATION, 1_000, "How often workers report metrics to the driver.",
         min=10, max=3_600_000,
     )
-    metrics_port: int = _key(
+    metrics_port: int = key_field(
         "metrics.port", INT, 0,
         "TCP port of the driver's Prometheus endpoint (`GET /metrics`, text format 0.0.4, listening on "
         "`metrics.bindAddress`); 0: no endpoint. See docs/operations.md.", min=0, max=65_535,
     )
-    metrics_bind_address: str | None = _key(
+    metrics_bind_address: str | None = key_field(
         "metrics.bindAddress", STR, None,
         "Address the Prometheus endpoint listens on; unset: the driver's (`spark.driver.bindAddress`, else "
         "`spark.driver.host`). `0.0.0.0` listens on every interface.",
     )
-    metrics_basic_auth: str | None = _key(
+    metrics_basic_auth: str | None = key_field(
         "metrics.basicAuth", STR, None,
         "`user:password` that scrapers must send (HTTP basic authentication) to the Prometheus endpoint; "
         "unset: no authentication.", fmt="credentials", secret=True,
     )
-    rpc_tls_enabled: bool = _key(
+    rpc_tls_enabled: bool = key_field(
         "rpc.tls.enabled", BOOL, False,
         "Mutual TLS on every gRPC channel of the job (driver, workers, checkpoint chains) with the PEM files "
         "of `rpc.tls.certChain`, `rpc.tls.privateKey` and `rpc.tls.trustCerts`, read on the driver (the "
@@ -510,24 +340,24 @@ class ReplicationConfig:
         "too, and then its PEM `spark.ssl.rpc.certChain` and `spark.ssl.rpc.privateKey` are used where these "
         "keys are unset. Calls are authenticated with or without it (docs/operations.md#security).",
     )
-    rpc_tls_cert_chain: str | None = _key(
+    rpc_tls_cert_chain: str | None = key_field(
         "rpc.tls.certChain", STR, None,
         "PEM certificate chain every process of the job presents (server and client side).",
     )
-    rpc_tls_private_key: str | None = _key(
+    rpc_tls_private_key: str | None = key_field(
         "rpc.tls.privateKey", STR, None, "PEM private key (unencrypted) of `rpc.tls.certChain`.",
     )
-    rpc_tls_trust_certs: str | None = _key(
+    rpc_tls_trust_certs: str | None = key_field(
         "rpc.tls.trustCerts", STR, None,
         "PEM certificates of the authorities peers' certificates must chain to; unset: `rpc.tls.certChain` "
         "itself (one self-signed certificate for the job).",
     )
-    rpc_tls_server_name: str | None = _key(
+    rpc_tls_server_name: str | None = key_field(
         "rpc.tls.serverName", STR, None,
         "Check peers' certificates against this name instead of the address dialled (one certificate for "
         "the whole cluster); unset: the address.",
     )
-    sink_linger_ms: int = _key(
+    sink_linger_ms: int = key_field(
         "sink.lingerMs", INT, 100,
         "Producer `linger.ms` for sinks and dead-letter writers, in milliseconds. Their records are read "
         "when their transaction commits, and the commit sends whatever is queued, so this only bounds how "
@@ -541,8 +371,8 @@ class ReplicationConfig:
     producer_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False, repr=False)
 
     def __post_init__(self) -> None:
-        for name, _, _ in _OVERRIDES:
-            props = {str(k): _kafka_str(v) for k, v in getattr(self, name).items()}
+        for name, _, _ in OVERRIDES:
+            props = {str(k): kafka_str(v) for k, v in getattr(self, name).items()}
             object.__setattr__(self, name, types.MappingProxyType(props))
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         if problems := _problems(values):
@@ -552,7 +382,7 @@ class ReplicationConfig:
     def from_mapping(cls, mapping: Mapping[str, Value]) -> ReplicationConfig:
         """Parse and validate the ``spark.replication.*`` entries of ``mapping`` (other keys are ignored)."""
         values: dict[str, Any] = {attr: key.default for attr, key in _ATTRS.items()}
-        values.update({name: {} for name, _, _ in _OVERRIDES})
+        values.update({name: {} for name, _, _ in OVERRIDES})
         problems: list[tuple[str, str]] = []
         failed: set[str] = set()
         for name, raw in mapping.items():
@@ -568,7 +398,7 @@ class ReplicationConfig:
                     problems.append((name, f"{name}={key.render(raw)}: {e}"))
                     failed.add(attr)
             elif target := _override_target(name):
-                values[target[0]][target[1]] = _kafka_str(raw)
+                values[target[0]][target[1]] = kafka_str(raw)
             else:
                 problems.append((name, _unknown(name)))
         if problems:
@@ -583,7 +413,7 @@ class ReplicationConfig:
     def to_mapping(self) -> dict[str, str]:
         """All set keys as Spark conf strings; ``from_mapping(to_mapping())`` gives an equal config."""
         out = {k.name: k.render(getattr(self, a)) for a, k in _ATTRS.items() if getattr(self, a) is not None}
-        for name, prefix, _ in _OVERRIDES:
+        for name, prefix, _ in OVERRIDES:
             out.update({prefix + prop: value for prop, value in getattr(self, name).items()})
         return out
 
@@ -651,21 +481,6 @@ _BY_NAME: dict[str, tuple[str, Key]] = {k.name: (a, k) for a, k in _ATTRS.items(
 KEYS: tuple[Key, ...] = tuple(_ATTRS.values())
 
 
-class ConfigError(ValueError):
-    """A refused configuration. ``problems`` lists every problem found, each naming its key;
-    ``key`` is the key of the first one and ``keys`` those of all."""
-
-    def __init__(self, problems: list[tuple[str, str]]) -> None:
-        self.keys = [k for k, _ in problems]
-        self.key = self.keys[0]
-        self.problems = [p if k in p else f"{k}: {p}" for k, p in problems]
-        if len(self.problems) == 1:
-            super().__init__(self.problems[0])
-        else:
-            lines = "\n".join(f"  - {p}" for p in self.problems)
-            super().__init__(f"{len(self.problems)} configuration problems:\n{lines}")
-
-
 def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     """Every problem of a full set of parsed values (keys in ``skip`` already failed to parse)."""
     out: list[tuple[str, str]] = []
@@ -691,7 +506,7 @@ def _problems(values: Mapping[str, Any], skip: set[str] | frozenset[str] = froze
         out.append((PREFIX + "checkpointDir",
                     f"{PREFIX}checkpointDir: needs {PREFIX}rhino.enabled=true (the "
                     "durable cuts are Rhino's checkpoints)"))
-    return out + list(_tls_problems(values, bad)) + list(_kafka_problems(values))
+    return out + list(_tls_problems(values, bad)) + list(kafka_problems(values, _suggestion))
 
 
 def _tls_problems(values: Mapping[str, Any], bad: set[str]) -> Iterator[tuple[str, str]]:
@@ -725,71 +540,6 @@ def _tls_problems(values: Mapping[str, Any], bad: set[str]) -> Iterator[tuple[st
 
 #: Cross-key bounds (attribute, attribute it must not exceed).
 _AT_MOST = (("state_vnodes", "state_key_groups"), ("kazoo_min_batch", "kazoo_max_batch"))
-
-
-def _kafka_problems(values: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """Problems of the pass-through librdkafka properties: owned, unknown, bad value, wrong client role.
-
-    Each property is probed alone; one that fails alone is probed again beside every other
-    property its clients get (``security.protocol=SASL_SSL`` needs its ``sasl.mechanisms``)."""
-    for field, prefix, roles in _OVERRIDES:
-        for prop, value in values[field].items():
-            name = prefix + prop
-            if prop in OWNED_KAFKA_PROPERTIES:
-                yield name, f"{name}: cannot be set, {OWNED_KAFKA_PROPERTIES[prop]}"
-                continue
-            for role in roles:
-                error, ignored = _probe(role, {prop: value})
-                if error and not error.startswith("No such configuration"):
-                    error = _probe(role, {**_role_properties(values, role), prop: value})[0] and error
-                if error:
-                    hint = _suggestion(name) if error.startswith("No such configuration") else None
-                    yield name, f"{name}={value}: {error}" + (f" (did you mean {hint}?)" if hint else "")
-                    break
-                if ignored and len(roles) == 1:
-                    other = KAFKA_CONSUMER_PREFIX if role == "producer" else KAFKA_PRODUCER_PREFIX
-                    yield name, f"{name}={value}: {ignored} (did you mean {other}{prop}?)"
-
-
-def _role_properties(values: Mapping[str, Any], role: str) -> dict[str, str]:
-    """Every pass-through property a client of ``role`` gets (not the owned ones)."""
-    out: dict[str, str] = {}
-    for field, _, roles in _OVERRIDES:
-        if role in roles:
-            out.update({p: v for p, v in values[field].items() if p not in OWNED_KAFKA_PROPERTIES})
-    return out
-
-
-def _probe(role: str, props: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """Construct a throwaway confluent-kafka client with ``props`` (no broker needed).
-
-    Returns (librdkafka's error, or None; its warning that a property is ignored by this role, or None).
-    """
-    import confluent_kafka
-
-    logger = logging.Logger(f"{__name__}.probe")  # unmanaged: never propagates anywhere
-    records = logging.handlers.BufferingHandler(capacity=1_000_000)
-    logger.addHandler(records)
-    conf: dict[str, Any] = {"bootstrap.servers": _PROBE_BOOTSTRAP, "logger": logger, **props}
-    try:
-        if role == "consumer":
-            client: Any = confluent_kafka.Consumer({**conf, "group.id": "spark-replication-config-probe"})
-        else:
-            client = confluent_kafka.Producer(conf)
-    except confluent_kafka.KafkaException as e:
-        return (e.args[0].str() if e.args and hasattr(e.args[0], "str") else str(e)), None
-    except (TypeError, ValueError) as e:
-        return str(e), None
-    try:
-        client.poll(0)  # delivers the construction-time log lines to the logger
-    finally:
-        if close := getattr(client, "close", None):
-            close()
-    for record in records.buffer:
-        message = record.getMessage()
-        if "will be ignored by this" in message:
-            return None, message.split("]: ", 1)[-1]
-    return None, None
 
 
 #: Spark's TLS settings for its RPC, which ``rpc.tls.*`` follows where it is not set itself

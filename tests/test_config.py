@@ -91,7 +91,7 @@ def test_parse_str_and_empty_means_unset() -> None:
 
 def test_parse_float_and_enum_keys() -> None:
     """No declared key is float or enum yet; the Key spec parses and checks them all the same."""
-    from replication.config import ENUM, FLOAT, Key
+    from replication.config_keys import ENUM, FLOAT, Key
 
     f = Key(PREFIX + "x", FLOAT, 0.5, "doc", min=0, max=1)
     assert f.parse("0.25") == 0.25 and f.parse(1) == 1.0 and f.check(f.parse("2")) == "must be between 0 and 1"

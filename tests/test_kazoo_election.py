@@ -13,7 +13,8 @@ from kazoo.client import KazooClient
 from kazoo.protocol.connection import _CONNECTION_DROP
 from kazoo.protocol.states import KazooState
 
-from kazoo_leader.election import ElectionClient, delete_tree, evict, expel
+from kazoo_leader.election import ElectionClient
+from kazoo_leader.eviction import delete_tree, evict, expel
 
 pytestmark = pytest.mark.integration
 

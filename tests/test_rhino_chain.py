@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from rhino_state.chain import OVERFLOW_FACTOR, Ack, ChainMember, ChainOrigin, Forward, Reject, Store
 from rhino_state.increments import IncrementMeta
+from rhino_state.shipper import ChainShipper
 from rhino_state.transfer import (
     ACK_METHOD,
     CHUNK_METHOD,
     CHUNK_SIZE,
     ChainAck,
-    ChainShipper,
     IncrementService,
     TransferRejected,
     send_increment,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from kazoo_leader.election import delete_tree, evict, expel, zk_client
+from kazoo_leader.election import zk_client
+from kazoo_leader.eviction import delete_tree, evict, expel
 from replication.control.master import JobMaster
 from replication.runtime.feeds import election_identity, election_membership
 

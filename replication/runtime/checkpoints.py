@@ -41,8 +41,9 @@ from rhino_state.durable import DurableStore, UploadedIncrement
 from rhino_state.fetch import CheckpointExporter, fetch_checkpoint
 from rhino_state.increments import IncrementMeta
 from rhino_state.replica_store import ReplicaStore, ReplicaStoreClosedError
+from rhino_state.shipper import ChainShipper
 from rhino_state.standby_db import restore_full
-from rhino_state.transfer import ChainShipper, IncrementService
+from rhino_state.transfer import IncrementService
 from rhino_state.uploader import IncrementUploader
 from transport import rpc
 
