@@ -50,10 +50,6 @@ log = logging.getLogger(__name__)
 
 
 
-# A handover job aborted because a participant was already past the switch pulse goes again this often.
-LATE_RETRIES = 2
-
-
 @dataclass(frozen=True)
 class ControlServers:
     """The job master's servers: gRPC for the control calls, watches and streams, signed frames for
