@@ -1,5 +1,5 @@
 """One network-partition experiment on namespace test hosts, in a process of its own (it runs its
-own Spark driver); ``tests/test_network_partition.py`` runs it and checks the JSON it writes.
+own Spark driver); ``tests/system/test_network_partition.py`` runs it and checks the JSON it writes.
 
 Hosts (``deploy.netns``): ``zk`` (ZooKeeper), ``kafka`` (the broker), ``w0``-``w2`` (a Spark
 standalone worker each, one executor of one core); the Spark master and the driver are in the
