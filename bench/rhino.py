@@ -32,9 +32,9 @@ exactly-once sink) instead (:class:`NexmarkWorkload`): the input round robin per
 ``--rate``; the first ``--nexmark-grow-s`` seconds of it carry the payload that makes the join's state
 about the size named (the whole join's: the killed partition holds about half), later events
 ``--nexmark-payload`` bytes (the state keeps growing slowly, as the query's does); the default victim is
-``person-auction-join[0]r0``; the state model (:func:`~replication.examples.workloads.nexmark_state_bytes`)
+``person-auction-join[0]r0``; the state model (:func:`~replication.examples.nexmark.nexmark_state_bytes`)
 is kept per event and per partition (from the plan's routing table); the output is checked with
-:func:`~replication.examples.workloads.verify_nexmark` (every pair of the same window exactly once).
+:func:`~replication.examples.nexmark.verify_nexmark` (every pair of the same window exactly once).
 ``recovery.csv`` then also has ``state_at_kill_bytes`` / ``victim_state_bytes`` (the model at the kill,
 of the join and of the killed partition); bytes are over both partitions of the join.  The rest of this
 module (waiting for the state, the kill, the recovery phases, the checkpoint log) is the same for both.
@@ -106,7 +106,7 @@ from ops.progress import StatusLine, bar  # noqa: E402
 from ops.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 from replication import JobFailedError, JobHandle, run  # noqa: E402
 from replication.api import Job  # noqa: E402
-from replication.examples.workloads import (  # noqa: E402
+from replication.examples.nexmark import (  # noqa: E402
     NEXMARK_JOIN,
     NexmarkConfig,
     NexmarkGenerator,

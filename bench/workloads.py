@@ -60,20 +60,22 @@ from ops.loadgen import LoadResult, MakeRecord, generate_load  # noqa: E402
 from ops.progress import StatusLine  # noqa: E402
 from ops.workload import Latencies, Sample, percentile, sample_of  # noqa: E402
 from replication import JobFailedError, JobHandle, run  # noqa: E402
-from replication.examples.workloads import (  # noqa: E402
+from replication.examples.nexmark import (  # noqa: E402
     NEXMARK_JOIN,
-    BetterCloudGenerator,
-    BetterCloudTopics,
     NexmarkConfig,
     NexmarkGenerator,
     NexmarkTopics,
-    OutputReport,
-    build_bettercloud_job,
     build_nexmark_job,
     nexmark_state_bytes,
     payload_for_state,
-    verify_bettercloud,
     verify_nexmark,
+)
+from replication.examples.workloads import (  # noqa: E402
+    BetterCloudGenerator,
+    BetterCloudTopics,
+    OutputReport,
+    build_bettercloud_job,
+    verify_bettercloud,
 )
 from replication.spark_cluster import build_session, stop_session, wait_for_executors  # noqa: E402
 

@@ -33,6 +33,7 @@ from replication.config_keys import (
     Key,
     Value,
     key_field,
+    reference_markdown,
 )
 from replication.kafka_properties import OVERRIDES, OWNED_KAFKA_PROPERTIES, kafka_problems, kafka_str
 from transport.security import TlsError, TlsMaterial, load_pem
@@ -598,50 +599,7 @@ def _unknown(name: str) -> str:
 
 def config_reference_markdown() -> str:
     """The configuration reference (``docs/configuration.md``), generated from the declarations."""
-    rows = "\n".join(
-        f"| `{k.name}` | {'duration (ms)' if k.type == DURATION else k.type} | "
-        f"{'(required)' if k.required else '(unset)' if k.default is None else f'`{k.render(k.default)}`'} | "
-        f"{k.constraint_text()} | {k.doc} |"
-        for k in KEYS
-    )
-    owned = "\n".join(f"| `{p}` | {r} |" for p, r in OWNED_KAFKA_PROPERTIES.items())
-    return f"""# Configuration reference
-
-<!-- Generated from replication/config.py by config_reference_markdown(); do not edit by hand.
-     Regenerate with: python -m replication.config > docs/configuration.md -->
-
-A job is configured with Spark conf keys under `{PREFIX}` (for example
-`spark-submit --conf {PREFIX}parallelism=4`). Other Spark keys are ignored. The whole
-configuration is validated before anything starts: every unknown key or bad value is reported
-in one error that names each key, with a "did you mean" suggestion for misspelt keys.
-
-Values are strings in a Spark conf: booleans are `true`/`false` (any case); durations are a
-number with an optional unit `ms`, `s`, `m` or `h` (`500`, `10ms`, `2s`; no unit means
-milliseconds). An empty value for an optional key leaves it unset.
-
-| Key | Type | Default | Constraint | Description |
-|---|---|---|---|---|
-{rows}
-
-## Kafka client properties
-
-Other keys under `{KAFKA_PREFIX}` pass librdkafka properties to the confluent-kafka clients:
-
-| Key | Goes to |
-|---|---|
-| `{KAFKA_PREFIX}<property>` | producers, consumers and admin clients |
-| `{KAFKA_CONSUMER_PREFIX}<property>` | consumers only |
-| `{KAFKA_PRODUCER_PREFIX}<property>` | producers only |
-
-Each property is checked by librdkafka itself at validation time (a throwaway client is created,
-no broker is needed): an unknown property or a bad value is refused, and so is a consumer-only
-property under `{KAFKA_PRODUCER_PREFIX}` or a producer-only one under `{KAFKA_CONSUMER_PREFIX}`.
-These properties are owned by the runtime and refused:
-
-| Property | Reason |
-|---|---|
-{owned}
-"""
+    return reference_markdown(KEYS, OWNED_KAFKA_PROPERTIES)
 
 
 if __name__ == "__main__":

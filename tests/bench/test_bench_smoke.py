@@ -498,7 +498,7 @@ def test_rhino_nexmark_workload_model_and_check():
     """The NEXMark-like recovery workload: the grow events' payload builds the target state, the model
     follows every event (per partition too), and the output is checked against the query's reference."""
     from bench import rhino
-    from replication.examples.workloads import nexmark_reference
+    from replication.examples.nexmark import nexmark_reference
 
     w = rhino.NexmarkWorkload(2_000_000, rate=100, grow_s=10, steady_payload=50)
     assert w.n_grow == 1000 and w.topics() == {"persons": 2, "auctions": 2}

@@ -16,24 +16,26 @@ from typing import Any
 import pytest
 
 from replication.api import Job
-from replication.examples.workloads import (
-    AUDIT,
+from replication.examples.nexmark import (
     NEXMARK_JOIN,
-    BetterCloudGenerator,
-    BetterCloudTopics,
     NexmarkConfig,
     NexmarkGenerator,
     NexmarkTopics,
-    bettercloud_reference,
-    build_bettercloud_job,
     build_nexmark_job,
-    canonical,
-    consumption_order,
     nexmark_reference,
     nexmark_state_bytes,
     payload_for_state,
-    verify_bettercloud,
     verify_nexmark,
+)
+from replication.examples.workloads import (
+    AUDIT,
+    BetterCloudGenerator,
+    BetterCloudTopics,
+    bettercloud_reference,
+    build_bettercloud_job,
+    canonical,
+    consumption_order,
+    verify_bettercloud,
 )
 from replication.functions import ProcessContext, RuntimeContext
 from replication.plan import plan_job
