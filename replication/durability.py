@@ -22,13 +22,13 @@ from typing import Any
 
 from rhino_state.durable import CutPart, DurableCut, DurableStore
 from rhino_state.manager import CompletedCheckpoint
+from transport.ids import PartitionId
 
 __all__ = ["CutTracker", "DurableCheckpoints", "ResumePoint", "differences", "parallelism_changes", "plan_shape",
            "rescale_savepoint_dir", "resume_point", "run_lineage", "with_parallelism"]
 
 log = logging.getLogger(__name__)
 
-Instance = tuple[int, int]
 # At most one cut a second: the consistent cut moves with every checkpoint (several a second), and each
 # cut written costs the driver a write and a retention pass (and an object store requests)
 CUT_EVERY_S = 1.0
@@ -38,14 +38,14 @@ CUT_EVERY_S = 1.0
 class CutTracker:
     """Uploaded checkpoints per partition, and the last cut handed out (pure: no I/O)."""
 
-    uploads: dict[Instance, dict[int, str]] = field(default_factory=dict)  # checkpoint id -> file stem
-    last: dict[Instance, int] | None = None
+    uploads: dict[PartitionId, dict[int, str]] = field(default_factory=dict)  # checkpoint id -> file stem
+    last: dict[PartitionId, int] | None = None
 
-    def uploaded(self, inst: Instance, checkpoint_id: int, file: str) -> None:
+    def uploaded(self, inst: PartitionId, checkpoint_id: int, file: str) -> None:
         self.uploads.setdefault(inst, {})[checkpoint_id] = file
 
-    def next_cut(self, safe: Mapping[Instance, CompletedCheckpoint],
-                 instances: Iterable[Instance]) -> dict[Instance, CutPart] | None:
+    def next_cut(self, safe: Mapping[PartitionId, CompletedCheckpoint],
+                 instances: Iterable[PartitionId]) -> dict[PartitionId, CutPart] | None:
         """The parts of a new cut, or None: a partition without a safe checkpoint, one whose safe
         checkpoint is not uploaded (yet), or the same cut as the last one."""
         ids = {}
@@ -234,7 +234,7 @@ class DurableCheckpoints:
         for t, p, cid, file in entries:
             self.tracker.uploaded((t, p), cid, file)
 
-    def consider(self, safe: Mapping[Instance, CompletedCheckpoint], instances: Iterable[Instance],
+    def consider(self, safe: Mapping[PartitionId, CompletedCheckpoint], instances: Iterable[PartitionId],
                  sinks: Mapping[tuple[int, int, str], list[int]]) -> bool:
         """Queue a new cut if the consistent cut moved and is uploaded; whether one was queued."""
         parts = self.tracker.next_cut(safe, instances)

@@ -18,9 +18,8 @@ from rhino_state import (
     VnodeMove,
 )
 from rhino_state.handover import Strategy
+from transport.ids import PartitionId
 
-Instance = tuple[int, int]
-ReplicaId = tuple[int, int, int]
 # (handover id, epoch, kind, digest): what a replica reports through its worker's heartbeat
 Ack = tuple[int, int, str, str]
 
@@ -36,7 +35,7 @@ class HandoverOrder:
     moves: tuple[VnodeMove, ...]
     switch_at: int  # pulse P: upstreams route with ``table`` after forwarding it
     release_at: int  # pulse R: targets load and release before forwarding it
-    upstreams: frozenset[Instance]
+    upstreams: frozenset[PartitionId]
     committed: bool = False
     cancelled: bool = False
 

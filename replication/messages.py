@@ -14,9 +14,7 @@ from typing import Any
 
 from replication.metrics import InstanceMetrics, LatencyHistogram
 from transport import wire
-
-Instance = tuple[int, int]
-ReplicaId = tuple[int, int, int]
+from transport.ids import PartitionId, ReplicaId
 
 wire.register(InstanceMetrics, LatencyHistogram)
 
@@ -119,7 +117,7 @@ class Instructions:
     savepoint: str | None = None
     rhino: dict[str, Any] | None = None
     # a drain without pulses: where every replica of each source partition ends (the furthest reported)
-    drain_at: dict[Instance, dict[int, int]] = field(default_factory=dict)
+    drain_at: dict[PartitionId, dict[int, int]] = field(default_factory=dict)
     # replicas to stop wherever they run, up to the restore attempt given: the driver replaces them
     # (cut off by an upstream)
     drop: dict[ReplicaId, int] = field(default_factory=dict)

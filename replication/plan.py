@@ -23,9 +23,7 @@ from liverobin.segments import HeartbeatLog
 from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError, Node
 from replication.durability import ResumePoint
 from rhino_state import RoutingTable
-
-Instance = tuple[int, int]  # (task id, partition)
-ReplicaId = tuple[int, int, int]  # (task id, partition, replica)
+from transport.ids import PartitionId, ReplicaId
 
 
 def replica_name(task_name: str, partition: int, replica: int) -> str:
@@ -99,7 +97,7 @@ class PhysicalPlan:
     heartbeat_log: HeartbeatLog | None = None
     # KaZoo: the order log of every partition with several input channels, set by the driver; both
     # replicas follow it from its start (a resumed run's, restored from its cut, from their checkpoint)
-    order_logs: dict[Instance, SegmentedLog] = field(default_factory=dict)
+    order_logs: dict[PartitionId, SegmentedLog] = field(default_factory=dict)
     order_logs_prefix: str | None = None  # what this run's order logs are named after
     # a savepoint this run starts from: (directory, its _meta.json), set by the driver
     savepoint: tuple[str, dict] | None = None
@@ -119,14 +117,14 @@ class PhysicalPlan:
         deterministic without an ordering mode)."""
         return [t for t in self.tasks if any(len(self.input_channels(t.id, p)) > 1 for p in range(t.parallelism))]
 
-    def multi_input_partitions(self) -> list[Instance]:
+    def multi_input_partitions(self) -> list[PartitionId]:
         """Partitions with more than one input channel (the ones KaZoo orders)."""
         return [(t.id, p) for t in self.tasks for p in range(t.parallelism) if len(self.input_channels(t.id, p)) > 1]
 
     def task(self, task_id: int) -> TaskSpec:
         return self.tasks[task_id]
 
-    def instances(self) -> list[Instance]:
+    def instances(self) -> list[PartitionId]:
         return [(t.id, p) for t in self.tasks for p in range(t.parallelism)]
 
     def input_channels(self, task_id: int, partition: int) -> list[ChannelSpec]:

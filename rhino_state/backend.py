@@ -63,12 +63,12 @@ from rhino_state.increments import (
     WRITE_BATCH_BYTES,
     IncrementMeta,
     IncrementWriter,
-    Instance,
     batch_write,
     digest_hex,
     digest_value,
     pair_hash,
 )
+from transport.ids import PartitionId
 
 __all__ = ["RocksDBStateBackend", "StateBackendClosedError"]
 
@@ -125,7 +125,7 @@ class RocksDBStateBackend:
         path: str | os.PathLike[str],
         cache_max_entries: int = 10_000,
         *,
-        instance: Instance | None = None,
+        instance: PartitionId | None = None,
     ) -> None:
         """Open (or create) the database at ``path``; ``instance`` is recorded in checkpoint metas."""
         if cache_max_entries < 0:

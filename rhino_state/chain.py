@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rhino_state.increments import IncrementMeta
+from transport.ids import PartitionId
 
 __all__ = [
     "Ack",
@@ -41,7 +42,6 @@ __all__ = [
     "increment_size",
 ]
 
-Instance = tuple[int, int]
 DEFAULT_MAX_BYTES_IN_FLIGHT = 64 * 1024 * 1024
 OVERFLOW_FACTOR = 16  # deltas held past max_pending, at most this many times it (see ChainOrigin)
 
@@ -58,7 +58,7 @@ def increment_size(meta: IncrementMeta) -> int:
 class Send:
     """Ship ``meta`` (payload ``payload_ref``) to ``to``, the head of the chain ``group``."""
 
-    instance: Instance
+    instance: PartitionId
     meta: IncrementMeta
     payload_ref: Any
     to: str
@@ -118,7 +118,7 @@ class ChainOrigin:
 
     def __init__(
         self,
-        instance: Instance,
+        instance: PartitionId,
         group: Sequence[str],
         max_in_flight: int = 2,
         max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT,
@@ -361,7 +361,7 @@ class Ack:
     """Tell the origin ``to`` that the whole chain stored ``checkpoint_id``."""
 
     to: str
-    instance: Instance
+    instance: PartitionId
     checkpoint_id: int
     from_member: str
 
@@ -392,12 +392,12 @@ class ChainMember:
     ``stored`` seeds the last stored checkpoint per instance (e.g. from a replica store on disk).
     """
 
-    def __init__(self, self_id: str, stored: Mapping[Instance, int] | None = None) -> None:
+    def __init__(self, self_id: str, stored: Mapping[PartitionId, int] | None = None) -> None:
         self.self_id = self_id
-        self._last: dict[Instance, int] = dict(stored or {})
-        self._storing: dict[Instance, int] = {}
+        self._last: dict[PartitionId, int] = dict(stored or {})
+        self._storing: dict[PartitionId, int] = {}
 
-    def last_stored(self, instance: Instance) -> int | None:
+    def last_stored(self, instance: PartitionId) -> int | None:
         return self._last.get(instance)
 
     def on_increment(self, meta: IncrementMeta, chain: Sequence[str], position: int) -> list[MemberAction]:

@@ -41,8 +41,9 @@ from typing import Any
 
 from pyarrow import fs as pafs
 
-from rhino_state.increments import IncrementMeta, Instance
+from rhino_state.increments import IncrementMeta
 from rhino_state.replica_store import ReplicaStore
+from transport.ids import PartitionId
 
 __all__ = ["CUT_FORMAT", "CutPart", "DamagedCheckpointError", "DurableCut", "DurableStore", "UploadedIncrement",
            "file_system", "open_whole", "without_credentials"]
@@ -101,7 +102,7 @@ class DurableCut:
 
     number: int
     job: str
-    parts: dict[Instance, CutPart]
+    parts: dict[PartitionId, CutPart]
     plan: dict[str, Any] = field(default_factory=dict)  # the job's shape: tasks, parallelism, key groups
     run: dict[str, Any] = field(default_factory=dict)  # what the run's logs were (heartbeat, order topics)
     sinks: dict[str, list[int]] = field(default_factory=dict)  # "task-partition-kind" -> [seq, offset] committed
@@ -153,7 +154,7 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _instance_dir(instance: Instance) -> str:
+def _instance_dir(instance: PartitionId) -> str:
     return f"t{instance[0]}-p{instance[1]}"
 
 
@@ -167,8 +168,8 @@ class DurableStore:
         self.uri = uri
         self.job = job
         self.root = f"{base}/{job}"
-        self._chain_starts: dict[tuple[Instance, str], int] = {}  # files never change: their chain's start
-        self._retained: dict[Instance, int] = {}  # each partition's floor retention last applied
+        self._chain_starts: dict[tuple[PartitionId, str], int] = {}  # files never change: their chain's start
+        self._retained: dict[PartitionId, int] = {}  # each partition's floor retention last applied
         self._cuts_read: dict[int, DurableCut] = {}  # the kept cuts, as read (a cut never changes)
 
     def __repr__(self) -> str:
@@ -240,7 +241,7 @@ class DurableStore:
         except (KeyError, TypeError, ValueError) as exc:
             raise DamagedCheckpointError(f"cut {number}: malformed ({exc})") from None
 
-    def increment(self, instance: Instance, file: str) -> UploadedIncrement:
+    def increment(self, instance: PartitionId, file: str) -> UploadedIncrement:
         path = f"{self.root}/increments/{_instance_dir(instance)}/{file}.json"
         try:
             return UploadedIncrement.from_json(json.loads(self._read(path)))
@@ -249,7 +250,7 @@ class DurableStore:
         except (OSError, KeyError, TypeError, ValueError) as exc:
             raise DamagedCheckpointError(f"{_instance_dir(instance)}: increment {file} unreadable ({exc})") from None
 
-    def chain(self, instance: Instance, file: str) -> list[UploadedIncrement]:
+    def chain(self, instance: PartitionId, file: str) -> list[UploadedIncrement]:
         """The increments a restore of ``file`` applies, full snapshot first."""
         chain = [self.increment(instance, file)]
         while chain[-1].previous_file is not None:
@@ -259,7 +260,7 @@ class DurableStore:
         chain.reverse()
         return chain
 
-    def chain_start(self, instance: Instance, file: str) -> int:
+    def chain_start(self, instance: PartitionId, file: str) -> int:
         """The checkpoint id of the full snapshot ``file``'s chain starts with (remembered: reading
         one meta per new file, not the whole chain each time)."""
         walked: list[str] = []
@@ -314,7 +315,7 @@ class DurableStore:
             return cut, skipped
         return None, skipped
 
-    def restore(self, instance: Instance, file: str, target_dir: str | os.PathLike[str],
+    def restore(self, instance: PartitionId, file: str, target_dir: str | os.PathLike[str],
                 scratch: str | os.PathLike[str] | None = None) -> IncrementMeta:
         """Build the checkpoint ``file`` of ``instance`` at ``target_dir`` (absent or empty): its chain
         downloaded, each increment applied and checked (payload checksum, content digest) as a replica
@@ -380,7 +381,7 @@ class DurableStore:
         deleted.  A cut that does not read is never the oldest kept one."""
         numbers = self.cut_numbers()
         kept = numbers[-keep:] if keep > 0 else []
-        floor: dict[Instance, int] = {}
+        floor: dict[PartitionId, int] = {}
         readable = []
         for number in kept:
             try:
@@ -413,7 +414,7 @@ class DurableStore:
                     files += 1
         return len(cuts), files
 
-    def instances(self) -> list[Instance]:
+    def instances(self) -> list[PartitionId]:
         infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/increments", allow_not_found=True))
         out = []
         for i in infos:
@@ -422,7 +423,7 @@ class DurableStore:
                 out.append((int(m[1]), int(m[2])))
         return sorted(out)
 
-    def uploaded(self, instance: Instance) -> list[str]:
+    def uploaded(self, instance: PartitionId) -> list[str]:
         """The stems of ``instance``'s increments whose meta was written, oldest first."""
         directory = f"{self.root}/increments/{_instance_dir(instance)}"
         infos = self.fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))

@@ -26,9 +26,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rhino_state.increments import IncrementMeta, Instance
+from rhino_state.increments import IncrementMeta
 from rhino_state.replica_store import ReplicaStore
 from transport import rpc, wire
+from transport.ids import PartitionId
 
 __all__ = ["FETCH_METHOD", "CheckpointExporter", "CheckpointPart", "CheckpointRequest", "fetch_checkpoint"]
 
@@ -41,7 +42,7 @@ CHUNK_SIZE = 4 * 1024 * 1024
 class CheckpointRequest:
     """The bytes of completed checkpoint ``checkpoint_id`` of ``instance`` from ``offset`` on."""
 
-    instance: Instance
+    instance: PartitionId
     checkpoint_id: int
     offset: int
 
@@ -89,8 +90,8 @@ class CheckpointExporter:
         self.ttl = ttl
         self.grace = grace
         self._lock = threading.Lock()
-        self._exports: dict[tuple[Instance, int], _Export] = {}
-        self._exporting: dict[tuple[Instance, int], _Gate] = {}
+        self._exports: dict[tuple[PartitionId, int], _Export] = {}
+        self._exporting: dict[tuple[PartitionId, int], _Gate] = {}
 
     def handlers(self) -> dict[str, rpc.BytesHandler]:
         return {FETCH_METHOD: rpc.typed(self.part, CheckpointRequest)}
@@ -113,7 +114,7 @@ class CheckpointExporter:
             sweep.start()
         return CheckpointPart(export.meta, export.size, data)
 
-    def _export(self, key: tuple[Instance, int]) -> _Export:
+    def _export(self, key: tuple[PartitionId, int]) -> _Export:
         """The export of ``key``, written now if there is none (one writer per key at a time)."""
         self._sweep()
         with self._lock:
@@ -154,7 +155,7 @@ class CheckpointExporter:
             export.path.unlink(missing_ok=True)
 
 
-def fetch_checkpoint(peer: rpc.Peer, instance: Instance, checkpoint_id: int, path: str | Path,
+def fetch_checkpoint(peer: rpc.Peer, instance: PartitionId, checkpoint_id: int, path: str | Path,
                      timeout: float = 30.0) -> IncrementMeta:
     """Pull completed checkpoint ``checkpoint_id`` of ``instance`` from ``peer`` into ``path`` (a
     full increment payload); returns its meta.  Any failure leaves no file behind."""

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rhino_state.keys import RoutingTable
+from transport.ids import PartitionId, ReplicaId
 
 __all__ = [
     "AllAtOnce",
@@ -82,8 +83,6 @@ __all__ = [
     "rescale",
 ]
 
-Instance = tuple[int, int]  # (task, partition)
-ReplicaId = tuple[int, int, int]  # (task, partition, replica)
 
 
 class LateInstructionError(ValueError):
@@ -461,8 +460,8 @@ class ReplicaMove:
 
 
 def plan_drain(placement: Mapping[ReplicaId, int], num_workers: int, drained: Iterable[int], *,
-               holders: Mapping[Instance, Iterable[int]] | None = None,
-               groups: Mapping[Instance, Sequence[int]] | None = None,
+               holders: Mapping[PartitionId, Iterable[int]] | None = None,
+               groups: Mapping[PartitionId, Sequence[int]] | None = None,
                dead: Iterable[int] = (),
                max_per_wave: int | None = None) -> tuple[tuple[ReplicaMove, ...], ...]:
     """Waves of replica moves that empty the ``drained`` workers.

@@ -9,11 +9,9 @@ from dataclasses import dataclass, field, replace
 
 from rhino_state.handover import (
     AllAtOnce,
-    Instance,
     MoveRequest,
     RebalanceRequest,
     ReplaceOperatorRequest,
-    ReplicaId,
     RescaleRequest,
     Step,
     Strategy,
@@ -43,6 +41,7 @@ from rhino_state.handover_messages import (
     Release,
 )
 from rhino_state.keys import RoutingTable
+from transport.ids import PartitionId, ReplicaId
 
 
 @dataclass
@@ -87,18 +86,18 @@ class HandoverRecord:
     task: int
     epoch: int
     instruction: Instruction | CodeInstruction
-    participants: dict[str, frozenset[Instance]]
+    participants: dict[str, frozenset[PartitionId]]
     job_id: int | None = None
     step: Step | None = None
     state: HandoverState = HandoverState.INSTRUCTED
     acks: dict[AckKind, dict[ReplicaId, int]] = field(default_factory=dict)  # kind -> replica -> attempt
-    digests: dict[Instance, str] = field(default_factory=dict)
+    digests: dict[PartitionId, str] = field(default_factory=dict)
     phases_done: int = 0
     released: bool = False
     reason: str = ""
 
     @property
-    def instances(self) -> frozenset[Instance]:
+    def instances(self) -> frozenset[PartitionId]:
         """Every participant instance, all roles."""
         return frozenset().union(*self.participants.values())
 
@@ -142,13 +141,13 @@ class HandoverManager:
     LATE after it, from a non-participant, LOADED before the release) is UNEXPECTED and kept in
     ``violations``."""
 
-    def __init__(self, tables: Mapping[int, RoutingTable], upstreams: Mapping[int, Iterable[Instance]],
-                 downstreams: Mapping[int, Iterable[Instance]] | None = None, *, replicas: int = 2,
+    def __init__(self, tables: Mapping[int, RoutingTable], upstreams: Mapping[int, Iterable[PartitionId]],
+                 downstreams: Mapping[int, Iterable[PartitionId]] | None = None, *, replicas: int = 2,
                  max_bytes_in_flight: int | None = None) -> None:
         self.tables: dict[int, RoutingTable] = {}
         for task, table in tables.items():
             self.tables[task] = check_table(table)
-        self.upstreams: dict[int, tuple[Instance, ...]] = {}
+        self.upstreams: dict[int, tuple[PartitionId, ...]] = {}
         for task in self.tables:
             ups = tuple(sorted(set(upstreams.get(task, ()))))
             if not ups:
@@ -164,7 +163,7 @@ class HandoverManager:
         self.lost: set[ReplicaId] = set()
         self.code_versions: dict[tuple[int, str], int] = {}
         self.violations: list[tuple[HandoverAck, str]] = []
-        self.divergences: list[tuple[int, Instance, tuple[str, str]]] = []
+        self.divergences: list[tuple[int, PartitionId, tuple[str, str]]] = []
         self._next_job = 1
         self._next_handover = 1
 
@@ -206,7 +205,7 @@ class HandoverManager:
         """State bytes of the steps instructed but not loaded yet (all tasks)."""
         return sum(r.size_bytes for r in self.records.values() if r.state in IN_FLIGHT)
 
-    def _replicas_of(self, inst: Instance) -> list[ReplicaId]:
+    def _replicas_of(self, inst: PartitionId) -> list[ReplicaId]:
         return [(inst[0], inst[1], r) for r in range(self.replicas)]
 
     # -- operations ---------------------------------------------------------------------------
@@ -252,9 +251,9 @@ class HandoverManager:
         self.jobs[job.job_id] = job
         return job
 
-    def _positions(self, what: str, instances: Sequence[Instance], switch_at: int | Mapping[Instance, int],
-                   previous: Mapping[Instance, int], gap_from: Mapping[Instance, int],
-                   gap: int) -> dict[Instance, int]:
+    def _positions(self, what: str, instances: Sequence[PartitionId], switch_at: int | Mapping[PartitionId, int],
+                   previous: Mapping[PartitionId, int], gap_from: Mapping[PartitionId, int],
+                   gap: int) -> dict[PartitionId, int]:
         if isinstance(switch_at, Mapping):
             positions = dict(switch_at)
             missing = sorted(set(instances) - set(positions))
@@ -275,8 +274,8 @@ class HandoverManager:
                                  f"previous step of the job (at {gap_from[inst]}) so that queues drain")
         return positions
 
-    def _last_positions(self, records: Iterable[HandoverRecord]) -> dict[Instance, int]:
-        out: dict[Instance, int] = {}
+    def _last_positions(self, records: Iterable[HandoverRecord]) -> dict[PartitionId, int]:
+        out: dict[PartitionId, int] = {}
         for rec in records:
             if rec.state is HandoverState.ABORTED:
                 continue
@@ -284,7 +283,7 @@ class HandoverManager:
                 out[inst] = max(pos, out.get(inst, pos))
         return out
 
-    def instruct_next(self, job_id: int, switch_at: int | Mapping[Instance, int]) -> Instruction | None:
+    def instruct_next(self, job_id: int, switch_at: int | Mapping[PartitionId, int]) -> Instruction | None:
         """Instruct the job's next step, switching at ``switch_at`` (one pulse for every upstream,
         or a position per upstream instance).  None: not now (the previous step of the job is
         not completed, another step of the task is not committed yet, a participant replica is
@@ -315,7 +314,7 @@ class HandoverManager:
         job.next_index += 1
         return instruction
 
-    def _step_participants(self, task: int, step: Step) -> dict[str, frozenset[Instance]]:
+    def _step_participants(self, task: int, step: Step) -> dict[str, frozenset[PartitionId]]:
         return {
             "upstream": frozenset(self.upstreams[task]),
             "origin": frozenset((task, p) for p in {m.origin for m in step.moves} | set(step.leaving)),
@@ -347,7 +346,7 @@ class HandoverManager:
                     f"cap of {cap}")
         return None
 
-    def replace_operator(self, request: ReplaceOperatorRequest, switch_at: int | Mapping[Instance, int], *,
+    def replace_operator(self, request: ReplaceOperatorRequest, switch_at: int | Mapping[PartitionId, int], *,
                          partitions: int | None = None) -> CodeInstruction:
         """Instruct every replica of ``request.task`` to switch ``request.operator`` to
         ``request.version`` at ``switch_at`` (same protocol: arm, commit, SWITCHED acks)."""
@@ -503,7 +502,7 @@ class HandoverManager:
         self.violations.append((ack, reason))
         return AckOutcome.UNEXPECTED
 
-    def _all_acked(self, rec: HandoverRecord, instances: Iterable[Instance], kind: AckKind) -> bool:
+    def _all_acked(self, rec: HandoverRecord, instances: Iterable[PartitionId], kind: AckKind) -> bool:
         acks = rec.acks.get(kind, {})
         for inst in instances:
             live = [r for r in self._replicas_of(inst) if r not in self.lost]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from rhino_state.handover import Instance, ReplicaId, Transfer, VnodeMove, transfers_of
+from rhino_state.handover import Transfer, VnodeMove, transfers_of
 from rhino_state.keys import RoutingTable
+from transport.ids import PartitionId, ReplicaId
 
 
 class HandoverState(enum.Enum):
@@ -80,11 +81,11 @@ class Instruction:
     table: RoutingTable
     previous_parallelism: int
     moves: tuple[VnodeMove, ...]
-    switch_at: dict[Instance, int]
-    participants: dict[str, frozenset[Instance]]
+    switch_at: dict[PartitionId, int]
+    participants: dict[str, frozenset[PartitionId]]
     committed: bool = False
 
-    def position_for(self, instance: Instance) -> int:
+    def position_for(self, instance: PartitionId) -> int:
         """The switch position of upstream ``instance``."""
         if instance not in self.switch_at:
             raise ValueError(f"instance {instance} is not an upstream of handover {self.handover_id}")
@@ -115,8 +116,8 @@ class CodeInstruction:
     task: int
     operator: str
     version: int
-    switch_at: dict[Instance, int]
-    participants: dict[str, frozenset[Instance]]
+    switch_at: dict[PartitionId, int]
+    participants: dict[str, frozenset[PartitionId]]
     committed: bool = False
 
     @property
@@ -149,7 +150,7 @@ class Release:
 
     handover_id: int
     epoch: int
-    targets: frozenset[Instance]
+    targets: frozenset[PartitionId]
 
 
 class JobState(enum.Enum):

@@ -42,6 +42,7 @@ import xxhash
 from rocksdict import Rdict, ReadOptions, WriteBatch
 
 from transport import wire
+from transport.ids import PartitionId
 
 if TYPE_CHECKING:
     from rhino_state.backend import RocksDBStateBackend
@@ -62,7 +63,6 @@ __all__ = [
     "write_increment",
 ]
 
-Instance = tuple[int, int]  # (task id, partition)
 
 DIGEST_MODULUS = 1 << 256
 EMPTY_DIGEST = "0" * 64
@@ -73,7 +73,7 @@ EMPTY_DIGEST = "0" * 64
 class IncrementMeta:
     """One checkpoint of one partition instance, as shipped to its replica group."""
 
-    instance: Instance
+    instance: PartitionId
     checkpoint_id: int  # increasing per instance; derived from a deterministic position (pulse, order)
     previous_id: int | None  # the checkpoint this delta applies to; None: a full snapshot
     digest: str  # content digest of the state at this checkpoint (module docstring): equal on both replicas

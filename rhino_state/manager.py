@@ -33,10 +33,10 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from transport.ids import PartitionId, ReplicaId
+
 __all__ = ["CompletedCheckpoint", "ReplicationManager", "RestorePlan"]
 
-Instance = tuple[int, int]  # (task, partition)
-ReplicaId = tuple[int, int, int]  # (task, partition, replica)
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class RestorePlan:
     durable: bool = False  # no live worker holds it: ``host`` builds it from the durable store
 
 
-Channel = tuple[int, Instance, Instance]  # (channel id, upstream instance, downstream instance)
+Channel = tuple[int, PartitionId, PartitionId]  # (channel id, upstream instance, downstream instance)
 
 
 @dataclass
@@ -82,15 +82,15 @@ class ReplicationManager:
     # workers whose process ended normally (the job is ending): they neither run a restored replica
     # nor serve a checkpoint copy any more, but their groups stay as they are
     ended: set[int] = field(default_factory=set)
-    groups: dict[Instance, list[int]] = field(default_factory=dict)
-    completed: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)  # the latest
+    groups: dict[PartitionId, list[int]] = field(default_factory=dict)
+    completed: dict[PartitionId, CompletedCheckpoint] = field(default_factory=dict)  # the latest
     channels: list[Channel] = field(default_factory=list)  # the job graph, for the consistent cut
     # completed checkpoints from the safe one on (ascending), the safe ones, and rollbacks in progress
-    history: dict[Instance, list[CompletedCheckpoint]] = field(default_factory=dict)
-    safe: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)
-    pinned: dict[Instance, CompletedCheckpoint] = field(default_factory=dict)
-    pinned_by: dict[Instance, int] = field(default_factory=dict)  # the replica restored from it
-    _downstream: dict[Instance, list[tuple[int, Instance]]] = field(default_factory=dict, init=False, repr=False)
+    history: dict[PartitionId, list[CompletedCheckpoint]] = field(default_factory=dict)
+    safe: dict[PartitionId, CompletedCheckpoint] = field(default_factory=dict)
+    pinned: dict[PartitionId, CompletedCheckpoint] = field(default_factory=dict)
+    pinned_by: dict[PartitionId, int] = field(default_factory=dict)  # the replica restored from it
+    _downstream: dict[PartitionId, list[tuple[int, PartitionId]]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for inst in self.instances():
@@ -98,10 +98,10 @@ class ReplicationManager:
         for ch, up, down in self.channels:
             self._downstream.setdefault(up, []).append((ch, down))
 
-    def instances(self) -> list[Instance]:
+    def instances(self) -> list[PartitionId]:
         return sorted({(t, p) for t, p, _ in self.placement})
 
-    def replica_workers(self, inst: Instance) -> set[int]:
+    def replica_workers(self, inst: PartitionId) -> set[int]:
         """Workers running a live replica of ``inst`` (a lost one still points at its relaunched worker)."""
         return {w for (t, p, r), w in self.placement.items()
                 if (t, p) == inst and w not in self.dead and (t, p, r) not in self.lost}
@@ -111,7 +111,7 @@ class ReplicationManager:
         replicas = sum(1 for r, ww in self.placement.items() if ww == w and r not in self.lost)
         return replicas + sum(1 for g in self.groups.values() if w in g)
 
-    def _choose(self, inst: Instance, keep: Iterable[int]) -> list[int]:
+    def _choose(self, inst: PartitionId, keep: Iterable[int]) -> list[int]:
         """``keep`` (in order, still eligible) plus new members up to ``size``, deterministically:
         the least loaded eligible workers, ties broken round robin after the instance's first replica
         (so restores, which go to group members, spread instead of piling on one worker)."""
@@ -123,7 +123,7 @@ class ReplicationManager:
         free.sort(key=self._load)  # stable: ties keep the ring order
         return group + free[:max(0, self.size - len(group))]
 
-    def _regroup(self, insts: Iterable[Instance]) -> dict[Instance, list[int]]:
+    def _regroup(self, insts: Iterable[PartitionId]) -> dict[PartitionId, list[int]]:
         changed = {}
         for inst in insts:
             group = self._choose(inst, self.groups.get(inst, []))
@@ -133,7 +133,7 @@ class ReplicationManager:
         return changed
 
     # -- events ------------------------------------------------------------------------------
-    def checkpoint_completed(self, inst: Instance, checkpoint_id: int, positions: Mapping[int, int],
+    def checkpoint_completed(self, inst: PartitionId, checkpoint_id: int, positions: Mapping[int, int],
                              digest: str = "", now: float = 0.0, holders: Iterable[int] | None = None,
                              outputs: Mapping[int, int] | None = None, durable_file: str = "") -> bool:
         """The chain's tail acknowledged ``checkpoint_id`` of ``inst``; ``holders``: the members of
@@ -161,20 +161,20 @@ class ReplicationManager:
         if safe is None or checkpoint_id >= safe.checkpoint_id:
             self._unpin(inst)
 
-    def _unpin(self, inst: Instance) -> None:
+    def _unpin(self, inst: PartitionId) -> None:
         del self.pinned[inst], self.pinned_by[inst]
         self._recompute_safe()
 
-    def checkpoint(self, inst: Instance, checkpoint_id: int) -> CompletedCheckpoint | None:
+    def checkpoint(self, inst: PartitionId, checkpoint_id: int) -> CompletedCheckpoint | None:
         """The completed checkpoint ``checkpoint_id`` of ``inst`` if it is still kept."""
         return next((cp for cp in self.history.get(inst, ()) if cp.checkpoint_id == checkpoint_id), None)
 
     def _recompute_safe(self) -> None:
         """The consistent cut (see the module docstring), downstream first; the history before
         each instance's safe checkpoint (or pinned one, while a rollback replays from it) goes."""
-        safe: dict[Instance, CompletedCheckpoint | None] = {}
+        safe: dict[PartitionId, CompletedCheckpoint | None] = {}
 
-        def resolve(inst: Instance, visiting: frozenset[Instance]) -> CompletedCheckpoint | None:
+        def resolve(inst: PartitionId, visiting: frozenset[PartitionId]) -> CompletedCheckpoint | None:
             if inst in safe:
                 return safe[inst]
             if inst in visiting:
@@ -201,7 +201,7 @@ class ReplicationManager:
             oldest = min(cut.checkpoint_id, self.restore_point(inst).checkpoint_id)
             self.history[inst] = [cp for cp in self.history.get(inst, ()) if cp.checkpoint_id >= oldest]
 
-    def _best_held(self, inst: Instance, covered: list[CompletedCheckpoint]) -> CompletedCheckpoint | None:
+    def _best_held(self, inst: PartitionId, covered: list[CompletedCheckpoint]) -> CompletedCheckpoint | None:
         """The safe checkpoint of ``inst`` among those the cut covers (ascending): the newest
         that stays held if a worker running a replica dies, from the current safe one on (the
         cut never moves back); else the newest.  The cut does not move from a checkpoint a copy
@@ -215,29 +215,29 @@ class ReplicationManager:
         return next((cp for cp in reversed(covered) if cp.checkpoint_id >= floor and self._held_apart(inst, cp)),
                     covered[-1])
 
-    def _held_apart(self, inst: Instance, cp: CompletedCheckpoint) -> bool:
+    def _held_apart(self, inst: PartitionId, cp: CompletedCheckpoint) -> bool:
         """Whether a live worker holds ``cp`` apart from each worker running a replica of ``inst``
         (or the durable store does)."""
         holders = cp.holders - self.dead
         return bool(cp.durable_file) or all(holders - {w} for w in self.replica_workers(inst) or {-1})
 
-    def restore_point(self, inst: Instance) -> CompletedCheckpoint | None:
+    def restore_point(self, inst: PartitionId) -> CompletedCheckpoint | None:
         """What a restore of ``inst`` starts from: the checkpoint a restore in progress is pinned
         to, else the safe one (None: there is none yet)."""
         return self.pinned.get(inst) or self.safe.get(inst)
 
-    def trim_positions(self, inst: Instance) -> Mapping[int, int] | None:
+    def trim_positions(self, inst: PartitionId) -> Mapping[int, int] | None:
         """Where the upstreams of ``inst`` may trim their backups to: the positions of its restore
         point (None: keep everything)."""
         cut = self.restore_point(inst)
         return None if cut is None else cut.positions
 
-    def retain_from(self, inst: Instance) -> int | None:
+    def retain_from(self, inst: PartitionId) -> int | None:
         """The oldest checkpoint id of ``inst`` group members must keep a snapshot of."""
         kept = self.history.get(inst)
         return kept[0].checkpoint_id if kept else None
 
-    def worker_dead(self, w: int) -> tuple[list[ReplicaId], dict[Instance, list[int]]]:
+    def worker_dead(self, w: int) -> tuple[list[ReplicaId], dict[PartitionId, list[int]]]:
         """``w`` is gone: its replicas (to restore) and the groups that changed (they need a full
         snapshot from their origin next)."""
         self.dead.add(w)
@@ -268,14 +268,14 @@ class ReplicationManager:
         comes from it."""
         self.ended.add(w)
 
-    def replica_lost(self, replica: ReplicaId) -> dict[Instance, list[int]]:
+    def replica_lost(self, replica: ReplicaId) -> dict[PartitionId, list[int]]:
         """``replica`` alone is lost (its worker lives on): it is to be restored; the groups that
         changed (its worker may hold its partition's checkpoints now)."""
         self.lost.add(replica)
         self.restore_failed(replica)
         return self._regroup([replica[:2]])
 
-    def worker_alive(self, w: int) -> dict[Instance, list[int]]:
+    def worker_alive(self, w: int) -> dict[PartitionId, list[int]]:
         """``w`` (a relaunched worker) can hold checkpoints again: groups short of members take it,
         then it takes memberships over from the busiest workers until the load is even (their
         next checkpoint goes to it in full; the old member keeps what it holds meanwhile)."""
@@ -287,10 +287,10 @@ class ReplicationManager:
             self.groups[inst] = changed[inst] = group
         return changed
 
-    def _membership_to_take(self, w: int) -> tuple[Instance, int] | None:
+    def _membership_to_take(self, w: int) -> tuple[PartitionId, int] | None:
         """A group membership that moving from its member to ``w`` evens the load, the busiest
         member's first (deterministic), or None."""
-        best: tuple[int, Instance, int] | None = None
+        best: tuple[int, PartitionId, int] | None = None
         loads = {m: self._load(m) for m in {w, *(m for g in self.groups.values() for m in g)}}
         for inst in sorted(self.groups):
             group = self.groups[inst]
@@ -335,7 +335,7 @@ class ReplicationManager:
             return RestorePlan(min(free, key=self._load), cp, rollback, durable=True)
         return RestorePlan(min(free, key=self._load), cp, rollback, source=held[0])
 
-    def survives_a_loss(self, inst: Instance, avoid: Collection[int] = ()) -> bool:
+    def survives_a_loss(self, inst: PartitionId, avoid: Collection[int] = ()) -> bool:
         """Whether ``inst`` stays restorable if any one worker running a live replica of it dies
         now: a live holder of its restore point other than that worker, and a worker free to run
         the lost replica (a holder that runs a replica is only a source: losing it loses the
@@ -348,7 +348,7 @@ class ReplicationManager:
         live = [w for w in range(self.num_workers) if w not in gone and w not in avoid]
         return all([x for x in live if x != w and x not in busy] for w in busy or {-1})
 
-    def copies_wanted(self, avoid: Collection[int] = ()) -> list[tuple[Instance, CompletedCheckpoint, int, int]]:
+    def copies_wanted(self, avoid: Collection[int] = ()) -> list[tuple[PartitionId, CompletedCheckpoint, int, int]]:
         """``(instance, checkpoint, member, source)``: instances that would not survive a loss
         (``survives_a_loss``) but would if a member of their group that does not hold their restore
         point pulled it from a live holder (``source``; one that runs no replica first).  E.g. a
@@ -368,7 +368,7 @@ class ReplicationManager:
                 wanted.append((inst, cp, member, min(holders, key=lambda w: (w in busy, w))))
         return wanted
 
-    def checkpoint_copied(self, inst: Instance, checkpoint_id: int, w: int) -> bool:
+    def checkpoint_copied(self, inst: PartitionId, checkpoint_id: int, w: int) -> bool:
         """``w`` holds checkpoint ``checkpoint_id`` of ``inst`` now (it pulled it); False if that
         checkpoint is no longer kept or ``w`` died meanwhile."""
         if w in self.dead or self.checkpoint(inst, checkpoint_id) is None:
@@ -397,7 +397,7 @@ class ReplicationManager:
         self.pinned[replica[:2]] = cp
         self.pinned_by[replica[:2]] = replica[2]
 
-    def replica_moved(self, replica: ReplicaId, w: int) -> dict[Instance, list[int]]:
+    def replica_moved(self, replica: ReplicaId, w: int) -> dict[PartitionId, list[int]]:
         """``replica`` runs on ``w`` now (restored there): its group must not contain ``w``."""
         self.placement[replica] = w
         self.lost.discard(replica)

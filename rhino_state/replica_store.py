@@ -40,7 +40,6 @@ from rhino_state.increments import (
     IncrementMeta,
     IncrementReader,
     IncrementWriter,
-    Instance,
     apply_increment,
     combine_digest,
     digest_hex,
@@ -57,6 +56,7 @@ from rhino_state.standby_db import (
     restore_full,
     unlink_quietly,
 )
+from transport.ids import PartitionId
 
 __all__ = [
     "CheckpointNotHeldError",
@@ -88,7 +88,7 @@ class CheckpointNotHeldError(LookupError):
 
 @dataclass(eq=False)
 class _Instance:
-    instance: Instance
+    instance: PartitionId
     dir: str
     lock: threading.Lock = field(default_factory=threading.Lock)
     dropped: bool = False
@@ -127,13 +127,13 @@ class ReplicaStore:
             if _INSTANCE_DIR.fullmatch(name):
                 shutil.rmtree(os.path.join(self.root, name))
         self._lock = threading.Lock()
-        self._instances: dict[Instance, _Instance] = {}
+        self._instances: dict[PartitionId, _Instance] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ locking
 
     @contextmanager
-    def _locked(self, instance: Instance, *, create: bool) -> Iterator[_Instance | None]:
+    def _locked(self, instance: PartitionId, *, create: bool) -> Iterator[_Instance | None]:
         """The instance's state with its lock held (None if unknown and not ``create``)."""
         while True:
             with self._lock:
@@ -244,7 +244,7 @@ class ReplicaStore:
 
     # ------------------------------------------------------------------ completed checkpoints
 
-    def complete(self, instance: Instance, checkpoint_id: int) -> None:
+    def complete(self, instance: PartitionId, checkpoint_id: int) -> None:
         """Mark an applied checkpoint completed: snapshot it (hard links) and drop older state.
 
         Keeps the newest completed snapshot, the older ones from :meth:`retain`'s id on, and the
@@ -325,7 +325,7 @@ class ReplicaStore:
             else:
                 inst.older[cid] = (meta, built)
 
-    def retain(self, instance: Instance, from_id: int | None) -> None:
+    def retain(self, instance: PartitionId, from_id: int | None) -> None:
         """Keep completed snapshots of ``instance`` from ``from_id`` on (a rollback may restore
         any of them); older ones are deleted now.  None: keep only the newest."""
         with self._locked(instance, create=True) as inst:
@@ -334,24 +334,24 @@ class ReplicaStore:
             for old in [i for i in inst.older if from_id is None or i < from_id]:
                 shutil.rmtree(inst.older.pop(old)[1], ignore_errors=True)
 
-    def completed_ids(self, instance: Instance) -> list[int]:
+    def completed_ids(self, instance: PartitionId) -> list[int]:
         """Ids of the completed snapshots of ``instance`` held here, ascending."""
         with self._locked(instance, create=False) as inst:
             if inst is None or inst.completed is None:
                 return []
             return sorted(inst.older) + [inst.completed.checkpoint_id]
 
-    def latest_completed(self, instance: Instance) -> IncrementMeta | None:
+    def latest_completed(self, instance: PartitionId) -> IncrementMeta | None:
         """Meta of the newest completed checkpoint of ``instance``, if any."""
         with self._locked(instance, create=False) as inst:
             return None if inst is None else inst.completed
 
-    def last_applied(self, instance: Instance) -> IncrementMeta | None:
+    def last_applied(self, instance: PartitionId) -> IncrementMeta | None:
         """Meta of the increment the standby of ``instance`` is at, if any."""
         with self._locked(instance, create=False) as inst:
             return None if inst is None else inst.last
 
-    def pending(self, instance: Instance) -> list[tuple[IncrementMeta, str]]:
+    def pending(self, instance: PartitionId) -> list[tuple[IncrementMeta, str]]:
         """``(meta, payload path)`` of the increments applied after the newest completed checkpoint,
         in id order (paths stay valid until a later ``complete``)."""
         with self._locked(instance, create=False) as inst:
@@ -359,7 +359,7 @@ class ReplicaStore:
                 return []
             return [(inst.metas[i], inst.payloads[i]) for i in sorted(inst.payloads)]
 
-    def restore(self, instance: Instance, target_dir: str | os.PathLike[str],
+    def restore(self, instance: PartitionId, target_dir: str | os.PathLike[str],
                 checkpoint_id: int | None = None) -> IncrementMeta:
         """Materialise the newest completed checkpoint (or the kept one ``checkpoint_id``) at
         ``target_dir`` (absent or empty).
@@ -374,7 +374,7 @@ class ReplicaStore:
             link_db(source, os.fspath(target_dir))
             return meta
 
-    def read_key_groups(self, instance: Instance, checkpoint_id: int,
+    def read_key_groups(self, instance: PartitionId, checkpoint_id: int,
                         key_groups: Iterable[range]) -> list[tuple[int, bytes, bytes]]:
         """``(key_group, rest, value)`` of every key in ``key_groups`` in checkpoint ``checkpoint_id``
         of ``instance``, in key order: from the standby if it is at that checkpoint, else from the
@@ -408,7 +408,7 @@ class ReplicaStore:
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
-    def export_full(self, instance: Instance, path: str | os.PathLike[str],
+    def export_full(self, instance: PartitionId, path: str | os.PathLike[str],
                     checkpoint_id: int | None = None) -> IncrementMeta:
         """Write the newest completed checkpoint (or the kept one ``checkpoint_id``) as a full
         increment payload at ``path``.
@@ -457,12 +457,12 @@ class ReplicaStore:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def instances(self) -> list[Instance]:
+    def instances(self) -> list[PartitionId]:
         """Instances with state in this store."""
         with self._lock:
             return sorted(self._instances)
 
-    def drop(self, instance: Instance) -> None:
+    def drop(self, instance: PartitionId) -> None:
         """Delete everything of ``instance`` (a no-op if unknown)."""
         with self._locked(instance, create=False) as inst:
             if inst is None:
@@ -494,7 +494,7 @@ class ReplicaStore:
         return f"ReplicaStore({self.root!r}, instances={len(self._instances)})"
 
 
-def _completed(instance: Instance, inst: _Instance | None, checkpoint_id: int | None) -> tuple[IncrementMeta, str]:
+def _completed(instance: PartitionId, inst: _Instance | None, checkpoint_id: int | None) -> tuple[IncrementMeta, str]:
     """Meta and snapshot directory of the newest completed checkpoint, or of the kept one
     ``checkpoint_id`` (the instance's lock held)."""
     if inst is None or inst.completed is None or inst.completed_dir is None:

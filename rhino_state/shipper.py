@@ -31,12 +31,12 @@ from rhino_state.transfer import (
     ACK_METHOD,
     CHUNK_SIZE,
     ChainAck,
-    Instance,
     TransferRejected,
     encode_reply,
     send_increment,
 )
 from transport import rpc, wire
+from transport.ids import PartitionId
 from transport.security import RpcSecurity
 
 __all__ = ["ChainShipper"]
@@ -84,11 +84,11 @@ class ChainShipper:
                         "max_pending": max_pending}
         self.address: str | None = None
         self._cond = threading.Condition()
-        self._origins: dict[Instance, ChainOrigin] = {}
-        self._sent_at: dict[tuple[Instance, int], float] = {}
-        self._retry_at: dict[Instance, float] = {}
-        self._backoff: dict[Instance, float] = {}
-        self._failures: dict[Instance, int] = {}
+        self._origins: dict[PartitionId, ChainOrigin] = {}
+        self._sent_at: dict[tuple[PartitionId, int], float] = {}
+        self._retry_at: dict[PartitionId, float] = {}
+        self._backoff: dict[PartitionId, float] = {}
+        self._failures: dict[PartitionId, int] = {}
         self._outputs: deque[tuple[str, Any]] = deque()
         self._peers: dict[str, rpc.Peer] = {}
         self._turn = 0
@@ -115,7 +115,7 @@ class ChainShipper:
             peer.close()
 
     # -- the owner's interface -------------------------------------------------------------
-    def set_group(self, instance: Instance, group: Sequence[str], *, completed_id: int | None = None) -> None:
+    def set_group(self, instance: PartitionId, group: Sequence[str], *, completed_id: int | None = None) -> None:
         """Set (or first register) ``instance``'s replica group, in chain order.
 
         ``completed_id`` only matters on registration: the checkpoint the group already holds.
@@ -132,7 +132,7 @@ class ChainShipper:
             self._retry_at.pop(instance, None)
             self._cond.notify_all()
 
-    def remove_instance(self, instance: Instance) -> None:
+    def remove_instance(self, instance: PartitionId) -> None:
         """Stop replicating ``instance``; its pending payloads are released."""
         with self._cond:
             origin = self._origins.pop(instance, None)
@@ -154,16 +154,16 @@ class ChainShipper:
             self._emit(outcome)
             return outcome.accepted
 
-    def needs_full(self, instance: Instance) -> bool:
+    def needs_full(self, instance: PartitionId) -> bool:
         """True when the next increment offered for ``instance`` must be a full snapshot."""
         with self._cond:
             return self._origins[instance].needs_full
 
-    def completed_id(self, instance: Instance) -> int | None:
+    def completed_id(self, instance: PartitionId) -> int | None:
         with self._cond:
             return self._origins[instance].completed_id
 
-    def wait_completed(self, instance: Instance, checkpoint_id: int, timeout: float) -> bool:
+    def wait_completed(self, instance: PartitionId, checkpoint_id: int, timeout: float) -> bool:
         """Wait until ``checkpoint_id`` of ``instance`` (or a later one) completed."""
         def done() -> bool:
             origin = self._origins.get(instance)
@@ -173,7 +173,7 @@ class ChainShipper:
         with self._cond:
             return self._cond.wait_for(done, timeout) and not self._stopped
 
-    def status(self) -> dict[Instance, dict[str, Any]]:
+    def status(self) -> dict[PartitionId, dict[str, Any]]:
         """Per instance: group, completed id, in flight, queued, needs_full, failures, last failure."""
         with self._cond:
             return {inst: {"group": o.group, "completed_id": o.completed_id, "in_flight": o.in_flight,
@@ -247,7 +247,7 @@ class ChainShipper:
             elif origin is not None and send.checkpoint_id in origin.in_flight_ids:
                 self._sent_at[key] = time.monotonic()
 
-    def _fail(self, instance: Instance, checkpoint_id: int, reason: str, *, missing_base: bool = False) -> None:
+    def _fail(self, instance: PartitionId, checkpoint_id: int, reason: str, *, missing_base: bool = False) -> None:
         """Called with the lock held."""
         origin = self._origins.get(instance)
         if origin is None:

@@ -52,6 +52,7 @@ from rhino_state.chain import (
 from rhino_state.increments import IncrementMeta
 from rhino_state.standby_db import link_or_copy
 from transport import rpc, wire
+from transport.ids import PartitionId
 from transport.security import RpcSecurity
 
 __all__ = [
@@ -65,7 +66,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Instance = tuple[int, int]
 StoreApply = Callable[[IncrementMeta, Path], None]
 
 CHUNK_METHOD = "IncrementChunk"
@@ -115,7 +115,7 @@ class ChainAck:
     """``IncrementAck``: chain member ``sender`` stored ``checkpoint_id`` of ``instance`` (the tail's
     ack completes it), or (``nack``) could not forward it, and why."""
 
-    instance: Instance
+    instance: PartitionId
     checkpoint_id: int
     sender: str
     nack: str | None = None
@@ -263,7 +263,7 @@ class IncrementService:
         spool_dir: str | Path,
         *,
         security: RpcSecurity,
-        stored: Mapping[Instance, int] | None = None,
+        stored: Mapping[PartitionId, int] | None = None,
         chunk_size: int = CHUNK_SIZE,
         call_timeout: float = 30.0,
         forward_timeout: float = 30.0,

@@ -35,7 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rhino_state.durable import DurableStore, UploadedIncrement
-from rhino_state.increments import IncrementMeta, Instance
+from rhino_state.increments import IncrementMeta
+from transport.ids import PartitionId
 
 __all__ = ["IncrementUploader"]
 
@@ -52,14 +53,14 @@ class IncrementUploader:
     """Uploads one worker's offered increments in order, in a thread of its own."""
 
     def __init__(self, store: DurableStore, spool: Path, on_uploaded: Callable[[UploadedIncrement], None],
-                 on_failed: Callable[[Instance], None]) -> None:
+                 on_failed: Callable[[PartitionId], None]) -> None:
         self.store = store
         self.spool = spool
         self.on_uploaded = on_uploaded
         self.on_failed = on_failed
-        self._names: dict[Instance, dict[int, str]] = {}  # checkpoint id -> file stem, per partition
-        self._broken: set[Instance] = set()  # a failed upload's partitions: deltas until a full are dropped
-        self._chains: dict[Instance, tuple[int, int, int]] = {}  # (full's bytes, deltas' bytes, deltas) since
+        self._names: dict[PartitionId, dict[int, str]] = {}  # checkpoint id -> file stem, per partition
+        self._broken: set[PartitionId] = set()  # a failed upload's partitions: deltas until a full are dropped
+        self._chains: dict[PartitionId, tuple[int, int, int]] = {}  # (full's bytes, deltas' bytes, deltas) since
         self._queue: deque[tuple[IncrementMeta, str | None, str, Path]] = deque()
         self.superseded = 0  # increments dropped from the queue by a newer full snapshot
         self._cond = threading.Condition()
@@ -106,7 +107,7 @@ class IncrementUploader:
             self._cond.notify_all()
         return True
 
-    def _drop_queued(self, inst: Instance) -> None:
+    def _drop_queued(self, inst: PartitionId) -> None:
         """A full snapshot of ``inst`` is queued: what of it waits before it is not needed (caller locks)."""
         kept = deque(item for item in self._queue if item[0].instance != inst)
         for *_, spooled in (item for item in self._queue if item[0].instance == inst):
@@ -114,7 +115,7 @@ class IncrementUploader:
             self.superseded += 1
         self._queue = kept
 
-    def wants_full(self, inst: Instance) -> bool:
+    def wants_full(self, inst: PartitionId) -> bool:
         """Whether ``inst``'s chain is long enough that its next checkpoint should be a full snapshot."""
         with self._cond:
             chain = self._chains.get(inst)

@@ -29,11 +29,12 @@ from replication.control.prometheus import MetricsServer, collect, render
 from replication.control.pulses import DriverPulses
 from replication.control.retention import log_needed_from
 from replication.metrics import InstanceMetrics, aggregate
-from replication.plan import PhysicalPlan, ReplicaId, replica_name
+from replication.plan import PhysicalPlan, replica_name
 from replication.runtime.worker import WorkerBootstrap, run_worker
 from replication.security import remove_cli_credentials
 from replication.spark_cluster import driver_advertise_host, driver_bind_host
 from rhino_state.durable import without_credentials
+from transport.ids import ReplicaId
 from transport.kafka_io import TopicMaker
 
 log = logging.getLogger(__name__)

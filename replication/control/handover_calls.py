@@ -18,9 +18,10 @@ from replication.control.master import JobFailedError, JobMaster
 from replication.control.pulses import DriverPulses
 from replication.handover_orders import format_vnodes, parse_strategy
 from replication.messages import HandoverReport, HandoverRequest
-from replication.plan import PhysicalPlan, ReplicaId, TaskSpec, replica_name
+from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from rhino_state import AllAtOnce, RoutingTable
 from rhino_state.handover import Strategy
+from transport.ids import ReplicaId
 
 
 class HandoverCalls:

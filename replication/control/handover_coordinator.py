@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from replication.handover_orders import CodeOrder, HandoverOrder, Instance, ReplicaId, format_vnodes
+from replication.handover_orders import CodeOrder, HandoverOrder, format_vnodes
 from rhino_state import (
     AckKind,
     AckOutcome,
@@ -30,6 +30,7 @@ from rhino_state import (
     RescaleRequest,
 )
 from rhino_state.handover import Strategy
+from transport.ids import PartitionId, ReplicaId
 
 # The release margin of a task's first step, before any step taught it (:class:`ReleaseMargin`).
 DEFAULT_RELEASE_S = 0.15
@@ -81,7 +82,7 @@ class HandoverCoordinator:
 
     def __init__(self, plan: Any, retain: bool = False, max_bytes_in_flight: int | None = None,
                  period_s: float = 0.01) -> None:
-        upstreams: dict[int, list[Instance]] = {t: [] for t in plan.routing}
+        upstreams: dict[int, list[PartitionId]] = {t: [] for t in plan.routing}
         for task in plan.tasks:
             for edge in task.outputs:
                 if edge.partitioning == "hash" and edge.dst_task in upstreams:
@@ -99,10 +100,10 @@ class HandoverCoordinator:
         self.history: dict[int, HandoverOrder | CodeOrder] = {}
         # handover id -> participant instance -> the last checkpoint it had taken when it acted
         # (switched, cut, loaded): a restore point past it includes the action
-        self._acted_after: dict[int, dict[Instance, int]] = {}
+        self._acted_after: dict[int, dict[PartitionId, int]] = {}
         # handover id -> what happened -> instance -> wall-clock time (the first replica's) or bytes
         # cut: the step's timeline (:meth:`timeline`), kept for the last TIMELINES handovers
-        self._times: dict[int, dict[str, dict[Instance, float]]] = {}
+        self._times: dict[int, dict[str, dict[PartitionId, float]]] = {}
         self.period_s = period_s
         self._margins: dict[int, ReleaseMargin] = {}  # per keyed task
         self._pruned: dict[int, HandoverRecord] = {}  # records the manager let go, for the driver's reports
@@ -198,7 +199,7 @@ class HandoverCoordinator:
             events += self._advance(hid, now)
         return events
 
-    def _note_times(self, hid: int, kind: str, inst: Instance, times: Mapping[str, Any]) -> None:
+    def _note_times(self, hid: int, kind: str, inst: PartitionId, times: Mapping[str, Any]) -> None:
         """Keep the earliest replica's time of each thing ``inst`` did (the first copy is what its
         downstreams take) and the bytes an origin cut."""
         if hid not in self._times:
@@ -320,7 +321,7 @@ class HandoverCoordinator:
         orders = [*self.history.values(), *(o for o in self.orders.values() if o.committed and not o.cancelled)]
         return [o.to_wire() for o in sorted(orders, key=lambda o: o.handover_id) if inst in self._participants(o)]
 
-    def _participants(self, order: HandoverOrder | CodeOrder) -> frozenset[Instance]:
+    def _participants(self, order: HandoverOrder | CodeOrder) -> frozenset[PartitionId]:
         """The instances whose replicas act on ``order``: upstreams, origins and targets, or every
         partition of the task whose operator is replaced."""
         if isinstance(order, CodeOrder):
@@ -331,7 +332,7 @@ class HandoverCoordinator:
         """The handovers whose cuts the origins keep: those in progress and those retained."""
         return sorted([*self.orders, *self.history])
 
-    def prune(self, restore_point: Callable[[Instance], int | None]) -> list[int]:
+    def prune(self, restore_point: Callable[[PartitionId], int | None]) -> list[int]:
         """Forget the retained orders every participant's restore point (the id of the checkpoint
         a replica would be restored from) is past: a checkpoint taken after the participant acted
         on the order (switched, cut, loaded).  Checkpoint ids are per instance (pulses, order

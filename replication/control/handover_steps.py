@@ -21,9 +21,10 @@ from replication.control.handover_coordinator import HandoverCoordinator, step_p
 from replication.control.master import JobFailedError, JobMaster
 from replication.control.pulses import DriverPulses, switch_pulse
 from replication.metrics import InstanceMetrics, window_text
-from replication.plan import PhysicalPlan, ReplicaId
+from replication.plan import PhysicalPlan
 from rhino_state import Batched, HandoverState, JobState
 from rhino_state.handover import Strategy
+from transport.ids import ReplicaId
 
 # A handover job aborted because a participant was already past the switch pulse goes again this often.
 LATE_RETRIES = 2

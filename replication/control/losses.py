@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from replication.control.liveness import WorkerInfo
 from replication.messages import Instructions, Register, Registered
-from replication.plan import ReplicaId
+from transport.ids import ReplicaId
 
 if TYPE_CHECKING:
     from replication.control.master import JobMaster

@@ -41,10 +41,11 @@ from replication.messages import (
     WorkerFinished,
 )
 from replication.metrics import InstanceMetrics
-from replication.plan import Instance, PhysicalPlan, ReplicaId, replica_name
+from replication.plan import PhysicalPlan, replica_name
 from rhino_state.durable import DurableCut
 from rhino_state.manager import ReplicationManager
 from transport import rpc
+from transport.ids import PartitionId, ReplicaId
 from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class JobMaster:
         # a drain without pulses (unordered, KaZoo): where each source replica stopped reading, and where
         # every replica of a source partition ends, once all its live replicas reported (the furthest)
         self.drain_positions: dict[ReplicaId, dict[int, int]] = {}
-        self.drain_at: dict[Instance, dict[int, int]] = {}
+        self.drain_at: dict[PartitionId, dict[int, int]] = {}
         self.dropped: dict[ReplicaId, int] = {}  # replicas replaced after a cut-off: up to which restore attempt
         self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
         self.heartbeat_port = 0  # the workers' heartbeat frames (on the control address's host; in the status file)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 
-from replication.plan import PhysicalPlan, ReplicaId
+from replication.plan import PhysicalPlan
+from transport.ids import ReplicaId
 
 OutputKey = tuple[int, int, str]
 """(task, partition, kind): kind "out" for a sink partition, "dlq" for a partition's dead letters."""

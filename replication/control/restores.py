@@ -16,10 +16,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from replication.messages import Ack, CopyCheckpoint, Restored, RestoreReplica
-from replication.plan import Instance, PhysicalPlan, ReplicaId
+from replication.plan import PhysicalPlan
 from rhino_state.durable import DurableCut
 from rhino_state.manager import ReplicationManager, RestorePlan
 from transport import rpc
+from transport.ids import PartitionId, ReplicaId
 
 if TYPE_CHECKING:
     from replication.control.master import JobMaster
@@ -81,7 +82,7 @@ class Restores:
         self.attempts: dict[ReplicaId, int] = {}  # restores of each replica: its incarnation, in its acks
         self._unrestorable: set[ReplicaId] = set()  # reported once: no holder of a checkpoint (yet)
         self._retry_at: dict[ReplicaId, float] = {}  # a failed restore is tried again after a pause
-        self.copying: dict[Instance, float] = {}  # a restore point being copied (or retried from then)
+        self.copying: dict[PartitionId, float] = {}  # a restore point being copied (or retried from then)
         self.peers: dict[str, rpc.Peer] = {}
 
     def _writer_from_restored(self, replica: ReplicaId) -> None:
@@ -181,7 +182,7 @@ class Restores:
             threading.Thread(target=self._copy, args=(inst, member, self.master.workers[member].address, source, req),
                              name=f"copy-{inst}", daemon=True).start()
 
-    def _copy(self, inst: Instance, member: int, address: str, source: int, req: CopyCheckpoint) -> None:
+    def _copy(self, inst: PartitionId, member: int, address: str, source: int, req: CopyCheckpoint) -> None:
         """Have ``member`` pull checkpoint ``req.checkpoint_id`` of ``inst`` (its own thread)."""
         assert self.rhino is not None
         name = f"{self.plan.task(inst[0]).name}[{inst[1]}]"

@@ -46,10 +46,10 @@ from rhino_state.standby_db import restore_full
 from rhino_state.transfer import IncrementService
 from rhino_state.uploader import IncrementUploader
 from transport import rpc
+from transport.ids import PartitionId
 
 log = logging.getLogger(__name__)
 
-Instance = tuple[int, int]
 
 
 class WorkerCheckpoints:
@@ -64,11 +64,11 @@ class WorkerCheckpoints:
         self._taken: list[tuple[int, int, int, int, str]] = []  # (task, part, replica, id, digest)
         self._completed: list[tuple[int, int, int, dict[int, int], str, list[str], dict[int, int]]] = []
         # (positions, output seqs) of the checkpoints in flight
-        self._positions: dict[tuple[Instance, int], tuple[dict[int, int], dict[int, int]]] = {}
-        self._full_next: set[Instance] = set()  # took over shipping: the next checkpoint is a full one
-        self._groups: dict[Instance, list[str]] = {}  # the instances this worker ships, and their groups
-        self._known_completed: dict[Instance, int] = {}
-        self._group_view: dict[Instance, list[str]] = {}  # every instance's replica group (addresses)
+        self._positions: dict[tuple[PartitionId, int], tuple[dict[int, int], dict[int, int]]] = {}
+        self._full_next: set[PartitionId] = set()  # took over shipping: the next checkpoint is a full one
+        self._groups: dict[PartitionId, list[str]] = {}  # the instances this worker ships, and their groups
+        self._known_completed: dict[PartitionId, int] = {}
+        self._group_view: dict[PartitionId, list[str]] = {}  # every instance's replica group (addresses)
         self.address: str | None = None  # this worker's, named among the holders of what it ships
         self._uploaded: list[tuple[int, int, int, str]] = []  # (task, part, id, file) since the last report
         self.uploader = None if durable is None else IncrementUploader(
@@ -96,7 +96,7 @@ class WorkerCheckpoints:
         """Checkpoint ``inst``'s state now; returns its meta and whether it was handed to the
         shipper (only the shipping replica's are, only while its group has members, and not one
         a rolled-back replica regenerates)."""
-        key: Instance = (inst.task.id, inst.partition)
+        key: PartitionId = (inst.task.id, inst.partition)
         out = self.root / "out" / f"t{key[0]}p{key[1]}"
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{checkpoint_id}.inc"
@@ -174,7 +174,7 @@ class WorkerCheckpoints:
         with self._lock:
             self._uploaded.append((*uploaded.meta.instance, uploaded.meta.checkpoint_id, uploaded.file))
 
-    def _on_upload_failed(self, key: Instance) -> None:
+    def _on_upload_failed(self, key: PartitionId) -> None:
         with self._lock:
             self._full_next.add(key)
 
@@ -198,8 +198,8 @@ class WorkerCheckpoints:
         """Groups, shippers, completed checkpoints, where upstream backups may be trimmed to and
         which snapshots members keep, from the driver (each heartbeat)."""
         self._group_view = dict(view.get("groups", {}))
-        completed: Mapping[Instance, int] = view.get("completed", {})
-        trim: Mapping[Instance, Mapping[int, int]] = view.get("trim", {})
+        completed: Mapping[PartitionId, int] = view.get("completed", {})
+        trim: Mapping[PartitionId, Mapping[int, int]] = view.get("trim", {})
         for key, inst in list(self.worker.instances.items()):
             if view.get("shippers", {}).get(key) == inst.replica:
                 self._ship(key, view["groups"].get(key, []), completed.get(key))
@@ -224,12 +224,12 @@ class WorkerCheckpoints:
                 except Exception as exc:  # noqa: BLE001 - the standby may lag; the next completion fixes it
                     log.debug("complete %s at %d: %s", key, cid, exc)
 
-    def holders(self, key: Instance, addresses: Mapping[int, str]) -> list[int]:
+    def holders(self, key: PartitionId, addresses: Mapping[int, str]) -> list[int]:
         """The workers (of ``addresses``) in ``key``'s replica group: their stores hold its checkpoints."""
         group = set(self._group_view.get(key, ()))
         return [w for w, address in addresses.items() if address in group]
 
-    def _ship(self, key: Instance, group: list[str], completed_id: int | None) -> None:
+    def _ship(self, key: PartitionId, group: list[str], completed_id: int | None) -> None:
         with self._lock:
             if key not in self._groups:
                 # the first shipper, or a takeover from a dead one: what the group holds is a
@@ -239,7 +239,7 @@ class WorkerCheckpoints:
         self.shipper.set_group(key, group, completed_id=completed_id)
 
     # -- member: restore ------------------------------------------------------------------------
-    def restore(self, key: Instance, target: Path, checkpoint_id: int | None = None) -> IncrementMeta:
+    def restore(self, key: PartitionId, target: Path, checkpoint_id: int | None = None) -> IncrementMeta:
         """Materialise the completed checkpoint ``checkpoint_id`` (default: the latest) of ``key``
         at ``target`` (hard links); an older one must be kept for a rollback."""
         if checkpoint_id is not None:
@@ -249,18 +249,18 @@ class WorkerCheckpoints:
         shutil.rmtree(target, ignore_errors=True)
         return self.store.restore(key, target, checkpoint_id)
 
-    def fetch(self, key: Instance, target: Path, checkpoint_id: int, holder: rpc.Peer) -> IncrementMeta:
+    def fetch(self, key: PartitionId, target: Path, checkpoint_id: int, holder: rpc.Peer) -> IncrementMeta:
         """Materialise completed checkpoint ``checkpoint_id`` of ``key``, which this worker does not
         hold, at ``target``: pulled from ``holder`` as a full increment, checked, then built."""
         shutil.rmtree(target, ignore_errors=True)
         return self._pull(key, checkpoint_id, holder, lambda meta, payload: restore_full(meta, payload, target))
 
-    def copy(self, key: Instance, checkpoint_id: int, holder: rpc.Peer) -> None:
+    def copy(self, key: PartitionId, checkpoint_id: int, holder: rpc.Peer) -> None:
         """Hold completed checkpoint ``checkpoint_id`` of ``key`` too, pulled from ``holder``: a
         second copy of a restore point whose only other holder runs a replica of ``key``."""
         self._pull(key, checkpoint_id, holder, self.store.import_completed)
 
-    def _pull(self, key: Instance, checkpoint_id: int, holder: rpc.Peer,
+    def _pull(self, key: PartitionId, checkpoint_id: int, holder: rpc.Peer,
               use: Callable[[IncrementMeta, Path], None]) -> IncrementMeta:
         """Pull ``checkpoint_id`` of ``key`` from ``holder`` into a file of its own, ``use`` it,
         delete the file."""

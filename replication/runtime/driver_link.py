@@ -28,9 +28,9 @@ from typing import Any
 
 from liverobin.positions import PositionOutbox
 from replication.messages import Heartbeat, Instructions, SourcePositions, quiet_after
-from replication.plan import Instance, ReplicaId
 from transport import rpc, wire
 from transport.frames import FrameCallFailed, FramePeer, TransportFailure
+from transport.ids import PartitionId, ReplicaId
 from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class DriverLink:
         self._ring = threading.Event()  # the driver rang, or a replica has news for it
         self._unsent_acks: list[tuple] = []  # handover acks of the hosted replicas, for the next heartbeat
         self._cut_offs: dict[ReplicaId, tuple[int, str]] = {}  # replicas the channels cut off
-        self._restored_at: dict[Instance, float] = {}  # replicas restored here: when (monotonic)
+        self._restored_at: dict[PartitionId, float] = {}  # replicas restored here: when (monotonic)
         # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin; KaZoo windows)
         self._positions = PositionOutbox(self.cfg.pulse_period_ms / 1000) \
             if worker.plan.heartbeat_log is not None else None
@@ -137,7 +137,7 @@ class DriverLink:
         with self._lock:
             self._cut_offs[replica] = (worker, why)
 
-    def restored(self, inst: Instance) -> None:
+    def restored(self, inst: PartitionId) -> None:
         """A replica was restored here: its metrics go with every heartbeat for a while."""
         self._restored_at[inst] = time.monotonic()
 

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from replication.plan import PhysicalPlan, ReplicaId
+from replication.plan import PhysicalPlan
 from replication.runtime.channels import BackupTrimmed, OutputChannel
 from replication.runtime.senders import BatchSender, LocalSender, PushLink, WorkerDataPeer
 from transport import rpc
+from transport.ids import ReplicaId
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from replication.messages import (
     RestoreReplica,
     WorkerFinished,
 )
-from replication.plan import Instance, PhysicalPlan, ReplicaId
+from replication.plan import PhysicalPlan
 from replication.runtime.checkpoints import WorkerCheckpoints
 from replication.runtime.cut_exchange import CutExchange
 from replication.runtime.deadletter import DeadLetterWriter
@@ -74,6 +74,7 @@ from rhino_state.durable import DurableStore
 from rhino_state.increments import IncrementMeta
 from transport import batch_format, rpc
 from transport.frames import FrameServer
+from transport.ids import PartitionId, ReplicaId
 from transport.rpc import host_port
 from transport.security import Refusals, RpcSecurity
 
@@ -128,7 +129,7 @@ class Worker:
         self.plan = boot.plan
         base = Path(self.cfg.state_dir or Path(tempfile.gettempdir()) / "replication-state")
         self.state_root = base / boot.job_name / boot.run_id / f"w{index}-a{attempt}"
-        self.instances: dict[Instance, PartitionInstance] = {}  # one replica per partition at most
+        self.instances: dict[PartitionId, PartitionInstance] = {}  # one replica per partition at most
         self._ready = threading.Event()
         self._peers: dict[str, rpc.Peer] = {}
         self.stopping = threading.Event()
@@ -187,7 +188,7 @@ class Worker:
         self.dead_letters = DeadLetterWriter(self.producer, self.cfg.dead_letter_topic(self.job_name), self.job_name)
         self.routes.learn(addresses)
 
-    def _build(self, addresses: dict[int, str], resumed: dict[Instance, tuple[IncrementMeta, Path]]) -> None:
+    def _build(self, addresses: dict[int, str], resumed: dict[PartitionId, tuple[IncrementMeta, Path]]) -> None:
         """The replicas placed here; ``resumed``: those that go on from a durable cut (built from it)."""
         self._build_host(addresses)
         for (task_id, part, replica), w in sorted(self.boot.placement.items()):
@@ -200,7 +201,7 @@ class Worker:
                 first_seqs = inst.restore_from(*resumed[key])["outputs"]
             inst.build(self.routes.outputs(inst, self.boot.placement, first_seqs))
 
-    def _fetch_resumed(self) -> dict[Instance, tuple[IncrementMeta, Path]]:
+    def _fetch_resumed(self) -> dict[PartitionId, tuple[IncrementMeta, Path]]:
         """A resumed run's first attempt: the state of every replica placed here, built from its
         partition's checkpoint in the durable cut (downloaded and checked increment by increment),
         before registering: a large state takes a while, and no heartbeat is due yet."""
@@ -220,7 +221,7 @@ class Worker:
                         time.monotonic() - started)
         return out
 
-    def _from_durable(self, inst: Instance, file: str, target: Path) -> IncrementMeta:
+    def _from_durable(self, inst: PartitionId, file: str, target: Path) -> IncrementMeta:
         """Build checkpoint ``file`` of ``inst`` at ``target`` from the durable store this run
         resumed from (downloaded and checked increment by increment)."""
         assert self.plan.resume is not None
