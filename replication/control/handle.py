@@ -136,7 +136,7 @@ class JobHandle:
         with self.master.locked():
             wildcard = host in ("0.0.0.0", "::", "")
             self.master.metrics_url = self.metrics_server.url(driver_advertise_host(self._sc) if wildcard else host)
-            self.master.changed()  # the status file shows it
+            self.master.status_changed()  # the status file shows it
         log.info("job %s: Prometheus metrics at %s", self.job.name, self.metrics_url)
 
     @property

@@ -173,7 +173,7 @@ class HandoverCalls:
             seen = len(master.recoveries)
             master.drained.add(w)  # (Spark reruns its task there as a standby: it may keep checkpoints)
             master.losses.declare_dead(w, f"drained by request (executor {executor})")
-            master.changed()
+            master.status_changed()
             done = master.wait_for(lambda: master.failure is not None or labels <= {
                                    rec["replica"] for rec in master.recoveries[seen:]}, timeout)
             if master.failure is not None:

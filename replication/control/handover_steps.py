@@ -216,7 +216,7 @@ class HandoverSteps:
             last = master.pulse_window
             window, pulsed = (last.window + 1, last.last_pulsed) if last else (1, 0)
             master.pulse_window = WindowWord(window, True, False, pulsed)
-            master.changed()
+            master.status_changed()
 
             def live() -> list[ReplicaId]:
                 return [rid for rid in sources if self.placement[rid] not in master.dead]

@@ -139,10 +139,14 @@ class JobMaster:
         """Wait up to ``seconds`` for any change (the caller holds the lock)."""
         self._cond.wait(seconds)
 
+    def status_changed(self) -> None:
+        """What the status file shows changed: it is rewritten at the next round (nobody woken)."""
+        self.status_file.dirty = True
+
     def changed(self) -> None:
         """Something callers wait for changed (caller holds the lock): wake them, and the status
         file is rewritten at the next round."""
-        self.status_file.dirty = True
+        self.status_changed()
         self._cond.notify_all()
 
     def ring_workers(self) -> None:
@@ -203,7 +207,7 @@ class JobMaster:
         """Log ``text`` as an event of the job (caller holds the lock)."""
         log.warning("%s", text)
         self.events.append((time.time(), text))
-        self.status_file.dirty = True
+        self.status_changed()
 
     def note(self, text: str) -> None:
         """:meth:`event`, from a thread that does not hold the condition."""
@@ -283,7 +287,7 @@ class JobMaster:
             info.last_seen = max(info.last_seen, arrived)
             if req.rpc_refused != self.rpc_refused.get(f"worker {w}", 0):
                 self.rpc_refused[f"worker {w}"] = req.rpc_refused
-                self.status_file.dirty = True
+                self.status_changed()
             if req.metrics is not None:
                 self.metrics.update(req.metrics)
                 self.changed()  # e.g. state_bytes_per_vnode waits for the replicas' measurements

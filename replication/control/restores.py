@@ -109,7 +109,7 @@ class Restores:
                 self.master.event(text)
         workers_at = {info.address: w for w, info in self.master.workers.items()}
         if report.get("completed"):
-            self.master.changed()  # the status view shows each partition's last checkpoint
+            self.master.status_changed()  # the status view shows each partition's last checkpoint
         for t, p, cid, positions, digest, chain, outputs in report.get("completed", ()):
             holders = [workers_at[a] for a in chain if a in workers_at]
             self.rhino.checkpoint_completed((t, p), cid, positions, digest, now=time.time(), holders=holders,
@@ -201,7 +201,7 @@ class Restores:
             if self.rhino.checkpoint_copied(inst, req.checkpoint_id, member):
                 self.master.event(f"checkpoint {req.checkpoint_id} of {name} copied to worker {member} (pulled from worker "
                                   f"{source} in {time.monotonic() - started:.3f}s): restorable whichever worker dies")
-                self.master.changed()
+                self.master.status_changed()
 
     def restore(self, replica: ReplicaId, host: int, address: str, req: RestoreReplica, plan: RestorePlan) -> None:
         """Restore a lost replica on ``host``, which holds the checkpoint ``req`` names or pulls it
@@ -261,7 +261,7 @@ class Restores:
             self.master.event(f"{name} {'rolled back' if rollback else 'restored'} on worker {host} from checkpoint "
                               f"{reply.checkpoint_id}{pulled} in {reply.restore_s:.3f}s ({now - dead_at:.2f}s after the "
                               "failure); its upstreams replay from their backups")
-            self.master.changed()
+            self.master.status_changed()
             self.master.ring_workers()  # its upstreams send to it from their next reply on
 
     def _not_restored(self, replica: ReplicaId) -> None:
