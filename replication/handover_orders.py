@@ -2,8 +2,6 @@
 participants (a vnode move, an operator replacement) and its wire form, what a replica acks, and
 the text forms of vnodes and strategies (the CLI's requests, docs/handover.md)."""
 
-
-
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
@@ -19,9 +17,6 @@ from rhino_state import (
 )
 from rhino_state.handover import Strategy
 from transport.ids import PartitionId
-
-# (handover id, epoch, kind, digest): what a replica reports through its worker's heartbeat
-Ack = tuple[int, int, str, str]
 
 
 @dataclass(frozen=True)

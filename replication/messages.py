@@ -2,7 +2,7 @@
 
 Each RPC method takes one of these dataclasses and answers with one (``transport.rpc.typed``);
 they travel in :mod:`transport.wire`'s safe encoding, never pickled.  What they carry is plain
-data (the per-service parts of a heartbeat are still dicts and tuples of plain values).  User
+data; the heartbeat's per-service parts are the typed records of :mod:`.heartbeat_parts`.  User
 objects (moved operator state, keys) travel only inside them as opaque pickled ``bytes``, read by
 the runtime that hosts the user's code, after the call was authenticated.
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from replication import heartbeat_parts  # noqa: F401  (registers the parts' records with the wire)
 from replication.metrics import InstanceMetrics, LatencyHistogram
 from transport import wire
-from transport.ids import PartitionId, ReplicaId
+from transport.ids import ReplicaId
 
 wire.register(InstanceMetrics, LatencyHistogram)
 
@@ -58,26 +59,15 @@ class SourcePositions:
 @wire.record
 @dataclass(frozen=True)
 class Heartbeat:
-    """Liveness, progress and the services' reports of one worker attempt (``Heartbeat``)."""
+    """Liveness, errors and metrics of one worker attempt (``Heartbeat``), and the reports of its
+    control-plane services that have news: ``parts``, by service name (:mod:`.heartbeat_parts`)."""
 
     worker: int
     attempt: int
-    # what each exactly-once output committed: (task, partition, kind "out" | "dlq") -> (seq, offset)
-    sinks: dict[tuple[int, int, str], tuple[int, int]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    checkpoints: dict[str, list] | None = None  # Rhino: taken and completed since the last beat
     metrics: dict[str, InstanceMetrics] | None = None
-    holding: dict[ReplicaId, tuple] = field(default_factory=dict)  # KaZoo sources held for a pulse window
-    handover_acks: list[tuple] = field(default_factory=list)
-    savepoint_armed: str | None = None
     rpc_refused: int = 0  # calls its server refused (unauthenticated) so far
-    # a drain without pulses: where each source replica stopped reading (Kafka partition -> next offset)
-    drain_positions: dict[ReplicaId, dict[int, int]] = field(default_factory=dict)
-    # destination replicas a channel cut off by itself (failed sends, too far behind): (worker, why)
-    cut_offs: dict[ReplicaId, tuple[int, str]] = field(default_factory=dict)
-    # exactly-once outputs whose writer replica a newer producer of the output fenced:
-    # (task, partition, replica, kind "out" | "dlq") -> the epoch it wrote at
-    fenced: dict[tuple[int, int, int, str], int] = field(default_factory=dict)
+    parts: dict[str, Any] = field(default_factory=dict)
     # the report (metrics apart) and the records its replicas handled are as at the beat before:
     # with the same reply as then, the worker is quiet and beats seldom until the driver rings
     unchanged: bool = False
@@ -103,24 +93,14 @@ class WorkerFinished:
 @wire.record
 @dataclass(frozen=True)
 class Instructions:
-    """What the driver tells every worker on each heartbeat reply (and on registration)."""
+    """What the driver tells every worker on each heartbeat reply (and on registration): the
+    command (run | drain | stop | evicted), the dead and the finished workers, and the word of each
+    control-plane service that has something to say: ``parts``, by service name."""
 
-    command: str  # run | drain | stop | evicted
+    command: str
     dead: list[int] = field(default_factory=list)
-    # writer roles of the exactly-once outputs: (task, partition, kind) -> (writer, epoch, seq, offset)
-    sinks: dict[tuple[int, int, str], tuple[int, int, int, int]] = field(default_factory=dict)
     finished: list[int] = field(default_factory=list)
-    handovers: list[dict[str, Any]] = field(default_factory=list)  # orders not completed, in wire form
-    retained_handovers: list[int] | None = None  # Rhino: the handovers whose cuts origins keep
-    pulse_window: tuple | None = None  # a liverobin.windows.WindowWord, as a plain tuple
-    measure_state: dict[int, int] = field(default_factory=dict)
-    savepoint: str | None = None
-    rhino: dict[str, Any] | None = None
-    # a drain without pulses: where every replica of each source partition ends (the furthest reported)
-    drain_at: dict[PartitionId, dict[int, int]] = field(default_factory=dict)
-    # replicas to stop wherever they run, up to the restore attempt given: the driver replaces them
-    # (cut off by an upstream)
-    drop: dict[ReplicaId, int] = field(default_factory=dict)
+    parts: dict[str, Any] = field(default_factory=dict)
 
 
 def quiet_after(req: Heartbeat, reply: Instructions, previous: Instructions | None) -> bool:

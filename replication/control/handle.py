@@ -278,16 +278,17 @@ class JobHandle:
             raise ValueError(f"{without_credentials(root)} already holds a savepoint: give an empty or new directory")
         savepoints.prepare(root)
         master = self.master
+        arming = master.savepoints
         with master.locked():
-            master.savepoint = root
+            arming.directory = root
             master.ring_workers()
             live = lambda: {w for w, i in master.workers.items()  # noqa: E731
                             if w not in master.dead and w not in master.reports}
-            if not master.wait_for(lambda: live() <= master.savepoint_armed, 30):
-                raise TimeoutError(f"workers {sorted(live() - master.savepoint_armed)} did not learn of the savepoint "
+            if not master.wait_for(lambda: live() <= arming.armed, 30):
+                raise TimeoutError(f"workers {sorted(live() - arming.armed)} did not learn of the savepoint "
                                    "within 30 s")
             master.event(f"savepoint to {without_credentials(root)}: every worker knows; draining")
-            return master.savepoint
+            return root
 
     def _complete_savepoint(self, root: str, result: JobResult) -> None:
         """Every partition of every task wrote its part (one replica suffices): mark it complete."""

@@ -127,7 +127,7 @@ class HandoverCalls:
         spec = self._keyed_spec(task)
         master = self.master
         with master.locked():
-            rid = master.measure_state[spec.id] = master.measure_state.get(spec.id, 0) + 1
+            rid = master.measurements.request(spec.id)
             master.ring_workers()
             done = master.wait_for(lambda: all(
                                    any((m := master.metrics.get(replica_name(spec.name, p, r))) is not None and m.vnode_bytes[0] >= rid

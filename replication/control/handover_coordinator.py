@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from replication.handover_orders import CodeOrder, HandoverOrder, format_vnodes
+from replication.heartbeat_parts import ReplicaAck
 from rhino_state import (
     AckKind,
     AckOutcome,
@@ -173,18 +174,19 @@ class HandoverCoordinator:
         self.orders[order.handover_id] = order
         return order
 
-    def on_acks(self, acks: Iterable[tuple], now: float | None = None) -> list[str]:
+    def on_acks(self, acks: Iterable[ReplicaAck], now: float | None = None) -> list[str]:
         """Feed the acks of one heartbeat (received at wall-clock ``now``); commits, releases and
         completions follow.  Returns what happened, for the job's event log."""
         events: list[str] = []
         now = time.time() if now is None else now
-        for hid, epoch, replica, kind, digest, entries, attempt, checkpoint, *more in acks:
-            ack = HandoverAck(hid, epoch, tuple(replica), AckKind(kind), attempt, digest)
+        for wired in acks:
+            hid, kind, replica = wired.handover_id, wired.kind, tuple(wired.replica)
+            ack = HandoverAck(hid, wired.epoch, replica, AckKind(kind), wired.attempt, wired.digest)
             if kind in _ACTIONS:  # its checkpoints after this one include what it did
                 acted = self._acted_after.setdefault(hid, {})
-                acted[tuple(replica[:2])] = max(checkpoint, acted.get(tuple(replica[:2]), checkpoint))
-                if more and hid in self.orders:
-                    self._note_times(hid, kind, tuple(replica[:2]), more[0])
+                acted[replica[:2]] = max(wired.checkpoint, acted.get(replica[:2], wired.checkpoint))
+                if wired.times and hid in self.orders:
+                    self._note_times(hid, kind, replica[:2], wired.times)
             rec = self.manager.records.get(hid)
             if ack.kind is AckKind.LOADED and rec is not None and not rec.released:
                 self._deferred.append(ack)
@@ -195,7 +197,7 @@ class HandoverCoordinator:
                     for old in sorted(self._cut_entries)[:-TIMELINES]:  # (kept as long as timelines)
                         del self._cut_entries[old]
                 cuts = self._cut_entries.setdefault(hid, {})
-                cuts[replica[1]] = max(cuts.get(replica[1], 0), entries)
+                cuts[replica[1]] = max(cuts.get(replica[1], 0), wired.entries)
             events += self._advance(hid, now)
         return events
 

@@ -213,20 +213,20 @@ class HandoverSteps:
         master = self.master
         sources = [(t, p, r) for (t, p, r) in self.placement if self.plan.task(t).is_source]
         with master.locked():
-            last = master.pulse_window
+            windows = master.windows
+            last = windows.word
             window, pulsed = (last.window + 1, last.last_pulsed) if last else (1, 0)
-            master.pulse_window = WindowWord(window, True, False, pulsed)
+            windows.word = WindowWord(window, True, False, pulsed)
             master.status_changed()
 
             def live() -> list[ReplicaId]:
                 return [rid for rid in sources if self.placement[rid] not in master.dead]
 
             held = master.wait_for(lambda: master.failure is not None or all(
-                                   master.holding.get(rid, (0, {}))[0] == window for rid in live()), hold_timeout)
+                                   windows.held(rid) == window for rid in live()), hold_timeout)
             if master.failure is not None or not held:
-                master.pulse_window = WindowWord(window, False, False, pulsed)  # no pulse: they stop holding
-                missing = [master.replica_label(t, p, r) for t, p, r in live()
-                           if master.holding.get((t, p, r), (0, {}))[0] != window]
+                windows.word = WindowWord(window, False, False, pulsed)  # no pulse: they stop holding
+                missing = [master.replica_label(t, p, r) for t, p, r in live() if windows.held((t, p, r)) != window]
                 where = "; ".join(f"{name}: {text}" for name in missing
                                   if (text := window_text(master.metrics.get(name, InstanceMetrics()))))
                 raise TimeoutError(f"{what}: source replicas {missing} did not hold their records for window "
@@ -235,7 +235,7 @@ class HandoverSteps:
             floor: dict[str, dict[int, int]] = {}
             for t, p, r in live():
                 topic = self.plan.task(t).head.spec["topic"]
-                for k, position in master.holding[(t, p, r)][1].items():
+                for k, position in windows.holding[(t, p, r)][1].items():
                     floor.setdefault(topic, {})[k] = max(floor.get(topic, {}).get(k, 0), position)
             master.event(f"pulse window {window} open: every source replica holds its records ({what})")
         assert self.pulses is not None
@@ -246,7 +246,7 @@ class HandoverSteps:
         assert self.pulses is not None
         last = self.pulses.close_window(timeout=15.0)
         with self.master.locked():
-            self.master.pulse_window = WindowWord(window, False, True, window)  # they stop at the last pulse
+            self.master.windows.word = WindowWord(window, False, True, window)  # they stop at the last pulse
             self.master.event(f"pulse window {window} closed at pulse {last}" if last is not None else
                               f"pulse window {window}: its last pulse was not written within 15 s; "
                               "the sources hold their records until a generator ends it")

@@ -5,8 +5,9 @@ A worker is declared dead when its executor left the cluster, its process exited
 the driver ended) or it was silent too long (:mod:`replication.control.watch`). Its replicas are
 lost: a writer role passes to the twin, the last replica of a partition is rolled back to its
 safe checkpoint, and a loss that can be neither masked nor rolled back fails the job. An
-upstream may also cut a replica off by itself (it failed or lagged too far): it is replaced in
-the same way. A worker Spark relaunched comes back as a standby.
+upstream may also cut a replica off by itself (it failed or lagged too far; the upstream's worker
+reports it, :class:`CutOffs`): it is replaced in the same way, and stopped where it runs
+(:class:`Drops`). A worker Spark relaunched comes back as a standby.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 from typing import TYPE_CHECKING
 
 from replication.control.liveness import WorkerInfo
-from replication.messages import Instructions, Register, Registered
+from replication.heartbeat_parts import CUT_OFFS, CutOffs, Drops
+from replication.messages import Register, Registered
 from transport.ids import ReplicaId
 
 if TYPE_CHECKING:
@@ -24,10 +26,22 @@ if TYPE_CHECKING:
 
 
 class Losses:
-    """Deaths, cut-offs and relaunches of one job's workers and replicas."""
+    """Deaths, cut-offs and relaunches of one job's workers and replicas; the control-plane
+    service of cut-offs (reported by the upstreams' workers) and the replicas replaced after them."""
+
+    name = CUT_OFFS
 
     def __init__(self, master: JobMaster) -> None:
         self.master = master
+        self.dropped: dict[ReplicaId, int] = {}  # replicas replaced after a cut-off: up to which restore attempt
+
+    def on_report(self, worker: int, part: CutOffs | None) -> None:
+        if part is not None:
+            for replica, (where, why) in part.replicas.items():
+                self.replica_cut_off(replica, where, why)
+
+    def reply(self) -> Drops | None:
+        return Drops(dict(self.dropped)) if self.dropped else None
 
     def counts(self, w: int, info: WorkerInfo) -> bool:
         """Whether losing worker ``w`` now would be a death: the job started, and ``w`` is neither
@@ -92,7 +106,7 @@ class Losses:
             m.restores.start()
         return Registered("standby", "its replicas run elsewhere now" if m.rhino is not None
                           else "state of the lost replicas cannot be restored (no Rhino checkpoints)",
-                          m.addresses(), Instructions(m.command, list(m.dead), m.outputs.view()))
+                          m.addresses(), m.instructions())
 
     def ends_the_job(self, w: int) -> bool:
         """Whether declaring ``w`` dead now would fail the job: it runs the last live replica of a
@@ -157,7 +171,7 @@ class Losses:
             return  # lost already, moved since, its worker known dead, or finished (it has everything)
         name = m.replica_label(*replica)
         m.event(f"{name} on worker {worker} replaced: an upstream cut it off ({why})")
-        m.dropped[replica] = m.restores.attempts.get(replica, 0)
+        self.dropped[replica] = m.restores.attempts.get(replica, 0)
         if m.rhino is not None:
             self._regrouped(m.rhino.replica_lost(replica))
         if not self.lose(replica, f"{name} cut off", time.time()):
@@ -172,38 +186,10 @@ class Losses:
         metrics = m.metrics.get(m.replica_label(*replica))
         return metrics is not None and metrics.pulse > pulse
 
-    def writer_fenced(self, replica: ReplicaId, kind: str, epoch: int) -> None:
-        """The writer of an exactly-once output says a newer producer fenced it at ``epoch``
-        (:meth:`OutputRoles.fenced`)."""
-        m = self.master
-        text = m.outputs.fenced(replica, kind, epoch, m.lost)
-        if text is not None:
-            m.event(text)
-            m.ring_workers()
-
-    def settle_drain(self) -> None:
-        """Where each source partition's replicas end a drain without pulses: once every live
-        replica reported where it stopped, the furthest of them (the others read on to it)."""
-        m = self.master
-        for t in m.plan.tasks:
-            if not t.is_source:
-                continue
-            for p in range(t.parallelism):
-                if (t.id, p) in m.drain_at:
-                    continue
-                live = [(t.id, p, r) for r in range(m.plan.replicas)
-                        if (t.id, p, r) not in m.lost and m.placement[(t.id, p, r)] not in m.dead]
-                if not live or any(rep not in m.drain_positions for rep in live):
-                    continue
-                reported = [m.drain_positions[rep] for rep in live]
-                m.drain_at[(t.id, p)] = {k: max(pos.get(k, -1) for pos in reported)
-                                         for k in sorted({k for pos in reported for k in pos})}
-
     def _replaced(self) -> None:
         """Replicas were lost: settle a drain without them, restore them, tell everyone."""
         m = self.master
-        if m.drain_positions:
-            self.settle_drain()  # a replica that had not reported is gone: the others decide
+        m.drains.settle()  # a replica that had not reported is gone: the others decide
         if m.rhino is not None:
             m.restores.start()
         m.changed()

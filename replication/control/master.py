@@ -18,14 +18,19 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from liverobin.positions import PositionBoard
-from liverobin.windows import WindowWord
 from replication.config import ReplicationConfig
 from replication.control.bells import WorkerBells
+from replication.control.drains import Drains
 from replication.control.handover_coordinator import HandoverCoordinator
+from replication.control.handover_service import HandoverService
 from replication.control.liveness import WorkerInfo
 from replication.control.losses import Losses
-from replication.control.outputs import OutputRoles
+from replication.control.outputs import OutputRoles, OutputService
+from replication.control.pulse_windows import PulseWindows
 from replication.control.restores import Restores
+from replication.control.savepoint_arming import SavepointArming
+from replication.control.services import DriverServices
+from replication.control.state_measurement import StateMeasurement
 from replication.control.status_view import StatusFile
 from replication.durability import DurableCheckpoints
 from replication.messages import (
@@ -45,7 +50,7 @@ from replication.plan import PhysicalPlan, replica_name
 from rhino_state.durable import DurableCut
 from rhino_state.manager import ReplicationManager
 from transport import rpc
-from transport.ids import PartitionId, ReplicaId
+from transport.ids import ReplicaId
 from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
@@ -101,26 +106,23 @@ class JobMaster:
         self.outputs = OutputRoles(plan, self.replicated or cfg.rhino_enabled, self.replica_label)
         self.restores = Restores(self, self.rhino)
         self.losses = Losses(self)
-        self.savepoint: str | None = None  # a drain ending in a savepoint: its directory
-        self.savepoint_armed: set[int] = set()  # workers whose replicas know it
-        self.measure_state: dict[int, int] = {}  # keyed task -> the latest request to measure its state per vnode
         self.security = security or RpcSecurity.generate()
         self.server: rpc.RpcServer | None = None  # the job master's own server, once started
         self.rpc_refused: dict[str, int] = {}  # calls each worker's server refused ("worker N"), as reported
         self.metrics_url: str | None = None  # the Prometheus endpoint, set by the JobHandle that serves it
         self.handovers: HandoverCoordinator | None = None  # created by the first handover request
         self.durable: DurableCheckpoints | None = None  # spark.replication.checkpointDir: set by run()
-        # KaZoo pulse windows (liverobin.windows): the driver's latest word
-        # for the sources, and what each source replica reported holding: (window, {partition: position})
-        self.pulse_window: WindowWord | None = None
-        self.holding: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
         self.source_positions = PositionBoard()  # how far the sources read: where pulses go
         self.drained: set[int] = set()  # workers drained by request: no restored replica goes there
-        # a drain without pulses (unordered, KaZoo): where each source replica stopped reading, and where
-        # every replica of a source partition ends, once all its live replicas reported (the furthest)
-        self.drain_positions: dict[ReplicaId, dict[int, int]] = {}
-        self.drain_at: dict[PartitionId, dict[int, int]] = {}
-        self.dropped: dict[ReplicaId, int] = {}  # replicas replaced after a cut-off: up to which restore attempt
+        # the control-plane services: each takes its part of every heartbeat and gives its word in the reply
+        self.windows = PulseWindows(self)
+        self.drains = Drains(self)
+        self.savepoints = SavepointArming(self)
+        self.measurements = StateMeasurement()
+        self.services = DriverServices([OutputService(self), HandoverService(self), self.windows, self.drains,
+                                        self.losses, self.savepoints, self.measurements])
+        if self.rhino is not None:
+            self.services.add(self.restores)
         self.control_address: str | None = None  # this gRPC server, for the CLI's requests (in the status file)
         self.heartbeat_port = 0  # the workers' heartbeat frames (on the control address's host; in the status file)
         self.mover: Callable[[HandoverRequest], HandoverReport] | None = None  # the JobHandle's, to the CLI
@@ -147,6 +149,10 @@ class JobMaster:
         """Something callers wait for changed (caller holds the lock): wake them, and the status
         file is rewritten at the next round."""
         self.status_changed()
+        self._cond.notify_all()
+
+    def wake(self) -> None:
+        """Something callers wait for changed, nothing the status file shows (caller holds the lock)."""
         self._cond.notify_all()
 
     def ring_workers(self) -> None:
@@ -271,10 +277,8 @@ class JobMaster:
                 self.write_status()  # now, so the kill tooling can find the replicas at once
                 self._cond.notify_all()
             self.workers[w].last_seen = time.monotonic()
-            # the Rhino view too: replicas ship their first checkpoint the moment they start
-            return Registered("ok", "", self.addresses(), Instructions(
-                self.command, list(self.dead), self.outputs.view(),
-                rhino=self.restores.view() if self.rhino is not None else None))
+            # every service's word (the Rhino view too: replicas ship their first checkpoint the moment they start)
+            return Registered("ok", "", self.addresses(), self.instructions())
 
     def heartbeat(self, req: Heartbeat) -> Instructions:
         w, attempt = req.worker, req.attempt
@@ -293,49 +297,19 @@ class JobMaster:
                 self.changed()  # e.g. state_bytes_per_vnode waits for the replicas' measurements
                 if self.restores.catching_up:
                     self.restores.check_caught_up()
-            self.outputs.progress(req.sinks)
-            handovers: list[dict[str, Any]] = []
-            retained = None
-            if self.handovers is not None:
-                news = self.handovers.on_acks(req.handover_acks)
-                for text in news:
-                    self.event(text)
-                if news:  # committed, cancelled or completed: the next phase starts at each worker's reply
-                    self.ring_workers()
-                self.handovers.forget_cancelled(self.losses.replica_passed)
-                handovers = self.handovers.view()
-                if self.handovers.retain:
-                    retained = self.handovers.retained()
-                self._cond.notify_all()
-            if req.holding:  # KaZoo sources holding their records for a pulse window
-                self.holding.update(req.holding)
-                self._cond.notify_all()
-            if req.drain_positions:
-                self.drain_positions.update(req.drain_positions)
-                self.losses.settle_drain()
-            for replica, (worker, why) in req.cut_offs.items():
-                self.losses.replica_cut_off(replica, worker, why)
-            for (t, p, r, kind), epoch in req.fenced.items():
-                self.losses.writer_fenced((t, p, r), kind, epoch)
-            if self.savepoint is not None and req.savepoint_armed == self.savepoint and w not in self.savepoint_armed:
-                self.savepoint_armed.add(w)
-                self._cond.notify_all()
-            rhino = None
-            if self.rhino is not None:
-                self.restores.reports(req.checkpoints or {})
-                rhino = self.restores.view()
-            command = self.command
+            self.services.take_reports(w, req.parts)
             if req.errors:
                 self.fail("; ".join(req.errors))
-                command = "stop"
-            view = Instructions(
-                command, list(self.dead), self.outputs.view(),
-                [w for w, r in self.reports.items() if r.status == "finished"], handovers, retained,
-                None if self.pulse_window is None else tuple(self.pulse_window), dict(self.measure_state),
-                self.savepoint, rhino, dict(self.drain_at),
-                dict(self.dropped))
+            view = self.instructions()
             self.bells.replied(req, view)
             return view
+
+    def instructions(self) -> Instructions:
+        """What every worker is told now: the command, dead and finished workers, and each
+        service's word (caller holds the lock)."""
+        return Instructions(self.command, list(self.dead),
+                            [w for w, r in self.reports.items() if r.status == "finished"],
+                            self.services.replies())
 
     def report_positions(self, req: SourcePositions) -> None:
         """A worker's stream of its sources' positions (an RPC handler; no lock of the master)."""

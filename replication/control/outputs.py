@@ -11,12 +11,14 @@ fences the old one and scans the output for what it committed.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING
 
+from replication.heartbeat_parts import OUTPUTS, OutputKey, OutputProgress, WriterRoles
 from replication.plan import PhysicalPlan
 from transport.ids import ReplicaId
 
-OutputKey = tuple[int, int, str]
-"""(task, partition, kind): kind "out" for a sink partition, "dlq" for a partition's dead letters."""
+if TYPE_CHECKING:
+    from replication.control.master import JobMaster
 
 
 class OutputRoles:
@@ -89,3 +91,28 @@ class OutputRoles:
     def view(self) -> dict[OutputKey, tuple[int, int, int, int]]:
         """The roles as the workers get them in their instructions."""
         return {key: tuple(role) for key, role in self.roles.items()}  # type: ignore[misc]
+
+
+class OutputService:
+    """The writer roles as the driver's control-plane service: the writers' progress and fenced
+    writers in, the roles out."""
+
+    name = OUTPUTS
+
+    def __init__(self, master: JobMaster) -> None:
+        self.master = master
+
+    def on_report(self, worker: int, part: OutputProgress | None) -> None:
+        if part is None:
+            return
+        m = self.master
+        m.outputs.progress(part.committed)
+        for (t, p, r, kind), epoch in part.fenced.items():
+            text = m.outputs.fenced((t, p, r), kind, epoch, m.lost)
+            if text is not None:
+                m.event(text)
+                m.ring_workers()
+
+    def reply(self) -> WriterRoles | None:
+        roles = self.master.outputs.view()
+        return WriterRoles(roles) if roles else None

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from replication.heartbeat_parts import CHECKPOINTS, CheckpointReport, CheckpointView
 from replication.messages import Ack, CopyCheckpoint, Restored, RestoreReplica
 from replication.plan import PhysicalPlan
 from rhino_state.durable import DurableCut
@@ -65,7 +66,10 @@ class CheckpointDigests:
 
 class Restores:
     """Restores and checkpoint copies of a job with Rhino checkpoints (``rhino`` None: only the
-    figures, empty)."""
+    figures, empty); with Rhino, the control-plane service of checkpoints (the workers' reports
+    in, the Rhino view out)."""
+
+    name = CHECKPOINTS
 
     def __init__(self, master: JobMaster, rhino: ReplicationManager | None) -> None:
         self.master = master
@@ -97,28 +101,30 @@ class Restores:
             self.rhino.checkpoint_completed(inst, part.checkpoint_id, part.positions, part.digest, now=time.time(),
                                             holders=(), outputs=part.outputs, durable_file=part.file)
 
-    def reports(self, report: dict) -> None:
+    def on_report(self, worker: int, part: CheckpointReport | None) -> None:
         """Digests of the checkpoints a worker's replicas took (the two replicas of a partition must
-        agree) and the checkpoints its shippers saw completed."""
+        agree), the checkpoints its shippers saw completed and those it uploaded; on every beat, the
+        durable store considers writing a consistent cut."""
         assert self.rhino is not None
-        for t, p, r, cid, digest in report.get("taken", ()):
+        report = part if part is not None else CheckpointReport()
+        for t, p, r, cid, digest in report.taken:
             self.rhino.checkpoint_taken((t, p, r), cid)
             original = self.rhino.checkpoint((t, p), cid)
             text = self.digests.taken((t, p, r), cid, digest, original.digest if original is not None else "")
             if text is not None:
                 self.master.event(text)
         workers_at = {info.address: w for w, info in self.master.workers.items()}
-        if report.get("completed"):
+        if report.completed:
             self.master.status_changed()  # the status view shows each partition's last checkpoint
-        for t, p, cid, positions, digest, chain, outputs in report.get("completed", ()):
+        for t, p, cid, positions, digest, chain, outputs in report.completed:
             holders = [workers_at[a] for a in chain if a in workers_at]
             self.rhino.checkpoint_completed((t, p), cid, positions, digest, now=time.time(), holders=holders,
                                             outputs=outputs)
-        if report.get("completed") and self.master.handovers is not None and self.master.handovers.history:
+        if report.completed and self.master.handovers is not None and self.master.handovers.history:
             rhino = self.rhino
             self.master.handovers.prune(lambda inst: cp.checkpoint_id if (cp := rhino.restore_point(inst)) else None)
         if self.master.durable is not None:
-            self.master.durable.uploaded(report.get("durable", ()))
+            self.master.durable.uploaded(report.durable)
             self.master.durable.consider(self.rhino.safe, self.rhino.instances(), self.master.outputs.roles)
 
     def start(self) -> None:
@@ -286,8 +292,9 @@ class Restores:
                 again = "two live replicas again" if self.master.replicated else "its partition runs again"
                 self.master.event(f"{rec['replica']} caught up: {again}, {rec['recovery_s']:.2f}s after the failure")
 
-    def view(self) -> dict:
-        """What workers need: groups (addresses, chain order), completed checkpoints, shippers."""
+    def reply(self) -> CheckpointView:
+        """What workers need: groups (addresses, chain order), completed checkpoints, where backups
+        may be trimmed to, what members keep, shippers, and where restored replicas run."""
         assert self.rhino is not None
         addresses = {w: i.address for w, i in self.master.workers.items()}
         groups = {inst: [addresses[w] for w in g if w in addresses] for inst, g in self.rhino.groups.items()}
@@ -299,6 +306,5 @@ class Restores:
         for (t, p, r), w in sorted(self.master.placement.items()):
             if w not in self.master.dead and (t, p, r) not in self.master.lost and (t, p) not in shippers:
                 shippers[(t, p)] = r
-        return {"groups": groups, "completed": completed, "trim": trim, "retain": retain, "shippers": shippers,
-                "moves": dict(self.moves)}
+        return CheckpointView(groups, completed, trim, retain, shippers, dict(self.moves))
 

@@ -106,6 +106,6 @@ def job_status(master: JobMaster, state: str) -> dict[str, Any]:
              "what": (f"operator {o.operator} version {o.version}" if isinstance(o, CodeOrder) else
                       f"{len(o.moves)} vnode(s) from {sorted(o.origins)} to {sorted(o.targets)}")}
             for o in m.handovers.orders.values()],
-        "pulse_window": m.pulse_window, "drained": sorted(m.drained),
+        "pulse_window": m.windows.word, "drained": sorted(m.drained),
         "rpc_refused": m.refused_calls(),
     }

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from replication.heartbeat_parts import CHECKPOINTS, CheckpointReport, CheckpointView
 from rhino_state.durable import DurableStore, UploadedIncrement
 from rhino_state.fetch import CheckpointExporter, fetch_checkpoint
 from rhino_state.increments import IncrementMeta
@@ -51,8 +52,12 @@ from transport.ids import PartitionId
 log = logging.getLogger(__name__)
 
 
-
 class WorkerCheckpoints:
+    """A worker's Rhino checkpoints (see the module docstring); its control-plane service reports
+    what was taken, completed and uploaded, and applies the driver's Rhino view."""
+
+    name = CHECKPOINTS
+
     def __init__(self, worker: Any, root: Path, durable: DurableStore | None = None) -> None:
         self.worker = worker
         self.root = root
@@ -178,40 +183,42 @@ class WorkerCheckpoints:
         with self._lock:
             self._full_next.add(key)
 
-    def report(self) -> dict[str, list]:
+    def report(self) -> CheckpointReport | None:
         """Checkpoints taken, completed and uploaded since the last report (for the driver's heartbeat)."""
         with self._lock:
             taken, self._taken = self._taken, []
             completed, self._completed = self._completed, []
             uploaded, self._uploaded = self._uploaded, []
-        return {"taken": taken, "completed": completed, "durable": uploaded}
+        return CheckpointReport(taken, completed, uploaded) if taken or completed or uploaded else None
 
-    def unreport(self, report: dict[str, list]) -> None:
-        """A report the driver did not get (its heartbeat failed): it goes with the next one, first."""
-        with self._lock:
-            self._taken[:0] = report.get("taken", ())
-            self._completed[:0] = report.get("completed", ())
-            self._uploaded[:0] = report.get("durable", ())
+    def settle(self, part: CheckpointReport, delivered: bool) -> None:
+        """A report the driver did not get (its heartbeat failed) goes with the next one, first."""
+        if not delivered:
+            with self._lock:
+                self._taken[:0] = part.taken
+                self._completed[:0] = part.completed
+                self._uploaded[:0] = part.durable
 
     # -- the driver's view ---------------------------------------------------------------------
-    def apply_view(self, view: Mapping[str, Any]) -> None:
-        """Groups, shippers, completed checkpoints, where upstream backups may be trimmed to and
-        which snapshots members keep, from the driver (each heartbeat)."""
-        self._group_view = dict(view.get("groups", {}))
-        completed: Mapping[PartitionId, int] = view.get("completed", {})
-        trim: Mapping[PartitionId, Mapping[int, int]] = view.get("trim", {})
+    def apply(self, view: CheckpointView) -> None:
+        """The driver's Rhino view (each heartbeat): where restored replicas run now (the channels
+        replay to them), groups, shippers, completed checkpoints, where upstream backups may be
+        trimmed to and which snapshots members keep."""
+        self.worker.routes.apply_moves(view.moves, self.worker.hosted())
+        self._group_view = dict(view.groups)
+        completed = view.completed
         for key, inst in list(self.worker.instances.items()):
-            if view.get("shippers", {}).get(key) == inst.replica:
-                self._ship(key, view["groups"].get(key, []), completed.get(key))
+            if view.shippers.get(key) == inst.replica:
+                self._ship(key, view.groups.get(key, []), completed.get(key))
             elif key in self._groups:  # its twin ships again (e.g. restored): stop, or both would
                 with self._lock:
                     del self._groups[key]
                 self.shipper.remove_instance(key)
             for ch in inst.outputs:
-                cut = trim.get((ch.spec.dst_task, ch.spec.dst_partition))
+                cut = view.trim.get((ch.spec.dst_task, ch.spec.dst_partition))
                 if cut is not None and ch.spec.id in cut:
                     ch.release(cut[ch.spec.id])
-        for key, from_id in view.get("retain", {}).items():
+        for key, from_id in view.retain.items():
             if self.store.last_applied(key) is not None:
                 self.store.retain(key, from_id)
         for key, cid in completed.items():

@@ -4,8 +4,9 @@ A heartbeat thread sends one :class:`~replication.messages.Heartbeat` every inte
 the driver rings or a replica has news, such as a handover's ack; every :data:`QUIET_BEAT_SHARE` of
 ``failureTimeout`` while quiet: its last beat reported nothing new, its hosted replicas handled no
 record since the one before, and the driver's reply was the same as before), whatever the worker's main
-loop is busy with: the replicas' sink progress, errors, checkpoint reports, handover acks, drain
-positions, the replicas its channels cut off, and metrics every metrics interval.  Each reply
+loop is busy with: errors, metrics every metrics interval, and the reports of the worker's
+control-plane services (:mod:`.services`: sink progress, checkpoints, handover acks, drain
+positions, cut-offs, ...).  Each reply
 goes to a :class:`Mailbox` the main loop takes it from (a reply carries the driver's whole view,
 so a newer one replaces one not applied yet).  The hosted sources' read positions go to the
 driver's heartbeat generators on a stream of their own, opened again whenever it ends.
@@ -30,7 +31,7 @@ from liverobin.positions import PositionOutbox
 from replication.messages import Heartbeat, Instructions, SourcePositions, quiet_after
 from transport import rpc, wire
 from transport.frames import FrameCallFailed, FramePeer, TransportFailure
-from transport.ids import PartitionId, ReplicaId
+from transport.ids import PartitionId
 from transport.security import RpcSecurity
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,7 @@ class DriverLink:
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.index, self.attempt, self.cfg = worker.index, worker.attempt, worker.cfg
-        self._lock = threading.Lock()
         self._ring = threading.Event()  # the driver rang, or a replica has news for it
-        self._unsent_acks: list[tuple] = []  # handover acks of the hosted replicas, for the next heartbeat
-        self._cut_offs: dict[ReplicaId, tuple[int, str]] = {}  # replicas the channels cut off
         self._restored_at: dict[PartitionId, float] = {}  # replicas restored here: when (monotonic)
         # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin; KaZoo windows)
         self._positions = PositionOutbox(self.cfg.pulse_period_ms / 1000) \
@@ -132,11 +130,6 @@ class DriverLink:
         if self._positions is not None:
             self._positions.report(topic, partition, start, position)
 
-    def cut_off(self, replica: ReplicaId, worker: int, why: str) -> None:
-        """A channel cut ``replica`` off by itself: the driver hears of it with the next heartbeat."""
-        with self._lock:
-            self._cut_offs[replica] = (worker, why)
-
     def restored(self, inst: PartitionId) -> None:
         """A replica was restored here: its metrics go with every heartbeat for a while."""
         self._restored_at[inst] = time.monotonic()
@@ -164,38 +157,16 @@ class DriverLink:
                   if self._restored_at.get(key, since) > since]
         return {inst.name: inst.metrics for inst in recent} or None
 
-    def sink_progress(self) -> dict[tuple[int, int, str], tuple[int, int]]:
-        """What each exactly-once output (sink, dead letters) of the hosted replicas committed."""
-        return {(t, p, w.kind): w.committed for (t, p), inst in list(self.worker.instances.items())
-                for w in inst.writers}
-
-    def _fenced_writers(self) -> dict[tuple[int, int, int, str], int]:
-        """The exactly-once outputs of the hosted replicas whose writer was fenced: the epoch."""
-        return {(t, p, inst.replica, w.kind): w.fenced_at for (t, p), inst in list(self.worker.instances.items())
-                for w in inst.writers if w.fenced_at >= 0}
-
     def heartbeat(self, with_metrics: bool) -> Instructions | None:
         """One heartbeat; the driver's reply, or None if it could not be reached."""
         assert self.beats is not None, "connect() first"
         hosted = self.worker.hosted()
-        for inst in hosted:
-            self._unsent_acks += inst.take_handover_acks()
-        sources = [inst for inst in hosted if inst.task.is_source]
-        with self._lock:
-            cut_offs = dict(self._cut_offs)
-        holding = {(inst.task.id, inst.partition, inst.replica): inst.holding for inst in sources
-                   if inst.holding is not None}
-        drain_positions = {(inst.task.id, inst.partition, inst.replica): inst.drain_position for inst in sources
-                           if inst.drain_position is not None and inst.drain_at is None}
-        checkpoints, server = self.worker.checkpoints, self.worker.server
+        services, server = self.worker.services, self.worker.server
+        parts = services.reports()
         req = Heartbeat(
-            self.index, self.attempt, sinks=self.sink_progress(),
-            errors=[inst.error for inst in hosted if inst.error],
-            checkpoints=checkpoints.report() if checkpoints is not None else None,
-            metrics=self.metrics() if with_metrics else self._catching_up_metrics(), holding=holding,
-            handover_acks=list(self._unsent_acks), savepoint_armed=self.worker.savepoint_dir,
-            drain_positions=drain_positions, cut_offs=cut_offs, fenced=self._fenced_writers(),
-            rpc_refused=server.refused if server is not None else 0)
+            self.index, self.attempt, errors=[inst.error for inst in hosted if inst.error],
+            metrics=self.metrics() if with_metrics else self._catching_up_metrics(),
+            rpc_refused=server.refused if server is not None else 0, parts=parts)
         report = (replace(req, metrics=None), self._records_handled(hosted))
         req = replace(req, unchanged=report == self._last_report)
         self._last_report = report
@@ -204,14 +175,10 @@ class DriverLink:
             reply = self.beats.beat(req, HEARTBEAT_TIMEOUT_S)
         except (TransportFailure, FrameCallFailed) as err:
             log.warning("heartbeat failed: %s", err)
-            if req.checkpoints and checkpoints is not None:
-                checkpoints.unreport(req.checkpoints)  # the driver would never hear of them
+            services.settle(parts, delivered=False)  # what the driver would never hear of goes with the next
             self._last_reply = None
             return None
-        self._unsent_acks = []
-        with self._lock:
-            for replica in req.cut_offs:
-                self._cut_offs.pop(replica, None)
+        services.settle(parts, delivered=True)
         self.quiet = quiet_after(req, reply, self._last_reply)
         self._last_reply = reply
         return reply

@@ -19,6 +19,7 @@ from typing import Any
 
 from replication import savepoint
 from replication.handover_orders import CodeOrder, HandoverOrder
+from replication.heartbeat_parts import ReplicaAck
 from replication.metrics import InstanceMetrics
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
 from replication.runtime.chain import build_chain, chain_operators
@@ -79,7 +80,7 @@ class PartitionInstance:
         self.attempt = 0  # a restored replica: its incarnation (its handover acks carry it)
         self.measure_request = 0  # the driver's latest request to measure the state per vnode
         self.savepoint_dir: str | None = None  # set by the worker: a drain that ends in a savepoint
-        self._handover_acks: list[tuple] = []
+        self._handover_acks: list[ReplicaAck] = []
         self._acked: set[tuple[int, str]] = set()
         self._ack_lock = threading.Lock()
         self.metrics = InstanceMetrics()
@@ -153,12 +154,12 @@ class PartitionInstance:
             if (handover_id, kind) in self._acked:
                 return
             self._acked.add((handover_id, kind))
-            self._handover_acks.append((handover_id, epoch, (self.task.id, self.partition, self.replica), kind,
-                                        digest, entries, self.attempt, self.metrics.checkpoint_id,
-                                        {"at": time.time(), **(times or {})}))
+            self._handover_acks.append(ReplicaAck(
+                handover_id, epoch, (self.task.id, self.partition, self.replica), kind, digest, entries,
+                self.attempt, self.metrics.checkpoint_id, {"at": time.time(), **(times or {})}))
         self.worker.link.ring()  # the next step of the handover waits for this ack
 
-    def take_handover_acks(self) -> list[tuple]:
+    def take_handover_acks(self) -> list[ReplicaAck]:
         with self._ack_lock:
             acks, self._handover_acks = self._handover_acks, []
         return acks

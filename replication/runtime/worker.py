@@ -39,6 +39,7 @@ from confluent_kafka import Producer
 
 from replication.config import ReplicationConfig
 from replication.handover_orders import order_from_wire
+from replication.heartbeat_parts import SAVEPOINT
 from replication.messages import (
     Ack,
     Attach,
@@ -55,15 +56,22 @@ from replication.messages import (
 from replication.plan import PhysicalPlan
 from replication.runtime.checkpoints import WorkerCheckpoints
 from replication.runtime.cut_exchange import CutExchange
+from replication.runtime.cut_offs import CutOffReports
 from replication.runtime.deadletter import DeadLetterWriter
 from replication.runtime.driver_link import DriverLink
 from replication.runtime.executor_watch import ExecutorWatch
 from replication.runtime.feeds import WorkerFeeds
+from replication.runtime.handover_service import HandoverParticipation
 from replication.runtime.instance import PartitionInstance
+from replication.runtime.output_writers import OutputWriters, give_roles
 from replication.runtime.processing import ProcessingInstance
 from replication.runtime.routes import Routes
+from replication.runtime.savepoint_target import SavepointTarget
 from replication.runtime.senders import PUSH_METHOD, receive_pushes
+from replication.runtime.services import WorkerServices
 from replication.runtime.source import SourceInstance
+from replication.runtime.source_stops import DrainStops, WindowHolds
+from replication.runtime.state_measurement import StateMeasurer
 from replication.spark_cluster import (
     current_executor_id,
     current_executor_jvm_pid,
@@ -135,7 +143,6 @@ class Worker:
         self.stopping = threading.Event()
         self.producer: Producer | None = None
         self.dead_letters: DeadLetterWriter | None = None
-        self.savepoint_dir: str | None = None  # the directory a drain writes its savepoint to
         if boot.security is None:
             raise ValueError("a worker needs the run's RPC security (WorkerBootstrap.security)")
         self.security: RpcSecurity = boot.security
@@ -144,10 +151,22 @@ class Worker:
         self.checkpoints = WorkerCheckpoints(self, self.state_root / "rhino", durable) if self.cfg.rhino_enabled \
             else None
         self.link = DriverLink(self)
+        self._start_services()
         self.routes = Routes(index, self.cfg, self.plan, boot.placement, self.peer, self._deliver_local,
-                             self.link.cut_off, self.stopping)
+                             self.cut_offs.cut_off, self.stopping)
         self.feeds = WorkerFeeds(boot, index, attempt)
         self.cuts = CutExchange(self)
+
+    def _start_services(self) -> None:
+        """The control-plane services: each reports its part of every heartbeat and applies its
+        part of the driver's reply (:mod:`.services`)."""
+        self.cut_offs = CutOffReports(self)
+        self.outputs = OutputWriters(self)
+        self.savepoint = SavepointTarget(self)
+        self.services = WorkerServices([self.cut_offs, self.outputs, HandoverParticipation(self), self.savepoint,
+                                        StateMeasurer(self), WindowHolds(self), DrainStops(self)])
+        if self.checkpoints is not None:
+            self.services.add(self.checkpoints)
 
     def _report(self, status: str, **extra: Any) -> dict[str, Any]:
         return {"worker": self.index, "attempt": self.attempt, "status": status, **extra}
@@ -261,9 +280,9 @@ class Worker:
         loaded = time.monotonic()
         runtime = inst.restore_from(meta, target)
         inst.build(self.routes.outputs(inst, req.placement, runtime["outputs"], lost=req.lost))
-        self._apply_roles(req.sinks, inst)
+        give_roles(req.sinks, inst)
         inst.attempt = req.attempt
-        inst.savepoint_dir = self.savepoint_dir
+        inst.savepoint_dir = self.savepoint.directory
         inst.rearm([order_from_wire(o) for o in req.handovers], runtime["pulse"])
         self.routes.restored_here((task_id, part, replica), req.placement)
         self.instances[(task_id, part)] = inst
@@ -295,75 +314,12 @@ class Worker:
         if not self._ready.wait(self.cfg.start_timeout_ms / 1000):
             raise RuntimeError(f"worker {self.index} not ready")
 
-    # -- handovers: instructions from the job master, the cut state between replicas ------------
-    def _apply_handovers(self, orders: list[dict]) -> None:
-        for wired in orders:
-            order = order_from_wire(wired)
-            for inst in self.hosted():
-                inst.apply_handover(order)
-
-    def _drop(self, drop: dict[ReplicaId, int]) -> None:
-        """Stop the replicas the driver replaces (an upstream cut them off: they failed or lagged),
-        unless this one is a later incarnation (restored after that decision)."""
-        for (t, p, r), attempt in drop.items():
-            inst = self.instances.get((t, p))
-            if inst is None or inst.replica != r or inst.attempt > attempt:
-                continue
-            log.warning("%s: stopped, the driver replaces it (an upstream cut it off)", inst.name)
-            del self.instances[(t, p)]
-            inst.request_stop()
-
+    # -- the driver's word ---------------------------------------------------------------------
     def _apply(self, reply: Instructions) -> None:
-        """Dead workers and sink roles from the job master."""
-        if reply.drop:
-            self._drop(reply.drop)
+        """Dead and finished workers, then each control-plane service's part of the reply."""
         self.routes.workers_dead(set(reply.dead))
         self.routes.workers_finished(set(reply.finished))
-        for inst in self.hosted():
-            self._apply_roles(reply.sinks, inst)
-        if reply.handovers:
-            self._apply_handovers(reply.handovers)
-        self._learn_savepoint(reply)
-        for task, request in reply.measure_state.items():
-            for inst in self.hosted():
-                if inst.task.id == task and request > inst.measure_request:
-                    inst.measure_request = request
-                    inst.wake()
-        if reply.retained_handovers is not None:  # Rhino: the cuts origins keep for restored targets
-            retained = set(reply.retained_handovers)
-            for inst in self.hosted():
-                if inst.handovers is not None:
-                    inst.handovers.forget_kept(retained)
-        for inst in self.hosted():
-            if isinstance(inst, SourceInstance):
-                if reply.pulse_window and tuple(reply.pulse_window) != inst.pending_window:
-                    inst.pending_window = tuple(reply.pulse_window)
-                    inst.wake()
-                if inst.drain_at is None and (inst.task.id, inst.partition) in reply.drain_at:
-                    inst.drain_at = reply.drain_at[(inst.task.id, inst.partition)]
-                    inst.wake()
-        if self.checkpoints is not None and reply.rhino is not None:
-            self.routes.apply_moves(reply.rhino.get("moves", {}), self.hosted())
-            self.checkpoints.apply_view(reply.rhino)
-
-    def _learn_savepoint(self, reply: Instructions) -> None:
-        """A drain that ends in a savepoint: where its replicas write their parts (the heartbeats
-        then confirm it to the driver, which waits for every worker, a standby's too)."""
-        if reply.savepoint and self.savepoint_dir is None:
-            self.savepoint_dir = reply.savepoint
-            for inst in self.hosted():
-                inst.savepoint_dir = self.savepoint_dir
-
-    @staticmethod
-    def _apply_roles(roles: dict, inst: PartitionInstance) -> None:
-        """The writer roles of ``inst``'s exactly-once outputs (sinks, dead letters), by kind; the
-        instance is woken only when they changed (every heartbeat reply repeats them)."""
-        mine = {w.kind: roles[key] for w in inst.writers
-                if (key := (inst.task.id, inst.partition, w.kind)) in roles}
-        if mine and mine != inst.roles_given:
-            inst.roles_given = mine
-            inst.pending_control = mine
-            inst.wake()
+        self.services.apply(reply.parts)
 
     # -- running --------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -456,7 +412,7 @@ class Worker:
             try:  # (before the server stops: upstreams still sending here learn that this worker finished)
                 master.call("Finished", WorkerFinished(
                     self.index, self.attempt, report["status"], report.get("reason", ""), report.get("errors", []),
-                    self.link.metrics(), self.link.sink_progress()), Ack, timeout=5)
+                    self.link.metrics(), self.outputs.committed()), Ack, timeout=5)
             except grpc.RpcError as err:
                 log.warning("could not report the end to the driver: %s", err)
             server.stop(grace=1.0)
@@ -523,8 +479,8 @@ class Worker:
         """A standby holds its slot until the job ends."""
         while True:
             reply = self.link.heartbeat(with_metrics=False)
-            if reply is not None:
-                self._learn_savepoint(reply)
+            if reply is not None and SAVEPOINT in reply.parts:
+                self.savepoint.apply(reply.parts[SAVEPOINT])
             if reply is not None and reply.command in ("drain", "stop", "evicted"):
                 return self._report("standby")
             time.sleep(self.cfg.heartbeat_interval_ms / 1000)

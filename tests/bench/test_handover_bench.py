@@ -18,6 +18,7 @@ sys.path.insert(0, str(REPO))
 from bench import handover as hb  # noqa: E402
 from replication.control.handover_coordinator import HandoverCoordinator, step_phases  # noqa: E402
 from replication.functions import ProcessContext, RuntimeContext  # noqa: E402
+from replication.heartbeat_parts import ReplicaAck  # noqa: E402
 from replication.plan import plan_job  # noqa: E402
 from rhino_state import RocksDBStateBackend, VnodeMove, cut_key_groups  # noqa: E402
 from rhino_state.state import StateContext  # noqa: E402
@@ -184,7 +185,7 @@ def _coordinator_step() -> dict:
     coord = HandoverCoordinator(plan)
 
     def feed(order, kind, instances, now, entries=0, times=None):
-        acks = [(order.handover_id, order.epoch, (t, p, r), kind, "d", entries, 0, -1, *([times] if times else []))
+        acks = [ReplicaAck(order.handover_id, order.epoch, (t, p, r), kind, "d", entries, 0, -1, *([times] if times else []))
                 for t, p in instances for r in (0, 1)]
         coord.on_acks(acks, now=now)
 

@@ -25,6 +25,7 @@ from replication.handover_orders import (
     parse_strategy,
     parse_vnodes,
 )
+from replication.heartbeat_parts import ReplicaAck
 from replication.plan import plan_job
 from replication.runtime.elements import DATA, WATERMARK
 from replication.runtime.handover_cuts import TargetCut, chunk_entries, vnode_bytes
@@ -242,8 +243,8 @@ def _plan(max_parallelism: int | None = None):
     return plan
 
 
-def _acks(order: HandoverOrder, kind: str, instances, **kw) -> list[tuple]:
-    return [(order.handover_id, order.epoch, (t, p, r), kind, kw.get("digest", ""), kw.get("entries", 0),
+def _acks(order: HandoverOrder, kind: str, instances, **kw) -> list[ReplicaAck]:
+    return [ReplicaAck(order.handover_id, order.epoch, (t, p, r), kind, kw.get("digest", ""), kw.get("entries", 0),
              kw.get("attempt", 0), kw.get("checkpoint", -1))
             for t, p in instances for r in (0, 1)]
 
@@ -395,7 +396,7 @@ def _running_instance(tmp_path, partition: int, send=None) -> tuple[ProcessingIn
     worker.link = SimpleNamespace(ring=lambda: worker.beats.append(1))
     inst = ProcessingInstance(worker, chain, partition, 0, plan)
     inst.apply_handover(order)
-    assert [a[3] for a in inst.take_handover_acks()] == ["armed"] and len(worker.beats) == 1
+    assert [a.kind for a in inst.take_handover_acks()] == ["armed"] and len(worker.beats) == 1
     return inst, order
 
 
@@ -412,8 +413,8 @@ def test_an_origin_acks_its_cut_with_the_entries_when_the_order_comes_again_duri
         backend.put(kg, rest, value)
     assert inst._handovers_at_pulse(order.switch_at + 1)
     (ack,) = inst.take_handover_acks()
-    assert ack[3] == "cut" and ack[5] == len(moved), ack
-    assert ack[4] == cut_digest(moved) and ack[8]["bytes"] == entry_bytes(moved)
+    assert ack.kind == "cut" and ack.entries == len(moved), ack
+    assert ack.digest == cut_digest(moved) and ack.times["bytes"] == entry_bytes(moved)
     assert len(inst.worker.beats) == 2  # the driver hears of the cut now, not at the next interval
 
 
@@ -429,7 +430,7 @@ def test_a_target_acks_its_load_with_the_entries_when_the_order_comes_again_mean
     inst.handovers.release = release_then_heartbeat
     assert inst._handovers_at_pulse(order.release_at)
     (ack,) = inst.take_handover_acks()
-    assert ack[3] == "loaded" and ack[5] == 1 and "release" in ack[8], ack
+    assert ack.kind == "loaded" and ack.entries == 1 and "release" in ack.times, ack
     assert inst.state_backend().get(_kg(0), b"a") == b"1"
 
 
@@ -451,10 +452,10 @@ def test_a_step_completes_once_a_target_restored_past_the_release_reports_it_loa
     coord, chain_id, order = _move_cut()
     coord.replica_lost((chain_id, 1, 1))  # a target replica dies before its LOADED...
     coord.replica_restored((chain_id, 1, 1), 1)  # ...and comes back from a checkpoint past the release
-    coord.on_acks([(order.handover_id, order.epoch, (chain_id, 1, 0), "loaded", "", 5, 0, 0)])
+    coord.on_acks([ReplicaAck(order.handover_id, order.epoch, (chain_id, 1, 0), "loaded", "", 5, 0, 0)])
     assert coord.state(order.handover_id).value != "completed"  # waits for the restored incarnation
     acks = arm_acks(order, {"target": "done"}, restored=True)
-    coord.on_acks([(order.handover_id, order.epoch, (chain_id, 1, 1), kind, "", 0, 1, 120) for kind in acks])
+    coord.on_acks([ReplicaAck(order.handover_id, order.epoch, (chain_id, 1, 1), kind, "", 0, 1, 120) for kind in acks])
     assert coord.state(order.handover_id).value == "completed"
 
 
@@ -462,7 +463,7 @@ def test_a_committed_step_that_only_a_lost_replica_held_back_completes_and_leave
     """The manager rolls a committed step forward without a lost replica; the coordinator must see
     it complete then, or the order stays listed as rolling forward (its pulses kept on) for good."""
     coord, chain_id, order = _move_cut()
-    coord.on_acks([(order.handover_id, order.epoch, (chain_id, 1, 0), "loaded", "", 5, 0, 0)])
+    coord.on_acks([ReplicaAck(order.handover_id, order.epoch, (chain_id, 1, 0), "loaded", "", 5, 0, 0)])
     assert coord.rolling_forward() == [order.handover_id]  # the other target replica has not loaded
     events = coord.replica_lost((chain_id, 1, 1))
     assert coord.state(order.handover_id).value == "completed" and any("completed" in e for e in events)
@@ -515,9 +516,9 @@ def test_the_coordinator_runs_an_operator_replacement_to_completion():
     order = coord.start_replace(chain.id, "chain", b"fn", switch_at=50)
     assert order.version == 1 and coord.view()[0]["kind"] == "code"
     replicas = [(chain.id, p) for p in range(chain.parallelism)]
-    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "armed", "", 0, 0, -1) for t, p in replicas for r in (0, 1)])
+    events = coord.on_acks([ReplicaAck(order.handover_id, 1, (t, p, r), "armed", "", 0, 0, -1) for t, p in replicas for r in (0, 1)])
     assert any("committed" in e for e in events) and coord.view()[0]["committed"]
-    events = coord.on_acks([(order.handover_id, 1, (t, p, r), "switched", "", 0, 0, -1) for t, p in replicas
+    events = coord.on_acks([ReplicaAck(order.handover_id, 1, (t, p, r), "switched", "", 0, 0, -1) for t, p in replicas
                             for r in (0, 1)])
     assert any("replaced by version 1" in e for e in events) and coord.view() == []
     assert coord.start_replace(chain.id, "chain", b"fn2", switch_at=80).version == 2
@@ -603,9 +604,9 @@ def test_the_coordinator_retains_completed_orders_for_restored_replicas_until_re
     orders = coord.replica_restored(target, 1)
     assert [order_from_wire(o) for o in orders] == [replace(order, committed=True)]
     assert coord.retained() == [order.handover_id]
-    assert coord.on_acks([(order.handover_id, order.epoch, target, "loaded", "", 3, 0, -1)]) == []  # stale: attempt 0
-    events = coord.on_acks([(order.handover_id, order.epoch, (chain.id, 1, 1), "loaded", "", 3, 0, 100),
-                            (order.handover_id, order.epoch, target, "loaded", "", 3, 1, 80)])
+    assert coord.on_acks([ReplicaAck(order.handover_id, order.epoch, target, "loaded", "", 3, 0, -1)]) == []  # stale: attempt 0
+    events = coord.on_acks([ReplicaAck(order.handover_id, order.epoch, (chain.id, 1, 1), "loaded", "", 3, 0, 100),
+                            ReplicaAck(order.handover_id, order.epoch, target, "loaded", "", 3, 1, 80)])
     assert any("completed" in e for e in events) and coord.view() == []
     assert not coord.manager.violations
     assert list(coord.history) == [order.handover_id] and coord.retained() == [order.handover_id]
@@ -694,7 +695,7 @@ def test_a_completed_replacement_is_retained_for_restored_replicas_until_past_it
     order = coord.start_replace(chain.id, "chain", b"fn", switch_at=50)
     replicas = [(chain.id, p) for p in range(chain.parallelism)]
     for kind in ("armed", "switched"):
-        coord.on_acks([(order.handover_id, 1, (t, p, r), kind, "", 0, 0, 49) for t, p in replicas for r in (0, 1)])
+        coord.on_acks([ReplicaAck(order.handover_id, 1, (t, p, r), kind, "", 0, 0, 49) for t, p in replicas for r in (0, 1)])
     assert coord.view() == [] and list(coord.history) == [order.handover_id]
     restored = coord.replica_restored((chain.id, 1, 0), 1)
     assert [order_from_wire(o) for o in restored] == [replace(order, committed=True)]
@@ -714,7 +715,7 @@ def test_the_coordinator_keeps_each_steps_timeline_from_the_first_replica_of_the
     ups = sorted(order.upstreams)
 
     def ack(inst, r, kind, times, entries=0):
-        return (hid, ep, (*inst, r), kind, "d" if kind == "cut" else "", entries, 0, -1, times)
+        return ReplicaAck(hid, ep, (*inst, r), kind, "d" if kind == "cut" else "", entries, 0, -1, times)
 
     coord.on_acks([ack(i, r, "armed", {"at": 1.0}) for i in ups + [(chain.id, 0), (chain.id, 1)] for r in (0, 1)],
                   now=2.0)

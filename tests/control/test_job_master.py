@@ -10,7 +10,17 @@ from replication.control.master import JobMaster
 from replication.control.retention import log_needed_from
 from replication.control.status_view import job_status
 from replication.examples.ordered import build_ordered_job
-from replication.messages import Ack, Attach, Heartbeat, Register, Restored, RestoreReplica, WorkerFinished
+from replication.heartbeat_parts import CutOffs, DrainPositions, OutputProgress
+from replication.messages import (
+    Ack,
+    Attach,
+    Heartbeat,
+    Instructions,
+    Register,
+    Restored,
+    RestoreReplica,
+    WorkerFinished,
+)
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
 from rhino_state.manager import CompletedCheckpoint, RestorePlan
@@ -39,8 +49,15 @@ def _replicas(master: JobMaster, task: str) -> list[tuple[int, int, int]]:
     return sorted(r for r in master.placement if r[0] == tid)
 
 
-def _beat(master: JobMaster, w: int, **parts) -> object:
-    return master.heartbeat(Heartbeat(worker=w, attempt=0, **parts))
+def _beat(master: JobMaster, w: int, unchanged: bool = False, metrics: dict | None = None, **parts) -> Instructions:
+    """A heartbeat of worker ``w`` with the services' ``parts`` (by service name)."""
+    return master.heartbeat(Heartbeat(worker=w, attempt=0, metrics=metrics, unchanged=unchanged, parts=parts))
+
+
+def _said(reply: Instructions, service: str) -> dict:
+    """What ``reply`` tells of ``service``: its part's one field (empty when it has none)."""
+    part = reply.parts.get(service)
+    return {} if part is None else next(iter(vars(part).values()))
 
 
 # -- quiet workers hear of a change at once ---------------------------------------------------
@@ -61,14 +78,14 @@ def test_a_quiet_worker_is_rung_when_its_reply_would_change_and_every_worker_for
         _beat(master, w, unchanged=True)  # the same reply twice, nothing new: quiet
     _beat(master, 2, unchanged=False)
     assert rung() == {0: 0, 1: 0, 2: 0}
-    master.measure_state[3] = 1  # the reply changes (set directly: the JobHandle's request rings by itself)
+    master.measurements.request(3)  # the reply changes (set directly: the JobHandle's request rings by itself)
     _beat(master, 2)
     assert rung() == {0: 1, 1: 1, 2: 0}  # the quiet ones, once
     _beat(master, 2)
     assert rung() == {0: 1, 1: 1, 2: 0}
     _beat(master, 0, unchanged=True)  # a new reply: not quiet yet
     _beat(master, 0, unchanged=True)  # quiet again
-    master.measure_state[3] = 2
+    master.measurements.request(3)
     _beat(master, 1)
     assert rung() == {0: 2, 1: 1, 2: 0}  # worker 1 was rung before and has not been quiet since
     master.set_command("drain")
@@ -83,21 +100,21 @@ def test_a_drain_ends_every_replica_of_a_source_where_the_furthest_reported():
     t, p0, _ = source[0]
     assert source[0][:2] == source[1][:2]
     w0, w1 = master.placement[source[0]], master.placement[source[1]]
-    reply = _beat(master, w0, drain_positions={source[0]: {0: 120}})
-    assert (t, p0) not in reply.drain_at  # the other replica has not said where it is
-    reply = _beat(master, w1, drain_positions={source[1]: {0: 135}})
-    assert reply.drain_at[(t, p0)] == {0: 135}  # both read to 135: the same records on both
-    assert _beat(master, w0).drain_at[(t, p0)] == {0: 135}  # and it stays
+    reply = _beat(master, w0, drains=DrainPositions({source[0]: {0: 120}}))
+    assert (t, p0) not in _said(reply, "drains")  # the other replica has not said where it is
+    reply = _beat(master, w1, drains=DrainPositions({source[1]: {0: 135}}))
+    assert _said(reply, "drains")[(t, p0)] == {0: 135}  # both read to 135: the same records on both
+    assert _said(_beat(master, w0), "drains")[(t, p0)] == {0: 135}  # and it stays
 
 
 def test_a_replica_that_dies_before_it_reported_leaves_the_decision_to_the_live_one():
     master = _master(rhino=True, workers=4)
     source = _replicas(master, "source-b")[:2]
     w0, w1 = (master.placement[r] for r in source)
-    _beat(master, w0, drain_positions={source[0]: {1: 40, 0: -1}})
+    _beat(master, w0, drains=DrainPositions({source[0]: {1: 40, 0: -1}}))
     with master.locked():
         master.declare_dead(w1, "killed")
-    assert master.drain_at[source[0][:2]] == {0: -1, 1: 40}
+    assert master.drains.ends[source[0][:2]] == {0: -1, 1: 40}
 
 
 # -- a replica an upstream cut off by itself is replaced, never silently dropped -----------------
@@ -107,8 +124,8 @@ def test_a_cut_off_replica_is_stopped_where_it_runs_and_shown_lost():
     victim = _replicas(master, "chain")[0]
     upstream_worker = master.placement[_replicas(master, "union-2")[0]]
     reply = _beat(master, upstream_worker,
-                  cut_offs={victim: (master.placement[victim], "channel 4: 1025 batches behind the other replica")})
-    assert victim in master.lost and reply.drop == {victim: 0}
+                  cut_offs=CutOffs({victim: (master.placement[victim], "channel 4: 1025 batches behind the other replica")}))
+    assert victim in master.lost and _said(reply, "cut_offs") == {victim: 0}
     assert any("replaced: an upstream cut it off" in text and "1025 batches behind" in text
                for _, text in master.events)
     assert job_status(master, "running")["lost"] == [master.replica_label(*victim)]
@@ -118,8 +135,8 @@ def test_a_cut_off_reported_for_a_replica_that_moved_since_is_ignored():
     master = _master(mode="liverobin")
     victim = _replicas(master, "chain")[0]
     elsewhere = next(w for w in master.workers if w != master.placement[victim])
-    _beat(master, elsewhere, cut_offs={victim: (elsewhere, "send failed")})  # not where it runs
-    assert victim not in master.lost and not master.dropped
+    _beat(master, elsewhere, cut_offs=CutOffs({victim: (elsewhere, "send failed")}))  # not where it runs
+    assert victim not in master.lost and not master.losses.dropped
 
 
 def test_a_cut_off_of_a_replica_whose_worker_finished_is_ignored_and_its_upstreams_are_rung():
@@ -133,8 +150,8 @@ def test_a_cut_off_of_a_replica_whose_worker_finished_is_ignored_and_its_upstrea
     bell = master.attach(Attach(upstream, 0)).bell
     master.finished(WorkerFinished(w, 0, "finished"))
     assert bell.wait_past(0, timeout=0) >= 1  # the upstream's next heartbeat (retire) goes now
-    _beat(master, upstream, cut_offs={victim: (w, "channel 4: send failed: CANCELLED")})
-    assert victim not in master.lost and not master.dropped and master.failure is None
+    _beat(master, upstream, cut_offs=CutOffs({victim: (w, "channel 4: send failed: CANCELLED")}))
+    assert victim not in master.lost and not master.losses.dropped and master.failure is None
 
 
 def test_losing_a_sink_writer_passes_both_its_writer_roles_to_the_twin():
@@ -154,14 +171,14 @@ def test_a_writer_fenced_at_its_current_epoch_is_named_again_with_a_higher_one()
     master = _master(mode="liverobin")
     t, p, r = _replicas(master, "chain-sink")[0]
     writer_worker = master.placement[(t, p, r)]
-    reply = _beat(master, writer_worker, fenced={(t, p, r, "out"): 0})
-    assert master.sinks[(t, p, "out")][:2] == [r, 1] and reply.sinks[(t, p, "out")][:2] == (r, 1)
+    reply = _beat(master, writer_worker, outputs=OutputProgress(fenced={(t, p, r, "out"): 0}))
+    assert master.sinks[(t, p, "out")][:2] == [r, 1] and _said(reply, "outputs")[(t, p, "out")][:2] == (r, 1)
     assert master.sinks[(t, p, "dlq")][:2] == [r, 0]  # the other output of the partition is untouched
     assert any("was fenced as writer at epoch 0: it takes over again (epoch 1)" in text for _, text in master.events)
-    _beat(master, writer_worker, fenced={(t, p, r, "out"): 0})  # the same report again, before the role arrived
+    _beat(master, writer_worker, outputs=OutputProgress(fenced={(t, p, r, "out"): 0}))  # the same report again, before the role arrived
     assert master.sinks[(t, p, "out")][:2] == [r, 1]
     twin_worker = master.placement[(t, p, 1 - r)]
-    _beat(master, twin_worker, fenced={(t, p, 1 - r, "out"): 1})  # not the writer: rightly fenced
+    _beat(master, twin_worker, outputs=OutputProgress(fenced={(t, p, 1 - r, "out"): 1}))  # not the writer: rightly fenced
     assert master.sinks[(t, p, "out")][:2] == [r, 1]
 
 

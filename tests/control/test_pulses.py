@@ -17,6 +17,7 @@ from replication.config import ReplicationConfig
 from replication.control.master import JobMaster
 from replication.control.pulses import DriverPulses, switch_pulse
 from replication.examples.ordered import build_ordered_job
+from replication.heartbeat_parts import ReplicaAck
 from replication.plan import place, plan_job
 from rhino_state import Batched
 
@@ -179,12 +180,12 @@ def _handle() -> tuple[JobHandle, Factory]:
 def _sources_hold(handle: JobHandle) -> None:
     """Every source replica reports holding for the window the driver announced (heartbeats)."""
     master = handle.master
-    _until(lambda: master.pulse_window is not None and master.pulse_window[1])
+    _until(lambda: master.windows.word is not None and master.windows.word.is_open)
     with master.locked():
-        window = master.pulse_window[0]
+        window = master.windows.word.window
         for rid in handle.placement:
             if handle.plan.task(rid[0]).is_source:
-                master.holding[rid] = (window, {rid[1]: 5})
+                master.windows.holding[rid] = (window, {rid[1]: 5})
         master.changed()
 
 
@@ -225,7 +226,7 @@ def _ack(handle: JobHandle, kind: str, role: str, hid: int) -> None:
         task = order.task
         instances = {"upstream": sorted(order.upstreams), "origin": [(task, p) for p in sorted(order.origins)],
                      "target": [(task, p) for p in sorted(order.targets)]}[role]
-        for text in coordinator.on_acks([(hid, order.epoch, (t, p, r), kind, "d", 1, 0, -1)
+        for text in coordinator.on_acks([ReplicaAck(hid, order.epoch, (t, p, r), kind, "d", 1, 0, -1)
                                          for t, p in instances for r in (0, 1)]):
             master.event(text)
         master.changed()
@@ -243,14 +244,14 @@ def test_a_kazoo_window_stays_open_past_the_deadline_until_the_committed_step_co
         time.sleep(1.5)  # the deadline passes with the step committed, before its switch
         gen = factory.made[0]
         assert mover.is_alive() and gen.window is not None and gen.closed_at is None, handle.master.events
-        assert handle.master.pulse_window[1], "the window closed with a committed step short of its switch"
+        assert handle.master.windows.word.is_open, "the window closed with a committed step short of its switch"
         _ack(handle, "switched", "upstream", hid)
         _ack(handle, "cut", "origin", hid)
         _ack(handle, "loaded", "target", hid)
         mover.join(5)
         assert not mover.is_alive() and "error" not in outcome, outcome
         assert outcome["report"]["state"] == "completed", outcome
-        assert gen.closed_at is not None and not handle.master.pulse_window[1]
+        assert gen.closed_at is not None and not handle.master.windows.word.is_open
         texts = [t for _, t in handle.master.events]
         assert any("past its deadline: it rolls forward" in t for t in texts), texts
     finally:
@@ -267,7 +268,7 @@ def test_a_step_not_committed_by_the_deadline_is_cancelled_and_the_job_stops_cle
         coordinator = handle.master.handovers
         assert coordinator.rolling_forward() == [] and [o.cancelled for o in coordinator.orders.values()] == [True]
         assert coordinator.manager.tables[coordinator.orders[1].task].epoch == 0
-    assert factory.made[0].closed_at is not None and not handle.master.pulse_window[1]
+    assert factory.made[0].closed_at is not None and not handle.master.windows.word.is_open
 
 
 def test_a_job_past_its_deadline_stops_between_steps_and_says_how_far_it_got():

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from replication.control.handover_coordinator import HandoverCoordinator
 from replication.examples.ordered import build_ordered_job
 from replication.handover_orders import HandoverOrder
+from replication.heartbeat_parts import ReplicaAck
 from replication.plan import plan_job
 from replication.runtime.cut_exchange import CutExchange
 from replication.runtime.handover_cuts import OriginCut, split_cut
@@ -241,7 +242,7 @@ def test_the_coordinator_counts_the_bytes_cut_sent_and_read_from_the_targets_sto
     hid, now = order.handover_id, time.time()
 
     def acks(kind, instances, **times):
-        return [(hid, order.epoch, (*inst, r), kind, "d", 5, 0, 3, {"at": now, **{k: v[r] for k, v in times.items()}})
+        return [ReplicaAck(hid, order.epoch, (*inst, r), kind, "d", 5, 0, 3, {"at": now, **{k: v[r] for k, v in times.items()}})
                 for inst in instances for r in (0, 1)]
 
     co.on_acks(acks("armed", [*order.upstreams, (chain, 0), (chain, 1)]), now)

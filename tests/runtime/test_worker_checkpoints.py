@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from replication.heartbeat_parts import CheckpointReport
 from replication.runtime.checkpoints import WorkerCheckpoints
 from rhino_state import RocksDBStateBackend
 from tests.rhino_state.test_rhino_store import content
@@ -29,7 +30,7 @@ def test_a_checkpoint_taken_while_the_driver_hands_shipping_to_the_twin_is_not_s
         backend.put(0, b"k", b"w")
         meta8, shipped = checkpoints.take(inst, 8, b"", {}, {})
         assert meta8.checkpoint_id == 8 and not shipped
-        assert checkpoints.report()["taken"] == [(4, 0, 1, 7, meta.digest), (4, 0, 1, 8, meta8.digest)]
+        assert checkpoints.report().taken == [(4, 0, 1, 7, meta.digest), (4, 0, 1, 8, meta8.digest)]
     finally:
         backend.close()
         checkpoints.close()
@@ -67,7 +68,7 @@ def test_the_shipper_holds_what_it_ships_and_serves_it_once_its_group_is_gone(tm
         deadline = time.monotonic() + 10
         while len(completed) < 2:
             assert time.monotonic() < deadline, completed
-            completed += origin.report()["completed"]
+            completed += (origin.report() or CheckpointReport()).completed
             time.sleep(0.01)
         assert [(c[2], sorted(c[5])) for c in completed] == [(cid, sorted([member_address, origin_address]))
                                                              for cid in (1, 2)]

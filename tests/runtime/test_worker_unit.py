@@ -11,6 +11,13 @@ from types import SimpleNamespace
 import pytest
 
 from replication.handover_orders import HandoverOrder
+from replication.heartbeat_parts import (
+    CHECKPOINTS,
+    STATE_MEASUREMENT,
+    CheckpointReport,
+    Drops,
+    MeasureRequests,
+)
 from replication.messages import CutRequest, Instructions
 from replication.metrics import InstanceMetrics
 from replication.plan import ChannelSpec
@@ -18,10 +25,12 @@ from replication.runtime import worker as worker_module
 from replication.runtime.channels import OutputChannel
 from replication.runtime.checkpoints import WorkerCheckpoints
 from replication.runtime.cut_exchange import CutExchange
+from replication.runtime.cut_offs import CutOffReports
 from replication.runtime.driver_link import RESTORED_REPORT_S, DriverLink, Mailbox
 from replication.runtime.feeds import WorkerFeeds
 from replication.runtime.handover_cuts import TargetCut
 from replication.runtime.handovers import PartitionHandovers
+from replication.runtime.output_writers import give_roles
 from replication.runtime.routes import KnownMove, Routes
 from replication.runtime.source import drain_position
 from replication.runtime.worker import Worker
@@ -69,8 +78,10 @@ def _routes(plan: object, index: int = 1, placement: dict | None = None, cut_off
 
 
 def _link(worker: Worker, heartbeat_log: object = None, **cfg: object) -> DriverLink:
-    """The driver link of ``worker`` (index 1, attempt 0, no server, no savepoint)."""
-    worker.index, worker.attempt, worker.server, worker.savepoint_dir = 1, 0, None, None
+    """The driver link of ``worker`` (index 1, attempt 0, no server; no checkpoints unless it has)."""
+    worker.index, worker.attempt, worker.server = 1, 0, None
+    worker.checkpoints = getattr(worker, "checkpoints", None)
+    worker._start_services()
     worker.stopping = threading.Event()
     worker.cfg = SimpleNamespace(**{"pulse_period_ms": 0, "heartbeat_interval_ms": 1000, "metrics_interval_ms": 1000,
                                     "failure_timeout_ms": 2000, **cfg})
@@ -81,7 +92,7 @@ def _link(worker: Worker, heartbeat_log: object = None, **cfg: object) -> Driver
 def test_a_replica_the_driver_replaces_is_stopped_unless_it_is_a_later_incarnation():
     old, later, other = _Replica(3, 0, 1), _Replica(3, 1, 0, attempt=2), _Replica(4, 0, 0)
     worker = _worker(old, later, other)
-    worker._drop({(3, 0, 1): 0, (3, 1, 0): 1, (4, 0, 1): 0})  # (4, 0, 1) does not run here
+    CutOffReports(worker).apply(Drops({(3, 0, 1): 0, (3, 1, 0): 1, (4, 0, 1): 0}))  # (4, 0, 1) does not run here
     assert old.stopped and (3, 0) not in worker.instances  # pushes to it are refused from now on
     assert not later.stopped and not other.stopped  # restored after the decision / another replica
 
@@ -90,15 +101,15 @@ def test_writer_roles_reach_each_output_by_kind():
     sink_partition = _Replica(4, 1, 0, kinds=("dlq", "out"))
     source = _Replica(0, 0, 1)
     roles = {(4, 1, "out"): (1, 2, 10, 20), (4, 1, "dlq"): (0, 1, 3, 4), (0, 0, "dlq"): (1, 0, -1, -1)}
-    Worker._apply_roles(roles, sink_partition)
-    Worker._apply_roles(roles, source)
+    give_roles(roles, sink_partition)
+    give_roles(roles, source)
     assert sink_partition.pending_control == {"out": (1, 2, 10, 20), "dlq": (0, 1, 3, 4)}
     assert source.pending_control == {"dlq": (1, 0, -1, -1)}
     assert sink_partition.woken == source.woken == 1  # each looks at its new roles at once, not at its next input
     sink_partition.pending_control = None  # taken by its loop
-    Worker._apply_roles(dict(roles), sink_partition)  # the next heartbeat reply repeats them
+    give_roles(dict(roles), sink_partition)  # the next heartbeat reply repeats them
     assert sink_partition.pending_control is None and sink_partition.woken == 1
-    Worker._apply_roles({**roles, (4, 1, "out"): (1, 2, 11, 22)}, sink_partition)  # the writer committed more
+    give_roles({**roles, (4, 1, "out"): (1, 2, 11, 22)}, sink_partition)  # the writer committed more
     assert sink_partition.pending_control == {"out": (1, 2, 11, 22), "dlq": (0, 1, 3, 4)}
     assert sink_partition.woken == 2
 
@@ -150,9 +161,9 @@ def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
     worker.checkpoints._taken.append((2, 0, 0, 3550, "d2"))
     master.fail = False
     assert link.heartbeat(with_metrics=False).command == "run"
-    assert master.sent[0].checkpoints == {"taken": [(2, 0, 0, 3500, "d1"), (2, 0, 0, 3550, "d2")],
-                                          "completed": [(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})],
-                                          "durable": [(2, 0, 3500, "000000003500-ab")]}
+    assert master.sent[0].parts[CHECKPOINTS] == CheckpointReport(
+        taken=[(2, 0, 0, 3500, "d1"), (2, 0, 0, 3550, "d2")],
+        completed=[(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})], durable=[(2, 0, 3500, "000000003500-ab")])
 
 
 def test_a_replica_restored_here_reports_its_progress_with_every_heartbeat_for_a_while():
@@ -379,10 +390,8 @@ def test_a_finished_worker_s_replicas_are_retired_before_pushes_give_up_on_it():
     """A push to a worker that finished gives up once the worker is known finished; by then its
     replicas must be retired (delivered), or the give-up cuts them off and fails the channel."""
     worker = _worker()
-    worker._drop = lambda drop: None
-    worker._apply_handovers = lambda handovers: None
-    worker._learn_savepoint = lambda reply: None
     worker.checkpoints, worker.routes = None, _routes(SimpleNamespace(replicas=2))
+    worker._start_services()
     seen: list[bool] = []
 
     class Channel:
@@ -401,12 +410,11 @@ def test_a_request_to_measure_state_wakes_the_replica_once():
     replica, other = _Replica(3, 0, 1, kinds=()), _Replica(4, 0, 1, kinds=())
     replica.measure_request = other.measure_request = 0
     worker = _worker(replica, other)
-    worker._drop = lambda drop: None
-    worker._apply_handovers = lambda handovers: None
-    worker._learn_savepoint = lambda reply: None
     worker.checkpoints, worker.routes = None, _routes(SimpleNamespace(replicas=2))
-    worker._apply(Instructions("run", measure_state={3: 7}))
-    worker._apply(Instructions("run", measure_state={3: 7}))
+    worker._start_services()
+    request = {STATE_MEASUREMENT: MeasureRequests({3: 7})}
+    worker._apply(Instructions("run", parts=request))
+    worker._apply(Instructions("run", parts=request))
     assert (replica.measure_request, replica.woken) == (7, 1)
     assert (other.measure_request, other.woken) == (0, 0)
 
