@@ -39,6 +39,10 @@ class DriverServices:
             raise ValueError(f"two control-plane services are named {service.name!r}")
         self._services.append(service)
 
+    def names(self) -> list[str]:
+        """The services' names, in their order."""
+        return [s.name for s in self._services]
+
     def take_reports(self, worker: int, parts: dict[str, Any]) -> None:
         """Hand each service its part of ``worker``'s heartbeat (None where it sent none)."""
         unknown = parts.keys() - {s.name for s in self._services}

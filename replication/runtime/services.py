@@ -44,8 +44,9 @@ class WorkerServices:
             raise ValueError(f"two control-plane services are named {service.name!r}")
         self._services.append(service)
 
-    def get(self, name: str) -> WorkerService:
-        return next(s for s in self._services if s.name == name)
+    def names(self) -> list[str]:
+        """The services' names, in their order."""
+        return [s.name for s in self._services]
 
     def reports(self) -> dict[str, Any]:
         """Every service's report, those with news."""
