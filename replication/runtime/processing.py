@@ -9,9 +9,7 @@ and checkpoints happen at pulses, where both replicas are at the same point of t
 from __future__ import annotations
 
 import logging
-import pickle
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +18,18 @@ from kazoo_leader.segments import SegmentedLog
 from liverobin import LiveRobinOrderer
 from merge import ArrivalOrderer, InputQueues, QueuesClosed
 from replication.plan import PhysicalPlan, TaskSpec
-from replication.runtime.chain import chain_operators
 from replication.runtime.dedup import Dedup
 from replication.runtime.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
-from replication.runtime.handover_cuts import split_cut, vnode_bytes
+from replication.runtime.handover_cuts import vnode_bytes
 from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
+from replication.runtime.pulse_actions import PulseActions
 from rhino_state import encode_key, key_group
-from rhino_state.cut import entry_bytes
 from transport.batch_format import BatchHeader, decode_elements
 
 log = logging.getLogger(__name__)
 
 
-class ProcessingInstance(PartitionInstance):
+class ProcessingInstance(PulseActions, PartitionInstance):
     """Consumes its input channels in its orderer's order and runs its operator chain."""
 
     def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan,
@@ -328,75 +325,6 @@ class ProcessingInstance(PartitionInstance):
             if new_wm < MAX_WATERMARK:
                 self.chain.on_watermark(new_wm)
 
-    def _replace_operators_at(self, h: int) -> bool:
-        """Pulse ``h`` was forwarded: the operator replacements due take effect from the next element.
-        False: stopping while waiting to know whether one was committed."""
-        for order in self.code_switches.at_pulse(h):
-            decided = self.code_switches.decided(order.handover_id, self.stop_requested.is_set)
-            if decided is None:
-                return False
-            if decided:
-                op = next(o for o in chain_operators(self.chain) if o.name == order.operator)
-                op.replace_fn(pickle.loads(order.fn))
-                self.code[op.name] = order.fn
-                self.handover_ack(order.handover_id, order.epoch, "switched")
-            self.code_switches.done(order.handover_id)
-        return True
-
-    def _handovers_at_pulse(self, h: int) -> bool:
-        """Before forwarding pulse ``h``: cut what this origin gives away (h = P + 1), load what this
-        target gets and process the records it held (h = R).  False: stopping while waiting."""
-        handovers = self.handovers
-        assert handovers is not None
-        stopping = self.stop_requested.is_set
-        cuts, releases = handovers.at_pulse(h)
-        for order in cuts:
-            decided = handovers.decided(order.handover_id, stopping)
-            if decided is None:
-                return False
-            step = handovers.step(order.handover_id)
-            if not decided:
-                if step is not None:
-                    handovers.drop(step)
-                continue
-            moving = frozenset(kg for r in handovers.cut_groups(order) for kg in r)
-            extras = {op.name: op.cut_keys(moving.__contains__)
-                      for op in chain_operators(self.chain) if hasattr(op, "cut_keys")}
-            # Rhino: a target whose worker holds this origin's last checkpoint gets the changes since
-            cut = handovers.cut(order, self.state_backend(), incremental=self.cfg.rhino_enabled)
-            cut_at = time.time()  # before the send: the transfer is a phase of its own
-            per_target = split_cut(order, self.partition, cut, extras, self.num_key_groups,
-                                   self.cfg.handover_chunk_bytes)
-            if self.cfg.rhino_enabled:
-                handovers.keep(order.handover_id, per_target)
-            shipped = self.worker.cuts.send(order, self.partition, per_target)
-            self.handover_ack(order.handover_id, order.epoch, "cut", cut.digest, len(cut.entries),
-                              {"at": cut_at, "bytes": entry_bytes(cut.entries), "shipped": shipped})
-        for step in releases:
-            decided = handovers.decided(step.order.handover_id, stopping)
-            if decided is None:
-                return False
-            windows = [op for op in chain_operators(self.chain) if hasattr(op, "adopt_keys")]
-            if decided:
-                merge = _merger(windows) if handovers.serve_through else None
-                held = handovers.release(step, self.state_backend(), stopping, merge)
-                if held is None:
-                    return False
-                for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
-                    for op in windows:
-                        op.adopt_keys(step.extras[origin].get(op.name, ()))
-            else:
-                held = handovers.drop(step)
-            for ch, el in held:
-                self._element(ch, el)
-            if decided:
-                for op in windows:
-                    op.fire_behind()
-                # acked once the held records are processed: its time ends the catch-up
-                self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=step.entries,
-                                  times={**step.times(), "held": len(held), "served": int(handovers.serve_through)})
-        return True
-
     def _checkpoint_at_pulse(self, h: int, channel: int, consumed_in_run: int) -> None:
         """Checkpoint right after pulse ``h``: both replicas consumed the same prefix by then
         (``_consume`` adds the run to ``_consumed`` only when it is done)."""
@@ -407,9 +335,3 @@ class ProcessingInstance(PartitionInstance):
         positions[channel] += consumed_in_run
         self._checkpoint(h, merge_state, positions)
 
-
-def _merger(windows: list[Any]) -> Any:
-    """A target serving through a move: merges a moved accumulator with the one it built since the
-    switch, by the window operator whose state the entry is (its state id starts the key)."""
-    mergers = {op.state_prefix: op.merge_raw for op in windows}
-    return lambda rest, moved, served: mergers[rest[:4]](moved, served)

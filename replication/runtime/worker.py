@@ -16,10 +16,13 @@ them from their backups.  A worker that the driver declared dead while it was
 hung is *evicted* when it wakes up: it stops at once.
 
 The worker is built of parts that each own one concern: :mod:`.driver_link` (heartbeats and the
-driver's replies), :mod:`.routes` (where replicas run, the channels' senders), :mod:`.feeds` (the
-consumers, logs and ZooKeeper session its replicas share), :mod:`.cut_exchange` (handover cuts
-between workers), :mod:`.checkpoints` (Rhino) and :mod:`.executor_watch` (the worker exits as soon as
-its executor JVM begins to exit, so that its death is seen from its broken connections at once).
+driver's replies), the control-plane services (:mod:`.services`: each reports its part of the
+heartbeat and applies its part of the reply), :mod:`.routes` (where replicas run, the channels'
+senders), :mod:`.feeds` (the consumers, logs and ZooKeeper session its replicas share),
+:mod:`.cut_exchange` (handover cuts between workers), :mod:`.checkpoints` (Rhino), :mod:`.restorer`
+(a replica's state brought here: resumed or restored) and :mod:`.executor_watch` (the worker exits
+as soon as its executor JVM begins to exit, so that its death is seen from its broken connections
+at once).
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ import grpc
 from confluent_kafka import Producer
 
 from replication.config import ReplicationConfig
-from replication.handover_orders import order_from_wire
 from replication.heartbeat_parts import SAVEPOINT
 from replication.messages import (
     Ack,
@@ -49,7 +51,6 @@ from replication.messages import (
     Instructions,
     Register,
     Registered,
-    Restored,
     RestoreReplica,
     WorkerFinished,
 )
@@ -63,8 +64,9 @@ from replication.runtime.executor_watch import ExecutorWatch
 from replication.runtime.feeds import WorkerFeeds
 from replication.runtime.handover_service import HandoverParticipation
 from replication.runtime.instance import PartitionInstance
-from replication.runtime.output_writers import OutputWriters, give_roles
+from replication.runtime.output_writers import OutputWriters
 from replication.runtime.processing import ProcessingInstance
+from replication.runtime.restorer import ReplicaRestorer
 from replication.runtime.routes import Routes
 from replication.runtime.savepoint_target import SavepointTarget
 from replication.runtime.senders import PUSH_METHOD, receive_pushes
@@ -156,6 +158,7 @@ class Worker:
                              self.cut_offs.cut_off, self.stopping)
         self.feeds = WorkerFeeds(boot, index, attempt)
         self.cuts = CutExchange(self)
+        self.restorer = ReplicaRestorer(self)
 
     def _start_services(self) -> None:
         """The control-plane services: each reports its part of every heartbeat and applies its
@@ -212,7 +215,7 @@ class Worker:
         self._build_host(addresses)
         for (task_id, part, replica), w in sorted(self.boot.placement.items()):
             if w == self.index:
-                self.instances[(task_id, part)] = self._instance(task_id, part, replica,
+                self.instances[(task_id, part)] = self.instance(task_id, part, replica,
                                                                  restoring=(task_id, part) in resumed)
         for inst in self.hosted():
             first_seqs: dict[int, int] = {}
@@ -220,88 +223,16 @@ class Worker:
                 first_seqs = inst.restore_from(*resumed[key])["outputs"]
             inst.build(self.routes.outputs(inst, self.boot.placement, first_seqs))
 
-    def _fetch_resumed(self) -> dict[PartitionId, tuple[IncrementMeta, Path]]:
-        """A resumed run's first attempt: the state of every replica placed here, built from its
-        partition's checkpoint in the durable cut (downloaded and checked increment by increment),
-        before registering: a large state takes a while, and no heartbeat is due yet."""
-        resume = self.plan.resume
-        if resume is None or self.attempt != 0:
-            return {}
-        out = {}
-        for (task_id, part, _), w in sorted(self.boot.placement.items()):
-            if w != self.index:
-                continue
-            started = time.monotonic()
-            target = self.state_root / f"t{task_id}-p{part}-resumed"
-            meta = self._from_durable((task_id, part), resume.cut.parts[(task_id, part)].file, target)
-            out[(task_id, part)] = (meta, target)
-            log.warning("worker %d: %s[%d] resumes from checkpoint %d of cut %d (built in %.3fs)", self.index,
-                        self.plan.task(task_id).name, part, meta.checkpoint_id, resume.cut.number,
-                        time.monotonic() - started)
-        return out
-
-    def _from_durable(self, inst: PartitionId, file: str, target: Path) -> IncrementMeta:
-        """Build checkpoint ``file`` of ``inst`` at ``target`` from the durable store this run
-        resumed from (downloaded and checked increment by increment)."""
-        assert self.plan.resume is not None
-        shutil.rmtree(target, ignore_errors=True)
-        return DurableStore(self.plan.resume.uri, self.job_name).restore(inst, file, target, scratch=self.state_root)
-
     def hosted(self) -> list[PartitionInstance]:
         """The instances hosted now, as a copy: restores add and removals drop instances from
         other threads while the heartbeat loop and shutdown go through them."""
         return list(self.instances.values())
 
-    def _instance(self, task_id: int, part: int, replica: int, restoring: bool = False) -> PartitionInstance:
+    def instance(self, task_id: int, part: int, replica: int, restoring: bool = False) -> PartitionInstance:
+        """A new replica of partition ``part`` of task ``task_id`` (not hosted yet)."""
         task = self.plan.task(task_id)
         cls = SourceInstance if task.is_source else ProcessingInstance
         return cls(self, task, part, replica, self.plan, restoring=restoring)
-
-    # -- Rhino: restoring a lost replica here, and replaying to replicas restored elsewhere -------
-    def restore(self, req: RestoreReplica) -> Restored:
-        """Run the lost replica ``req.replica`` here, from the completed checkpoint this worker
-        holds (hard links, no transfer) or pulls from ``req.source``; its upstreams replay from
-        the returned positions."""
-        assert self.checkpoints is not None
-        self.wait_ready()
-        task_id, part, replica = req.replica
-        if (task_id, part) in self.instances:
-            raise RuntimeError(f"worker {self.index} already runs a replica of {(task_id, part)}")
-        started = time.monotonic()
-        self.routes.learn(req.addresses)
-        inst = self._instance(task_id, part, replica, restoring=True)
-        target = self.state_root / f"t{task_id}-p{part}-restored"
-        if req.durable_file:
-            meta = self._from_durable((task_id, part), req.durable_file, target)
-        elif req.source:
-            meta = self.checkpoints.fetch((task_id, part), target, req.checkpoint_id, self.peer(req.source))
-        else:
-            meta = self.checkpoints.restore((task_id, part), target, req.checkpoint_id)
-        loaded = time.monotonic()
-        runtime = inst.restore_from(meta, target)
-        inst.build(self.routes.outputs(inst, req.placement, runtime["outputs"], lost=req.lost))
-        give_roles(req.sinks, inst)
-        inst.attempt = req.attempt
-        inst.savepoint_dir = self.savepoint.directory
-        inst.rearm([order_from_wire(o) for o in req.handovers], runtime["pulse"])
-        self.routes.restored_here((task_id, part, replica), req.placement)
-        self.instances[(task_id, part)] = inst
-        self.link.restored((task_id, part))
-        self.routes.send_to_moved(inst, req.restores_seen)
-        inst.start()
-        self.cuts.fetch_missing(inst)
-        log.warning("restored %s from checkpoint %d in %.3fs (state load %.3fs)", inst.name, meta.checkpoint_id,
-                    time.monotonic() - started, loaded - started)
-        return Restored(meta.checkpoint_id, runtime.get("positions", {}), loaded - started,
-                        time.monotonic() - started, runtime["pulse"])
-
-    def _copy_checkpoint(self, req: CopyCheckpoint) -> Ack:
-        assert self.checkpoints is not None
-        started = time.monotonic()
-        key = (req.instance[0], req.instance[1])
-        self.checkpoints.copy(key, req.checkpoint_id, self.peer(req.source))
-        log.info("holds checkpoint %d of %s too (pulled in %.3fs)", req.checkpoint_id, key, time.monotonic() - started)
-        return Ack()
 
     def peer(self, address: str) -> rpc.Peer:
         """The control-plane client of the worker (or driver) at ``address``, made once."""
@@ -333,8 +264,8 @@ class Worker:
                     "HandoverCut": rpc.typed(self.cuts.serve_kept_cut, CutRequest)}
         if self.checkpoints is not None:
             handlers.update(self.checkpoints.handlers())
-            handlers["Restore"] = rpc.typed(self.restore, RestoreReplica)
-            handlers["CopyCheckpoint"] = rpc.typed(self._copy_checkpoint, CopyCheckpoint)
+            handlers["Restore"] = rpc.typed(self.restorer.restore, RestoreReplica)
+            handlers["CopyCheckpoint"] = rpc.typed(self.restorer.copy_checkpoint, CopyCheckpoint)
         try:
             server = rpc.serve(handlers, security=self.security, bind_host=bind_host,
                                max_workers=inbound, name=f"worker {self.index}", refusals=refusals)
@@ -351,7 +282,7 @@ class Worker:
                                 server.port)
             if self.checkpoints is not None:
                 self.checkpoints.start(address)
-            resumed = self._fetch_resumed()
+            resumed = self.restorer.fetch_resumed()
             reply = master.call("Register", Register(self.index, self.attempt, current_executor_id(), address,
                                                      os.getpid()), Registered,
                                 timeout=self.cfg.start_timeout_ms / 1000)
