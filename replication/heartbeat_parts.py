@@ -6,13 +6,15 @@ has something to say (``parts``, keyed by the service's name).  Each pair below 
 service, on the worker side in :mod:`replication.runtime` and on the driver side in
 :mod:`replication.control` (the contracts: :mod:`replication.runtime.services`,
 :mod:`replication.control.services`).  A new service adds its pair here and registers itself on
-both sides; the heartbeat loops and the other services stay as they are.
+both sides; the heartbeat loops and the other services stay as they are.  :class:`ServiceSet`
+is what both sides' sets of services are built on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from transport import wire
 from transport.ids import PartitionId, ReplicaId
@@ -28,6 +30,31 @@ STATE_MEASUREMENT = "state_measurement"
 
 # (task, partition, kind "out" | "dlq"): one exactly-once output
 OutputKey = tuple[int, int, str]
+
+
+class Named(Protocol):
+    name: str
+
+
+S = TypeVar("S", bound=Named)
+
+
+class ServiceSet(Generic[S]):
+    """The services of one side, each under a name of its own, in the order they were added."""
+
+    def __init__(self, services: Iterable[S] = ()) -> None:
+        self._services: list[S] = []
+        for service in services:
+            self.add(service)
+
+    def add(self, service: S) -> None:
+        if any(s.name == service.name for s in self._services):
+            raise ValueError(f"two control-plane services are named {service.name!r}")
+        self._services.append(service)
+
+    def names(self) -> list[str]:
+        """The services' names, in their order."""
+        return [s.name for s in self._services]
 
 
 # -- exactly-once outputs: who writes each, and how far it committed --------------------------------

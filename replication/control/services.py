@@ -10,8 +10,9 @@ under the master's lock.  The worker's side is :mod:`replication.runtime.service
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Protocol
+
+from replication.heartbeat_parts import ServiceSet
 
 
 class DriverService(Protocol):
@@ -26,22 +27,8 @@ class DriverService(Protocol):
         """This service's word to every worker now (None: nothing to say)."""
 
 
-class DriverServices:
+class DriverServices(ServiceSet[DriverService]):
     """The services of a job master, in the order their reports are taken and their words given."""
-
-    def __init__(self, services: Iterable[DriverService] = ()) -> None:
-        self._services: list[DriverService] = []
-        for service in services:
-            self.add(service)
-
-    def add(self, service: DriverService) -> None:
-        if any(s.name == service.name for s in self._services):
-            raise ValueError(f"two control-plane services are named {service.name!r}")
-        self._services.append(service)
-
-    def names(self) -> list[str]:
-        """The services' names, in their order."""
-        return [s.name for s in self._services]
 
     def take_reports(self, worker: int, parts: dict[str, Any]) -> None:
         """Hand each service its part of ``worker``'s heartbeat (None where it sent none)."""

@@ -11,8 +11,9 @@ records of :mod:`replication.heartbeat_parts`.  The driver's side is
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, Protocol
+
+from replication.heartbeat_parts import ServiceSet
 
 
 class WorkerService(Protocol):
@@ -31,22 +32,8 @@ class WorkerService(Protocol):
         """The driver's word for this service, from a heartbeat reply (only when it has one)."""
 
 
-class WorkerServices:
+class WorkerServices(ServiceSet[WorkerService]):
     """The services of a worker, in the order their reports are taken and their words applied."""
-
-    def __init__(self, services: Iterable[WorkerService] = ()) -> None:
-        self._services: list[WorkerService] = []
-        for service in services:
-            self.add(service)
-
-    def add(self, service: WorkerService) -> None:
-        if any(s.name == service.name for s in self._services):
-            raise ValueError(f"two control-plane services are named {service.name!r}")
-        self._services.append(service)
-
-    def names(self) -> list[str]:
-        """The services' names, in their order."""
-        return [s.name for s in self._services]
 
     def reports(self) -> dict[str, Any]:
         """Every service's report, those with news."""
