@@ -50,7 +50,7 @@ Measured, per handover job:
   the request and its end) and after (to the next request or the end of the load);
 * the handover's duration and its phases, per step (``handover_steps.csv``, with the switch margin its
   pulses planned and the release margin ``release_s``, sized by the driver unless ``--release``) and summed
-  per run.  A step's phases are the report's (:func:`replication.control.handover_coordinator.step_phases`), from the wall-clock
+  per run.  A step's phases are the report's (:func:`replication.control.handover_timelines.step_phases`), from the wall-clock
   times the participants put in their acks (ms resolution), adding up to the step's instruction ->
   completion: *trigger* (-> every participant armed, committed), *to switch* (-> the upstreams reached the
   switch pulse, ``--margin`` ahead), *alignment* (-> the origins processed what was routed to them before

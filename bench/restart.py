@@ -19,7 +19,7 @@ fresh job, ``--before`` seconds of load (and every key's pad written) before the
 * **live**: the chain built with ``parallelism=2, max_parallelism=3`` (partition 2 idle);
   ``handle.rescale("chain", 3)`` all at once, while the load flows.  The operation ends when the call
   returns.  Its parts are the handover's phases as its report gives them (its step's ``phases``,
-  :func:`replication.control.handover_coordinator.step_phases`: from the wall-clock times the participants put in their
+  :func:`replication.control.handover_timelines.step_phases`: from the wall-clock times the participants put in their
   acks, ms resolution), in ``restart.csv`` as ``bench/handover.py``'s columns (``trigger_s``,
   ``to_switch_s``, ``alignment_s``, ``transfer_s``, ``release_wait_s``, ``load_s``, ``catch_up_s``,
   ``acks_s``); the table and the plot group them into parts that each end at a milestone of the step:

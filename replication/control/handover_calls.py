@@ -40,14 +40,14 @@ class HandoverCalls:
         (docs/handover.md): every upstream reroutes them at a pulse about ``margin_s`` ahead, the
         origin cuts their state and sends it to the target, which processes their records from
         the pulse ``release_s`` later on (None: sized from the task's earlier steps, see
-        :class:`replication.control.handover_coordinator.ReleaseMargin`; 0.15 s before any).  Exactly once on both
+        :class:`replication.control.handover_timelines.ReleaseMargin`; 0.15 s before any).  Exactly once on both
         replicas.
 
         ``strategy``: ``AllAtOnce()`` (default: one step), ``Fluid()`` (one vnode per step) or
         ``Batched(n)`` (n per step), each step a handover of its own, ``gap_s`` apart so queues
         drain.  Returns the job's state and, per step, its id, pulses, release margin, state
         entries and bytes moved, duration, its participants' timeline (wall clock) and its
-        phases (:func:`replication.control.handover_coordinator.step_phases`); raises ValueError for a request it
+        phases (:func:`replication.control.handover_timelines.step_phases`); raises ValueError for a request it
         refuses and TimeoutError if it did not complete within ``timeout``."""
         tid = self._keyed_task(task)
         strategy = strategy or AllAtOnce()

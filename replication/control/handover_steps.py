@@ -17,7 +17,8 @@ from typing import Any
 
 from liverobin.windows import WindowWord
 from replication.config import ReplicationConfig
-from replication.control.handover_coordinator import HandoverCoordinator, step_phases
+from replication.control.handover_coordinator import HandoverCoordinator
+from replication.control.handover_timelines import step_phases
 from replication.control.master import JobFailedError, JobMaster
 from replication.control.pulses import DriverPulses, switch_pulse
 from replication.metrics import InstanceMetrics, window_text
@@ -108,20 +109,21 @@ class HandoverSteps:
             hid = order.handover_id
             self.await_handover(coordinator, hid, deadline, f"during handover {hid}",
                                  f"handover {hid} of {task} not completed within {timeout}s")
-            timeline, served = coordinator.timeline(hid), coordinator.served(hid)
+            times = coordinator.times
+            timeline, served = times.timeline(hid), times.served(hid)
             steps.append({"handover_id": hid, "vnodes": sorted(m.vnode for m in order.moves),
                           "origins": sorted(order.origins), "targets": sorted(order.targets),
                           "state": coordinator.state(hid).value,
                           "switch_at": switch_at, "release_at": release_at, "pulse_at_request": pulse,
                           "entries_moved": coordinator.moved_entries(hid),
-                          "bytes_moved": coordinator.moved_bytes(hid),
-                          "bytes_shipped": coordinator.shipped_bytes(hid),
-                          "bytes_from_store": coordinator.store_bytes(hid),
+                          "bytes_moved": times.moved_bytes(hid),
+                          "bytes_shipped": times.shipped_bytes(hid),
+                          "bytes_from_store": times.store_bytes(hid),
                           "bytes_planned": coordinator.record(hid).size_bytes if sizes else None,
                           "release_s": (release_at - switch_at) * period_ms / 1000,
                           "instructed_at": instructed_at, "timeline": timeline,
                           "phases": step_phases(instructed_at, timeline, served),
-                          "served": served, "held_records": coordinator.held_records(hid),
+                          "served": served, "held_records": times.held_records(hid),
                           "seconds": time.monotonic() - step_started})
             if gap_s and coordinator.job_state(job) is JobState.RUNNING:
                 master.pause(gap_s)

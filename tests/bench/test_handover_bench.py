@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
-from replication.control.handover_coordinator import HandoverCoordinator, step_phases  # noqa: E402
+from replication.control.handover_coordinator import HandoverCoordinator  # noqa: E402
+from replication.control.handover_timelines import step_phases  # noqa: E402
 from replication.functions import ProcessContext, RuntimeContext  # noqa: E402
 from replication.heartbeat_parts import ReplicaAck  # noqa: E402
 from replication.plan import plan_job  # noqa: E402
@@ -195,11 +196,11 @@ def _coordinator_step() -> dict:
     feed(done, "cut", [(chain.id, 0)], 10.7, entries=12, times=CUT)
     feed(done, "loaded", [(chain.id, 1)], 11.0, times=LOADED)
     hid = done.handover_id
-    timeline = coord.timeline(hid)
+    timeline = coord.times.timeline(hid)
     step = {"handover_id": hid, "vnodes": [0, 1], "origins": sorted(done.origins), "targets": sorted(done.targets),
             "state": coord.state(hid).value, "switch_at": 100, "release_at": 110, "pulse_at_request": 50,
-            "entries_moved": coord.moved_entries(hid), "bytes_moved": coord.moved_bytes(hid),
-            "bytes_shipped": coord.shipped_bytes(hid), "bytes_from_store": coord.store_bytes(hid),
+            "entries_moved": coord.moved_entries(hid), "bytes_moved": coord.times.moved_bytes(hid),
+            "bytes_shipped": coord.times.shipped_bytes(hid), "bytes_from_store": coord.times.store_bytes(hid),
             "bytes_planned": None, "release_s": 0.1, "instructed_at": INSTRUCTED, "timeline": timeline,
             "phases": step_phases(INSTRUCTED, timeline), "seconds": 1.05}
     return step

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
 from bench import restart as rb  # noqa: E402
-from replication.control.handover_coordinator import step_phases  # noqa: E402
+from replication.control.handover_timelines import step_phases  # noqa: E402
 
 # a rescale step's wall-clock times as its participants report them: instructed 10.0, committed 10.2, the
 # upstreams at the switch pulse 10.7, the origins cut 10.75, the cut at the targets 10.8, the release pulse

@@ -10,12 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from replication.config import ReplicationConfig
-from replication.control.handover_coordinator import (
-    DEFAULT_RELEASE_S,
-    HandoverCoordinator,
-    ReleaseMargin,
-    step_phases,
-)
+from replication.control.handover_coordinator import HandoverCoordinator
+from replication.control.handover_timelines import DEFAULT_RELEASE_S, ReleaseMargin, step_phases
 from replication.examples.ordered import build_ordered_job
 from replication.handover_orders import (
     CodeOrder,
@@ -727,10 +723,10 @@ def test_the_coordinator_keeps_each_steps_timeline_from_the_first_replica_of_the
                                                               "loaded": 5.5 + r, "held": 7})
                             for r in (0, 1)], now=6.5)
     assert any("completed" in e for e in events)
-    times = coord.timeline(hid)
+    times = coord.times.timeline(hid)
     assert times == {"committed": 2.0, "switched": 3.4, "cut": 4.0, "arrived": 4.2, "release": 5.0, "loaded": 5.5,
                      "caught_up": 6.0, "completed": 6.5}
-    assert coord.moved_bytes(hid) == 5000  # one replica of the origin counted
+    assert coord.times.moved_bytes(hid) == 5000  # one replica of the origin counted
     phases = step_phases(1.5, times)
     assert phases["trigger"] == pytest.approx(0.5) and phases["alignment"] == pytest.approx(0.6)
     assert phases["transfer"] == pytest.approx(0.2) and phases["release_wait"] == pytest.approx(0.8)

@@ -250,7 +250,7 @@ def test_the_coordinator_counts_the_bytes_cut_sent_and_read_from_the_targets_sto
     co.on_acks(acks("cut", [(chain, 0)], bytes=(1000, 1000), shipped=(40, 60)), now)
     co.on_acks(acks("loaded", [(chain, 1)], from_store=(0, 900)), now)
     assert co.state(hid).value == "completed"
-    assert (co.moved_bytes(hid), co.shipped_bytes(hid), co.store_bytes(hid)) == (1000, 60, 900)
+    assert (co.times.moved_bytes(hid), co.times.shipped_bytes(hid), co.times.store_bytes(hid)) == (1000, 60, 900)
 
 
 def test_an_origin_cut_keeps_its_digest_with_its_entries():

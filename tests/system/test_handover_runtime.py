@@ -16,7 +16,7 @@ from deploy.topics import read_all
 from ops.chaos import kill_executor, locate
 from ops.cli import main as cli_main
 from replication import run
-from replication.control.handover_coordinator import DEFAULT_RELEASE_S
+from replication.control.handover_timelines import DEFAULT_RELEASE_S
 from replication.examples.ordered import (
     HashChain,
     build_ordered_job,
