@@ -22,7 +22,8 @@ from rhino_state.handover import (
     rebalance,
     rescale,
 )
-from rhino_state.handover_manager import HandoverJob, HandoverManager, HandoverRecord
+from rhino_state.handover_events import HandoverJob, HandoverRecord
+from rhino_state.handover_manager import HandoverManager
 from rhino_state.handover_messages import (
     AckKind,
     AckOutcome,
