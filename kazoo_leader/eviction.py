@@ -13,7 +13,8 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 
-from kazoo_leader.election import ElectionClient, sequence_number, zk_client
+from kazoo_leader.candidacy import sequence_number
+from kazoo_leader.election import ElectionClient, zk_client
 
 log = logging.getLogger(__name__)
 
