@@ -40,7 +40,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from replication.plan import ChannelSpec
-from replication.runtime.senders import BatchSender, Cursor, LocalSender, OutgoingBatch, Transport
+from replication.runtime.channel_sending import ChannelSending
+from replication.runtime.senders import BatchSender, Cursor, LocalSender, Transport
 from transport import batch_format
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,10 @@ class BackupTrimmed(Exception):
     """A rejoining replica needs seqs the channel no longer holds."""
 
 
-class OutputChannel:
+class OutputChannel(ChannelSending):
+    """One output channel of a replica: the emitting side (batches, seqs, back-pressure, backups,
+    cut-offs); what its senders take is :class:`~replication.runtime.channel_sending.ChannelSending`."""
+
     def __init__(
         self,
         spec: ChannelSpec,
@@ -355,61 +359,3 @@ class OutputChannel:
         if not any(self._alive) and not any(self._retired) and self._retain_from is None:
             raise ChannelClosed(f"channel {self.spec.id}: every replica of partition {self.spec.dst_partition} "
                                 f"of task {self.spec.dst_task} is lost")
-
-    # -- sending side (called by the cursors' senders) ---------------------------------------
-    def next_batch(self, cursor: Cursor) -> OutgoingBatch | None:
-        """What ``cursor``'s replica must be sent next: every sealed batch it has not sent yet,
-        framed as one while they fit in a batch (a replica behind catches up in few sends), or the
-        open batch once its buffer timeout passed; None if nothing is due (or the cursor is stale)."""
-        i = cursor.replica
-        with self._cond:
-            if self._closed or not self._alive[i] or self._gen[i] != cursor.gen:
-                return None
-            first_seq = self._pos[i]
-            if first_seq not in self._batches:
-                if not self._current:
-                    return None
-                due = self._current_started + self._timeout
-                if due > time.monotonic():
-                    cursor.sender.schedule_at(cursor, due)
-                    return None
-                self._seal()
-            payload, count = self._batches[first_seq]
-            framed = [payload]
-            nxt = first_seq + count
-            while nxt in self._batches and count + self._batches[nxt][1] <= self._batch_size:
-                framed.append(self._batches[nxt][0])
-                count += self._batches[nxt][1]
-                nxt = first_seq + count
-        if len(framed) > 1:  # (the receiver's dedup takes any range)
-            elements = []
-            for one in framed:
-                elements += batch_format.decode_elements(one, batch_format.decode_header(one))
-            spec = self.spec
-            payload = batch_format.encode_batch(spec.dst_task, spec.dst_partition, spec.id, first_seq, elements)
-        return OutgoingBatch(first_seq, count, len(framed), payload)
-
-    def batch_sent(self, cursor: Cursor, batch: OutgoingBatch) -> None:
-        i = cursor.replica
-        with self._cond:
-            if self._gen[i] != cursor.gen:
-                return
-            self._pos[i] = batch.first_seq + batch.count
-            self._unsent[i] -= batch.sealed
-            self.batches_sent[i] += batch.sealed
-            self.elements_sent[i] += batch.count
-            self._trim()
-            self._cond.notify_all()
-            if self._closed or not self._alive[i]:
-                return
-            if self._seal_when_free and self._current and not self._unsent[i]:
-                self._seal()
-            if self._pos[i] in self._batches:
-                cursor.sender.schedule(cursor)
-            elif self._current:
-                cursor.sender.schedule_at(cursor, self._current_started + self._timeout)
-
-    def batch_failed(self, cursor: Cursor, err: BaseException) -> None:
-        with self._cond:
-            if not self._retired[cursor.replica] and self._gen[cursor.replica] == cursor.gen:
-                self._cut_off(cursor.replica, f"send failed: {err}")

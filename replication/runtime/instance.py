@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from replication import savepoint
-from replication.handover_orders import CodeOrder, HandoverOrder
 from replication.heartbeat_parts import ReplicaAck
 from replication.metrics import InstanceMetrics
 from replication.plan import PhysicalPlan, TaskSpec, replica_name
@@ -26,7 +25,8 @@ from replication.runtime.chain import build_chain, chain_operators
 from replication.runtime.channels import OutputChannel
 from replication.runtime.deadletter import ExactlyOnceDeadLetters, describe_error
 from replication.runtime.elements import DATA, MAX_WATERMARK
-from replication.runtime.handovers import CodeSwitches, PartitionHandovers, RouterSwitches, arm_acks
+from replication.runtime.handover_service import ReplicaHandoverPart
+from replication.runtime.handovers import CodeSwitches, PartitionHandovers, RouterSwitches
 from replication.runtime.operators import Router, serves_through_moves
 from rhino_state import RocksDBStateBackend, StateContext
 from rhino_state.increments import digest_hex
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 1.0
 
 
-class PartitionInstance:
+class PartitionInstance(ReplicaHandoverPart):
     """Shared plumbing: metrics, dead letters, state, output channels, lifecycle."""
 
     def __init__(self, worker: Any, task: TaskSpec, partition: int, replica: int, plan: PhysicalPlan,
@@ -115,54 +115,6 @@ class PartitionInstance:
 
     def state_context(self, operator_name: str) -> StateContext:
         return StateContext(self.state_backend(), operator_name, self.num_key_groups)
-
-    # -- handovers (replication.runtime.handovers) --------------------------------------------------
-    def apply_handover(self, order: HandoverOrder | CodeOrder, restored: bool = False) -> None:
-        """Worker thread: install, commit or cancel ``order`` in the roles this replica has in it
-        (``restored``: armed by :meth:`rearm`, where a part found done is in the checkpoint)."""
-        outcomes: dict[str, str] = {}
-        if isinstance(order, CodeOrder):
-            if order.task == self.task.id and not self.task.is_source:
-                outcomes["operator"] = self.code_switches.arm(order)
-        else:
-            if (self.task.id, self.partition) in order.upstreams:
-                outcomes["upstream"] = self.router_switches.arm(order)
-            if self.handovers is not None and order.task == self.task.id and \
-                    self.partition in order.origins | order.targets:
-                outcome = self.handovers.arm(order)
-                outcomes.update({role: outcome for role, members in (("origin", order.origins),
-                                                                     ("target", order.targets))
-                                 if self.partition in members})
-        for kind in arm_acks(order, outcomes, restored):
-            self.handover_ack(order.handover_id, order.epoch, kind)
-
-    def rearm(self, orders: list[HandoverOrder | CodeOrder], pulse: int) -> None:
-        """A replica restored from the checkpoint at pulse ``pulse``: arm the committed orders
-        the driver still retains; those the checkpoint already includes are skipped ("done")."""
-        self.code_switches.position = pulse
-        if self.handovers is not None:
-            self.handovers.position = pulse
-        for order in orders:
-            self.apply_handover(order, restored=True)
-
-    def handover_ack(self, handover_id: int, epoch: int, kind: str, digest: str = "", entries: int = 0,
-                     times: dict[str, float] | None = None) -> None:
-        """Queue an acknowledgement for the driver (the worker sends its next heartbeat now), once.
-        It carries the wall-clock time of the action (``at``) and ``times``: what else the driver
-        cannot see (a target's cut arrival, release and load; an origin's bytes cut)."""
-        with self._ack_lock:
-            if (handover_id, kind) in self._acked:
-                return
-            self._acked.add((handover_id, kind))
-            self._handover_acks.append(ReplicaAck(
-                handover_id, epoch, (self.task.id, self.partition, self.replica), kind, digest, entries,
-                self.attempt, self.metrics.checkpoint_id, {"at": time.time(), **(times or {})}))
-        self.worker.link.ring()  # the next step of the handover waits for this ack
-
-    def take_handover_acks(self) -> list[ReplicaAck]:
-        with self._ack_lock:
-            acks, self._handover_acks = self._handover_acks, []
-        return acks
 
     # -- Rhino checkpoints ----------------------------------------------------------------
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
