@@ -32,27 +32,22 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from rocksdict import AccessType, Checkpoint, Rdict, ReadOptions
+from rocksdict import Checkpoint, Rdict
 
 from rhino_state.backend import MARKER_KEY, encode_marker
 from rhino_state.increments import (
-    IncrementFormatError,
     IncrementMeta,
-    IncrementReader,
-    IncrementWriter,
     apply_increment,
-    combine_digest,
-    digest_hex,
-    digest_value,
-    pair_hash,
 )
 from rhino_state.standby_db import (
-    IncrementDigestError,
-    check_digest,
+    check_delta,
     db_options,
+    export_snapshot,
     link_db,
     link_or_copy,
     load_full,
+    read_ranges,
+    read_snapshot,
     restore_full,
     unlink_quietly,
 )
@@ -67,7 +62,6 @@ __all__ = [
 ]
 
 _INSTANCE_DIR = re.compile(r"t\d+-p\d+")
-_MULTI_GET_CHUNK = 1024
 
 
 class IncrementGapError(RuntimeError):
@@ -216,23 +210,7 @@ class ReplicaStore:
     def _apply_delta(self, inst: _Instance, meta: IncrementMeta, payload: str) -> None:
         db, last = inst.db, inst.last
         assert db is not None and last is not None
-        # Pass 1, read only: checksum, and the digest the standby will have.
-        removed: list[int] = []
-        added: list[int] = []
-        reader = IncrementReader(payload)
-        with reader:
-            if reader.full:
-                raise IncrementFormatError(f"{payload}: the meta says delta, the payload is a full snapshot")
-            chunk: list[bytes] = []
-            for key, value in reader:
-                chunk.append(key)
-                if value is not None:
-                    added.append(pair_hash(key, value))
-                if len(chunk) >= _MULTI_GET_CHUNK:
-                    removed.extend(_old_hashes(db, chunk))
-                    chunk = []
-            removed.extend(_old_hashes(db, chunk))
-        check_digest(meta, digest_hex(combine_digest(digest_value(last.digest), removed, added)))
+        check_delta(db, last, meta, payload)  # pass 1, read only: checksum, and the digest the standby will have
         # Pass 2: write. A failure here leaves a partial standby, which is discarded.
         try:
             apply_increment(db, payload, verify=False)
@@ -386,7 +364,7 @@ class ReplicaStore:
             if inst is None:
                 raise CheckpointNotHeldError(f"instance {instance} has no increments in this store")
             if inst.db is not None and inst.last is not None and inst.last.checkpoint_id == checkpoint_id:
-                return _read_ranges(inst.db, ranges)
+                return read_ranges(inst.db, ranges)
             if inst.completed is not None and inst.completed.checkpoint_id == checkpoint_id:
                 source = inst.completed_dir
             elif checkpoint_id in inst.older:
@@ -399,14 +377,7 @@ class ReplicaStore:
                                              f"(the standby is at {last})")
             private = os.path.join(inst.dir, f"read-{uuid.uuid4().hex}")
             link_db(source, private)  # the snapshot may be deleted once the lock is released
-        try:
-            db = Rdict(private, db_options(), access_type=AccessType.read_only())
-            try:
-                return _read_ranges(db, ranges)
-            finally:
-                db.close()
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
+        return read_snapshot(private, ranges)
 
     def export_full(self, instance: PartitionId, path: str | os.PathLike[str],
                     checkpoint_id: int | None = None) -> IncrementMeta:
@@ -422,38 +393,7 @@ class ReplicaStore:
             completed, source = _completed(instance, inst, checkpoint_id)
             private = os.path.join(inst.dir, f"export-{uuid.uuid4().hex}")
             link_db(source, private)
-        try:
-            db = Rdict(private, db_options(), access_type=AccessType.read_only())
-            try:
-                total = 0
-                with IncrementWriter(path, full=True) as writer:
-                    it = db.iter(ReadOptions())
-                    it.seek(b"\x00\x00")
-                    while it.valid():
-                        key, value = it.key(), it.value()
-                        writer.add(key, value)
-                        total += pair_hash(key, value)
-                        it.next()
-                    del it
-                try:
-                    check_digest(completed, digest_hex(total))
-                except IncrementDigestError:
-                    unlink_quietly(os.fspath(path))
-                    raise
-            finally:
-                db.close()
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
-        return IncrementMeta(
-            instance=completed.instance,
-            checkpoint_id=completed.checkpoint_id,
-            previous_id=None,
-            digest=completed.digest,
-            changed_keys=writer.records,
-            bytes_changed=writer.bytes_changed,
-            bytes_shipped=writer.bytes_shipped,
-            runtime=completed.runtime,
-        )
+        return export_snapshot(completed, private, path)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -506,27 +446,3 @@ def _completed(instance: PartitionId, inst: _Instance | None, checkpoint_id: int
             f"instance {instance}: completed checkpoint {checkpoint_id} is not kept here "
             f"(kept: {sorted(inst.older) + [inst.completed.checkpoint_id]})")
     return inst.older[checkpoint_id]
-
-
-def _read_ranges(db: Rdict, ranges: list[range]) -> list[tuple[int, bytes, bytes]]:
-    out: list[tuple[int, bytes, bytes]] = []
-    for r in ranges:
-        read_opt = ReadOptions()
-        if r.stop < 1 << 16:
-            read_opt.set_iterate_upper_bound(r.stop.to_bytes(2, "big"))
-        it = db.iter(read_opt)
-        it.seek(r.start.to_bytes(2, "big"))
-        while it.valid():
-            key = it.key()
-            out.append((int.from_bytes(key[:2], "big"), key[2:], it.value()))
-            it.next()
-        del it
-    return out
-
-
-def _old_hashes(db: Rdict, keys: list[bytes]) -> Iterator[int]:
-    if not keys:
-        return
-    for key, old in zip(keys, db.get(keys), strict=True):
-        if old is not None:
-            yield pair_hash(key, old)

@@ -1,7 +1,8 @@
 """The RocksDB directories of a replica store, below its bookkeeping (DESIGN §6).
 
-Building a database from a full increment (checked against its meta), materialising a closed
-database elsewhere by hard links, writing records in batches, and the file moves the store makes.
+Building a database from a full increment (checked against its meta) and exporting a snapshot as
+one, materialising a closed database elsewhere by hard links, reading key-group ranges, writing
+records in batches, and the file moves the store makes.
 No state: :mod:`rhino_state.replica_store` keeps which instance, checkpoint and directory is what.
 """
 
@@ -10,8 +11,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Iterator
 
-from rocksdict import Options, Rdict, WriteBatch
+from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
 from rhino_state.backend import MARKER_KEY, encode_marker
 from rhino_state.increments import (
@@ -19,21 +21,30 @@ from rhino_state.increments import (
     IncrementFormatError,
     IncrementMeta,
     IncrementReader,
+    IncrementWriter,
+    combine_digest,
     digest_hex,
+    digest_value,
     pair_hash,
 )
 
 __all__ = [
     "IncrementDigestError",
+    "check_delta",
     "check_digest",
     "db_options",
+    "export_snapshot",
     "link_db",
     "link_or_copy",
     "load_full",
+    "read_ranges",
+    "read_snapshot",
     "restore_full",
     "unlink_quietly",
     "write_records",
 ]
+
+_MULTI_GET_CHUNK = 1024  # keys per multi-get
 
 # RocksDB never modifies these after writing them (it only creates and unlinks them), so a
 # restore may hard-link them; everything else (CURRENT, MANIFEST, WAL, OPTIONS, rocksdict's
@@ -157,3 +168,101 @@ def unlink_quietly(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def read_ranges(db: Rdict, ranges: list[range]) -> list[tuple[int, bytes, bytes]]:
+    """``(key_group, rest, value)`` of every key of ``db`` in the key-group ``ranges``, in key order."""
+    out: list[tuple[int, bytes, bytes]] = []
+    for r in ranges:
+        read_opt = ReadOptions()
+        if r.stop < 1 << 16:
+            read_opt.set_iterate_upper_bound(r.stop.to_bytes(2, "big"))
+        it = db.iter(read_opt)
+        it.seek(r.start.to_bytes(2, "big"))
+        while it.valid():
+            key = it.key()
+            out.append((int.from_bytes(key[:2], "big"), key[2:], it.value()))
+            it.next()
+        del it
+    return out
+
+
+def read_snapshot(private: str, ranges: list[range]) -> list[tuple[int, bytes, bytes]]:
+    """:func:`read_ranges` of the snapshot linked at ``private`` (a directory of the caller's
+    own, deleted afterwards)."""
+    try:
+        db = Rdict(private, db_options(), access_type=AccessType.read_only())
+        try:
+            return read_ranges(db, ranges)
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def export_snapshot(completed: IncrementMeta, private: str, path: str | os.PathLike[str]) -> IncrementMeta:
+    """Write the snapshot linked at ``private`` (completed checkpoint ``completed``; a directory of
+    the caller's own, deleted afterwards) as a full increment payload at ``path``, checked
+    against ``completed``'s digest, streaming; its meta."""
+    try:
+        db = Rdict(private, db_options(), access_type=AccessType.read_only())
+        try:
+            total = 0
+            with IncrementWriter(path, full=True) as writer:
+                it = db.iter(ReadOptions())
+                it.seek(b"\x00\x00")
+                while it.valid():
+                    key, value = it.key(), it.value()
+                    writer.add(key, value)
+                    total += pair_hash(key, value)
+                    it.next()
+                del it
+            try:
+                check_digest(completed, digest_hex(total))
+            except IncrementDigestError:
+                unlink_quietly(os.fspath(path))
+                raise
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    return IncrementMeta(
+        instance=completed.instance,
+        checkpoint_id=completed.checkpoint_id,
+        previous_id=None,
+        digest=completed.digest,
+        changed_keys=writer.records,
+        bytes_changed=writer.bytes_changed,
+        bytes_shipped=writer.bytes_shipped,
+        runtime=completed.runtime,
+    )
+
+
+def check_delta(db: Rdict, last: IncrementMeta, meta: IncrementMeta, payload: str) -> None:
+    """Before a delta is written to the standby ``db`` (at checkpoint ``last``): its payload's
+    checksum, and the content digest the standby will have, against ``meta``
+    (:class:`IncrementDigestError`; read only: a bad delta leaves the standby untouched)."""
+    removed: list[int] = []
+    added: list[int] = []
+    reader = IncrementReader(payload)
+    with reader:
+        if reader.full:
+            raise IncrementFormatError(f"{payload}: the meta says delta, the payload is a full snapshot")
+        chunk: list[bytes] = []
+        for key, value in reader:
+            chunk.append(key)
+            if value is not None:
+                added.append(pair_hash(key, value))
+            if len(chunk) >= _MULTI_GET_CHUNK:
+                removed.extend(_old_hashes(db, chunk))
+                chunk = []
+        removed.extend(_old_hashes(db, chunk))
+    check_digest(meta, digest_hex(combine_digest(digest_value(last.digest), removed, added)))
+
+
+def _old_hashes(db: Rdict, keys: list[bytes]) -> Iterator[int]:
+    if not keys:
+        return
+    for key, old in zip(keys, db.get(keys), strict=True):
+        if old is not None:
+            yield pair_hash(key, old)
