@@ -32,7 +32,7 @@ class DriverServices(ServiceSet[DriverService]):
 
     def take_reports(self, worker: int, parts: dict[str, Any]) -> None:
         """Hand each service its part of ``worker``'s heartbeat (None where it sent none)."""
-        unknown = parts.keys() - {s.name for s in self._services}
+        unknown = parts.keys() - set(self.names())
         if unknown:
             raise ValueError(f"worker {worker} reported for services this driver does not run: {sorted(unknown)}")
         for service in self._services:

@@ -23,14 +23,13 @@ class OutputWriters:
 
     def committed(self) -> dict[OutputKey, tuple[int, int]]:
         """What each exactly-once output (sink, dead letters) of the hosted replicas committed."""
-        return {(t, p, w.kind): w.committed for (t, p), inst in list(self.worker.instances.items())
-                for w in inst.writers}
+        return _committed(list(self.worker.instances.items()))
 
     def report(self) -> OutputProgress | None:
-        hosted = list(self.worker.instances.items())
+        hosted = list(self.worker.instances.items())  # (one snapshot for both: restores add replicas)
         fenced = {(t, p, inst.replica, w.kind): w.fenced_at for (t, p), inst in hosted
                   for w in inst.writers if w.fenced_at >= 0}
-        committed = self.committed()
+        committed = _committed(hosted)
         return OutputProgress(committed, fenced) if committed or fenced else None
 
     def settle(self, part: OutputProgress, delivered: bool) -> None:
@@ -39,6 +38,10 @@ class OutputWriters:
     def apply(self, part: WriterRoles) -> None:
         for inst in self.worker.hosted():
             give_roles(part.roles, inst)
+
+
+def _committed(hosted: list[tuple[tuple[int, int], Any]]) -> dict[OutputKey, tuple[int, int]]:
+    return {(t, p, w.kind): w.committed for (t, p), inst in hosted for w in inst.writers}
 
 
 def give_roles(roles: Mapping[OutputKey, tuple[int, int, int, int]], inst: Any) -> None:

@@ -41,7 +41,6 @@ import grpc
 from confluent_kafka import Producer
 
 from replication.config import ReplicationConfig
-from replication.heartbeat_parts import SAVEPOINT
 from replication.messages import (
     Ack,
     Attach,
@@ -410,8 +409,8 @@ class Worker:
         """A standby holds its slot until the job ends."""
         while True:
             reply = self.link.heartbeat(with_metrics=False)
-            if reply is not None and SAVEPOINT in reply.parts:
-                self.savepoint.apply(reply.parts[SAVEPOINT])
+            if reply is not None:
+                self.services.apply(reply.parts)  # (it hosts nothing: in effect, the savepoint's directory)
             if reply is not None and reply.command in ("drain", "stop", "evicted"):
                 return self._report("standby")
             time.sleep(self.cfg.heartbeat_interval_ms / 1000)
