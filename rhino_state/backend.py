@@ -19,47 +19,39 @@ short-lived iterator, so an abandoned generator never keeps the database open
 after ``close()``. Writes made while a generator is suspended may or may not be
 seen by it; every key is yielded at most once, in ascending order.
 
-Incremental checkpoints (Rhino, DESIGN §6): after a first checkpoint the backend
-tracks the set of physical keys written (put or delete) since the last one,
-independently of cache flushes. ``checkpoint()`` flushes and writes a payload
-file (``rhino_state.increments``) with the final value or tombstone of every
-changed key, or, for the first checkpoint or with ``full=True``, every live key.
-The meta's ``digest`` is the commutative content digest described in
-``rhino_state.increments``, kept up to date in O(changed keys): the first write
-of a key in an interval remembers the hash of its value at the last checkpoint
-(from the read cache, else read from RocksDB with one multi-get per flush,
-before the batch overwrites it). ``digest()`` computes the same digest by a full
-scan. Keys are not tracked before the first checkpoint (it is full anyway). A
-key written back to its checkpoint-time value, or deleted while absent, is still
-shipped (as its value or a tombstone).
+Incremental checkpoints (Rhino, DESIGN §6): ``checkpoint()`` flushes and writes a payload file
+(``rhino_state.increments``) with the final value or tombstone of every key changed since the last
+checkpoint, or, for the first checkpoint or with ``full=True``, every live key. Which keys changed,
+the content digest kept in O(changed keys) and the marker that lets a reopened database resume the
+chain are :mod:`rhino_state.checkpoint_chain`. ``digest()`` computes the same digest by a full
+scan. A key written back to its checkpoint-time value, or deleted while absent, is still shipped
+(as its value or a tombstone).
 
 Measured cost (CPython, 64-byte values, shared machine, so rough): the first
 write of a key in an interval adds ~1 us (one BLAKE2b) when the old value is in
 the read cache (read-modify-write) and ~2-3 us when the flush has to read it
 (blind writes); a delta checkpoint of 1,000 changed keys takes ~10 ms, a full
 snapshot of 10^5 keys ~140 ms, and a full-scan ``digest()`` of them ~110 ms.
-
-Checkpoint marker: a checkpoint also stores ``(checkpoint id, digest)`` under
-the reserved 1-byte key ``b"\\x00"`` (physical keys are at least 2 bytes long,
-so it never collides and no iteration reaches it). The first flush that changes
-the content after a checkpoint deletes it in the same WriteBatch. Opening a
-database with a marker (e.g. one restored from a replica store) therefore
-resumes the chain at that checkpoint; without one, the next checkpoint is full.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from heapq import merge
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
+from rhino_state.checkpoint_chain import (
+    MARKER_KEY,
+    MULTI_GET_CHUNK,
+    CheckpointChain,
+    decode_marker,
+    encode_marker,
+)
 from rhino_state.increments import (
-    DIGEST_MODULUS,
     WRITE_BATCH_BYTES,
     IncrementMeta,
     IncrementWriter,
@@ -73,29 +65,7 @@ from transport.ids import PartitionId
 __all__ = ["RocksDBStateBackend", "StateBackendClosedError"]
 
 _ITER_CHUNK = 512
-_MULTI_GET_CHUNK = 1024
-MARKER_KEY = b"\x00"  # reserved: the last checkpoint, valid while the content has not changed since
 _FIRST_KEY = b"\x00\x00"  # smallest physical key
-
-
-def encode_marker(checkpoint_id: int, digest: str) -> bytes:
-    """Value of the checkpoint marker key: the database holds the content of this checkpoint."""
-    return json.dumps({"checkpoint_id": checkpoint_id, "digest": digest}).encode()
-
-
-def decode_marker(raw: bytes | None) -> tuple[int, str] | None:
-    """``(checkpoint_id, digest)`` of a marker value, or None if absent or unreadable."""
-    if raw is None:
-        return None
-    try:
-        marker = json.loads(raw)
-        checkpoint_id, digest = marker["checkpoint_id"], marker["digest"]
-        digest_value(digest)
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(checkpoint_id, int):
-        return None
-    return checkpoint_id, digest
 
 
 class StateBackendClosedError(RuntimeError):
@@ -115,6 +85,28 @@ def _successor(prefix: bytes) -> bytes | None:
     if not stripped:
         return None
     return stripped[:-1] + bytes((stripped[-1] + 1,))
+
+
+def _db_range(open_db: Callable[[], Rdict], lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+    """RocksDB content of [lower, upper), read in chunks with short-lived iterators; ``open_db``
+    gives the database for each chunk (and raises once it is closed)."""
+    seek = lower
+    while True:
+        db = open_db()
+        read_opt = ReadOptions()
+        if upper is not None:
+            read_opt.set_iterate_upper_bound(upper)
+        it = db.iter(read_opt)
+        it.seek(seek)
+        chunk = []
+        while it.valid() and len(chunk) < _ITER_CHUNK:
+            chunk.append((it.key(), it.value()))
+            it.next()
+        del it  # release the RocksDB iterator before yielding
+        yield from chunk
+        if len(chunk) < _ITER_CHUNK:
+            return
+        seek = chunk[-1][0] + b"\x00"
 
 
 class RocksDBStateBackend:
@@ -141,16 +133,11 @@ class RocksDBStateBackend:
         self._clean: OrderedDict[bytes, bytes | None] = OrderedDict()  # None: known absent
         self._stats = dict.fromkeys(("reads", "writes", "cache_hits", "flushes", "bytes_written"), 0)
         self.instance = instance
-        # Checkpoint chain. _changed is None when there is no previous checkpoint to delta against.
-        self._last_checkpoint: int | None = None
-        self._checkpoint_digest = 0  # content digest at _last_checkpoint
-        self._changed: set[bytes] | None = None
-        self._base_pending: set[bytes] = set()  # changed keys whose checkpoint-time value is not hashed yet
-        self._base_sum = 0  # sum of pair hashes of the changed keys' values at _last_checkpoint
+        self._chain = CheckpointChain()
         self._marker_valid = False  # the marker in RocksDB describes the current content
         marker = decode_marker(self._db.get(MARKER_KEY))
         if marker is not None:
-            self._start_chain(marker[0], digest_value(marker[1]))
+            self._chain.start(marker[0], digest_value(marker[1]))
             self._marker_valid = True
 
     # ------------------------------------------------------------------ point access
@@ -184,16 +171,7 @@ class RocksDBStateBackend:
     def _write(self, key: bytes, value: bytes | None) -> None:
         self._open_db()
         self._stats["writes"] += 1
-        changed = self._changed
-        if changed is not None and key not in changed:
-            # First write since the checkpoint (so not dirty): remember the checkpoint-time value's hash.
-            changed.add(key)
-            if key in self._clean:
-                old = self._clean[key]
-                if old is not None:
-                    self._base_sum += pair_hash(key, old)
-            else:
-                self._base_pending.add(key)
+        self._chain.written(key, self._clean)
         if key not in self._dirty and self._dirty_sorted is not None:
             insort(self._dirty_sorted, key)
         self._dirty[key] = value
@@ -234,33 +212,13 @@ class RocksDBStateBackend:
         start = bisect_left(sorted_dirty, lower)
         stop = len(sorted_dirty) if upper is None else bisect_left(sorted_dirty, upper, start)
         dirty = [(key, 0, self._dirty[key]) for key in sorted_dirty[start:stop]]
-        stored = ((key, 1, value) for key, value in self._db_range(lower, upper))
+        stored = ((key, 1, value) for key, value in _db_range(self._open_db, lower, upper))
         last = None
         for key, _, value in merge(dirty, stored):  # dirty (0) sorts before stored (1) on equal keys
             if key != last:
                 last = key
                 if value is not None:
                     yield key, value
-
-    def _db_range(self, lower: bytes, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        """RocksDB content of [lower, upper), read in chunks with short-lived iterators."""
-        seek = lower
-        while True:
-            db = self._open_db()
-            read_opt = ReadOptions()
-            if upper is not None:
-                read_opt.set_iterate_upper_bound(upper)
-            it = db.iter(read_opt)
-            it.seek(seek)
-            chunk = []
-            while it.valid() and len(chunk) < _ITER_CHUNK:
-                chunk.append((it.key(), it.value()))
-                it.next()
-            del it  # release the RocksDB iterator before yielding
-            yield from chunk
-            if len(chunk) < _ITER_CHUNK:
-                return
-            seek = chunk[-1][0] + b"\x00"
 
     def _sorted_dirty_keys(self) -> list[bytes]:
         if self._dirty_sorted is None:
@@ -280,14 +238,7 @@ class RocksDBStateBackend:
         db = self._open_db()
         if not self._dirty:
             return
-        if self._base_pending:
-            pending = list(self._base_pending)
-            for start in range(0, len(pending), _MULTI_GET_CHUNK):
-                keys = pending[start : start + _MULTI_GET_CHUNK]
-                for key, old in zip(keys, db.get(keys), strict=True):
-                    if old is not None:
-                        self._base_sum += pair_hash(key, old)
-            self._base_pending.clear()
+        self._chain.hash_stored(db)
         batch = WriteBatch(raw_mode=True)
         if self._marker_valid:
             batch.delete(MARKER_KEY)
@@ -322,12 +273,12 @@ class RocksDBStateBackend:
     @property
     def last_checkpoint_id(self) -> int | None:
         """Id of the checkpoint the next delta applies to; None: the next checkpoint is full."""
-        return self._last_checkpoint
+        return self._chain.last_id
 
     @property
     def changed_count(self) -> int | None:
         """Keys put or deleted since the last checkpoint; None if there is none (all is new)."""
-        return None if self._changed is None else len(self._changed)
+        return None if self._chain.changed is None else len(self._chain.changed)
 
     def changes_in(self, key_groups: Iterable[range]) -> list[tuple[int, bytes, bytes | None]] | None:
         """``(key_group, rest, value)`` of every key in ``key_groups`` put or deleted since the last
@@ -336,15 +287,16 @@ class RocksDBStateBackend:
         their content now (a handover ships only this to a target that holds the checkpoint).
         None: there is no checkpoint to apply it to."""
         db = self._open_db()
-        if self._changed is None:
+        changed = self._chain.changed
+        if changed is None:
             return None
         bounds = [(_kg_prefix(r.start), None if r.stop >= 1 << 16 else _kg_prefix(r.stop)) for r in key_groups if r]
-        keys = sorted(k for k in self._changed
+        keys = sorted(k for k in changed
                       if any(lo <= k and (hi is None or k < hi) for lo, hi in bounds))
         stored = [k for k in keys if k not in self._dirty]
         values: dict[bytes, bytes | None] = {}
-        for start in range(0, len(stored), _MULTI_GET_CHUNK):
-            chunk = stored[start : start + _MULTI_GET_CHUNK]
+        for start in range(0, len(stored), MULTI_GET_CHUNK):
+            chunk = stored[start : start + MULTI_GET_CHUNK]
             values.update(zip(chunk, db.get(chunk), strict=True))
         return [(int.from_bytes(k[:2], "big"), k[2:], self._dirty[k] if k in self._dirty else values[k])
                 for k in keys]
@@ -369,22 +321,22 @@ class RocksDBStateBackend:
             raise ValueError("construct the backend with instance=(task, partition) to take checkpoints")
         if not isinstance(checkpoint_id, int) or checkpoint_id < 0:
             raise ValueError(f"checkpoint_id must be a non-negative int, got {checkpoint_id!r}")
-        if self._last_checkpoint is not None and checkpoint_id <= self._last_checkpoint:
-            raise ValueError(f"checkpoint ids must increase: {checkpoint_id} after {self._last_checkpoint}")
+        last = self._chain.last_id
+        if last is not None and checkpoint_id <= last:
+            raise ValueError(f"checkpoint ids must increase: {checkpoint_id} after {last}")
         self.flush()
-        previous = None if full or self._changed is None else self._last_checkpoint
+        previous = None if full or self._chain.changed is None else last
         with IncrementWriter(path, full=previous is None) as writer:
             if previous is None:
                 total = 0
-                for key, value in self._db_range(_FIRST_KEY, None):
+                for key, value in _db_range(self._open_db, _FIRST_KEY, None):
                     writer.add(key, value)
                     total += pair_hash(key, value)
             else:
-                assert self._changed is not None and not self._base_pending
-                total = self._checkpoint_digest - self._base_sum
-                keys = sorted(self._changed)
-                for start in range(0, len(keys), _MULTI_GET_CHUNK):
-                    chunk = keys[start : start + _MULTI_GET_CHUNK]
+                total = self._chain.unchanged_sum()
+                keys = sorted(self._chain.changed or ())
+                for start in range(0, len(keys), MULTI_GET_CHUNK):
+                    chunk = keys[start : start + MULTI_GET_CHUNK]
                     for key, value in zip(chunk, db.get(chunk), strict=True):
                         writer.add(key, value)
                         if value is not None:
@@ -392,7 +344,7 @@ class RocksDBStateBackend:
         digest = digest_hex(total)
         db.put(MARKER_KEY, encode_marker(checkpoint_id, digest))
         self._marker_valid = True
-        self._start_chain(checkpoint_id, total)
+        self._chain.start(checkpoint_id, total)
         return IncrementMeta(
             instance=self.instance,
             checkpoint_id=checkpoint_id,
@@ -403,13 +355,6 @@ class RocksDBStateBackend:
             bytes_shipped=writer.bytes_shipped,
             runtime=runtime,
         )
-
-    def _start_chain(self, checkpoint_id: int, digest: int) -> None:
-        self._last_checkpoint = checkpoint_id
-        self._checkpoint_digest = digest % DIGEST_MODULUS
-        self._changed = set()
-        self._base_pending = set()
-        self._base_sum = 0
 
     def stats(self) -> dict[str, int]:
         """Counters: reads, writes, cache_hits, flushes, bytes_written, plus dirty and cached sizes."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from rocksdict import Checkpoint, Rdict
 
-from rhino_state.backend import MARKER_KEY, encode_marker
+from rhino_state.checkpoint_chain import MARKER_KEY, encode_marker
 from rhino_state.increments import (
     IncrementMeta,
     apply_increment,

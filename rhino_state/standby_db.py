@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch
 
-from rhino_state.backend import MARKER_KEY, encode_marker
+from rhino_state.checkpoint_chain import MARKER_KEY, encode_marker
 from rhino_state.increments import (
     WRITE_BATCH_BYTES,
     IncrementFormatError,
