@@ -151,10 +151,10 @@ class CutExchange:
         (Rhino: for a target replica restored from a checkpoint before the release, or one that
         could not rebuild the cut from its copy of the origin's checkpoint)."""
         inst = self.worker.instances.get((req.task, req.origin))
-        kept = inst.handovers.kept_cut(req.handover, req.partition) if inst and inst.handovers else None
+        kept = inst.handovers.kept_cuts.kept_cut(req.handover, req.partition) if inst and inst.handovers else None
         twin = self.worker.instances.get((req.task, req.partition))  # the asking target's twin, if it runs here
         if kept is None and twin is not None and twin.handovers is not None:
-            kept = twin.handovers.received_cut(req.handover, req.origin, self.cfg.handover_chunk_bytes)
+            kept = twin.handovers.kept_cuts.received_cut(req.handover, req.origin, self.cfg.handover_chunk_bytes)
         if kept is None or not 0 <= req.chunk < len(kept.chunks):
             return KeptCut(missing=True)
         i = req.chunk

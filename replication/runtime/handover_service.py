@@ -46,7 +46,7 @@ class HandoverParticipation:
             retained = set(part.retained)
             for inst in self.worker.hosted():
                 if inst.handovers is not None:
-                    inst.handovers.forget_kept(retained)
+                    inst.handovers.kept_cuts.forget(retained)
 
 
 class ReplicaHandoverPart:

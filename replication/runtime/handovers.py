@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from replication.handover_orders import CodeOrder, HandoverOrder
-from replication.runtime.handover_cuts import DeltaCut, OriginCut, TargetCut, chunk_entries
+from replication.runtime.handover_cuts import DeltaCut, OriginCut
+from replication.runtime.kept_cuts import KeptCuts
 from rhino_state import (
     LateInstructionError,
     RocksDBStateBackend,
@@ -42,7 +43,7 @@ from rhino_state import (
     cut_key_groups,
     load_key_groups,
 )
-from rhino_state.cut import Change, CutEntry, cut_digest
+from rhino_state.cut import Change, cut_digest
 
 # How often a replica blocked at a handover position looks at its stop flag.
 WAIT_SLICE_S = 0.05
@@ -244,6 +245,7 @@ class PartitionHandovers(_Decisions):
         super().__init__()
         self.task, self.partition = task, partition
         self.keep_cuts = keep_cuts  # Rhino: cuts are kept for replicas restored from earlier checkpoints
+        self.kept_cuts = KeptCuts()
         self.num_key_groups, self.num_vnodes = num_key_groups, num_vnodes
         self._steps: dict[int, _Step] = {}
         # a target whose chain only has windows with mergeable aggregators serves the moved keys
@@ -253,15 +255,6 @@ class PartitionHandovers(_Decisions):
         self.position = 0  # the last pulse forwarded
         self.moved_entries = 0  # state entries cut or loaded here
         self.held_records = 0
-        # Rhino: this origin's cuts, per target partition, kept until the driver says every
-        # target's restore point is past the release: a target replica restored from an earlier
-        # checkpoint (or whose worker did not hold the checkpoint a delta applies to, or whose local
-        # origin replica failed) fetches its cut (the origin's own checkpoints no longer have it)
-        self._kept: dict[int, dict[int, TargetCut]] = {}
-        # Rhino: the cuts this target completed (origin -> entries and extras; chunked the first time
-        # they are asked for), kept as long: the twin target replica, restored from an earlier
-        # checkpoint after every origin replica that kept the cut was lost, fetches it here
-        self._received: dict[int, dict[int, tuple[list[CutEntry], dict[str, list]] | TargetCut]] = {}
 
     # -- worker thread ------------------------------------------------------------------------
     def arm(self, order: HandoverOrder) -> str:
@@ -322,7 +315,7 @@ class PartitionHandovers(_Decisions):
     def _cut_complete(self, step: _Step, origin: int, entries: list[tuple[int, bytes, bytes]]) -> None:
         step.cuts[origin] = entries
         if self.keep_cuts:
-            self._received.setdefault(step.order.handover_id, {})[origin] = (entries, step.extras.get(origin, {}))
+            self.kept_cuts.add_received(step.order.handover_id, origin, entries, step.extras.get(origin, {}))
         step.chunks.pop(origin, None)
         step.deltas.pop(origin, None)
         if step.origins <= step.cuts.keys():
@@ -350,35 +343,6 @@ class PartitionHandovers(_Decisions):
                 return None
             return DeltaCut(handover_id, origin, base, [c for i in range(chunks) for c in parts[i]], digest,
                             entries, step.extras.get(origin, {}))
-
-    def kept_cut(self, handover_id: int, target: int) -> TargetCut | None:
-        """This origin's kept cut of ``handover_id`` for partition ``target`` (None: not kept)."""
-        with self._cond:
-            return self._kept.get(handover_id, {}).get(target)
-
-    def received_cut(self, handover_id: int, origin: int, chunk_bytes: int) -> TargetCut | None:
-        """Origin partition ``origin``'s cut of ``handover_id`` as this target received it, chunked
-        as the origin chunks it (entries in key order, :func:`chunk_entries`), so that chunks
-        fetched here and from an origin replica fit together (None: not received).  Chunked once,
-        on the first ask (a fetch asks once per chunk)."""
-        with self._cond:
-            got = self._received.get(handover_id, {}).get(origin)
-        if got is None or isinstance(got, TargetCut):
-            return got
-        entries = sorted(got[0])
-        cut = TargetCut(chunk_entries(entries, chunk_bytes), got[1], cut_digest(entries), len(entries))
-        with self._cond:
-            received = self._received.get(handover_id)
-            if received is not None and received.get(origin) is got:
-                received[origin] = cut
-        return cut
-
-    def forget_kept(self, still_needed: Collection[int]) -> None:
-        """Drop the kept and received cuts of the handovers the driver no longer lists."""
-        with self._cond:
-            for table in (self._kept, self._received):
-                for hid in [h for h in table if h not in still_needed]:
-                    del table[hid]
 
     def missing_cuts(self, blocked_for: float | None = None) -> list[tuple[int, int]]:
         """(handover id, origin partition) of the cuts this target still waits for; with
@@ -410,10 +374,6 @@ class PartitionHandovers(_Decisions):
         with self._cond:
             return any(s.gate is not None and (s.gate.held or self.position >= s.order.switch_at)
                        for s in self._steps.values())
-
-    def keep(self, handover_id: int, per_target: dict[int, TargetCut]) -> None:
-        with self._cond:
-            self._kept[handover_id] = per_target
 
     @property
     def gating(self) -> bool:

@@ -76,7 +76,7 @@ class PulseActions:
             per_target = split_cut(order, self.partition, cut, extras, self.num_key_groups,
                                    self.cfg.handover_chunk_bytes)
             if self.cfg.rhino_enabled:
-                handovers.keep(order.handover_id, per_target)
+                handovers.kept_cuts.keep(order.handover_id, per_target)
             shipped = self.worker.cuts.send(order, self.partition, per_target)
             self.handover_ack(order.handover_id, order.epoch, "cut", cut.digest, len(cut.entries),
                               {"at": cut_at, "bytes": entry_bytes(cut.entries), "shipped": shipped})

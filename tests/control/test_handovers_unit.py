@@ -536,13 +536,13 @@ def test_a_target_skips_its_checkpoints_while_it_may_hold_records_and_fetches_mi
 def test_an_origin_keeps_its_cut_per_target_until_the_driver_no_longer_lists_the_handover():
     origin = PartitionHandovers(3, 0, G, V)
     kept = TargetCut([[(_kg(0), b"a", b"1")]], {"w": []}, "d", 1)
-    origin.keep(7, {1: kept})
-    assert origin.kept_cut(7, 1) == kept
-    assert origin.kept_cut(7, 2) is None and origin.kept_cut(8, 1) is None
-    origin.forget_kept({7, 9})
-    assert origin.kept_cut(7, 1) is not None
-    origin.forget_kept({9})
-    assert origin.kept_cut(7, 1) is None
+    origin.kept_cuts.keep(7, {1: kept})
+    assert origin.kept_cuts.kept_cut(7, 1) == kept
+    assert origin.kept_cuts.kept_cut(7, 2) is None and origin.kept_cuts.kept_cut(8, 1) is None
+    origin.kept_cuts.forget({7, 9})
+    assert origin.kept_cuts.kept_cut(7, 1) is not None
+    origin.kept_cuts.forget({9})
+    assert origin.kept_cuts.kept_cut(7, 1) is None
 
 
 def test_a_restored_replica_skips_the_roles_its_checkpoint_already_includes():
@@ -815,17 +815,17 @@ def test_a_target_keeps_the_cut_it_received_for_its_twin_chunked_as_the_origin_c
     assert len(origin_chunks) > 3
     ho = PartitionHandovers(3, 1, G, V, keep_cuts=True)
     ho.arm(_order(committed=True))
-    assert ho.received_cut(7, 0, 500) is None
+    assert ho.kept_cuts.received_cut(7, 0, 500) is None
     for i, chunk in reversed(list(enumerate(origin_chunks))):  # in any order
         ho.state_arrived(7, 0, chunk, i, len(origin_chunks), {"window": [("w", b"k001")]} if i == 0 else None)
-    served = ho.received_cut(7, 0, 500)
+    served = ho.kept_cuts.received_cut(7, 0, 500)
     assert served is not None and served.chunks == origin_chunks and served.entries == 60
-    assert ho.received_cut(7, 0, 500) is served  # chunked once: a fetch asks once per chunk
+    assert ho.kept_cuts.received_cut(7, 0, 500) is served  # chunked once: a fetch asks once per chunk
     assert served.extras == {"window": [("w", b"k001")]}
-    ho.forget_kept({8})  # the driver no longer lists handover 7: no restore point precedes its release
-    assert ho.received_cut(7, 0, 500) is None
+    ho.kept_cuts.forget({8})  # the driver no longer lists handover 7: no restore point precedes its release
+    assert ho.kept_cuts.received_cut(7, 0, 500) is None
 
     without_rhino = PartitionHandovers(3, 1, G, V)
     without_rhino.arm(_order(committed=True))
     without_rhino.state_arrived(7, 0, entries)
-    assert without_rhino.received_cut(7, 0, 500) is None  # nothing is restored: nothing kept
+    assert without_rhino.kept_cuts.received_cut(7, 0, 500) is None  # nothing is restored: nothing kept

@@ -309,7 +309,7 @@ def test_a_target_that_cannot_rebuild_the_cut_from_its_checkpoint_copy_fetches_i
         origin.handovers.at_pulse(11)
         cut = origin.handovers.cut(order, origin_state, incremental=True)
         kept = split_cut(order, 0, cut, {}, G, chunk_bytes=64)
-        origin.handovers.keep(7, kept)
+        origin.handovers.kept_cuts.keep(7, kept)
         tcut = kept[1]
         changes = [c for ch in tcut.changes for c in ch]
         base = {"rebuilt": 5, "checkpoint not here": 6, "wrong digest": 5}[case]
