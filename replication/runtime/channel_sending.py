@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from typing import Any
 
 from replication.plan import ChannelSpec
+from replication.runtime.sealed_batches import SealedBatches
 from replication.runtime.senders import Cursor, OutgoingBatch
 from transport import batch_format
 
@@ -30,8 +30,7 @@ class ChannelSending:
     _gen: list[int]
     _pos: list[int]
     _unsent: list[int]
-    _batches: dict[int, tuple[bytes, int]]
-    _sealed: deque[int]
+    _batches: SealedBatches
     _current: list
     _current_started: float
     _timeout: float

@@ -36,11 +36,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from replication.plan import ChannelSpec
 from replication.runtime.channel_sending import ChannelSending
+from replication.runtime.sealed_batches import SealedBatches
 from replication.runtime.senders import BatchSender, Cursor, LocalSender, Transport
 from transport import batch_format
 
@@ -57,7 +57,8 @@ class BackupTrimmed(Exception):
 
 class OutputChannel(ChannelSending):
     """One output channel of a replica: the emitting side (batches, seqs, back-pressure, backups,
-    cut-offs); what its senders take is :class:`~replication.runtime.channel_sending.ChannelSending`."""
+    cut-offs); what its senders take is :class:`~replication.runtime.channel_sending.ChannelSending`,
+    the sealed batches it holds :class:`~replication.runtime.sealed_batches.SealedBatches`."""
 
     def __init__(
         self,
@@ -92,8 +93,7 @@ class OutputChannel(ChannelSending):
         self._current: list = []
         self._current_started = 0.0
         self._seal_when_free = False  # flush_if_free found every replica busy: seal when one is done
-        self._sealed: deque[int] = deque()  # first seqs of sealed batches not yet sent by every live replica
-        self._batches: dict[int, tuple[bytes, int]] = {}  # first seq -> (framed payload, count)
+        self._batches = SealedBatches(spec.id, first_seq, retain, backup_limit)  # until sent (and checkpointed)
         n = len(self._senders)
         self._pos = [first_seq] * n  # per replica: the next seq it must send
         self._alive = [True] * n
@@ -101,10 +101,6 @@ class OutputChannel(ChannelSending):
         self._replaying = [False] * n  # rejoined, still more than lag_limit behind: not a laggard yet
         self._unsent = [0] * n  # per replica: sealed batches it has not sent yet
         self._gen = [0] * n  # per replica: bumped by rejoin, so a stale cursor stops
-        # upstream backup: sealed batches from this seq on are kept for a restored replica (None: off)
-        self._retain_from: int | None = first_seq if retain else None
-        self._backup_limit = backup_limit
-        self.backup_overflows = 0
         self._closed = False
         self._cond = threading.Condition()
         self.batches_sent = [0] * n
@@ -114,11 +110,7 @@ class OutputChannel(ChannelSending):
     def _sender_for(self, transport: Transport | BatchSender, replica: int) -> BatchSender:
         if isinstance(transport, BatchSender):
             return transport
-        def deliver(_header: batch_format.BatchHeader, payload: bytes) -> bool:
-            transport(payload)  # returns once taken; raises if it failed
-            return True
-
-        sender = LocalSender(f"ch{self.spec.id}-r{replica}", deliver)
+        sender = LocalSender.through(f"ch{self.spec.id}-r{replica}", transport)
         self._owned.append(sender)
         return sender
 
@@ -147,7 +139,7 @@ class OutputChannel(ChannelSending):
                 if any(self._alive):
                     if self._backlog() < self._max_ready:
                         break
-                elif not self._rolling_back() or len(self._sealed) < self._backup_limit:
+                elif not self._rolling_back() or len(self._batches) < self._batches.limit:
                     break  # (rolling back: the backup keeps it for the restored replica, up to its limit)
                 self._cond.wait()
             self._raise_if_unusable()
@@ -220,7 +212,6 @@ class OutputChannel(ChannelSending):
         """Stop without delivering what is buffered."""
         with self._cond:
             self._closed = True
-            self._sealed.clear()
             self._batches.clear()
             self._current = []
             self._cond.notify_all()
@@ -249,17 +240,19 @@ class OutputChannel(ChannelSending):
     def release(self, seq: int) -> None:
         """The destination checkpointed everything below ``seq``: the backup may drop it."""
         with self._cond:
-            if self._retain_from is not None and seq > self._retain_from:
-                self._retain_from = seq
+            if self._batches.release(seq):
                 self._trim()
 
     @property
     def backup_from(self) -> int | None:
         """The lowest seq a rejoining replica can be replayed from (None: no backup kept)."""
         with self._cond:
-            if self._retain_from is None:
-                return None
-            return self._sealed[0] if self._sealed else self._next_seq
+            return self._batches.first(self._next_seq) if self._batches.keeps_backup else None
+
+    @property
+    def backup_overflows(self) -> int:
+        """How often the backup gave up its oldest batches to stay within ``backup_limit``."""
+        return self._batches.overflows
 
     def rejoin(self, replica: int, transport: Transport | BatchSender, from_seq: int, worker: int | None = None) -> None:
         """Send to ``replica`` again (restored from a checkpoint at a new place, ``worker``), starting
@@ -267,14 +260,10 @@ class OutputChannel(ChannelSending):
         with self._cond:
             if self._closed:
                 raise ChannelClosed(f"channel {self.spec.id} is closed")
-            if from_seq >= self._next_seq:
-                pos = self._next_seq
-            else:
-                held = [s for s in self._sealed if s <= from_seq]
-                if not held:
-                    raise BackupTrimmed(f"channel {self.spec.id}: replica {replica} needs seq {from_seq}, the "
-                                        f"backup starts at {self._sealed[0] if self._sealed else self._next_seq}")
-                pos = held[-1]
+            pos = self._batches.start_of(from_seq, self._next_seq)
+            if pos is None:
+                raise BackupTrimmed(f"channel {self.spec.id}: replica {replica} needs seq {from_seq}, the "
+                                    f"backup starts at {self._batches.first(self._next_seq)}")
             self._gen[replica] += 1  # a batch still in flight to the old place must not move pos
             sender = self._senders[replica] = self._sender_for(transport, replica)
             cursor = self._cursors[replica] = Cursor(self, replica, self._gen[replica], sender)
@@ -282,7 +271,7 @@ class OutputChannel(ChannelSending):
             self._pos[replica] = pos
             self._alive[replica] = True
             self._retired[replica] = False
-            self._unsent[replica] = sum(1 for s in self._sealed if s >= pos)
+            self._unsent[replica] = self._batches.count_from(pos)
             self._replaying[replica] = True
             log.info("channel %d: replica %d of %d[%d] rejoins at seq %d (%d batches to replay)", self.spec.id,
                      replica, self.spec.dst_task, self.spec.dst_partition, pos, self._unsent[replica])
@@ -322,8 +311,7 @@ class OutputChannel(ChannelSending):
         batch, self._current = self._current, []
         spec = self.spec
         payload = batch_format.encode_batch(spec.dst_task, spec.dst_partition, spec.id, self._next_seq, batch)
-        self._batches[self._next_seq] = (payload, len(batch))
-        self._sealed.append(self._next_seq)
+        self._batches.add(self._next_seq, payload, len(batch))
         self._next_seq += len(batch)
         for i, cursor in enumerate(self._cursors):
             self._unsent[i] += 1
@@ -332,30 +320,16 @@ class OutputChannel(ChannelSending):
 
     def _trim(self) -> None:
         live = [p for p, a in zip(self._pos, self._alive, strict=True) if a]
-        low = min(live) if live else self._next_seq
-        if self._retain_from is not None:
-            sent = low
-            low = min(low, self._retain_from)
-            if len(self._sealed) > self._backup_limit:  # keep memory bounded: give up the oldest backup
-                over = self._sealed[len(self._sealed) - self._backup_limit]
-                if over > low:
-                    self.backup_overflows += 1
-                    if self.backup_overflows == 1:
-                        log.warning("channel %d: upstream backup beyond %d batches: dropping its oldest "
-                                    "(the destination's checkpoints do not complete)", self.spec.id,
-                                    self._backup_limit)
-                    low = self._retain_from = min(over, sent)
-        while self._sealed and self._sealed[0] + self._batches[self._sealed[0]][1] <= low:
-            del self._batches[self._sealed.popleft()]
+        self._batches.trim(min(live) if live else self._next_seq)
 
     def _rolling_back(self) -> bool:
         """Every destination replica is lost, none finished, and a backup is kept: the destination
         is rolled back from a checkpoint and rejoins, so what is emitted meanwhile is kept."""
-        return self._retain_from is not None and not any(self._alive) and not any(self._retired)
+        return self._batches.keeps_backup and not any(self._alive) and not any(self._retired)
 
     def _raise_if_unusable(self) -> None:
         if self._closed:
             raise ChannelClosed(f"channel {self.spec.id} is closed")
-        if not any(self._alive) and not any(self._retired) and self._retain_from is None:
+        if not any(self._alive) and not any(self._retired) and not self._batches.keeps_backup:
             raise ChannelClosed(f"channel {self.spec.id}: every replica of partition {self.spec.dst_partition} "
                                 f"of task {self.spec.dst_task} is lost")

@@ -315,6 +315,16 @@ class LocalSender(BatchSender):
         self._deliver = deliver
         super().__init__(name)
 
+    @classmethod
+    def through(cls, name: str, transport: Transport) -> LocalSender:
+        """A sender that hands each batch to ``transport`` (it returns once the batch is taken and
+        raises if it failed)."""
+        def deliver(_header: batch_format.BatchHeader, payload: bytes) -> bool:
+            transport(payload)
+            return True
+
+        return cls(name, deliver)
+
     def _send(self, payloads: list[bytes]) -> list[Status]:
         out: list[Status] = []
         for payload in payloads:
