@@ -2,7 +2,8 @@
 
 A :class:`SourceInstance` reads its Kafka partitions by manual assignment, emits watermarks at
 deterministic record positions and places LiveRobin pulses or KaZoo pulse windows, driving its
-operator chain itself until every partition is read to its drain position or it is stopped.
+operator chain itself until every partition is read to its drain position (without pulses:
+:mod:`.source_drain`) or it is stopped.
 """
 
 from __future__ import annotations
@@ -22,22 +23,15 @@ from replication.plan import PhysicalPlan, TaskSpec
 from replication.runtime.deadletter import describe_error
 from replication.runtime.elements import DATA, MIN_WATERMARK
 from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
+from replication.runtime.source_drain import SourceDrain
 from replication.runtime.source_windows import KazooWindows
 from transport.kafka_feeds import PartitionFeed
-from transport.kafka_io import end_offsets_by_fetch
 
 log = logging.getLogger(__name__)
 
 # KaZoo, in a pulse window: how long an idle source waits for the next pulse before polling
 # Kafka again.
 PULSE_WAIT_S = 0.005
-
-
-def drain_position(next_offset: dict[int, int], ends: dict[int, int]) -> dict[int, int]:
-    """How far a source replica reads in a drain without pulses: per Kafka partition, the end a
-    fetch told (the high watermark; 0 for an empty partition) or its next offset if it emitted
-    more."""
-    return {k: max(next_offset.get(k, -1), end) for k, end in ends.items()}
 
 
 class SourceInstance(KazooWindows, PartitionInstance):
@@ -53,12 +47,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
         self.timestamp_fn = spec["timestamp"]
         self.out_of_orderness = spec["max_out_of_orderness_ms"]
         self.start_offsets = plan.source_start_offsets.get(task.id, {})
-        self.drain_requested_at: float | None = None
-        # a drain without pulses (unordered, KaZoo): how far this replica reads (its partitions' ends when
-        # the drain came, or further), for the driver, and where every replica of the partition ends (the
-        # furthest report; -1: nothing to read there)
-        self.drain_position: dict[int, int] | None = None
-        self.drain_at: dict[int, int] | None = None  # set by the worker from the driver's word
+        self.drain = SourceDrain(self.cfg, f"replication-{worker.job_name}-{task.id}-{partition}", self.topic,
+                                 self.kafka_partitions)
         # LiveRobin: the counted pulses of the heartbeat log, from the worker's reader (END follows the
         # final pulse)
         # (a restored replica subscribes to a reader of its own: the shared one started long ago)
@@ -120,8 +110,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
 
     def request_drain(self) -> None:
         """Read to the current end and finish (LiveRobin: the final pulse of the log decides)."""
-        if self.drain_requested_at is None:
-            self.drain_requested_at = time.monotonic()
+        if self.drain.request():
             self.wake()
 
     def request_stop(self) -> None:
@@ -152,34 +141,6 @@ class SourceInstance(KazooWindows, PartitionInstance):
         if feed is not None:
             feed.wake()
 
-    def _drain_hold(self) -> bool:
-        """A drain without pulses: report how far this replica reads (each Kafka partition's end by
-        a fetch made after the request, or further if it emitted more: the high watermark in fetch
-        responses, ListOffsets is not trusted, DESIGN §10) and hold until the driver names where
-        every replica of the partition ends (the furthest report)."""
-        if self.drain_requested_at is None:
-            return False
-        if self.drain_position is None:
-            conf = self.cfg.kafka_consumer_config(
-                group_id=f"replication-{self.worker.job_name}-{self.task.id}-{self.partition}")
-            ends = end_offsets_by_fetch(conf, self.topic, self.kafka_partitions, timeout=30.0)
-            self.drain_position = drain_position(self._next_offset, ends)
-        return True
-
-    def _read_to(self, feed: PartitionFeed, target: dict[int, int]) -> bool:
-        """A drain without pulses: every Kafka partition read up to the offset the replicas agreed
-        on (records from it on are not emitted)."""
-        for k in self.kafka_partitions:
-            end = target.get(k, -1)
-            if end < 0:
-                continue  # no replica read anything there
-            read = max(self._next_offset.get(k, -1), feed.position(k), self.start_offsets.get(k, 0))
-            if k not in self._next_offset:
-                read = max(read, feed.low_watermark(k))  # nothing below it exists (an empty partition)
-            if read < end:
-                return False
-        return True
-
     def run(self) -> bool:
         batch = self.cfg.channel_batch_size
         feed = self._reading = self._open_feed()
@@ -202,7 +163,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
                         placer = self._next_window()
                 if self._windows is not None and self.pending_window != self._window_word:
                     placer = self._window_changed(placer, feed)
-                if placer is None and self.drain_at is None and self._drain_hold():
+                if placer is None and self.drain.hold(self._next_offset):  # (a drain without pulses)
                     self.idle()
                     time.sleep(0.01)
                     continue
@@ -235,7 +196,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
                         log.warning("%s: consumer error: %s", self.name, err)
                         continue
                     if placer is None:
-                        if self.drain_at is not None and msg.offset() >= self.drain_at.get(msg.partition(), -1):
+                        if self.drain.beyond(msg.partition(), msg.offset()):
                             continue  # beyond where the replicas end
                         self._emit_counted(msg, time.time())
                     else:
@@ -245,14 +206,12 @@ class SourceInstance(KazooWindows, PartitionInstance):
                         return True
                     if self._windows is not None and self._windows.current is None:
                         placer = self._after_window(placer, feed)  # its last pulse is out
-                elif self.drain_at is not None and self._read_to(feed, self.drain_at):
+                elif self.drain.done(feed, self._next_offset, self.start_offsets):
                     return True
                 if self._windows is not None:
                     self._show_window(placer)
-                if self.drain_requested_at is not None:
-                    self.metrics.drain = ({k: max(self._next_offset.get(k, -1), feed.position(k))
-                                           for k in self.kafka_partitions},
-                                          dict(self.drain_position or {}), dict(self.drain_at or {}))
+                if self.drain.requested_at is not None:
+                    self.metrics.drain = self.drain.progress(feed, self._next_offset)
             return False
         finally:
             self._reading = None

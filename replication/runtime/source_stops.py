@@ -58,8 +58,8 @@ class DrainStops:
         self.worker = worker
 
     def report(self) -> DrainPositions | None:
-        stopped = {(inst.task.id, inst.partition, inst.replica): inst.drain_position for inst in _sources(self.worker)
-                   if inst.drain_position is not None and inst.drain_at is None}
+        stopped = {(inst.task.id, inst.partition, inst.replica): inst.drain.position for inst in _sources(self.worker)
+                   if inst.drain.position is not None and inst.drain.ends is None}
         return DrainPositions(stopped) if stopped else None
 
     def settle(self, part: DrainPositions, delivered: bool) -> None:
@@ -67,6 +67,6 @@ class DrainStops:
 
     def apply(self, part: DrainEnds) -> None:
         for inst in _sources(self.worker):
-            if inst.drain_at is None and (inst.task.id, inst.partition) in part.partitions:
-                inst.drain_at = part.partitions[(inst.task.id, inst.partition)]
+            if inst.drain.ends is None and (inst.task.id, inst.partition) in part.partitions:
+                inst.drain.ends = part.partitions[(inst.task.id, inst.partition)]
                 inst.wake()

@@ -32,7 +32,7 @@ from replication.runtime.handover_cuts import TargetCut
 from replication.runtime.handovers import PartitionHandovers
 from replication.runtime.output_writers import give_roles
 from replication.runtime.routes import KnownMove, Routes
-from replication.runtime.source import drain_position
+from replication.runtime.source_drain import drain_position
 from replication.runtime.worker import Worker
 from rhino_state import RoutingTable, VnodeMove
 from transport import wire
