@@ -1,32 +1,28 @@
 """Processing instances: a partition of a task fed by input channels.
 
 A :class:`ProcessingInstance` receives batches on its input channels (dedup by seq, bounded
-queues), consumes them in the orderer's order (arrival, LiveRobin or KaZoo), drives watermarks
-(minimum over channels) and runs its operator chain, until END on every input or stop.  Handovers
-and checkpoints happen at pulses, where both replicas are at the same point of their input.
+queues: :mod:`.intake`), consumes them in the orderer's order (arrival, LiveRobin or KaZoo),
+drives watermarks (minimum over channels) and runs its operator chain, until END on every input
+or stop.  Handovers and checkpoints happen at pulses, where both replicas are at the same point
+of their input.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 from pathlib import Path
 from typing import Any
 
 from kazoo_leader.orderer import KazooOrderer
 from kazoo_leader.segments import SegmentedLog
 from liverobin import LiveRobinOrderer
-from merge import ArrivalOrderer, InputQueues, QueuesClosed
+from merge import ArrivalOrderer, InputQueues
 from replication.plan import PhysicalPlan, TaskSpec
-from replication.runtime.dedup import Dedup
 from replication.runtime.elements import DATA, END, MAX_WATERMARK, MIN_WATERMARK, PULSE, WATERMARK
 from replication.runtime.handover_cuts import vnode_bytes
 from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
+from replication.runtime.intake import InputIntake
 from replication.runtime.pulse_actions import PulseActions
 from rhino_state import encode_key, key_group
-from transport.batch_format import BatchHeader, decode_elements
-
-log = logging.getLogger(__name__)
 
 
 class ProcessingInstance(PulseActions, PartitionInstance):
@@ -39,19 +35,20 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         capacity = self.cfg.channel_queue_capacity
         order_log = plan.order_logs.get((task.id, partition)) if self.cfg.mode == "kazoo" else None
         self._candidate: Any = None
-        self._order_reader: Any = None  # KaZoo: the order-log reader that follows this replica's log
-        self._elements_in = 0  # delivered into the queues (KaZoo: whether input waits for orders)
         self._elements_ordered = 0  # consumed in the orderer's order
         if self.cfg.mode == "liverobin" or order_log is not None:
             self.queues = InputQueues(self.channels, max(4, capacity // len(self.channels)), per_channel=True)
-            self.orderer: Any = (LiveRobinOrderer(self.queues, self.checkpoint_every) if order_log is None
-                                 else self._kazoo(order_log))
         else:
             self.queues = InputQueues(self.channels, capacity)
+        # what the input channels deliver (peers' and local senders' threads); KaZoo: before the
+        # orderer, which hands it the order-log reader
+        self.intake = InputIntake(self.name, self.channels, self.queues, self.metrics)
+        if order_log is not None:
+            self.orderer: Any = self._kazoo(order_log)
+        elif self.cfg.mode == "liverobin":
+            self.orderer = LiveRobinOrderer(self.queues, self.checkpoint_every)
+        else:
             self.orderer = ArrivalOrderer(self.queues)
-        self.dedup = Dedup()
-        self._dedup_lock = threading.Lock()
-        self._channel_locks = {c: threading.Lock() for c in self.channels}
         self._consumed = dict.fromkeys(self.channels, 0)  # per channel: elements consumed (= next seq)
         self._channel_wm = {c: MIN_WATERMARK for c in self.channels}
         self._open_channels = set(self.channels)
@@ -63,8 +60,7 @@ class ProcessingInstance(PulseActions, PartitionInstance):
 
     def restore_from(self, meta: Any, state_dir: Path) -> dict[str, Any]:
         rt = super().restore_from(meta, state_dir)
-        for channel, position in rt["positions"].items():
-            self.dedup.resume(channel, position)  # the upstreams replay from here
+        self.intake.resume(rt["positions"])  # the upstreams replay from here
         self._consumed = dict(rt["positions"])
         self._last_counted = meta.checkpoint_id
         self._channel_wm = dict(rt["channel_wm"])
@@ -76,7 +72,7 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         if isinstance(self.orderer, KazooOrderer):
             state = rt["orderer"]
             self.orderer.restore(state)
-            log_ = self._order_reader = self.worker.feeds.own_order_log()  # (the shared one started long ago)
+            log_ = self.intake.order_reader = self.worker.feeds.own_order_log()  # (the shared one started long ago)
             self._publish_order = log_.register(
                 self._order_log, state.offset + 1, on_records=self.orderer.on_records,
                 on_failed=self.orderer.on_publish_failed, on_error=self.orderer.on_error,
@@ -105,46 +101,13 @@ class ProcessingInstance(PulseActions, PartitionInstance):
             checkpoint_every=self.checkpoint_every, checkpoint_mark=self._record_enters_new_interval, name=self.name)
         self._order_log = order_log
         if not self.restoring:  # (a restored replica reads the log from its checkpoint on: restore_from)
-            self._order_reader = self.worker.feeds.order_log()
-            self._publish_order = self._order_reader.register(
+            reader = self.intake.order_reader = self.worker.feeds.order_log()
+            self._publish_order = reader.register(
                 order_log, 0, on_records=orderer.on_records, on_failed=orderer.on_publish_failed,
                 on_error=orderer.on_error, pending=self._input_pending)
         self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
         self.worker.feeds.election()
         return orderer
-
-    def deliver(self, header: BatchHeader, payload: bytes) -> bool:
-        """Called by the threads that receive batches (a peer's ``PushMany``, this worker's
-        :class:`~replication.runtime.senders.LocalSender`): dedup, then enqueue without ever waiting.  A
-        full queue refuses the batch (False, not counted: its sender sends it again after a
-        backoff), so a call carrying batches of several channels never waits behind one of them."""
-        lock = self._channel_locks.get(header.channel)
-        if lock is None:
-            raise ValueError(f"{self.name}: channel {header.channel} is not an input of this instance")
-        delivered = 0
-        with lock:  # one deliverer per channel: the check below stays true until the commit
-            with self._dedup_lock:
-                adm = self.dedup.check(header.channel, header.first_seq, header.count)
-            if adm.gap:
-                log.error("%s: gap of %d seqs on channel %d before seq %d (not delivered)",
-                          self.name, adm.gap, header.channel, header.first_seq)
-            elif adm.delivers:
-                elements = decode_elements(payload, header)
-                try:
-                    batch = elements[adm.start:adm.stop]
-                    if not self.queues.put(header.channel, batch, block=False):
-                        return False
-                    delivered = len(batch)
-                except QueuesClosed:
-                    pass  # the instance is stopping: it consumes nothing more
-            with self._dedup_lock:
-                self.dedup.commit(header.channel, header.first_seq, adm)
-                self.metrics.dedup_dropped = self.dedup.dropped
-                self.metrics.gaps = self.dedup.gaps
-                self._elements_in += delivered
-            if delivered and self._order_reader is not None:
-                self._order_reader.input_arrived()
-            return True
 
     def request_stop(self) -> None:
         super().request_stop()
@@ -212,7 +175,7 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         """Whether input was delivered that the orderer has not handed out yet (any thread; read
         in this order, a delivery not yet counted is seen by the reader through its wake-up)."""
         ordered = self._elements_ordered
-        return self._elements_in > ordered
+        return self.intake.elements_in > ordered
 
     def _start_orderer_state(self, kazoo: KazooOrderer | None) -> Any:
         """The orderer's state before any input, for the first checkpoint."""

@@ -179,7 +179,7 @@ class Worker:
         inst = self.instances.get((header.task, header.partition))
         if not isinstance(inst, ProcessingInstance):
             raise ValueError(f"worker {self.index} hosts no replica of ({header.task}, {header.partition})")
-        return inst.deliver(header, payload)
+        return inst.intake.deliver(header, payload)
 
     def _deliver_local(self, header: batch_format.BatchHeader, payload: bytes) -> bool:
         self.wait_ready()

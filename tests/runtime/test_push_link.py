@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,7 +18,7 @@ from replication.metrics import InstanceMetrics
 from replication.plan import ChannelSpec
 from replication.runtime.channels import OutputChannel
 from replication.runtime.dedup import Dedup
-from replication.runtime.processing import ProcessingInstance
+from replication.runtime.intake import InputIntake
 from replication.runtime.senders import (
     PUSH_BUSY,
     PUSH_OK,
@@ -57,7 +56,7 @@ class FakeWorker:
         pass
 
     def deliver(self, h: batch_format.BatchHeader, payload: bytes) -> bool:
-        """What ``ProcessingInstance.deliver(block=False)`` does, on plain dedup and queues."""
+        """What ``InputIntake.deliver`` does, on plain dedup and queues."""
         if h.channel not in self.queues.channels:
             raise ValueError(f"channel {h.channel} is not an input here")
         adm = self.dedup.check(h.channel, h.first_seq, h.count)
@@ -208,14 +207,11 @@ def test_one_sending_thread_per_destination_however_many_channels():
         link.close()
 
 
-def _receiving_instance(channels: list[int], capacity: int):
-    """The receiving side of ``ProcessingInstance.deliver`` itself (its channel locks, dedup and
-    per-channel queues), without a worker around it."""
-    inst = SimpleNamespace(name="chain[0]r1", _channel_locks={c: threading.Lock() for c in channels},
-                           _dedup_lock=threading.Lock(), dedup=Dedup(), metrics=InstanceMetrics(),
-                           queues=InputQueues(channels, capacity, per_channel=True), _elements_in=0,
-                           _order_reader=None)
-    return inst, lambda h, payload: ProcessingInstance.deliver(inst, h, payload)
+def _receiving_side(channels: list[int], capacity: int):
+    """A processing replica's receiving side itself (:class:`InputIntake`: its channel locks, dedup
+    and per-channel queues), without an instance or a worker around it."""
+    intake = InputIntake("chain[0]r1", channels, InputQueues(channels, capacity, per_channel=True), InstanceMetrics())
+    return intake, intake.deliver
 
 
 def _batch(channel: int, first_seq: int) -> tuple[batch_format.BatchHeader, bytes]:
@@ -229,7 +225,7 @@ def test_a_same_worker_sender_facing_a_full_queue_does_not_hold_up_a_remote_call
     busy, 2: delivered): were the local sender to wait holding the channel's lock, the call (and
     every channel behind it) would wait until channel 1 is consumed, which a merge waiting for
     channel 2 never does.  The local batches arrive once channel 1 is consumed."""
-    inst, deliver = _receiving_instance([1, 2], capacity=1)
+    intake, deliver = _receiving_side([1, 2], capacity=1)
     assert deliver(*_batch(1, 0))  # channel 1 is full now
     local = LocalSender("local", deliver)
     ch = OutputChannel(ChannelSpec(1, 0, 0, 1, 0, 0), [local], batch_size=1, buffer_timeout_s=0.001,
@@ -245,8 +241,8 @@ def test_a_same_worker_sender_facing_a_full_queue_does_not_hold_up_a_remote_call
     assert not remote.is_alive(), "the remote call waited behind the same-worker sender"
     statuses, _ = decode_push_reply(replies[0], 2)
     assert list(statuses) == [PUSH_BUSY, PUSH_OK]
-    assert inst.queues.take_from(2, 0) == [(0, 0)]
-    assert inst.queues.take_from(1, 0) == [(0, 0)]  # consumed: the local batches go through now
-    assert [inst.queues.take_from(1, 2.0) for _ in range(2)] == [[(0, 1)], [(0, 2)]]
-    assert ch.close(2) and inst.dedup.gaps == 0
+    assert intake.queues.take_from(2, 0) == [(0, 0)]
+    assert intake.queues.take_from(1, 0) == [(0, 0)]  # consumed: the local batches go through now
+    assert [intake.queues.take_from(1, 2.0) for _ in range(2)] == [[(0, 1)], [(0, 2)]]
+    assert ch.close(2) and intake.dedup.gaps == 0
     local.close()
