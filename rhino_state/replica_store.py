@@ -18,7 +18,9 @@ leaves the standby untouched. The standby carries the backend's checkpoint marke
 directory opens as a ``RocksDBStateBackend`` that continues the chain at the restored id.
 
 Bookkeeping (metas, runtime bytes) lives in memory for the process's lifetime; a new store on the
-same root removes the instance directories a previous process left there.
+same root removes the instance directories a previous process left there.  The store decides which
+call is allowed when and holds each instance's lock; what one instance holds, and how its standby
+and snapshots move, is :class:`rhino_state.standby_instance.StandbyInstance`.
 """
 
 from __future__ import annotations
@@ -30,27 +32,18 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 
-from rocksdict import Checkpoint, Rdict
-
-from rhino_state.checkpoint_chain import MARKER_KEY, encode_marker
-from rhino_state.increments import (
-    IncrementMeta,
-    apply_increment,
-)
+from rhino_state.increments import IncrementMeta
 from rhino_state.standby_db import (
-    check_delta,
-    db_options,
     export_snapshot,
     link_db,
     link_or_copy,
-    load_full,
     read_ranges,
     read_snapshot,
     restore_full,
     unlink_quietly,
 )
+from rhino_state.standby_instance import StandbyInstance
 from transport.ids import PartitionId
 
 __all__ = [
@@ -80,37 +73,6 @@ class CheckpointNotHeldError(LookupError):
     """This store does not hold that checkpoint of the instance (not applied yet, or gone)."""
 
 
-@dataclass(eq=False)
-class _Instance:
-    instance: PartitionId
-    dir: str
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    dropped: bool = False
-    db: Rdict | None = None  # the standby
-    standby_dir: str | None = None
-    last: IncrementMeta | None = None  # last applied increment: the standby's content
-    completed: IncrementMeta | None = None
-    completed_dir: str | None = None
-    metas: dict[int, IncrementMeta] = field(default_factory=dict)  # applied after `completed`
-    payloads: dict[int, str] = field(default_factory=dict)
-    snapshots: dict[int, str] = field(default_factory=dict)  # pending (uncompleted) snapshots
-    # older completed snapshots kept for a rollback (ids >= retain_from; see ReplicaStore.retain)
-    older: dict[int, tuple[IncrementMeta, str]] = field(default_factory=dict)
-    retain_from: int | None = None
-
-    def close_db(self) -> None:
-        if self.db is not None:
-            db, self.db = self.db, None
-            db.close()
-
-    def discard_standby(self) -> None:
-        self.close_db()
-        if self.standby_dir is not None:
-            shutil.rmtree(self.standby_dir, ignore_errors=True)
-        self.standby_dir = None
-        self.last = None
-
-
 class ReplicaStore:
     """Standby copies and completed checkpoints of many partition instances (thread safe)."""
 
@@ -121,13 +83,13 @@ class ReplicaStore:
             if _INSTANCE_DIR.fullmatch(name):
                 shutil.rmtree(os.path.join(self.root, name))
         self._lock = threading.Lock()
-        self._instances: dict[PartitionId, _Instance] = {}
+        self._instances: dict[PartitionId, StandbyInstance] = {}
         self._closed = False
 
     # ------------------------------------------------------------------ locking
 
     @contextmanager
-    def _locked(self, instance: PartitionId, *, create: bool) -> Iterator[_Instance | None]:
+    def _locked(self, instance: PartitionId, *, create: bool) -> Iterator[StandbyInstance | None]:
         """The instance's state with its lock held (None if unknown and not ``create``)."""
         while True:
             with self._lock:
@@ -136,7 +98,7 @@ class ReplicaStore:
                 inst = self._instances.get(instance)
                 if inst is None and create:
                     task, partition = instance
-                    inst = _Instance(instance, os.path.join(self.root, f"t{int(task)}-p{int(partition)}"))
+                    inst = StandbyInstance(instance, os.path.join(self.root, f"t{int(task)}-p{int(partition)}"))
                     os.makedirs(inst.dir, exist_ok=True)
                     self._instances[instance] = inst
             if inst is None:
@@ -174,51 +136,16 @@ class ReplicaStore:
             payload = os.path.join(inst.dir, f"inc-{meta.checkpoint_id}.bin")
             link_or_copy(payload_path, payload)
             try:
-                self._keep_uncompleted_snapshot(inst)
+                inst.keep_uncompleted_snapshot()
                 if meta.full:
-                    self._apply_full(inst, meta, payload)
+                    inst.apply_full(meta, payload)
                 else:
-                    self._apply_delta(inst, meta, payload)
+                    inst.apply_delta(meta, payload)
             except BaseException:
                 os.unlink(payload)
                 raise
             inst.metas[meta.checkpoint_id] = meta
             inst.payloads[meta.checkpoint_id] = payload
-
-    def _keep_uncompleted_snapshot(self, inst: _Instance) -> None:
-        """Before the standby moves past an uncompleted checkpoint, snapshot it for ``complete``."""
-        last = inst.last
-        if last is None or last.checkpoint_id in inst.snapshots:
-            return
-        if inst.completed is not None and inst.completed.checkpoint_id == last.checkpoint_id:
-            return
-        inst.snapshots[last.checkpoint_id] = self._snapshot(inst, last.checkpoint_id)
-
-    def _apply_full(self, inst: _Instance, meta: IncrementMeta, payload: str) -> None:
-        standby_dir = os.path.join(inst.dir, f"standby-{meta.checkpoint_id}")
-        shutil.rmtree(standby_dir, ignore_errors=True)
-        db = Rdict(standby_dir, db_options())
-        try:
-            load_full(db, meta, payload)
-        except BaseException:
-            db.close()
-            shutil.rmtree(standby_dir, ignore_errors=True)
-            raise
-        inst.discard_standby()
-        inst.db, inst.standby_dir, inst.last = db, standby_dir, meta
-
-    def _apply_delta(self, inst: _Instance, meta: IncrementMeta, payload: str) -> None:
-        db, last = inst.db, inst.last
-        assert db is not None and last is not None
-        check_delta(db, last, meta, payload)  # pass 1, read only: checksum, and the digest the standby will have
-        # Pass 2: write. A failure here leaves a partial standby, which is discarded.
-        try:
-            apply_increment(db, payload, verify=False)
-            db.put(MARKER_KEY, encode_marker(meta.checkpoint_id, meta.digest))
-        except BaseException:
-            inst.discard_standby()
-            raise
-        inst.last = meta
 
     # ------------------------------------------------------------------ completed checkpoints
 
@@ -240,45 +167,20 @@ class ReplicaStore:
             if checkpoint_id in inst.snapshots:
                 snap = inst.snapshots.pop(checkpoint_id)
             elif inst.last is not None and inst.last.checkpoint_id == checkpoint_id:
-                snap = self._snapshot(inst, checkpoint_id)
+                snap = inst.snapshot(checkpoint_id)
             else:
                 raise ValueError(
                     f"instance {instance}: the state of checkpoint {checkpoint_id} is no longer available"
                 )
-            if inst.completed is not None and inst.completed_dir is not None:
-                self._keep_or_drop(inst, inst.completed, inst.completed_dir)
-            inst.completed, inst.completed_dir = meta, snap
+            inst.replace_completed(meta, snap)
             # completing a checkpoint completes every earlier one the chain delivered: those a
             # rollback may still need are kept like any other completed snapshot
             for old in sorted(i for i in inst.snapshots if i < checkpoint_id):
-                self._keep_or_drop(inst, inst.metas.get(old), inst.snapshots.pop(old))
+                inst.keep_or_drop(inst.metas.get(old), inst.snapshots.pop(old))
             for old in [i for i in inst.payloads if i <= checkpoint_id]:
                 unlink_quietly(inst.payloads.pop(old))
             for old in [i for i in inst.metas if i < checkpoint_id]:
                 del inst.metas[old]
-
-    @staticmethod
-    def _keep_or_drop(inst: _Instance, meta: IncrementMeta | None, snap: str) -> None:
-        """A completed snapshot older than the newest: kept if :meth:`retain` asks for it."""
-        if meta is not None and inst.retain_from is not None and meta.checkpoint_id >= inst.retain_from:
-            inst.older[meta.checkpoint_id] = (meta, snap)
-        else:
-            shutil.rmtree(snap, ignore_errors=True)
-
-    def _snapshot(self, inst: _Instance, checkpoint_id: int) -> str:
-        """A RocksDB checkpoint (hard-linked) of the standby, which is at ``checkpoint_id``."""
-        assert inst.db is not None and inst.last is not None and inst.last.checkpoint_id == checkpoint_id
-        snap = os.path.join(inst.dir, f"snap-{checkpoint_id}")
-        tmp = snap + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(snap, ignore_errors=True)
-        try:
-            Checkpoint(inst.db).create_checkpoint(tmp)
-            os.rename(tmp, snap)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return snap
 
     def import_completed(self, meta: IncrementMeta, payload: str | os.PathLike[str]) -> None:
         """Hold a completed checkpoint pulled from another holder (a full increment): as the newest
@@ -297,9 +199,7 @@ class ReplicaStore:
             if (inst.completed is not None and inst.completed.checkpoint_id == cid) or cid in inst.older:
                 shutil.rmtree(built, ignore_errors=True)  # held already
             elif inst.completed is None or cid > inst.completed.checkpoint_id:
-                if inst.completed is not None and inst.completed_dir is not None:
-                    self._keep_or_drop(inst, inst.completed, inst.completed_dir)
-                inst.completed, inst.completed_dir = meta, built
+                inst.replace_completed(meta, built)
             else:
                 inst.older[cid] = (meta, built)
 
@@ -434,7 +334,8 @@ class ReplicaStore:
         return f"ReplicaStore({self.root!r}, instances={len(self._instances)})"
 
 
-def _completed(instance: PartitionId, inst: _Instance | None, checkpoint_id: int | None) -> tuple[IncrementMeta, str]:
+def _completed(instance: PartitionId, inst: StandbyInstance | None,
+               checkpoint_id: int | None) -> tuple[IncrementMeta, str]:
     """Meta and snapshot directory of the newest completed checkpoint, or of the kept one
     ``checkpoint_id`` (the instance's lock held)."""
     if inst is None or inst.completed is None or inst.completed_dir is None:

@@ -3,7 +3,8 @@
 Building a database from a full increment (checked against its meta) and exporting a snapshot as
 one, materialising a closed database elsewhere by hard links, reading key-group ranges, writing
 records in batches, and the file moves the store makes.
-No state: :mod:`rhino_state.replica_store` keeps which instance, checkpoint and directory is what.
+No state: :mod:`rhino_state.replica_store` and :mod:`rhino_state.standby_instance` keep which
+instance, checkpoint and directory is what.
 """
 
 from __future__ import annotations
