@@ -5,6 +5,7 @@
 | `launch` | :func:`run`: config, plan, resume, placement, the servers, the workers' Spark job |
 | `handle` | :class:`JobHandle`: what the caller holds; metrics, drain, savepoints, stop |
 | `master` | :class:`JobMaster`: the control-plane state and the workers' calls on it |
+| `attempts` | a worker attempt's registration (the start barrier) and its end report |
 | `losses` | a dead worker or a cut-off replica: who takes over, what is rolled back |
 | `watch` | the liveness loop: executors that left, silent workers, pending restores |
 | `liveness` | which silences count (pure), what the driver knows of a worker |

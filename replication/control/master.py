@@ -3,7 +3,8 @@
 Its methods are the handlers of the workers' registrations, heartbeats, watches and reports
 (called from RPC threads); everything they change is guarded by one condition, which callers in
 the driver reach through :meth:`JobMaster.locked`, :meth:`JobMaster.wait_for` and
-:meth:`JobMaster.pause`. What is lost with a worker and who takes over is
+:meth:`JobMaster.pause`. A worker attempt's registration and end report are
+:mod:`replication.control.attempts`; what is lost with a worker and who takes over is
 :mod:`replication.control.losses`; Rhino's restores :mod:`replication.control.restores`; the
 exactly-once writers :mod:`replication.control.outputs`; the liveness loop
 :mod:`replication.control.watch`; the status file :mod:`replication.control.status_view`.
@@ -19,6 +20,7 @@ from typing import Any
 
 from liverobin.positions import PositionBoard
 from replication.config import ReplicationConfig
+from replication.control.attempts import WorkerAttempts
 from replication.control.bells import WorkerBells
 from replication.control.drains import Drains
 from replication.control.handover_coordinator import HandoverCoordinator
@@ -76,7 +78,6 @@ class JobMaster:
         self.placement = placement
         self.num_workers = num_workers
         self.replicated = plan.replicas > 1
-        self.start_timeout_s = cfg.start_timeout_ms / 1000
         self.mode = cfg.mode
         self.failure_timeout_s = cfg.failure_timeout_ms / 1000
         self.job_name = job_name
@@ -106,6 +107,7 @@ class JobMaster:
         self.outputs = OutputRoles(plan, self.replicated or cfg.rhino_enabled, self.replica_label)
         self.restores = Restores(self, self.rhino)
         self.losses = Losses(self)
+        self.worker_attempts = WorkerAttempts(self, cfg.start_timeout_ms / 1000)
         self.security = security or RpcSecurity.generate()
         self.server: rpc.RpcServer | None = None  # the job master's own server, once started
         self.rpc_refused: dict[str, int] = {}  # calls each worker's server refused ("worker N"), as reported
@@ -251,34 +253,8 @@ class JobMaster:
 
     # -- handlers ---------------------------------------------------------------------------------
     def register(self, req: Register) -> Registered:
-        w, attempt = req.worker, req.attempt
-        with self._cond:
-            if w in self.workers:  # Spark relaunched it after its executor was lost
-                return self.losses.relaunched(req)
-            self.workers[w] = WorkerInfo(w, attempt, req.executor, req.address, req.python_pid, time.monotonic())
-            log.info("worker %d registered from executor %s at %s", w, req.executor, req.address)
-            self.changed()
-            ok = self._cond.wait_for(lambda: len(self.workers) >= self.num_workers or self.failure,
-                                     self.start_timeout_s)
-            if self.failure:
-                return Registered("abort", self.failure)
-            if not ok:
-                self.fail(f"only {len(self.workers)} of {self.num_workers} workers registered within "
-                          f"spark.replication.startTimeout; are there {self.num_workers} free task slots?")
-                return Registered("abort", self.failure or "")
-            executors = [i.executor for i in self.workers.values()]
-            if (self.replicated or self.rhino is not None) and len(set(executors)) < len(executors):
-                self.fail(f"two workers share an executor ({executors}): replicas (or checkpoints and the "
-                          "partitions they are of) would not be apart; run executors with one task slot each "
-                          "(spark.executor.cores = spark.task.cpus)")
-                return Registered("abort", self.failure or "")
-            if self.started_at is None:
-                self.started_at = time.monotonic()
-                self.write_status()  # now, so the kill tooling can find the replicas at once
-                self._cond.notify_all()
-            self.workers[w].last_seen = time.monotonic()
-            # every service's word (the Rhino view too: replicas ship their first checkpoint the moment they start)
-            return Registered("ok", "", self.addresses(), self.instructions())
+        """A worker's registration (:meth:`WorkerAttempts.register`)."""
+        return self.worker_attempts.register(req)
 
     def heartbeat(self, req: Heartbeat) -> Instructions:
         w, attempt = req.worker, req.attempt
@@ -324,27 +300,8 @@ class JobMaster:
         return rpc.Watched(lambda: self.losses.watch_ended(req.worker, req.attempt), bell)
 
     def finished(self, req: WorkerFinished) -> Ack:
-        w = req.worker
-        with self._cond:
-            info = self.workers.get(w)
-            current = info is not None and info.attempt == req.attempt
-            if current and req.status != "evicted":
-                # (an evicted attempt's replicas run elsewhere now: its stale figures must not
-                # replace what their restored incarnations report, e.g. their final digests)
-                self.metrics.update(req.metrics)
-                self.outputs.progress(req.sinks)
-                self.reports[w] = req
-                if self.rhino is not None:
-                    self.rhino.worker_ended(w)  # its server stops: restores and copies go elsewhere
-                if req.status == "finished":
-                    self.ring_workers()  # its upstreams stop sending to it (retire) at once
-            if req.status == "failed":
-                if w in self.dead:  # its replicas were cut off already: what broke there is no failure
-                    self.event(f"worker {w}, declared dead before, reported: {'; '.join(req.errors)}")
-                else:
-                    self.fail("; ".join(req.errors))
-            self.changed()
-        return Ack()
+        """A worker attempt's end report (:meth:`WorkerAttempts.finished`)."""
+        return self.worker_attempts.finished(req)
 
     def move(self, req: HandoverRequest) -> HandoverReport:
         """The CLI's ``replication move`` (an RPC handler): the answer of the job's handle."""

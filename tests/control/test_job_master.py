@@ -229,7 +229,7 @@ def test_a_relaunched_worker_declared_dead_again_is_evicted_when_it_is_heard_fro
     up it must be told to stop (Spark then runs it again as a fresh standby); left running, it
     stayed dead to the driver for good and its groups lost a member for the rest of the run."""
     master = _master(mode="kazoo", rhino=True, workers=4)
-    master.start_timeout_s = 1.0
+    master.worker_attempts.start_timeout_s = 1.0
     with master.locked():
         master.declare_dead(1, "killed")
     registered = master.register(Register(1, 1, "9", "127.0.0.1:4901", 4242))
@@ -245,7 +245,7 @@ def test_a_worker_relaunched_after_its_attempt_reported_its_end_registers_as_a_s
     (a report is final); the new attempt still registers, as a standby, instead of failing the
     registration on a death that was never recorded."""
     master = _master(mode="liverobin", rhino=True, workers=4)
-    master.start_timeout_s = 1.0
+    master.worker_attempts.start_timeout_s = 1.0
     master.finished(WorkerFinished(1, 0, "finished"))
     assert 1 not in master.dead
     assert master.register(Register(1, 1, "9", "127.0.0.1:4901", 4242)).status == "standby"
@@ -305,7 +305,7 @@ def test_with_rhino_the_heartbeat_log_is_kept_from_the_oldest_source_checkpoint_
 
 def test_without_rhino_a_relaunched_worker_stays_a_bystander_and_is_not_evicted():
     master = _master(mode="liverobin", rhino=False, workers=3)
-    master.start_timeout_s = 1.0
+    master.worker_attempts.start_timeout_s = 1.0
     with master.locked():
         master.declare_dead(2, "killed")
     assert master.register(Register(2, 1, "9", "127.0.0.1:4902", 4242)).status == "standby"
@@ -318,7 +318,7 @@ def test_a_worker_whose_watch_ends_before_its_report_is_declared_dead_at_once():
     """The watch of an attempt ends when its process exits: dead now, not after failureTimeout of
     silence.  Ignored for an attempt that reported its end first, or one Spark replaced since."""
     master = _master(mode="liverobin", rhino=True, workers=4)
-    master.start_timeout_s = 1.0
+    master.worker_attempts.start_timeout_s = 1.0
     watches = {w: master.attach(Attach(w, 0)) for w in range(4)}
     end_of = {w: watched.on_end for w, watched in watches.items()}
     end_of[0]()
@@ -424,7 +424,7 @@ def test_a_replica_restored_on_a_worker_declared_dead_meanwhile_is_lost_again_no
     """Placed on the dead worker, it was taken for live: nothing restored it again, its partition
     ran on one replica for good, and the soak saw it 'catching up' until its timeout."""
     master = _master(mode="liverobin", rhino=True, workers=4)
-    master.start_timeout_s = 1.0
+    master.worker_attempts.start_timeout_s = 1.0
     rhino = master.rhino
     for inst in rhino.instances():
         rhino.checkpoint_completed(inst, 7, {}, holders=rhino.groups[inst])
@@ -472,7 +472,7 @@ def test_a_replica_waiting_for_a_free_worker_is_restored_when_a_relaunched_one_r
     that worker is relaunched and registers, chain[0]r1 is restored there, pulling the checkpoint
     from its holder (not at a later liveness round, by when a checkpoint may have reached it)."""
     master = _master(mode="liverobin", rhino=True, workers=3)
-    master.start_timeout_s = 1.0
+    master.worker_attempts.start_timeout_s = 1.0
     rhino = master.rhino
     for inst in rhino.instances():
         rhino.checkpoint_completed(inst, 7, {}, holders=rhino.groups[inst])
