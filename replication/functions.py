@@ -1,11 +1,17 @@
-"""User function interfaces: keyed process functions and window aggregators."""
+"""User function interfaces: keyed process functions with their context (state, timers, seeded
+randomness) and window aggregators."""
 
 from __future__ import annotations
 
+import hashlib
+import random
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
-from rhino_state import MapState, ValueState
+from rhino_state import MapState, StateContext, ValueState
+from rhino_state.timers import TimerQueue, encode_ts
+
+RESERVED_PREFIX = "__"  # state names the runtime keeps for itself (timers, random draws)
 
 A = TypeVar("A")
 
@@ -21,22 +27,96 @@ class RuntimeContext:
 
     def value_state(self, name: str, default: Any = None) -> ValueState:
         """A single value per key."""
-        return self._state.value_state(name, default)
+        return self._state.value_state(_user_state_name(name), default)
 
     def map_state(self, name: str) -> MapState:
         """A map per key (iterated in a deterministic key order)."""
-        return self._state.map_state(name)
+        return self._state.map_state(_user_state_name(name))
+
+
+def _user_state_name(name: str) -> str:
+    if isinstance(name, str) and name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"state name {name!r}: names starting with {RESERVED_PREFIX!r} are reserved")
+    return name
 
 
 class ProcessContext:
-    """Per-record context: the current key, the record's event time, the watermark."""
+    """Per-call context of ``process`` and ``on_timer``: the current key, the event time (the
+    record's, or the timer's), the watermark, the key's timers and a seeded random source.
 
-    __slots__ = ("key", "timestamp", "watermark")
+    ``time_domain`` is None in ``process`` and ``"event_time"`` in ``on_timer``."""
 
-    def __init__(self) -> None:
+    __slots__ = ("key", "timestamp", "watermark", "time_domain", "timers", "_draws")
+
+    def __init__(self, timers: TimerService | None = None, draws: RandomDraws | None = None) -> None:
         self.key: Any = None
         self.timestamp: int = 0
         self.watermark: int = 0
+        self.time_domain: str | None = None
+        self.timers = timers
+        self._draws = draws
+
+    def random(self) -> random.Random:
+        """A random source for the current key, seeded by the operator, the key and how many sources
+        this key drew before: both replicas draw the same numbers, and so does a replica restored
+        from a checkpoint or a partition the key moved to."""
+        if self._draws is None:
+            raise RuntimeError("ctx.random() is only available in a keyed process function")
+        return self._draws.next_source()
+
+
+class TimerService:
+    """The current key's event-time timers (``ctx.timers``): ``on_timer(ts, ctx)`` is called for
+    that key once the watermark reaches ``ts``, in the order (ts, key group, key) on both replicas.
+
+    Timers are keyed state: checkpointed, restored, moved with their keys in a handover and kept in
+    savepoints.  Registering the same (key, ts) twice fires once; a timer at or behind the
+    watermark fires at the next watermark (at the latest when the input ends)."""
+
+    def __init__(self, state: StateContext, queue: TimerQueue, ctx: ProcessContext, operator: str) -> None:
+        self._state = state
+        self._queue = queue
+        self._ctx = ctx
+        self._operator = operator
+        self.enabled = True  # False: the function has no on_timer to call
+
+    def register_event_time_timer(self, ts: int) -> None:
+        """Fire ``on_timer(ts, ctx)`` for the current key when the watermark reaches ``ts`` (ms)."""
+        if not self.enabled:
+            raise TypeError(f"operator {self._operator!r} registers a timer but its function does not "
+                            "override on_timer")
+        encode_ts(ts)
+        self._queue.register(*self._state.key_location(), ts)
+
+    def delete_event_time_timer(self, ts: int) -> None:
+        """Remove the current key's timer at ``ts``; a no-op if there is none."""
+        encode_ts(ts)
+        self._queue.delete(*self._state.key_location(), ts)
+
+    def event_time_timers(self) -> list[int]:
+        """The timestamps of the current key's timers, ascending."""
+        return self._queue.timers_of(*self._state.key_location())
+
+    def current_watermark(self) -> int:
+        """The operator's watermark: event time the input has reached."""
+        return self._ctx.watermark
+
+
+class RandomDraws:
+    """Seeded random sources per key: the n-th source of a key is seeded by (operator, key, n), and
+    n is kept in the key's state."""
+
+    def __init__(self, state: StateContext, operator: str) -> None:
+        self._state = state
+        self._operator = operator.encode()
+        self._count = state.value_state(RESERVED_PREFIX + "random_draws", 0)
+
+    def next_source(self) -> random.Random:
+        n = self._count.value()
+        self._count.update(n + 1)
+        _, key_part = self._state.key_location()
+        digest = hashlib.blake2b(self._operator + b"\x00" + key_part + n.to_bytes(8, "big"), digest_size=8)
+        return random.Random(int.from_bytes(digest.digest(), "big"))
 
 
 class KeyedProcessFunction:
@@ -44,7 +124,8 @@ class KeyedProcessFunction:
 
     ``process`` returns an iterable of output values (a generator is fine) or None.
     It must be deterministic: use the record's event time, never the wall clock,
-    and keep all cross-record memory in the state handles.
+    ``ctx.random()`` for randomness, and keep all cross-record memory in the state handles
+    (timers included: ``ctx.timers``).
     """
 
     def open(self, ctx: RuntimeContext) -> None:
@@ -52,6 +133,16 @@ class KeyedProcessFunction:
 
     def process(self, value: Any, ctx: ProcessContext) -> Iterable[Any] | None:
         raise NotImplementedError("KeyedProcessFunction.process must be overridden")
+
+    def on_timer(self, timestamp: int, ctx: ProcessContext) -> Iterable[Any] | None:
+        """A timer of ``ctx.key`` registered with ``ctx.timers`` fired: return (or yield) output
+        values, as ``process`` does; their event time is ``timestamp``.  Override it to use timers."""
+        raise NotImplementedError(f"{type(self).__qualname__} registers timers but does not override on_timer")
+
+
+def has_timers(fn: KeyedProcessFunction) -> bool:
+    """Whether ``fn`` overrides :meth:`KeyedProcessFunction.on_timer` (may register timers)."""
+    return type(fn).on_timer is not KeyedProcessFunction.on_timer
 
     def close(self) -> None:
         """Called once when the instance finishes."""

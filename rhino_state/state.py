@@ -153,18 +153,29 @@ class StateContext:
             if isinstance(existing, ValueState) and existing.default_bytes != _dumps(default):
                 raise ValueError(f"ValueState {name!r} is already registered with a different default")
             return existing
-        state_id = xxhash.xxh32_intdigest(f"{self.operator_uid}/{name}".encode(), 0).to_bytes(4, "big")
-        clash = self._state_ids.get(state_id)
-        if clash is not None:
-            raise ValueError(f"state names {clash!r} and {name!r} hash to the same state id; rename one")
+        state_id = self.reserve_id(name)
         state = (
             ValueState(self, state_id, name, default)
             if kind is ValueState
             else MapState(self, state_id, name)
         )
         self._states[name] = state
-        self._state_ids[state_id] = name
         return state
+
+    def reserve_id(self, name: str) -> bytes:
+        """The 4-byte state id of the state called ``name`` of this operator, reserved for it (a
+        name whose id another name of the operator holds is refused)."""
+        state_id = xxhash.xxh32_intdigest(f"{self.operator_uid}/{name}".encode(), 0).to_bytes(4, "big")
+        clash = self._state_ids.get(state_id)
+        if clash is not None and clash != name:
+            raise ValueError(f"state names {clash!r} and {name!r} hash to the same state id; rename one")
+        self._state_ids[state_id] = name
+        return state_id
+
+    def key_location(self) -> tuple[int, bytes]:
+        """``(key group, key part)`` of the current key: where its state lies (the key part is the
+        length-prefixed encoded key that follows a state id)."""
+        return self._require_key()
 
     def _require_key(self) -> tuple[int, bytes]:
         if self._key is _MISSING:

@@ -8,7 +8,9 @@ failover from one replica's output to the other's breaks the chain where it happ
 
 :func:`verify_chains` therefore checks exactly-once *and* replica agreement from the output
 alone: every input event appears once, each key's records are numbered 1..N without gaps, and
-each record's ``prev`` is the ``h`` of the key's previous record.
+each record's ``prev`` is the ``h`` of the key's previous record.  With ``timer_ms`` every event
+also sets an event-time timer at the end of its ``timer_ms`` bucket, which reports the key's chain
+as it stands when the timer fires: each (key, bucket end) once, at a point of the key's chain.
 """
 
 from __future__ import annotations
@@ -28,13 +30,20 @@ def chain_step(prev: str, event_id: str) -> str:
     return hashlib.sha256(f"{prev}|{event_id}".encode()).hexdigest()[:16]
 
 
+def timer_due(ts: int, timer_ms: int) -> int:
+    """The end of the ``timer_ms`` bucket of event time ``ts``: when its event's timer fires."""
+    return ts - ts % timer_ms + timer_ms
+
+
 class HashChain(KeyedProcessFunction):
     """Per key: ``h_n = chain_step(h_{n-1}, salt + id)``; emits one record per event.  ``salt``
     (default none) makes a visibly different version of the function, e.g. for replacing the
-    operator at runtime: its records carry ``"salt"``."""
+    operator at runtime: its records carry ``"salt"``.  ``timer_ms``: each event sets a timer at
+    :func:`timer_due`, which emits ``{key, timer, n, h}``: the key's chain when it fired."""
 
-    def __init__(self, salt: str = "") -> None:
+    def __init__(self, salt: str = "", timer_ms: int | None = None) -> None:
         self.salt = salt
+        self.timer_ms = timer_ms
 
     def open(self, ctx: RuntimeContext) -> None:
         self.head = ctx.value_state("head", default="")
@@ -50,22 +59,29 @@ class HashChain(KeyedProcessFunction):
         out = {"key": ctx.key, "n": n, "id": event["id"], "prev": prev, "h": h, "ts": event["ts"]}
         if self.salt:
             out["salt"] = self.salt
+        if self.timer_ms:
+            ctx.timers.register_event_time_timer(timer_due(event["ts"], self.timer_ms))
         yield out
+
+    def on_timer(self, timestamp: int, ctx: ProcessContext) -> Iterable[dict]:
+        yield {"key": ctx.key, "timer": timestamp, "n": self.count.value(), "h": self.head.value()}
 
 
 def build_ordered_job(topic_a: str, topic_b: str, out_topic: str, name: str = "hash-chain",
-                      parallelism: int = 2, identity_maps: int = 0, max_parallelism: int | None = None) -> Job:
+                      parallelism: int = 2, identity_maps: int = 0, max_parallelism: int | None = None,
+                      timer_ms: int | None = None) -> Job:
     """``a ∪ b -> key_by(key) -> chain [-> map]* -> sink``: the chain task has one input channel per
     source partition; the sink is a task of its own (its replicas fail independently).
     ``identity_maps`` adds that many tasks of an identity map before the sink, each fed round robin
     by every partition of the task before (so each has several input channels to order: the
     paper's MiB 1 pipeline shape, for the benchmarks).  ``max_parallelism``: the chain task hosts
-    that many partitions, the ones beyond ``parallelism`` spare (for ``JobHandle.rescale``)."""
+    that many partitions, the ones beyond ``parallelism`` spare (for ``JobHandle.rescale``).
+    ``timer_ms``: the chain sets a timer per event (:class:`HashChain`)."""
     job = Job(name)
     a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a")
     b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b")
     stream = (a.union(b).key_by(lambda e: e["key"])
-              .process(HashChain(), name="chain", parallelism=parallelism, max_parallelism=max_parallelism))
+              .process(HashChain(timer_ms=timer_ms), name="chain", parallelism=parallelism, max_parallelism=max_parallelism))
     for i in range(identity_maps):
         stream = stream.rebalance().map(_identity, name=f"identity-{i + 1}")
     stream.new_task().sink(out_topic, serializer="json", key_serializer="str", name="chain-sink")
@@ -140,10 +156,13 @@ class ChainReport:
     unexpected: list[str] = field(default_factory=list)
     broken: list[str] = field(default_factory=list)  # keys whose chain does not link up
     reordered: list[str] = field(default_factory=list)  # keys whose events of one source changed order
+    timers: int = 0  # timer records
+    timer_faults: list[str] = field(default_factory=list)  # missing, doubled, unexpected, off the chain
 
     @property
     def exact(self) -> bool:
-        return not (self.missing or self.duplicated or self.unexpected or self.broken or self.reordered)
+        return not (self.missing or self.duplicated or self.unexpected or self.broken or self.reordered
+                    or self.timer_faults)
 
     def __str__(self) -> str:
         if self.exact:
@@ -151,17 +170,22 @@ class ChainReport:
         return (f"{self.records} records: missing {self.missing[:5]} ({len(self.missing)}), duplicated "
                 f"{self.duplicated[:5]} ({len(self.duplicated)}), unexpected {len(self.unexpected)}, "
                 f"broken chains {self.broken[:5]} ({len(self.broken)}), reordered {self.reordered[:5]} "
-                f"({len(self.reordered)})")
+                f"({len(self.reordered)}), timers {self.timer_faults[:5]} ({len(self.timer_faults)})")
 
 
-def verify_chains(outputs: Iterable[dict], event_ids: Iterable[str]) -> ChainReport:
+def verify_chains(outputs: Iterable[dict], event_ids: Iterable[str], timer_ms: int | None = None) -> ChainReport:
     """Exactly once (each event id once), one consistent order per key (the chain links up), and
     in it each source's events of the key in the order they were produced (a key's events of one
-    topic are in one Kafka partition, read in order, sent over one FIFO channel)."""
+    topic are in one Kafka partition, read in order, sent over one FIFO channel).  ``timer_ms``:
+    the job set timers (:class:`HashChain`): each (key, bucket end) of its events fired once, and
+    reported a point of the key's chain."""
     expected = set(event_ids)
     report = ChainReport()
     by_key: dict[str, list[dict]] = {}
     seen: set[str] = set()
+    outputs = list(outputs)
+    timers = [rec for rec in outputs if "timer" in rec]
+    outputs = [rec for rec in outputs if "timer" not in rec]
     for rec in outputs:
         report.records += 1
         if rec["id"] in seen:
@@ -186,7 +210,28 @@ def verify_chains(outputs: Iterable[dict], event_ids: Iterable[str]) -> ChainRep
                 report.reordered.append(key)
                 break
             last[source] = int(index)
+    report.timer_faults = _timer_faults(timers, by_key, timer_ms)
+    report.timers = len(timers)
     return report
+
+
+def _timer_faults(timers: list[dict], by_key: dict[str, list[dict]], timer_ms: int | None) -> list[str]:
+    due = {(key, timer_due(r["ts"], timer_ms)) for key, recs in by_key.items() for r in recs} if timer_ms else set()
+    faults = []
+    fired: set[tuple[str, int]] = set()
+    for t in timers:
+        at = (t["key"], t["timer"])
+        if at in fired:
+            faults.append(f"doubled {at}")
+        elif at not in due:
+            faults.append(f"unexpected {at}")
+        else:
+            chain = by_key[t["key"]]  # sorted by n
+            if not 1 <= t["n"] <= len(chain) or chain[t["n"] - 1]["h"] != t["h"]:
+                faults.append(f"off the chain {at}: n={t['n']}")
+        fired.add(at)
+    faults += [f"missing {at}" for at in sorted(due - fired)]
+    return faults
 
 
 def chain_heads(outputs: Iterable[dict]) -> dict[str, str]:

@@ -430,6 +430,10 @@ class PartitionHandovers(_Decisions):
         """The key groups this origin gives away in ``order``."""
         return list(cut_key_groups(order.moves, self.partition, self.num_key_groups, self.num_vnodes))
 
+    def load_groups(self, order: HandoverOrder) -> list[range]:
+        """The key groups this target takes over in ``order``."""
+        return list(load_key_groups(order.moves, self.partition, self.num_key_groups, self.num_vnodes))
+
     def cut(self, order: HandoverOrder, backend: RocksDBStateBackend, incremental: bool = False) -> OriginCut:
         """Take the moved key groups out of the state: their entries, a digest of them and, if
         ``incremental``, their changes since the last checkpoint (read before they are deleted)."""

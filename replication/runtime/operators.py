@@ -16,10 +16,19 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from replication.functions import ProcessContext, RuntimeContext, mergeable
+from replication.functions import (
+    RESERVED_PREFIX,
+    ProcessContext,
+    RandomDraws,
+    RuntimeContext,
+    TimerService,
+    has_timers,
+    mergeable,
+)
 from replication.runtime.deadletter import describe_error, payload_of
 from replication.runtime.elements import DATA, END_ELEMENT, pulse, watermark
-from rhino_state import canonical_dumps, encode_key, key_group
+from rhino_state import canonical_dumps, decode_key, encode_key, key_group
+from rhino_state.timers import TimerQueue
 from transport.kafka_io import produce_blocking
 
 
@@ -53,6 +62,15 @@ class Operator:
         """A new run from a savepoint: the :meth:`snapshot` of this operator in every partition of
         the run that wrote it (their number may differ from this run's); ``owns``: whether a key
         group is this partition's now.  Nothing to take back by default."""
+
+    def state_left(self, key_groups: frozenset[int]) -> None:
+        """A handover origin cut the keyed state of ``key_groups`` out (it moves elsewhere)."""
+
+    def state_arrived(self, key_groups: Iterable[range]) -> None:
+        """A handover target loaded the keyed state of ``key_groups``, before the records it held."""
+
+    def fire_behind(self) -> None:
+        """A handover target, after the records it held: fire what moved in already due."""
 
     def replace_fn(self, fn: Any) -> None:
         """Run ``fn`` instead of the user function from the next element on (operator replacement,
@@ -103,20 +121,28 @@ class FlatMapOperator(MapOperator):
 
 
 class ProcessOperator(Operator):
-    """Runs a KeyedProcessFunction with keyed state."""
+    """Runs a KeyedProcessFunction with keyed state and event-time timers.
+
+    Timers fire when a watermark reaches them, before the watermark goes downstream; their
+    outputs carry the timer's time as event time.  The timers are keyed state
+    (:mod:`rhino_state.timers`): only the queue's in-memory bounds follow a restore or a move."""
 
     def __init__(self, name: str, env: Any, fn: Any) -> None:
         super().__init__(name, env)
         self.fn = fn
         self.state = env.state_context(name)
-        self.ctx = ProcessContext()
+        self.timer_queue = TimerQueue(self.state.backend, self.state.reserve_id(RESERVED_PREFIX + "event_timers"),
+                                      env.num_key_groups)
+        self.ctx = ProcessContext(draws=RandomDraws(self.state, name))
+        self.ctx.timers = self.timers = TimerService(self.state, self.timer_queue, self.ctx, name)
+        self.timers.enabled = has_timers(fn)
         fn.open(RuntimeContext(self.state, name, env.partition, env.parallelism))
 
     def process(self, rec: tuple) -> None:
         key = rec[2]
         self.state.set_current_key(key)
         ctx = self.ctx
-        ctx.key, ctx.timestamp = key, rec[3]
+        ctx.key, ctx.timestamp, ctx.time_domain = key, rec[3], None
         try:
             outputs = list(self.fn.process(rec[1], ctx) or ())
         except Exception as exc:  # noqa: BLE001
@@ -127,21 +153,52 @@ class ProcessOperator(Operator):
 
     def on_watermark(self, wm: int) -> None:
         self.ctx.watermark = wm
+        self._fire_timers(wm)
         self.next.on_watermark(wm)
 
+    def _fire_timers(self, wm: int) -> None:
+        ctx, queue = self.ctx, self.timer_queue
+        while (due := queue.pop_due(wm)) is not None:
+            ts, _, key_part = due
+            key = decode_key(key_part[4:])
+            self.state.set_current_key(key)
+            ctx.key, ctx.timestamp, ctx.time_domain = key, ts, "event_time"
+            try:
+                outputs = list(self.fn.on_timer(ts, ctx) or ())
+            except Exception as exc:  # noqa: BLE001 - user code
+                payload, kind = payload_of({"key": key, "timer": ts})
+                self.env.dead_letter(reason=describe_error(exc), operator=self.name, origin=None,
+                                     payload=payload, payload_kind=kind)
+                continue
+            fired_at = time.time()  # these records' ingest time: they start here
+            for value in outputs:
+                self.next.process((DATA, value, key, ts, fired_at, None))
+
+    def state_left(self, key_groups: frozenset[int]) -> None:
+        self.timer_queue.forget(key_groups)
+
+    def state_arrived(self, key_groups: Iterable[range]) -> None:
+        self.timer_queue.load(kg for r in key_groups for kg in r)
+
+    def fire_behind(self) -> None:
+        self._fire_timers(self.ctx.watermark)
+
     def replace_fn(self, fn: Any) -> None:
-        """The new version keeps the keyed state: it opens on the same state context."""
+        """The new version keeps the keyed state (its timers too): it opens on the same state context."""
         fn.open(RuntimeContext(self.state, self.name, self.env.partition, self.env.parallelism))
         self.fn = fn
+        self.timers.enabled = has_timers(fn)
 
     def snapshot(self) -> Any:
         return self.ctx.watermark
 
     def restore(self, snapshot: Any) -> None:
         self.ctx.watermark = snapshot
+        self.timer_queue.load()
 
     def restore_savepoint(self, snapshots: list[Any], owns: Callable[[int], bool]) -> None:
         self.ctx.watermark = min(snapshots, default=self.ctx.watermark)
+        self.timer_queue.load()
 
     def on_end(self) -> None:
         self.fn.close()

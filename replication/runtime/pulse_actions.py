@@ -72,6 +72,8 @@ class PulseActions:
                       for op in chain_operators(self.chain) if hasattr(op, "cut_keys")}
             # Rhino: a target whose worker holds this origin's last checkpoint gets the changes since
             cut = handovers.cut(order, self.state_backend(), incremental=self.cfg.rhino_enabled)
+            for op in chain_operators(self.chain):
+                op.state_left(moving)
             cut_at = time.time()  # before the send: the transfer is a phase of its own
             per_target = split_cut(order, self.partition, cut, extras, self.num_key_groups,
                                    self.cfg.handover_chunk_bytes)
@@ -93,12 +95,15 @@ class PulseActions:
                 for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
                     for op in windows:
                         op.adopt_keys(step.extras[origin].get(op.name, ()))
+                arrived = handovers.load_groups(step.order)
+                for op in chain_operators(self.chain):
+                    op.state_arrived(arrived)
             else:
                 held = handovers.drop(step)
             for ch, el in held:
                 self._element(ch, el)
             if decided:
-                for op in windows:
+                for op in chain_operators(self.chain):
                     op.fire_behind()
                 # acked once the held records are processed: its time ends the catch-up
                 self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=step.entries,

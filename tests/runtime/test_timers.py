@@ -1,0 +1,253 @@
+"""Event-time timers and seeded randomness of keyed process functions (ProcessOperator), driven by
+a fake hosting instance over a real RocksDB: timers fire when the watermark reaches them, in a
+deterministic order, once; they survive a restore and move with their keys."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replication.examples.ordered import HashChain, timer_due, verify_chains
+from replication.functions import KeyedProcessFunction
+from replication.runtime.elements import MAX_WATERMARK
+from replication.runtime.operators import ProcessOperator
+from rhino_state import RocksDBStateBackend, encode_key, key_group
+from tests.runtime.test_operators import FakeEnv, G, chain, rec
+
+
+class Reminders(KeyedProcessFunction):
+    """A record ``{"at": [ts...], "cancel": [ts...]}`` registers and deletes timers of its key;
+    a timer emits ``(key, ts, records seen by the key)`` and, with ``again``, one more timer."""
+
+    def __init__(self, again: int | None = None) -> None:
+        self.again = again
+
+    def open(self, ctx):
+        self.seen = ctx.value_state("seen", 0)
+
+    def process(self, value, ctx):
+        self.seen.update(self.seen.value() + 1)
+        for ts in value.get("at", ()):
+            ctx.timers.register_event_time_timer(ts)
+        for ts in value.get("cancel", ()):
+            ctx.timers.delete_event_time_timer(ts)
+        return None
+
+    def on_timer(self, timestamp, ctx):
+        assert ctx.time_domain == "event_time" and ctx.timestamp == timestamp
+        if self.again is not None and timestamp < self.again:
+            ctx.timers.register_event_time_timer(timestamp + 1)
+        yield (ctx.key, timestamp, self.seen.value())
+
+
+def order(key, ts):
+    kb = encode_key(key)
+    return ts, key_group(kb, G), len(kb).to_bytes(4, "big") + kb
+
+
+@pytest.fixture
+def backend(tmp_path):
+    with RocksDBStateBackend(tmp_path / "state") as b:
+        yield b
+
+
+def test_timers_fire_when_the_watermark_reaches_them_before_it_goes_downstream(backend):
+    op = ProcessOperator("r", FakeEnv(backend), Reminders())
+    out = chain(op)
+    op.process(rec({"at": [20, 10]}, key="a", ts=1))
+    op.process(rec({"at": [10, 20, 20]}, key="b", ts=2))
+    op.process(rec({"at": [30]}, key="a", ts=3))
+    op.on_watermark(9)
+    assert out.records == [] and out.watermarks == [9]
+    op.on_watermark(20)
+    fired = [r[1] for r in out.records]
+    assert sorted(fired, key=lambda f: order(f[0], f[1])) == fired
+    assert sorted(fired) == [("a", 10, 2), ("a", 20, 2), ("b", 10, 1), ("b", 20, 1)]
+    assert [(r[2], r[3], r[5]) for r in out.records] == [(f[0], f[1], None) for f in fired]  # key, event time
+    assert out.watermarks == [9, 20]
+    op.on_watermark(40)
+    assert out.records[-1][1] == ("a", 30, 2) and len(out.records) == 5
+
+
+def test_a_deleted_timer_does_not_fire_and_one_behind_the_watermark_fires_at_the_next(backend):
+    op = ProcessOperator("r", FakeEnv(backend), Reminders())
+    out = chain(op)
+    op.on_watermark(100)
+    op.process(rec({"at": [50, 60, 70]}, key=1, ts=101))
+    op.process(rec({"cancel": [60]}, key=1, ts=102))
+    op.state.set_current_key(1)
+    assert op.timers.event_time_timers() == [50, 70]
+    op.on_watermark(101)
+    assert [r[1][1] for r in out.records] == [50, 70]
+
+
+def test_a_timer_registered_by_a_timer_fires_in_the_same_watermark_if_due(backend):
+    op = ProcessOperator("r", FakeEnv(backend), Reminders(again=13))
+    out = chain(op)
+    op.process(rec({"at": [10]}, key="k", ts=1))
+    op.on_watermark(12)
+    assert [r[1][1] for r in out.records] == [10, 11, 12]
+    op.on_watermark(20)
+    assert [r[1][1] for r in out.records] == [10, 11, 12, 13]
+
+
+def test_timers_without_on_timer_and_a_raising_on_timer_dead_letter_naming_the_operator(backend):
+    class NoTimer(KeyedProcessFunction):
+        def process(self, value, ctx):
+            ctx.timers.register_event_time_timer(5)
+
+    env = FakeEnv(backend)
+    op = ProcessOperator("plain", env, NoTimer())
+    chain(op)
+    op.process(rec("x", key="k", ts=1, origin=("in", 0, 3)))
+    assert "operator 'plain' registers a timer but its function does not override on_timer" in \
+        env.dead_letters[0]["reason"]
+
+    class Raises(Reminders):
+        def on_timer(self, timestamp, ctx):
+            if ctx.key == "bad":
+                raise ValueError("boom")
+            yield ctx.key
+
+    op = ProcessOperator("raising", env, Raises())
+    out = chain(op)
+    op.process(rec({"at": [5]}, key="bad", ts=1))
+    op.process(rec({"at": [5]}, key="good", ts=1))
+    op.on_watermark(5)
+    assert out.values == ["good"]
+    letter = env.dead_letters[-1]
+    assert letter["operator"] == "raising" and "boom" in letter["reason"] and b'"timer": 5' in letter["payload"]
+
+
+def test_state_names_starting_with_two_underscores_are_reserved(backend):
+    class Greedy(KeyedProcessFunction):
+        def open(self, ctx):
+            ctx.value_state("__event_timers")
+
+    with pytest.raises(ValueError, match="reserved"):
+        ProcessOperator("g", FakeEnv(backend), Greedy())
+
+
+def test_a_moved_key_group_takes_its_timers_along(tmp_path):
+    with RocksDBStateBackend(tmp_path / "o") as ob, RocksDBStateBackend(tmp_path / "t") as tb:
+        origin = ProcessOperator("r", FakeEnv(ob), Reminders())
+        target = ProcessOperator("r", FakeEnv(tb), Reminders())
+        origin_out, target_out = chain(origin), chain(target)
+        origin.process(rec({"at": [10, 30]}, key="moved", ts=1))
+        origin.process(rec({"at": [10]}, key="stays", ts=1))
+        kg = key_group(encode_key("moved"), G)
+        moving = list(ob.iter_key_groups(range(kg, kg + 1)))  # what a handover's cut takes out
+        for g, rest, _ in moving:
+            ob.delete(g, rest)
+        origin.state_left(frozenset({kg}))
+        origin.on_watermark(100)
+        assert origin_out.values == [("stays", 10, 1)]
+        target.on_watermark(20)
+        for g, rest, value in moving:
+            tb.put(g, rest, value)
+        target.state_arrived([range(kg, kg + 1)])
+        target.fire_behind()
+        assert target_out.values == [("moved", 10, 1)]
+        target.on_watermark(30)
+        assert target_out.values == [("moved", 10, 1), ("moved", 30, 1)]
+
+
+class Dice(KeyedProcessFunction):
+    def process(self, value, ctx):
+        yield (ctx.key, ctx.random().random(), ctx.random().randrange(10**9))
+
+
+def test_random_draws_are_the_same_on_both_replicas_differ_per_key_and_call_and_survive_a_restore(tmp_path):
+    runs = []
+    for replica in ("one", "two"):
+        path = tmp_path / replica
+        with RocksDBStateBackend(path) as b:
+            op = ProcessOperator("dice", FakeEnv(b), Dice())
+            out = chain(op)
+            for i, key in enumerate(["a", "b", "a"]):
+                op.process(rec(None, key=key, ts=i))
+            snapshot = op.snapshot()
+        with RocksDBStateBackend(path) as b:  # the replica restored from its state
+            op = ProcessOperator("dice", FakeEnv(b), Dice())
+            op.restore(snapshot)
+            out2 = chain(op)
+            op.process(rec(None, key="a", ts=3))
+        runs.append(out.values + out2.values)
+    assert runs[0] == runs[1]
+    draws = [v[1] for v in runs[0]]
+    assert len(set(draws)) == len(draws)  # keys, successive records and successive calls differ
+
+
+script = st.lists(st.one_of(
+    st.tuples(st.just("rec"), st.sampled_from(["a", "b", 7, ("t", 1)]),
+              st.lists(st.integers(0, 40), max_size=3), st.lists(st.integers(0, 40), max_size=2)),
+    st.tuples(st.just("wm"), st.integers(0, 45)),
+    st.tuples(st.just("restore"),),
+), max_size=40)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=script)
+def test_timer_output_equals_a_plain_python_reference_across_restores(tmp_path_factory, steps):
+    """Whatever the records, watermarks and restores, the fired timers are those of a plain-Python
+    model: a set of (key, ts) fired in (ts, key group, key) order once the watermark reaches them."""
+    path = tmp_path_factory.mktemp("p")
+    backend = RocksDBStateBackend(path)
+    op = ProcessOperator("r", FakeEnv(backend), Reminders())
+    out = chain(op)
+    timers: set = set()
+    seen: dict = {}
+    expected = []
+    wm = -1
+    fired = []
+    for step in steps:
+        if step[0] == "rec":
+            _, key, at, cancel = step
+            op.process(rec({"at": at, "cancel": cancel}, key=key, ts=0))
+            seen[key] = seen.get(key, 0) + 1
+            timers |= {(key, t) for t in at}
+            timers -= {(key, t) for t in cancel}
+        elif step[0] == "wm":
+            if step[1] <= wm:
+                continue  # watermarks only rise
+            wm = step[1]
+            op.on_watermark(wm)
+            due = sorted((t for t in timers if t[1] <= wm), key=lambda t: order(*t))
+            expected += [(k, t, seen[k]) for k, t in due]
+            timers -= set(due)
+        else:
+            snapshot = op.snapshot()
+            fired += out.values
+            backend.close()
+            backend = RocksDBStateBackend(path)
+            op = ProcessOperator("r", FakeEnv(backend), Reminders())
+            op.restore(snapshot)
+            out = chain(op)
+    fired += out.values
+    backend.close()
+    assert fired == expected
+
+
+def test_the_ordered_jobs_timers_fire_once_each_at_a_point_of_their_chain(backend):
+    """The hash-chain job's timers (what the integration tests kill and move under) and the check
+    of its output: exact on a real run, and it names a missing, doubled or off-chain timer."""
+    op = ProcessOperator("chain", FakeEnv(backend), HashChain(timer_ms=10))
+    out = chain(op)
+    ids = []
+    for i in range(40):
+        event = {"id": f"a-{i}", "key": f"k{i % 3}", "ts": 1000 + 3 * i}
+        ids.append(event["id"])
+        op.process(rec(event, key=event["key"], ts=event["ts"]))
+        if i % 7 == 6:
+            op.on_watermark(1000 + 3 * i - 5)
+    op.on_watermark(MAX_WATERMARK)
+    records = out.values
+    report = verify_chains(records, ids, 10)
+    assert report.exact and report.timers == len({(f"k{i % 3}", timer_due(1000 + 3 * i, 10)) for i in range(40)})
+    timers = [r for r in records if "timer" in r]
+    assert any(0 < t["n"] < 14 for t in timers)  # some fired while their key's chain went on
+    assert not verify_chains([r for r in records if r is not timers[0]], ids, 10).exact
+    assert not verify_chains(records + [timers[0]], ids, 10).exact
+    shifted = [{**r, "n": r["n"] - 1} if r is timers[-1] else r for r in records]
+    assert not verify_chains(shifted, ids, 10).exact
