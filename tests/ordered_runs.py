@@ -110,11 +110,15 @@ def fed_without_pause(stack, a: str, b: str, first_round: int = 0) -> Iterator[l
         feeder.join()
 
 
-def start_under_load(stack, spark, name: str, conf: dict):
+TIMER_MS = 100  # the ordered job's timers (HashChain): one per key and 100 ms of event time
+
+
+def start_under_load(stack, spark, name: str, conf: dict, timer_ms: int | None = None):
     """The ordered job on topics ``<name>a``/``<name>b``, output ``<name>out``, with a feeder thread
-    producing about 4 s of input; returns (job, handle, the fed event ids, the feeder)."""
+    producing about 4 s of input; returns (job, handle, the fed event ids, the feeder).
+    ``timer_ms``: the chain sets event-time timers (:class:`HashChain`)."""
     a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name)
+    job = build_ordered_job(a, b, f"{name}out", name=name, timer_ms=timer_ms)
     handle = run(job, spark=spark, conf=conf)
     handle.wait_started(120)
     ids: list[str] = []

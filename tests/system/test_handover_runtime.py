@@ -27,6 +27,7 @@ from replication.examples.ordered import (
 from replication.status import read_status
 from rhino_state import Batched, Fluid, encode_key, key_group, vnode_of
 from tests.ordered_runs import (
+    TIMER_MS,
     every_partition_restorable,
     fed_without_pause,
     preproduce,
@@ -39,11 +40,13 @@ from tests.ordered_runs import (
 pytestmark = pytest.mark.integration
 
 
-def _start(stack, spark, name: str, max_parallelism: int | None = None, mode: str = "liverobin", **conf: str):
+def _start(stack, spark, name: str, max_parallelism: int | None = None, mode: str = "liverobin",
+           timer_ms: int | None = None, **conf: str):
     """The ordered job, replicated in ``mode``, on topics ``<name>a``/``<name>b``: (job, handle,
-    topic a, topic b, the vnodes partition 0 of the chain task owns)."""
+    topic a, topic b, the vnodes partition 0 of the chain task owns); ``timer_ms``: the chain
+    sets event-time timers."""
     a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name, max_parallelism=max_parallelism)
+    job = build_ordered_job(a, b, f"{name}out", name=name, max_parallelism=max_parallelism, timer_ms=timer_ms)
     kazoo = {"spark.replication.zookeeper.connect": stack.zookeeper_connect,
              "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
     handle = run(job, spark=spark, conf={
@@ -59,9 +62,9 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
     """KaZoo has no pulses of its own: each handover job opens a pulse window (the sources hold
     their records from their reported positions until the window's last pulse).  The cut state
     travels in chunks of at most 256 bytes here (several per handover) (handover.chunkBytes): a lost or misplaced chunk would
-    break a chain."""
+    break a chain.  The keys' event-time timers move with them: each fires once, at a point of its chain."""
     name = f"{topic_prefix}hov{mode[0]}"
-    job, handle, a, b, owned = _start(stack, spark, name, mode=mode, handover__chunkBytes="256")
+    job, handle, a, b, owned = _start(stack, spark, name, mode=mode, timer_ms=TIMER_MS, handover__chunkBytes="256")
     half = owned[:64]
     with fed_without_pause(stack, a, b) as ids:
         deadline = time.monotonic() + 60
@@ -86,8 +89,8 @@ def test_moving_vnodes_back_and_forth_under_load_keeps_the_output_exact(stack, s
     table = handle.routing("chain")
     assert [table.partition_of_vnode(v) for v in half] == [0] * 64
     records = read_output(stack, f"{name}out")
-    output = verify_chains(records, ids)
-    assert output.exact, output
+    output = verify_chains(records, ids, TIMER_MS)
+    assert output.exact and output.timers > 0, output
     assert result.metrics.gaps == 0
     assert replicas_agree(result, handle) == 2
     assert any("completed: vnodes" in text for _, text in result.events), result.events

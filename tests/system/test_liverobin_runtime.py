@@ -18,6 +18,7 @@ from ops.chaos import kill_executor, locate
 from replication import run
 from replication.examples.ordered import build_ordered_job, chain_heads, verify_chains
 from tests.ordered_runs import (
+    TIMER_MS,
     latencies_s,
     preproduce,
     read_output,
@@ -116,15 +117,16 @@ def test_the_heartbeat_log_segments_no_reader_needs_are_deleted_while_the_job_ru
 def test_executor_kill_under_live_load_is_masked(stack, spark, topic_prefix, victim):
     """Input produced while the job runs; the executor of a replica dies (with it the other
     replicas it hosts, a sink writer among them): the survivors carry on, a standby sink
-    replica takes over writing, and every chain still links up (the replicas agreed)."""
-    job, handle, ids, feeder = start_under_load(stack, spark, f"{topic_prefix}lrkill", _conf(stack))
+    replica takes over writing, and every chain still links up (the replicas agreed); every
+    event-time timer fires once, at a point of its key's chain."""
+    job, handle, ids, feeder = start_under_load(stack, spark, f"{topic_prefix}lrkill", _conf(stack), TIMER_MS)
     time.sleep(1.5)
     killed_at = time.time()
     kill_executor(locate(victim, job=job.name))
     feeder.join()
     result = handle.drain(timeout=300)
-    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
-    assert report.exact, report
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids, TIMER_MS)
+    assert report.exact and report.timers > 0, report
     assert any("takes over writing" in text for _, text in result.events), result.events
     replicas_agree(result, handle)
     # No stall: the survivors carry the partition at once; nothing waits for the executor to be

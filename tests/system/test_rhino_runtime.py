@@ -16,6 +16,7 @@ from ops.chaos import kill_executor, locate
 from replication.examples.ordered import verify_chains
 from replication.status import read_status
 from tests.ordered_runs import (
+    TIMER_MS,
     every_partition_restorable,
     fed_without_pause,
     read_output,
@@ -42,7 +43,7 @@ def _every_replica_back(handle) -> bool:
 
 
 @contextlib.contextmanager
-def _fed_job(stack, spark, name: str, mode: str, replicated: bool = True):
+def _fed_job(stack, spark, name: str, mode: str, replicated: bool = True, timer_ms: int | None = None):
     """The ordered job, fed without pause until the block ends: in kazoo mode an idle partition
     takes no checkpoint (no orders, no records), so a member joining while it is idle would get
     none.  Yields (job, handle, ids); a failure stops the job, so it does not hold the shared
@@ -51,7 +52,7 @@ def _fed_job(stack, spark, name: str, mode: str, replicated: bool = True):
     from replication.examples.ordered import build_ordered_job
 
     a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name)
+    job = build_ordered_job(a, b, f"{name}out", name=name, timer_ms=timer_ms)
     handle = run(job, spark=spark, conf=_conf(stack, mode, replicated))
     handle.wait_started(120)
     try:
@@ -72,8 +73,9 @@ def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition
                                                                                 mode):
     """Kill chain[0]r0's executor (and every replica it hosts), wait until each is restored and
     caught up and the relaunched worker holds the groups' checkpoints, then kill chain[0]r1's, the
-    other original: chain[0] now lives on its restored copy, which must have had the right state."""
-    with _fed_job(stack, spark, f"{topic_prefix}rhino{mode[:2]}", mode) as (job, handle, ids):
+    other original: chain[0] now lives on its restored copy, which must have had the right state
+    (its event-time timers included: each fires once)."""
+    with _fed_job(stack, spark, f"{topic_prefix}rhino{mode[:2]}", mode, timer_ms=TIMER_MS) as (job, handle, ids):
         _wait(lambda: _every_checkpoint_held_by_a_live_worker(handle), 30, "a completed checkpoint everywhere")
         _wait(lambda: "completed" in read_status(job.name)["checkpoints"].get("chain[0]", {}), 10,
               "the status file to show chain[0]'s completed checkpoint")
@@ -90,8 +92,8 @@ def test_a_restored_replica_replaces_the_lost_one_and_then_carries_the_partition
         _wait(lambda: len(handle.recoveries()) >= lost + lost_again and _every_replica_back(handle), 60,
               "the second round of restores", lambda: _rhino_state(handle))
     result = handle.drain(timeout=300)
-    report = verify_chains(read_output(stack, f"{job.name}out"), ids)
-    assert report.exact, report
+    report = verify_chains(read_output(stack, f"{job.name}out"), ids, TIMER_MS)
+    assert report.exact and report.timers > 0, report
     assert not result.divergences and result.checkpoints_compared > 0
     restored = {r["replica"] for r in result.recoveries}
     assert {"chain[0]r0", "chain[0]r1"} <= restored, result.recoveries
