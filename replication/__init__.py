@@ -8,10 +8,10 @@ from replication.config import ConfigError, ReplicationConfig
 from replication.control.handle import JobHandle, JobResult
 from replication.control.launch import run
 from replication.control.master import JobFailedError
-from replication.functions import Aggregator, KeyedProcessFunction, ProcessContext, RuntimeContext
+from replication.functions import Aggregator, KeyedProcessFunction, ProcessContext, RuntimeContext, StateTtl
 
 __all__ = [
     "Aggregator", "ConfigError", "DataStream", "Job", "JobDefinitionError", "JobFailedError", "JobHandle",
     "JobResult", "KeyedProcessFunction", "KeyedStream", "ProcessContext", "ReplicationConfig", "RuntimeContext",
-    "run",
+    "StateTtl", "run",
 ]

@@ -8,7 +8,7 @@ import random
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
-from rhino_state import MapState, StateContext, ValueState
+from rhino_state import ListState, MapState, StateContext, StateTtl, ValueState
 from rhino_state.timers import TimerQueue, encode_ts
 
 RESERVED_PREFIX = "__"  # state names the runtime keeps for itself (timers, random draws)
@@ -25,13 +25,19 @@ class RuntimeContext:
         self.partition = partition
         self.parallelism = parallelism
 
-    def value_state(self, name: str, default: Any = None) -> ValueState:
-        """A single value per key."""
-        return self._state.value_state(_user_state_name(name), default)
+    def value_state(self, name: str, default: Any = None, ttl: StateTtl | None = None) -> ValueState:
+        """A single value per key; with ``ttl``, gone (the default again) once the watermark passes
+        its last write's event time plus the TTL."""
+        return self._state.value_state(_user_state_name(name), default, ttl)
 
-    def map_state(self, name: str) -> MapState:
-        """A map per key (iterated in a deterministic key order)."""
-        return self._state.map_state(_user_state_name(name))
+    def map_state(self, name: str, ttl: StateTtl | None = None) -> MapState:
+        """A map per key (iterated in a deterministic key order); with ``ttl``, each entry expires
+        on its own."""
+        return self._state.map_state(_user_state_name(name), ttl)
+
+    def list_state(self, name: str, ttl: StateTtl | None = None) -> ListState:
+        """A list per key (appending does not read it); with ``ttl``, each element expires on its own."""
+        return self._state.list_state(_user_state_name(name), ttl)
 
 
 def _user_state_name(name: str) -> str:

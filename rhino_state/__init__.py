@@ -1,6 +1,7 @@
 """Rhino state: keyed state in embedded RocksDB, key groups, virtual nodes and routing."""
 
 from rhino_state.backend import RocksDBStateBackend, StateBackendClosedError
+from rhino_state.canonical import canonical_dumps
 from rhino_state.handover import (
     AllAtOnce,
     Batched,
@@ -76,7 +77,8 @@ from rhino_state.replica_store import (
     ReplicaStoreClosedError,
 )
 from rhino_state.standby_db import IncrementDigestError
-from rhino_state.state import MapState, NoCurrentKeyError, StateContext, ValueState, canonical_dumps
+from rhino_state.state import ListState, MapState, NoCurrentKeyError, StateContext, ValueState
+from rhino_state.ttl import StateTtl
 
 __all__ = [
     "MAX_KEY_GROUPS",
@@ -88,6 +90,7 @@ __all__ = [
     "IncrementReader",
     "IncrementWriter",
     "Key",
+    "ListState",
     "MapState",
     "NoCompletedCheckpointError",
     "NoCurrentKeyError",
@@ -97,6 +100,7 @@ __all__ = [
     "RoutingTable",
     "StateBackendClosedError",
     "StateContext",
+    "StateTtl",
     "ValueState",
     "canonical_dumps",
     "apply_increment",

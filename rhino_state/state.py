@@ -5,6 +5,7 @@ Physical layout (after the backend's 2-byte key-group prefix)::
     state id (4 bytes: xxh32 of "<operator_uid>/<name>")
     + len(encoded key) (4 bytes, big endian) + encoded key
     [+ encoded map key]                        # MapState only
+    [+ element index (8 bytes)]                # ListState (without: its next index)
 
 Values are pickled (protocol 5) canonically (:func:`canonical_dumps`): sets and frozensets in a
 sorted order, so that equal values are equal bytes in every process (a set of strings iterates
@@ -13,23 +14,28 @@ digests agree.  State never leaves the replica in object form (checkpoints ship 
 so both replicas decode what they encoded.
 Every read returns a freshly unpickled object, so mutating a value read from
 state changes nothing until it is written back with ``update``/``put``.
+
+A state declared with a TTL (:mod:`rhino_state.ttl`) hides values whose expiry the watermark
+reached; the operator gives the context its time (:meth:`StateContext.set_time`) and a timer queue
+for the sweeps that delete them (:attr:`StateContext.sweeps`).
 """
 
 from __future__ import annotations
 
-import io
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import xxhash
 
 from rhino_state.backend import RocksDBStateBackend
+from rhino_state.canonical import canonical_dumps
 from rhino_state.keys import Key, decode_key, encode_key, stable_hash, validate_num_key_groups
+from rhino_state.timers import TimerQueue
+from rhino_state.ttl import EXPIRED, StateTtl, codec_for
 
-__all__ = ["MapState", "NoCurrentKeyError", "StateContext", "ValueState", "canonical_dumps"]
+__all__ = ["ListState", "MapState", "NoCurrentKeyError", "StateContext", "ValueState"]
 
-_PICKLE_PROTOCOL = 5
 _MISSING = object()
 
 
@@ -37,60 +43,6 @@ class NoCurrentKeyError(RuntimeError):
     """A state handle was used before ``StateContext.set_current_key``."""
 
 
-# the opcodes with which protocol 5 writes a set or frozenset (the C pickler's fast path)
-_EMPTY_SET, _FROZENSET = pickle.EMPTY_SET, pickle.FROZENSET
-
-
-def _sorted(items: set | frozenset) -> list:
-    try:
-        return sorted(items)
-    except TypeError:  # elements of mixed or unorderable types
-        return sorted(items, key=canonical_dumps)
-
-
-class _CanonicalPickler(pickle._Pickler):
-    """The pure-Python pickler (the C one pickles exact sets without consulting any hook), with
-    sets and frozensets written in sorted order; everything else as ``pickle`` writes it."""
-
-    dispatch = dict(pickle._Pickler.dispatch)
-
-    def _save_set(self, obj: set) -> None:
-        self.write(pickle.EMPTY_SET)
-        self.memoize(obj)
-        items = _sorted(obj)
-        for i in range(0, len(items), self._BATCHSIZE):
-            self.write(pickle.MARK)
-            for item in items[i:i + self._BATCHSIZE]:
-                self.save(item)
-            self.write(pickle.ADDITEMS)
-
-    def _save_frozenset(self, obj: frozenset) -> None:
-        self.write(pickle.MARK)
-        for item in _sorted(obj):
-            self.save(item)
-        if id(obj) in self.memo:  # recursive: drop what was pushed, fetch it from the memo
-            self.write(pickle.POP_MARK + self.get(self.memo[id(obj)][0]))
-            return
-        self.write(pickle.FROZENSET)
-        self.memoize(obj)
-
-    dispatch[set] = _save_set
-    dispatch[frozenset] = _save_frozenset
-
-
-def canonical_dumps(value: Any) -> bytes:
-    """``value`` pickled (protocol 5) so that equal values give equal bytes in every process:
-    by ``pickle`` itself when that wrote no set (the usual case, at C speed), else again by
-    :class:`_CanonicalPickler` (also when those opcode bytes only occur inside a string)."""
-    data = pickle.dumps(value, protocol=_PICKLE_PROTOCOL)
-    if _EMPTY_SET not in data and _FROZENSET not in data:
-        return data
-    out = io.BytesIO()
-    _CanonicalPickler(out, protocol=_PICKLE_PROTOCOL).dump(value)
-    return out.getvalue()
-
-
-_dumps = canonical_dumps
 
 
 class StateContext:
@@ -102,11 +54,14 @@ class StateContext:
         self.backend = backend
         self.operator_uid = operator_uid
         self.num_key_groups = validate_num_key_groups(num_key_groups)
-        self._states: dict[str, ValueState | MapState] = {}
+        self._states: dict[str, _Handle] = {}
         self._state_ids: dict[bytes, str] = {}
         self._key: Key = _MISSING
         self._key_group = -1
         self._key_part = b""
+        self.now = 0  # event time of the element being processed (at least the watermark): TTL writes
+        self.watermark = -(1 << 63)  # TTL reads: a value whose expiry it reached is gone
+        self.sweeps: TimerQueue | None = None  # where TTL writes schedule the sweep of their key
 
     def set_current_key(self, key: Key) -> None:
         """Bind every handle of this context to ``key`` (encodes and hashes it once)."""
@@ -114,6 +69,12 @@ class StateContext:
         self._key = key
         self._key_group = stable_hash(key_bytes) & (self.num_key_groups - 1)
         self._key_part = len(key_bytes).to_bytes(4, "big") + key_bytes
+
+    def set_time(self, timestamp: int, watermark: int) -> None:
+        """The element being processed has event time ``timestamp``; the operator's watermark is
+        ``watermark`` (TTL: writes expire from ``max(timestamp, watermark)`` on)."""
+        self.watermark = watermark
+        self.now = max(timestamp, watermark)
 
     @property
     def current_key(self) -> Key:
@@ -126,21 +87,25 @@ class StateContext:
         """Key group of the current key."""
         return self._require_key()[0]
 
-    def value_state(self, name: str, default: Any = None) -> ValueState:
+    def value_state(self, name: str, default: Any = None, ttl: StateTtl | None = None) -> ValueState:
         """The ValueState called ``name`` (created on first use)."""
-        state = self._register(name, ValueState, default)
+        state = self._register(name, ValueState, default, ttl)
         assert isinstance(state, ValueState)
         return state
 
-    def map_state(self, name: str) -> MapState:
+    def map_state(self, name: str, ttl: StateTtl | None = None) -> MapState:
         """The MapState called ``name`` (created on first use)."""
-        state = self._register(name, MapState, None)
+        state = self._register(name, MapState, None, ttl)
         assert isinstance(state, MapState)
         return state
 
-    def _register(
-        self, name: str, kind: type[ValueState] | type[MapState], default: Any
-    ) -> ValueState | MapState:
+    def list_state(self, name: str, ttl: StateTtl | None = None) -> ListState:
+        """The ListState called ``name`` (created on first use)."""
+        state = self._register(name, ListState, None, ttl)
+        assert isinstance(state, ListState)
+        return state
+
+    def _register(self, name: str, kind: type[_Handle], default: Any, ttl: StateTtl | None) -> _Handle:
         if not isinstance(name, str) or not name:
             raise ValueError(f"state name must be a non-empty str, got {name!r}")
         existing = self._states.get(name)
@@ -150,17 +115,21 @@ class StateContext:
                     f"state {name!r} of operator {self.operator_uid!r} is already registered as "
                     f"{type(existing).__name__}, not {kind.__name__}"
                 )
-            if isinstance(existing, ValueState) and existing.default_bytes != _dumps(default):
+            if isinstance(existing, ValueState) and existing.default_bytes != canonical_dumps(default):
                 raise ValueError(f"ValueState {name!r} is already registered with a different default")
+            if existing.ttl != ttl:
+                raise ValueError(f"state {name!r} is already registered with another TTL ({existing.ttl})")
             return existing
-        state_id = self.reserve_id(name)
-        state = (
-            ValueState(self, state_id, name, default)
-            if kind is ValueState
-            else MapState(self, state_id, name)
-        )
+        state = kind(self, self.reserve_id(name), name, ttl)
+        if isinstance(state, ValueState):
+            state.set_default(default)
         self._states[name] = state
         return state
+
+    def forget_handles(self) -> None:
+        """A new version of the operator's function registers its states afresh (defaults and TTLs
+        may change; the state stays)."""
+        self._states.clear()
 
     def reserve_id(self, name: str) -> bytes:
         """The 4-byte state id of the state called ``name`` of this operator, reserved for it (a
@@ -177,6 +146,18 @@ class StateContext:
         length-prefixed encoded key that follows a state id)."""
         return self._require_key()
 
+    def sweep(self, key_group: int, target: bytes) -> None:
+        """A sweep the TTL writes scheduled came due: delete what expired of one key's state
+        (``target``: the state id and the key part)."""
+        name = self._state_ids.get(target[:4])
+        state = self._states.get(name) if name is not None else None
+        if state is not None:
+            state.sweep(key_group, target[4:])
+
+    def _scheduled(self, state: _Handle, key_group: int, key_part: bytes) -> None:
+        if state.ttl is not None and self.sweeps is not None:
+            self.sweeps.register(key_group, state.state_id + key_part, state.ttl.sweep_at(self.now + state.ttl.ttl_ms))
+
     def _require_key(self) -> tuple[int, bytes]:
         if self._key is _MISSING:
             raise NoCurrentKeyError(
@@ -186,59 +167,90 @@ class StateContext:
         return self._key_group, self._key_part
 
 
-class ValueState:
+class _Handle:
+    """What every state handle shares: its id, codec (TTL or not) and context."""
+
+    def __init__(self, context: StateContext, state_id: bytes, name: str, ttl: StateTtl | None = None) -> None:
+        self._context = context
+        self.state_id = state_id
+        self.name = name
+        self.ttl = ttl
+        self._codec = codec_for(ttl)
+
+    def _prefix(self) -> tuple[int, bytes]:
+        key_group, key_part = self._context._require_key()
+        return key_group, self.state_id + key_part
+
+    def _write(self, key_group: int, rest: bytes, value: Any) -> None:
+        """Store ``value`` under ``rest`` of the current key (a TTL write schedules its sweep)."""
+        context = self._context
+        context.backend.put(key_group, rest, self._codec.encode(value, context.now))
+        if self.ttl is not None:
+            context._scheduled(self, key_group, context._key_part)
+
+    def _read(self, raw: bytes | None) -> Any:
+        return EXPIRED if raw is None else self._codec.decode(raw, self._context.watermark)
+
+    def _live(self, raw_items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, Any]]:
+        for suffix, raw in raw_items:
+            value = self._read(raw)
+            if value is not EXPIRED:
+                yield suffix, value
+
+    def _raw_items(self, key_group: int, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return ((rest[len(prefix) :], raw) for rest, raw in self._context.backend.iter_prefix(key_group, prefix))
+
+    def sweep(self, key_group: int, key_part: bytes) -> None:
+        """Delete the key's expired values (its value, entries or elements)."""
+        self._sweep(key_group, self.state_id + key_part, self._raw_items(key_group, self.state_id + key_part))
+
+    def _sweep(self, key_group: int, prefix: bytes, raw_items: Iterator[tuple[bytes, bytes]]) -> None:
+        backend, watermark = self._context.backend, self._context.watermark
+        for suffix, raw in list(raw_items):
+            expiry = self._codec.expiry(raw)
+            if expiry is not None and expiry <= watermark:
+                backend.delete(key_group, prefix + suffix)
+
+
+class ValueState(_Handle):
     """One value per key."""
 
-    def __init__(self, context: StateContext, state_id: bytes, name: str, default: Any = None) -> None:
-        self._context = context
-        self._state_id = state_id
-        self.name = name
-        self.default_bytes = _dumps(default)
+    def set_default(self, default: Any) -> None:
+        self.default_bytes = canonical_dumps(default)
         self._default_is_none = default is None
 
     def _location(self) -> tuple[int, bytes]:
-        key_group, key_part = self._context._require_key()
-        return key_group, self._state_id + key_part
+        return self._prefix()
 
     def value(self) -> Any:
         """The value for the current key, or (a fresh copy of) the default."""
-        raw = self._context.backend.get(*self._location())
-        if raw is None:
+        value = self._read(self._context.backend.get(*self._location()))
+        if value is EXPIRED:
             return None if self._default_is_none else pickle.loads(self.default_bytes)
-        return pickle.loads(raw)
+        return value
 
     def update(self, value: Any) -> None:
         """Set the value for the current key (``None`` is stored as a value)."""
-        key_group, rest = self._location()
-        self._context.backend.put(key_group, rest, _dumps(value))
+        self._write(*self._location(), value)
 
     def clear(self) -> None:
         """Remove the value for the current key."""
         self._context.backend.delete(*self._location())
 
 
-class MapState:
+class MapState(_Handle):
     """A map per key; iteration is in encoded map-key order, for the current key only."""
-
-    def __init__(self, context: StateContext, state_id: bytes, name: str) -> None:
-        self._context = context
-        self._state_id = state_id
-        self.name = name
-
-    def _prefix(self) -> tuple[int, bytes]:
-        key_group, key_part = self._context._require_key()
-        return key_group, self._state_id + key_part
 
     def get(self, map_key: Key, default: Any = None) -> Any:
         """Value under ``map_key`` or ``default``."""
         key_group, prefix = self._prefix()
-        raw = self._context.backend.get(key_group, prefix + encode_key(map_key))
-        return default if raw is None else pickle.loads(raw)
+        value = self._read(self._context.backend.get(key_group, prefix + encode_key(map_key)))
+        return default if value is EXPIRED else value
 
     def put(self, map_key: Key, value: Any) -> None:
         """Set ``map_key`` to ``value``."""
         key_group, prefix = self._prefix()
-        self._context.backend.put(key_group, prefix + encode_key(map_key), _dumps(value))
+        self._write(key_group, prefix + encode_key(map_key), value)
 
     def remove(self, map_key: Key) -> None:
         """Remove ``map_key``; a no-op if absent."""
@@ -248,32 +260,79 @@ class MapState:
     def contains(self, map_key: Key) -> bool:
         """Whether ``map_key`` is present."""
         key_group, prefix = self._prefix()
-        return self._context.backend.get(key_group, prefix + encode_key(map_key)) is not None
+        return self._read(self._context.backend.get(key_group, prefix + encode_key(map_key))) is not EXPIRED
 
-    def _raw_items(self) -> Iterator[tuple[bytes, bytes]]:
-        key_group, prefix = self._prefix()
-        return (
-            (rest[len(prefix) :], raw) for rest, raw in self._context.backend.iter_prefix(key_group, prefix)
-        )
+    def _entries(self) -> Iterator[tuple[bytes, Any]]:
+        return self._live(self._raw_items(*self._prefix()))
 
     def items(self) -> Iterator[tuple[Key, Any]]:
         """``(map_key, value)`` pairs of the current key."""
-        return ((decode_key(k), pickle.loads(v)) for k, v in self._raw_items())
+        return ((decode_key(k), v) for k, v in self._entries())
 
     def keys(self) -> Iterator[Key]:
         """Map keys of the current key."""
-        return (decode_key(k) for k, _ in self._raw_items())
+        return (decode_key(k) for k, _ in self._entries())
 
     def values(self) -> Iterator[Any]:
         """Values of the current key."""
-        return (pickle.loads(v) for _, v in self._raw_items())
+        return (v for _, v in self._entries())
 
     def is_empty(self) -> bool:
         """Whether the current key has no entries."""
-        return next(self._raw_items(), None) is None
+        return next(self._entries(), None) is None
 
     def clear(self) -> None:
         """Remove every entry of the current key."""
         key_group, prefix = self._prefix()
-        for map_key, _ in list(self._raw_items()):
+        for map_key, _ in list(self._raw_items(key_group, prefix)):
             self._context.backend.delete(key_group, prefix + map_key)
+
+
+class ListState(_Handle):
+    """A list per key: appending does not read the list; reading gives it in the order added."""
+
+    def _next_index(self, key_group: int, prefix: bytes) -> int:
+        raw = self._context.backend.get(key_group, prefix)
+        return 0 if raw is None else int.from_bytes(raw, "big")
+
+    def _elements(self, key_group: int, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return ((suffix, raw) for suffix, raw in self._raw_items(key_group, prefix) if suffix)  # not the index
+
+    def get(self) -> list[Any]:
+        """The current key's elements, oldest first (a fresh list)."""
+        return [v for _, v in self._live(self._elements(*self._prefix()))]
+
+    def add(self, value: Any) -> None:
+        """Append ``value``."""
+        self.add_all((value,))
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        """Append every value of ``values``, in order."""
+        key_group, prefix = self._prefix()
+        index = start = self._next_index(key_group, prefix)
+        for value in values:
+            self._write(key_group, prefix + index.to_bytes(8, "big"), value)
+            index += 1
+        if index != start:
+            self._context.backend.put(key_group, prefix, index.to_bytes(8, "big"))
+
+    def update(self, values: Iterable[Any]) -> None:
+        """Replace the current key's list with ``values``."""
+        self.clear()
+        self.add_all(values)
+
+    def is_empty(self) -> bool:
+        """Whether the current key has no elements."""
+        return next(self._live(self._elements(*self._prefix())), None) is None
+
+    def clear(self) -> None:
+        """Remove every element of the current key."""
+        key_group, prefix = self._prefix()
+        for suffix, _ in list(self._raw_items(key_group, prefix)):
+            self._context.backend.delete(key_group, prefix + suffix)
+
+    def sweep(self, key_group: int, key_part: bytes) -> None:
+        prefix = self.state_id + key_part
+        self._sweep(key_group, prefix, self._elements(key_group, prefix))
+        if next(self._elements(key_group, prefix), None) is None:
+            self._context.backend.delete(key_group, prefix)  # no element left: no next index either

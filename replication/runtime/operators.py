@@ -133,6 +133,8 @@ class ProcessOperator(Operator):
         self.state = env.state_context(name)
         self.timer_queue = TimerQueue(self.state.backend, self.state.reserve_id(RESERVED_PREFIX + "event_timers"),
                                       env.num_key_groups)
+        self.state.sweeps = TimerQueue(self.state.backend, self.state.reserve_id(RESERVED_PREFIX + "ttl_sweeps"),
+                                       env.num_key_groups)
         self.ctx = ProcessContext(draws=RandomDraws(self.state, name))
         self.ctx.timers = self.timers = TimerService(self.state, self.timer_queue, self.ctx, name)
         self.timers.enabled = has_timers(fn)
@@ -143,6 +145,7 @@ class ProcessOperator(Operator):
         self.state.set_current_key(key)
         ctx = self.ctx
         ctx.key, ctx.timestamp, ctx.time_domain = key, rec[3], None
+        self.state.set_time(rec[3], ctx.watermark)
         try:
             outputs = list(self.fn.process(rec[1], ctx) or ())
         except Exception as exc:  # noqa: BLE001
@@ -157,11 +160,16 @@ class ProcessOperator(Operator):
         self.next.on_watermark(wm)
 
     def _fire_timers(self, wm: int) -> None:
-        ctx, queue = self.ctx, self.timer_queue
+        ctx, queue, state = self.ctx, self.timer_queue, self.state
+        assert state.sweeps is not None
+        state.set_time(wm, wm)
+        while (sweep := state.sweeps.pop_due(wm)) is not None:  # expired state first: timers never see it
+            state.sweep(sweep[1], sweep[2])
         while (due := queue.pop_due(wm)) is not None:
             ts, _, key_part = due
             key = decode_key(key_part[4:])
-            self.state.set_current_key(key)
+            state.set_current_key(key)
+            state.set_time(ts, wm)
             ctx.key, ctx.timestamp, ctx.time_domain = key, ts, "event_time"
             try:
                 outputs = list(self.fn.on_timer(ts, ctx) or ())
@@ -174,17 +182,25 @@ class ProcessOperator(Operator):
             for value in outputs:
                 self.next.process((DATA, value, key, ts, fired_at, None))
 
+    def _queues(self) -> tuple[TimerQueue, ...]:
+        assert self.state.sweeps is not None
+        return self.timer_queue, self.state.sweeps
+
     def state_left(self, key_groups: frozenset[int]) -> None:
-        self.timer_queue.forget(key_groups)
+        for queue in self._queues():
+            queue.forget(key_groups)
 
     def state_arrived(self, key_groups: Iterable[range]) -> None:
-        self.timer_queue.load(kg for r in key_groups for kg in r)
+        groups = [kg for r in key_groups for kg in r]
+        for queue in self._queues():
+            queue.load(groups)
 
     def fire_behind(self) -> None:
         self._fire_timers(self.ctx.watermark)
 
     def replace_fn(self, fn: Any) -> None:
         """The new version keeps the keyed state (its timers too): it opens on the same state context."""
+        self.state.forget_handles()
         fn.open(RuntimeContext(self.state, self.name, self.env.partition, self.env.parallelism))
         self.fn = fn
         self.timers.enabled = has_timers(fn)
@@ -194,11 +210,13 @@ class ProcessOperator(Operator):
 
     def restore(self, snapshot: Any) -> None:
         self.ctx.watermark = snapshot
-        self.timer_queue.load()
+        for queue in self._queues():
+            queue.load()
 
     def restore_savepoint(self, snapshots: list[Any], owns: Callable[[int], bool]) -> None:
         self.ctx.watermark = min(snapshots, default=self.ctx.watermark)
-        self.timer_queue.load()
+        for queue in self._queues():
+            queue.load()
 
     def on_end(self) -> None:
         self.fn.close()
@@ -295,7 +313,7 @@ class WindowOperator(Operator):
     @property
     def state_prefix(self) -> bytes:
         """What every physical key of its accumulators starts with (after the key group)."""
-        return self.windows._state_id
+        return self.windows.state_id
 
     def merge_raw(self, moved: bytes, served: bytes) -> bytes:
         """A target that served moved keys: the moved accumulator (the origin's records) merged with

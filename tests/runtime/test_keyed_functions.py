@@ -1,6 +1,7 @@
-"""Event-time timers and seeded randomness of keyed process functions (ProcessOperator), driven by
-a fake hosting instance over a real RocksDB: timers fire when the watermark reaches them, in a
-deterministic order, once; they survive a restore and move with their keys."""
+"""Event-time timers, state TTL and seeded randomness of keyed process functions (ProcessOperator),
+driven by a fake hosting instance over a real RocksDB: timers fire when the watermark reaches them,
+in a deterministic order, once; expired state is invisible and removed, so the state of keys that
+go quiet does not pile up; both survive a restore and move with their keys."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from replication.examples.ordered import HashChain, timer_due, verify_chains
 from replication.functions import KeyedProcessFunction
 from replication.runtime.elements import MAX_WATERMARK
 from replication.runtime.operators import ProcessOperator
-from rhino_state import RocksDBStateBackend, encode_key, key_group
+from rhino_state import RocksDBStateBackend, StateTtl, encode_key, key_group
 from tests.runtime.test_operators import FakeEnv, G, chain, rec
 
 
@@ -251,3 +252,68 @@ def test_the_ordered_jobs_timers_fire_once_each_at_a_point_of_their_chain(backen
     assert not verify_chains(records + [timers[0]], ids, 10).exact
     shifted = [{**r, "n": r["n"] - 1} if r is timers[-1] else r for r in records]
     assert not verify_chains(shifted, ids, 10).exact
+
+
+class Sessions(KeyedProcessFunction):
+    """Per key, with a TTL of 100 ms of event time: a count, the pages seen and the recent values."""
+
+    def open(self, ctx):
+        ttl = StateTtl(100)
+        self.count = ctx.value_state("count", 0, ttl=ttl)
+        self.pages = ctx.map_state("pages", ttl=ttl)
+        self.recent = ctx.list_state("recent", ttl=ttl)
+
+    def process(self, value, ctx):
+        n = self.count.value() + 1
+        self.count.update(n)
+        self.pages.put(value, self.pages.get(value, 0) + 1)
+        self.recent.add(value)
+        yield (ctx.key, n, dict(self.pages.items()), self.recent.get())
+
+
+def stored(backend) -> int:
+    return sum(1 for _ in backend.iter_key_groups(range(G)))
+
+
+def test_the_state_of_keys_that_go_quiet_expires_so_its_size_stays_flat(backend):
+    op = ProcessOperator("s", FakeEnv(backend), Sessions())
+    out = chain(op)
+    sizes = []
+    for rnd in range(12):  # each round its own 20 keys, then the watermark moves 200 ms on
+        base = rnd * 200
+        op.on_watermark(base)
+        for i in range(60):
+            op.process(rec(f"p{i % 3}", key=f"r{rnd}-k{i % 20}", ts=base + i))
+        sizes.append(stored(backend))
+    assert max(sizes[2:]) <= sizes[1] * 1.1, sizes  # flat: only the live rounds' keys are kept
+    op.on_watermark(10**6)
+    assert stored(backend) == 0
+    # a key seen again after its state expired starts afresh
+    op.process(rec("p0", key="r0-k0", ts=10**6 + 1))
+    assert out.records[-1][1] == ("r0-k0", 1, {"p0": 1}, ["p0"])
+
+
+def test_ttl_state_expires_the_same_after_a_restore_and_after_a_move(tmp_path):
+    with RocksDBStateBackend(tmp_path / "o") as ob:
+        op = ProcessOperator("s", FakeEnv(ob), Sessions())
+        chain(op)
+        op.process(rec("p", key="moved", ts=10))
+        op.process(rec("p", key="stays", ts=10))
+        snapshot = op.snapshot()
+    with RocksDBStateBackend(tmp_path / "o") as ob, RocksDBStateBackend(tmp_path / "t") as tb:
+        origin = ProcessOperator("s", FakeEnv(ob), Sessions())  # restored from its state
+        origin.restore(snapshot)
+        target = ProcessOperator("s", FakeEnv(tb), Sessions())
+        chain(origin), chain(target)
+        kg = key_group(encode_key("moved"), G)
+        moving = list(ob.iter_key_groups(range(kg, kg + 1)))
+        for g, rest, _ in moving:
+            ob.delete(g, rest)
+        origin.state_left(frozenset({kg}))
+        for g, rest, value in moving:
+            tb.put(g, rest, value)
+        target.state_arrived([range(kg, kg + 1)])
+        assert stored(ob) > 0 and stored(tb) > 0
+        origin.on_watermark(200)
+        target.on_watermark(200)
+        assert stored(ob) == 0 and stored(tb) == 0  # each swept what it holds
