@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replication import serde
-from replication.functions import Aggregator, KeyedProcessFunction
+from replication.functions import Aggregator, KeyedProcessFunction, ProcessContext, RuntimeContext, mergeable
+from replication.windowing import Windows
 
 FORWARD = "forward"
 HASH = "hash"
@@ -255,15 +256,67 @@ class KeyedStream:
                                         max_parallelism=max_parallelism))
 
     def window(
-        self, size_ms: int, aggregator: Aggregator, *, name: str | None = None, parallelism: int | None = None
+        self, size_ms: int, aggregator: Aggregator, *, slide_ms: int | None = None, allowed_lateness_ms: int = 0,
+        name: str | None = None, parallelism: int | None = None,
     ) -> DataStream:
-        """Tumbling event-time windows of ``size_ms``, aggregated incrementally; a window's
-        result is emitted once the watermark passes its end.  Records behind the watermark
-        go to the dead-letter topic (reason ``late``)."""
-        if not isinstance(size_ms, int) or size_ms <= 0:
-            raise JobDefinitionError(f"window size must be a positive int (ms), got {size_ms!r}")
+        """Event-time windows of ``size_ms`` aggregated incrementally: tumbling, or sliding with
+        one window starting every ``slide_ms``.  A window's result is emitted once the watermark
+        reaches its end; for ``allowed_lateness_ms`` after that a record for it updates it and emits
+        the new result.  Records later than that go to the dead-letter topic (reason ``late``)."""
+        try:
+            windows = Windows.sliding(size_ms, size_ms if slide_ms is None else slide_ms, allowed_lateness_ms)
+        except ValueError as e:
+            raise JobDefinitionError(f"window {name!r}: {e}") from None
+        return self._windowed("window", name, parallelism, windows, aggregator)
+
+    def session_window(
+        self, gap_ms: int, aggregator: Aggregator, *, allowed_lateness_ms: int = 0,
+        name: str | None = None, parallelism: int | None = None,
+    ) -> DataStream:
+        """Session windows per key: records less than ``gap_ms`` of event time apart share a
+        window, which ends ``gap_ms`` after its last record; sessions that a record bridges merge
+        (the aggregator must define ``merge``).  Emitted and late as :meth:`window`."""
+        try:
+            windows = Windows.session(gap_ms, allowed_lateness_ms)
+        except ValueError as e:
+            raise JobDefinitionError(f"session_window {name!r}: {e}") from None
+        if isinstance(aggregator, Aggregator) and not mergeable(aggregator):
+            raise JobDefinitionError(f"session_window {name!r}: its aggregator {type(aggregator).__name__} must "
+                                     "define merge (sessions merge when a record bridges them)")
+        return self._windowed("session_window", name, parallelism, windows, aggregator)
+
+    def _windowed(self, what: str, name: str | None, parallelism: int | None, windows: Windows,
+                  aggregator: Aggregator) -> DataStream:
         if not isinstance(aggregator, Aggregator):
-            raise JobDefinitionError("window() needs an Aggregator instance")
+            raise JobDefinitionError(f"{what}() needs an Aggregator instance")
         job = self.stream.job
         return DataStream(
-            job, job._add("window", name, parallelism, [self._edge()], size_ms=size_ms, aggregator=aggregator))
+            job, job._add("window", name, parallelism, [self._edge()], windows=windows, aggregator=aggregator))
+
+    def reduce(
+        self, fn: Callable[[Any, Any], Any], *, name: str | None = None, parallelism: int | None = None
+    ) -> DataStream:
+        """A running reduction per key: each record emits ``fn(previous result, record)`` (the
+        first record of a key emits itself), kept in keyed state."""
+        if not callable(fn):
+            raise JobDefinitionError("reduce() needs a callable of two values")
+        return self.process(_RunningReduce(fn), name=name, parallelism=parallelism)
+
+
+class _RunningReduce(KeyedProcessFunction):
+    """:meth:`KeyedStream.reduce`: the key's running result in a value state."""
+
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+        self.fn = fn
+
+    def open(self, ctx: RuntimeContext) -> None:
+        self.result = ctx.value_state("reduced", default=_NOTHING)
+
+    def process(self, value: Any, ctx: ProcessContext) -> Iterable[Any]:
+        previous = self.result.value()
+        current = value if previous == _NOTHING else self.fn(previous, value)
+        self.result.update(current)
+        yield current
+
+
+_NOTHING = ("__replication_nothing_reduced__",)

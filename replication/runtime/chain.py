@@ -13,13 +13,15 @@ from replication.runtime.operators import (
     Operator,
     ProcessOperator,
     SinkOperator,
-    WindowOperator,
 )
 from replication.runtime.sink import ExactlyOnceSink
+from replication.runtime.windows import SessionWindowOperator, WindowOperator
 
 
-def chain_operators(head: Operator) -> list[Operator]:
-    """The operators of a chain, head first."""
+def chain_operators(head: Operator | None) -> list[Operator]:
+    """The operators of a chain, head first (none before it is built)."""
+    if head is None:
+        return []
     ops = [head]
     while (nxt := getattr(ops[-1], "next", None)) is not None:
         ops.append(nxt)
@@ -41,7 +43,8 @@ def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:
             # one copy of the user's object per instance: a worker may host several partitions
             ops.append(ProcessOperator(node.name, env, copy.deepcopy(spec["fn"])))
         elif kind == "window":
-            ops.append(WindowOperator(node.name, env, spec["size_ms"], copy.deepcopy(spec["aggregator"])))
+            windows = SessionWindowOperator if spec["windows"].sessions else WindowOperator
+            ops.append(windows(node.name, env, spec["windows"], copy.deepcopy(spec["aggregator"])))
         elif kind == "sink":
             if getattr(env, "exactly_once_sink", False):
                 cls: type[Operator] = ExactlyOnceSink

@@ -27,7 +27,8 @@ from replication.runtime.deadletter import ExactlyOnceDeadLetters, describe_erro
 from replication.runtime.elements import DATA, MAX_WATERMARK
 from replication.runtime.handover_service import ReplicaHandoverPart
 from replication.runtime.handovers import CodeSwitches, PartitionHandovers, RouterSwitches
-from replication.runtime.operators import Router, serves_through_moves
+from replication.runtime.operators import Router
+from replication.runtime.windows import serves_through_moves
 from rhino_state import RocksDBStateBackend, StateContext
 from rhino_state.increments import digest_hex
 

@@ -11,7 +11,6 @@ on with the next record.
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,11 +22,10 @@ from replication.functions import (
     RuntimeContext,
     TimerService,
     has_timers,
-    mergeable,
 )
 from replication.runtime.deadletter import describe_error, payload_of
 from replication.runtime.elements import DATA, END_ELEMENT, pulse, watermark
-from rhino_state import canonical_dumps, decode_key, encode_key, key_group
+from rhino_state import decode_key, encode_key, key_group
 from rhino_state.timers import TimerQueue
 from transport.kafka_io import produce_blocking
 
@@ -221,150 +219,6 @@ class ProcessOperator(Operator):
     def on_end(self) -> None:
         self.fn.close()
         self.next.on_end()
-
-
-_NO_ACC = object()
-
-
-class WindowOperator(Operator):
-    """Tumbling event-time windows with an incremental aggregator.
-
-    Accumulators live in keyed map state (window start -> acc); the fire index
-    (window end -> keys, with the newest ingest time of each window, for latency) is
-    kept in memory and fired in the deterministic order (end, encoded key) when the
-    watermark passes a window end.  Ingest times are stamped by whichever source
-    replica's copy arrived first, so they differ between replicas: they stay out of
-    keyed state, whose digests the replicas compare at checkpoints.
-    """
-
-    def __init__(self, name: str, env: Any, size_ms: int, aggregator: Any) -> None:
-        super().__init__(name, env)
-        self.size = size_ms
-        self.agg = aggregator
-        self.state = env.state_context(name)
-        self.windows = self.state.map_state("windows")
-        self.pending: dict[int, dict[bytes, list]] = {}  # window end -> encoded key -> [key, newest ingest]
-        self.watermark = -(2**63)
-
-    def process(self, rec: tuple) -> None:
-        ts, key = rec[3], rec[2]
-        start = ts - ts % self.size
-        end = start + self.size
-        if end <= self.watermark:
-            self.env.metrics.late_records += 1
-            self.dead_letter(rec, f"late: event time {ts} is behind the watermark {self.watermark} "
-                                  f"(window [{start}, {end}) already fired)")
-            return
-        self.state.set_current_key(key)
-        acc = self.windows.get(start, _NO_ACC)
-        try:
-            acc = self.agg.add(self.agg.create() if acc is _NO_ACC else acc, rec[1])
-        except Exception as exc:  # noqa: BLE001
-            self.dead_letter(rec, describe_error(exc))
-            return
-        self.windows.put(start, acc)
-        keys = self.pending.setdefault(end, {})
-        kb = encode_key(key)
-        entry = keys.get(kb)
-        if entry is None:
-            keys[kb] = [key, rec[4]]
-        elif rec[4] > entry[1]:
-            entry[1] = rec[4]
-
-    def on_watermark(self, wm: int) -> None:
-        if wm <= self.watermark:
-            return
-        self.watermark = wm
-        self._fire(wm)
-        self.next.on_watermark(wm)
-
-    # -- handover (replication.runtime.handovers): the fire index moves with the keys' state ----------
-    def cut_keys(self, in_cut: Callable[[int], bool]) -> list[tuple[int, bytes, Any, float]]:
-        """An origin: take the fire-index entries ``(end, encoded key, key, newest ingest)`` of the
-        keys whose key group ``in_cut`` (their accumulators leave with the keyed state)."""
-        out = []
-        for end in sorted(self.pending):
-            keys = self.pending[end]
-            for kb in sorted(keys):
-                if in_cut(key_group(kb, self.env.num_key_groups)):
-                    key, ingest = keys.pop(kb)
-                    out.append((end, kb, key, ingest))
-            if not keys:
-                del self.pending[end]
-        return out
-
-    def adopt_keys(self, entries: Iterable[tuple[int, bytes, Any, float]]) -> None:
-        """A target, once it loaded the moved state: the origin's fire-index entries of those keys
-        (merged with its own where it served them meanwhile: the newest ingest time stays)."""
-        for end, kb, key, ingest in entries:
-            mine = self.pending.setdefault(end, {}).setdefault(kb, [key, ingest])
-            mine[1] = max(mine[1], ingest)
-
-    def fire_behind(self) -> None:
-        """A target, after the records it held: fire moved windows that are already behind this
-        partition's watermark (no record can still come for them in time)."""
-        self._fire(self.watermark)
-
-    @property
-    def mergeable(self) -> bool:
-        """Whether its accumulators merge (:meth:`replication.functions.Aggregator.merge`)."""
-        return mergeable(self.agg)
-
-    @property
-    def state_prefix(self) -> bytes:
-        """What every physical key of its accumulators starts with (after the key group)."""
-        return self.windows.state_id
-
-    def merge_raw(self, moved: bytes, served: bytes) -> bytes:
-        """A target that served moved keys: the moved accumulator (the origin's records) merged with
-        the one it built since the switch (the records after them), as stored."""
-        return canonical_dumps(self.agg.merge(pickle.loads(moved), pickle.loads(served)))
-
-    def _fire(self, wm: int) -> None:
-        # a target serving moved keys fires their windows once it merged their moved state in
-        handovers = getattr(self.env, "handovers", None)
-        awaited = handovers.awaited_key_groups() if handovers is not None else frozenset()
-        groups = self.env.num_key_groups
-        for end in sorted(e for e in self.pending if e <= wm):
-            keys = self.pending[end]
-            start = end - self.size
-            due = sorted(kb for kb in keys if not awaited or key_group(kb, groups) not in awaited)
-            for kb in due:
-                key, ingest = keys.pop(kb)
-                self.state.set_current_key(key)
-                acc = self.windows.get(start)
-                self.windows.remove(start)
-                try:
-                    value = self.agg.result(key, start, end, acc)
-                except Exception as exc:  # noqa: BLE001
-                    payload, kind = payload_of({"key": key, "start": start, "acc": acc})
-                    self.env.dead_letter(reason=describe_error(exc), operator=self.name, origin=None,
-                                         payload=payload, payload_kind=kind)
-                    continue
-                self.next.process((DATA, value, key, end - 1, ingest, None))
-            if not keys:
-                del self.pending[end]
-
-    def snapshot(self) -> Any:
-        return self.watermark, {end: {kb: list(e) for kb, e in keys.items()} for end, keys in self.pending.items()}
-
-    def restore(self, snapshot: Any) -> None:
-        self.watermark, self.pending = snapshot
-
-    def restore_savepoint(self, snapshots: list[Any], owns: Callable[[int], bool]) -> None:
-        """The lowest watermark of the old partitions (they had the same sources), and the fire
-        index of the keys this partition owns now (their windows' accumulators are in its state)."""
-        self.watermark = min((wm for wm, _ in snapshots), default=self.watermark)
-        self.adopt_keys((end, kb, key, ingest) for _, pending in snapshots for end, keys in pending.items()
-                        for kb, (key, ingest) in keys.items() if owns(key_group(kb, self.env.num_key_groups)))
-
-
-def serves_through_moves(operators: Iterable[Operator]) -> bool:
-    """Whether a task running ``operators`` can serve keys it takes over in a handover from the
-    switch on: its only keyed state is windows whose aggregators merge (a process function's
-    state cannot be rebuilt from two halves, so its records wait for the moved state)."""
-    stateful = [op for op in operators if isinstance(op, (ProcessOperator, WindowOperator))]
-    return bool(stateful) and all(isinstance(op, WindowOperator) and op.mergeable for op in stateful)
 
 
 class SinkBase(Operator):

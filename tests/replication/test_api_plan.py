@@ -16,6 +16,7 @@ from replication.config import ReplicationConfig
 from replication.examples.fraud import FraudRule, MerchantTotals, Topics, build_job
 from replication.functions import Aggregator, KeyedProcessFunction
 from replication.plan import PhysicalPlan, place, plan_job
+from replication.windowing import Windows
 
 G = 1 << 10
 V = 32
@@ -165,7 +166,7 @@ def test_window_records_its_spec_and_hash_edge():
     key_fn = lambda v: v["k"]  # noqa: E731
     agg = Sum()
     w = src.key_by(key_fn).window(1000, agg, name="w")
-    assert w.node.kind == "window" and w.node.spec == {"size_ms": 1000, "aggregator": agg}
+    assert w.node.kind == "window" and w.node.spec == {"windows": Windows.tumbling(1000), "aggregator": agg}
     (edge,) = w.node.inputs
     assert edge.source is src.node and edge.partitioning == HASH and edge.key_fn is key_fn
 

@@ -21,7 +21,8 @@ from replication.examples.ordered import (
     verify_chains,
     window_counts,
 )
-from replication.runtime.operators import WindowOperator
+from replication.runtime.windows import WindowOperator
+from replication.windowing import Windows
 from rhino_state import encode_key, key_group
 from tests.ordered_runs import feed, read_output, source_topics, where_missing
 
@@ -69,14 +70,14 @@ def test_a_window_takes_the_fire_index_of_the_keys_it_owns_now_and_the_lowest_wa
                     return None
             return Ctx()
 
-    window = WindowOperator("w", Env(), 10, None)
+    window = WindowOperator("w", Env(), Windows.tumbling(10), None)
     a, b = encode_key("a"), encode_key("b")
     ka, kb = key_group(a, 16), key_group(b, 16)
     assert ka != kb
     snapshots = [(100, {110: {a: ["a", 1.0]}}), (90, {120: {b: ["b", 2.0]}, 110: {b: ["b", 3.0]}})]
     window.restore_savepoint(snapshots, lambda kg: kg == kb)
     assert window.watermark == 90
-    assert window.pending == {120: {b: ["b", 2.0]}, 110: {b: ["b", 3.0]}}
+    assert window.fire_index.due == {120: {b: ["b", 2.0]}, 110: {b: ["b", 3.0]}}
 
 
 

@@ -34,9 +34,9 @@ from replication.runtime.operators import (
     ProcessOperator,
     Router,
     SinkOperator,
-    WindowOperator,
-    serves_through_moves,
 )
+from replication.runtime.windows import WindowOperator, serves_through_moves
+from replication.windowing import Windows
 from rhino_state import (
     RocksDBStateBackend,
     RoutingTable,
@@ -360,7 +360,7 @@ class Stats(Aggregator):
 
 
 def _window(env, size=10, agg=None) -> tuple[WindowOperator, Collect]:
-    op = WindowOperator("win", env, size, agg or Stats())
+    op = WindowOperator("win", env, Windows.tumbling(size), agg or Stats())
     return op, chain(op)
 
 
@@ -437,8 +437,8 @@ class Awaiting:
 def test_a_task_serves_moved_keys_through_a_handover_only_if_its_windows_merge(tmp_path):
     with RocksDBStateBackend(tmp_path / "db") as backend:
         env = FakeEnv(backend)
-        merging = WindowOperator("a", env, 10, MergeableStats())
-        plain = WindowOperator("b", env, 10, Stats())
+        merging = WindowOperator("a", env, Windows.tumbling(10), MergeableStats())
+        plain = WindowOperator("b", env, Windows.tumbling(10), Stats())
         process = ProcessOperator("c", env, Profile())
         stateless = MapOperator("d", env, lambda v: v)
         assert serves_through_moves([stateless, merging]) and merging.mergeable and not plain.mergeable
@@ -507,7 +507,7 @@ def test_window_emits_each_window_once_and_clears_its_state(env):
     assert _fired(out) == [("k", 0, 10, (2, 4, 0, 4)), ("k", 10, 20, (1, 15, 15, 15))]
     assert out.watermarks == [30, MAX_WATERMARK]
     op.state.set_current_key("k")
-    assert op.windows.is_empty() and op.pending == {}
+    assert op.windows.is_empty() and op.fire_index.due == {}
 
 
 def test_window_fires_in_end_then_encoded_key_order(env):
@@ -924,7 +924,7 @@ RECORDS = st.lists(st.tuples(KEYS, st.integers(-50, 300), st.integers(-5, 5)), m
 def _run_window(backend, size, events) -> tuple[list[tuple], FakeEnv]:
     """Feed ("rec", key, ts, value) / ("wm", ts) events, then the max watermark."""
     env = FakeEnv(backend)
-    op = WindowOperator(f"w{next(_uids)}", env, size, Stats())  # a fresh state namespace per example
+    op = WindowOperator(f"w{next(_uids)}", env, Windows.tumbling(size), Stats())  # a fresh state namespace per example
     out = chain(op)
     for ev in events:
         if ev[0] == "rec":
