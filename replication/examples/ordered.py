@@ -108,27 +108,34 @@ class WindowCount(WindowCountWithoutMerge):
 
 def build_window_count_job(topic_a: str, topic_b: str, out_topic: str, name: str = "window-count",
                            size_ms: int = 200, parallelism: int = 2, mergeable: bool = True,
-                           out_of_orderness_ms: int = 0) -> Job:
+                           out_of_orderness_ms: int = 0, slide_ms: int | None = None,
+                           allowed_lateness_ms: int = 0) -> Job:
     """``a ∪ b -> key_by(key) -> window(size_ms, count) -> sink``: output ``{key, start, end, value}``
     once per key and window (check it with :func:`window_counts` of the input); ``mergeable``: its
-    aggregator defines ``merge``; ``out_of_orderness_ms``: the sources' watermark lag."""
+    aggregator defines ``merge``; ``out_of_orderness_ms``: the sources' watermark lag; ``slide_ms``:
+    sliding windows; ``allowed_lateness_ms``: fired windows keep their state that long."""
     job = Job(name)
     a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a",
                    max_out_of_orderness_ms=out_of_orderness_ms)
     b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b",
                    max_out_of_orderness_ms=out_of_orderness_ms)
     count = WindowCount() if mergeable else WindowCountWithoutMerge()
-    (a.union(b).key_by(lambda e: e["key"]).window(size_ms, count, name="counts", parallelism=parallelism)
+    (a.union(b).key_by(lambda e: e["key"])
+     .window(size_ms, count, slide_ms=slide_ms, allowed_lateness_ms=allowed_lateness_ms, name="counts",
+             parallelism=parallelism)
      .new_task().sink(out_topic, serializer="json", key_serializer="str", name="counts-sink"))
     return job
 
 
-def window_counts(events: Iterable[dict], size_ms: int = 200) -> dict[tuple[str, int], int]:
+def window_counts(events: Iterable[dict], size_ms: int = 200, slide_ms: int | None = None
+                  ) -> dict[tuple[str, int], int]:
     """What :func:`build_window_count_job` must output: records per (key, window start)."""
+    slide = slide_ms or size_ms
     counts: dict[tuple[str, int], int] = {}
     for e in events:
-        k = (e["key"], e["ts"] - e["ts"] % size_ms)
-        counts[k] = counts.get(k, 0) + 1
+        last = e["ts"] - e["ts"] % slide
+        for start in range(last, e["ts"] - size_ms, -slide):
+            counts[(e["key"], start)] = counts.get((e["key"], start), 0) + 1
     return counts
 
 

@@ -489,15 +489,18 @@ def test_replacing_the_chain_function_switches_both_replicas_at_the_same_element
         handle.replace_operator("chain", "nope", HashChain())
 
 
-@pytest.mark.parametrize("mode, merge", [("liverobin", True), ("kazoo", True), ("liverobin", False)],
-                         ids=["liverobin-served", "kazoo-served", "liverobin-held"])
-def test_moving_vnodes_of_an_event_time_window_keeps_every_window_exact(stack, spark, topic_prefix, mode, merge):
-    """A keyed tumbling-window count (200 ms of event time) under load: vnodes move there and back
-    in batches.  A window's accumulator moves with the keyed state and its fire-index entry with it,
+@pytest.mark.parametrize("mode, merge, slide, lateness",
+                         [("liverobin", True, None, 0), ("kazoo", True, 100, 0), ("liverobin", False, 100, 100)],
+                         ids=["liverobin-tumbling-served", "kazoo-sliding-served", "liverobin-sliding-late-held"])
+def test_moving_vnodes_of_an_event_time_window_keeps_every_window_exact(stack, spark, topic_prefix, mode, merge,
+                                                                        slide, lateness):
+    """A keyed window count (200 ms of event time, tumbling or sliding by 100 ms) under load: vnodes
+    move there and back in batches.  A window's accumulator moves with the keyed state and its fire-index entry with it,
     and a moved window the target's watermark has already passed fires at the release.  With a
     ``merge`` on the aggregator the targets hold nothing: they count the moved keys' records from
     the switch on in fresh accumulators and merge the moved ones in at the release (no record was
-    held, and every step says it served them); without, they hold the records until then.  Every
+    held, and every step says it served them); without (or with allowed lateness, whose fired
+    windows' state and cleanup entries move too), they hold the records until then.  Every
     (key, window) of the input is in the output exactly once with its exact count, nothing is
     dead-lettered, and the replicas agree."""
     name = f"{topic_prefix}hovwin{mode[0]}{int(merge)}"
@@ -508,7 +511,7 @@ def test_moving_vnodes_of_an_event_time_window_keeps_every_window_exact(stack, s
     # source partition has sent records of 300 ms past the watermark (the feed's keys go round
     # robin, all 30 within 60 ms of event time) before the watermark itself.
     job = build_window_count_job(a, b, f"{name}out", name=name, size_ms=200, mergeable=merge,
-                                 out_of_orderness_ms=300)
+                                 out_of_orderness_ms=300, slide_ms=slide, allowed_lateness_ms=lateness)
     kazoo = {"spark.replication.zookeeper.connect": stack.zookeeper_connect,
              "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
     handle = run(job, spark=spark, conf={
@@ -534,7 +537,8 @@ def test_moving_vnodes_of_an_event_time_window_keeps_every_window_exact(stack, s
         time.sleep(1.0)
     result = handle.drain(timeout=300)
     assert there["state"] == "completed" and back["state"] == "completed", (there, back)
-    expected = window_counts(json.loads(r.value) for t in (a, b) for r in read_all(stack.bootstrap_servers, t))
+    expected = window_counts((json.loads(r.value) for t in (a, b) for r in read_all(stack.bootstrap_servers, t)),
+                             200, slide)
     got = [(w["key"], w["start"], w["value"]) for w in read_output(stack, f"{name}out")]
     assert len(got) == len({(k, s) for k, s, _ in got}), "a window was emitted twice"
     assert {(k, s): n for k, s, n in got} == expected
