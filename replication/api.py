@@ -95,11 +95,18 @@ class Job:
         starting_offsets: str = "earliest",
         parallelism: int | None = None,
         name: str | None = None,
+        metadata: bool = False,
+        key_deserializer: str | Callable[[bytes], Any] | None = None,
     ) -> DataStream:
         """Read a Kafka topic.  Each source partition reads its Kafka partitions by manual
         assignment.  ``timestamp`` extracts the event time (ms) from the deserialized
         value (default: the Kafka record timestamp).  ``parallelism`` defaults to the
-        topic's partition count."""
+        topic's partition count.  ``metadata=True``: each value is a
+        :class:`~replication.records.KafkaRecord` (value, key, headers, timestamp, topic, partition,
+        offset; ``timestamp`` then gets it too), its key deserialized by ``key_deserializer``."""
+        if key_deserializer is not None and not metadata:
+            raise JobDefinitionError(f"source {topic!r}: key_deserializer needs metadata=True (the key is "
+                                     "only delivered with the record's metadata)")
         if starting_offsets not in ("earliest", "latest"):
             raise JobDefinitionError(f"source {topic!r}: starting_offsets must be 'earliest' or 'latest'")
         if max_out_of_orderness_ms < 0:
@@ -111,6 +118,9 @@ class Job:
             timestamp=timestamp,
             max_out_of_orderness_ms=max_out_of_orderness_ms,
             starting_offsets=starting_offsets,
+            metadata=bool(metadata),
+            key_deserializer=None if key_deserializer is None
+            else serde.resolve(key_deserializer, serde.DESERIALIZERS, "key deserializer"),
         )
         return DataStream(self, node)
 
@@ -190,14 +200,25 @@ class DataStream:
         key_serializer: str | Callable[[Any], bytes] | None = None,
         name: str | None = None,
         parallelism: int | None = None,
+        key: Callable[[Any], Any] | None = None,
+        headers: Callable[[Any], Iterable[tuple[str, bytes]]] | None = None,
+        timestamp: Callable[[Any], int] | None = None,
     ) -> None:
-        """Write every value to a Kafka topic."""
+        """Write every value to a Kafka topic.  The Kafka key is ``key_serializer`` of ``key(value)``
+        (default: of the stream's key); ``headers(value)`` gives (name, bytes) pairs to add and
+        ``timestamp(value)`` the record's Kafka timestamp (ms; default: the producer's clock)."""
+        for what, fn in (("key", key), ("headers", headers), ("timestamp", timestamp)):
+            if fn is not None and not callable(fn):
+                raise JobDefinitionError(f"sink {topic!r}: {what} must be a function of the record")
+        if key is not None and key_serializer is None:
+            raise JobDefinitionError(f"sink {topic!r}: key= needs a key_serializer")
         self._then(
             "sink", name or f"sink:{topic}", parallelism, self._edge(),
             topic=topic,
             serializer=serde.resolve(serializer, serde.SERIALIZERS, "serializer"),
             key_serializer=None if key_serializer is None
             else serde.resolve(key_serializer, serde.SERIALIZERS, "key serializer"),
+            key=key, headers=headers, timestamp=timestamp,
         )
 
     def _edge(self) -> Edge:

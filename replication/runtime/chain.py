@@ -50,7 +50,8 @@ def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:
                 cls: type[Operator] = ExactlyOnceSink
             else:
                 cls = SinkOperator
-            ops.append(cls(node.name, env, spec["topic"], spec["serializer"], spec["key_serializer"]))
+            ops.append(cls(node.name, env, spec["topic"], spec["serializer"], spec["key_serializer"],
+                           key_fn=spec.get("key"), headers_fn=spec.get("headers"), timestamp_fn=spec.get("timestamp")))
         elif kind in ("union", "source"):
             continue  # a union is its input channels; the source drives the chain
         else:

@@ -271,7 +271,7 @@ class ExactlyOnceOutput:
         self.name, self.cfg, self.replica = name, cfg, replica
         self.output_id, self.topic, self.kafka_partition = output_id, topic, kafka_partition
         self.seq = -1  # last output seq assigned
-        self.buffer: deque[tuple[int, bytes, bytes | None, Headers]] = deque()  # not yet known committed
+        self.buffer: deque[tuple] = deque()  # (seq, value, key, headers, timestamp) not yet known committed
         self.writer = False
         self.epoch = -1
         self.producer: Producer | None = None
@@ -295,14 +295,15 @@ class ExactlyOnceOutput:
         self.fenced_at = -1
 
     # -- records ------------------------------------------------------------------------
-    def append(self, value: bytes, key: bytes | None, headers: Headers, ingest_ts: float | None = None) -> None:
+    def append(self, value: bytes, key: bytes | None, headers: Headers, ingest_ts: float | None = None,
+               timestamp: int | None = None) -> None:
         if self._takeover is not None:
             self._poll_takeover()  # before this record is kept: a finished takeover writes what is kept
         self.seq += 1
         if self.seq <= self.committed_seq:
             return  # regenerated after a restore from a checkpoint: the output has it already
         entry = (self.seq, value, key, [("rsink", self.output_id.encode()), ("rseq", str(self.seq).encode()),
-                                        *headers])
+                                        *headers], timestamp)
         self.buffer.append(entry)
         if self.writer:
             self._write(entry, ingest_ts)
@@ -326,7 +327,8 @@ class ExactlyOnceOutput:
 
     def _write(self, entry: tuple, ingest_ts: float | None = None) -> None:
         assert self.producer is not None
-        seq, value, key, headers = entry
+        seq, value, key, headers, *rest = entry  # (checkpoints of earlier versions: no timestamp)
+        timestamp = rest[0] if rest else None
         now = time.time()
         try:
             if self.txn_records == 0:
@@ -334,7 +336,7 @@ class ExactlyOnceOutput:
                 self.txn_started = time.monotonic()
             produce_blocking(self.producer, self.topic, partition=self.kafka_partition, value=value, key=key,
                              headers=[*headers, ("sink_ts", repr(now).encode()), ("rwriter", self._writer_tag)],
-                             on_delivery=self._delivered)
+                             on_delivery=self._delivered, **({} if timestamp is None else {"timestamp": timestamp}))
         except KafkaException as err:  # fenced meanwhile, or its transaction was aborted
             if not _writes_no_more(err.args[0]):
                 raise

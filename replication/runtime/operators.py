@@ -224,21 +224,31 @@ class ProcessOperator(Operator):
 class SinkBase(Operator):
     """Serializes records for a Kafka topic; the subclasses decide how they are written."""
 
-    def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
+    def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None,
+                 *, key_fn: Callable | None = None, headers_fn: Callable | None = None,
+                 timestamp_fn: Callable | None = None) -> None:
         super().__init__(name, env)
         self.topic = topic
         self.serializer = serializer
         self.key_serializer = key_serializer
+        self.key_fn = key_fn  # the Kafka key from the record (default: the stream's key)
+        self.headers_fn = headers_fn  # (name, bytes) pairs from the record
+        self.timestamp_fn = timestamp_fn  # the Kafka timestamp (ms) from the record
 
-    def serialize(self, rec: tuple) -> tuple[bytes, bytes | None] | None:
-        """``(value, key)`` bytes, or None after sending the record to the dead-letter topic."""
+    def serialize(self, rec: tuple) -> tuple[bytes, bytes | None, list[tuple[str, bytes]], int | None] | None:
+        """``(value, key, headers, timestamp)`` to produce, or None after sending the record to the
+        dead-letter topic."""
         try:
             value = self.serializer(rec[1])
-            key = self.key_serializer(rec[2]) if self.key_serializer is not None else None
+            key = None
+            if self.key_serializer is not None:
+                key = self.key_serializer(self.key_fn(rec[1]) if self.key_fn is not None else rec[2])
+            headers = [] if self.headers_fn is None else _headers(self.headers_fn(rec[1]))
+            ts = None if self.timestamp_fn is None else int(self.timestamp_fn(rec[1]))
         except Exception as exc:  # noqa: BLE001
             self.dead_letter(rec, "serialize: " + describe_error(exc))
             return None
-        return value, key
+        return value, key, headers, ts
 
     def on_watermark(self, wm: int) -> None:
         pass
@@ -251,8 +261,9 @@ class SinkOperator(SinkBase):
     """Produces every value to a Kafka topic (no replication, no checkpoints: at most once when
     the job fails); records end-to-end latency."""
 
-    def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
-        super().__init__(name, env, topic, serializer, key_serializer)
+    def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None,
+                 **record_fns: Callable | None) -> None:
+        super().__init__(name, env, topic, serializer, key_serializer, **record_fns)
         self.producer = env.sink_producer()
 
     def process(self, rec: tuple) -> None:
@@ -260,14 +271,26 @@ class SinkOperator(SinkBase):
         if out is None:
             return
         now = time.time()
-        headers = [("ingest_ts", repr(rec[4]).encode()), ("sink_ts", repr(now).encode())]
-        produce_blocking(self.producer, self.topic, value=out[0], key=out[1], headers=headers)
+        value, key, headers, ts = out
+        headers = [*headers, ("ingest_ts", repr(rec[4]).encode()), ("sink_ts", repr(now).encode())]
+        produce_blocking(self.producer, self.topic, value=value, key=key, headers=headers,
+                         **({} if ts is None else {"timestamp": ts}))
         metrics = self.env.metrics
         metrics.records_out += 1
         metrics.latency.record(now - rec[4])
 
     def on_end(self) -> None:
         self.env.flush_producer(self.producer)
+
+
+def _headers(pairs: Any) -> list[tuple[str, bytes]]:
+    """A record's headers as the sink's ``headers`` function gave them: (str, bytes) pairs."""
+    out = []
+    for name, value in pairs:
+        if not isinstance(name, str) or not isinstance(value, (bytes, type(None))):
+            raise TypeError(f"a header is a (str, bytes) pair, got ({type(name).__name__}, {type(value).__name__})")
+        out.append((name, value))
+    return out
 
 
 class Router(Operator):

@@ -16,8 +16,9 @@ from replication.runtime.operators import SinkBase
 class ExactlyOnceSink(WritesExactlyOnce, SinkBase):
     kind = "out"  # which of the partition's outputs the driver's writer role is for
 
-    def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None) -> None:
-        super().__init__(name, env, topic, serializer, key_serializer)
+    def __init__(self, name: str, env: Any, topic: str, serializer: Callable, key_serializer: Callable | None,
+                 **record_fns: Callable | None) -> None:
+        super().__init__(name, env, topic, serializer, key_serializer, **record_fns)
         metrics = env.metrics
 
         def role(r: str) -> None:
@@ -38,9 +39,9 @@ class ExactlyOnceSink(WritesExactlyOnce, SinkBase):
         out = self.serialize(rec)
         if out is None:
             return
-        value, key = out
+        value, key, headers, ts = out
         self.env.metrics.records_out += 1
-        self.out.append(value, key, [("ingest_ts", repr(rec[4]).encode())], rec[4])
+        self.out.append(value, key, [*headers, ("ingest_ts", repr(rec[4]).encode())], rec[4], ts)
 
     def snapshot(self) -> Any:
         return self.out.checkpoint_state()

@@ -20,6 +20,7 @@ from liverobin.heartbeats import PULSE_ITEM, PulseRecord
 from liverobin.windows import PulseWindows
 from replication import savepoint
 from replication.plan import PhysicalPlan, TaskSpec
+from replication.records import kafka_record
 from replication.runtime.deadletter import describe_error
 from replication.runtime.elements import DATA, MIN_WATERMARK
 from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
@@ -44,6 +45,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
         self.topic: str = spec["topic"]
         self.kafka_partitions: list[int] = plan.source_partitions[task.id][partition]
         self.deserializer = spec["deserializer"]
+        self.key_deserializer = spec.get("key_deserializer")
+        self.metadata: bool = spec.get("metadata", False)  # values are KafkaRecords
         self.timestamp_fn = spec["timestamp"]
         self.out_of_orderness = spec["max_out_of_orderness_ms"]
         self.start_offsets = plan.source_start_offsets.get(task.id, {})
@@ -227,6 +230,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
         metrics.records_in += 1
         try:
             value = self.deserializer(raw)
+            if self.metadata:
+                value = kafka_record(msg, value, self.key_deserializer)
         except Exception as exc:  # noqa: BLE001
             self.dead_letter(reason="deserialize: " + describe_error(exc), operator=self.task.head.name,
                              origin=origin, payload=raw or b"")

@@ -60,11 +60,11 @@ class FakeProducer:
         self.flushes: list[float] = []
         self._buffer_errors = buffer_errors
 
-    def produce(self, topic, value=None, key=None, headers=None):
+    def produce(self, topic, value=None, key=None, headers=None, **more):
         if self._buffer_errors:
             self._buffer_errors -= 1
             raise BufferError("Local: Queue full")
-        self.produced.append({"topic": topic, "value": value, "key": key, "headers": headers})
+        self.produced.append({"topic": topic, "value": value, "key": key, "headers": headers, **more})
 
     def poll(self, timeout):
         self.polls.append(timeout)

@@ -122,24 +122,41 @@ def test_latest_starting_offsets_skip_old_records_and_drain_idle_partitions(stac
     _new_records_alone_come_out(stack, spark, job, src, out, 50, drain_timeout=120)
 
 
+def _tagged(record):
+    """A source record with its metadata (KafkaRecord) as what the sink writes from it."""
+    return {"v": record.value.upper(), "k": record.key, "at": f"{record.partition}:{record.offset}",
+            "ts": record.timestamp, "n": record.header("n")}
+
+
 def test_a_drain_ends_a_source_partition_that_never_had_a_record(stack, spark, topic_prefix):
     """Read from the beginning, a partition that never got a record has no position to report: a
-    drain agrees it ends at offset 0 there, which the replica reading it has reached already."""
+    drain agrees it ends at offset 0 there, which the replica reading it has reached already.  The
+    source delivers each record's metadata (key, headers, timestamp, position), and the sink takes
+    the Kafka key, headers and timestamp of what it writes from the record."""
     from replication import Job
 
     src, out = f"{topic_prefix}in", f"{topic_prefix}out"
     create_topics(stack.bootstrap_servers, {src: 3})
     job = Job(f"{topic_prefix}empty")
-    job.source(src, deserializer="str").map(str.upper).sink(out, serializer="str")
+    (job.source(src, deserializer="str", metadata=True, key_deserializer="str").map(_tagged)
+     .sink(out, serializer=lambda t: t["v"].encode(), key_serializer="str", key=lambda t: t["k"],
+           headers=lambda t: [("at", t["at"].encode()), ("n", t["n"])], timestamp=lambda t: t["ts"] + 7))
     _new_records_alone_come_out(stack, spark, job, src, out, 20, drain_timeout=60)
+    inputs = {r.value.decode().upper(): r for r in read_all(stack.bootstrap_servers, src)}
+    for r in read_all(stack.bootstrap_servers, out):
+        source = inputs[r.value.decode()]
+        assert r.key == source.key and r.timestamp == source.timestamp + 7, (r, source)
+        headers = dict(r.headers)
+        assert headers["at"] == f"{source.partition}:{source.offset}".encode(), (r, source)
+        assert headers["n"] == dict(source.headers)["n"], (r, source)
 
 
 def _new_records_alone_come_out(stack, spark, job, src: str, out: str, n: int, drain_timeout: float) -> None:
     """Run ``job`` (``src`` of three partitions, upper-cased into ``out``), produce ``n`` records
-    keyed k0/k1, which hash to at most two of the three partitions (at least one gets nothing), drain
-    it: exactly those records come out."""
+    keyed k0/k1 (with a header ``n``: the record's number), which hash to at most two of the three
+    partitions (at least one gets nothing), drain it: exactly those records come out."""
     handle = run(job, spark=spark, conf=_conf(stack))
-    produce(stack.bootstrap_servers, src, [(b"k%d" % (i % 2), b"new-%d" % i) for i in range(n)])
+    produce(stack.bootstrap_servers, src, [(b"k%d" % (i % 2), b"new-%d" % i, [("n", b"%d" % i)]) for i in range(n)])
     result = handle.drain(timeout=drain_timeout)
     got = sorted(r.value.decode() for r in read_all(stack.bootstrap_servers, out))
     assert got == sorted(f"NEW-{i}" for i in range(n))
