@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replication import serde
-from replication.functions import Aggregator, KeyedProcessFunction, ProcessContext, RuntimeContext, mergeable
+from replication.functions import (
+    Aggregator,
+    KeyedProcessFunction,
+    OutputTag,
+    ProcessContext,
+    RuntimeContext,
+    mergeable,
+)
 from replication.windowing import Windows
 
 FORWARD = "forward"
@@ -40,6 +47,7 @@ class Edge:
     partitioning: str = FORWARD
     key_fn: Callable[[Any], Any] | None = None
     chain: bool = True  # False: the consuming operator starts a new task
+    tag: str | None = None  # the side output of ``source`` it carries (None: its main output)
 
 
 @dataclass(eq=False)
@@ -47,7 +55,7 @@ class Node:
     """A logical operator."""
 
     id: int
-    kind: str  # source | map | filter | flat_map | process | window | union | sink
+    kind: str  # source | map | filter | flat_map | process | window | union | side_output | sink
     name: str
     parallelism: int | None
     inputs: list[Edge] = field(default_factory=list)
@@ -173,6 +181,17 @@ class DataStream:
         operator needs the same parallelism as its input."""
         return KeyedStream(self, key_fn, prepartitioned)
 
+    def side_output(self, tag: OutputTag) -> DataStream:
+        """The records this keyed function (``ctx.output(tag, ...)``) or window (``late_output``)
+        emits to ``tag``: a stream of its own, exactly once like the main output."""
+        if not isinstance(tag, OutputTag):
+            raise JobDefinitionError("side_output() needs an OutputTag")
+        if self.node.kind not in ("process", "window"):
+            raise JobDefinitionError(f"side_output({tag.name!r}): {self.node.name!r} is a {self.node.kind}; only "
+                                     "keyed functions and windows have side outputs")
+        edge = Edge(self.node, FORWARD, chain=False, tag=tag.name)
+        return DataStream(self.job, self.job._add("side_output", f"{self.node.name}.{tag.name}", None, [edge]))
+
     def rebalance(self) -> DataStream:
         """Round-robin to the next operator (which then is not chained)."""
         return _Repartitioned(self, REBALANCE)
@@ -278,21 +297,22 @@ class KeyedStream:
 
     def window(
         self, size_ms: int, aggregator: Aggregator, *, slide_ms: int | None = None, allowed_lateness_ms: int = 0,
-        name: str | None = None, parallelism: int | None = None,
+        late_output: OutputTag | None = None, name: str | None = None, parallelism: int | None = None,
     ) -> DataStream:
         """Event-time windows of ``size_ms`` aggregated incrementally: tumbling, or sliding with
         one window starting every ``slide_ms``.  A window's result is emitted once the watermark
         reaches its end; for ``allowed_lateness_ms`` after that a record for it updates it and emits
-        the new result.  Records later than that go to the dead-letter topic (reason ``late``)."""
+        the new result.  Records later than that go to the side output ``late_output`` (read it with
+        ``side_output``), else to the dead-letter topic (reason ``late``)."""
         try:
             windows = Windows.sliding(size_ms, size_ms if slide_ms is None else slide_ms, allowed_lateness_ms)
         except ValueError as e:
             raise JobDefinitionError(f"window {name!r}: {e}") from None
-        return self._windowed("window", name, parallelism, windows, aggregator)
+        return self._windowed("window", name, parallelism, windows, aggregator, late_output)
 
     def session_window(
         self, gap_ms: int, aggregator: Aggregator, *, allowed_lateness_ms: int = 0,
-        name: str | None = None, parallelism: int | None = None,
+        late_output: OutputTag | None = None, name: str | None = None, parallelism: int | None = None,
     ) -> DataStream:
         """Session windows per key: records less than ``gap_ms`` of event time apart share a
         window, which ends ``gap_ms`` after its last record; sessions that a record bridges merge
@@ -304,15 +324,19 @@ class KeyedStream:
         if isinstance(aggregator, Aggregator) and not mergeable(aggregator):
             raise JobDefinitionError(f"session_window {name!r}: its aggregator {type(aggregator).__name__} must "
                                      "define merge (sessions merge when a record bridges them)")
-        return self._windowed("session_window", name, parallelism, windows, aggregator)
+        return self._windowed("session_window", name, parallelism, windows, aggregator, late_output)
 
     def _windowed(self, what: str, name: str | None, parallelism: int | None, windows: Windows,
-                  aggregator: Aggregator) -> DataStream:
+                  aggregator: Aggregator, late_output: OutputTag | None) -> DataStream:
         if not isinstance(aggregator, Aggregator):
             raise JobDefinitionError(f"{what}() needs an Aggregator instance")
+        if late_output is not None and not isinstance(late_output, OutputTag):
+            raise JobDefinitionError(f"{what}() late_output must be an OutputTag")
         job = self.stream.job
-        return DataStream(
-            job, job._add("window", name, parallelism, [self._edge()], windows=windows, aggregator=aggregator))
+        spec: dict[str, Any] = {"windows": windows, "aggregator": aggregator}
+        if late_output is not None:
+            spec["late_output"] = late_output.name
+        return DataStream(job, job._add("window", name, parallelism, [self._edge()], **spec))
 
     def reduce(
         self, fn: Callable[[Any, Any], Any], *, name: str | None = None, parallelism: int | None = None

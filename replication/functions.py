@@ -6,12 +6,25 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from rhino_state import ListState, MapState, StateContext, StateTtl, ValueState
 from rhino_state.timers import TimerQueue, encode_ts
 
 RESERVED_PREFIX = "__"  # state names the runtime keeps for itself (timers, random draws)
+
+
+@dataclass(frozen=True)
+class OutputTag:
+    """Names a side output: ``ctx.output(tag, value)`` in a keyed function (or a window's late
+    records) and ``stream.side_output(tag)`` to read it."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"an OutputTag's name must be a non-empty str without '/', got {self.name!r}")
 
 A = TypeVar("A")
 
@@ -52,7 +65,7 @@ class ProcessContext:
 
     ``time_domain`` is None in ``process`` and ``"event_time"`` in ``on_timer``."""
 
-    __slots__ = ("key", "timestamp", "watermark", "time_domain", "timers", "_draws")
+    __slots__ = ("key", "timestamp", "watermark", "time_domain", "timers", "_draws", "side_outputs")
 
     def __init__(self, timers: TimerService | None = None, draws: RandomDraws | None = None) -> None:
         self.key: Any = None
@@ -61,6 +74,15 @@ class ProcessContext:
         self.time_domain: str | None = None
         self.timers = timers
         self._draws = draws
+        self.side_outputs: list[tuple[str, Any]] = []  # this call's, emitted once it returned
+
+    def output(self, tag: OutputTag, value: Any) -> None:
+        """Emit ``value`` to the side output ``tag`` (read with ``stream.side_output(tag)``; dropped
+        if nothing reads it).  It goes out once the call returns, after its main outputs, and not at
+        all if the call raises (the record goes to the dead-letter topic)."""
+        if not isinstance(tag, OutputTag):
+            raise TypeError(f"ctx.output needs an OutputTag, got {type(tag).__qualname__}")
+        self.side_outputs.append((tag.name, value))
 
     def random(self) -> random.Random:
         """A random source for the current key, seeded by the operator, the key and how many sources

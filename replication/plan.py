@@ -55,6 +55,7 @@ class OutputEdge:
     partitioning: str
     key_fn: Any
     dst_parallelism: int
+    tag: str | None = None  # a side output of the task's last operator (None: its main output)
 
 
 @dataclass
@@ -199,7 +200,7 @@ def plan_job(
             consumers[e.source.id].append(node)
 
     def chains_to_upstream(node: Node) -> bool:
-        if node.kind in ("source", "union", "process", "window") or len(node.inputs) != 1:
+        if node.kind in ("source", "union", "process", "window", "side_output") or len(node.inputs) != 1:
             return False
         edge = node.inputs[0]
         return (edge.partitioning == FORWARD and edge.chain and par[edge.source.id] == par[node.id]
@@ -232,7 +233,7 @@ def plan_job(
                 partitioning = REBALANCE
             eid = next(edge_ids)
             t.inputs.append(InputEdge(eid, src.id, partitioning))
-            src.outputs.append(OutputEdge(eid, t.id, partitioning, edge.key_fn, t.parallelism))
+            src.outputs.append(OutputEdge(eid, t.id, partitioning, edge.key_fn, t.parallelism, edge.tag))
             for sp in range(src.parallelism):
                 dsts = [sp] if partitioning == FORWARD else range(t.parallelism)
                 for dp in dsts:

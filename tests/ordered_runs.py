@@ -111,14 +111,17 @@ def fed_without_pause(stack, a: str, b: str, first_round: int = 0) -> Iterator[l
 
 
 TIMER_MS = 100  # the ordered job's timers (HashChain): one per key and 100 ms of event time
+SIDE_EVERY = 5  # the ordered job's side output: every key's 5th, 10th ... record
 
 
-def start_under_load(stack, spark, name: str, conf: dict, timer_ms: int | None = None):
+def start_under_load(stack, spark, name: str, conf: dict, timer_ms: int | None = None,
+                     side_every: int | None = None):
     """The ordered job on topics ``<name>a``/``<name>b``, output ``<name>out``, with a feeder thread
     producing about 4 s of input; returns (job, handle, the fed event ids, the feeder).
-    ``timer_ms``: the chain sets event-time timers (:class:`HashChain`)."""
+    ``timer_ms``: the chain sets event-time timers; ``side_every``: it has a side output, to
+    ``<name>out-side`` (:class:`HashChain`)."""
     a, b = source_topics(stack, name)
-    job = build_ordered_job(a, b, f"{name}out", name=name, timer_ms=timer_ms)
+    job = build_ordered_job(a, b, f"{name}out", name=name, timer_ms=timer_ms, side_every=side_every)
     handle = run(job, spark=spark, conf=conf)
     handle.wait_started(120)
     ids: list[str] = []

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replication.api import Job
-from replication.functions import Aggregator, KeyedProcessFunction, ProcessContext, RuntimeContext
+from replication.functions import Aggregator, KeyedProcessFunction, OutputTag, ProcessContext, RuntimeContext
+
+EVERY_NTH = OutputTag("every-nth")  # HashChain's side output
 
 
 def chain_step(prev: str, event_id: str) -> str:
@@ -39,11 +41,14 @@ class HashChain(KeyedProcessFunction):
     """Per key: ``h_n = chain_step(h_{n-1}, salt + id)``; emits one record per event.  ``salt``
     (default none) makes a visibly different version of the function, e.g. for replacing the
     operator at runtime: its records carry ``"salt"``.  ``timer_ms``: each event sets a timer at
-    :func:`timer_due`, which emits ``{key, timer, n, h}``: the key's chain when it fired."""
+    :func:`timer_due`, which emits ``{key, timer, n, h}``: the key's chain when it fired.
+    ``side_every``: every key's n-th, 2n-th ... record also goes to the side output
+    :data:`EVERY_NTH` as ``{key, n, id}``."""
 
-    def __init__(self, salt: str = "", timer_ms: int | None = None) -> None:
+    def __init__(self, salt: str = "", timer_ms: int | None = None, side_every: int | None = None) -> None:
         self.salt = salt
         self.timer_ms = timer_ms
+        self.side_every = side_every
 
     def open(self, ctx: RuntimeContext) -> None:
         self.head = ctx.value_state("head", default="")
@@ -61,6 +66,8 @@ class HashChain(KeyedProcessFunction):
             out["salt"] = self.salt
         if self.timer_ms:
             ctx.timers.register_event_time_timer(timer_due(event["ts"], self.timer_ms))
+        if self.side_every and n % self.side_every == 0:
+            ctx.output(EVERY_NTH, {"key": ctx.key, "n": n, "id": event["id"]})
         yield out
 
     def on_timer(self, timestamp: int, ctx: ProcessContext) -> Iterable[dict]:
@@ -69,23 +76,42 @@ class HashChain(KeyedProcessFunction):
 
 def build_ordered_job(topic_a: str, topic_b: str, out_topic: str, name: str = "hash-chain",
                       parallelism: int = 2, identity_maps: int = 0, max_parallelism: int | None = None,
-                      timer_ms: int | None = None) -> Job:
+                      timer_ms: int | None = None, side_every: int | None = None) -> Job:
     """``a ∪ b -> key_by(key) -> chain [-> map]* -> sink``: the chain task has one input channel per
     source partition; the sink is a task of its own (its replicas fail independently).
     ``identity_maps`` adds that many tasks of an identity map before the sink, each fed round robin
     by every partition of the task before (so each has several input channels to order: the
     paper's MiB 1 pipeline shape, for the benchmarks).  ``max_parallelism``: the chain task hosts
     that many partitions, the ones beyond ``parallelism`` spare (for ``JobHandle.rescale``).
-    ``timer_ms``: the chain sets a timer per event (:class:`HashChain`)."""
+    ``timer_ms``: the chain sets a timer per event (:class:`HashChain`); ``side_every``: its side
+    output goes to ``<out_topic>-side`` (check it with :func:`verify_side_output`)."""
     job = Job(name)
     a = job.source(topic_a, deserializer="json", timestamp=lambda e: e["ts"], name="source-a")
     b = job.source(topic_b, deserializer="json", timestamp=lambda e: e["ts"], name="source-b")
-    stream = (a.union(b).key_by(lambda e: e["key"])
-              .process(HashChain(timer_ms=timer_ms), name="chain", parallelism=parallelism, max_parallelism=max_parallelism))
+    chain = (a.union(b).key_by(lambda e: e["key"])
+             .process(HashChain(timer_ms=timer_ms, side_every=side_every), name="chain", parallelism=parallelism,
+                      max_parallelism=max_parallelism))
+    stream = chain
     for i in range(identity_maps):
         stream = stream.rebalance().map(_identity, name=f"identity-{i + 1}")
+    if side_every:
+        chain.side_output(EVERY_NTH).sink(f"{out_topic}-side", serializer="json", key_serializer="str",
+                                           name="chain-side-sink")
     stream.new_task().sink(out_topic, serializer="json", key_serializer="str", name="chain-sink")
     return job
+
+
+def verify_side_output(side: Iterable[dict], outputs: Iterable[dict], every: int) -> list[str]:
+    """What is wrong with :class:`HashChain`'s side output (empty: nothing): every chain record
+    whose ``n`` is a multiple of ``every`` there once, and nothing else."""
+    expected = {(r["key"], r["n"], r["id"]) for r in outputs if "timer" not in r and r["n"] % every == 0}
+    seen: set[tuple[str, int, str]] = set()
+    faults = []
+    for r in side:
+        at = (r["key"], r["n"], r["id"])
+        faults += [f"doubled {at}"] if at in seen else [] if at in expected else [f"unexpected {at}"]
+        seen.add(at)
+    return faults + [f"missing {at}" for at in sorted(expected - seen)]
 
 
 class WindowCountWithoutMerge(Aggregator):

@@ -44,7 +44,8 @@ def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:
             ops.append(ProcessOperator(node.name, env, copy.deepcopy(spec["fn"])))
         elif kind == "window":
             windows = SessionWindowOperator if spec["windows"].sessions else WindowOperator
-            ops.append(windows(node.name, env, spec["windows"], copy.deepcopy(spec["aggregator"])))
+            ops.append(windows(node.name, env, spec["windows"], copy.deepcopy(spec["aggregator"]),
+                               spec.get("late_output")))
         elif kind == "sink":
             if getattr(env, "exactly_once_sink", False):
                 cls: type[Operator] = ExactlyOnceSink
@@ -52,8 +53,8 @@ def build_chain(nodes: list, env: Any, tail: Operator | None) -> Operator:
                 cls = SinkOperator
             ops.append(cls(node.name, env, spec["topic"], spec["serializer"], spec["key_serializer"],
                            key_fn=spec.get("key"), headers_fn=spec.get("headers"), timestamp_fn=spec.get("timestamp")))
-        elif kind in ("union", "source"):
-            continue  # a union is its input channels; the source drives the chain
+        elif kind in ("union", "source", "side_output"):
+            continue  # a union is its input channels, a side output its input; the source drives the chain
         else:
             raise ValueError(f"unknown operator kind {kind!r}")
     if tail is not None:

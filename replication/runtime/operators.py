@@ -49,6 +49,11 @@ class Operator:
     def on_end(self) -> None:
         self.next.on_end()
 
+    def side(self, tag: str, rec: tuple) -> None:
+        """A record for the side output ``tag``: passed on to the chain's router (only a stream
+        that reads the tag gets it)."""
+        self.next.side(tag, rec)
+
     def snapshot(self) -> Any:
         """What this operator keeps outside keyed state, for a checkpoint (picklable); None: nothing."""
         return None
@@ -144,13 +149,19 @@ class ProcessOperator(Operator):
         ctx = self.ctx
         ctx.key, ctx.timestamp, ctx.time_domain = key, rec[3], None
         self.state.set_time(rec[3], ctx.watermark)
+        ctx.side_outputs = []
         try:
             outputs = list(self.fn.process(rec[1], ctx) or ())
         except Exception as exc:  # noqa: BLE001
             self.dead_letter(rec, describe_error(exc))
             return
+        self._emit(outputs, key, rec[3], rec[4], rec[5])
+
+    def _emit(self, outputs: list[Any], key: Any, ts: int, ingest: float, origin: Any) -> None:
         for value in outputs:
-            self.next.process((DATA, value, key, rec[3], rec[4], rec[5]))
+            self.next.process((DATA, value, key, ts, ingest, origin))
+        for tag, value in self.ctx.side_outputs:
+            self.next.side(tag, (DATA, value, key, ts, ingest, origin))
 
     def on_watermark(self, wm: int) -> None:
         self.ctx.watermark = wm
@@ -169,6 +180,7 @@ class ProcessOperator(Operator):
             state.set_current_key(key)
             state.set_time(ts, wm)
             ctx.key, ctx.timestamp, ctx.time_domain = key, ts, "event_time"
+            ctx.side_outputs = []
             try:
                 outputs = list(self.fn.on_timer(ts, ctx) or ())
             except Exception as exc:  # noqa: BLE001 - user code
@@ -176,9 +188,7 @@ class ProcessOperator(Operator):
                 self.env.dead_letter(reason=describe_error(exc), operator=self.name, origin=None,
                                      payload=payload, payload_kind=kind)
                 continue
-            fired_at = time.time()  # these records' ingest time: they start here
-            for value in outputs:
-                self.next.process((DATA, value, key, ts, fired_at, None))
+            self._emit(outputs, key, ts, time.time(), None)  # ingest: these records start here
 
     def _queues(self) -> tuple[TimerQueue, ...]:
         assert self.state.sweeps is not None
@@ -256,6 +266,9 @@ class SinkBase(Operator):
     def on_pulse(self, h: int) -> None:
         pass
 
+    def side(self, tag: str, rec: tuple) -> None:
+        pass  # no stream reads side outputs chained into a sink
+
 
 class SinkOperator(SinkBase):
     """Produces every value to a Kafka topic (no replication, no checkpoints: at most once when
@@ -300,6 +313,9 @@ class Router(Operator):
         super().__init__(name, env)
         # per output edge: (OutputEdge, [OutputChannel by destination partition], round-robin counter)
         self.edges = [[edge, chans, 0] for edge, chans in edges]
+        self._by_tag: dict[str | None, list[list]] = {}  # the main output (None), each side output
+        for slot in self.edges:
+            self._by_tag.setdefault(getattr(slot[0], "tag", None), []).append(slot)
         self.num_key_groups = env.num_key_groups
         self.switches = env.router_switches  # routing tables per keyed destination, switched by handovers
         # records per vnode of each hash edge's destination (the metrics' ``routed``), and the number
@@ -311,8 +327,14 @@ class Router(Operator):
                 self._routed[edge.dst_task] = (env.metrics.routed.setdefault(edge.dst_task, [0] * vnodes), vnodes)
 
     def process(self, rec: tuple) -> None:
+        self._route(rec, self._by_tag.get(None, ()))
+
+    def side(self, tag: str, rec: tuple) -> None:
+        self._route(rec, self._by_tag.get(tag, ()))
+
+    def _route(self, rec: tuple, slots: Any) -> None:
         sent = False
-        for slot in self.edges:
+        for slot in slots:
             edge, chans = slot[0], slot[1]
             if edge.partitioning == "hash":
                 try:

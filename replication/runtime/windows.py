@@ -77,8 +77,9 @@ class _WindowBase(Operator):
     """What fixed and session windows share: state, the fire and cleanup indexes, the watermark,
     late records and handover hooks."""
 
-    def __init__(self, name: str, env: Any, windows: Windows, aggregator: Any) -> None:
+    def __init__(self, name: str, env: Any, windows: Windows, aggregator: Any, late_tag: str | None = None) -> None:
         super().__init__(name, env)
+        self.late_tag = late_tag  # the side output late records go to (None: the dead-letter topic)
         self.spec = windows
         self.agg = aggregator
         self.state = env.state_context(name)
@@ -89,7 +90,10 @@ class _WindowBase(Operator):
 
     def _late(self, rec: tuple, what: str) -> None:
         self.env.metrics.late_records += 1
-        self.dead_letter(rec, f"late: event time {rec[3]} is behind the watermark {self.watermark} ({what})")
+        if self.late_tag is not None:
+            self.next.side(self.late_tag, rec)
+        else:
+            self.dead_letter(rec, f"late: event time {rec[3]} is behind the watermark {self.watermark} ({what})")
 
     def _emit(self, key: Any, start: int, end: int, acc: Any, ingest: float) -> None:
         try:
@@ -183,8 +187,8 @@ class WindowOperator(_WindowBase):
     """Fixed event-time windows (tumbling or sliding): accumulators in keyed map state, window
     start -> acc."""
 
-    def __init__(self, name: str, env: Any, windows: Windows, aggregator: Any) -> None:
-        super().__init__(name, env, windows, aggregator)
+    def __init__(self, name: str, env: Any, windows: Windows, aggregator: Any, late_tag: str | None = None) -> None:
+        super().__init__(name, env, windows, aggregator, late_tag)
         self.size = windows.size_ms
 
     def process(self, rec: tuple) -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replication.examples.ordered import HashChain, timer_due, verify_chains
+from replication.examples.ordered import HashChain, timer_due, verify_chains, verify_side_output
 from replication.functions import KeyedProcessFunction
 from replication.runtime.elements import MAX_WATERMARK
 from replication.runtime.operators import ProcessOperator
@@ -233,7 +233,7 @@ def test_timer_output_equals_a_plain_python_reference_across_restores(tmp_path_f
 def test_the_ordered_jobs_timers_fire_once_each_at_a_point_of_their_chain(backend):
     """The hash-chain job's timers (what the integration tests kill and move under) and the check
     of its output: exact on a real run, and it names a missing, doubled or off-chain timer."""
-    op = ProcessOperator("chain", FakeEnv(backend), HashChain(timer_ms=10))
+    op = ProcessOperator("chain", FakeEnv(backend), HashChain(timer_ms=10, side_every=3))
     out = chain(op)
     ids = []
     for i in range(40):
@@ -252,6 +252,10 @@ def test_the_ordered_jobs_timers_fire_once_each_at_a_point_of_their_chain(backen
     assert not verify_chains(records + [timers[0]], ids, 10).exact
     shifted = [{**r, "n": r["n"] - 1} if r is timers[-1] else r for r in records]
     assert not verify_chains(shifted, ids, 10).exact
+    side = [r[1] for tag, r in out.sides if tag == "every-nth"]
+    assert len(side) == 12 and verify_side_output(side, records, 3) == []
+    assert verify_side_output(side[1:], records, 3) == [f"missing {tuple(side[0].values())}"]
+    assert verify_side_output(side + side[:1], records, 3) == [f"doubled {tuple(side[0].values())}"]
 
 
 class Sessions(KeyedProcessFunction):

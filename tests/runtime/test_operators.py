@@ -121,6 +121,7 @@ class Collect(Operator):
         self.records: list[tuple] = []
         self.watermarks: list[int] = []
         self.ended = 0
+        self.sides: list[tuple[str, tuple]] = []  # side outputs: (tag, record)
 
     def process(self, rec: tuple) -> None:
         self.records.append(rec)
@@ -130,6 +131,9 @@ class Collect(Operator):
 
     def on_end(self) -> None:
         self.ended += 1
+
+    def side(self, tag: str, rec: tuple) -> None:
+        self.sides.append((tag, rec))
 
     @property
     def values(self) -> list:

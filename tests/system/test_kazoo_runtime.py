@@ -21,8 +21,9 @@ from deploy.topics import read_all
 from kazoo_leader.orders import Order
 from ops.chaos import kill_executor, locate, pause_executor, resume_executor
 from replication import run
-from replication.examples.ordered import build_ordered_job, verify_chains
+from replication.examples.ordered import build_ordered_job, verify_chains, verify_side_output
 from tests.ordered_runs import (
+    SIDE_EVERY,
     TIMER_MS,
     preproduce,
     read_output,
@@ -99,11 +100,11 @@ def test_order_logs_are_per_partition_andreplicas_agree(stack, spark, topic_pref
     assert result.metrics.gaps == 0
 
 
-def _run_under_load(stack, spark, name, victim_of=None, fault=kill_executor, timer_ms=None):
+def _run_under_load(stack, spark, name, victim_of=None, fault=kill_executor, timer_ms=None, side_every=None):
     """The ordered job under about 4 s of live input; ``victim_of(handle)`` names the replica whose
     executor gets ``fault`` (SIGKILL) 1.5 s in.  Returns (handle, result, outputs, ids, victim).
-    ``timer_ms``: the chain sets event-time timers."""
-    job, handle, ids, feeder = start_under_load(stack, spark, name, _conf(stack), timer_ms)
+    ``timer_ms``: the chain sets event-time timers; ``side_every``: it has a side output."""
+    job, handle, ids, feeder = start_under_load(stack, spark, name, _conf(stack), timer_ms, side_every)
     victim = None
     if victim_of is not None:
         time.sleep(1.5)
@@ -123,14 +124,17 @@ def _other(replica: str) -> str:
 def test_executor_kill_of_a_leader_or_follower_is_masked(stack, spark, topic_prefix, who):
     """SIGKILL the executor of chain[0]'s leader (a new leader takes over with a higher epoch and
     orders only what nobody ordered) or of its follower: every chain links up, every event is
-    there once, every event-time timer fires once, and the surviving replicas of every partition
-    agree."""
+    there once, every event-time timer fires once, the side output holds every fifth record of each
+    key once, and the surviving replicas of every partition agree."""
     pick = (lambda h: _leader_of(h, "chain[0]")) if who == "leader" else (
         lambda h: _other(_leader_of(h, "chain[0]")))
-    handle, result, outputs, ids, victim = _run_under_load(stack, spark, f"{topic_prefix}kz{who}", pick,
-                                                           timer_ms=TIMER_MS)
+    name = f"{topic_prefix}kz{who}"
+    handle, result, outputs, ids, victim = _run_under_load(stack, spark, name, pick, timer_ms=TIMER_MS,
+                                                           side_every=SIDE_EVERY)
     report = verify_chains(outputs, ids, TIMER_MS)
     assert report.exact and report.timers > 0, report
+    side = read_output(stack, f"{name}out-side")
+    assert side and verify_side_output(side, outputs, SIDE_EVERY) == []
     assert sum("declared dead" in text for _, text in result.events) == 1, result.events
     replicas_agree(result, handle)
     survivor = result.per_instance[_other(victim)]

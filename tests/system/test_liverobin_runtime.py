@@ -16,8 +16,9 @@ from deploy.topics import list_topics, read_all
 from liverobin.heartbeats import PulseLog, PulseRecord
 from ops.chaos import kill_executor, locate
 from replication import run
-from replication.examples.ordered import build_ordered_job, chain_heads, verify_chains
+from replication.examples.ordered import build_ordered_job, chain_heads, verify_chains, verify_side_output
 from tests.ordered_runs import (
+    SIDE_EVERY,
     TIMER_MS,
     latencies_s,
     preproduce,
@@ -118,15 +119,20 @@ def test_executor_kill_under_live_load_is_masked(stack, spark, topic_prefix, vic
     """Input produced while the job runs; the executor of a replica dies (with it the other
     replicas it hosts, a sink writer among them): the survivors carry on, a standby sink
     replica takes over writing, and every chain still links up (the replicas agreed); every
-    event-time timer fires once, at a point of its key's chain."""
-    job, handle, ids, feeder = start_under_load(stack, spark, f"{topic_prefix}lrkill", _conf(stack), TIMER_MS)
+    event-time timer fires once, at a point of its key's chain, and the side output holds every
+    fifth record of each key once."""
+    job, handle, ids, feeder = start_under_load(stack, spark, f"{topic_prefix}lrkill", _conf(stack), TIMER_MS,
+                                                SIDE_EVERY)
     time.sleep(1.5)
     killed_at = time.time()
     kill_executor(locate(victim, job=job.name))
     feeder.join()
     result = handle.drain(timeout=300)
-    report = verify_chains(read_output(stack, f"{job.name}out"), ids, TIMER_MS)
+    outputs = read_output(stack, f"{job.name}out")
+    report = verify_chains(outputs, ids, TIMER_MS)
     assert report.exact and report.timers > 0, report
+    side = read_output(stack, f"{job.name}out-side")
+    assert side and verify_side_output(side, outputs, SIDE_EVERY) == []
     assert any("takes over writing" in text for _, text in result.events), result.events
     replicas_agree(result, handle)
     # No stall: the survivors carry the partition at once; nothing waits for the executor to be
