@@ -180,7 +180,7 @@ class _Value:
 class _OneKeyState:
     """The keyed state of one key, for HashChain outside the runtime."""
 
-    def value_state(self, name, default=None):
+    def value_state(self, name, default=None, ttl=None):
         return _Value(default)
 
 
