@@ -22,12 +22,14 @@ from typing import Any
 from replication import serde
 from replication.functions import (
     Aggregator,
+    CoProcessFunction,
     KeyedProcessFunction,
     OutputTag,
     ProcessContext,
     RuntimeContext,
     mergeable,
 )
+from replication.joins import IntervalJoin, LookupJoin, WindowJoin
 from replication.windowing import Windows
 
 FORWARD = "forward"
@@ -181,6 +183,13 @@ class DataStream:
         operator needs the same parallelism as its input."""
         return KeyedStream(self, key_fn, prepartitioned)
 
+    def connect(self, other: DataStream) -> ConnectedStreams:
+        """Two streams into one two-input keyed function: ``a.connect(b).key_by(ka, kb).process(fn)``
+        with a :class:`~replication.functions.CoProcessFunction`."""
+        if not isinstance(other, DataStream) or other.job is not self.job:
+            raise JobDefinitionError("connect() needs another stream of the same job")
+        return ConnectedStreams(self, other)
+
     def side_output(self, tag: OutputTag) -> DataStream:
         """The records this keyed function (``ctx.output(tag, ...)``) or window (``late_output``)
         emits to ``tag``: a stream of its own, exactly once like the main output."""
@@ -281,6 +290,9 @@ class KeyedStream:
         running task up to ``max_parallelism`` and back (docs/handover.md, "Rescale")."""
         if not isinstance(fn, KeyedProcessFunction):
             raise JobDefinitionError("process() needs a KeyedProcessFunction instance")
+        if isinstance(fn, CoProcessFunction):
+            raise JobDefinitionError(f"process {name!r}: a CoProcessFunction takes two inputs: "
+                                     "a.connect(b).key_by(ka, kb).process(fn)")
         if max_parallelism is not None:
             if isinstance(max_parallelism, bool) or not isinstance(max_parallelism, int) or max_parallelism < 1:
                 raise JobDefinitionError(f"process {name!r}: max_parallelism must be a positive int, "
@@ -338,6 +350,43 @@ class KeyedStream:
             spec["late_output"] = late_output.name
         return DataStream(job, job._add("window", name, parallelism, [self._edge()], **spec))
 
+    def interval_join(self, other: KeyedStream, lower_ms: int, upper_ms: int, fn: Callable[[Any, Any], Any], *,
+                      name: str | None = None, parallelism: int | None = None) -> DataStream:
+        """``fn(a, b)`` for every record ``a`` of this stream and ``b`` of ``other`` with equal keys
+        and ``a.ts + lower_ms <= b.ts <= a.ts + upper_ms`` (event time), once each pair."""
+        try:
+            join = IntervalJoin(lower_ms, upper_ms, fn)
+        except (TypeError, ValueError) as e:
+            raise JobDefinitionError(f"interval_join {name!r}: {e}") from None
+        return self._joined(other, join, name, parallelism)
+
+    def window_join(self, other: KeyedStream, size_ms: int, fn: Callable[[Any, Any], Any], *,
+                    name: str | None = None, parallelism: int | None = None) -> DataStream:
+        """``fn(a, b)`` for every record ``a`` of this stream and ``b`` of ``other`` with equal keys
+        in the same tumbling event-time window of ``size_ms``, when the watermark ends it."""
+        try:
+            join = WindowJoin(size_ms, fn)
+        except (TypeError, ValueError) as e:
+            raise JobDefinitionError(f"window_join {name!r}: {e}") from None
+        return self._joined(other, join, name, parallelism)
+
+    def lookup_join(self, table: KeyedStream, fn: Callable[[Any, Any], Any], *, inner: bool = False,
+                    name: str | None = None, parallelism: int | None = None) -> DataStream:
+        """``fn(record, row)`` with the latest row of the record's key in ``table`` (a stream of
+        rows, e.g. a compacted topic read with ``metadata=True``, whose tombstones delete a key;
+        ``row`` None when the key has none, and no output then with ``inner``)."""
+        try:
+            join = LookupJoin(fn, inner)
+        except TypeError as e:
+            raise JobDefinitionError(f"lookup_join {name!r}: {e}") from None
+        return self._joined(table, join, name, parallelism)
+
+    def _joined(self, other: KeyedStream, join: CoProcessFunction, name: str | None,
+                parallelism: int | None) -> DataStream:
+        if not isinstance(other, KeyedStream) or other.stream.job is not self.stream.job:
+            raise JobDefinitionError("a join needs another keyed stream of the same job (key_by it first)")
+        return ConnectedKeyedStreams(self, other).process(join, name=name, parallelism=parallelism)
+
     def reduce(
         self, fn: Callable[[Any, Any], Any], *, name: str | None = None, parallelism: int | None = None
     ) -> DataStream:
@@ -346,6 +395,38 @@ class KeyedStream:
         if not callable(fn):
             raise JobDefinitionError("reduce() needs a callable of two values")
         return self.process(_RunningReduce(fn), name=name, parallelism=parallelism)
+
+
+class ConnectedStreams:
+    """Two streams on their way into one two-input keyed function; key both with :meth:`key_by`."""
+
+    def __init__(self, first: DataStream, second: DataStream) -> None:
+        self.first = first
+        self.second = second
+
+    def key_by(self, first_key: Callable[[Any], Any], second_key: Callable[[Any], Any]) -> ConnectedKeyedStreams:
+        """Partition the first stream by ``first_key`` and the second by ``second_key``: records of
+        both with equal keys meet in the same partition, with the same keyed state."""
+        return ConnectedKeyedStreams(KeyedStream(self.first, first_key), KeyedStream(self.second, second_key))
+
+
+class ConnectedKeyedStreams:
+    """Two keyed streams whose records of equal keys meet in one two-input keyed function."""
+
+    def __init__(self, first: KeyedStream, second: KeyedStream) -> None:
+        self.first = first
+        self.second = second
+
+    def process(self, fn: CoProcessFunction, *, name: str | None = None,
+                parallelism: int | None = None) -> DataStream:
+        """Run ``fn`` per key: ``process1`` on the first stream's records, ``process2`` on the
+        second's.  Its task has several input channels, so with replication it needs an ordering
+        mode (``liverobin`` or ``kazoo``)."""
+        if not isinstance(fn, CoProcessFunction):
+            raise JobDefinitionError("a connected stream's process() needs a CoProcessFunction instance")
+        job = self.first.stream.job
+        return DataStream(job, job._add("process", name, parallelism, [self.first._edge(), self.second._edge()],
+                                        fn=fn, max_parallelism=None))
 
 
 class _RunningReduce(KeyedProcessFunction):

@@ -167,13 +167,29 @@ class KeyedProcessFunction:
         values, as ``process`` does; their event time is ``timestamp``.  Override it to use timers."""
         raise NotImplementedError(f"{type(self).__qualname__} registers timers but does not override on_timer")
 
+    def close(self) -> None:
+        """Called once when the instance finishes."""
+
+
+class CoProcessFunction(KeyedProcessFunction):
+    """Stateful per-key logic over two keyed inputs (``a.connect(b).key_by(ka, kb).process(fn)``):
+    ``process1`` gets the first input's records, ``process2`` the second's, both with the key's
+    state, timers and side outputs (``on_timer`` as in :class:`KeyedProcessFunction`).  Which input
+    goes next is the ordering mode's, the same on both replicas."""
+
+    def process1(self, value: Any, ctx: ProcessContext) -> Iterable[Any] | None:
+        raise NotImplementedError("CoProcessFunction.process1 must be overridden")
+
+    def process2(self, value: Any, ctx: ProcessContext) -> Iterable[Any] | None:
+        raise NotImplementedError("CoProcessFunction.process2 must be overridden")
+
+    def process(self, value: Any, ctx: ProcessContext) -> Iterable[Any] | None:
+        return self.process1(value, ctx)
+
 
 def has_timers(fn: KeyedProcessFunction) -> bool:
     """Whether ``fn`` overrides :meth:`KeyedProcessFunction.on_timer` (may register timers)."""
     return type(fn).on_timer is not KeyedProcessFunction.on_timer
-
-    def close(self) -> None:
-        """Called once when the instance finishes."""
 
 
 class Aggregator(Generic[A]):

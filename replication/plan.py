@@ -46,6 +46,7 @@ class InputEdge:
     edge_id: int
     src_task: int
     partitioning: str
+    index: int = 0  # which input of the task's head it feeds (a two-input function's second: 1)
 
 
 @dataclass
@@ -130,6 +131,12 @@ class PhysicalPlan:
 
     def input_channels(self, task_id: int, partition: int) -> list[ChannelSpec]:
         return [c for c in self.channels if c.dst_task == task_id and c.dst_partition == partition]
+
+    def second_input_channels(self, task_id: int, partition: int) -> frozenset[int]:
+        """The input channels of ``(task_id, partition)`` that feed the second input of a two-input
+        keyed function (none for other tasks)."""
+        second = {e.edge_id for e in self.tasks[task_id].inputs if e.index == 1}
+        return frozenset(c.id for c in self.input_channels(task_id, partition) if c.edge_id in second)
 
     def output_channels(self, task_id: int, partition: int, edge_id: int) -> list[ChannelSpec]:
         """Channels of one output edge from ``(task_id, partition)``, ordered by destination partition."""
@@ -220,7 +227,7 @@ def plan_job(
     channels: list[ChannelSpec] = []
     edge_ids = iter(range(1 << 30))
     for t in tasks:
-        for edge in t.head.inputs:
+        for index, edge in enumerate(t.head.inputs):
             src = tasks[task_of[edge.source.id]]
             if src.chain[-1] is not edge.source:
                 raise JobDefinitionError(f"internal: {edge.source.name} is not the tail of its task")
@@ -232,7 +239,7 @@ def plan_job(
                         f"{src.name!r} ({src.parallelism}), got {t.parallelism}")
                 partitioning = REBALANCE
             eid = next(edge_ids)
-            t.inputs.append(InputEdge(eid, src.id, partitioning))
+            t.inputs.append(InputEdge(eid, src.id, partitioning, index if t.head.kind == "process" else 0))
             src.outputs.append(OutputEdge(eid, t.id, partitioning, edge.key_fn, t.parallelism, edge.tag))
             for sp in range(src.parallelism):
                 dsts = [sp] if partitioning == FORWARD else range(t.parallelism)

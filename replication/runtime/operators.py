@@ -54,6 +54,10 @@ class Operator:
         that reads the tag gets it)."""
         self.next.side(tag, rec)
 
+    def process2(self, rec: tuple) -> None:
+        """A record of the task's second input (two-input functions only)."""
+        raise TypeError(f"operator {self.name!r} has one input")
+
     def snapshot(self) -> Any:
         """What this operator keeps outside keyed state, for a checkpoint (picklable); None: nothing."""
         return None
@@ -144,6 +148,13 @@ class ProcessOperator(Operator):
         fn.open(RuntimeContext(self.state, name, env.partition, env.parallelism))
 
     def process(self, rec: tuple) -> None:
+        self._call(self.fn.process, rec)
+
+    def process2(self, rec: tuple) -> None:
+        """The second input's record (a :class:`~replication.functions.CoProcessFunction`)."""
+        self._call(self.fn.process2, rec)
+
+    def _call(self, method: Callable, rec: tuple) -> None:
         key = rec[2]
         self.state.set_current_key(key)
         ctx = self.ctx
@@ -151,7 +162,7 @@ class ProcessOperator(Operator):
         self.state.set_time(rec[3], ctx.watermark)
         ctx.side_outputs = []
         try:
-            outputs = list(self.fn.process(rec[1], ctx) or ())
+            outputs = list(method(rec[1], ctx) or ())
         except Exception as exc:  # noqa: BLE001
             self.dead_letter(rec, describe_error(exc))
             return

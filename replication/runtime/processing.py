@@ -32,6 +32,7 @@ class ProcessingInstance(PulseActions, PartitionInstance):
                  restoring: bool = False) -> None:
         super().__init__(worker, task, partition, replica, plan, restoring)
         self.channels = [c.id for c in plan.input_channels(task.id, partition)]
+        self._second_input = plan.second_input_channels(task.id, partition)  # a two-input function's
         capacity = self.cfg.channel_queue_capacity
         order_log = plan.order_logs.get((task.id, partition)) if self.cfg.mode == "kazoo" else None
         self._candidate: Any = None
@@ -273,7 +274,10 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         kind, channel_wm = el[0], self._channel_wm
         if kind == DATA:
             self.metrics.records_in += 1
-            self.chain.process(el)
+            if channel in self._second_input:
+                self.chain.process2(el)
+            else:
+                self.chain.process(el)
             return
         if kind == WATERMARK:
             if el[1] <= channel_wm[channel]:

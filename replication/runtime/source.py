@@ -229,7 +229,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
         origin = (self.topic, k, off)
         metrics.records_in += 1
         try:
-            value = self.deserializer(raw)
+            value = None if raw is None and self.metadata else self.deserializer(raw)  # None: a tombstone
             if self.metadata:
                 value = kafka_record(msg, value, self.key_deserializer)
         except Exception as exc:  # noqa: BLE001
