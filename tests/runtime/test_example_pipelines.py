@@ -1,0 +1,59 @@
+"""The sessionization and enrichment examples' operators on a fake hosting instance: their output
+equals the examples' plain-Python references of the same input (the integration test runs them
+on real executors with a kill and a move)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from replication.examples.enrichment import PAY_WITHIN_MS, enrich, enrichment_reference, paid
+from replication.examples.sessions import GAP_MS, SessionStats, sessions_reference
+from replication.joins import IntervalJoin, LookupJoin
+from replication.records import KafkaRecord
+from replication.runtime.elements import MAX_WATERMARK
+from replication.runtime.operators import ProcessOperator
+from replication.runtime.windows import SessionWindowOperator
+from replication.windowing import Windows
+from rhino_state import RocksDBStateBackend
+from tests.runtime.test_operators import FakeEnv, chain, rec
+from tests.system.test_joins_runtime import _events, _table
+
+
+def counted(records):
+    return Counter(json.dumps(r, sort_keys=True) for r in records)
+
+
+def test_the_examples_operators_give_their_references(tmp_path):
+    orders, payments, clicks = _events(1_000_000)
+    rows, table = _table()
+    with RocksDBStateBackend(tmp_path / "db") as backend:
+        sessions = SessionWindowOperator("sessions", FakeEnv(backend), Windows.session(GAP_MS), SessionStats())
+        out = chain(sessions)
+        for c in clicks:
+            sessions.process(rec(c, key=c["user"], ts=c["ts"]))
+            sessions.on_watermark(c["ts"] - 1)
+        sessions.on_watermark(MAX_WATERMARK)
+        assert counted(out.values) == counted(sessions_reference(clicks))
+
+        lookup = ProcessOperator("enrich", FakeEnv(backend), LookupJoin(enrich))
+        enriched = chain(lookup)
+        for offset, (key, value) in enumerate(rows):
+            row = KafkaRecord(value=None if value is None else json.loads(value), key=key.decode(), headers=(),
+                              timestamp=0, topic="customers", partition=0, offset=offset)
+            lookup.process2(rec(row, key=key.decode(), ts=0))
+        pay = ProcessOperator("pay", FakeEnv(backend), IntervalJoin(0, PAY_WITHIN_MS, paid))
+        matched = chain(pay)
+        timeline = sorted([(o["ts"], 0, o) for o in orders] + [(p["ts"], 1, p) for p in payments],
+                          key=lambda e: (e[0], e[1]))
+        for ts, side, value in timeline:
+            if side == 0:
+                lookup.process(rec(value, key=value["customer"], ts=ts))
+                pay.process(rec(value, key=value["id"], ts=ts))
+            else:
+                pay.process2(rec(value, key=value["order"], ts=ts))
+            pay.on_watermark(ts - 1)
+        pay.on_watermark(MAX_WATERMARK)
+        want_enriched, want_paid = enrichment_reference(orders, payments, table)
+        assert counted(enriched.values) == counted(want_enriched)
+        assert counted(matched.values) == counted(want_paid)

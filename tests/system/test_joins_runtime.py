@@ -1,0 +1,125 @@
+"""Session windows, a lookup join against a table from a compacted topic and an interval join, on
+real executors with replication: a replica's executor is killed and vnodes of the join move while
+input flows; every output equals a plain-Python reference of the same input, record by record,
+and the replicas agree."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from deploy.topics import create_topics, produce
+from ops.chaos import kill_executor, locate
+from replication import Job, run
+from replication.examples.enrichment import add_enrichment, enrichment_reference
+from replication.examples.sessions import GAP_MS, add_sessions, sessions_reference
+from tests.ordered_runs import read_output, replicas_agree, wait_until
+
+pytestmark = pytest.mark.integration
+
+CUSTOMERS = 30
+
+
+def _table() -> tuple[list[tuple[bytes, bytes | None]], dict[str, dict | None]]:
+    """The customers topic (rows, a few updated, a few deleted by tombstones) and the table it ends as."""
+    records: list[tuple[bytes, bytes | None]] = []
+    table: dict[str, dict | None] = {}
+    for i in range(CUSTOMERS):
+        row = {"tier": "gold" if i % 3 == 0 else "basic"}
+        records.append((f"c{i}".encode(), json.dumps(row).encode()))
+        table[f"c{i}"] = row
+    for i in range(0, CUSTOMERS, 7):  # updates
+        table[f"c{i}"] = {"tier": "platinum"}
+        records.append((f"c{i}".encode(), json.dumps(table[f"c{i}"]).encode()))
+    for i in range(5, CUSTOMERS, 11):  # tombstones: the key is deleted
+        table[f"c{i}"] = None
+        records.append((f"c{i}".encode(), None))
+    return records, table
+
+
+def _events(start_ts: int) -> tuple[list[dict], list[dict], list[dict]]:
+    """Orders (to customers c0..c33: some unknown), payments of them (some too late for the join)
+    and clicks with pauses (sessions), all in event-time order."""
+    orders, payments, clicks = [], [], []
+    for i in range(240):
+        ts = start_ts + 15 * i
+        orders.append({"id": f"o{i}", "customer": f"c{i % (CUSTOMERS + 4)}", "amount": i % 50 + 1, "ts": ts})
+        for j, delay in enumerate((60, 380, 700)[: i % 4]):
+            payments.append({"id": f"p{i}-{j}", "order": f"o{i}", "ts": ts + delay})
+    for i in range(480):  # every 40 clicks all users pause for two gaps: their sessions end
+        clicks.append({"user": f"u{i % 8}", "page": f"/p{i % 5}", "ts": start_ts + 8 * i + (i // 40) * 2 * GAP_MS})
+    payments.sort(key=lambda p: p["ts"])
+    clicks.sort(key=lambda c: c["ts"])
+    return orders, payments, clicks
+
+
+def _feed(stack, topics: dict[str, str], orders, payments, clicks, seconds: float) -> None:
+    """Produce the events in event-time order over about ``seconds``, in batches."""
+    timeline = sorted([("orders", o["ts"], o["id"], o) for o in orders]
+                      + [("payments", p["ts"], p["order"], p) for p in payments]
+                      + [("clicks", c["ts"], c["user"], c) for c in clicks], key=lambda e: e[1])
+    batches = 20
+    step = -(-len(timeline) // batches)
+    for b in range(batches):
+        chunk = timeline[b * step:(b + 1) * step]
+        for name in ("orders", "payments", "clicks"):
+            recs = [(key.encode(), json.dumps(v).encode()) for n, _, key, v in chunk if n == name]
+            if recs:
+                produce(stack.bootstrap_servers, topics[name], recs)
+        time.sleep(seconds / batches)
+
+
+@pytest.mark.parametrize("mode", ["liverobin", pytest.param("kazoo", marks=pytest.mark.slow)])
+def test_sessions_and_joins_survive_a_kill_and_a_move_with_exact_output(stack, spark, topic_prefix, mode):
+    name = f"{topic_prefix}joins{mode[0]}"
+    topics = {t: f"{name}{t}" for t in ("orders", "payments", "customers", "clicks")}
+    outs = {t: f"{name}{t}" for t in ("enriched", "paid", "sessions")}
+    create_topics(stack.bootstrap_servers, {t: 1 for t in topics.values()})
+    table_records, table = _table()
+    produce(stack.bootstrap_servers, topics["customers"], table_records)
+    job = Job(name)
+    add_enrichment(job, topics["orders"], topics["payments"], topics["customers"], outs["enriched"], outs["paid"],
+                   parallelism=2)
+    add_sessions(job, topics["clicks"], outs["sessions"], parallelism=2)
+    kazoo = {"spark.replication.zookeeper.connect": stack.zookeeper_connect,
+             "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
+    handle = run(job, spark=spark, conf={
+        "spark.replication.kafka.bootstrapServers": stack.bootstrap_servers, "spark.replication.enabled": "true",
+        "spark.replication.mode": mode, "spark.replication.failureTimeout": "2s", **kazoo})
+    try:
+        handle.wait_started(120)
+
+        def table_read() -> bool:  # both replicas of the lookup hold the whole table before any order
+            seen = handle.master.snapshot()
+            return all(sum(m.records_in for n, m in seen.items() if n.startswith("enrich[") and n.endswith(f"r{r}"))
+                       >= len(table_records) for r in (0, 1))
+
+        wait_until(table_read, 60, "the lookup join to read the customers table")
+        orders, payments, clicks = _events(int(time.time() * 1000))
+        feeder = threading.Thread(target=_feed, args=(stack, topics, orders, payments, clicks, 4.0))
+        feeder.start()
+        time.sleep(0.8)
+        moved = handle.move_vnodes("pay", handle.routing("pay").vnodes_of(0)[:16], 1)
+        kill_executor(locate("enrich[0]r0", job=name))
+        feeder.join()
+        result = handle.drain(timeout=300)
+    except BaseException:
+        handle.stop()
+        raise
+    assert moved["state"] == "completed", moved
+    enriched, paid = enrichment_reference(orders, payments, table)
+
+    def as_counter(records):
+        return Counter(json.dumps(r, sort_keys=True) for r in records)
+
+    assert as_counter(read_output(stack, outs["enriched"])) == as_counter(enriched)
+    assert as_counter(read_output(stack, outs["paid"])) == as_counter(paid)
+    assert as_counter(read_output(stack, outs["sessions"])) == as_counter(sessions_reference(clicks))
+    assert result.metrics.dead_lettered == 0 and result.metrics.late_records == 0
+    assert sum("declared dead" in text for _, text in result.events) >= 1, result.events
+    for task in ("pay", "sessions"):
+        replicas_agree(result, handle, task=task)
