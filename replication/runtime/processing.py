@@ -229,6 +229,7 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         """Run ``elements`` of ``channel`` through the chain; watermarks: the minimum over channels."""
         chain, metrics, handovers = self.chain, self.metrics, self.handovers
         gate = handovers if handovers is not None and handovers.gating else None
+        process = chain.process2 if channel in self._second_input else chain.process
         for i, el in enumerate(elements):
             kind = el[0]
             if gate is not None and kind in (DATA, WATERMARK):  # a handover's target holds the moved key groups
@@ -238,7 +239,7 @@ class ProcessingInstance(PulseActions, PartitionInstance):
                 continue
             if kind == DATA:
                 metrics.records_in += 1
-                chain.process(el)
+                process(el)
                 continue
             if kind == PULSE:
                 # LiveRobin: forward a pulse the first time it is seen (Algorithm 1); KaZoo (pulse

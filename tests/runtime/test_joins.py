@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replication.api import Job, JobDefinitionError
+from replication.config import ReplicationConfig
 from replication.functions import CoProcessFunction, KeyedProcessFunction
 from replication.joins import IntervalJoin, LookupJoin, WindowJoin
 from replication.plan import plan_job
 from replication.records import KafkaRecord
 from replication.runtime.elements import MAX_WATERMARK
 from replication.runtime.operators import ProcessOperator
+from replication.runtime.processing import ProcessingInstance
 from rhino_state import RocksDBStateBackend
 from tests.runtime.test_operators import FakeEnv, chain, rec
 
@@ -153,3 +156,32 @@ def test_a_function_overriding_only_process_opens_and_closes_with_the_defaults(b
     op.process(rec(1, key="k"))
     op.on_end()
     assert out.values == [1] and out.ended == 1
+
+
+def test_a_processing_replica_hands_its_second_inputs_records_to_process2(tmp_path):
+    class Tag(CoProcessFunction):
+        def process1(self, value, ctx):
+            yield ("first", value)
+
+        def process2(self, value, ctx):
+            yield ("second", value)
+
+    job = Job("j")
+    a, b = job.source("a"), job.source("b")
+    a.connect(b).key_by(len, len).process(Tag(), name="tag").sink("out")
+    plan = plan_job(job, default_parallelism=1, num_key_groups=64, num_vnodes=8, topic_partitions={"a": 1, "b": 1})
+    task = next(t for t in plan.tasks if t.name == "tag")
+    worker = SimpleNamespace(cfg=ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092"),
+                             boot=SimpleNamespace(run_id="run", output_prefix="run"), job_name="job",
+                             state_root=tmp_path)
+    inst = ProcessingInstance(worker, task, 0, 0, plan)
+    op = ProcessOperator("tag", inst, Tag())
+    out = chain(op)
+    inst.chain = op
+    (first,), (second,) = (plan.input_channels(task.id, 0)[i:i + 1] for i in (0, 1))
+    assert inst._second_input == {second.id}
+    inst._consume(second.id, [rec("b1", key=2)])
+    inst._consume(first.id, [rec("a1", key=2), rec("a2", key=2)])
+    inst._element(second.id, rec("b2", key=2))
+    assert out.values == [("second", "b1"), ("first", "a1"), ("first", "a2"), ("second", "b2")]
+    inst.close_state()
