@@ -292,7 +292,7 @@ class HeartbeatGenerator:
                 record, behind = next_pulse(base, ends, self.max_step, starts=self.starts,
                                             final=finishing, generator=self.name,
                                             floor=window[1] if window else None, window=window[0] if window else 0,
-                                            last=closing)
+                                            last=closing, now_ms=int(time.time() * 1000))
                 moves = _moves(record, base)
                 idle_every = IDLE_PULSE_EVERY_S if now >= self._eager_until else EAGER_PULSE_EVERY_S
                 if not record.final and not moves and now - last_write < idle_every and window is None:

@@ -55,6 +55,9 @@ class PulseRecord:
     window: int = 0  # KaZoo: the pulse window it belongs to (0: LiveRobin, no windows)
     last: bool = False  # KaZoo: the last pulse of its window
     at: int = field(default=-1, compare=False)  # the heartbeat-log offset it was read at (not written)
+    # the generator's wall clock when it wrote it (ms; 0: not stamped): processing time, the same
+    # for every reader of the log
+    t: int = field(default=0, compare=False)
 
     def encode(self) -> bytes:
         body: dict[str, Any] = {"h": self.h, "o": {t: {str(k): o for k, o in parts.items()}
@@ -67,6 +70,8 @@ class PulseRecord:
             body["w"] = self.window
         if self.last:
             body["last"] = True
+        if self.t:
+            body["t"] = self.t
         return json.dumps(body, separators=(",", ":")).encode()
 
     @staticmethod
@@ -78,7 +83,7 @@ class PulseRecord:
             if not isinstance(h, int) or h < 1:
                 raise ValueError(f"h must be a positive integer, got {h!r}")
             return PulseRecord(h, offsets, bool(body.get("final", False)), str(body.get("g", "")),
-                               int(body.get("w", 0)), bool(body.get("last", False)), at)
+                               int(body.get("w", 0)), bool(body.get("last", False)), at, int(body.get("t", 0)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"malformed heartbeat record {(raw or b'')[:80]!r}: {exc}") from exc
 
@@ -113,17 +118,18 @@ class PulseLog:
                 known[k] = max(off, known.get(k, off))
         self.last_h, self.offsets, self.final = record.h, merged, record.final
         return PulseRecord(record.h, {t: dict(p) for t, p in merged.items()}, record.final, record.generator,
-                           record.window, record.last, record.at)
+                           record.window, record.last, record.at, record.t)
 
 
 def next_pulse(log: PulseLog, ends: Offsets, max_step: int, *, starts: Offsets | None = None,
                final: bool = False, generator: str = "", floor: Offsets | None = None, window: int = 0,
-               last: bool = False) -> tuple[PulseRecord, bool]:
+               last: bool = False, now_ms: int = 0) -> tuple[PulseRecord, bool]:
     """The generator's next record after what ``log`` has counted, and whether it is still behind
     ``ends`` (then the next one is due at once).  ``starts``: where the sources begin, for
     partitions no pulse has named yet.  A final record is only made once caught up.  ``floor``
     (KaZoo windows): no offset below it, whatever the log's last pulse (the sources emitted
-    everything below it before they started holding)."""
+    everything below it before they started holding).  ``now_ms``: the generator's clock, stamped
+    into the record (its readers' processing time)."""
     behind = False
     offsets: dict[str, dict[int, int]] = {}
     for topic, parts in ends.items():
@@ -140,7 +146,7 @@ def next_pulse(log: PulseLog, ends: Offsets, max_step: int, *, starts: Offsets |
                 target = prev[k] + max_step
                 behind = True
             out[k] = target
-    return PulseRecord(log.last_h + 1, offsets, final and not behind, generator, window, last), behind
+    return PulseRecord(log.last_h + 1, offsets, final and not behind, generator, window, last, t=now_ms), behind
 
 
 PULSE_ITEM = "pulse"
@@ -199,8 +205,8 @@ class PulsePlacer:
         return not self._records and self.fetched_to < self._pulses[0][0]
 
     def take(self) -> Iterable[tuple[str, Any]]:
-        """What can be emitted now, in order: ``("record", item)`` and ``("pulse", (h, final))``;
-        nothing after a final pulse."""
+        """What can be emitted now, in order: ``("record", item)`` and ``("pulse", (h, final, t))``
+        (``t``: the pulse's processing time); nothing after a final pulse."""
         pulses, records = self._pulses, self._records
         while pulses and not self.ended:
             off, record = pulses[0]
@@ -210,6 +216,6 @@ class PulsePlacer:
                 pulses.popleft()
                 self.ended = record.final
                 self.last_placed = record
-                yield PULSE_ITEM, (record.h, record.final)
+                yield PULSE_ITEM, (record.h, record.final, record.t)
             else:
                 return  # records below the pulse's offset are still to be fetched

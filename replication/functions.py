@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -63,7 +63,8 @@ class ProcessContext:
     """Per-call context of ``process`` and ``on_timer``: the current key, the event time (the
     record's, or the timer's), the watermark, the key's timers and a seeded random source.
 
-    ``time_domain`` is None in ``process`` and ``"event_time"`` in ``on_timer``."""
+    ``time_domain`` is None in ``process``, and ``"event_time"`` or ``"processing_time"`` in
+    ``on_timer``."""
 
     __slots__ = ("key", "timestamp", "watermark", "time_domain", "timers", "_draws", "side_outputs")
 
@@ -94,40 +95,72 @@ class ProcessContext:
 
 
 class TimerService:
-    """The current key's event-time timers (``ctx.timers``): ``on_timer(ts, ctx)`` is called for
-    that key once the watermark reaches ``ts``, in the order (ts, key group, key) on both replicas.
+    """The current key's timers (``ctx.timers``): ``on_timer(ts, ctx)`` is called for that key once
+    the watermark reaches ``ts`` (event time), or once a pulse of processing time ``ts`` or later
+    passes the operator (processing time: the heartbeat generator's clock stamped into each
+    LiveRobin pulse, so both replicas fire at the same pulse); in the order (ts, key group, key).
 
     Timers are keyed state: checkpointed, restored, moved with their keys in a handover and kept in
     savepoints.  Registering the same (key, ts) twice fires once; a timer at or behind the
-    watermark fires at the next watermark (at the latest when the input ends)."""
+    watermark (the processing time) fires at the next watermark (pulse), event-time timers at the
+    latest when the input ends."""
 
-    def __init__(self, state: StateContext, queue: TimerQueue, ctx: ProcessContext, operator: str) -> None:
+    def __init__(self, state: StateContext, event: TimerQueue, processing: TimerQueue, ctx: ProcessContext,
+                 operator: str, processing_time: Callable[[], int]) -> None:
         self._state = state
-        self._queue = queue
+        self._event = event
+        self._processing = processing
         self._ctx = ctx
         self._operator = operator
+        self._processing_time = processing_time
         self.enabled = True  # False: the function has no on_timer to call
+        self.pulses = True  # False: no pulses carry processing time here (not LiveRobin)
 
-    def register_event_time_timer(self, ts: int) -> None:
-        """Fire ``on_timer(ts, ctx)`` for the current key when the watermark reaches ``ts`` (ms)."""
+    def _register(self, queue: TimerQueue, ts: int) -> None:
         if not self.enabled:
             raise TypeError(f"operator {self._operator!r} registers a timer but its function does not "
                             "override on_timer")
         encode_ts(ts)
-        self._queue.register(*self._state.key_location(), ts)
+        queue.register(*self._state.key_location(), ts)
+
+    def register_event_time_timer(self, ts: int) -> None:
+        """Fire ``on_timer(ts, ctx)`` for the current key when the watermark reaches ``ts`` (ms)."""
+        self._register(self._event, ts)
 
     def delete_event_time_timer(self, ts: int) -> None:
-        """Remove the current key's timer at ``ts``; a no-op if there is none."""
+        """Remove the current key's event-time timer at ``ts``; a no-op if there is none."""
         encode_ts(ts)
-        self._queue.delete(*self._state.key_location(), ts)
+        self._event.delete(*self._state.key_location(), ts)
 
     def event_time_timers(self) -> list[int]:
-        """The timestamps of the current key's timers, ascending."""
-        return self._queue.timers_of(*self._state.key_location())
+        """The timestamps of the current key's event-time timers, ascending."""
+        return self._event.timers_of(*self._state.key_location())
+
+    def register_processing_time_timer(self, ts: int) -> None:
+        """Fire ``on_timer(ts, ctx)`` for the current key at the first pulse of processing time
+        ``ts`` (ms since the epoch) or later; needs ``spark.replication.mode=liverobin``."""
+        if not self.pulses:
+            raise TypeError(f"operator {self._operator!r} registers a processing-time timer: processing time "
+                            "comes with LiveRobin's pulses (spark.replication.mode=liverobin)")
+        self._register(self._processing, ts)
+
+    def delete_processing_time_timer(self, ts: int) -> None:
+        """Remove the current key's processing-time timer at ``ts``; a no-op if there is none."""
+        encode_ts(ts)
+        self._processing.delete(*self._state.key_location(), ts)
+
+    def processing_time_timers(self) -> list[int]:
+        """The timestamps of the current key's processing-time timers, ascending."""
+        return self._processing.timers_of(*self._state.key_location())
 
     def current_watermark(self) -> int:
         """The operator's watermark: event time the input has reached."""
         return self._ctx.watermark
+
+    def current_processing_time(self) -> int:
+        """The processing time of the last pulse the operator passed (ms; 0 before the first): the
+        same on both replicas at the same record."""
+        return self._processing_time()
 
 
 class RandomDraws:

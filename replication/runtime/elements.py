@@ -11,7 +11,9 @@ of the tuple, it is implied by the element's position in its batch.
   ``(topic, partition, offset)`` or None for derived records (window results).
 * ``(WATERMARK, ts)``: event time has reached ``ts`` on this channel.
 * ``(END,)``: the channel is finished (graceful drain).
-* ``(PULSE, h)``: LiveRobin heartbeat number ``h`` (delimits consumption cycles).
+* ``(PULSE, h, t)``: LiveRobin heartbeat number ``h`` (delimits consumption cycles), written
+  by the generator at its wall clock ``t`` (ms; 0: unknown): the processing time of every replica
+  that consumes it.
 """
 
 from __future__ import annotations
@@ -42,6 +44,6 @@ def watermark(ts: int) -> tuple:
 END_ELEMENT = (END,)
 
 
-def pulse(h: int) -> tuple:
-    """Build a LiveRobin heartbeat element."""
-    return (PULSE, h)
+def pulse(h: int, t: int = 0) -> tuple:
+    """Build a LiveRobin heartbeat element (``t``: its processing time, ms)."""
+    return (PULSE, h, t)

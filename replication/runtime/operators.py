@@ -43,8 +43,9 @@ class Operator:
     def on_watermark(self, wm: int) -> None:
         self.next.on_watermark(wm)
 
-    def on_pulse(self, h: int) -> None:
-        self.next.on_pulse(h)
+    def on_pulse(self, h: int, t: int = 0) -> None:
+        """Pulse ``h``, written at processing time ``t`` (ms; 0: unknown)."""
+        self.next.on_pulse(h, t)
 
     def on_end(self) -> None:
         self.next.on_end()
@@ -138,13 +139,17 @@ class ProcessOperator(Operator):
         super().__init__(name, env)
         self.fn = fn
         self.state = env.state_context(name)
-        self.timer_queue = TimerQueue(self.state.backend, self.state.reserve_id(RESERVED_PREFIX + "event_timers"),
-                                      env.num_key_groups)
-        self.state.sweeps = TimerQueue(self.state.backend, self.state.reserve_id(RESERVED_PREFIX + "ttl_sweeps"),
-                                       env.num_key_groups)
+        def queue(what: str) -> TimerQueue:
+            return TimerQueue(self.state.backend, self.state.reserve_id(RESERVED_PREFIX + what), env.num_key_groups)
+
+        self.timer_queue, self.processing_queue = queue("event_timers"), queue("processing_timers")
+        self.state.sweeps = queue("ttl_sweeps")
+        self.processing_time = 0  # the latest pulse's (monotone)
         self.ctx = ProcessContext(draws=RandomDraws(self.state, name))
-        self.ctx.timers = self.timers = TimerService(self.state, self.timer_queue, self.ctx, name)
+        self.ctx.timers = self.timers = TimerService(self.state, self.timer_queue, self.processing_queue, self.ctx,
+                                                     name, lambda: self.processing_time)
         self.timers.enabled = has_timers(fn)
+        self.timers.pulses = getattr(getattr(env, "cfg", None), "mode", "liverobin") == "liverobin"
         fn.open(RuntimeContext(self.state, name, env.partition, env.parallelism))
 
     def process(self, rec: tuple) -> None:
@@ -179,18 +184,28 @@ class ProcessOperator(Operator):
         self._fire_timers(wm)
         self.next.on_watermark(wm)
 
+    def on_pulse(self, h: int, t: int = 0) -> None:
+        if t > self.processing_time:
+            self.processing_time = t
+            self._fire_queue(self.processing_queue, t, "processing_time")
+        self.next.on_pulse(h, t)
+
     def _fire_timers(self, wm: int) -> None:
-        ctx, queue, state = self.ctx, self.timer_queue, self.state
+        state = self.state
         assert state.sweeps is not None
         state.set_time(wm, wm)
         while (sweep := state.sweeps.pop_due(wm)) is not None:  # expired state first: timers never see it
             state.sweep(sweep[1], sweep[2])
-        while (due := queue.pop_due(wm)) is not None:
+        self._fire_queue(self.timer_queue, wm, "event_time")
+
+    def _fire_queue(self, queue: TimerQueue, limit: int, domain: str) -> None:
+        ctx, state, wm = self.ctx, self.state, self.ctx.watermark
+        while (due := queue.pop_due(limit)) is not None:
             ts, _, key_part = due
             key = decode_key(key_part[4:])
             state.set_current_key(key)
-            state.set_time(ts, wm)
-            ctx.key, ctx.timestamp, ctx.time_domain = key, ts, "event_time"
+            state.set_time(ts if domain == "event_time" else wm, wm)
+            ctx.key, ctx.timestamp, ctx.time_domain = key, ts, domain
             ctx.side_outputs = []
             try:
                 outputs = list(self.fn.on_timer(ts, ctx) or ())
@@ -203,7 +218,7 @@ class ProcessOperator(Operator):
 
     def _queues(self) -> tuple[TimerQueue, ...]:
         assert self.state.sweeps is not None
-        return self.timer_queue, self.state.sweeps
+        return self.timer_queue, self.processing_queue, self.state.sweeps
 
     def state_left(self, key_groups: frozenset[int]) -> None:
         for queue in self._queues():
@@ -225,15 +240,17 @@ class ProcessOperator(Operator):
         self.timers.enabled = has_timers(fn)
 
     def snapshot(self) -> Any:
-        return self.ctx.watermark
+        return self.ctx.watermark, self.processing_time
 
     def restore(self, snapshot: Any) -> None:
-        self.ctx.watermark = snapshot
+        self.ctx.watermark, self.processing_time = snapshot if isinstance(snapshot, tuple) else (snapshot, 0)
         for queue in self._queues():
             queue.load()
 
     def restore_savepoint(self, snapshots: list[Any], owns: Callable[[int], bool]) -> None:
-        self.ctx.watermark = min(snapshots, default=self.ctx.watermark)
+        marks = [s if isinstance(s, tuple) else (s, 0) for s in snapshots]
+        self.ctx.watermark = min((wm for wm, _ in marks), default=self.ctx.watermark)
+        self.processing_time = max((t for _, t in marks), default=self.processing_time)
         for queue in self._queues():
             queue.load()
 
@@ -274,7 +291,7 @@ class SinkBase(Operator):
     def on_watermark(self, wm: int) -> None:
         pass
 
-    def on_pulse(self, h: int) -> None:
+    def on_pulse(self, h: int, t: int = 0) -> None:
         pass
 
     def side(self, tag: str, rec: tuple) -> None:
@@ -381,8 +398,8 @@ class Router(Operator):
             for ch in chans:
                 ch.emit(element)
 
-    def on_pulse(self, h: int) -> None:
-        element = pulse(h)
+    def on_pulse(self, h: int, t: int = 0) -> None:
+        element = pulse(h, t)
         for _, chans, _ in self.edges:
             for ch in chans:
                 ch.emit(element)  # no flush: pulses ride in the data batches (tiny batches fill queues)

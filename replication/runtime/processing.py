@@ -253,7 +253,7 @@ class ProcessingInstance(PulseActions, PartitionInstance):
                             return  # stopping while waiting for a handover
                         gate = handovers if handovers.gating else None
                     self._forwarded_pulse = metrics.pulse = h
-                    chain.on_pulse(h)
+                    chain.on_pulse(h, 0 if self._aligned or len(el) < 3 else el[2])
                     self.code_switches.position = h  # (an instruction for a pulse already passed is late)
                     if self.code_switches.pending and not self._replace_operators_at(h):
                         return  # stopping while waiting for a replacement's commit

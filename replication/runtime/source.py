@@ -298,10 +298,10 @@ class SourceInstance(KazooWindows, PartitionInstance):
             self._report_position(k, feed.low_watermark(k), max(placer.fetched_to, feed.high_watermark(k)))
         for kind, item in placer.take():
             if kind == PULSE_ITEM:
-                h, final = item
+                h, final, t = item
                 self.metrics.pulse = h
                 self._pulse_placed = placer.last_placed
-                self.chain.on_pulse(h)
+                self.chain.on_pulse(h, t)
                 if self._windows is not None and self._windows.placed(h):
                     break  # the window's last pulse: the records after it go out as read
                 if self.checkpoint_every and h % self.checkpoint_every == 0:

@@ -67,14 +67,14 @@ def test_placer_holds_records_until_a_pulse_lies_beyond_them():
     p.add_record(1, "r1")
     assert list(p.take()) == [] and p.held == 2  # no pulse known: r1 might have one before it
     p.add_pulse(rec(1, 1))
-    assert list(p.take()) == [("record", "r0"), ("pulse", (1, False))] and p.held == 1
+    assert list(p.take()) == [("record", "r0"), ("pulse", (1, False, 0))] and p.held == 1
     p.add_pulse(rec(2, 3))
     assert list(p.take()) == [("record", "r1")]  # offset 2 not fetched yet: pulse 2 waits
     p.fetched(3)  # offset 2 was a transaction marker: nothing below 3 is missing
-    assert list(p.take()) == [("pulse", (2, False))]
+    assert list(p.take()) == [("pulse", (2, False, 0))]
     p.add_pulse(rec(3, 3, final=True))
     p.add_pulse(rec(4, 3))
-    assert list(p.take()) == [("pulse", (3, True))] and p.ended  # nothing after the final pulse
+    assert list(p.take()) == [("pulse", (3, True, 0))] and p.ended  # nothing after the final pulse
 
 
 def test_placer_says_when_its_next_pulse_waits_for_records_to_be_fetched():
@@ -84,21 +84,21 @@ def test_placer_says_when_its_next_pulse_waits_for_records_to_be_fetched():
     assert not p.needs_records  # no pulse known
     p.add_pulse(rec(1, 5))
     assert not p.needs_records  # everything below it fetched
-    assert list(p.take()) == [("pulse", (1, False))]
+    assert list(p.take()) == [("pulse", (1, False, 0))]
     p.add_pulse(rec(2, 8))
     assert p.needs_records  # offsets 5..7 still to come
     p.add_record(5, "r5")
     assert not p.needs_records  # a record to place first
     assert list(p.take()) == [("record", "r5")] and p.needs_records
     p.fetched(8)
-    assert not p.needs_records and list(p.take()) == [("pulse", (2, False))]
+    assert not p.needs_records and list(p.take()) == [("pulse", (2, False, 0))]
 
 
 def test_placer_of_an_idle_partition_emits_every_pulse():
     p = PulsePlacer(T, 0, fetched_to=40)
     for h in range(1, 4):
         p.add_pulse(rec(h, 40))
-    assert list(p.take()) == [("pulse", (1, False)), ("pulse", (2, False)), ("pulse", (3, False))]
+    assert list(p.take()) == [("pulse", (1, False, 0)), ("pulse", (2, False, 0)), ("pulse", (3, False, 0))]
 
 
 @st.composite
@@ -140,7 +140,7 @@ def test_both_replicas_place_every_pulse_at_the_same_position(case, rnd_a, rnd_b
     for r in log:
         c = counted.accept(r)
         if c is not None:
-            i = a.index(("pulse", (c.h, False)))
+            i = a.index(("pulse", (c.h, False, 0)))
             assert {x for k, x in a[:i] if k == "record"} == {o for o in offsets if o < c.offsets[T][0]}
 
 
@@ -202,7 +202,7 @@ def test_the_placer_names_the_counted_record_of_the_last_pulse_taken():
     p.add_record(0, "r0")
     p.add_pulse(PulseLog().accept(PulseRecord(1, {T: {0: 1}}, at=7)))
     assert p.last_placed is None
-    assert list(p.take()) == [("record", "r0"), ("pulse", (1, False))]
+    assert list(p.take()) == [("record", "r0"), ("pulse", (1, False, 0))]
     assert p.last_placed.h == 1 and p.last_placed.at == 7
 
 
@@ -702,3 +702,15 @@ def _wait_for(check, timeout: float = 20.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
+
+
+def test_a_pulse_carries_its_generators_clock_through_the_log_and_the_placer():
+    log = PulseLog()
+    record, _ = next_pulse(log, {T: {0: 5}}, max_step=10, starts={T: {0: 0}}, now_ms=1_700_000_000_123)
+    read = PulseRecord.decode(record.encode(), at=7)
+    assert read.t == 1_700_000_000_123 and log.accept(read).t == read.t
+    assert PulseRecord.decode(PulseRecord(1, {T: {0: 1}}).encode()).t == 0  # unstamped, as earlier versions wrote
+    p = PulsePlacer(T, 0)
+    p.add_pulse(read)
+    p.fetched(10)
+    assert list(p.take()) == [("pulse", (1, False, 1_700_000_000_123))]

@@ -5,6 +5,8 @@ go quiet does not pile up; both survive a restore and move with their keys."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -321,3 +323,58 @@ def test_ttl_state_expires_the_same_after_a_restore_and_after_a_move(tmp_path):
         origin.on_watermark(200)
         target.on_watermark(200)
         assert stored(ob) == 0 and stored(tb) == 0  # each swept what it holds
+
+
+class Timeout(KeyedProcessFunction):
+    """A processing-time timeout per key: each record (re)arms a timer 50 ms after the current
+    processing time; it fires at the first pulse at or after it."""
+
+    def open(self, ctx):
+        self.armed = ctx.value_state("armed")
+
+    def process(self, value, ctx):
+        old = self.armed.value()
+        if old is not None:
+            ctx.timers.delete_processing_time_timer(old)
+        at = ctx.timers.current_processing_time() + 50
+        ctx.timers.register_processing_time_timer(at)
+        self.armed.update(at)
+
+    def on_timer(self, timestamp, ctx):
+        assert ctx.time_domain == "processing_time"
+        self.armed.clear()
+        yield (ctx.key, timestamp)
+
+
+def test_processing_time_timers_fire_at_the_first_pulse_of_their_time_and_survive_a_restore(tmp_path):
+    with RocksDBStateBackend(tmp_path / "db") as b:
+        op = ProcessOperator("t", FakeEnv(b), Timeout())
+        out = chain(op)
+        op.on_pulse(1, 1000)
+        op.process(rec("x", key="a", ts=1))  # due at 1050
+        op.on_pulse(2, 1030)
+        op.process(rec("x", key="b", ts=2))  # due at 1080
+        op.process(rec("x", key="a", ts=3))  # re-armed: due at 1080, the 1050 one deleted
+        op.on_pulse(3, 1060)
+        assert out.values == []
+        op.on_pulse(4, 1020)  # a generator with a slower clock: time never goes back
+        op.state.set_current_key("a")
+        assert op.timers.processing_time_timers() == [1080] and op.timers.current_processing_time() == 1060
+        snapshot = op.snapshot()
+    with RocksDBStateBackend(tmp_path / "db") as b:  # the replica restored from its state
+        op = ProcessOperator("t", FakeEnv(b), Timeout())
+        op.restore(snapshot)
+        out = chain(op)
+        op.on_pulse(5, 1100)
+        assert out.values == [("a", 1080), ("b", 1080)] and [r[3] for r in out.records] == [1080, 1080]
+        assert [p for p in out.pulses] == [(5, 1100)]
+
+
+def test_processing_time_timers_are_refused_without_pulses_naming_the_mode(tmp_path):
+    with RocksDBStateBackend(tmp_path / "db") as b:
+        env = FakeEnv(b)
+        env.cfg = SimpleNamespace(mode="kazoo")
+        op = ProcessOperator("t", env, Timeout())
+        chain(op)
+        op.process(rec("x", key="a", ts=1))
+        assert "processing time comes with LiveRobin's pulses" in env.dead_letters[0]["reason"]

@@ -122,6 +122,7 @@ class Collect(Operator):
         self.watermarks: list[int] = []
         self.ended = 0
         self.sides: list[tuple[str, tuple]] = []  # side outputs: (tag, record)
+        self.pulses: list[tuple[int, int]] = []  # (h, processing time)
 
     def process(self, rec: tuple) -> None:
         self.records.append(rec)
@@ -134,6 +135,9 @@ class Collect(Operator):
 
     def side(self, tag: str, rec: tuple) -> None:
         self.sides.append((tag, rec))
+
+    def on_pulse(self, h: int, t: int = 0) -> None:
+        self.pulses.append((h, t))
 
     @property
     def values(self) -> list:

@@ -122,12 +122,6 @@ def test_latest_starting_offsets_skip_old_records_and_drain_idle_partitions(stac
     _new_records_alone_come_out(stack, spark, job, src, out, 50, drain_timeout=120)
 
 
-def _tagged(record):
-    """A source record with its metadata (KafkaRecord) as what the sink writes from it."""
-    return {"v": record.value.upper(), "k": record.key, "at": f"{record.partition}:{record.offset}",
-            "ts": record.timestamp, "n": record.header("n")}
-
-
 def test_a_drain_ends_a_source_partition_that_never_had_a_record(stack, spark, topic_prefix):
     """Read from the beginning, a partition that never got a record has no position to report: a
     drain agrees it ends at offset 0 there, which the replica reading it has reached already.  The
@@ -135,10 +129,14 @@ def test_a_drain_ends_a_source_partition_that_never_had_a_record(stack, spark, t
     the Kafka key, headers and timestamp of what it writes from the record."""
     from replication import Job
 
+    def tagged(record):  # (defined here: the executors get it by value, they cannot import tests)
+        return {"v": record.value.upper(), "k": record.key, "at": f"{record.partition}:{record.offset}",
+                "ts": record.timestamp, "n": record.header("n")}
+
     src, out = f"{topic_prefix}in", f"{topic_prefix}out"
     create_topics(stack.bootstrap_servers, {src: 3})
     job = Job(f"{topic_prefix}empty")
-    (job.source(src, deserializer="str", metadata=True, key_deserializer="str").map(_tagged)
+    (job.source(src, deserializer="str", metadata=True, key_deserializer="str").map(tagged)
      .sink(out, serializer=lambda t: t["v"].encode(), key_serializer="str", key=lambda t: t["k"],
            headers=lambda t: [("at", t["at"].encode()), ("n", t["n"])], timestamp=lambda t: t["ts"] + 7))
     _new_records_alone_come_out(stack, spark, job, src, out, 20, drain_timeout=60)
