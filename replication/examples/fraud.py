@@ -3,8 +3,9 @@
 Two regional payment topics are unioned; invalid amounts are filtered out; per
 card a stateful rule decides on every payment and lists the alerts it raises (a
 large amount against the card's running average, a country change within a
-minute, a new merchant for an established card); per merchant a one-second
-tumbling window totals the payments.  :func:`reference` computes the exact expected output
+minute, a new merchant for an established card); a card idle for ``CARD_IDLE_MS`` of
+event time starts afresh, and an event-time timer removes its state once the watermark
+says it went idle; per merchant a one-second tumbling window totals the payments.  :func:`reference` computes the exact expected output
 in plain Python from the same input, so a run can be checked record by record.
 """
 
@@ -22,6 +23,7 @@ from replication.functions import Aggregator, KeyedProcessFunction, ProcessConte
 
 WINDOW_MS = 1000
 COUNTRY_HOP_MS = 60_000
+CARD_IDLE_MS = 4_000  # a card's history expires after this long without a payment
 
 
 @dataclass(frozen=True)
@@ -41,15 +43,37 @@ def is_valid(payment: dict) -> bool:
 
 
 class FraudRule(KeyedProcessFunction):
-    """Per card: running count/total and last country (value state), merchants seen (map state)."""
+    """Per card: running count/total and last country (value state), merchants seen (map state);
+    a timer per card at its last payment + ``CARD_IDLE_MS`` clears them if no payment came since."""
 
     def open(self, ctx: RuntimeContext) -> None:
         self.profile = ctx.value_state("profile")
         self.merchants = ctx.map_state("merchants")
 
     def process(self, p: dict, ctx: ProcessContext) -> Iterable[dict]:
-        yield fraud_step(p, self.profile.value(), self.merchants.get(p["merchant"], 0),
+        profile = self.profile.value()
+        if profile is not None:
+            ctx.timers.delete_event_time_timer(profile["ts"] + CARD_IDLE_MS)
+            if idle(profile, p["ts"]):  # its timer has not fired yet (the watermark lags): expire it now
+                self._forget()
+                profile = None
+        ctx.timers.register_event_time_timer(p["ts"] + CARD_IDLE_MS)
+        yield fraud_step(p, profile, self.merchants.get(p["merchant"], 0),
                          self.profile.update, lambda n: self.merchants.put(p["merchant"], n))
+
+    def on_timer(self, timestamp: int, ctx: ProcessContext) -> None:
+        profile = self.profile.value()
+        if profile is not None and idle(profile, timestamp):
+            self._forget()
+
+    def _forget(self) -> None:
+        self.profile.clear()
+        self.merchants.clear()
+
+
+def idle(profile: dict, ts: int) -> bool:
+    """Whether a card whose last payment ``profile`` holds went idle by event time ``ts``."""
+    return ts - profile["ts"] >= CARD_IDLE_MS
 
 
 def fraud_step(p: dict, profile: dict | None, merchant_count: int, set_profile: Any, set_merchant: Any) -> dict:
@@ -137,8 +161,9 @@ class PaymentGenerator:
         return card, json.dumps(p, separators=(",", ":")).encode(), p
 
 
-def reference(payments_by_region: Iterable[list[dict]]) -> tuple[list[dict], list[dict]]:
-    """Expected (decisions, merchant totals) for payments given per region in production order.
+def reference(payments_by_region: Iterable[list[dict]], idle_ms: int = CARD_IDLE_MS) -> tuple[list[dict], list[dict]]:
+    """Expected (decisions, merchant totals) for payments given per region in production order
+    (``idle_ms``: when a card's history expires).
 
     Each card lives in one region and (keyed by card) in one Kafka partition, so its
     payments reach the rule in production order: the reference replays them in that order.
@@ -152,6 +177,10 @@ def reference(payments_by_region: Iterable[list[dict]]) -> tuple[list[dict], lis
         for p in payments:
             if not is_valid(p):
                 continue
+            if p["card"] in profiles and p["ts"] - profiles[p["card"]]["ts"] >= idle_ms:
+                del profiles[p["card"]]
+                for k in [k for k in merchants if k[0] == p["card"]]:
+                    del merchants[k]
             decisions.append(fraud_step(p, profiles.get(p["card"]), merchants[(p["card"], p["merchant"])],
                                  lambda v, c=p["card"]: profiles.__setitem__(c, v),
                                         lambda n, k=(p["card"], p["merchant"]): merchants.__setitem__(k, n)))

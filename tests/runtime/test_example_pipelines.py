@@ -8,6 +8,7 @@ import json
 from collections import Counter
 
 from replication.examples.enrichment import PAY_WITHIN_MS, enrich, enrichment_reference, paid
+from replication.examples.fraud import FraudRule, PaymentGenerator, generate, is_valid, reference
 from replication.examples.sessions import GAP_MS, SessionStats, sessions_reference
 from replication.joins import IntervalJoin, LookupJoin
 from replication.records import KafkaRecord
@@ -57,3 +58,24 @@ def test_the_examples_operators_give_their_references(tmp_path):
         want_enriched, want_paid = enrichment_reference(orders, payments, table)
         assert counted(enriched.values) == counted(want_enriched)
         assert counted(matched.values) == counted(want_paid)
+
+
+def test_the_demos_fraud_rule_expires_idle_cards_and_gives_its_reference(tmp_path):
+    """The rule decides as the reference does (a card idle for CARD_IDLE_MS starts afresh, whether
+    its timer fired before its next payment or not), and its timers clear idle cards' state."""
+    eu, us = PaymentGenerator("eu"), PaymentGenerator("us")
+    _, pay_eu, _ = generate(eu, 800, start_ts=1_700_000_000_000, step_ms=20)
+    _, pay_us, _ = generate(us, 800, start_ts=1_700_000_000_000, step_ms=20)
+    expected, _ = reference([pay_eu, pay_us])
+    with RocksDBStateBackend(tmp_path / "db") as backend:
+        op = ProcessOperator("fraud-rule", FakeEnv(backend), FraudRule())
+        out = chain(op)
+        for i, p in enumerate(sorted(pay_eu + pay_us, key=lambda p: p["ts"])):
+            if is_valid(p):
+                op.process(rec(p, key=p["card"], ts=p["ts"]))
+            if i % 50 == 0:
+                op.on_watermark(p["ts"] - 3_000)  # a lagging watermark: some timers fire late
+        assert counted(out.values) == counted(expected)
+        assert any(d != e for d, e in zip(expected, reference([pay_eu, pay_us], idle_ms=10**12)[0], strict=True))
+        op.on_watermark(MAX_WATERMARK)
+        assert sum(1 for _ in backend.iter_key_groups(range(FakeEnv().num_key_groups))) == 0
