@@ -120,14 +120,15 @@ def test_a_lookup_join_sees_the_latest_row_and_a_tombstone_deletes_it(backend):
     assert inner.values == [("x", "row")]
 
 
+class Tag(CoProcessFunction):
+    def process1(self, value, ctx):
+        yield ("first", value)
+
+    def process2(self, value, ctx):
+        yield ("second", value)
+
+
 def test_connected_streams_plan_one_keyed_task_whose_second_input_goes_to_process2():
-    class Tag(CoProcessFunction):
-        def process1(self, value, ctx):
-            yield ("first", value)
-
-        def process2(self, value, ctx):
-            yield ("second", value)
-
     job = Job("j")
     a, b = job.source("a"), job.source("b")
     a.connect(b).key_by(lambda v: v["k"], lambda v: v["id"]).process(Tag(), name="tag").sink("out")
@@ -159,13 +160,6 @@ def test_a_function_overriding_only_process_opens_and_closes_with_the_defaults(b
 
 
 def test_a_processing_replica_hands_its_second_inputs_records_to_process2(tmp_path):
-    class Tag(CoProcessFunction):
-        def process1(self, value, ctx):
-            yield ("first", value)
-
-        def process2(self, value, ctx):
-            yield ("second", value)
-
     job = Job("j")
     a, b = job.source("a"), job.source("b")
     a.connect(b).key_by(len, len).process(Tag(), name="tag").sink("out")
