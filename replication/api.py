@@ -121,6 +121,10 @@ class Job:
             raise JobDefinitionError(f"source {topic!r}: starting_offsets must be 'earliest' or 'latest'")
         if max_out_of_orderness_ms < 0:
             raise JobDefinitionError(f"source {topic!r}: max_out_of_orderness_ms must be >= 0")
+        reader = next((n.name for n in self.nodes if n.kind == "source" and n.spec["topic"] == topic), None)
+        if reader is not None:  # two readers of a partition would take it from each other in a worker
+            raise JobDefinitionError(f"source {topic!r}: the topic is read by source {reader!r} already; read a "
+                                     "topic once and use that stream for every pipeline")
         node = self._add(
             "source", name or f"source:{topic}", parallelism, [],
             topic=topic,

@@ -92,13 +92,15 @@ def test_keyed_operator_names_must_not_contain_a_slash(kind):
     assert src.map(_ident, name="a/b").node.name == "a/b"
 
 
-def test_two_sources_of_one_topic_need_distinct_names():
+def test_a_topic_is_read_by_one_source_whose_stream_feeds_every_pipeline():
     job = Job("j")
-    job.source("t")
-    with pytest.raises(JobDefinitionError, match="'source:t' is used twice"):
-        job.source("t")
-    second = job.source("t", name="t-again")
-    assert second.node.name == "t-again" and second.node.spec["topic"] == "t"
+    clicks = job.source("t", name="clicks")
+    with pytest.raises(JobDefinitionError, match="source 't': the topic is read by source 'clicks' already; read a "
+                                                 "topic once and use that stream for every pipeline"):
+        job.source("t", name="t-again")
+    clicks.map(_ident, name="a").sink("out-a")
+    clicks.map(_ident, name="b").sink("out-b")
+    job.validate()
 
 
 def test_default_names_are_kind_and_id_and_distinct():
