@@ -15,9 +15,10 @@ so both replicas decode what they encoded.
 Every read returns a freshly unpickled object, so mutating a value read from
 state changes nothing until it is written back with ``update``/``put``.
 
-A state declared with a TTL (:mod:`rhino_state.ttl`) hides values whose expiry the watermark
-reached; the operator gives the context its time (:meth:`StateContext.set_time`) and a timer queue
-for the sweeps that delete them (:attr:`StateContext.sweeps`).
+A state declared with a TTL (:mod:`rhino_state.ttl`) hides values whose expiry the watermark (or,
+by processing time, the pulses' time) reached; the operator gives the context its times
+(:meth:`StateContext.set_time`, :attr:`StateContext.processing_time`) and a timer queue per time
+for the sweeps that delete them (:attr:`StateContext.sweeps`, :attr:`StateContext.processing_sweeps`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from rhino_state.backend import RocksDBStateBackend
 from rhino_state.canonical import canonical_dumps
 from rhino_state.keys import Key, decode_key, encode_key, stable_hash, validate_num_key_groups
 from rhino_state.timers import TimerQueue
-from rhino_state.ttl import EXPIRED, StateTtl, codec_for
+from rhino_state.ttl import EXPIRED, PROCESSING_TIME, StateTtl, codec_for
 
 __all__ = ["ListState", "MapState", "NoCurrentKeyError", "StateContext", "ValueState"]
 
@@ -62,6 +63,8 @@ class StateContext:
         self.now = 0  # event time of the element being processed (at least the watermark): TTL writes
         self.watermark = -(1 << 63)  # TTL reads: a value whose expiry it reached is gone
         self.sweeps: TimerQueue | None = None  # where TTL writes schedule the sweep of their key
+        self.processing_time = 0  # the time of the last pulse the operator passed: processing-time TTL
+        self.processing_sweeps: TimerQueue | None = None  # None: no processing time here, such TTLs refused
 
     def set_current_key(self, key: Key) -> None:
         """Bind every handle of this context to ``key`` (encodes and hashes it once)."""
@@ -120,6 +123,9 @@ class StateContext:
             if existing.ttl != ttl:
                 raise ValueError(f"state {name!r} is already registered with another TTL ({existing.ttl})")
             return existing
+        if ttl is not None and ttl.time == PROCESSING_TIME and self.processing_sweeps is None:
+            raise TypeError(f"state {name!r} of operator {self.operator_uid!r} has a processing-time TTL: "
+                            "processing time comes with LiveRobin's pulses (spark.replication.mode=liverobin)")
         state = kind(self, self.reserve_id(name), name, ttl)
         if isinstance(state, ValueState):
             state.set_default(default)
@@ -154,9 +160,20 @@ class StateContext:
         if state is not None:
             state.sweep(key_group, target[4:])
 
+    def clock(self, ttl: StateTtl) -> tuple[int, int]:
+        """``(now, horizon)`` for a TTL: the time a write expires from, and the time up to which
+        values have expired (event time: the element's time and the watermark; processing time:
+        the last pulse's time for both)."""
+        if ttl.time == PROCESSING_TIME:
+            return self.processing_time, self.processing_time
+        return self.now, self.watermark
+
     def _scheduled(self, state: _Handle, key_group: int, key_part: bytes) -> None:
-        if state.ttl is not None and self.sweeps is not None:
-            self.sweeps.register(key_group, state.state_id + key_part, state.ttl.sweep_at(self.now + state.ttl.ttl_ms))
+        ttl = state.ttl
+        assert ttl is not None
+        sweeps = self.processing_sweeps if ttl.time == PROCESSING_TIME else self.sweeps
+        if sweeps is not None:
+            sweeps.register(key_group, state.state_id + key_part, ttl.sweep_at(self.clock(ttl)[0] + ttl.ttl_ms))
 
     def _require_key(self) -> tuple[int, bytes]:
         if self._key is _MISSING:
@@ -184,12 +201,16 @@ class _Handle:
     def _write(self, key_group: int, rest: bytes, value: Any) -> None:
         """Store ``value`` under ``rest`` of the current key (a TTL write schedules its sweep)."""
         context = self._context
-        context.backend.put(key_group, rest, self._codec.encode(value, context.now))
-        if self.ttl is not None:
-            context._scheduled(self, key_group, context._key_part)
+        if self.ttl is None:
+            context.backend.put(key_group, rest, self._codec.encode(value, 0))
+            return
+        context.backend.put(key_group, rest, self._codec.encode(value, context.clock(self.ttl)[0]))
+        context._scheduled(self, key_group, context._key_part)
 
     def _read(self, raw: bytes | None) -> Any:
-        return EXPIRED if raw is None else self._codec.decode(raw, self._context.watermark)
+        if raw is None:
+            return EXPIRED
+        return self._codec.decode(raw, 0 if self.ttl is None else self._context.clock(self.ttl)[1])
 
     def _live(self, raw_items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, Any]]:
         for suffix, raw in raw_items:
@@ -205,10 +226,12 @@ class _Handle:
         self._sweep(key_group, self.state_id + key_part, self._raw_items(key_group, self.state_id + key_part))
 
     def _sweep(self, key_group: int, prefix: bytes, raw_items: Iterator[tuple[bytes, bytes]]) -> None:
-        backend, watermark = self._context.backend, self._context.watermark
+        if self.ttl is None:
+            return
+        backend, horizon = self._context.backend, self._context.clock(self.ttl)[1]
         for suffix, raw in list(raw_items):
             expiry = self._codec.expiry(raw)
-            if expiry is not None and expiry <= watermark:
+            if expiry is not None and expiry <= horizon:
                 backend.delete(key_group, prefix + suffix)
 
 

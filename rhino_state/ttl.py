@@ -2,9 +2,12 @@
 expired values from reads.
 
 A state declared with a :class:`StateTtl` stores each value (each map entry, each list element)
-as ``(expiry, value)``, where expiry is the operator's event time at the write plus the TTL.  A
-value whose expiry the watermark reached is invisible from then on, on both replicas alike (the
-watermark is a position in the stream, not a clock).  Every write also schedules a sweep of that
+as ``(expiry, value)``, where expiry is the operator's time at the write plus the TTL.  By event
+time (the default), that time is the record's event time, and a value whose expiry the watermark
+reached is invisible from then on; by processing time, it is the time of the last pulse the
+operator passed (the heartbeat generator's clock, stamped into each pulse), and a value is
+invisible once a pulse of its expiry or later passed.  Either is a position in the stream, not a
+replica's clock, so both replicas see the same values.  Every write also schedules a sweep of that
 key's state at the expiry, rounded up to an eighth of the TTL so that a key written often keeps
 few sweeps pending; the sweep deletes what expired, so state of keys that go quiet is removed.
 """
@@ -20,15 +23,23 @@ from rhino_state.canonical import canonical_dumps
 EXPIRED: Any = object()  # what a codec decodes an expired value to
 
 
+EVENT_TIME, PROCESSING_TIME = "event", "processing"
+
+
 @dataclass(frozen=True)
 class StateTtl:
-    """Keyed state lives ``ttl_ms`` of event time after its last write (ms)."""
+    """Keyed state lives ``ttl_ms`` after its last write (ms), by event time (``time="event"``:
+    the watermark expires it) or by processing time (``time="processing"``: the pulses' time
+    expires it; LiveRobin only)."""
 
     ttl_ms: int
+    time: str = EVENT_TIME
 
     def __post_init__(self) -> None:
         if not isinstance(self.ttl_ms, int) or isinstance(self.ttl_ms, bool) or self.ttl_ms <= 0:
             raise ValueError(f"StateTtl.ttl_ms must be a positive int of milliseconds, got {self.ttl_ms!r}")
+        if self.time not in (EVENT_TIME, PROCESSING_TIME):
+            raise ValueError(f"StateTtl.time must be {EVENT_TIME!r} or {PROCESSING_TIME!r}, got {self.time!r}")
 
     def sweep_at(self, expiry: int) -> int:
         """When to sweep a value that expires at ``expiry``: at it or up to an eighth of the TTL later."""
@@ -44,7 +55,7 @@ class PlainCodec:
     def encode(self, value: Any, now: int) -> bytes:
         return canonical_dumps(value)
 
-    def decode(self, raw: bytes, watermark: int) -> Any:
+    def decode(self, raw: bytes, horizon: int) -> Any:
         return pickle.loads(raw)
 
     def expiry(self, raw: bytes) -> int | None:
@@ -52,7 +63,8 @@ class PlainCodec:
 
 
 class TtlCodec(PlainCodec):
-    """Values with a TTL: ``(expiry, value)``; expired once the watermark reaches the expiry."""
+    """Values with a TTL: ``(expiry, value)``; expired once the horizon (the watermark, or the
+    processing time) reaches the expiry."""
 
     def __init__(self, ttl: StateTtl) -> None:
         self.ttl = ttl
@@ -61,9 +73,9 @@ class TtlCodec(PlainCodec):
         assert self.ttl is not None
         return canonical_dumps((now + self.ttl.ttl_ms, value))
 
-    def decode(self, raw: bytes, watermark: int) -> Any:
+    def decode(self, raw: bytes, horizon: int) -> Any:
         expiry, value = pickle.loads(raw)
-        return EXPIRED if expiry <= watermark else value
+        return EXPIRED if expiry <= horizon else value
 
     def expiry(self, raw: bytes) -> int | None:
         return pickle.loads(raw)[0]

@@ -129,11 +129,13 @@ class FlatMapOperator(MapOperator):
 
 
 class ProcessOperator(Operator):
-    """Runs a KeyedProcessFunction with keyed state and event-time timers.
+    """Runs a KeyedProcessFunction with keyed state, timers and state TTL.
 
-    Timers fire when a watermark reaches them, before the watermark goes downstream; their
-    outputs carry the timer's time as event time.  The timers are keyed state
-    (:mod:`rhino_state.timers`): only the queue's in-memory bounds follow a restore or a move."""
+    Event-time timers fire when a watermark reaches them, before the watermark goes downstream;
+    processing-time timers when a pulse of their time passes (LiveRobin).  Their outputs carry the
+    timer's time as event time.  Expired TTL state is swept first, at the same watermark or pulse.
+    Timers and sweeps are keyed state (:mod:`rhino_state.timers`): only the queues' in-memory
+    bounds follow a restore or a move."""
 
     def __init__(self, name: str, env: Any, fn: Any) -> None:
         super().__init__(name, env)
@@ -144,12 +146,14 @@ class ProcessOperator(Operator):
 
         self.timer_queue, self.processing_queue = queue("event_timers"), queue("processing_timers")
         self.state.sweeps = queue("ttl_sweeps")
-        self.processing_time = 0  # the latest pulse's (monotone)
+        pulses = getattr(getattr(env, "cfg", None), "mode", "liverobin") == "liverobin"
+        if pulses:  # processing time (timers, TTL) comes with the pulses
+            self.state.processing_sweeps = queue("ttl_processing_sweeps")
         self.ctx = ProcessContext(draws=RandomDraws(self.state, name))
         self.ctx.timers = self.timers = TimerService(self.state, self.timer_queue, self.processing_queue, self.ctx,
-                                                     name, lambda: self.processing_time)
+                                                     name, lambda: self.state.processing_time)
         self.timers.enabled = has_timers(fn)
-        self.timers.pulses = getattr(getattr(env, "cfg", None), "mode", "liverobin") == "liverobin"
+        self.timers.pulses = pulses
         fn.open(RuntimeContext(self.state, name, env.partition, env.parallelism))
 
     def process(self, rec: tuple) -> None:
@@ -185,18 +189,24 @@ class ProcessOperator(Operator):
         self.next.on_watermark(wm)
 
     def on_pulse(self, h: int, t: int = 0) -> None:
-        if t > self.processing_time:
-            self.processing_time = t
+        state = self.state
+        if t > state.processing_time:  # the largest pulse time seen: a slower generator's clock does not turn it back
+            state.processing_time = t
+            if state.processing_sweeps is not None:
+                self._sweep(state.processing_sweeps, t)
             self._fire_queue(self.processing_queue, t, "processing_time")
         self.next.on_pulse(h, t)
 
     def _fire_timers(self, wm: int) -> None:
-        state = self.state
-        assert state.sweeps is not None
-        state.set_time(wm, wm)
-        while (sweep := state.sweeps.pop_due(wm)) is not None:  # expired state first: timers never see it
-            state.sweep(sweep[1], sweep[2])
+        assert self.state.sweeps is not None
+        self.state.set_time(wm, wm)
+        self._sweep(self.state.sweeps, wm)
         self._fire_queue(self.timer_queue, wm, "event_time")
+
+    def _sweep(self, sweeps: TimerQueue, limit: int) -> None:
+        """Delete the state that expired by ``limit`` (before the timers fire: they never see it)."""
+        while (due := sweeps.pop_due(limit)) is not None:
+            self.state.sweep(due[1], due[2])
 
     def _fire_queue(self, queue: TimerQueue, limit: int, domain: str) -> None:
         ctx, state, wm = self.ctx, self.state, self.ctx.watermark
@@ -217,8 +227,10 @@ class ProcessOperator(Operator):
             self._emit(outputs, key, ts, time.time(), None)  # ingest: these records start here
 
     def _queues(self) -> tuple[TimerQueue, ...]:
-        assert self.state.sweeps is not None
-        return self.timer_queue, self.processing_queue, self.state.sweeps
+        state = self.state
+        assert state.sweeps is not None
+        extra = () if state.processing_sweeps is None else (state.processing_sweeps,)
+        return self.timer_queue, self.processing_queue, state.sweeps, *extra
 
     def state_left(self, key_groups: frozenset[int]) -> None:
         for queue in self._queues():
@@ -240,17 +252,17 @@ class ProcessOperator(Operator):
         self.timers.enabled = has_timers(fn)
 
     def snapshot(self) -> Any:
-        return self.ctx.watermark, self.processing_time
+        return self.ctx.watermark, self.state.processing_time
 
     def restore(self, snapshot: Any) -> None:
-        self.ctx.watermark, self.processing_time = snapshot if isinstance(snapshot, tuple) else (snapshot, 0)
+        self.ctx.watermark, self.state.processing_time = snapshot if isinstance(snapshot, tuple) else (snapshot, 0)
         for queue in self._queues():
             queue.load()
 
     def restore_savepoint(self, snapshots: list[Any], owns: Callable[[int], bool]) -> None:
         marks = [s if isinstance(s, tuple) else (s, 0) for s in snapshots]
         self.ctx.watermark = min((wm for wm, _ in marks), default=self.ctx.watermark)
-        self.processing_time = max((t for _, t in marks), default=self.processing_time)
+        self.state.processing_time = max((t for _, t in marks), default=self.state.processing_time)
         for queue in self._queues():
             queue.load()
 

@@ -1,5 +1,6 @@
 """List state and state TTL (rhino_state.state, rhino_state.ttl) over a real RocksDB: expired values
-are invisible once the watermark reaches their expiry, and the scheduled sweeps delete them."""
+are invisible once the watermark (by processing time: the pulses' time) reaches their expiry, and
+the scheduled sweeps delete them."""
 
 from __future__ import annotations
 
@@ -18,12 +19,19 @@ def ctx(tmp_path):
     with RocksDBStateBackend(tmp_path / "db") as backend:
         context = StateContext(backend, "op", G)
         context.sweeps = TimerQueue(backend, context.reserve_id("__ttl_sweeps"), G)
+        context.processing_sweeps = TimerQueue(backend, context.reserve_id("__ttl_processing_sweeps"), G)
         yield context
 
 
 def sweep_until(ctx: StateContext, wm: int) -> None:
     ctx.set_time(wm, wm)
     while (due := ctx.sweeps.pop_due(wm)) is not None:
+        ctx.sweep(due[1], due[2])
+
+
+def pulse_until(ctx: StateContext, t: int) -> None:
+    ctx.processing_time = t
+    while (due := ctx.processing_sweeps.pop_due(t)) is not None:
         ctx.sweep(due[1], due[2])
 
 
@@ -87,6 +95,37 @@ def test_map_entries_and_list_elements_expire_one_by_one_and_sweeps_delete_them(
     sweep_until(ctx, 10**6)
     assert seen.is_empty() and recent.is_empty()
     assert entries(ctx) == 0  # values, entries, elements, the list's index and the sweeps: all gone
+
+
+def test_a_processing_time_ttl_follows_the_pulses_time_not_the_watermark(ctx):
+    by_pulse = ctx.list_state("by_pulse", ttl=StateTtl(100, time="processing"))
+    by_event = ctx.list_state("by_event", ttl=StateTtl(100))
+    ctx.set_current_key("k")
+    ctx.processing_time = 5000
+    ctx.set_time(10, 0)
+    by_pulse.add("p1")  # expires at pulse time 5100, whatever the watermark
+    by_event.add("e1")  # expires at watermark 110
+    ctx.set_time(10**6, 10**6)
+    assert by_pulse.get() == ["p1"] and by_event.get() == []
+    ctx.processing_time = 5060
+    by_pulse.add("p2")  # 5160
+    pulse_until(ctx, 5100)
+    ctx.set_current_key("k")
+    assert by_pulse.get() == ["p2"]
+    sweep_until(ctx, 10**6)
+    pulse_until(ctx, 5160)
+    assert entries(ctx) == 0
+
+
+def test_a_processing_time_ttl_is_refused_where_no_pulses_carry_processing_time(tmp_path):
+    with RocksDBStateBackend(tmp_path / "db") as backend:
+        context = StateContext(backend, "op", G)
+        with pytest.raises(TypeError, match="state 'seen' of operator 'op' has a processing-time TTL: processing "
+                                            "time comes with LiveRobin's pulses"):
+            context.map_state("seen", ttl=StateTtl(10, time="processing"))
+        context.map_state("seen", ttl=StateTtl(10))  # by event time: fine
+    with pytest.raises(ValueError, match="StateTtl.time must be 'event' or 'processing', got 'wall'"):
+        StateTtl(10, time="wall")
 
 
 def test_state_without_ttl_is_never_swept(ctx):

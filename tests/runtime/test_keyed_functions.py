@@ -261,10 +261,14 @@ def test_the_ordered_jobs_timers_fire_once_each_at_a_point_of_their_chain(backen
 
 
 class Sessions(KeyedProcessFunction):
-    """Per key, with a TTL of 100 ms of event time: a count, the pages seen and the recent values."""
+    """Per key, with a TTL of 100 ms (of event time, or of processing time): a count, the pages
+    seen and the recent values."""
+
+    def __init__(self, time: str = "event") -> None:
+        self.time = time
 
     def open(self, ctx):
-        ttl = StateTtl(100)
+        ttl = StateTtl(100, time=self.time)
         self.count = ctx.value_state("count", 0, ttl=ttl)
         self.pages = ctx.map_state("pages", ttl=ttl)
         self.recent = ctx.list_state("recent", ttl=ttl)
@@ -281,35 +285,58 @@ def stored(backend) -> int:
     return sum(1 for _ in backend.iter_key_groups(range(G)))
 
 
-def test_the_state_of_keys_that_go_quiet_expires_so_its_size_stays_flat(backend):
-    op = ProcessOperator("s", FakeEnv(backend), Sessions())
+@pytest.mark.parametrize("time", ["event", "processing"])
+def test_the_state_of_keys_that_go_quiet_expires_so_its_size_stays_flat(backend, time):
+    op = ProcessOperator("s", FakeEnv(backend), Sessions(time))
     out = chain(op)
+
+    def advance(to: int) -> None:  # the watermark, or processing time by a pulse
+        op.on_watermark(to) if time == "event" else op.on_pulse(to, to)
+
     sizes = []
-    for rnd in range(12):  # each round its own 20 keys, then the watermark moves 200 ms on
+    for rnd in range(12):  # each round its own 20 keys, then the time moves 200 ms on
         base = rnd * 200
-        op.on_watermark(base)
+        advance(base)
         for i in range(60):
             op.process(rec(f"p{i % 3}", key=f"r{rnd}-k{i % 20}", ts=base + i))
         sizes.append(stored(backend))
     assert max(sizes[2:]) <= sizes[1] * 1.1, sizes  # flat: only the live rounds' keys are kept
-    op.on_watermark(10**6)
+    advance(10**6)
     assert stored(backend) == 0
     # a key seen again after its state expired starts afresh
     op.process(rec("p0", key="r0-k0", ts=10**6 + 1))
     assert out.records[-1][1] == ("r0-k0", 1, {"p0": 1}, ["p0"])
 
 
-def test_ttl_state_expires_the_same_after_a_restore_and_after_a_move(tmp_path):
+def test_a_processing_time_ttl_expires_between_pulses_never_by_event_time(backend):
+    op = ProcessOperator("s", FakeEnv(backend), Sessions("processing"))
+    out = chain(op)
+    op.on_pulse(1, 1000)
+    op.process(rec("a", key="k", ts=5))  # expires at processing time 1100
+    op.on_watermark(10**9)  # event time means nothing to it
+    op.process(rec("b", key="k", ts=6))  # written at 1000 too
+    op.on_pulse(2, 1099)
+    op.process(rec("c", key="k", ts=7))  # 1199
+    assert out.values[-1] == ("k", 3, {"a": 1, "b": 1, "c": 1}, ["a", "b", "c"])
+    op.on_pulse(3, 1100)
+    op.process(rec("d", key="k", ts=8))
+    # the count was last written at 1099 and lives on; the pages and elements of 1000 are gone
+    assert out.values[-1] == ("k", 4, {"c": 1, "d": 1}, ["c", "d"])
+
+
+@pytest.mark.parametrize("time", ["event", "processing"])
+def test_ttl_state_expires_the_same_after_a_restore_and_after_a_move(tmp_path, time):
     with RocksDBStateBackend(tmp_path / "o") as ob:
-        op = ProcessOperator("s", FakeEnv(ob), Sessions())
+        op = ProcessOperator("s", FakeEnv(ob), Sessions(time))
         chain(op)
+        op.on_pulse(1, 50)
         op.process(rec("p", key="moved", ts=10))
         op.process(rec("p", key="stays", ts=10))
         snapshot = op.snapshot()
     with RocksDBStateBackend(tmp_path / "o") as ob, RocksDBStateBackend(tmp_path / "t") as tb:
-        origin = ProcessOperator("s", FakeEnv(ob), Sessions())  # restored from its state
+        origin = ProcessOperator("s", FakeEnv(ob), Sessions(time))  # restored from its state
         origin.restore(snapshot)
-        target = ProcessOperator("s", FakeEnv(tb), Sessions())
+        target = ProcessOperator("s", FakeEnv(tb), Sessions(time))
         chain(origin), chain(target)
         kg = key_group(encode_key("moved"), G)
         moving = list(ob.iter_key_groups(range(kg, kg + 1)))
@@ -320,8 +347,20 @@ def test_ttl_state_expires_the_same_after_a_restore_and_after_a_move(tmp_path):
             tb.put(g, rest, value)
         target.state_arrived([range(kg, kg + 1)])
         assert stored(ob) > 0 and stored(tb) > 0
-        origin.on_watermark(200)
-        target.on_watermark(200)
+        if time == "event":
+            origin.on_watermark(109)
+            target.on_watermark(109)
+        else:
+            assert origin.state.processing_time == 50  # restored with its operator's snapshot
+            origin.on_pulse(2, 149)
+            target.on_pulse(2, 149)
+        assert stored(ob) > 0 and stored(tb) > 0  # not expired yet: one ms short
+        if time == "event":
+            origin.on_watermark(200)
+            target.on_watermark(200)
+        else:
+            origin.on_pulse(3, 200)
+            target.on_pulse(3, 200)
         assert stored(ob) == 0 and stored(tb) == 0  # each swept what it holds
 
 
@@ -368,6 +407,15 @@ def test_processing_time_timers_fire_at_the_first_pulse_of_their_time_and_surviv
         op.on_pulse(5, 1100)
         assert out.values == [("a", 1080), ("b", 1080)] and [r[3] for r in out.records] == [1080, 1080]
         assert [p for p in out.pulses] == [(5, 1100)]
+
+
+def test_a_processing_time_ttl_is_refused_without_pulses_when_the_function_opens(tmp_path):
+    with RocksDBStateBackend(tmp_path / "db") as b:
+        env = FakeEnv(b)
+        env.cfg = SimpleNamespace(mode="kazoo")
+        with pytest.raises(TypeError, match="state 'count' of operator 's' has a processing-time TTL: processing "
+                                            r"time comes with LiveRobin's pulses \(spark.replication.mode=liverobin\)"):
+            ProcessOperator("s", env, Sessions("processing"))
 
 
 def test_processing_time_timers_are_refused_without_pulses_naming_the_mode(tmp_path):
