@@ -1,8 +1,11 @@
 """Sessionization: a user's clicks less than a gap apart form a session; each session comes out
-once, when the watermark passes its end, with its click count, pages and time span.
+once, when the watermark passes its end, with its click count, pages and time span.  Beside it,
+each click with the number of its user's clicks in the span before it, kept in list state with a
+TTL, so the state of users who go quiet is swept away.
 
-:func:`add_sessions` adds the pipeline to a job; :func:`sessions_reference` computes the exact
-expected output in plain Python from the same clicks, so a run can be checked record by record.
+:func:`add_sessions` and :func:`add_recent_clicks` add the pipelines to a job;
+:func:`sessions_reference` and :func:`recent_clicks_reference` compute the exact expected output
+in plain Python from the same clicks, so a run can be checked record by record.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from replication.api import Job
-from replication.functions import Aggregator
+from replication.api import DataStream, Job
+from replication.functions import Aggregator, KeyedProcessFunction, StateTtl
 
 GAP_MS = 300
+RECENT_MS = 4 * GAP_MS
 
 
 class SessionStats(Aggregator):
@@ -37,12 +41,50 @@ class SessionStats(Aggregator):
 
 
 def add_sessions(job: Job, clicks_topic: str, out_topic: str, gap_ms: int = GAP_MS,
-                 parallelism: int | None = None) -> None:
-    """``clicks -> key_by(user) -> session_window(gap) -> sink``."""
+                 parallelism: int | None = None) -> DataStream:
+    """``clicks -> key_by(user) -> session_window(gap) -> sink``; the clicks' stream, for more
+    pipelines on it."""
     clicks = job.source(clicks_topic, deserializer="json", timestamp=lambda c: c["ts"], name="clicks")
     (clicks.key_by(lambda c: c["user"])
      .session_window(gap_ms, SessionStats(), name="sessions", parallelism=parallelism)
      .sink(out_topic, serializer="json", key_serializer="str", name="sessions-sink"))
+    return clicks
+
+
+class RecentClicks(KeyedProcessFunction):
+    """Each click with how many clicks its user made in the ``span_ms`` of event time up to it
+    (itself included).  The click times are kept in list state with a TTL of the span: an element
+    is visible while it may still count (the watermark never passes a click being processed), and
+    swept once it cannot."""
+
+    def __init__(self, span_ms: int = RECENT_MS) -> None:
+        self.span_ms = span_ms
+
+    def open(self, ctx):
+        self.times = ctx.list_state("click_times", ttl=StateTtl(self.span_ms))
+
+    def process(self, click: dict, ctx):
+        self.times.add(click["ts"])
+        since = click["ts"] - self.span_ms
+        yield {"user": ctx.key, "ts": click["ts"], "recent": sum(1 for t in self.times.get() if t > since)}
+
+
+def add_recent_clicks(clicks: DataStream, out_topic: str, span_ms: int = RECENT_MS,
+                      parallelism: int | None = None) -> None:
+    """``clicks -> key_by(user) -> process(RecentClicks) -> sink`` (``clicks``: the stream
+    :func:`add_sessions` returns)."""
+    (clicks.key_by(lambda c: c["user"])
+     .process(RecentClicks(span_ms), name="recent", parallelism=parallelism)
+     .sink(out_topic, serializer="json", key_serializer="str", name="recent-sink"))
+
+
+def recent_clicks_reference(clicks: Iterable[dict], span_ms: int = RECENT_MS) -> list[dict]:
+    """What :func:`add_recent_clicks` emits for ``clicks`` (a user's clicks have distinct times)."""
+    by_user: dict[str, list[int]] = defaultdict(list)
+    for c in clicks:
+        by_user[c["user"]].append(c["ts"])
+    return [{"user": user, "ts": t, "recent": sum(1 for u in times if t - span_ms < u <= t)}
+            for user, times in by_user.items() for t in times]
 
 
 def sessions_reference(clicks: Iterable[dict], gap_ms: int = GAP_MS) -> list[dict]:

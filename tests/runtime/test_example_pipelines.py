@@ -9,7 +9,13 @@ from collections import Counter
 
 from replication.examples.enrichment import PAY_WITHIN_MS, enrich, enrichment_reference, paid
 from replication.examples.fraud import FraudRule, PaymentGenerator, generate, is_valid, reference
-from replication.examples.sessions import GAP_MS, SessionStats, sessions_reference
+from replication.examples.sessions import (
+    GAP_MS,
+    RecentClicks,
+    SessionStats,
+    recent_clicks_reference,
+    sessions_reference,
+)
 from replication.joins import IntervalJoin, LookupJoin
 from replication.records import KafkaRecord
 from replication.runtime.elements import MAX_WATERMARK
@@ -19,6 +25,10 @@ from replication.windowing import Windows
 from rhino_state import RocksDBStateBackend
 from tests.runtime.test_operators import FakeEnv, chain, rec
 from tests.system.test_joins_runtime import _events, _table
+
+
+def stored(backend) -> int:
+    return sum(1 for _ in backend.iter_key_groups(range(FakeEnv().num_key_groups)))
 
 
 def counted(records):
@@ -36,6 +46,20 @@ def test_the_examples_operators_give_their_references(tmp_path):
             sessions.on_watermark(c["ts"] - 1)
         sessions.on_watermark(MAX_WATERMARK)
         assert counted(out.values) == counted(sessions_reference(clicks))
+
+    with RocksDBStateBackend(tmp_path / "recent") as backend:
+        recent = ProcessOperator("recent", FakeEnv(backend), RecentClicks())
+        out = chain(recent)
+        most = 0
+        for i, c in enumerate(clicks):
+            recent.process(rec(c, key=c["user"], ts=c["ts"]))
+            recent.on_watermark(c["ts"] - 40)
+            if i % 40 == 39:
+                most = max(most, stored(backend))
+        assert counted(out.values) == counted(recent_clicks_reference(clicks))
+        assert most < len(clicks) // 2  # swept as it goes: a user keeps only its last span's clicks
+        recent.on_watermark(MAX_WATERMARK)
+        assert stored(backend) == 0
 
         lookup = ProcessOperator("enrich", FakeEnv(backend), LookupJoin(enrich))
         enriched = chain(lookup)
@@ -78,4 +102,4 @@ def test_the_demos_fraud_rule_expires_idle_cards_and_gives_its_reference(tmp_pat
         assert counted(out.values) == counted(expected)
         assert any(d != e for d, e in zip(expected, reference([pay_eu, pay_us], idle_ms=10**12)[0], strict=True))
         op.on_watermark(MAX_WATERMARK)
-        assert sum(1 for _ in backend.iter_key_groups(range(FakeEnv().num_key_groups))) == 0
+        assert stored(backend) == 0

@@ -1,7 +1,8 @@
-"""Session windows, a lookup join against a table from a compacted topic and an interval join, on
-real executors with replication: a replica's executor is killed and vnodes of the join move while
-input flows; every output equals a plain-Python reference of the same input, record by record,
-and the replicas agree."""
+"""Session windows, a lookup join against a table from a compacted topic, an interval join and list
+state with a TTL, on real executors with replication: a replica's executor is killed and vnodes of
+the interval join and of the TTL'd state move while input flows; every output equals a
+plain-Python reference of the same input, record by record, the replicas agree, and the TTL'd
+state is swept empty by the end."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from deploy.topics import create_topics, produce
 from ops.chaos import kill_executor, locate
 from replication import Job, run
 from replication.examples.enrichment import add_enrichment, enrichment_reference
-from replication.examples.sessions import GAP_MS, add_sessions, sessions_reference
+from replication.examples.sessions import (
+    GAP_MS,
+    add_recent_clicks,
+    add_sessions,
+    recent_clicks_reference,
+    sessions_reference,
+)
+from rhino_state.increments import EMPTY_DIGEST
 from tests.ordered_runs import read_output, replicas_agree, wait_until
 
 pytestmark = pytest.mark.integration
@@ -77,14 +85,15 @@ def _feed(stack, topics: dict[str, str], orders, payments, clicks, seconds: floa
 def test_sessions_and_joins_survive_a_kill_and_a_move_with_exact_output(stack, spark, topic_prefix, mode):
     name = f"{topic_prefix}joins{mode[0]}"
     topics = {t: f"{name}{t}" for t in ("orders", "payments", "customers", "clicks")}
-    outs = {t: f"{name}{t}" for t in ("enriched", "paid", "sessions")}
+    outs = {t: f"{name}{t}" for t in ("enriched", "paid", "sessions", "recent")}
     create_topics(stack.bootstrap_servers, {t: 1 for t in topics.values()})
     table_records, table = _table()
     produce(stack.bootstrap_servers, topics["customers"], table_records)
     job = Job(name)
     add_enrichment(job, topics["orders"], topics["payments"], topics["customers"], outs["enriched"], outs["paid"],
                    parallelism=2)
-    add_sessions(job, topics["clicks"], outs["sessions"], parallelism=2)
+    clicks_stream = add_sessions(job, topics["clicks"], outs["sessions"], parallelism=2)
+    add_recent_clicks(clicks_stream, outs["recent"], parallelism=2)
     kazoo = {"spark.replication.zookeeper.connect": stack.zookeeper_connect,
              "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
     handle = run(job, spark=spark, conf={
@@ -104,6 +113,7 @@ def test_sessions_and_joins_survive_a_kill_and_a_move_with_exact_output(stack, s
         feeder.start()
         time.sleep(0.8)
         moved = handle.move_vnodes("pay", handle.routing("pay").vnodes_of(0)[:16], 1)
+        moved_ttl = handle.move_vnodes("recent", handle.routing("recent").vnodes_of(1)[:16], 0)
         kill_executor(locate("enrich[0]r0", job=name))
         feeder.join()
         result = handle.drain(timeout=300)
@@ -111,6 +121,7 @@ def test_sessions_and_joins_survive_a_kill_and_a_move_with_exact_output(stack, s
         handle.stop()
         raise
     assert moved["state"] == "completed", moved
+    assert moved_ttl["state"] == "completed", moved_ttl
     enriched, paid = enrichment_reference(orders, payments, table)
 
     def as_counter(records):
@@ -119,7 +130,12 @@ def test_sessions_and_joins_survive_a_kill_and_a_move_with_exact_output(stack, s
     assert as_counter(read_output(stack, outs["enriched"])) == as_counter(enriched)
     assert as_counter(read_output(stack, outs["paid"])) == as_counter(paid)
     assert as_counter(read_output(stack, outs["sessions"])) == as_counter(sessions_reference(clicks))
+    assert as_counter(read_output(stack, outs["recent"])) == as_counter(recent_clicks_reference(clicks))
     assert result.metrics.dead_lettered == 0 and result.metrics.late_records == 0
     assert sum("declared dead" in text for _, text in result.events) >= 1, result.events
-    for task in ("pay", "sessions"):
+    for task in ("pay", "sessions", "recent"):
         replicas_agree(result, handle, task=task)
+    tid = next(t.id for t in handle.plan.tasks if t.name == "recent")
+    ttl_replicas = {f"recent[{p}]r{r}": result.per_instance[f"recent[{p}]r{r}"].state_digest
+                    for p in range(2) for r in range(2) if handle.placement[(tid, p, r)] not in handle.master.dead}
+    assert len(ttl_replicas) >= 2 and set(ttl_replicas.values()) == {EMPTY_DIGEST}, ttl_replicas  # swept empty
