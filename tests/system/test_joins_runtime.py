@@ -1,8 +1,10 @@
-"""Session windows, a lookup join against a table from a compacted topic, an interval join and list
-state with a TTL, on real executors with replication: a replica's executor is killed and vnodes of
-the interval join and of the TTL'd state move while input flows; every output equals a
-plain-Python reference of the same input, record by record, the replicas agree, and the TTL'd
-state is swept empty by the end."""
+"""The operators of real jobs on real executors with replication: session and sliding windows, a
+lookup join against a table from a compacted topic (read with its metadata), an interval join, a
+window join, a running reduce whose sink sets the Kafka key, timestamp and headers from the
+record, list state with a TTL, and (LiveRobin) processing-time timers.  A replica's executor is
+killed and vnodes of the interval join, the TTL'd state and the timers move while input flows;
+every output equals a plain-Python reference of the same input, record by record, the replicas
+agree, and the TTL'd state is swept empty by the end."""
 
 from __future__ import annotations
 
@@ -13,10 +15,17 @@ from collections import Counter
 
 import pytest
 
-from deploy.topics import create_topics, produce
+from deploy.topics import create_topics, produce, read_all
 from ops.chaos import kill_executor, locate
 from replication import Job, run
-from replication.examples.enrichment import add_enrichment, enrichment_reference
+from replication.examples.clickstream import (
+    add_clickstream,
+    batched_clicks,
+    clicks_counted,
+    pages_reference,
+    running_reference,
+)
+from replication.examples.enrichment import add_enrichment, enrichment_reference, same_second_reference
 from replication.examples.sessions import (
     GAP_MS,
     add_recent_clicks,
@@ -82,18 +91,22 @@ def _feed(stack, topics: dict[str, str], orders, payments, clicks, seconds: floa
 
 
 @pytest.mark.parametrize("mode", ["liverobin", pytest.param("kazoo", marks=pytest.mark.slow)])
-def test_sessions_and_joins_survive_a_kill_and_a_move_with_exact_output(stack, spark, topic_prefix, mode):
+def test_windows_joins_and_keyed_state_survive_a_kill_and_a_move_with_exact_output(stack, spark, topic_prefix,
+                                                                                  mode):
     name = f"{topic_prefix}joins{mode[0]}"
     topics = {t: f"{name}{t}" for t in ("orders", "payments", "customers", "clicks")}
-    outs = {t: f"{name}{t}" for t in ("enriched", "paid", "sessions", "recent")}
+    outs = {t: f"{name}{t}" for t in ("enriched", "paid", "pairs", "sessions", "recent", "running", "pages",
+                                      "batches")}
+    timers = mode == "liverobin"  # processing time comes with LiveRobin's pulses
     create_topics(stack.bootstrap_servers, {t: 1 for t in topics.values()})
     table_records, table = _table()
     produce(stack.bootstrap_servers, topics["customers"], table_records)
     job = Job(name)
     add_enrichment(job, topics["orders"], topics["payments"], topics["customers"], outs["enriched"], outs["paid"],
-                   parallelism=2)
+                   parallelism=2, same_second_topic=outs["pairs"])
     clicks_stream = add_sessions(job, topics["clicks"], outs["sessions"], parallelism=2)
     add_recent_clicks(clicks_stream, outs["recent"], parallelism=2)
+    add_clickstream(clicks_stream, outs["running"], outs["pages"], outs["batches"] if timers else None, parallelism=2)
     kazoo = {"spark.replication.zookeeper.connect": stack.zookeeper_connect,
              "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
     handle = run(job, spark=spark, conf={
@@ -114,14 +127,20 @@ def test_sessions_and_joins_survive_a_kill_and_a_move_with_exact_output(stack, s
         time.sleep(0.8)
         moved = handle.move_vnodes("pay", handle.routing("pay").vnodes_of(0)[:16], 1)
         moved_ttl = handle.move_vnodes("recent", handle.routing("recent").vnodes_of(1)[:16], 0)
+        moved_timers = (handle.move_vnodes("batches", handle.routing("batches").vnodes_of(0)[:16], 1) if timers
+                        else {"state": "completed"})
         kill_executor(locate("enrich[0]r0", job=name))
         feeder.join()
+        if timers:  # they fire at pulses, not at the end of the input: every batch out before the drain
+            wait_until(lambda: sum(batched_clicks(read_output(stack, outs["batches"])).values()) >= len(clicks),
+                       60, "every click's batch", poll_s=0.5)
         result = handle.drain(timeout=300)
     except BaseException:
         handle.stop()
         raise
     assert moved["state"] == "completed", moved
     assert moved_ttl["state"] == "completed", moved_ttl
+    assert moved_timers["state"] == "completed", moved_timers
     enriched, paid = enrichment_reference(orders, payments, table)
 
     def as_counter(records):
@@ -131,9 +150,22 @@ def test_sessions_and_joins_survive_a_kill_and_a_move_with_exact_output(stack, s
     assert as_counter(read_output(stack, outs["paid"])) == as_counter(paid)
     assert as_counter(read_output(stack, outs["sessions"])) == as_counter(sessions_reference(clicks))
     assert as_counter(read_output(stack, outs["recent"])) == as_counter(recent_clicks_reference(clicks))
+    assert as_counter(read_output(stack, outs["pairs"])) == as_counter(same_second_reference(orders, payments))
+    pages = [(w["key"], w["start"], w["value"]) for w in read_output(stack, outs["pages"])]
+    assert len(pages) == len({(k, s) for k, s, _ in pages}) and {(k, s): n for k, s, n in pages} == pages_reference(clicks)
+    running = read_all(stack.bootstrap_servers, outs["running"])
+    assert as_counter(json.loads(r.value) for r in running) == as_counter(running_reference(clicks))
+    for r in running:  # the sink took the Kafka key, timestamp and a header from each result
+        value = json.loads(r.value)
+        assert (r.key, r.timestamp, dict(r.headers)["clicks"]) == (
+            value["user"].encode(), value["last"], str(value["clicks"]).encode()), r
+    if timers:
+        batches = read_output(stack, outs["batches"])
+        assert batched_clicks(batches) == clicks_counted(clicks)
+        assert all(b["clicks"] == sorted(b["clicks"]) for b in batches)
     assert result.metrics.dead_lettered == 0 and result.metrics.late_records == 0
     assert sum("declared dead" in text for _, text in result.events) >= 1, result.events
-    for task in ("pay", "sessions", "recent"):
+    for task in ("pay", "pairs", "sessions", "recent", "running", "pages", *(("batches",) if timers else ())):
         replicas_agree(result, handle, task=task)
     tid = next(t.id for t in handle.plan.tasks if t.name == "recent")
     ttl_replicas = {f"recent[{p}]r{r}": result.per_instance[f"recent[{p}]r{r}"].state_digest
