@@ -35,6 +35,12 @@ class _Buffered(CoProcessFunction):
         self.count.update(n + 1)
         self.buffer.put((side, ts, n), value)
 
+    def _dropped(self, side: int, ts: int, n: int) -> None:
+        """A kept record can meet no partner any more; once none is kept, the key leaves no state."""
+        self.buffer.remove((side, ts, n))
+        if self.buffer.is_empty():
+            self.count.clear()
+
     def _kept(self, side: int) -> Iterator[tuple[int, int, Any]]:
         """``(ts, number, value)`` of one side, in the order they came."""
         entries = [(n, ts, v) for (s, ts, n), v in self.buffer.items() if s == side]
@@ -69,7 +75,7 @@ class IntervalJoin(_Buffered):
     def on_timer(self, timestamp: int, ctx: ProcessContext) -> None:
         for (side, ts, n), _ in list(self.buffer.items()):
             if (ts + self.upper + 1 if side == 0 else ts - self.lower + 1) <= timestamp:
-                self.buffer.remove((side, ts, n))
+                self._dropped(side, ts, n)
 
 
 class WindowJoin(_Buffered):
@@ -103,7 +109,7 @@ class WindowJoin(_Buffered):
         seconds = [(n, v) for ts, n, v in self._kept(1) if ts == start]
         for side, items in ((0, firsts), (1, seconds)):
             for n, _ in items:
-                self.buffer.remove((side, start, n))
+                self._dropped(side, start, n)
         return [self.fn(a, b) for _, a in firsts for _, b in seconds]
 
 

@@ -78,12 +78,14 @@ def test_an_interval_join_emits_every_pair_in_its_bounds_once(shared_backend, re
     assert Counter(out.values) == expected
 
 
-def test_an_interval_join_keeps_nothing_once_the_watermark_passed(backend):
-    out, op = feed(backend, IntervalJoin(-2, 5, lambda a, b: (a, b)),
-                   [("a", "k", 10, "a1"), ("b", "k", 12, "b1"), ("wm", 100)])
+@pytest.mark.parametrize("join", [IntervalJoin(-2, 5, lambda a, b: (a, b)), WindowJoin(20, lambda a, b: (a, b))],
+                         ids=["interval", "window"])
+def test_a_join_keeps_nothing_of_a_key_once_the_watermark_passed(backend, join):
+    out, op = feed(backend, join, [("a", "k", 10, "a1"), ("b", "k", 12, "b1"), ("wm", 100)])
     assert out.values == [("a1", "b1")]
-    op.state.set_current_key("k")
-    assert op.fn.buffer.is_empty()
+    assert list(backend.iter_key_groups(range(op.env.num_key_groups))) == []  # records, counter, timers
+    out, op = feed(backend, join, [("a", "k", 110, "a2"), ("b", "k", 111, "b2"), ("wm", 200)])
+    assert out.values == [("a2", "b2")]  # the key starts afresh
 
 
 @settings(max_examples=60, deadline=None)
