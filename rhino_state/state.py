@@ -132,6 +132,10 @@ class StateContext:
         self._states[name] = state
         return state
 
+    def handles(self) -> dict[str, _Handle]:
+        """The states registered so far, by name (reserved names included)."""
+        return dict(self._states)
+
     def forget_handles(self) -> None:
         """A new version of the operator's function registers its states afresh (defaults and TTLs
         may change; the state stays)."""
@@ -251,6 +255,10 @@ class ValueState(_Handle):
         if value is EXPIRED:
             return None if self._default_is_none else pickle.loads(self.default_bytes)
         return value
+
+    def contains(self) -> bool:
+        """Whether the current key has a value (not expired): :meth:`value` is not the default."""
+        return self._read(self._context.backend.get(*self._location())) is not EXPIRED
 
     def update(self, value: Any) -> None:
         """Set the value for the current key (``None`` is stored as a value)."""
