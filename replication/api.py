@@ -15,6 +15,7 @@ Nothing runs until the job is handed to :func:`replication.run`.
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,24 @@ from replication.windowing import Windows
 FORWARD = "forward"
 HASH = "hash"
 REBALANCE = "rebalance"
+# event-time spans below this are probably seconds meant as milliseconds: warned about
+SHORT_SPAN_MS = 1000
+
+
+def _undefined(obj: Any, base: type, methods: tuple[str, ...]) -> list[str]:
+    """Which of ``methods`` ``obj``'s class leaves as ``base`` has them (not implemented)."""
+    return [m for m in methods if getattr(type(obj), m) is getattr(base, m)]
+
+
+def _label(what: str, name: str | None) -> str:
+    """How an error names an operator: its kind, and its name if it was given one."""
+    return what if name is None else f"{what} {name!r}"
+
+
+def _warn_if_short(what: str, name: str | None, span_ms: int) -> None:
+    if isinstance(span_ms, int) and 0 < span_ms < SHORT_SPAN_MS:
+        warnings.warn(f"{_label(what, name)}: {span_ms} ms is under a second; event-time spans are in "
+                      "milliseconds", UserWarning, stacklevel=3)
 
 
 class JobDefinitionError(ValueError):
@@ -297,6 +316,9 @@ class KeyedStream:
         if isinstance(fn, CoProcessFunction):
             raise JobDefinitionError(f"process {name!r}: a CoProcessFunction takes two inputs: "
                                      "a.connect(b).key_by(ka, kb).process(fn)")
+        if _undefined(fn, KeyedProcessFunction, ("process",)):
+            raise JobDefinitionError(f"process {name or type(fn).__name__!r}: {type(fn).__qualname__} does not "
+                                     "define process(value, ctx)")
         if max_parallelism is not None:
             if isinstance(max_parallelism, bool) or not isinstance(max_parallelism, int) or max_parallelism < 1:
                 raise JobDefinitionError(f"process {name!r}: max_parallelism must be a positive int, "
@@ -324,6 +346,7 @@ class KeyedStream:
             windows = Windows.sliding(size_ms, size_ms if slide_ms is None else slide_ms, allowed_lateness_ms)
         except ValueError as e:
             raise JobDefinitionError(f"window {name!r}: {e}") from None
+        _warn_if_short("window", name, size_ms)
         return self._windowed("window", name, parallelism, windows, aggregator, late_output)
 
     def session_window(
@@ -337,6 +360,7 @@ class KeyedStream:
             windows = Windows.session(gap_ms, allowed_lateness_ms)
         except ValueError as e:
             raise JobDefinitionError(f"session_window {name!r}: {e}") from None
+        _warn_if_short("session_window", name, gap_ms)
         if isinstance(aggregator, Aggregator) and not mergeable(aggregator):
             raise JobDefinitionError(f"session_window {name!r}: its aggregator {type(aggregator).__name__} must "
                                      "define merge (sessions merge when a record bridges them)")
@@ -346,6 +370,10 @@ class KeyedStream:
                   aggregator: Aggregator, late_output: OutputTag | None) -> DataStream:
         if not isinstance(aggregator, Aggregator):
             raise JobDefinitionError(f"{what}() needs an Aggregator instance")
+        undefined = _undefined(aggregator, Aggregator, ("create", "add"))
+        if undefined:
+            raise JobDefinitionError(f"{_label(what, name)}: its aggregator {type(aggregator).__qualname__} does not define "
+                                     + " and ".join(f"{m}()" for m in undefined))
         if late_output is not None and not isinstance(late_output, OutputTag):
             raise JobDefinitionError(f"{what}() late_output must be an OutputTag")
         job = self.stream.job
@@ -428,6 +456,10 @@ class ConnectedKeyedStreams:
         mode (``liverobin`` or ``kazoo``)."""
         if not isinstance(fn, CoProcessFunction):
             raise JobDefinitionError("a connected stream's process() needs a CoProcessFunction instance")
+        undefined = _undefined(fn, CoProcessFunction, ("process1", "process2"))
+        if undefined:
+            raise JobDefinitionError(f"process {name or type(fn).__name__!r}: {type(fn).__qualname__} does not define "
+                                     + " and ".join(f"{m}(value, ctx)" for m in undefined))
         job = self.first.stream.job
         return DataStream(job, job._add("process", name, parallelism, [self.first._edge(), self.second._edge()],
                                         fn=fn, max_parallelism=None))

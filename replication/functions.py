@@ -86,6 +86,12 @@ class ProcessContext:
             raise TypeError(f"ctx.output needs an OutputTag, got {type(tag).__qualname__}")
         self.side_outputs.append((tag.name, value))
 
+    def value_state(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("state is declared in open(ctx) (ctx.value_state, map_state, list_state there), "
+                        "not in process or on_timer")
+
+    map_state = list_state = value_state
+
     def random(self) -> random.Random:
         """A random source for the current key, seeded by the operator, the key and how many sources
         this key drew before: both replicas draw the same numbers, and so does a replica restored

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark import cloudpickle
+
 from kazoo_leader.segments import SegmentedLog
 from liverobin.segments import HeartbeatLog
 from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError, Node
@@ -189,6 +191,20 @@ def _resolve_parallelism(job: Job, default: int, topic_partitions: Mapping[str, 
     return par
 
 
+def check_shippable(job: Job) -> None:
+    """Every function and object of ``job`` can be pickled for the executors (with cloudpickle, as
+    Spark ships them); raises JobDefinitionError naming the operator, the part and why not."""
+    for node in job.nodes:
+        parts = [("function" if what == "fn" else what, value) for what, value in node.spec.items() if value is not None]
+        parts += [("key_by function", edge.key_fn) for edge in node.inputs if edge.key_fn is not None]
+        for what, value in parts:
+            try:
+                cloudpickle.dumps(value)
+            except Exception as exc:  # noqa: BLE001 - any reason pickling fails is the user's to fix
+                raise JobDefinitionError(f"{node.kind} {node.name!r}: its {what} cannot be shipped to the executors "
+                                         f"(pickling failed: {type(exc).__name__}: {exc})") from None
+
+
 def plan_job(
     job: Job,
     *,
@@ -199,6 +215,7 @@ def plan_job(
 ) -> PhysicalPlan:
     """Turn the logical graph into tasks and channels.  Raises JobDefinitionError."""
     job.validate()
+    check_shippable(job)
     active: dict[int, int] = {}
     par = _resolve_parallelism(job, default_parallelism, topic_partitions, active)
     consumers: dict[int, list[Node]] = {n.id: [] for n in job.nodes}

@@ -31,6 +31,7 @@ from typing import Any
 from replication.api import Job, Node
 from replication.functions import RESERVED_PREFIX
 from replication.metrics import InstanceMetrics
+from replication.plan import check_shippable
 from replication.records import KafkaRecord
 from replication.runtime.chain import build_chain
 from replication.runtime.deadletter import describe_error
@@ -277,6 +278,7 @@ def run_locally(job: Job, inputs: Mapping[str, Sequence[Any]], *, pulse_every_ms
     where processing time is refused).  ``keep_state``: the keyed functions' state per key at
     the end, in :attr:`LocalRun.state`."""
     job.validate()
+    check_shippable(job)  # what fails on the cluster fails here
     unknown = set(inputs) - {n.spec["topic"] for n in job.nodes if n.kind == "source"}
     if unknown:
         raise ValueError(f"inputs for topics no source of job {job.name!r} reads: {sorted(unknown)}")

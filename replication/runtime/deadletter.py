@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import sysconfig
 import traceback
+from pathlib import Path
 from typing import Any
 
 from replication.config import ReplicationConfig
@@ -23,11 +25,24 @@ from transport.kafka_io import produce_blocking
 
 log = logging.getLogger(__name__)
 
+_ROOT = Path(__file__).resolve().parents[2]
+# where a frame is not the user's: this project's packages (its examples excepted), the standard
+# library and installed packages
+_NOT_USER = tuple(str(p) for p in (
+    *(_ROOT / pkg for pkg in ("replication", "rhino_state", "liverobin", "kazoo_leader", "merge", "transport")),
+    *{Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+_USER_AFTER_ALL = str(_ROOT / "replication" / "examples")
+
+
+def _is_user_frame(filename: str) -> bool:
+    return filename.startswith(_USER_AFTER_ALL) or not filename.startswith(_NOT_USER)
+
 
 def describe_error(exc: BaseException) -> str:
-    """``Type: message (at file:line in function)`` of the innermost user frame."""
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {tb[-1].filename}:{tb[-1].lineno} in {tb[-1].name})" if tb else ""
+    """``Type: message (at file:line in function)`` of the innermost frame of the user's code (no
+    place when the error was raised outside it, e.g. by a check of what a function returned)."""
+    user = [f for f in traceback.extract_tb(exc.__traceback__) if _is_user_frame(f.filename)]
+    where = f" (at {user[-1].filename}:{user[-1].lineno} in {user[-1].name})" if user else ""
     return f"{type(exc).__name__}: {exc}{where}"
 
 

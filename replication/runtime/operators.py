@@ -30,6 +30,17 @@ from rhino_state.timers import TimerQueue
 from transport.kafka_io import produce_blocking
 
 
+def records_of(result: Any, what: str) -> list[Any]:
+    """The output records a user function returned: an iterable of them, or None.  A dict, a string
+    or bytes is refused: iterating it would emit its keys, characters or byte values."""
+    if result is None:
+        return []
+    if isinstance(result, (dict, str, bytes)):
+        raise TypeError(f"{what} returned a {type(result).__name__}: return an iterable of records "
+                        "(a list, or yield them), e.g. [record]")
+    return list(result)
+
+
 class Operator:
     next: Operator
 
@@ -120,7 +131,7 @@ class FilterOperator(MapOperator):
 class FlatMapOperator(MapOperator):
     def process(self, rec: tuple) -> None:
         try:
-            values = list(self.fn(rec[1]) or ())
+            values = records_of(self.fn(rec[1]), "flat_map's function")
         except Exception as exc:  # noqa: BLE001
             self.dead_letter(rec, describe_error(exc))
             return
@@ -171,7 +182,7 @@ class ProcessOperator(Operator):
         self.state.set_time(rec[3], ctx.watermark)
         ctx.side_outputs = []
         try:
-            outputs = list(method(rec[1], ctx) or ())
+            outputs = records_of(method(rec[1], ctx), method.__name__)
         except Exception as exc:  # noqa: BLE001
             self.dead_letter(rec, describe_error(exc))
             return
@@ -218,7 +229,7 @@ class ProcessOperator(Operator):
             ctx.key, ctx.timestamp, ctx.time_domain = key, ts, domain
             ctx.side_outputs = []
             try:
-                outputs = list(self.fn.on_timer(ts, ctx) or ())
+                outputs = records_of(self.fn.on_timer(ts, ctx), "on_timer")
             except Exception as exc:  # noqa: BLE001 - user code
                 payload, kind = payload_of({"key": key, "timer": ts})
                 self.env.dead_letter(reason=describe_error(exc), operator=self.name, origin=None,

@@ -5,16 +5,18 @@ Pure Python: no Spark, no Kafka.  Topic partition counts are given to the planne
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import astuple
 
 import pytest
 
 from replication import serde
+from replication.aggregators import Count as CountRecords
 from replication.api import FORWARD, HASH, REBALANCE, Job, JobDefinitionError
 from replication.config import ReplicationConfig
 from replication.examples.fraud import FraudRule, MerchantTotals, Topics, build_job
-from replication.functions import Aggregator, KeyedProcessFunction
+from replication.functions import Aggregator, CoProcessFunction, KeyedProcessFunction
 from replication.plan import PhysicalPlan, place, plan_job
 from replication.windowing import Windows
 
@@ -620,3 +622,41 @@ def test_the_readme_job_plans_and_its_config_is_valid():
                     topic_partitions={"payments": 2})
     assert [t.name for t in plan.tasks][-1].startswith("process")
     assert ReplicationConfig.from_mapping(scope["conf"]).enabled
+
+
+class _NoProcess(KeyedProcessFunction):
+    def open(self, ctx):
+        pass
+
+
+class _NoSecond(CoProcessFunction):
+    def process1(self, value, ctx):
+        return [value]
+
+
+class _NoCreate(Aggregator):
+    def add(self, acc, value):
+        return acc
+
+
+def test_functions_and_aggregators_missing_a_required_method_are_refused_naming_them():
+    job = Job("j")
+    keyed = job.source("t").key_by(_ident)
+    with pytest.raises(JobDefinitionError, match=r"^process '_NoProcess': _NoProcess does not define "
+                                                 r"process\(value, ctx\)$"):
+        keyed.process(_NoProcess())
+    with pytest.raises(JobDefinitionError, match=r"^process 'both': _NoSecond does not define process2\(value, ctx\)$"):
+        keyed.stream.connect(job.source("u")).key_by(_ident, _ident).process(_NoSecond(), name="both")
+    with pytest.raises(JobDefinitionError, match=r"^window 'w': its aggregator _NoCreate does not define create\(\)$"):
+        keyed.window(60_000, _NoCreate(), name="w")
+
+
+def test_a_window_under_a_second_warns_that_spans_are_milliseconds():
+    keyed = Job("j").source("t").key_by(_ident)
+    with pytest.warns(UserWarning, match=r"^window: 60 ms is under a second; event-time spans are in milliseconds$"):
+        keyed.window(60, CountRecords())
+    with pytest.warns(UserWarning, match=r"^session_window 's': 30 ms is under a second"):
+        keyed.session_window(30, CountRecords(), name="s")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keyed.window(60_000, CountRecords())

@@ -13,6 +13,7 @@ import pytest
 
 import replication
 from replication import Job, KeyedProcessFunction, StateTtl
+from replication.api import JobDefinitionError
 from replication.examples.clickstream import (
     add_clickstream,
     batched_clicks,
@@ -172,3 +173,43 @@ def test_without_pulses_processing_time_is_refused_naming_the_mode():
 def test_inputs_for_a_topic_no_source_reads_are_refused():
     with pytest.raises(ValueError, match=r"inputs for topics no source of job 'bad' reads: \['nope'\]"):
         run_locally(_upper_by_key("bad"), {"nope": []})
+
+
+class ReturnsADict(KeyedProcessFunction):
+    def process(self, value, ctx):
+        return {"seen": value}  # meant: yield it
+
+
+class StateInProcess(KeyedProcessFunction):
+    def process(self, value, ctx):
+        ctx.value_state("late")
+
+
+def test_mistakes_in_user_functions_are_dead_lettered_with_a_reason_that_says_what_to_do():
+    job = Job("mistakes")
+    src = job.source("in")
+    src.key_by(lambda v: v).process(ReturnsADict(), name="dict").sink("a")
+    src.flat_map(lambda v: str(v), name="chars").sink("b")
+    src.key_by(lambda v: v).process(StateInProcess(), name="state").sink("c")
+    run = run_locally(job, {"in": [1]})
+    assert run.outputs == {"a": [], "b": [], "c": []}
+    reasons = {d["operator"]: d["reason"] for d in run.dead_letters}
+    assert reasons == {
+        "dict": "TypeError: process returned a dict: return an iterable of records (a list, or yield them), "
+                "e.g. [record]",
+        "chars": "TypeError: flat_map's function returned a str: return an iterable of records (a list, or "
+                 "yield them), e.g. [record]",
+        "state": "TypeError: state is declared in open(ctx) (ctx.value_state, map_state, list_state there), not "
+                 f"in process or on_timer (at {__file__}:{StateInProcess.process.__code__.co_firstlineno + 1} "
+                 "in process)"}, reasons  # the place: the user's line, never the library's
+
+
+def test_a_function_that_cannot_be_shipped_is_refused_naming_its_operator():
+    import threading
+
+    lock = threading.Lock()
+    job = Job("unshippable")
+    job.source("in").map(lambda v: (lock, v)[1], name="locked").sink("out")
+    with pytest.raises(JobDefinitionError, match=r"^map 'locked': its function cannot be shipped to the executors "
+                                                 r"\(pickling failed: TypeError: cannot pickle '_thread.lock' object\)$"):
+        run_locally(job, {"in": [1]})
