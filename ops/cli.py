@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import logging
 import sys
@@ -237,8 +238,17 @@ def _handover_parser(sub: Any, name: str, what: str, timeout: float) -> argparse
     return p
 
 
+def version() -> str:
+    """The installed distribution's version."""
+    try:
+        return importlib.metadata.version("spark-active-replication")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="replication", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="run the demo on an embedded stack and a local-cluster Spark")
     d.add_argument("--rate", type=float, default=1500.0, help="events per second (default 1500)")

@@ -50,6 +50,16 @@ def _label(what: str, name: str | None) -> str:
     return what if name is None else f"{what} {name!r}"
 
 
+def _serde(where: str, spec: Any, table: dict[str, Callable], what: str) -> Callable:
+    """A (de)serializer given by name or as a callable; anything else is refused naming ``where``."""
+    if not callable(spec) and not isinstance(spec, str):
+        raise JobDefinitionError(f"{where}: {what} must be one of {sorted(table)} or a callable, got {spec!r}")
+    try:
+        return serde.resolve(spec, table, what)
+    except ValueError as e:
+        raise JobDefinitionError(f"{where}: {e}") from None
+
+
 def _warn_if_short(what: str, name: str | None, span_ms: int) -> None:
     if isinstance(span_ms, int) and 0 < span_ms < SHORT_SPAN_MS:
         warnings.warn(f"{_label(what, name)}: {span_ms} ms is under a second; event-time spans are in "
@@ -101,8 +111,9 @@ class Job:
         self._names: set[str] = set()
 
     def _add(self, kind: str, name: str | None, parallelism: int | None, inputs: list[Edge], **spec: Any) -> Node:
-        if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
-            raise JobDefinitionError(f"{kind} {name!r}: parallelism must be a positive int, got {parallelism!r}")
+        if parallelism is not None and (not isinstance(parallelism, int) or isinstance(parallelism, bool)
+                                        or parallelism < 1):
+            raise JobDefinitionError(f"{_label(kind, name)}: parallelism must be a positive int, got {parallelism!r}")
         node_id = next(self._ids)
         name = name or f"{kind}-{node_id}"
         if name in self._names:
@@ -147,13 +158,13 @@ class Job:
         node = self._add(
             "source", name or f"source:{topic}", parallelism, [],
             topic=topic,
-            deserializer=serde.resolve(deserializer, serde.DESERIALIZERS, "deserializer"),
+            deserializer=_serde(f"source {topic!r}", deserializer, serde.DESERIALIZERS, "deserializer"),
             timestamp=timestamp,
             max_out_of_orderness_ms=max_out_of_orderness_ms,
             starting_offsets=starting_offsets,
             metadata=bool(metadata),
             key_deserializer=None if key_deserializer is None
-            else serde.resolve(key_deserializer, serde.DESERIALIZERS, "key deserializer"),
+            else _serde(f"source {topic!r}", key_deserializer, serde.DESERIALIZERS, "key deserializer"),
         )
         return DataStream(self, node)
 
@@ -266,9 +277,9 @@ class DataStream:
         self._then(
             "sink", name or f"sink:{topic}", parallelism, self._edge(),
             topic=topic,
-            serializer=serde.resolve(serializer, serde.SERIALIZERS, "serializer"),
+            serializer=_serde(f"sink {topic!r}", serializer, serde.SERIALIZERS, "serializer"),
             key_serializer=None if key_serializer is None
-            else serde.resolve(key_serializer, serde.SERIALIZERS, "key serializer"),
+            else _serde(f"sink {topic!r}", key_serializer, serde.SERIALIZERS, "key serializer"),
             key=key, headers=headers, timestamp=timestamp,
         )
 

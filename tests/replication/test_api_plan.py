@@ -660,3 +660,17 @@ def test_a_window_under_a_second_warns_that_spans_are_milliseconds():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         keyed.window(60_000, CountRecords())
+
+
+@pytest.mark.parametrize("define, message", [
+    (lambda j: j.source("t").sink("o", serializer=None),
+     "sink 'o': serializer must be one of ['bytes', 'json', 'str'] or a callable, got None"),
+    (lambda j: j.source("t", deserializer="avro"),
+     "source 't': unknown deserializer 'avro'; use one of ['bytes', 'json', 'str'] or a callable"),
+    (lambda j: j.source("t").map(_ident, parallelism=0), "map: parallelism must be a positive int, got 0"),
+    (lambda j: j.source("t").map(_ident, parallelism=True), "map: parallelism must be a positive int, got True"),
+], ids=["serializer-none", "deserializer-unknown", "parallelism-0", "parallelism-bool"])
+def test_bad_arguments_are_refused_in_one_line_naming_the_operator(define, message):
+    with pytest.raises(JobDefinitionError) as refused:
+        define(Job("j"))
+    assert str(refused.value) == message
