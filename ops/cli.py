@@ -34,15 +34,24 @@ from transport.kafka_io import KafkaUnavailable
 
 
 def _load_job(spec: str) -> tuple[Job, ModuleType]:
+    """The job ``MODULE:FACTORY`` names (the factory called, or a Job itself); the current
+    directory is on the import path, as for ``python -m``."""
     module_name, sep, attr = spec.partition(":")
     if not sep:
         raise JobDefinitionError(f"expected MODULE:FACTORY, got {spec!r}")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
     try:
         module = importlib.import_module(module_name)
         factory = getattr(module, attr)
     except (ImportError, AttributeError) as err:
         raise JobDefinitionError(f"cannot load {spec!r}: {err}") from err
-    job = factory() if callable(factory) and not isinstance(factory, Job) else factory
+    try:
+        job = factory() if callable(factory) and not isinstance(factory, Job) else factory
+    except JobDefinitionError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the user's factory: its error, in one line
+        raise JobDefinitionError(f"{spec!r} failed: {type(err).__name__}: {err}") from err
     if not isinstance(job, Job):
         raise JobDefinitionError(f"{spec!r} did not return a replication.Job (got {type(job).__name__})")
     return job, module
@@ -101,11 +110,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from replication.control.launch import prepare
+    from replication.control.launch import plan_offline, prepare
 
-    cfg = ReplicationConfig.from_mapping(_conf_pairs(args.conf))
-    print(prepare(_load_job(args.job)[0], cfg).describe())
+    conf = _conf_pairs(args.conf)
+    if args.offline:  # no broker is asked: the key it requires may be left out
+        conf.setdefault("spark.replication.kafka.bootstrapServers", "offline.invalid:9092")
+    cfg = ReplicationConfig.from_mapping(conf)
+    job = _load_job(args.job)[0]
+    if args.offline:
+        print(plan_offline(job, cfg, _partition_counts(args.partitions)).describe())
+    else:
+        print(prepare(job, cfg).describe())
     return 0
+
+
+def _partition_counts(pairs: Sequence[str]) -> dict[str, int]:
+    counts = {}
+    for pair in pairs:
+        topic, sep, n = pair.rpartition("=")
+        if not sep or not topic or not n.isdigit() or int(n) < 1:
+            raise JobDefinitionError(f"--partitions expects TOPIC=N with N a positive int, got {pair!r}")
+        counts[topic] = int(n)
+    return counts
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -275,9 +301,14 @@ def parser() -> argparse.ArgumentParser:
                    help="end (Ctrl-C or --drain-after) by draining into a savepoint in DIR instead of flushing the "
                         "windows; a later run goes on from it with --conf spark.replication.restoreFrom=DIR")
     r.set_defaults(fn=_cmd_run)
-    pl = sub.add_parser("plan", help="print the physical plan of a job (needs Kafka for partition counts)")
-    pl.add_argument("job")
+    pl = sub.add_parser("plan", help="print the physical plan of a job (reads the partition counts from Kafka and "
+                                     "creates its topics, or with --offline neither)")
+    pl.add_argument("job", help="MODULE:FACTORY (the current directory is on the import path)")
     pl.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    pl.add_argument("--offline", action="store_true", help="plan without Kafka: partition counts from --partitions "
+                                                           "(or the sources' parallelism); nothing is created")
+    pl.add_argument("--partitions", action="append", default=[], metavar="TOPIC=N",
+                    help="a source topic's partition count, for --offline")
     pl.set_defaults(fn=_cmd_plan)
     c = sub.add_parser("config", help="print the configuration reference")
     c.set_defaults(fn=lambda _: print(config_reference_markdown()) or 0)

@@ -29,7 +29,8 @@ def topic_partitions(admin: AdminClient, topics: Iterable[str], timeout: float =
     try:
         md = admin.list_topics(timeout=timeout)
     except KafkaException as err:
-        raise KafkaUnavailable(f"cannot read Kafka metadata: {err}") from err
+        reason = err.args[0].str() if err.args and hasattr(err.args[0], "str") else str(err)
+        raise KafkaUnavailable(f"cannot read Kafka metadata: {reason}") from err
     wanted = set(topics)
     return {name: len(t.partitions) for name, t in md.topics.items() if name in wanted and t.error is None}
 

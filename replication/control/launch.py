@@ -14,7 +14,7 @@ from typing import Any
 from kazoo_leader.segments import SegmentedLog
 from liverobin.segments import HeartbeatLog
 from replication import savepoint as savepoints
-from replication.api import Job
+from replication.api import Job, JobDefinitionError
 from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_spark_ssl
 from replication.control.elections import ElectionJanitor
 from replication.control.handle import JobHandle
@@ -43,7 +43,13 @@ from replication.spark_cluster import (
 from rhino_state.durable import DurableStore, without_credentials
 from transport import rpc
 from transport.frames import FrameServer
-from transport.kafka_io import admin_client, end_offsets_by_fetch, ensure_topics, topic_partitions
+from transport.kafka_io import (
+    KafkaUnavailable,
+    admin_client,
+    end_offsets_by_fetch,
+    ensure_topics,
+    topic_partitions,
+)
 from transport.rpc import host_port
 
 log = logging.getLogger(__name__)
@@ -133,11 +139,34 @@ def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: s
         _from_savepoint(plan, replace(cfg, restore_from=between))
 
 
+def plan_offline(job: Job, cfg: ReplicationConfig, partitions: Mapping[str, int]) -> PhysicalPlan:
+    """The job's plan without Kafka: ``partitions`` gives each source topic's partition count (a
+    source with ``parallelism=`` and no count is taken to have that many).  Creates nothing."""
+    counts = dict(partitions)
+    for node in job.nodes:
+        topic = node.spec.get("topic") if node.kind == "source" else None
+        if topic is not None and topic not in counts:
+            if node.parallelism is None:
+                raise JobDefinitionError(f"source {node.name!r}: the partition count of topic {topic!r} is needed "
+                                         f"to plan offline: --partitions {topic}=N (or parallelism= on the source)")
+            counts[topic] = node.parallelism
+    plan = plan_job(job, default_parallelism=cfg.parallelism, num_key_groups=cfg.state_key_groups,
+                    num_vnodes=cfg.state_vnodes, topic_partitions=counts)
+    if cfg.enabled:
+        plan.replicas = 2
+    if cfg.enabled or cfg.mode != "unordered":
+        check_replicable(plan, counts)
+    return plan
+
+
 def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
     """Check Kafka, create missing sink / dead-letter topics, plan the job (no Spark needed)."""
-    admin = admin_client(cfg.kafka_admin_config())
+    admin = admin_client({"log_level": 2, **cfg.kafka_admin_config()})  # (its own log: one line per try)
     sources = {n.spec["topic"] for n in job.nodes if n.kind == "source"}
-    partitions = topic_partitions(admin, sources)
+    try:
+        partitions = topic_partitions(admin, sources)
+    except KafkaUnavailable as err:
+        raise KafkaUnavailable(f"{PREFIX}kafka.bootstrapServers={cfg.kafka_bootstrap_servers}: {err}") from None
     plan = plan_job(job, default_parallelism=cfg.parallelism, num_key_groups=cfg.state_key_groups,
                     num_vnodes=cfg.state_vnodes, topic_partitions=partitions)
     for task in plan.tasks:
