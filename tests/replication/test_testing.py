@@ -8,6 +8,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -69,6 +70,27 @@ def test_every_python_block_of_the_readme_runs_and_its_tests_pass(monkeypatch):
     assert len(blocks) >= 3 and tests
     for test in tests:
         test()
+
+
+def test_the_user_guides_python_blocks_run_and_its_jobs_count_as_they_say(monkeypatch):
+    """The user guide's code, in order, in one namespace (``run`` hands back a stand-in handle),
+    then both of its jobs in the harness: a milestone every 100 clicks of a user, and page counts."""
+    guide = README.parent / "docs" / "user-guide.md"
+    blocks = re.findall(r"```python\n(.*?)```", guide.read_text(), re.S)
+    submitted = []
+    monkeypatch.setattr(replication, "run", lambda job, **kw: submitted.append(job) or mock.MagicMock())
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, str(guide), "exec"), namespace)  # noqa: S102 - the guide's own code
+    assert [job.name for job in submitted] == ["clicks"]
+    clicks = [{"user": f"u{i % 2}", "page": "/a" if i % 3 else "/b", "ts": 500 * i} for i in range(400)]
+    run = run_locally(namespace["build"](), {"clicks-web": clicks[::2], "clicks-app": clicks[1::2] + [{"ts": 1}]})
+    assert counted(run.outputs["milestones"]) == counted({"user": u, "clicks": n} for u in ("u0", "u1")
+                                                         for n in (100, 200))
+    pages = Counter((c["page"], c["ts"] // 60_000) for c in clicks)
+    assert {(w["key"], w["start"] // 60_000): w["value"] for w in run.outputs["page-counts"]} == pages
+    per_user = run_locally(namespace["build_per_user"](), {"clicks-by-user": clicks})
+    assert len(per_user.outputs["milestones"]) == 4
 
 
 def test_the_examples_give_their_references():
