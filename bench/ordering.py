@@ -125,6 +125,8 @@ class Config:
         if self.replicated:
             conf["spark.replication.enabled"] = "true"
             conf["spark.replication.mode"] = self.mode
+        if self.mode == "unordered":  # the no-ordering baseline: its replicas may diverge, which is measured
+            conf["spark.replication.unordered.allowDivergence"] = "true"
         if self.mode == "passive":  # one instance per partition, Rhino checkpoints at pulses: checkpoint-restart
             conf.update({"spark.replication.mode": "liverobin", "spark.replication.rhino.enabled": "true",
                          "spark.replication.rhino.checkpointEvery": str(max(1, 1000 // (self.period_ms or 10)))})

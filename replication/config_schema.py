@@ -25,7 +25,8 @@ class ReplicaKeys:
     mode: str = key_field(
         "mode", ENUM, "unordered",
         "How a task orders its input channels. `unordered`: first come, first served: fast, deterministic "
-        "only for tasks with one input channel (a warning names the others). `liverobin`: a leaderless "
+        "only for tasks with one input channel (with replication, a job with others is refused unless "
+        "`unordered.allowDivergence`). `liverobin`: a leaderless "
         "deterministic merge driven by heartbeat pulses (paper 004, Algorithm 1): both replicas of every "
         "task consume their inputs in the same order, a replica failure causes no pause; records wait for "
         "the next pulse (about half `liverobin.heartbeatPeriod` plus a Kafka round trip). `kazoo`: per "
@@ -34,6 +35,13 @@ class ReplicaKeys:
         "pauses that partition until a new leader takes over (about `kazoo.sessionTimeout`, or at once "
         "when the driver sees the executor leave).",
         choices=("unordered", "liverobin", "kazoo"),
+    )
+    unordered_allow_divergence: bool = key_field(
+        "unordered.allowDivergence", BOOL, False,
+        "With replication in `unordered` mode, run a job whose tasks have several input channels (unions, "
+        "shuffles from several upstream partitions, joins) anyway: their two replicas consume the channels "
+        "in different orders, so their state and output may diverge (the paper's no-ordering baseline). "
+        "Without it such a job is refused before it starts, naming the tasks.",
     )
     liverobin_heartbeat_period_ms: int = key_field(
         "liverobin.heartbeatPeriod", DURATION, 10,

@@ -139,6 +139,21 @@ def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: s
         _from_savepoint(plan, replace(cfg, restore_from=between))
 
 
+def check_unordered(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
+    """Replication in ``unordered`` mode: a task with several input channels would diverge between
+    its replicas; refused, unless ``unordered.allowDivergence`` (then a warning names them)."""
+    multi = [t.name for t in plan.multi_input_tasks()]
+    if not multi:
+        return
+    key = PREFIX + "unordered.allowDivergence"
+    if not cfg.unordered_allow_divergence:
+        raise ConfigError([(PREFIX + "mode", f"{PREFIX}mode=unordered with replication: tasks with several input "
+                                             f"channels ({', '.join(multi)}) would diverge between their replicas; "
+                                             f"use mode liverobin or kazoo, or set {key}=true to run them anyway")])
+    log.warning("%s=true: tasks with several input channels (%s) may diverge between their replicas and produce "
+                "wrong output", key, ", ".join(multi))
+
+
 def plan_offline(job: Job, cfg: ReplicationConfig, partitions: Mapping[str, int]) -> PhysicalPlan:
     """The job's plan without Kafka: ``partitions`` gives each source topic's partition count (a
     source with ``parallelism=`` and no count is taken to have that many).  Creates nothing."""
@@ -156,6 +171,8 @@ def plan_offline(job: Job, cfg: ReplicationConfig, partitions: Mapping[str, int]
         plan.replicas = 2
     if cfg.enabled or cfg.mode != "unordered":
         check_replicable(plan, counts)
+    if cfg.enabled and cfg.mode == "unordered":
+        check_unordered(plan, cfg)
     return plan
 
 
@@ -206,10 +223,7 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
                            for inst in plan.multi_input_partitions()}
         ensure_topics(admin, {log_.topic(n): 1 for log_ in plan.order_logs.values() for n in range(3)})
     elif cfg.enabled and cfg.mode == "unordered":  # (LiveRobin orders them by pulses)
-        multi = [t.name for t in plan.multi_input_tasks()]
-        log.warning("spark.replication.mode=%s: input channels are consumed first come, first served%s", cfg.mode,
-                    f"; tasks with several input channels ({', '.join(multi)}) may diverge between their "
-                    "replicas and produce wrong output" if multi else "")
+        check_unordered(plan, cfg)
     wanted = {n.spec["topic"]: plan.task(_task_of(plan, n)).parallelism for n in job.sinks()}
     wanted[cfg.dead_letter_topic(job.name)] = 1
     created = ensure_topics(admin, wanted)

@@ -57,3 +57,28 @@ def test_a_factory_that_fails_is_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr == ("error: invalid job: 'replication.examples.fraud:build_job' failed: TypeError: build_job() "
                            "missing 1 required positional argument: 'topics'\n")
+
+
+UNION_MODULE = '''
+from replication import Job
+
+def build():
+    job = Job("merged")
+    job.source("a").union(job.source("b")).key_by(lambda v: v["k"]).reduce(lambda x, y: y, name="latest").sink("out")
+    return job
+'''
+
+
+def test_replication_in_unordered_mode_refuses_tasks_with_several_inputs_unless_allowed(tmp_path):
+    (tmp_path / "merged.py").write_text(UNION_MODULE)
+    plan = ["plan", "merged:build", "--offline", "--partitions", "a=1", "--partitions", "b=1",
+            "--conf", "spark.replication.enabled=true"]
+    refused = _cli(tmp_path, *plan)
+    assert refused.returncode == 2 and refused.stderr == (
+        "error: invalid configuration:\nspark.replication.mode=unordered with replication: "
+        "tasks with several input channels (union-2) would diverge between their replicas; use mode liverobin or "
+        "kazoo, or set spark.replication.unordered.allowDivergence=true to run them anyway\n"), refused.stderr
+    allowed = _cli(tmp_path, *plan, "--conf", "spark.replication.unordered.allowDivergence=true")
+    assert allowed.returncode == 0 and "may diverge" in allowed.stderr, allowed.stderr
+    ordered = _cli(tmp_path, *plan, "--conf", "spark.replication.mode=liverobin")
+    assert ordered.returncode == 0 and ordered.stderr == "", ordered.stderr

@@ -45,6 +45,7 @@ def test_prefix_and_defaults() -> None:
     assert c.dead_letter_topic("orders") == "orders.dlq"
     assert cfg(deadLetterTopic="bad-records").dead_letter_topic("orders") == "bad-records"
     assert (c.mode, c.liverobin_heartbeat_period_ms, c.liverobin_max_pulse_step) == ("unordered", 10, 1_000)
+    assert c.unordered_allow_divergence is False
     assert c.heartbeat_topic("orders") == "_replication.orders.heartbeats"
     assert cfg(mode="liverobin", **{"liverobin.heartbeatPeriod": "50ms"}).liverobin_heartbeat_period_ms == 50
     # the generators' period: LiveRobin's heartbeat, or in KaZoo mode its pulse windows'
@@ -53,7 +54,7 @@ def test_prefix_and_defaults() -> None:
     assert cfg(**kazoo).pulse_period_ms == 30
     assert cfg(**kazoo, **{"kazoo.windowPulsePeriod": "20ms"}).pulse_period_ms == 20
     assert c == ReplicationConfig(kafka_bootstrap_servers="127.0.0.1:9092")
-    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 55
+    assert {k.name for k in KEYS} >= {PREFIX + "parallelism", PREFIX + "sink.lingerMs"} and len(KEYS) == 56
 
 
 def test_other_keys_ignored_and_values_typed() -> None:

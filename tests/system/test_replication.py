@@ -134,7 +134,8 @@ class RunningHash(KeyedProcessFunction):
 
 def test_unordered_mode_diverges_on_a_two_input_task(stack, spark, topic_prefix, caplog):
     """The paper's "no ordering" baseline: two sources into one task, replicated, first come
-    first served; the two replicas of the order-sensitive operator end in different states.
+    first served (allowed by its key; refused without it: tests/ops/test_cli.py); the two
+    replicas of the order-sensitive operator end in different states.
     Whether they do depends on timing (two replicas can happen to see the batches in the same
     order), so the input also arrives live, in rounds, while the job runs (many interleavings
     for the two replicas to differ in), and up to three runs; one divergence proves the point."""
@@ -149,11 +150,13 @@ def test_unordered_mode_diverges_on_a_two_input_task(stack, spark, topic_prefix,
         (merged.key_by(lambda v: "all", prepartitioned=True).process(RunningHash(), name="hash")
          .new_task().map(str, name="noop").sink(f"{topic_prefix}out{attempt}", serializer="str"))
         with caplog.at_level(logging.WARNING, logger="replication.control.launch"):
-            handle = run(job, spark=spark, conf=_conf(stack))
+            handle = run(job, spark=spark,
+                         conf={**_conf(stack), "spark.replication.unordered.allowDivergence": "true"})
             handle.wait_started(120)
             feed(stack, a, b, [], rounds=20, first_round=20 * attempt)
             result = handle.drain(timeout=300)
-        assert any("may diverge" in r.getMessage() and "union" in r.getMessage() for r in caplog.records)
+        assert any("allowDivergence=true" in r.getMessage() and "may diverge" in r.getMessage()
+                   and "union" in r.getMessage() for r in caplog.records)
         d0, d1 = result.per_instance["hash[0]r0"].state_digest, result.per_instance["hash[0]r1"].state_digest
         assert d0 and d1
         digests.append((d0, d1))
