@@ -54,9 +54,11 @@ SERIALIZERS: dict[str, Serializer] = {"json": json_dumps, "str": utf8_encode, "b
 
 
 def resolve(spec: str | Callable, table: dict[str, Callable], what: str) -> Callable:
-    """A callable given as itself or by name from ``table``."""
+    """A callable given as itself or by name from ``table``; anything else is a ValueError."""
     if callable(spec):
         return spec
+    if not isinstance(spec, str):
+        raise ValueError(f"{what} must be one of {sorted(table)} or a callable, got {spec!r}")
     try:
         return table[spec]
     except KeyError:

@@ -167,13 +167,20 @@ def plan_offline(job: Job, cfg: ReplicationConfig, partitions: Mapping[str, int]
             counts[topic] = node.parallelism
     plan = plan_job(job, default_parallelism=cfg.parallelism, num_key_groups=cfg.state_key_groups,
                     num_vnodes=cfg.state_vnodes, topic_partitions=counts)
+    _replicated(plan, cfg, counts)
+    return plan
+
+
+def _replicated(plan: PhysicalPlan, cfg: ReplicationConfig, partitions: Mapping[str, int]) -> None:
+    """Two replicas per partition with replication, and the checks replication and the ordering
+    modes make of the plan (each source partition one Kafka partition; no multi-input task left
+    unordered unless allowed)."""
     if cfg.enabled:
         plan.replicas = 2
     if cfg.enabled or cfg.mode != "unordered":
-        check_replicable(plan, counts)
+        check_replicable(plan, partitions)
     if cfg.enabled and cfg.mode == "unordered":
         check_unordered(plan, cfg)
-    return plan
 
 
 def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
@@ -195,10 +202,7 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         _from_savepoint(plan, cfg)
     if cfg.checkpoint_dir is not None:
         _from_checkpoint_dir(plan, cfg, job.name)
-    if cfg.enabled:
-        plan.replicas = 2
-    if cfg.enabled or cfg.mode != "unordered":
-        check_replicable(plan, partitions)
+    _replicated(plan, cfg, partitions)
     if cfg.mode in ("liverobin", "kazoo"):  # KaZoo: pulses only in the windows a handover opens
         # this run's own segments (liverobin.segments): generators make the later ones exist; a resumed
         # run goes on in the log of the run it resumes (its sources read the pulses after their checkpoints)
@@ -222,8 +226,6 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         plan.order_logs = {inst: SegmentedLog(cfg.order_log(prefix, *inst))
                            for inst in plan.multi_input_partitions()}
         ensure_topics(admin, {log_.topic(n): 1 for log_ in plan.order_logs.values() for n in range(3)})
-    elif cfg.enabled and cfg.mode == "unordered":  # (LiveRobin orders them by pulses)
-        check_unordered(plan, cfg)
     wanted = {n.spec["topic"]: plan.task(_task_of(plan, n)).parallelism for n in job.sinks()}
     wanted[cfg.dead_letter_topic(job.name)] = 1
     created = ensure_topics(admin, wanted)
