@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pyspark import cloudpickle
+
 from replication import procfs
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -466,16 +468,53 @@ class WarmInfo:
     jvm_pid: int
 
 
-def _warm_probe(index: int, sleep_s: float) -> tuple[str | None, str, int, int | None]:
-    """Runs inside a task: hold the slot briefly so the tasks spread, report identity."""
+class ExecutorsCannotLoad(RuntimeError):
+    """What the warm-up's payload raised when unpickled on executors: ``errors`` maps an
+    executor id to its one-line error (``ModuleNotFoundError: No module named 'myjob'``)."""
+
+    def __init__(self, errors: Mapping[str, str]) -> None:
+        self.errors = dict(errors)
+        first = next(iter(self.errors.values()))
+        super().__init__(f"executor(s) {', '.join(sorted(self.errors))} cannot load it: {first}")
+
+
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)): ")
+
+
+def spark_error_line(err: BaseException) -> str:
+    """A failed Spark job's error in one line: its first line and the last Python exception
+    line of the worker's traceback (``ModuleNotFoundError: No module named 'myjob'``), not the
+    Java and Python stacks around them."""
+    lines = [line.strip().lstrip(": ") for line in str(err).splitlines() if line.strip().lstrip(": ")]
+    if not lines:
+        return type(err).__name__
+    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    python = [line for line in raised if "." not in _EXCEPTION_LINE.match(line).group(1)]  # type: ignore[union-attr]
+    last = (python or raised or [lines[0]])[-1]
+    return lines[0] if last == lines[0] else f"{lines[0].rstrip(':')}: {last}"
+
+
+def _warm_probe(index: int, sleep_s: float, payload: bytes | None = None
+                ) -> tuple[str | None, str, int, int | None, str | None]:
+    """Runs inside a task: hold the slot briefly so the tasks spread, report identity, and
+    whether ``payload`` (cloudpickled) loads here."""
     time.sleep(sleep_s)
     ep = current_executor()
     host = (ep.host if ep is not None else None) or socket.gethostname()
-    return (None if ep is None else ep.executor_id, host, os.getpid(), None if ep is None else ep.jvm_pid)
+    error = None
+    if payload is not None:
+        try:
+            cloudpickle.loads(payload)
+        except Exception as exc:  # noqa: BLE001 - reported to the driver, in one line
+            error = f"{type(exc).__name__}: {exc}"
+    return (None if ep is None else ep.executor_id, host, os.getpid(), None if ep is None else ep.jvm_pid, error)
 
 
-def warm_up(sc: SparkContext, rounds: int = 5, sleep_s: float = 0.3) -> dict[str, WarmInfo]:
+def warm_up(sc: SparkContext, rounds: int = 5, sleep_s: float = 0.3, payload: bytes | None = None
+            ) -> dict[str, WarmInfo]:
     """Run tiny jobs until every registered executor has run Python; return what each reported.
+    With ``payload`` (cloudpickled: the job's plan), every executor also loads it, and
+    :class:`ExecutorsCannotLoad` says which could not and why (a module they cannot import).
 
     With one core per executor, a job of N tasks that each hold their slot for
     ``sleep_s`` lands one task per executor; should a round miss an executor
@@ -483,6 +522,7 @@ def warm_up(sc: SparkContext, rounds: int = 5, sleep_s: float = 0.3) -> dict[str
     Raises RuntimeError if some executor is still uncovered after ``rounds``.
     """
     seen: dict[str, WarmInfo] = {}
+    errors: dict[str, str] = {}
     want: list[str] = []
     prev_desc = sc.getLocalProperty("spark.job.description")
     try:
@@ -492,11 +532,15 @@ def warm_up(sc: SparkContext, rounds: int = 5, sleep_s: float = 0.3) -> dict[str
             slots = max(1, len(want) * _cores_per_executor(sc))
             s = sleep_s * (2**r)
             rows: list[Any] = (
-                sc.parallelize(range(slots), slots).map(lambda i, s=s: _warm_probe(i, s)).collect()
+                sc.parallelize(range(slots), slots).map(lambda i, s=s: _warm_probe(i, s, payload)).collect()
             )
-            for eid, host, py_pid, jvm_pid in rows:
+            for eid, host, py_pid, jvm_pid, error in rows:
+                if error is not None:
+                    errors[eid or host] = error
                 if eid is not None and jvm_pid is not None:
                     seen[eid] = WarmInfo(eid, host, py_pid, jvm_pid)
+            if errors:
+                raise ExecutorsCannotLoad(errors)
             if set(want) <= set(seen):
                 return {e: seen[e] for e in executor_ids(sc) if e in seen}
             log.info("warm-up round %d covered %s of %s", r, sorted(seen), want)

@@ -32,7 +32,7 @@ from replication.metrics import InstanceMetrics, aggregate
 from replication.plan import PhysicalPlan, replica_name
 from replication.runtime.worker import WorkerBootstrap, run_worker
 from replication.security import remove_cli_credentials
-from replication.spark_cluster import driver_advertise_host, driver_bind_host
+from replication.spark_cluster import driver_advertise_host, driver_bind_host, spark_error_line
 from rhino_state.durable import without_credentials
 from transport.ids import ReplicaId
 from transport.kafka_io import TopicMaker
@@ -362,7 +362,10 @@ class JobHandle:
                 self._spark_error = None
             status = "failed" if (m.failure or self._spark_error) else (
                 "stopped" if m.command == "stop" else "finished")
-            failure = m.failure or (f"Spark job failed: {self._spark_error}" if self._spark_error else None)
+            if self._spark_error is not None:
+                log.warning("the Spark job of %s failed: %s", self.job.name, self._spark_error)
+            failure = m.failure or (f"Spark job failed: {spark_error_line(self._spark_error)}"
+                                    if self._spark_error else None)
             snap = m.snapshot()
             self._result = JobResult(status, aggregate(snap), snap, failure, time.monotonic() - self._started,
                                      dict(m.workers), _source_records(self.plan, snap),

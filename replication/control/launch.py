@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pyspark import cloudpickle
+
 from kazoo_leader.segments import SegmentedLog
 from liverobin.segments import HeartbeatLog
 from replication import savepoint as savepoints
@@ -34,6 +36,7 @@ from replication.runtime.driver_link import HEARTBEAT_METHOD
 from replication.runtime.worker import WorkerBootstrap
 from replication.security import job_security, write_cli_credentials
 from replication.spark_cluster import (
+    ExecutorsCannotLoad,
     driver_advertise_host,
     driver_bind_host,
     executor_ids,
@@ -239,6 +242,16 @@ def _task_of(plan: PhysicalPlan, node: Any) -> int:
     return next(t.id for t in plan.tasks if node in t.chain)
 
 
+def _warm_up_with(sc: Any, plan: PhysicalPlan) -> dict[str, Any]:
+    """Warm every executor up, each loading the plan as its workers will: a module of the job
+    they cannot import is refused here, in one line, not by a hundred failed worker tasks."""
+    try:
+        return warm_up(sc, payload=cloudpickle.dumps(plan))
+    except ExecutorsCannotLoad as err:
+        raise JobDefinitionError(f"the executors cannot load the job: {err}; install its modules on every "
+                                 f"executor or ship them (--py-files, SparkContext.addPyFile)") from err
+
+
 def resolve_config(sc: Any, conf: Mapping[str, Any] | None) -> ReplicationConfig:
     """``spark.replication.*`` from the Spark conf (``rpc.tls.*`` following Spark's ``spark.ssl.*``
     where unset), overridden by ``conf``; validated."""
@@ -266,7 +279,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     plan = prepare(job, cfg)
     if plan.resume is not None and plan.resume.parallelism:
         return _resume_then_rescale(job, spark, conf, cfg, plan.resume.parallelism)
-    warm = warm_up(sc)
+    warm = _warm_up_with(sc, plan)
     num_workers = cfg.workers or len(executor_ids(sc))
     if cfg.rhino_enabled and num_workers <= plan.replicas:
         raise ConfigError([(PREFIX + "rhino.enabled", f"{PREFIX}rhino.enabled=true: needs at least "

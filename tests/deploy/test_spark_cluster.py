@@ -37,6 +37,21 @@ def test_parse_local_cluster() -> None:
     assert scl.parse_local_cluster("spark://h:7077") is None
 
 
+def test_a_failed_spark_job_is_told_in_one_line_with_the_python_error() -> None:
+    worker = ("An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
+              '  File "/v/pyspark/serializers.py", line 483, in loads\n'
+              "    return cloudpickle.loads(obj, encoding=encoding)\n"
+              "ModuleNotFoundError: No module named 'myjob'\n SQLSTATE: 38000")
+    assert scl.spark_error_line(RuntimeError(worker)) == (
+        "An exception was thrown from the Python worker: ModuleNotFoundError: No module named 'myjob'")
+    py4j = ("An error occurred while calling o41.collectAndServe.\n: org.apache.spark.SparkException: "
+            "Job 3 cancelled\n\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages")
+    assert scl.spark_error_line(RuntimeError(py4j)) == (
+        "An error occurred while calling o41.collectAndServe.: org.apache.spark.SparkException: Job 3 cancelled")
+    assert scl.spark_error_line(RuntimeError("lost")) == "lost"
+    assert scl.spark_error_line(RuntimeError()) == "RuntimeError"
+
+
 def test_default_conf_local_cluster() -> None:
     conf = scl.default_conf(MASTER, "x")
     assert conf["spark.executor.memory"] == "512m"
@@ -121,6 +136,23 @@ def test_warm_up_covers_all_executors(sc: Any) -> None:
         assert w.executor_id == eid
         assert w.jvm_pid == jvm[eid]
         assert w.host == "127.0.0.1"
+
+
+@pytest.mark.integration
+def test_warm_up_names_the_executors_that_cannot_load_the_payload(sc: Any, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module only the driver can import: every executor says so, in one line each."""
+    (tmp_path / "only_on_the_driver.py").write_text("class Rule:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import only_on_the_driver  # type: ignore[import-not-found]
+
+    with pytest.raises(scl.ExecutorsCannotLoad) as refused:
+        scl.warm_up(sc, payload=cloudpickle.dumps(only_on_the_driver.Rule()))
+    assert sorted(refused.value.errors) == sorted(scl.executor_ids(sc))
+    assert set(refused.value.errors.values()) == {"ModuleNotFoundError: No module named 'only_on_the_driver'"}
+    assert "cannot load it: ModuleNotFoundError: No module named 'only_on_the_driver'" in str(refused.value)
+    info = scl.warm_up(sc, payload=cloudpickle.dumps({"loads": "anywhere"}))
+    assert sorted(info) == sorted(scl.executor_ids(sc))
 
 
 def _identify(_: int) -> tuple[str | None, int | None, int]:

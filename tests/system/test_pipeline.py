@@ -109,6 +109,30 @@ def test_bad_config_is_refused_before_anything_starts(stack, spark, topic_prefix
     assert spark.sparkContext.statusTracker().getJobIdsForGroup(None) == jobs_before
 
 
+def test_a_job_the_executors_cannot_load_is_refused_before_it_starts(stack, spark, topic_prefix, tmp_path,
+                                                                    monkeypatch):
+    """A function from a module only the driver can import (not installed on the executors, not
+    shipped): run() refuses the job in one line naming the module, instead of starting workers
+    that fail to unpickle it until Spark gives up."""
+    from replication import Job, JobDefinitionError
+
+    (tmp_path / "rules_on_the_driver.py").write_text("def shout(s):\n    return s.upper()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import rules_on_the_driver
+
+    src = f"{topic_prefix}in"
+    create_topics(stack.bootstrap_servers, {src: 1})
+    job = Job(f"{topic_prefix}unloadable")
+    job.source(src, deserializer="str").map(rules_on_the_driver.shout).sink(f"{topic_prefix}out", serializer="str")
+    with pytest.raises(JobDefinitionError) as refused:
+        run(job, spark=spark, conf=_conf(stack))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("the executors cannot load the job: executor(s) ")
+    assert "ModuleNotFoundError: No module named 'rules_on_the_driver'" in message
+    assert "--py-files" in message
+
+
 def test_latest_starting_offsets_skip_old_records_and_drain_idle_partitions(stack, spark, topic_prefix):
     """'latest' starts at the end as of job start (resolved from a fetch, not ListOffsets, which the
     embedded broker under-reports), and a partition that gets nothing new still drains."""
