@@ -37,6 +37,7 @@ from replication.runtime.chain import build_chain
 from replication.runtime.deadletter import describe_error
 from replication.runtime.elements import DATA, MAX_WATERMARK, MIN_WATERMARK
 from replication.runtime.operators import Operator, ProcessOperator, SinkBase
+from replication.runtime.source_records import Rejected, SourceRecords, Watermarks
 from rhino_state import RocksDBStateBackend, StateContext, encode_key, key_group
 from rhino_state.state import ListState, MapState, ValueState
 
@@ -223,49 +224,40 @@ class _Message:
         self.timestamp = offset if record.timestamp is None else int(record.timestamp)
 
 
+def _with_metadata(msg: _Message, value: Any, key_deserializer: Any) -> KafkaRecord:
+    record = msg.record
+    key = record.key
+    if isinstance(key, bytes) and key_deserializer is not None:
+        key = key_deserializer(key)
+    return KafkaRecord(value=value, key=key, headers=tuple(record.headers), timestamp=msg.timestamp,
+                       topic=msg.topic, partition=0, offset=msg.offset)
+
+
 class _Source:
-    """A source node reading its topic's records: deserializes, extracts event time, makes
-    watermarks (the largest event time minus the allowed out-of-orderness, sent once it moved by
-    the watermark interval), dead-letters what fails."""
+    """A source node reading its topic's records as a source partition of the cluster does
+    (:mod:`replication.runtime.source_records`); values given decoded skip the deserializer."""
 
     def __init__(self, stage: _Stage, env: _Env, watermark_interval_ms: int) -> None:
         spec = stage.node.spec
-        self.stage, self.env, self.spec = stage, env, spec
-        self.interval = watermark_interval_ms
-        self.max_ts = MIN_WATERMARK
-        self.emitted = MIN_WATERMARK
+        self.stage, self.env = stage, env
+        deserializer = spec["deserializer"]
+        self.records = SourceRecords(spec, _with_metadata,
+                                     lambda raw: deserializer(raw) if isinstance(raw, bytes) else raw)
+        self.watermarks = Watermarks([0], spec["max_out_of_orderness_ms"], watermark_interval_ms)
 
     def read(self, msg: _Message) -> None:
-        spec, record = self.spec, msg.record
-        origin = (msg.topic, 0, msg.offset)
-        raw = record.value
+        raw = msg.record.value
         try:
-            value = spec["deserializer"](raw) if isinstance(raw, bytes) else raw
-            if spec["metadata"]:
-                key = record.key
-                if isinstance(key, bytes) and spec["key_deserializer"] is not None:
-                    key = spec["key_deserializer"](key)
-                value = KafkaRecord(value=value, key=key, headers=tuple(record.headers), timestamp=msg.timestamp,
-                                    topic=msg.topic, partition=0, offset=msg.offset)
-        except Exception as exc:  # noqa: BLE001 - user code
-            self._dead_letter("deserialize: " + describe_error(exc), origin, raw)
+            value, ts = self.records.decode(raw, msg.timestamp, msg)
+        except Rejected as rejected:
+            payload = raw if isinstance(raw, bytes) else repr(raw).encode()
+            self.env.dead_letter(reason=rejected.reason, operator=self.stage.node.name,
+                                 origin=(msg.topic, 0, msg.offset), payload=payload)
             return
-        try:
-            ts = int(spec["timestamp"](value)) if spec["timestamp"] is not None else msg.timestamp
-        except Exception as exc:  # noqa: BLE001 - user code
-            self._dead_letter("timestamp: " + describe_error(exc), origin, raw)
-            return
-        self.stage.process((DATA, value, None, ts, 0.0, origin))
-        if ts > self.max_ts:
-            self.max_ts = ts
-            wm = ts - spec["max_out_of_orderness_ms"]
-            if wm >= self.emitted + self.interval or (self.emitted == MIN_WATERMARK and wm > MIN_WATERMARK // 2):
-                self.emitted = wm
-                self.stage.on_watermark(wm)
-
-    def _dead_letter(self, reason: str, origin: Any, raw: Any) -> None:
-        payload = raw if isinstance(raw, bytes) else repr(raw).encode()
-        self.env.dead_letter(reason=reason, operator=self.stage.node.name, origin=origin, payload=payload)
+        self.stage.process((DATA, value, None, ts, 0.0, (msg.topic, 0, msg.offset)))
+        wm = self.watermarks.observe(0, ts)
+        if wm is not None:
+            self.stage.on_watermark(wm)
 
 
 def run_locally(job: Job, inputs: Mapping[str, Sequence[Any]], *, pulse_every_ms: int | None = None,

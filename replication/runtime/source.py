@@ -21,10 +21,10 @@ from liverobin.windows import PulseWindows
 from replication import savepoint
 from replication.plan import PhysicalPlan, TaskSpec
 from replication.records import kafka_record
-from replication.runtime.deadletter import describe_error
-from replication.runtime.elements import DATA, MIN_WATERMARK
+from replication.runtime.elements import DATA
 from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
 from replication.runtime.source_drain import SourceDrain
+from replication.runtime.source_records import Rejected, SourceRecords, Watermarks
 from replication.runtime.source_windows import KazooWindows
 from transport.kafka_feeds import PartitionFeed
 
@@ -44,11 +44,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
         spec = task.head.spec
         self.topic: str = spec["topic"]
         self.kafka_partitions: list[int] = plan.source_partitions[task.id][partition]
-        self.deserializer = spec["deserializer"]
-        self.key_deserializer = spec.get("key_deserializer")
-        self.metadata: bool = spec.get("metadata", False)  # values are KafkaRecords
-        self.timestamp_fn = spec["timestamp"]
-        self.out_of_orderness = spec["max_out_of_orderness_ms"]
+        self.records = SourceRecords(spec, kafka_record)
         self.start_offsets = plan.source_start_offsets.get(task.id, {})
         self.drain = SourceDrain(self.cfg, f"replication-{worker.job_name}-{task.id}-{partition}", self.topic,
                                  self.kafka_partitions)
@@ -62,8 +58,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
         self.pending_window: tuple | None = None  # the driver's latest word on the pulse window (worker thread)
         self._window_word: tuple | None = None
         self.holding: tuple[int, dict[int, int]] | None = None  # (window, {partition: position}) for the driver
-        self._max_ts = {k: MIN_WATERMARK for k in self.kafka_partitions}
-        self._emitted_wm = MIN_WATERMARK
+        self.watermarks = Watermarks(self.kafka_partitions, spec["max_out_of_orderness_ms"],
+                                     self.cfg.watermark_interval_ms)
         self._next_offset: dict[int, int] = dict(self.start_offsets)  # else: the low watermark
         self._after_pulse = 0  # a restored replica: pulses up to this one are behind it
         self._pulse_placed: PulseRecord | None = None  # the counted record of the last pulse placed
@@ -79,8 +75,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
         rt = super().restore_from(meta, state_dir)
         self.start_offsets = {**self.start_offsets, **rt["offsets"]}
         self._next_offset = dict(rt["offsets"])
-        self._max_ts = dict(rt["max_ts"])
-        self._emitted_wm = self.metrics.watermark = rt["emitted_wm"]
+        self.watermarks.max_ts = dict(rt["max_ts"])
+        self.watermarks.emitted = self.metrics.watermark = rt["emitted_wm"]
         self._after_pulse = self.metrics.pulse = rt["pulse"]
         self._pulse_placed = rt.get("pulse_placed")
         self._read = rt.get("read", 0)
@@ -100,16 +96,17 @@ class SourceInstance(KazooWindows, PartitionInstance):
 
     def savepoint_content(self) -> dict[str, Any]:
         """Where the next run starts reading, and the event-time marks to continue from."""
-        return {"offsets": {**self.start_offsets, **self._next_offset}, "max_ts": dict(self._max_ts),
-                "emitted_wm": self._emitted_wm}
+        return {"offsets": {**self.start_offsets, **self._next_offset}, "max_ts": dict(self.watermarks.max_ts),
+                "emitted_wm": self.watermarks.emitted}
 
     def _load_savepoint(self, root: str, meta: dict[str, Any]) -> None:
         """The offsets come with the plan; the event-time marks, so that watermarks go on from
         where the last run left them."""
         if self.task.name in meta["sources"]:
             part = savepoint.read_partition(root, self.task.name, self.partition)
-            self._max_ts.update({k: v for k, v in part["max_ts"].items() if k in self._max_ts})
-            self._emitted_wm = self.metrics.watermark = part["emitted_wm"]
+            marks = self.watermarks
+            marks.max_ts.update({k: v for k, v in part["max_ts"].items() if k in marks.max_ts})
+            marks.emitted = self.metrics.watermark = part["emitted_wm"]
 
     def request_drain(self) -> None:
         """Read to the current end and finish (LiveRobin: the final pulse of the log decides)."""
@@ -223,33 +220,20 @@ class SourceInstance(KazooWindows, PartitionInstance):
     def _emit(self, msg: Any, ingest: float) -> None:
         """One Kafka record into the chain (or the dead-letter topic); watermarks follow record
         positions, so both replicas of the partition emit them at the same places."""
-        metrics = self.metrics
         k, off, raw = msg.partition(), msg.offset(), msg.value()
         self._next_offset[k] = off + 1
         origin = (self.topic, k, off)
-        metrics.records_in += 1
+        self.metrics.records_in += 1
         try:
-            value = None if raw is None and self.metadata else self.deserializer(raw)  # None: a tombstone
-            if self.metadata:
-                value = kafka_record(msg, value, self.key_deserializer)
-        except Exception as exc:  # noqa: BLE001
-            self.dead_letter(reason="deserialize: " + describe_error(exc), operator=self.task.head.name,
-                             origin=origin, payload=raw or b"")
-            return
-        try:
-            ts = int(self.timestamp_fn(value)) if self.timestamp_fn is not None else msg.timestamp()[1]
-        except Exception as exc:  # noqa: BLE001
-            self.dead_letter(reason="timestamp: " + describe_error(exc), operator=self.task.head.name,
-                             origin=origin, payload=raw or b"")
+            value, ts = self.records.decode(raw, msg.timestamp()[1], msg)
+        except Rejected as rejected:
+            self.dead_letter(reason=rejected.reason, operator=self.task.head.name, origin=origin, payload=raw or b"")
             return
         self.chain.process((DATA, value, None, ts, ingest, origin))
-        if ts > self._max_ts[k]:
-            self._max_ts[k] = ts
-            wm = min(self._max_ts.values()) - self.out_of_orderness
-            emitted = self._emitted_wm
-            if wm >= emitted + self.cfg.watermark_interval_ms or (emitted == MIN_WATERMARK and wm > MIN_WATERMARK // 2):
-                self._emitted_wm = metrics.watermark = wm
-                self.chain.on_watermark(wm)
+        wm = self.watermarks.observe(k, ts)
+        if wm is not None:
+            self.metrics.watermark = wm
+            self.chain.on_watermark(wm)
 
     def _emit_counted(self, msg: Any, ingest: float) -> None:
         """:meth:`_emit`, with count-based checkpoints (KaZoo mode: both replicas emit the same
@@ -270,8 +254,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
         partition with no record read yet restarts where this run started).  ``pulse``: the last
         one placed; KaZoo: the pulse window held for."""
         placed = self._pulse_placed if self._pulse_placed is not None and self._pulse_placed.h == pulse else None
-        self.take_checkpoint(checkpoint_id, {"offsets": dict(self._next_offset), "max_ts": dict(self._max_ts),
-                                             "emitted_wm": self._emitted_wm, "pulse": pulse, "read": self._read,
+        self.take_checkpoint(checkpoint_id, {"offsets": dict(self._next_offset), "max_ts": dict(self.watermarks.max_ts),
+                                             "emitted_wm": self.watermarks.emitted, "pulse": pulse, "read": self._read,
                                              "pulse_placed": placed,
                                              "windows": None if self._windows is None else self._windows.state()})
 
