@@ -31,7 +31,7 @@ from replication.examples.sessions import (
 )
 from replication.functions import OutputTag
 from replication.testing import Input, run_locally
-from tests.system.test_joins_runtime import _events, _table
+from tests.example_inputs import customer_table, order_events
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -94,8 +94,8 @@ def test_the_user_guides_python_blocks_run_and_its_jobs_count_as_they_say(monkey
 
 
 def test_the_examples_give_their_references():
-    orders, payments, clicks = _events(1_000_000)
-    rows, table = _table()
+    orders, payments, clicks = order_events(1_000_000)
+    rows, table = customer_table()
     job = Job("examples")
     add_enrichment(job, "orders", "payments", "customers", "enriched", "paid", same_second_topic="pairs")
     stream = add_sessions(job, "clicks", "sessions")

@@ -14,8 +14,8 @@ from replication.examples.sessions import RecentClicks, recent_clicks_reference
 from replication.runtime.elements import MAX_WATERMARK
 from replication.runtime.operators import ProcessOperator
 from rhino_state import RocksDBStateBackend
+from tests.example_inputs import order_events
 from tests.runtime.test_operators import FakeEnv, chain, rec
-from tests.system.test_joins_runtime import _events
 
 
 def stored(backend) -> int:
@@ -27,7 +27,7 @@ def counted(records):
 
 
 def test_the_recent_clicks_ttl_keeps_the_state_bounded_by_its_span(tmp_path):
-    _, _, clicks = _events(1_000_000)
+    _, _, clicks = order_events(1_000_000)
     with RocksDBStateBackend(tmp_path / "recent") as backend:
         recent = ProcessOperator("recent", FakeEnv(backend), RecentClicks())
         out = chain(recent)

@@ -27,52 +27,16 @@ from replication.examples.clickstream import (
 )
 from replication.examples.enrichment import add_enrichment, enrichment_reference, same_second_reference
 from replication.examples.sessions import (
-    GAP_MS,
     add_recent_clicks,
     add_sessions,
     recent_clicks_reference,
     sessions_reference,
 )
 from rhino_state.increments import EMPTY_DIGEST
+from tests.example_inputs import customer_table, order_events
 from tests.ordered_runs import read_output, replicas_agree, wait_until
 
 pytestmark = pytest.mark.integration
-
-CUSTOMERS = 30
-
-
-def _table() -> tuple[list[tuple[bytes, bytes | None]], dict[str, dict | None]]:
-    """The customers topic (rows, a few updated, a few deleted by tombstones) and the table it ends as."""
-    records: list[tuple[bytes, bytes | None]] = []
-    table: dict[str, dict | None] = {}
-    for i in range(CUSTOMERS):
-        row = {"tier": "gold" if i % 3 == 0 else "basic"}
-        records.append((f"c{i}".encode(), json.dumps(row).encode()))
-        table[f"c{i}"] = row
-    for i in range(0, CUSTOMERS, 7):  # updates
-        table[f"c{i}"] = {"tier": "platinum"}
-        records.append((f"c{i}".encode(), json.dumps(table[f"c{i}"]).encode()))
-    for i in range(5, CUSTOMERS, 11):  # tombstones: the key is deleted
-        table[f"c{i}"] = None
-        records.append((f"c{i}".encode(), None))
-    return records, table
-
-
-def _events(start_ts: int) -> tuple[list[dict], list[dict], list[dict]]:
-    """Orders (to customers c0..c33: some unknown), payments of them (some too late for the join)
-    and clicks with pauses (sessions), all in event-time order."""
-    orders, payments, clicks = [], [], []
-    for i in range(240):
-        ts = start_ts + 15 * i
-        orders.append({"id": f"o{i}", "customer": f"c{i % (CUSTOMERS + 4)}", "amount": i % 50 + 1, "ts": ts})
-        for j, delay in enumerate((60, 380, 700)[: i % 4]):
-            payments.append({"id": f"p{i}-{j}", "order": f"o{i}", "ts": ts + delay})
-    for i in range(480):  # every 40 clicks all users pause for two gaps: their sessions end
-        clicks.append({"user": f"u{i % 8}", "page": f"/p{i % 5}", "ts": start_ts + 8 * i + (i // 40) * 2 * GAP_MS})
-    payments.sort(key=lambda p: p["ts"])
-    clicks.sort(key=lambda c: c["ts"])
-    return orders, payments, clicks
-
 
 def _feed(stack, topics: dict[str, str], orders, payments, clicks, seconds: float) -> None:
     """Produce the events in event-time order over about ``seconds``, in batches."""
@@ -99,7 +63,7 @@ def test_windows_joins_and_keyed_state_survive_a_kill_and_a_move_with_exact_outp
                                       "batches")}
     timers = mode == "liverobin"  # processing time comes with LiveRobin's pulses
     create_topics(stack.bootstrap_servers, {t: 1 for t in topics.values()})
-    table_records, table = _table()
+    table_records, table = customer_table()
     produce(stack.bootstrap_servers, topics["customers"], table_records)
     job = Job(name)
     add_enrichment(job, topics["orders"], topics["payments"], topics["customers"], outs["enriched"], outs["paid"],
@@ -121,7 +85,7 @@ def test_windows_joins_and_keyed_state_survive_a_kill_and_a_move_with_exact_outp
                        >= len(table_records) for r in (0, 1))
 
         wait_until(table_read, 60, "the lookup join to read the customers table")
-        orders, payments, clicks = _events(int(time.time() * 1000))
+        orders, payments, clicks = order_events(int(time.time() * 1000))
         feeder = threading.Thread(target=_feed, args=(stack, topics, orders, payments, clicks, 4.0))
         feeder.start()
         time.sleep(0.8)
