@@ -4,6 +4,8 @@
   runs on the log's records in the log's order (:class:`OrderApplier`) and the leader's proposer
   (:class:`OrderProposer`); pure, property-tested;
 * :mod:`kazoo_leader.orderer`: both fed from a partition instance's input queues and an inbox;
+* :mod:`kazoo_leader.window_order`: a source partition's records and a pulse window's pulses in
+  KaZoo order (both replicas put the pulses between the same records); pure, not wired yet;
 * :mod:`kazoo_leader.segments`: a partition's order log as a sequence of short topics; pure;
 * :mod:`kazoo_leader.order_log`: the Kafka edge (one reader and writer of order logs per worker);
 * :mod:`kazoo_leader.election`: the ZooKeeper edge (one session per worker, epochs from
