@@ -73,6 +73,8 @@ class WindowOrder:
         self.applier = OrderApplier((RECORDS, PULSES))
         self.proposer = OrderProposer(self.applier, **proposer_options)
         self.ended = False
+        self._declared_last: Any = None  # a pulse the heartbeat log showed to be the window's last
+        self._pulses_out: list[Any] = []  # the window's pulses taken so far
         self._unapplied: deque[tuple[int, Any]] = deque()  # records pushed, not yet consumed
         self._next_offset = start  # records below it were pushed (or lie before the stretch)
 
@@ -146,12 +148,27 @@ class WindowOrder:
                 continue
             pulse = element[1]
             out.append(("pulse", pulse))
-            if self.is_last(pulse):
+            self._pulses_out.append(pulse)
+            if self.is_last(pulse) or pulse == self._declared_last:
                 self.ended = True
                 break
         if self.ended:
-            out.extend(("record", record) for record in self._unapplied)
-            self._unapplied.clear()
+            out.extend(self._release())
+        return out
+
+    def end_after(self, pulse: Any) -> list[tuple[str, Any]]:
+        """The heartbeat log showed ``pulse`` to be the window's last (a later window's pulse
+        followed it, with no pulse marked last): the stretch ends right after it, on every
+        replica alike.  Returns what goes out now (the records held, if it is out already)."""
+        self._declared_last = pulse
+        if self.ended or pulse not in self._pulses_out:
+            return self.take()
+        self.ended = True
+        return self._release()
+
+    def _release(self) -> list[tuple[str, Any]]:
+        out = [("record", record) for record in self._unapplied]
+        self._unapplied.clear()
         return out
 
     @property
