@@ -29,6 +29,11 @@ class KafkaRecord:
         return default
 
 
+def kafka_time(msg: Any) -> int:
+    """A confluent-kafka message's timestamp (ms)."""
+    return msg.timestamp()[1]
+
+
 def kafka_record(msg: Any, value: Any, key_deserializer: Any | None) -> KafkaRecord:
     """The :class:`KafkaRecord` of a confluent-kafka message whose value deserialized to ``value``."""
     key = msg.key()

@@ -241,14 +241,14 @@ class _Source:
         spec = stage.node.spec
         self.stage, self.env = stage, env
         deserializer = spec["deserializer"]
-        self.records = SourceRecords(spec, _with_metadata,
+        self.records = SourceRecords(spec, _with_metadata, lambda msg: msg.timestamp,
                                      lambda raw: deserializer(raw) if isinstance(raw, bytes) else raw)
         self.watermarks = Watermarks([0], spec["max_out_of_orderness_ms"], watermark_interval_ms)
 
     def read(self, msg: _Message) -> None:
         raw = msg.record.value
         try:
-            value, ts = self.records.decode(raw, msg.timestamp, msg)
+            value, ts = self.records.decode(raw, msg)
         except Rejected as rejected:
             payload = raw if isinstance(raw, bytes) else repr(raw).encode()
             self.env.dead_letter(reason=rejected.reason, operator=self.stage.node.name,

@@ -20,7 +20,7 @@ from liverobin.heartbeats import PULSE_ITEM, PulseRecord
 from liverobin.windows import PulseWindows
 from replication import savepoint
 from replication.plan import PhysicalPlan, TaskSpec
-from replication.records import kafka_record
+from replication.records import kafka_record, kafka_time
 from replication.runtime.elements import DATA
 from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
 from replication.runtime.source_drain import SourceDrain
@@ -44,7 +44,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
         spec = task.head.spec
         self.topic: str = spec["topic"]
         self.kafka_partitions: list[int] = plan.source_partitions[task.id][partition]
-        self.records = SourceRecords(spec, kafka_record)
+        self.records = SourceRecords(spec, kafka_record, kafka_time)
         self.start_offsets = plan.source_start_offsets.get(task.id, {})
         self.drain = SourceDrain(self.cfg, f"replication-{worker.job_name}-{task.id}-{partition}", self.topic,
                                  self.kafka_partitions)
@@ -225,7 +225,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
         origin = (self.topic, k, off)
         self.metrics.records_in += 1
         try:
-            value, ts = self.records.decode(raw, msg.timestamp()[1], msg)
+            value, ts = self.records.decode(raw, msg)
         except Rejected as rejected:
             self.dead_letter(reason=rejected.reason, operator=self.task.head.name, origin=origin, payload=raw or b"")
             return

@@ -27,22 +27,23 @@ class Rejected(Exception):
 class SourceRecords:
     """A source's deserializer and event time, from its spec (``job.source(...)``);
     ``with_metadata(record, value, key_deserializer)`` wraps a value in the metadata of the record
-    it was read from, for a source that asks for them."""
+    it was read from, for a source that asks for them, and ``kafka_time(record)`` is the record's
+    Kafka timestamp (ms), its event time when the source has no timestamp function."""
 
-    __slots__ = ("deserializer", "key_deserializer", "metadata", "timestamp_fn", "with_metadata")
+    __slots__ = ("deserializer", "key_deserializer", "metadata", "timestamp_fn", "with_metadata", "kafka_time")
 
     def __init__(self, spec: Mapping[str, Any], with_metadata: Callable[[Any, Any, Any], Any],
-                 deserializer: Callable[[Any], Any] | None = None) -> None:
+                 kafka_time: Callable[[Any], int], deserializer: Callable[[Any], Any] | None = None) -> None:
         self.deserializer = spec["deserializer"] if deserializer is None else deserializer
         self.key_deserializer = spec.get("key_deserializer")
         self.metadata: bool = spec.get("metadata", False)
         self.timestamp_fn = spec["timestamp"]
         self.with_metadata = with_metadata
+        self.kafka_time = kafka_time
 
-    def decode(self, raw: Any, kafka_ts: int, record: Any) -> tuple[Any, int]:
+    def decode(self, raw: Any, record: Any) -> tuple[Any, int]:
         """The value of ``record``, read as ``raw`` (None: a tombstone, kept as None with
-        metadata), and its event time (the timestamp function's, else ``kafka_ts``).  Raises
-        :class:`Rejected`."""
+        metadata), and its event time.  Raises :class:`Rejected`."""
         try:
             value = None if raw is None and self.metadata else self.deserializer(raw)
             if self.metadata:
@@ -50,7 +51,7 @@ class SourceRecords:
         except Exception as exc:  # noqa: BLE001 - the user's deserializer
             raise Rejected("deserialize: " + describe_error(exc)) from None
         if self.timestamp_fn is None:
-            return value, kafka_ts
+            return value, self.kafka_time(record)
         try:
             return value, int(self.timestamp_fn(value))
         except Exception as exc:  # noqa: BLE001 - the user's timestamp function

@@ -17,29 +17,33 @@ def _spec(**over):
 
 
 def _wrap(record, value, key_deserializer):
-    return ("meta", record, value, key_deserializer)
+    return ("meta", record[0], value, key_deserializer)
+
+
+def _time(record):
+    return record[1]
 
 
 def test_a_value_gets_the_timestamp_function_s_time_or_the_record_s():
-    assert SourceRecords(_spec(), _wrap).decode(b'{"ts": 7}', 1000, "msg") == ({"ts": 7}, 1000)
-    timed = SourceRecords(_spec(timestamp=lambda v: v["ts"]), _wrap)
-    assert timed.decode(b'{"ts": 7.9}', 1000, "msg") == ({"ts": 7.9}, 7)
+    assert SourceRecords(_spec(), _wrap, _time).decode(b'{"ts": 7}', ("msg", 1000)) == ({"ts": 7}, 1000)
+    timed = SourceRecords(_spec(timestamp=lambda v: v["ts"]), _wrap, _time)
+    assert timed.decode(b'{"ts": 7.9}', ("msg", 1000)) == ({"ts": 7.9}, 7)
 
 
 def test_with_metadata_the_value_is_wrapped_and_a_tombstone_stays_none():
-    records = SourceRecords(_spec(metadata=True, key_deserializer=bytes.decode), _wrap)
-    assert records.decode(b"1", 5, "msg") == (("meta", "msg", 1, bytes.decode), 5)
-    assert records.decode(None, 5, "msg") == (("meta", "msg", None, bytes.decode), 5)
+    records = SourceRecords(_spec(metadata=True, key_deserializer=bytes.decode), _wrap, _time)
+    assert records.decode(b"1", ("msg", 5)) == (("meta", "msg", 1, bytes.decode), 5)
+    assert records.decode(None, ("msg", 5)) == (("meta", "msg", None, bytes.decode), 5)
     with pytest.raises(Rejected):  # without metadata a tombstone is the deserializer's to read
-        SourceRecords(_spec(), _wrap).decode(None, 5, "msg")
+        SourceRecords(_spec(), _wrap, _time).decode(None, ("msg", 5))
 
 
 def test_what_fails_is_rejected_with_the_dead_letter_reason():
     with pytest.raises(Rejected) as bad_value:
-        SourceRecords(_spec(), _wrap).decode(b"{", 1, "msg")
+        SourceRecords(_spec(), _wrap, _time).decode(b"{", ("msg", 1))
     assert bad_value.value.reason.startswith("deserialize: JSONDecodeError")
     with pytest.raises(Rejected) as bad_time:
-        SourceRecords(_spec(timestamp=lambda v: v["ts"]), _wrap).decode(b"{}", 1, "msg")
+        SourceRecords(_spec(timestamp=lambda v: v["ts"]), _wrap, _time).decode(b"{}", ("msg", 1))
     assert bad_time.value.reason.startswith("timestamp: KeyError")
 
 
