@@ -37,7 +37,7 @@ from pyarrow import fs as pafs
 from rhino_state.durable import file_system, open_whole, without_credentials
 
 META = "_meta.json"
-FORMAT = 1
+FORMAT = 2  # 2: values of states with a TTL carry rhino_state.ttl.TTL_MARK
 
 Where = str | os.PathLike[str]  # a directory: a path, or a pyarrow.fs URI
 

@@ -48,7 +48,7 @@ from transport.ids import PartitionId
 __all__ = ["CUT_FORMAT", "CutPart", "DamagedCheckpointError", "DurableCut", "DurableStore", "UploadedIncrement",
            "file_system", "open_whole", "without_credentials"]
 
-CUT_FORMAT = 1
+CUT_FORMAT = 2  # 2: values of states with a TTL carry rhino_state.ttl.TTL_MARK
 CHUNK = 4 * 1024 * 1024
 _INCREMENT_RE = re.compile(r"(\d{12})-([0-9a-f]+)\.json")
 _CUT_RE = re.compile(r"(\d{12})\.json")

@@ -2,7 +2,8 @@
 expired values from reads.
 
 A state declared with a :class:`StateTtl` stores each value (each map entry, each list element)
-as ``(expiry, value)``, where expiry is the operator's time at the write plus the TTL.  By event
+as ``(expiry, value)``, marked as such, where expiry is the operator's time at the write plus the
+TTL.  By event
 time (the default), that time is the record's event time, and a value whose expiry the watermark
 reached is invisible from then on; by processing time, it is the time of the last pulse the
 operator passed (the heartbeat generator's clock, stamped into each pulse), and a value is
@@ -10,6 +11,11 @@ invisible once a pulse of its expiry or later passed.  Either is a position in t
 replica's clock, so both replicas see the same values.  Every write also schedules a sweep of that
 key's state at the expiry, rounded up to an eighth of the TTL so that a key written often keeps
 few sweeps pending; the sweep deletes what expired, so state of keys that go quiet is removed.
+
+A new version of a function may add or remove a state's TTL (``replace_operator``, or a run
+from a savepoint): a value keeps what it was written with.  One written without a TTL never
+expires until it is written again; one written with a TTL is read by a state without one as its
+value (the mark tells them apart; savepoint and durable-cut formats 2 on).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from typing import Any
 from rhino_state.canonical import canonical_dumps
 
 EXPIRED: Any = object()  # what a codec decodes an expired value to
+
+# The first byte of a value written with a TTL; a pickle (protocol 2 and up) starts with 0x80.
+TTL_MARK = b"\x01"
 
 
 EVENT_TIME, PROCESSING_TIME = "event", "processing"
@@ -48,7 +57,7 @@ class StateTtl:
 
 
 class PlainCodec:
-    """Values without a TTL: canonical pickles."""
+    """Values without a TTL: canonical pickles (one written with a TTL: its value)."""
 
     ttl: StateTtl | None = None
 
@@ -56,6 +65,8 @@ class PlainCodec:
         return canonical_dumps(value)
 
     def decode(self, raw: bytes, horizon: int) -> Any:
+        if raw[:1] == TTL_MARK:
+            return pickle.loads(raw[1:])[1]
         return pickle.loads(raw)
 
     def expiry(self, raw: bytes) -> int | None:
@@ -71,14 +82,22 @@ class TtlCodec(PlainCodec):
 
     def encode(self, value: Any, now: int) -> bytes:
         assert self.ttl is not None
-        return canonical_dumps((now + self.ttl.ttl_ms, value))
+        return TTL_MARK + canonical_dumps((now + self.ttl.ttl_ms, value))
 
     def decode(self, raw: bytes, horizon: int) -> Any:
-        expiry, value = pickle.loads(raw)
-        return EXPIRED if expiry <= horizon else value
+        expiry, value = _expiring(raw)
+        return EXPIRED if expiry is not None and expiry <= horizon else value
 
     def expiry(self, raw: bytes) -> int | None:
-        return pickle.loads(raw)[0]
+        return _expiring(raw)[0]
+
+
+def _expiring(raw: bytes) -> tuple[int | None, Any]:
+    """``(expiry, value)`` of a value read by a state with a TTL (expiry None: written without
+    one, it does not expire)."""
+    if raw[:1] == TTL_MARK:
+        return pickle.loads(raw[1:])
+    return None, pickle.loads(raw)
 
 
 def codec_for(ttl: StateTtl | None) -> PlainCodec:

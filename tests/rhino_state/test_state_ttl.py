@@ -169,3 +169,32 @@ def test_what_a_ttl_state_shows_equals_a_model_of_expiries(tmp_path_factory, ste
                 assert dict(m.items()) == {mk: v for (kk, mk), (exp, v) in model_map.items()
                                            if kk == k and exp > wm}
                 assert lst.get() == [v for exp, v in model_list.get(k, []) if exp > wm]
+
+
+def test_a_new_version_may_add_or_remove_a_ttl_and_each_value_keeps_what_it_was_written_with(ctx):
+    """A function's replacement (or a run from a savepoint) may change whether a state has a TTL:
+    values written without one stay until written again, values written with one read as their
+    value, pairs included (a pair is not taken for an expiry and a value)."""
+    ctx.set_time(100, 100)
+    ctx.set_current_key("a")
+    ctx.value_state("n", 0).update(5)
+    ctx.value_state("pair").update((1, "x"))
+    ctx.map_state("m").put("k", (2, 3))
+    ctx.list_state("l").add_all([(4, 5), 6])
+    ctx.forget_handles()
+    ttl = StateTtl(1000)
+    n, pair = ctx.value_state("n", 0, ttl=ttl), ctx.value_state("pair", ttl=ttl)
+    m, lst = ctx.map_state("m", ttl=ttl), ctx.list_state("l", ttl=ttl)
+    sweep_until(ctx, 10_000)
+    assert (n.value(), pair.value(), m.get("k"), lst.get()) == (5, (1, "x"), (2, 3), [(4, 5), 6])
+    n.update(7)  # written with the TTL now: it expires
+    sweep_until(ctx, 20_000)
+    assert n.value() == 0 and pair.value() == (1, "x")
+    ctx.set_current_key("b")
+    ctx.value_state("n", 0, ttl=ttl).update(9)
+    ctx.map_state("m", ttl=ttl).put("k", (8, 9))
+    ctx.forget_handles()
+    plain_n, plain_m = ctx.value_state("n", 0), ctx.map_state("m")
+    assert plain_n.value() == 9 and plain_m.get("k") == (8, 9)
+    sweep_until(ctx, 50_000)  # the sweeps the TTL writes scheduled delete nothing now
+    assert plain_n.value() == 9 and plain_m.get("k") == (8, 9)
