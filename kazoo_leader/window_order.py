@@ -74,7 +74,7 @@ class WindowOrder:
         self.proposer = OrderProposer(self.applier, **proposer_options)
         self.ended = False
         self._declared_last: Any = None  # a pulse the heartbeat log showed to be the window's last
-        self._pulses_out: list[Any] = []  # the window's pulses taken so far
+        self._last_out: Any = None  # the last of the window's pulses taken so far
         self._unapplied: deque[tuple[int, Any]] = deque()  # records pushed, not yet consumed
         self._next_offset = start  # records below it were pushed (or lie before the stretch)
 
@@ -148,7 +148,7 @@ class WindowOrder:
                 continue
             pulse = element[1]
             out.append(("pulse", pulse))
-            self._pulses_out.append(pulse)
+            self._last_out = pulse
             if self.is_last(pulse) or pulse == self._declared_last:
                 self.ended = True
                 break
@@ -161,7 +161,7 @@ class WindowOrder:
         followed it, with no pulse marked last): the stretch ends right after it, on every
         replica alike.  Returns what goes out now (the records held, if it is out already)."""
         self._declared_last = pulse
-        if self.ended or pulse not in self._pulses_out:
+        if self.ended or pulse != self._last_out:  # (no pulse of the window follows its last)
             return self.take()
         self.ended = True
         return self._release()

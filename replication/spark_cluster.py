@@ -488,9 +488,9 @@ def spark_error_line(err: BaseException) -> str:
     lines = [line.strip().lstrip(": ") for line in str(err).splitlines() if line.strip().lstrip(": ")]
     if not lines:
         return type(err).__name__
-    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
-    python = [line for line in raised if "." not in _EXCEPTION_LINE.match(line).group(1)]  # type: ignore[union-attr]
-    last = (python or raised or [lines[0]])[-1]
+    raised = [(m.group(1), line) for line in lines if (m := _EXCEPTION_LINE.match(line))]
+    python = [line for name, line in raised if "." not in name]
+    last = (python or [line for _, line in raised] or [lines[0]])[-1]
     return lines[0] if last == lines[0] else f"{lines[0].rstrip(':')}: {last}"
 
 
