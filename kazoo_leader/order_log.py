@@ -68,8 +68,10 @@ class OrderHandOut:
     acknowledged (any thread); hands each of the log's records to ``on_records`` once, in log
     order, with its position as :attr:`Order.offset`.  No I/O."""
 
-    def __init__(self, order_log: SegmentedLog, start: int, on_records: Callable[[list[Order]], None]) -> None:
+    def __init__(self, order_log: SegmentedLog, start: int, on_records: Callable[[list[Order]], None],
+                 decode: Callable[..., Any] = Order.decode) -> None:
         self.log = order_log
+        self._decode = decode
         self._cursor: OrderCursor[bytes] = OrderCursor(order_log, start)
         self._on_records = on_records
         self._lock = threading.Lock()  # held while handing out: on_records sees the log in its order
@@ -107,7 +109,7 @@ class OrderHandOut:
         orders = []
         for position, value in records:
             try:
-                orders.append(Order.decode(value, offset=position))
+                orders.append(self._decode(value, offset=position))
             except ValueError as exc:  # every reader skips the same record
                 log.error("order log %s position %d skipped: %s", self.log.prefix, position, exc)
         if orders:
@@ -141,7 +143,7 @@ class OrderLog:
         self.rest_after_s = rest_after_s
         self.rests = 0  # times the reader left its segments for want of input (for tests and logs)
         self._wanted = threading.Event()  # input arrived or an order was written since the reader looked
-        self._unread: set[tuple[str, int, int]] = set()  # orders written here, not handed out yet (prefix, epoch, seq)
+        self._unread: set[tuple[str, tuple]] = set()  # orders written here, not handed out yet (prefix, key)
         self.rewritten = 0  # orders written again, having landed past the end of a full segment
         self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
         self._create_topics = create_topics
@@ -161,16 +163,19 @@ class OrderLog:
         on_failed: Callable[[Order, str], None],
         on_error: Callable[[str], None],
         pending: Callable[[], bool] | None = None,
+        decode: Callable[..., Any] = Order.decode,
     ) -> Callable[[Order], None]:
         """Follow ``order_log`` from position ``start``; returns the function that publishes to it.
         Each order is handed out with its position as :attr:`Order.offset`.  ``pending``: whether
         the replica has input it has not consumed (None: the reader never rests for it); call
-        :meth:`input_arrived` whenever it gets some."""
+        :meth:`input_arrived` whenever it gets some.  ``decode``: the log's record type
+        (``decode(value, offset=position)``, with ``encode()`` and ``key`` like :class:`Order`)."""
         if self._threads:
             raise RuntimeError("register order logs before the order log starts")
         if order_log.prefix in self._logs:
             raise ValueError(f"order log {order_log.prefix} registered twice")
-        hand_out = OrderHandOut(order_log, start, lambda orders: self._handed_out(order_log.prefix, orders, on_records))
+        hand_out = OrderHandOut(order_log, start, lambda orders: self._handed_out(order_log.prefix, orders, on_records),
+                                decode)
         self._logs[order_log.prefix] = entry = _Log(order_log, hand_out, on_failed, on_error, pending)
         return lambda order: self._publish(entry, order)
 
@@ -202,7 +207,7 @@ class OrderLog:
         if self._producer is None:
             raise RuntimeError("the order log is not started")
         target = entry.hand_out.segment if segment is None else segment
-        key = (entry.log.prefix, order.epoch, order.seq)
+        key = (entry.log.prefix, order.key)
         with self._lock:
             self._unread.add(key)
         if entry.made < target + 2:
@@ -254,7 +259,7 @@ class OrderLog:
         on_records(orders)
         if self._unread:
             with self._lock:
-                self._unread.difference_update((prefix, o.epoch, o.seq) for o in orders)
+                self._unread.difference_update((prefix, o.key) for o in orders)
 
     @property
     def awaiting(self) -> int:

@@ -87,6 +87,11 @@ class Order:
         object.__setattr__(self, "entries", entries)
 
     @property
+    def key(self) -> tuple:
+        """What tells this record from every other of its log (its writer's bookkeeping)."""
+        return self.epoch, self.seq
+
+    @property
     def is_fence(self) -> bool:
         """True for an epoch-start record (orders nothing)."""
         return not self.entries

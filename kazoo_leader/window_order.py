@@ -46,6 +46,11 @@ class WindowRecord:
     window: int
     order: Order
 
+    @property
+    def key(self) -> tuple:
+        """What tells this record from every other of its log (each window's orders count afresh)."""
+        return (self.window, *self.order.key)
+
     def encode(self) -> bytes:
         return _WINDOW.pack(self.window) + self.order.encode()
 

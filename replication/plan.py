@@ -103,6 +103,9 @@ class PhysicalPlan:
     # replicas follow it from its start (a resumed run's, restored from its cut, from their checkpoint)
     order_logs: dict[PartitionId, SegmentedLog] = field(default_factory=dict)
     order_logs_prefix: str | None = None  # what this run's order logs are named after
+    # KaZoo: the order log of every source partition, where its leader places the pulses of the
+    # handovers' pulse windows (replication.runtime.window_placement); each run's own, read from its start
+    window_order_logs: dict[PartitionId, SegmentedLog] = field(default_factory=dict)
     # a savepoint this run starts from: (directory, its _meta.json), set by the driver
     savepoint: tuple[str, dict] | None = None
     resume: ResumePoint | None = None  # the durable cut this run goes on from, set by the driver
@@ -124,6 +127,9 @@ class PhysicalPlan:
     def multi_input_partitions(self) -> list[PartitionId]:
         """Partitions with more than one input channel (the ones KaZoo orders)."""
         return [(t.id, p) for t in self.tasks for p in range(t.parallelism) if len(self.input_channels(t.id, p)) > 1]
+
+    def source_partition_ids(self) -> list[PartitionId]:
+        return [(t.id, p) for t in self.tasks if t.is_source for p in range(t.parallelism)]
 
     def task(self, task_id: int) -> TaskSpec:
         return self.tasks[task_id]

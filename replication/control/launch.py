@@ -228,7 +228,12 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         plan.order_logs_prefix = prefix
         plan.order_logs = {inst: SegmentedLog(cfg.order_log(prefix, *inst))
                            for inst in plan.multi_input_partitions()}
-        ensure_topics(admin, {log_.topic(n): 1 for log_ in plan.order_logs.values() for n in range(3)})
+        # (a window's order starts and ends within a run: a resumed run's sources start afresh)
+        windows = f"{cfg.order_logs_prefix(job.name)}.{uuid.uuid4().hex[:8]}.windows"
+        plan.window_order_logs = {inst: SegmentedLog(cfg.order_log(windows, *inst))
+                                  for inst in plan.source_partition_ids()}
+        ensure_topics(admin, {log_.topic(n): 1 for logs in (plan.order_logs, plan.window_order_logs)
+                              for log_ in logs.values() for n in range(3)})
     wanted = {n.spec["topic"]: plan.task(_task_of(plan, n)).parallelism for n in job.sinks()}
     wanted[cfg.dead_letter_topic(job.name)] = 1
     created = ensure_topics(admin, wanted)
@@ -290,7 +295,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     master = JobMaster(plan, placement, num_workers, cfg, job.name, sc.applicationId, executor_lister(sc),
                        security)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    election_root = f"/replication/{job.name}/{run_id}" if plan.order_logs else None
+    election_root = f"/replication/{job.name}/{run_id}" if plan.order_logs or plan.window_order_logs else None
     lineage = run_lineage(plan.resume, run_id)
     if cfg.checkpoint_dir is not None:
         if plan.resume is not None:

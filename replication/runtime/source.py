@@ -26,6 +26,7 @@ from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
 from replication.runtime.source_drain import SourceDrain
 from replication.runtime.source_records import Rejected, SourceRecords, Watermarks
 from replication.runtime.source_windows import KazooWindows
+from replication.runtime.window_placement import ORDERED_ITEM, WindowOrders, WindowPlacer
 from transport.kafka_feeds import PartitionFeed
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,9 @@ class SourceInstance(KazooWindows, PartitionInstance):
         self._pulses = worker.feeds.pulse_reader().subscribe() if plan.heartbeat_log is not None and not restoring \
             else None
         self._windows = PulseWindows() if self.cfg.mode == "kazoo" and plan.heartbeat_log is not None else None
+        self._window_orders: WindowOrders | None = None
+        if self._windows is not None:
+            self._open_window_order(restoring)
         self.pending_window: tuple | None = None  # the driver's latest word on the pulse window (worker thread)
         self._window_word: tuple | None = None
         self.holding: tuple[int, dict[int, int]] | None = None  # (window, {partition: position}) for the driver
@@ -84,6 +88,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
         if self._windows is not None:
             if rt.get("windows") is not None:
                 self._windows.restore(*rt["windows"])
+                current, handled = rt["windows"]
+                self._window_orders.finish(handled if current is None else current - 1)  # (behind it)
             self._windows.after_pulse = self._after_pulse
         # the worker's shared reader started long ago: read the log again, from right after the last
         # pulse placed before the checkpoint (what counts is decided by the log alone, and the
@@ -92,6 +98,10 @@ class SourceInstance(KazooWindows, PartitionInstance):
             reader = self._reader = self.worker.feeds.own_pulse_reader(self._pulse_placed)
             self._pulses = reader.subscribe()
             reader.start()
+        if self._windows is not None:  # (the shared order log reader started long ago)
+            order_log = self.worker.feeds.own_order_log()
+            self._follow_window_log(order_log)
+            order_log.start()
         return rt
 
     def savepoint_content(self) -> dict[str, Any]:
@@ -149,8 +159,11 @@ class SourceInstance(KazooWindows, PartitionInstance):
         placer = self._pulse_placer() if self._windows is None else None
         if self.cfg.rhino_enabled and self.restored is None:
             self._source_checkpoint(0, 0)  # at once: restorable from its first seconds on, idle or not
+        if self._windows is not None:
+            self._join_window_election()
         if self._windows is not None and self.restored is not None:
             placer = self._start_replay()
+        drained = False
         try:
             while not self.stop_requested.is_set():
                 # take what is there without waiting for a full batch; block only when idle
@@ -201,12 +214,16 @@ class SourceInstance(KazooWindows, PartitionInstance):
                         self._emit_counted(msg, time.time())
                     else:
                         placer.add_record(msg.offset(), (msg, time.time()))
+                if self._window_orders is not None:
+                    self._serve_window_order()
                 if placer is not None:
                     if self._place(placer, feed):
+                        drained = True
                         return True
                     if self._windows is not None and self._windows.current is None:
                         placer = self._after_window(placer, feed)  # its last pulse is out
                 elif self.drain.done(feed, self._next_offset, self.start_offsets):
+                    drained = True
                     return True
                 if self._windows is not None:
                     self._show_window(placer)
@@ -216,6 +233,9 @@ class SourceInstance(KazooWindows, PartitionInstance):
         finally:
             self._reading = None
             feed.close()
+            # (a replica that read everything keeps its leadership: nothing is left to order)
+            if self._windows is not None and self._window_candidate is not None and not drained:
+                self._window_candidate.withdraw()
 
     def _emit(self, msg: Any, ingest: float) -> None:
         """One Kafka record into the chain (or the dead-letter topic); watermarks follow record
@@ -235,17 +255,19 @@ class SourceInstance(KazooWindows, PartitionInstance):
             self.metrics.watermark = wm
             self.chain.on_watermark(wm)
 
-    def _emit_counted(self, msg: Any, ingest: float) -> None:
+    def _emit_counted(self, msg: Any, ingest: float, checkpoint: bool = True) -> None:
         """:meth:`_emit`, with count-based checkpoints (KaZoo mode: both replicas emit the same
         records, pulses or not): before a record whose Kafka timestamp enters a new
-        ``rhino.checkpointInterval``, and every ``count_every`` records."""
-        if self.count_every and self._new_interval(msg.timestamp()[1]) and self._read > self._last_counted:
+        ``rhino.checkpointInterval``, and every ``count_every`` records; none among the records of
+        a pulse window's ordered stretch (``checkpoint`` false)."""
+        if self.count_every and self._new_interval(msg.timestamp()[1]) and self._read > self._last_counted \
+                and checkpoint:
             self._last_counted = self._read
             self._source_checkpoint(self._read, self.metrics.pulse)
         self._emit(msg, ingest)
         if self.count_every:
             self._read += 1
-            if self._read % self.count_every == 0:
+            if self._read % self.count_every == 0 and checkpoint:
                 self._last_counted = self._read
                 self._source_checkpoint(self._read, self.metrics.pulse)
 
@@ -268,7 +290,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
         k = self.kafka_partitions[0]
         return PulsePlacer(self.topic, k, fetched_to=self.start_offsets.get(k, 0))
 
-    def _place(self, placer: PulsePlacer, feed: PartitionFeed) -> bool:
+    def _place(self, placer: PulsePlacer | WindowPlacer, feed: PartitionFeed) -> bool:
         """Emit what the pulses known so far allow; True once the final pulse is out (drained)."""
         pos = feed.position(placer.partition)
         if pos >= 0:
@@ -294,7 +316,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
                 if final:
                     return True
             else:
-                self._emit_counted(*item)
+                self._emit_counted(*item, checkpoint=kind != ORDERED_ITEM)
         # the records held wait for a pulse beyond them; the heartbeat log is never paused
         if placer.held > self._hold_limit:
             feed.pause()
