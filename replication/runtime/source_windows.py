@@ -141,11 +141,16 @@ class KazooWindows:
         metrics.window = (-1 if windows.current is None else windows.current, windows.handled,
                           -1 if windows.pending is None else windows.pending)
         metrics.held_records = 0 if placer is None else placer.held
+        orders = self._window_orders
+        metrics.leader = orders.epoch is not None  # (of the partition's window order)
+        metrics.order_epoch = -1 if orders.current is None or orders.current.applier.epoch is None \
+            else orders.current.applier.epoch
 
     def _hold(self, window: int) -> WindowPlacer:
         """Start holding for ``window`` (announced open) at this replica's position and report it."""
         placer = self._placer_here()
         self.holding = (window, {placer.partition: placer.fetched_to})
+        self.worker.link.ring()  # (every record waits until the window's first pulse: report now)
         self._windows.queue(self._pulses.take(0))
         self._feed(placer)
         return placer
