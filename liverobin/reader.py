@@ -42,28 +42,18 @@ class PulseSubscription:
         # called by the reader's thread after it handed pulses over (or failed): lets a source that
         # waits on something else too (its records) be woken by a pulse
         self.on_pulse: Callable[[], None] | None = None
-        self._interrupted = False
 
     def take(self, timeout: float) -> list[PulseRecord]:
-        """Every pulse not taken yet; waits up to ``timeout`` for one if there is none (or until
-        :meth:`interrupt`)."""
+        """Every pulse not taken yet; waits up to ``timeout`` for one if there is none."""
         cond = self._reader._cond
         with cond:
             if not self._items and timeout > 0:
-                cond.wait_for(lambda: self._items or self._interrupted or self._reader.error is not None, timeout)
-            self._interrupted = False
+                cond.wait_for(lambda: self._items or self._reader.error is not None, timeout)
             if self._reader.error is not None:
                 raise RuntimeError(f"heartbeat log reader failed: {self._reader.error}")
             items = list(self._items)
             self._items.clear()
             return items
-
-    def interrupt(self) -> None:
-        """End a :meth:`take`'s wait now (any thread: the source waits on something else too)."""
-        cond = self._reader._cond
-        with cond:
-            self._interrupted = True
-            cond.notify_all()
 
 
 class PulseReader:

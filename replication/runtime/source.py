@@ -31,10 +31,6 @@ from transport.kafka_feeds import PartitionFeed
 
 log = logging.getLogger(__name__)
 
-# KaZoo, in a pulse window: how long an idle source waits for the next pulse before polling
-# Kafka again.
-PULSE_WAIT_S = 0.005
-
 
 class SourceInstance(KazooWindows, PartitionInstance):
     """Reads assigned Kafka partitions; emits watermarks at deterministic record positions."""
@@ -185,8 +181,13 @@ class SourceInstance(KazooWindows, PartitionInstance):
                     if not messages:
                         self.flush_outputs()
                         messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
-                elif self._windows is not None:  # KaZoo, in a window
-                    self._windows.queue(self._pulses.take(0 if messages else PULSE_WAIT_S))
+                elif self._windows is not None:  # KaZoo, in a window: pulses and order news ring the feed
+                    pulses = self._pulses.take(0)
+                    if not messages and not pulses and not self._window_inbox:
+                        self.flush_outputs()
+                        messages = feed.consume(batch, self._window_wait())
+                        pulses = self._pulses.take(0)
+                    self._windows.queue(pulses)
                     self._feed(placer)
                 else:  # LiveRobin: a pulse rings the feed too, so one wait sees records and pulses
                     pulses = self._pulses.take(0)

@@ -20,8 +20,10 @@ import time
 from collections import deque
 from typing import Any
 
+from kazoo_leader.orderer import MIN_WAIT_S
 from kazoo_leader.window_order import WindowRecord
 from liverobin.windows import HOLD, LEAVE, PulseWindows
+from replication.runtime.instance import IDLE_WAIT_S
 from replication.runtime.window_placement import WindowOrders, WindowPlacer
 from transport.kafka_feeds import PartitionFeed
 
@@ -51,6 +53,7 @@ class KazooWindows:
     partition: int
     cfg: Any
     wake: Any
+    idle_wait: Any
 
     # -- the partition's order log and election ----------------------------------------------------
     def _open_window_order(self, restoring: bool) -> None:
@@ -86,9 +89,14 @@ class KazooWindows:
 
     def _window_news(self, item: tuple) -> None:
         self._window_inbox.append(item)
-        if self._pulses is not None:
-            self._pulses.interrupt()
         self.wake()
+
+    def _window_wait(self) -> float:
+        """How long the loop may wait for its feed in a window (a pulse or the order log's news
+        ends the wait): until the window order's next batch is due, or a writer's commit."""
+        longest = self.idle_wait(IDLE_WAIT_S)
+        wake_at = self._window_orders.wake_at()
+        return longest if wake_at is None else min(longest, max(wake_at - time.monotonic(), MIN_WAIT_S))
 
     def _window_order_pending(self) -> bool:
         """Whether a window's order is to be read here (the order log reader's thread)."""
