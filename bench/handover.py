@@ -443,13 +443,14 @@ def latency_columns(obs: Sequence[Obs], requested: float, ended: float, load: tu
     """Before the request (from ``warm_up_s`` after the load started to ``before_end``, default the
     request: the bench's own state measurement just before it is in no window), during the handover
     (produced between the request and its end) and after it (to the end of the load); the worst
-    per-second p99 during it."""
-    during = [(sec, percentile([o.latency for o in g], .99)) for sec, g in per_second(obs, requested).items()
-              if sec >= 0 and requested + sec < ended]
+    per-second p99 during it, of every key and of the keys not moved (whose records no step holds)."""
+    during = [g for sec, g in per_second(obs, requested).items() if sec >= 0 and requested + sec < ended]
+    unmoved = [lat for g in during if (lat := [o.latency for o in g if not o.moved])]
     return {**window_columns(obs, load[0] + warm_up_s, min(before_end or requested, requested), "before"),
             **window_columns(obs, requested, ended, "during"),
             **window_columns(obs, ended, load[1], "after"),
-            "worst_second_p99_ms": max((p for _, p in during), default=0.0) * MS}
+            "worst_second_p99_ms": max((percentile([o.latency for o in g], .99) for g in during), default=0.0) * MS,
+            "unmoved_worst_second_p99_ms": max((percentile(lat, .99) for lat in unmoved), default=0.0) * MS}
 
 
 # ------------------------------------------------------------------------------------------ CSV rows
@@ -466,7 +467,8 @@ RUN_COLUMNS = ("mode", "rhino", "operation", "size", "strategy", "state_bytes", 
                "bytes_moved", *BYTES_COLUMNS, *MEASURED_COLUMNS, "measure_s", "bytes_planned", "max_step_bytes_planned",
                "p99_before_ms", "max_before_ms", "moved_p99_before_ms", "moved_max_before_ms",
                "p99_during_ms", "max_during_ms", "moved_p99_during_ms", "moved_max_during_ms", "p99_after_ms",
-               "max_after_ms", "moved_p99_after_ms", "moved_max_after_ms", "worst_second_p99_ms")
+               "max_after_ms", "moved_p99_after_ms", "moved_max_after_ms", "worst_second_p99_ms",
+               "unmoved_worst_second_p99_ms")
 
 
 def measured_columns(sizes: Sequence[int] | None, vnodes: Sequence[int], model_bytes: int) -> dict[str, Any]:
@@ -1145,7 +1147,8 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
 
 SHOWN = ("mode", "operation", "size", "strategy", "state", "exact", "handover_s", *PHASE_COLUMNS, "entries_moved",
          "bytes_moved", "bytes_measured", *BYTES_COLUMNS, "bytes_planned", "p99_before_ms", "p99_during_ms",
-         "max_during_ms", "worst_second_p99_ms", "moved_max_during_ms", "checkpoints", "divergences")
+         "max_during_ms", "worst_second_p99_ms", "unmoved_worst_second_p99_ms", "moved_max_during_ms", "checkpoints",
+         "divergences")
 
 
 def print_tables(res: Results) -> None:

@@ -220,6 +220,7 @@ class HandoverSteps:
             window, pulsed = (last.window + 1, last.last_pulsed) if last else (1, 0)
             windows.word = WindowWord(window, True, False, pulsed)
             master.status_changed()
+            master.ring_workers()  # (every record waits from a replica's hold to the window's first pulse)
 
             def live() -> list[ReplicaId]:
                 return [rid for rid in sources if self.placement[rid] not in master.dead]
@@ -228,6 +229,7 @@ class HandoverSteps:
                                    windows.held(rid) == window for rid in live()), hold_timeout)
             if master.failure is not None or not held:
                 windows.word = WindowWord(window, False, False, pulsed)  # no pulse: they stop holding
+                master.ring_workers()
                 missing = [master.replica_label(t, p, r) for t, p, r in live() if windows.held((t, p, r)) != window]
                 where = "; ".join(f"{name}: {text}" for name in missing
                                   if (text := window_text(master.metrics.get(name, InstanceMetrics()))))

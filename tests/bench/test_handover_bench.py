@@ -297,7 +297,7 @@ def test_per_second_binning_and_the_latency_windows():
     cols = hb.latency_columns(obs, requested=100.0, ended=101.0, load=(97.0, 105.0), warm_up_s=1.0)
     assert cols["max_before_ms"] == pytest.approx(10) and cols["max_during_ms"] == pytest.approx(810)
     assert cols["moved_p99_during_ms"] == pytest.approx(810) and cols["p99_after_ms"] == pytest.approx(10)
-    assert cols["worst_second_p99_ms"] == pytest.approx(810)
+    assert cols["worst_second_p99_ms"] == pytest.approx(810) and cols["unmoved_worst_second_p99_ms"] == pytest.approx(10)
     assert hb.window_columns(obs, 200.0, 201.0, "x") == {"p99_x_ms": "", "max_x_ms": "", "moved_p99_x_ms": "",
                                                         "moved_max_x_ms": ""}
 
