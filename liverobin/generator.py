@@ -30,7 +30,9 @@ make it safe to kill, restart or run twice are in :mod:`liverobin.heartbeats` an
 
 ``windowed=True`` (KaZoo mode) writes nothing outside pulse windows: :meth:`open_window` starts
 one at offsets no lower than the sources' reported positions, :meth:`close_window` ends it
-with a pulse marked *last* (:class:`liverobin.windows.PulseWindows`).
+with a pulse marked *last* (:class:`liverobin.windows.PulseWindows`).  Outside a window it reads
+the log to its end, makes the next segments' topics and stops fetching, so that the next window's
+first pulse (every source holds its records until then) waits for neither.
 """
 
 from __future__ import annotations
@@ -254,8 +256,14 @@ class HeartbeatGenerator:
                     paused = True
                 window = self._window
                 if self.windowed:
-                    if window is None:
-                        next_tick = now + self.period_s  # outside a window: nothing to write
+                    if window is None:  # outside a window: nothing to write; be ready for the next one
+                        self._make_segments(cursor.segment)
+                        caught_up = caught_up or self._at_log_end(consumer)
+                        if caught_up and not in_flight and not paused and now - others_at > OTHERS_RECENT_S:
+                            self._make_segments(cursor.segment)
+                            consumer.pause(self._reading_at())
+                            paused = True
+                        next_tick = now + self.period_s
                         continue
                     if self._last_h:
                         if any(r.h == self._last_h and now - t < IN_FLIGHT_TIMEOUT_S for r, t in in_flight):
@@ -267,9 +275,7 @@ class HeartbeatGenerator:
                 blocked = True  # until a pulse is written below
                 if len(in_flight) >= MAX_IN_FLIGHT:
                     continue
-                hb = TopicPartition(self.log.topic(cursor.segment), 0)
-                log_end = consumer.get_watermark_offsets(hb, cached=True)[1]
-                if log_end < 0 or cursor.next_offset(cursor.segment) < log_end:
+                if not self._at_log_end(consumer):
                     continue  # read the log to its end first: continue after its largest h
                 caught_up = True
                 ends = self._ends(window[1] if window else None)
@@ -304,9 +310,7 @@ class HeartbeatGenerator:
                 quiet = False
                 last_write = now
                 segment = self.log.segment_of(record.h)
-                if self._created < segment + 2:  # readers of this segment read the next one ahead
-                    self._create_topics([self.log.topic(n) for n in range(self._created + 1, segment + 5)])
-                    self._created = segment + 4
+                self._make_segments(segment)
                 producer.produce(self.log.topic(segment), value=record.encode(), key=str(record.h).encode(),
                                  partition=0, on_delivery=_report_failure)
                 self.written += 1
@@ -320,6 +324,19 @@ class HeartbeatGenerator:
             producer.flush(5)
         finally:
             consumer.close()
+
+    def _at_log_end(self, consumer: Consumer) -> bool:
+        """Whether the log was read to its end as the last fetch saw it (its largest h is known)."""
+        hb = TopicPartition(self.log.topic(self.cursor.segment), 0)
+        log_end = consumer.get_watermark_offsets(hb, cached=True)[1]
+        return log_end >= 0 and self.cursor.next_offset(self.cursor.segment) >= log_end
+
+    def _make_segments(self, segment: int) -> None:
+        """Make the topics of ``segment`` and the next ones exist before a pulse goes there (the
+        readers of a segment read the next one ahead)."""
+        if self._created < segment + 2:
+            self._create_topics([self.log.topic(n) for n in range(self._created + 1, segment + 5)])
+            self._created = segment + 4
 
     def _follow(self, consumer: Consumer) -> dict[str, int]:
         """Assign the cursor's two segments; the segment of each topic."""

@@ -116,6 +116,8 @@ class JobHandle:
                 master.durable.pulse = lambda: self.pulses.last_h if self.pulses is not None else 0
         if cfg.mode == "liverobin":
             self.start_pulse_generator()
+        elif self.pulses is not None:  # KaZoo: ready for the first window (every source holds until its first pulse)
+            self.start_pulse_generator(windowed=True)
         self.handovers = HandoverCalls(master, plan, cfg, placement, lambda: self.pulses, lambda: self.running, job.name)
         self.metrics_server: Any = None  # the Prometheus endpoint (replication.control.prometheus.MetricsServer)
         if cfg.metrics_port:

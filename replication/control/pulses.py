@@ -1,7 +1,8 @@
 """The driver's heartbeat generators: started, replaced when one dies, and KaZoo's pulse windows.
 
-LiveRobin runs generators for the job's life; KaZoo runs one only while a handover holds a
-pulse window open (:class:`liverobin.windows.PulseWindows`, docs/handover.md).  Any number
+LiveRobin runs generators for the job's life; KaZoo runs one that writes only while a handover
+holds a pulse window open (:class:`liverobin.windows.PulseWindows`, docs/handover.md), started
+with the job so that it is ready for the first window, or when a window opens with none.  Any number
 may run at once and any may die: the heartbeat log decides which pulses count
 (:mod:`liverobin.generator`).  So:
 

@@ -714,3 +714,46 @@ def test_a_pulse_carries_its_generators_clock_through_the_log_and_the_placer():
     p.add_pulse(read)
     p.fetched(10)
     assert list(p.take()) == [("pulse", (1, False, 1_700_000_000_123))]
+
+
+def test_a_windowed_generator_is_ready_before_its_window_and_stops_fetching_outside_it(monkeypatch):
+    """KaZoo's generator runs from the job's start: outside a window it reads the log to its end,
+    makes the next segments' topics and pauses its reading of the log, so that a window's first
+    pulse (every source holds its records until then) waits for neither; once the window's last
+    pulse is counted it pauses again."""
+    from liverobin import generator as gen_module
+
+    echo = _EchoLog()
+    paused: list[bool] = []
+
+    def consumer(conf: dict):
+        made = echo.consumer(conf)
+        made.pause = lambda tps: paused.append(True)
+        made.resume = lambda tps: paused.append(False)
+        made.seek = lambda tp: None
+        made.position = lambda tps: tps
+        return made
+
+    monkeypatch.setattr(gen_module, "Consumer", consumer)
+    monkeypatch.setattr(gen_module, "Producer", echo.producer)
+    created: list[str] = []
+    board = PositionBoard()
+    log_ = HeartbeatLog("hb")
+    gen = gen_module.HeartbeatGenerator(name="g", heartbeat_log=log_, sources={"payments": [0]},
+                                        positions=board, starts={}, period_s=0.01, max_step=10, consumer_conf={},
+                                        producer_conf={}, create_topics=created.extend, windowed=True).start()
+    try:
+        _wait_for(lambda: paused[-1:] == [True])
+        assert log_.topic(0) in created and log_.topic(2) in created and not echo.records
+        made = list(created)
+        gen.open_window(1, {"payments": {0: 7}})
+        _wait_for(lambda: len(echo.records) >= 2)
+        assert created == made  # nothing left to make before the first pulse
+        assert gen.close_window(timeout=10) is not None
+        _wait_for(lambda: paused[-1:] == [True])
+    finally:
+        gen.kill()
+    assert gen.error is None
+    pulses = [PulseRecord.decode(value) for _, value, _ in echo.records]
+    assert pulses[0].window == 1 and pulses[0].offsets == {"payments": {0: 7}} and pulses[-1].last
+    assert paused.count(False) >= 1  # read again once the window's first pulse was out
