@@ -172,18 +172,45 @@ class TimerService:
 
 class RandomDraws:
     """Seeded random sources per key: the n-th source of a key is seeded by (operator, key, n), and
-    n is kept in the key's state."""
+    n is kept in the key's state.  When every state the function declared has a TTL of one time
+    domain, the count lives as long as the longest of them, so a key whose state expired leaves
+    nothing behind; a count that expired starts again from a base, the operator's time at the
+    draw that starts it, which is part of the seed: a key drawing again does not repeat what it
+    drew before."""
+
+    NAME = RESERVED_PREFIX + "random_draws"
 
     def __init__(self, state: StateContext, operator: str) -> None:
         self._state = state
         self._operator = operator.encode()
-        self._count = state.value_state(RESERVED_PREFIX + "random_draws", 0)
+        self._count: ValueState | None = None  # declared at the first draw: after open() declared the rest
+
+    def forget(self) -> None:
+        """A new version of the function declares its states afresh (their TTLs may change)."""
+        self._count = None
+
+    def count_ttl(self) -> StateTtl | None:
+        """The count's TTL: the longest of the function's states', if they all have one of a time domain."""
+        ttls = [h.ttl for name, h in self._state.handles().items() if not name.startswith(RESERVED_PREFIX)]
+        if not ttls or any(t is None for t in ttls) or len({t.time for t in ttls}) != 1:
+            return None
+        return max(ttls, key=lambda t: t.ttl_ms)
 
     def next_source(self) -> random.Random:
-        n = self._count.value()
-        self._count.update(n + 1)
+        if self._count is None:
+            self._count = self._state.value_state(self.NAME, 0, self.count_ttl())
+        count = self._count.value()
+        if count == 0 and self._count.ttl is not None:
+            count = (self._state.now, 0)  # a first draw, or the first since the count expired
+        if isinstance(count, tuple):
+            base, n = count
+            self._count.update((base, n + 1))
+            salt = n.to_bytes(8, "big") + base.to_bytes(8, "big", signed=True)
+        else:
+            self._count.update(count + 1)
+            salt = count.to_bytes(8, "big")
         _, key_part = self._state.key_location()
-        digest = hashlib.blake2b(self._operator + b"\x00" + key_part + n.to_bytes(8, "big"), digest_size=8)
+        digest = hashlib.blake2b(self._operator + b"\x00" + key_part + salt, digest_size=8)
         return random.Random(int.from_bytes(digest.digest(), "big"))
 
 

@@ -160,7 +160,8 @@ class ProcessOperator(Operator):
         pulses = getattr(getattr(env, "cfg", None), "mode", "liverobin") == "liverobin"
         if pulses:  # processing time (timers, TTL) comes with the pulses
             self.state.processing_sweeps = queue("ttl_processing_sweeps")
-        self.ctx = ProcessContext(draws=RandomDraws(self.state, name))
+        self.draws = RandomDraws(self.state, name)
+        self.ctx = ProcessContext(draws=self.draws)
         self.ctx.timers = self.timers = TimerService(self.state, self.timer_queue, self.processing_queue, self.ctx,
                                                      name, lambda: self.state.processing_time)
         self.timers.enabled = has_timers(fn)
@@ -258,6 +259,7 @@ class ProcessOperator(Operator):
     def replace_fn(self, fn: Any) -> None:
         """The new version keeps the keyed state (its timers too): it opens on the same state context."""
         self.state.forget_handles()
+        self.draws.forget()
         fn.open(RuntimeContext(self.state, self.name, self.env.partition, self.env.parallelism))
         self.fn = fn
         self.timers.enabled = has_timers(fn)

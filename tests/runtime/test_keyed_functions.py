@@ -285,6 +285,65 @@ def stored(backend) -> int:
     return sum(1 for _ in backend.iter_key_groups(range(G)))
 
 
+class LuckySessions(Sessions):
+    """:class:`Sessions` that also draws for every record (``keep``: one more state, without a TTL)."""
+
+    def __init__(self, keep: bool = False) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def open(self, ctx):
+        super().open(ctx)
+        if self.keep:
+            self.kept = ctx.value_state("kept", 0)
+
+    def process(self, value, ctx):
+        for out in super().process(value, ctx):
+            yield (*out, ctx.random().randrange(10**9))
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_keys_draw_count_expires_with_its_state_and_a_new_life_draws_new_numbers(backend, keep):
+    """With every state under a TTL, the draw count lives as long as the longest: a key that goes
+    quiet leaves nothing behind, and one seen again draws numbers it did not draw before.  With a
+    state without a TTL the count stays, as that state does."""
+    op = ProcessOperator("s", FakeEnv(backend), LuckySessions(keep))
+    out = chain(op)
+    for i in range(5):
+        op.process(rec("p", key="k", ts=i))
+    first = [v[-1] for v in out.values]
+    op.on_watermark(10**6)
+    assert stored(backend) == (1 if keep else 0)
+    for i in range(5):
+        op.process(rec("p", key="k", ts=10**6 + 1 + i))
+    again = [v[-1] for v in out.values[5:]]
+    assert len(set(first + again)) == 10  # nothing repeated
+    op.on_watermark(2 * 10**6)
+    assert stored(backend) == (1 if keep else 0)
+
+
+def test_draws_under_a_ttl_are_the_same_on_both_replicas_and_after_a_restore(tmp_path):
+    runs = []
+    for replica in ("one", "two"):
+        path = tmp_path / replica
+        with RocksDBStateBackend(path) as b:
+            op = ProcessOperator("dice", FakeEnv(b), LuckySessions())
+            out = chain(op)
+            for i, key in enumerate(["a", "b", "a"]):
+                op.process(rec("p", key=key, ts=i))
+            op.on_watermark(500)  # a's and b's counts expired
+            op.process(rec("p", key="a", ts=501))
+            snapshot = op.snapshot()
+        with RocksDBStateBackend(path) as b:  # the replica restored from its state
+            op = ProcessOperator("dice", FakeEnv(b), LuckySessions())
+            op.restore(snapshot)
+            out2 = chain(op)
+            op.process(rec("p", key="a", ts=502))
+        runs.append(out.values + out2.values)
+    assert runs[0] == runs[1]
+    assert len({v[-1] for v in runs[0]}) == len(runs[0])
+
+
 @pytest.mark.parametrize("time", ["event", "processing"])
 def test_the_state_of_keys_that_go_quiet_expires_so_its_size_stays_flat(backend, time):
     op = ProcessOperator("s", FakeEnv(backend), Sessions(time))
