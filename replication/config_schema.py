@@ -69,7 +69,7 @@ class ReplicaKeys:
     kazoo_window_pulse_period_ms: int = key_field(
         "kazoo.windowPulsePeriod", DURATION, 30,
         "How often the driver appends a pulse to the heartbeat log while a handover holds a pulse window "
-        "open (`kazoo` mode); the sources report their positions as often. During a window every record "
+        "open (`kazoo` mode). During a window every record "
         "waits for its source partition's leader to order it, and every pulse flows through every partition: "
         "on 2 cores, 30 ms gave shorter batched rescales and a lower p99 during them than 10 or 20 ms "
         "(bench/README.md); a step's margins are counted in these pulses.",

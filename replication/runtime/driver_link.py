@@ -9,7 +9,7 @@ control-plane services (:mod:`.services`: sink progress, checkpoints, handover a
 positions, cut-offs, ...).  Each reply
 goes to a :class:`Mailbox` the main loop takes it from (a reply carries the driver's whole view,
 so a newer one replaces one not applied yet).  The hosted sources' read positions go to the
-driver's heartbeat generators on a stream of their own, opened again whenever it ends.
+driver's heartbeat generators on a stream of their own (LiveRobin), opened again whenever it ends.
 
 Heartbeats travel as signed frames (:mod:`transport.frames`) to a port of their own on the driver,
 not as gRPC calls: a worker beats five times a second while it works (and two and a half times
@@ -101,9 +101,9 @@ class DriverLink:
         self.index, self.attempt, self.cfg = worker.index, worker.attempt, worker.cfg
         self._ring = threading.Event()  # the driver rang, or a replica has news for it
         self._restored_at: dict[PartitionId, float] = {}  # replicas restored here: when (monotonic)
-        # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin; KaZoo windows)
+        # how far the hosted sources read, streamed to the driver's heartbeat generators (LiveRobin)
         self._positions = PositionOutbox(self.cfg.pulse_period_ms / 1000) \
-            if worker.plan.heartbeat_log is not None else None
+            if worker.plan.heartbeat_log is not None and self.cfg.mode == "liverobin" else None
         self._position_stream: rpc.OpenCall | None = None
         self.mailbox = Mailbox()
         # the previous beat's report (metrics apart) with how many records the hosted replicas had

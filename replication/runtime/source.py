@@ -136,7 +136,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
         """Every record of Kafka partition ``k`` below ``position`` exists: the heartbeat
         generators place pulses there (the worker's outbox drops a report that moves nothing).
         Not before a fetch told where the partition starts (``low``), if the plan does not.
-        Called by the fetch thread in LiveRobin, by this replica's thread in a KaZoo window."""
+        Called by the fetch thread (LiveRobin; a KaZoo window starts where the replicas held,
+        which they report with their heartbeats, and its leader orders the rest)."""
         start = self.start_offsets.get(k, low)
         if start >= 0:
             self.worker.link.report_position(self.topic, k, start, position)
@@ -300,9 +301,6 @@ class SourceInstance(KazooWindows, PartitionInstance):
             low = feed.low_watermark(placer.partition)
             if low >= 0:
                 placer.fetched(low)  # nothing below the low watermark exists
-        if self._windows is not None:  # (LiveRobin: the fetch thread reports, see _open_feed)
-            k = placer.partition
-            self._report_position(k, feed.low_watermark(k), max(placer.fetched_to, feed.high_watermark(k)))
         for kind, item in placer.take():
             if kind == PULSE_ITEM:
                 h, final, t = item

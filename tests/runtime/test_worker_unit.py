@@ -84,7 +84,7 @@ def _link(worker: Worker, heartbeat_log: object = None, **cfg: object) -> Driver
     worker._start_services()
     worker.stopping = threading.Event()
     worker.cfg = SimpleNamespace(**{"pulse_period_ms": 0, "heartbeat_interval_ms": 1000, "metrics_interval_ms": 1000,
-                                    "failure_timeout_ms": 2000, **cfg})
+                                    "failure_timeout_ms": 2000, "mode": "liverobin", **cfg})
     worker.plan = SimpleNamespace(heartbeat_log=heartbeat_log)
     return DriverLink(worker)
 
@@ -304,6 +304,11 @@ def test_the_position_stream_is_opened_again_when_it_ended():
     link.worker.stopping.set()
     master.calls[1].ended = True
     link.stream_positions(master)  # stopping: not again
+    assert len(master.calls) == 2
+    # KaZoo: a window starts where the replicas held (reported with their heartbeats): no stream
+    kazoo = _link(_worker(), heartbeat_log="heartbeats", mode="kazoo")
+    kazoo.report_position("t", 0, 0, 3)
+    kazoo.stream_positions(master)
     assert len(master.calls) == 2
 
 
