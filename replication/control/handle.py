@@ -114,10 +114,6 @@ class JobHandle:
                                        delete_topics=self._segment_maker.delete if retain else None)
             if master.durable is not None:  # a cut says how far the log was: a resume reads it from there
                 master.durable.pulse = lambda: self.pulses.last_h if self.pulses is not None else 0
-        if cfg.mode == "liverobin":
-            self.start_pulse_generator()
-        elif self.pulses is not None:  # KaZoo: ready for the first window (every source holds until its first pulse)
-            self.start_pulse_generator(windowed=True)
         self.handovers = HandoverCalls(master, plan, cfg, placement, lambda: self.pulses, lambda: self.running, job.name)
         self.metrics_server: Any = None  # the Prometheus endpoint (replication.control.prometheus.MetricsServer)
         if cfg.metrics_port:
@@ -152,6 +148,12 @@ class JobHandle:
     def pulse_generators(self) -> list[HeartbeatGenerator]:
         """Every heartbeat generator this driver started (LiveRobin, or KaZoo's for pulse windows)."""
         return self.pulses.generators if self.pulses is not None else []
+
+    def start_pulse_generators(self) -> None:
+        """The run's first generator (launch): LiveRobin's, or KaZoo's for pulse windows, ready for
+        the first (every source holds its records from the window's opening to its first pulse)."""
+        if self.pulses is not None:
+            self.start_pulse_generator(windowed=self.cfg.mode == "kazoo")
 
     def start_pulse_generator(self, windowed: bool = False) -> HeartbeatGenerator:
         """Start one more heartbeat generator in this driver (LiveRobin); several may run at once

@@ -342,6 +342,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
                            heartbeat_port=beats.port)
     handle = JobHandle(job, cfg, plan, placement, master, ControlServers(server, beats), sc, f"replication-{job.name}-{run_id}", elections)
     master.mover = handle.move_request
+    handle.start_pulse_generators()
     log.info("%s\nwarm executors: %s; %d workers; job master at %s", plan.describe(), sorted(warm), num_workers,
              address)
     threading.Thread(target=handle.run_spark_job, args=(boot,), name=f"spark-job-{job.name}", daemon=True).start()
