@@ -96,7 +96,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
             reader.start()
         if self._windows is not None:  # (the shared order log reader started long ago)
             order_log = self.worker.feeds.own_order_log()
-            self._follow_window_log(order_log)
+            self._follow_window_log(order_log, rt.get("order_from", 0))
             order_log.start()
         return rt
 
@@ -278,10 +278,12 @@ class SourceInstance(KazooWindows, PartitionInstance):
         partition with no record read yet restarts where this run started).  ``pulse``: the last
         one placed; KaZoo: the pulse window held for."""
         placed = self._pulse_placed if self._pulse_placed is not None and self._pulse_placed.h == pulse else None
+        orders = self._window_orders
         self.take_checkpoint(checkpoint_id, {"offsets": dict(self._next_offset), "max_ts": dict(self.watermarks.max_ts),
                                              "emitted_wm": self.watermarks.emitted, "pulse": pulse, "read": self._read,
                                              "pulse_placed": placed,
-                                             "windows": None if self._windows is None else self._windows.state()})
+                                             "windows": None if self._windows is None else self._windows.state(),
+                                             "order_from": 0 if orders is None else orders.resume_from})
 
     # -- LiveRobin: pulses at positions read from the heartbeat log ---------------------------
     def _pulse_placer(self) -> PulsePlacer | None:

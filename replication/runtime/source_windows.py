@@ -73,12 +73,14 @@ class KazooWindows:
         self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
         self.worker.feeds.election()
 
-    def _follow_window_log(self, reader: Any) -> None:
-        """Read the order log from its start (a window's order is read whole: the checkpoints
-        a replica is restored from lie outside every window's ordered stretch)."""
+    def _follow_window_log(self, reader: Any, start: int = 0) -> None:
+        """Read the order log from position ``start``: its start, or for a restored replica where
+        its checkpoint says no window it had not finished has a record below (a window's order
+        is read whole: the checkpoints a replica is restored from lie outside every window's
+        ordered stretch)."""
         self._order_reader = reader
         self._publish_window_record = reader.register(
-            self._window_log, 0, on_records=lambda records: self._window_news(("records", records)),
+            self._window_log, start, on_records=lambda records: self._window_news(("records", records)),
             on_failed=lambda record, reason: self._window_news(("failed", record, reason)),
             on_error=lambda reason: self._window_news(("error", reason)),
             pending=self._window_order_pending, decode=WindowRecord.decode)

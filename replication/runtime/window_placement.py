@@ -44,6 +44,8 @@ class WindowOrders:
         self._options = proposer_options
         self._early: dict[int, list[WindowRecord]] = {}  # records of windows not begun here yet
         self._done = 0  # windows up to this one are over for this replica
+        self._first_at: dict[int, int] = {}  # window not over here -> the log position of its first record read
+        self._read_to = 0  # every record of the log below this position was read (-1: positions unknown)
         self._outbox: list[WindowRecord] = []
         self.stale_leader = 0  # elections whose epoch the log had passed (for the logs)
 
@@ -51,6 +53,13 @@ class WindowOrders:
         """The order log's next records, in log order."""
         current = self.current
         for record in records:
+            offset = record.order.offset
+            if offset < 0 or self._read_to < 0:
+                self._read_to = -1
+            else:
+                self._read_to = offset + 1
+                if record.window > self._done:
+                    self._first_at.setdefault(record.window, offset)
             if current is not None and record.window == current.window:
                 current.on_record(record)
             elif record.window > self._done and (current is None or record.window > current.window):
@@ -92,6 +101,17 @@ class WindowOrders:
     def _forget(self, below: int) -> None:
         for window in [w for w in self._early if w < below]:
             del self._early[window]
+        for window in [w for w in self._first_at if w < below and w <= self._done]:
+            del self._first_at[window]
+
+    @property
+    def resume_from(self) -> int:
+        """Where a replica restored from a checkpoint taken now reads the order log from: no
+        record of a window that is not over here lies below it (those read so far are at or
+        after their window's first, the rest after everything read)."""
+        if self._read_to < 0:
+            return 0
+        return min(self._first_at.values(), default=self._read_to)
 
     def due(self, now: float) -> list[WindowRecord]:
         """Records to publish now (a leader's fence and orders)."""

@@ -9,10 +9,14 @@ record and pulse once, records in offset order, and each window's pulses where t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from kazoo_leader.orders import Order
+from kazoo_leader.window_order import WindowRecord
 from liverobin.heartbeats import PULSE_ITEM, RECORD_ITEM, PulseRecord
 from replication.runtime.window_placement import ORDERED_ITEM, WindowOrders, WindowPlacer
 
@@ -259,3 +263,57 @@ def test_a_replica_reading_the_log_from_its_start_applies_only_the_window_it_beg
     placer.add_pulse(PulseRecord(2, {TOPIC: {PARTITION: 3}}, window=2, last=True))
     assert [kind for kind, _ in placer.take()] == [PULSE_ITEM]
     assert placer.release_records() == ["r3"] and follower.current is None
+
+
+def _logged(records, log):
+    """``records`` as read from the order log ``log`` (appended; each with its position)."""
+    out = [WindowRecord(r.window, replace(r.order, offset=len(log) + i)) for i, r in enumerate(records)]
+    log += out
+    return out
+
+
+def _window(orders, log, window, start, records):
+    """The leader orders window ``window`` (its records from ``start``, one last pulse); what its
+    placer emitted."""
+    placer = WindowPlacer(TOPIC, PARTITION, start, orders, lambda: 0.0)
+    placer.add_pulse(PulseRecord(window, {TOPIC: {PARTITION: start}}, window=window, last=True))
+    for offset in range(start, start + records):
+        placer.add_record(offset, f"r{offset}")
+    for _ in range(4):
+        orders.on_records(_logged(orders.due(0.0), log))
+    return [*placer.take(), *((RECORD_ITEM, r) for r in placer.release_records())]
+
+
+def test_a_restored_replica_reads_the_order_log_from_the_first_record_of_a_window_not_over():
+    """A checkpoint says where a restore reads the order log from: the first record of a window
+    the replica had not finished (read so far), else everything it read; what a replica restored
+    from there places equals what one that reads the log from its start places."""
+    leader = WindowOrders(max_batch=10, idle_timeout_s=0)
+    leader.on_leadership(1)
+    log: list[WindowRecord] = []
+    assert leader.resume_from == 0
+    _window(leader, log, 1, 0, 2)
+    assert leader.resume_from == len(log)  # window 1 over: nothing before the log's end is needed
+    second = len(log)
+    twin = WindowOrders(max_batch=10, idle_timeout_s=0)
+    twin.on_records(log[:second])
+    twin.finish(1)
+    _window(leader, log, 2, 2, 3)
+    twin.on_records(log[second:second + 1])  # the twin read window 2's fence, not the rest
+    assert twin.resume_from == second  # its checkpoint now (window 1 handled) starts at window 2
+    assert twin.resume_from == min(r.order.offset for r in log if r.window == 2)
+    placed = []
+    for start in (0, twin.resume_from):  # from the log's start, and from the checkpoint's position
+        restored = WindowOrders(max_batch=10, idle_timeout_s=0)
+        restored.finish(1)
+        restored.on_records(log[start:])
+        placer = WindowPlacer(TOPIC, PARTITION, 2, restored, lambda: 0.0)
+        for offset in range(2, 5):
+            placer.add_record(offset, f"r{offset}")
+        placer.add_pulse(PulseRecord(2, {TOPIC: {PARTITION: 2}}, window=2, last=True))
+        placed.append([*placer.take(), *((RECORD_ITEM, r) for r in placer.release_records())])
+        assert restored.current is None
+    assert placed[0] == placed[1] and [kind for kind, _ in placed[0]].count(PULSE_ITEM) == 1
+    unknown = WindowOrders(max_batch=10, idle_timeout_s=0)
+    unknown.on_records([WindowRecord(3, Order(1, 0))])
+    assert unknown.resume_from == 0  # records without positions: from the start
