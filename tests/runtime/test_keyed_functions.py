@@ -161,24 +161,30 @@ class Dice(KeyedProcessFunction):
         yield (ctx.key, ctx.random().random(), ctx.random().randrange(10**9))
 
 
-def test_random_draws_are_the_same_on_both_replicas_differ_per_key_and_call_and_survive_a_restore(tmp_path):
+@pytest.mark.parametrize("ttl", [False, True])
+def test_random_draws_are_the_same_on_both_replicas_differ_per_key_and_call_and_survive_a_restore(tmp_path, ttl):
+    """With ``ttl`` every state of the function has one, and the keys' draw counts expire midway."""
+    make, value = (LuckySessions, "p") if ttl else (Dice, None)
     runs = []
     for replica in ("one", "two"):
         path = tmp_path / replica
         with RocksDBStateBackend(path) as b:
-            op = ProcessOperator("dice", FakeEnv(b), Dice())
+            op = ProcessOperator("dice", FakeEnv(b), make())
             out = chain(op)
             for i, key in enumerate(["a", "b", "a"]):
-                op.process(rec(None, key=key, ts=i))
+                op.process(rec(value, key=key, ts=i))
+            if ttl:
+                op.on_watermark(500)  # a's and b's counts expired
+                op.process(rec(value, key="a", ts=501))
             snapshot = op.snapshot()
         with RocksDBStateBackend(path) as b:  # the replica restored from its state
-            op = ProcessOperator("dice", FakeEnv(b), Dice())
+            op = ProcessOperator("dice", FakeEnv(b), make())
             op.restore(snapshot)
             out2 = chain(op)
-            op.process(rec(None, key="a", ts=3))
+            op.process(rec(value, key="a", ts=502))
         runs.append(out.values + out2.values)
     assert runs[0] == runs[1]
-    draws = [v[1] for v in runs[0]]
+    draws = [v[-1] for v in runs[0]]
     assert len(set(draws)) == len(draws)  # keys, successive records and successive calls differ
 
 
@@ -320,28 +326,6 @@ def test_a_keys_draw_count_expires_with_its_state_and_a_new_life_draws_new_numbe
     assert len(set(first + again)) == 10  # nothing repeated
     op.on_watermark(2 * 10**6)
     assert stored(backend) == (1 if keep else 0)
-
-
-def test_draws_under_a_ttl_are_the_same_on_both_replicas_and_after_a_restore(tmp_path):
-    runs = []
-    for replica in ("one", "two"):
-        path = tmp_path / replica
-        with RocksDBStateBackend(path) as b:
-            op = ProcessOperator("dice", FakeEnv(b), LuckySessions())
-            out = chain(op)
-            for i, key in enumerate(["a", "b", "a"]):
-                op.process(rec("p", key=key, ts=i))
-            op.on_watermark(500)  # a's and b's counts expired
-            op.process(rec("p", key="a", ts=501))
-            snapshot = op.snapshot()
-        with RocksDBStateBackend(path) as b:  # the replica restored from its state
-            op = ProcessOperator("dice", FakeEnv(b), LuckySessions())
-            op.restore(snapshot)
-            out2 = chain(op)
-            op.process(rec("p", key="a", ts=502))
-        runs.append(out.values + out2.values)
-    assert runs[0] == runs[1]
-    assert len({v[-1] for v in runs[0]}) == len(runs[0])
 
 
 @pytest.mark.parametrize("time", ["event", "processing"])
