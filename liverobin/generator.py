@@ -260,7 +260,6 @@ class HeartbeatGenerator:
                         self._make_segments(cursor.segment)
                         caught_up = caught_up or self._at_log_end(consumer)
                         if caught_up and not in_flight and not paused and now - others_at > OTHERS_RECENT_S:
-                            self._make_segments(cursor.segment)
                             consumer.pause(self._reading_at())
                             paused = True
                         next_tick = now + self.period_s
