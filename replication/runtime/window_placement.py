@@ -97,12 +97,12 @@ class WindowOrders:
         if self.current is not None and self.current.window <= window:
             self.current = None
         self._forget(window + 1)
+        for over in [w for w in self._first_at if w <= self._done]:
+            del self._first_at[over]
 
     def _forget(self, below: int) -> None:
         for window in [w for w in self._early if w < below]:
             del self._early[window]
-        for window in [w for w in self._first_at if w < below and w <= self._done]:
-            del self._first_at[window]
 
     @property
     def resume_from(self) -> int:
