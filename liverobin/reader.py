@@ -43,12 +43,9 @@ class PulseSubscription:
         # waits on something else too (its records) be woken by a pulse
         self.on_pulse: Callable[[], None] | None = None
 
-    def take(self, timeout: float) -> list[PulseRecord]:
-        """Every pulse not taken yet; waits up to ``timeout`` for one if there is none."""
-        cond = self._reader._cond
-        with cond:
-            if not self._items and timeout > 0:
-                cond.wait_for(lambda: self._items or self._reader.error is not None, timeout)
+    def take(self) -> list[PulseRecord]:
+        """Every pulse not taken yet (the reader rings ``on_pulse`` when one comes)."""
+        with self._reader._lock:
             if self._reader.error is not None:
                 raise RuntimeError(f"heartbeat log reader failed: {self._reader.error}")
             items = list(self._items)
@@ -71,7 +68,7 @@ class PulseReader:
         self._shared = shared
         self._bell = threading.Event()
         self._subs: list[PulseSubscription] = []
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: str | None = None
@@ -184,10 +181,9 @@ class PulseReader:
 
     def _hand_over(self, counted: list[PulseRecord]) -> None:
         """Give every subscription the pulses counted, then ring those that asked to be rung."""
-        with self._cond:
+        with self._lock:
             for sub in self._subs:
                 sub._items.extend(counted)
-            self._cond.notify_all()
         self._ring()
 
     def _at_end(self, high: int) -> bool:
@@ -198,9 +194,8 @@ class PulseReader:
 
     def _fail(self, exc: BaseException) -> None:
         log.exception("heartbeat log reader failed")
-        with self._cond:
+        with self._lock:
             self.error = f"{type(exc).__name__}: {exc}"
-            self._cond.notify_all()
         self._ring()
 
     def _ring(self) -> None:

@@ -168,7 +168,7 @@ class SourceInstance(KazooWindows, PartitionInstance):
                     self.poll_control()
                 # (windows already in the log first: one announced now waits until they are placed)
                 if placer is None and self._windows is not None:
-                    self._windows.queue(self._pulses.take(0))  # a window this replica was not waited for
+                    self._windows.queue(self._pulses.take())  # a window this replica was not waited for
                     if self._windows.later or self._windows.pending:
                         placer = self._next_window()
                 if self._windows is not None and self.pending_window != self._window_word:
@@ -183,19 +183,19 @@ class SourceInstance(KazooWindows, PartitionInstance):
                         self.flush_outputs()
                         messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
                 elif self._windows is not None:  # KaZoo, in a window: pulses and order news ring the feed
-                    pulses = self._pulses.take(0)
+                    pulses = self._pulses.take()
                     if not messages and not pulses and not self._window_inbox:
                         self.flush_outputs()
                         messages = feed.consume(batch, self._window_wait())
-                        pulses = self._pulses.take(0)
+                        pulses = self._pulses.take()
                     self._windows.queue(pulses)
                     self._feed(placer)
                 else:  # LiveRobin: a pulse rings the feed too, so one wait sees records and pulses
-                    pulses = self._pulses.take(0)
+                    pulses = self._pulses.take()
                     if not messages and not pulses:
                         self.flush_outputs()
                         messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
-                        pulses = self._pulses.take(0)
+                        pulses = self._pulses.take()
                     for record in pulses:
                         if record.h > self._after_pulse:
                             placer.add_pulse(record)

@@ -161,7 +161,7 @@ class KazooWindows:
         placer = self._placer_here()
         self.holding = (window, {placer.partition: placer.fetched_to})
         self.worker.link.ring()  # (every record waits until the window's first pulse: report now)
-        self._windows.queue(self._pulses.take(0))
+        self._windows.queue(self._pulses.take())
         self._feed(placer)
         return placer
 
@@ -191,7 +191,7 @@ class KazooWindows:
         while not self._reader.caught_up.wait(0.1):
             if self.stop_requested.is_set():
                 return None
-        self._windows.queue(self._pulses.take(0))
+        self._windows.queue(self._pulses.take())
         if self._windows.current is None:
             return None
         placer = self._placer_here()

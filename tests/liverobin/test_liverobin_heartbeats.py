@@ -186,15 +186,15 @@ def test_pulses_handed_over_ring_the_subscriptions_that_wait_on_something_else_t
     reader = PulseReader(HeartbeatLog("hb"), {"bootstrap.servers": "unused"})
     rung, quiet = reader.subscribe(), reader.subscribe()
     seen: list[list[PulseRecord] | str] = []
-    rung.on_pulse = lambda: seen.append(rung.take(0) if reader.error is None else "error")
+    rung.on_pulse = lambda: seen.append(rung.take() if reader.error is None else "error")
     pulse_record = PulseLog().accept(PulseRecord(1, {T: {0: 3}}, at=0))
     reader._hand_over([pulse_record])
     assert seen == [[pulse_record]]
-    assert quiet.take(0) == [pulse_record]
+    assert quiet.take() == [pulse_record]
     reader._fail(RuntimeError("broker gone"))
     assert seen[1:] == ["error"]  # rung again: its take raises the reader's error from now on
     with pytest.raises(RuntimeError, match="broker gone"):
-        rung.take(0)
+        rung.take()
 
 
 def test_the_placer_names_the_counted_record_of_the_last_pulse_taken():
