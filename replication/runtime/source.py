@@ -182,23 +182,21 @@ class SourceInstance(KazooWindows, PartitionInstance):
                     if not messages:
                         self.flush_outputs()
                         messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
-                elif self._windows is not None:  # KaZoo, in a window: pulses and order news ring the feed
+                else:  # pulses, and in a KaZoo window the order log's news, ring the feed too
+                    windowed = self._windows is not None
                     pulses = self._pulses.take()
-                    if not messages and not pulses and not self._window_inbox:
+                    if not messages and not pulses and not (windowed and self._window_inbox):
                         self.flush_outputs()
-                        messages = feed.consume(batch, self._window_wait())
+                        wait = self._window_wait() if windowed else self.idle_wait(IDLE_WAIT_S)
+                        messages = feed.consume(batch, wait)
                         pulses = self._pulses.take()
-                    self._windows.queue(pulses)
-                    self._feed(placer)
-                else:  # LiveRobin: a pulse rings the feed too, so one wait sees records and pulses
-                    pulses = self._pulses.take()
-                    if not messages and not pulses:
-                        self.flush_outputs()
-                        messages = feed.consume(batch, self.idle_wait(IDLE_WAIT_S))
-                        pulses = self._pulses.take()
-                    for record in pulses:
-                        if record.h > self._after_pulse:
-                            placer.add_pulse(record)
+                    if windowed:
+                        self._windows.queue(pulses)
+                        self._feed(placer)
+                    else:
+                        for record in pulses:
+                            if record.h > self._after_pulse:
+                                placer.add_pulse(record)
                 if not messages:
                     self.idle()
                 for msg in messages:
