@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ops import chaos, soak
+from ops import chaos_cli, soak
 from replication.api import Job, JobDefinitionError
 from replication.config import ConfigError, ReplicationConfig, config_reference_markdown
 from transport.kafka_io import KafkaUnavailable
@@ -348,7 +348,7 @@ def parser() -> argparse.ArgumentParser:
                                      "everything held)")
     soak.add_arguments(sk)
     sk.set_defaults(fn=soak.command)
-    chaos.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
+    chaos_cli.add_subcommands(sub)  # replicas, kill (they print their own errors, exit code 2)
     return p
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from ops import chaos, cli
+from ops import chaos, chaos_cli, cli
 from ops.chaos import ChaosError, ChaosRefused, ExecutorTarget, UnknownReplica
 from replication.status import (
     list_status_jobs,
@@ -467,21 +467,21 @@ def test_list_replicas(fake: FakeExecutor) -> None:
     assert (r0.task, r0.partition, r0.index, r0.attempt, r0.address) == (2, 0, 0, 0, "127.0.0.1:4567")
     assert (rows[1].alive, rows[1].note, rows[1].executor) == (False, "not registered", None)
     assert (rows[2].alive, rows[2].note, rows[2].jvm_pid) == (False, "declared dead", None)
-    table = chaos.format_table(rows).splitlines()
+    table = chaos_cli.format_table(rows).splitlines()
     assert table[0].split()[:4] == ["REPLICA", "WORKER", "ATTEMPT", "EXECUTOR"]
     # no metrics reported yet: dashes
     assert table[1].split() == ["rule[0]r0", "0", "0", "7", str(fake.jvm), str(fake.worker),
                                 "-", "-", "-", "-", "-", "-", "-", "yes"]
     st["metrics"] = {"rule[0]r0": {"in": 120, "out": 118, "dedup_dropped": 120, "gaps": 0, "queue": 3,
                                    "p99_ms": 12.5, "role": "writer"}}
-    row = chaos.format_table(chaos.list_replicas(status=st)).splitlines()[1].split()
+    row = chaos_cli.format_table(chaos.list_replicas(status=st)).splitlines()[1].split()
     assert row[6:] == ["120", "118", "120", "0", "3", "12.5", "writer", "yes"]
     assert "no (not registered)" in table[2]
 
 
 def test_cli_replicas_and_kill(fake: FakeExecutor, status_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_status("chaos-test", fake.status())
-    assert chaos.main(["replicas", "chaos-test"]) == 0
+    assert chaos_cli.main(["replicas", "chaos-test"]) == 0
     out = capsys.readouterr().out
     assert f"application {fake.app_id}" in out and "running" in out
     assert any(line.startswith("rule[0]r0") and str(fake.jvm) in line for line in out.splitlines())
@@ -490,19 +490,19 @@ def test_cli_replicas_and_kill(fake: FakeExecutor, status_dir: Path, capsys: pyt
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["replica"] == "rule[0]r0" and rows[0]["python_pid"] == fake.worker
 
-    assert chaos.main(["kill", "chaos-test", "rule[0]r0", "--action", "pause-executor"]) == 0
+    assert chaos_cli.main(["kill", "chaos-test", "rule[0]r0", "--action", "pause-executor"]) == 0
     assert "SIGSTOP" in capsys.readouterr().out
     assert wait_state(fake.worker, "T") == "T"
-    assert chaos.main(["replicas", "chaos-test"]) == 0
+    assert chaos_cli.main(["replicas", "chaos-test"]) == 0
     assert "paused executors: 7" in capsys.readouterr().out
     assert cli.main(["kill", "chaos-test", "--executor", "7", "--action", "resume-executor"]) == 0
     assert "SIGCONT" in capsys.readouterr().out
     assert wait_state(fake.worker, "S") == "S"
 
-    assert chaos.main(["kill", "chaos-test", "rule[0]r0", "--action", "resume-executor"]) == 2
+    assert chaos_cli.main(["kill", "chaos-test", "rule[0]r0", "--action", "resume-executor"]) == 2
     assert "error: executor 7 is not paused" in capsys.readouterr().err
 
-    assert chaos.main(["kill", "chaos-test", "rule[0]r0", "--action", "kill-python"]) == 0
+    assert chaos_cli.main(["kill", "chaos-test", "rule[0]r0", "--action", "kill-python"]) == 0
     assert wait_state(fake.worker, ("Z", None)) in ("Z", None)
     capsys.readouterr()
 
@@ -517,7 +517,7 @@ def test_cli_replicas_and_kill(fake: FakeExecutor, status_dir: Path, capsys: pyt
 def test_cli_errors(fake: FakeExecutor, status_dir: Path, capsys: pytest.CaptureFixture[str],
                     argv: list[str], message: str) -> None:
     write_status("chaos-test", fake.status())
-    assert chaos.main(argv) == 2
+    assert chaos_cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert_untouched(fake.jvm, fake.worker)
