@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
+from ops import chaos
 from ops.soak_check import compare_replicas, read_topic, verify
 from ops.soak_handovers import HandoverMover
 from ops.soak_report import Fault, SoakReport
@@ -204,16 +205,12 @@ class Injector:
         return replicas
 
     def _locate(self, replica: str) -> Any:
-        from ops.chaos import locate
-
-        return locate(replica, job=self.handle.job.name)
+        return chaos.locate(replica, job=self.handle.job.name)
 
     def _kill(self, replica: str) -> tuple[str, int]:
-        from ops.chaos import kill_executor
-
         target = self._locate(replica)
         self._strike()
-        kill_executor(target)
+        chaos.kill_executor(target)
         return f"executor {target.executor} of {replica}", target.worker
 
     def _lost(self, worker: int) -> Callable[[], bool]:
@@ -229,17 +226,13 @@ class Injector:
     def inject(self, kind: str) -> tuple[str, list[Callable[[], bool]]]:
         """Inject ``kind``; what was hit, and the conditions that say the driver noticed it.
         Raises NoTarget when the process to hit is not there now (the soak draws again later)."""
-        from ops.chaos import ChaosError
-
         self.struck_at = self.last_struck_at = None
         try:
             return self._inject(kind)
-        except ChaosError as exc:
+        except chaos.ChaosError as exc:
             raise NoTarget(str(exc)) from exc
 
     def _inject(self, kind: str) -> tuple[str, list[Callable[[], bool]]]:
-        from ops.chaos import kill_python, pause_executor, resume_executor
-
         replica = self.rnd.choice(self._replicas())
         if kind == "kill-executor":
             what, worker = self._kill(replica)
@@ -248,16 +241,16 @@ class Injector:
             target = self._locate(replica)
             noticed = self._lost(target.worker)
             self._strike()
-            kill_python(target)
+            chaos.kill_python(target)
             return f"python worker {target.python_pid} of {replica} (executor {target.executor})", [noticed]
         if kind in ("pause-short", "pause-long"):
             target = self._locate(replica)
             noticed = self._lost(target.worker)
             pause_s = FAILURE_TIMEOUT_MS / 1000 * (0.5 if kind == "pause-short" else 2.5)
             self._strike()
-            pause_executor(target)
+            chaos.pause_executor(target)
             resumed = threading.Event()
-            threading.Timer(pause_s, lambda: (resume_executor(target), resumed.set())).start()
+            threading.Timer(pause_s, lambda: (chaos.resume_executor(target), resumed.set())).start()
             return (f"executor {target.executor} of {replica} paused {pause_s:.1f}s",
                     [noticed] if kind == "pause-long" else [resumed.is_set])
         if kind == "kill-two":
