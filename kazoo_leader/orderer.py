@@ -48,6 +48,7 @@ class KazooOrderer:
         hold_limit: int = 4096,
         checkpoint_every: int = 0,
         checkpoint_mark: Callable[[tuple], bool] | None = None,
+        clock_tick_s: float = 0.0,
         name: str = "",
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
@@ -59,7 +60,7 @@ class KazooOrderer:
         self.applier = OrderApplier(queues.channels, checkpoint_every, checkpoint_mark)
         self.proposer = OrderProposer(self.applier, max_batch=max_batch, min_batch=min_batch,
                                       idle_timeout_s=idle_timeout_s, max_in_flight=max_in_flight,
-                                      pipeline_below=pipeline_below)
+                                      pipeline_below=pipeline_below, clock_tick_s=clock_tick_s)
         self.hold_limit = max(hold_limit, max_batch)
         self._publish = publish
         self._clock = clock
@@ -108,14 +109,14 @@ class KazooOrderer:
         return self.applier.epoch
 
     def next_runs(self, timeout: float) -> list[tuple[int, list]]:
-        """Everything consumable now, as runs ``(channel, elements)``; waits up to ``timeout``
-        only while nothing is."""
+        """Everything consumable now, as runs ``(channel, elements)`` (the orders' clocks on
+        ``CLOCK_CHANNEL``); waits up to ``timeout`` only while nothing is."""
         deadline: float | None = None
         while True:
             self._drain_inbox()
             self._take_inputs()
             now = self._clock()
-            order = self.proposer.next_order(now)
+            order = self.proposer.next_order(now, int(self._wall() * 1000) if self.proposer.clock_tick_s else 0)
             if order is not None:
                 self.published += 1
                 self._publish(order)
@@ -167,7 +168,7 @@ class KazooOrderer:
         for order in orders:
             accepted = applier.on_record(order)
             proposer.on_record(order)
-            if (accepted and not order.is_fence and order.epoch == proposer.epoch and proposer.is_leader
+            if (accepted and order.entries and order.epoch == proposer.epoch and proposer.is_leader
                     and not self.first_order_at):
                 self.first_order_at = self._wall()
 

@@ -2,9 +2,11 @@
 
 This module owns what goes into the order log and what every replica does with it:
 
-* :class:`Order`: one record of the single-partition order log, ``(epoch, seq, entries)``;
+* :class:`Order`: one record of the single-partition order log, ``(epoch, seq, entries, clock)``;
   ``entries`` are runs ``(channel, count)`` ("consume the next ``count`` elements of
-  ``channel``"); empty entries make an epoch-start (fence) record.
+  ``channel``"); ``clock`` is the leader's wall clock when it wrote the record (ms; 0: none), the
+  processing time of every replica from that record on.  Empty entries without a clock make an
+  epoch-start (fence) record; with one, a time-only record (time passes with no input).
 * :class:`OrderApplier`: every replica, the leader too, consumes its input channels only as the
   log's records say, in the log's order.  Which records count is decided from the log alone:
   a record whose epoch is below the highest epoch seen is ignored (stale leader), a record of a
@@ -48,9 +50,12 @@ DATA = 0
 WATERMARK = 1
 END = 2
 PULSE = 3
+CLOCK = 4  # (CLOCK, t): processing time reaches t (ms), handed out on CLOCK_CHANNEL
+CLOCK_CHANNEL = -1
 
-_VERSION = 1
+_VERSION, _CLOCKED_VERSION = 1, 2  # (a record without a clock keeps the first format)
 _HEADER = struct.Struct(">BqqI")  # version, epoch, seq, number of entries
+_CLOCK = struct.Struct(">q")  # the clock of a version 2 record, after the header
 _ENTRY = struct.Struct(">qI")  # channel, count
 
 
@@ -68,18 +73,22 @@ def _is_int(x: object) -> bool:
 
 @dataclass(frozen=True)
 class Order:
-    """One order log record: ``entries`` are runs ``(channel, count)``; empty entries = fence."""
+    """One order log record: ``entries`` are runs ``(channel, count)``; ``clock`` the leader's wall
+    clock (ms; 0: none); no entries and no clock: a fence."""
 
     epoch: int
     seq: int
     entries: tuple[tuple[int, int], ...] = ()
     offset: int = field(default=-1, compare=False)  # its position in the log (kazoo_leader.segments; -1: not read)
+    clock: int = 0
 
     def __post_init__(self) -> None:
         if not _is_int(self.epoch) or self.epoch < 0:
             raise ValueError(f"order epoch must be an int >= 0, got {self.epoch!r}")
         if not _is_int(self.seq) or self.seq < 0:
             raise ValueError(f"order seq must be an int >= 0, got {self.seq!r}")
+        if not _is_int(self.clock) or self.clock < 0:
+            raise ValueError(f"order clock must be an int >= 0, got {self.clock!r}")
         entries = tuple(tuple(e) for e in self.entries)
         for e in entries:
             if len(e) != 2 or not _is_int(e[0]) or not _is_int(e[1]) or e[1] < 1:
@@ -93,8 +102,8 @@ class Order:
 
     @property
     def is_fence(self) -> bool:
-        """True for an epoch-start record (orders nothing)."""
-        return not self.entries
+        """True for an epoch-start record (orders nothing, carries no time)."""
+        return not self.entries and not self.clock
 
     @property
     def size(self) -> int:
@@ -102,9 +111,11 @@ class Order:
         return sum(n for _, n in self.entries)
 
     def encode(self) -> bytes:
-        """Compact binary form: a 21-byte header and 12 bytes per run."""
+        """Compact binary form: a 21-byte header, the clock (8 bytes, if any) and 12 bytes per run."""
         try:
-            return _HEADER.pack(_VERSION, self.epoch, self.seq, len(self.entries)) + b"".join(
+            version = _CLOCKED_VERSION if self.clock else _VERSION
+            clock = _CLOCK.pack(self.clock) if self.clock else b""
+            return _HEADER.pack(version, self.epoch, self.seq, len(self.entries)) + clock + b"".join(
                 _ENTRY.pack(c, n) for c, n in self.entries
             )
         except struct.error as exc:
@@ -119,14 +130,18 @@ class Order:
         if len(data) < _HEADER.size:
             raise ValueError(f"order record too short: {len(data)} bytes, header is {_HEADER.size}")
         version, epoch, seq, n = _HEADER.unpack_from(data)
-        if version != _VERSION:
-            raise ValueError(f"unknown order record version {version} (expected {_VERSION})")
-        expected = _HEADER.size + n * _ENTRY.size
+        if version not in (_VERSION, _CLOCKED_VERSION):
+            raise ValueError(f"unknown order record version {version} (expected {_VERSION} or {_CLOCKED_VERSION})")
+        start = _HEADER.size + (_CLOCK.size if version == _CLOCKED_VERSION else 0)
+        expected = start + n * _ENTRY.size
         if len(data) != expected:
             raise ValueError(f"order record is {len(data)} bytes, {n} entries need {expected}")
-        entries = tuple(_ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size) for i in range(n))
+        clock = _CLOCK.unpack_from(data, _HEADER.size)[0] if version == _CLOCKED_VERSION else 0
+        if version == _CLOCKED_VERSION and clock <= 0:
+            raise ValueError(f"malformed order record: a version {version} record needs a clock > 0, got {clock}")
+        entries = tuple(_ENTRY.unpack_from(data, start + i * _ENTRY.size) for i in range(n))
         try:
-            return cls(epoch, seq, entries, offset)
+            return cls(epoch, seq, entries, offset, clock)
         except ValueError as exc:
             raise ValueError(f"malformed order record: {exc}") from None
 
@@ -146,7 +161,8 @@ class OrderApplier:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_mark = checkpoint_mark if checkpoint_every else None
         self.checkpoint_due: ApplierState | None = None
-        self._records: deque[list] = deque()  # accepted, not fully applied (see on_record)
+        # accepted, not fully applied: [number, offset, remaining, epoch, seq, marked, clock]
+        self._records: deque[list] = deque()
         self._queues: dict[int, deque[tuple]] = {c: deque() for c in self.channels}
         self._received = dict.fromkeys(self.channels, 0)
         self._covered = dict.fromkeys(self.channels, 0)
@@ -194,8 +210,7 @@ class OrderApplier:
         self.epoch = order.epoch
         self.last_seq = order.seq
         self.accepted += 1
-        if self.checkpoint_every:  # [number, offset, remaining, epoch, seq, marked]
-            self._records.append([self.accepted, order.offset, order.size, order.epoch, order.seq, False])
+        self._records.append([self.accepted, order.offset, order.size, order.epoch, order.seq, False, order.clock])
         for channel, count in order.entries:
             self._covered[channel] += count
             if self._runs and self._runs[-1][0] == channel:
@@ -220,12 +235,13 @@ class OrderApplier:
 
     # -- output --------------------------------------------------------------------------
     def pull(self, limit: int | None = None) -> list[tuple[int, tuple]]:
-        """Every ``(channel, element)`` consumable now by the accepted orders (at most ``limit``)."""
+        """Every ``(channel, element)`` consumable now by the accepted orders (at most ``limit``);
+        a record's clock comes first, as ``(CLOCK_CHANNEL, (CLOCK, t))``."""
         out: list[tuple[int, tuple]] = []
         runs = self._runs
         if self.checkpoint_due is not None:
             return out  # the runtime takes the checkpoint before anything else is consumed
-        if self._records and self._complete_records():
+        if self._records and self._complete_records(out):
             return out
         while runs and (limit is None or len(out) < limit):
             run = runs[0]
@@ -234,11 +250,10 @@ class OrderApplier:
             take = min(run[1], len(queue))
             if limit is not None:
                 take = min(take, limit - len(out))
-            if self._records:  # a merged run may span records: stop at the head record's end
-                take = min(take, self._records[0][2])
+            take = min(take, self._records[0][2])  # a merged run may span records: stop at the head's end
             if take == 0:
                 break  # blocked on this channel
-            mark = self.checkpoint_mark if self._records else None
+            mark = self.checkpoint_mark
             for _ in range(take):
                 element = queue.popleft()
                 if element[0] == END:
@@ -250,18 +265,24 @@ class OrderApplier:
             run[1] -= take
             if run[1] == 0:
                 runs.popleft()
-            if self._records:
-                self._records[0][2] -= take
-                if self._complete_records():
-                    break
+            self._records[0][2] -= take
+            if self._complete_records(out):
+                break
         return out
 
-    def _complete_records(self) -> bool:
-        """Pop the fully applied records in order; True if one of them is a checkpoint position."""
+    def _complete_records(self, out: list[tuple[int, tuple]]) -> bool:
+        """Hand out the head record's clock, and pop the fully applied records in order; True if
+        one of them is a checkpoint position (the next record's clock comes after it)."""
         records = self._records
-        while records and records[0][2] == 0:
-            number, offset, _, epoch, seq, marked = records.popleft()
-            if marked or number % self.checkpoint_every == 0:
+        while records:
+            head = records[0]
+            if head[6]:
+                out.append((CLOCK_CHANNEL, (CLOCK, head[6])))
+                head[6] = 0
+            if head[2]:
+                return False
+            number, offset, _, epoch, seq, marked, _ = records.popleft()
+            if marked or (self.checkpoint_every and number % self.checkpoint_every == 0):
                 self.checkpoint_due = ApplierState(number, offset, epoch, seq, dict(self._applied),
                                                    sorted(self._ended))
                 return True
@@ -363,6 +384,7 @@ class OrderProposer:
         idle_timeout_s: float = 0.002,
         max_in_flight: int = 1,
         pipeline_below: int = 1,
+        clock_tick_s: float = 0.0,
     ) -> None:
         if max_batch < 1 or min_batch < 1:
             raise ValueError("max_batch and min_batch must be >= 1")
@@ -370,8 +392,8 @@ class OrderProposer:
             raise ValueError("max_in_flight and pipeline_below must be >= 1")
         if min_batch > max_batch:
             raise ValueError(f"min_batch {min_batch} exceeds max_batch {max_batch}")
-        if idle_timeout_s < 0:
-            raise ValueError("idle_timeout_s must be >= 0")
+        if idle_timeout_s < 0 or clock_tick_s < 0:
+            raise ValueError("idle_timeout_s and clock_tick_s must be >= 0")
         self.applier = applier
         self.max_batch = max_batch
         self.min_batch = min_batch
@@ -380,6 +402,10 @@ class OrderProposer:
         # while an order is in flight, another goes out only if it names fewer elements than this
         # (small orders: latency; under load the next one waits and grows instead of multiplying)
         self.pipeline_below = pipeline_below
+        # > 0: every order carries the clock passed to next_order, and a time-only order goes out
+        # when nothing was written for this long (processing time passes with no input)
+        self.clock_tick_s = clock_tick_s
+        self._written_at = 0.0  # when our last record was produced
         self.epoch: int | None = None  # our epoch while leader
         self._state = _FOLLOWER
         # published and not yet seen in the log, oldest first; their elements are not ordered again while
@@ -527,23 +553,32 @@ class OrderProposer:
             return None
         oldest = self._oldest()
         if oldest is None:
-            return None
+            return self._written_at + self.clock_tick_s if self._ticks() else None
         total = self._uncovered()
         if self._in_flight and total >= self.pipeline_below:
             return None
         return oldest if total >= self.min_batch else oldest + self.idle_timeout_s
 
-    def next_order(self, now: float) -> Order | None:
+    def _ticks(self) -> bool:
+        """Time-only orders are due by time: clocked, nothing in flight, and input still open."""
+        return self.clock_tick_s > 0 and not self._in_flight and not self.applier.finished
+
+    def next_order(self, now: float, clock_ms: int = 0) -> Order | None:
         """The next order to publish, or None (not ordering, ``max_in_flight`` in flight, or nothing due yet).
 
         Due when uncovered elements reach ``min_batch`` or the oldest has waited ``idle_timeout_s``;
         it names everything uncovered in arrival order (merged runs), at most ``max_batch`` elements.
         With orders in flight, only while fewer than ``pipeline_below`` elements are uncovered.
+        With ``clock_tick_s``, orders carry ``clock_ms``, and with nothing to order a time-only one
+        goes out ``clock_tick_s`` after the last record.
         """
         self._sync()
         if self._state != _LEADING or len(self._in_flight) >= self.max_in_flight:
             return None
+        clock = clock_ms if self.clock_tick_s > 0 and clock_ms > 0 else 0
         total = self._uncovered()
+        if total == 0 and clock and self._ticks() and now - self._written_at >= self.clock_tick_s:
+            return self._produce((), clock, now)
         if total == 0 or (self._in_flight and total >= self.pipeline_below):
             return None
         if total < self.min_batch and now - self._oldest() < self.idle_timeout_s:
@@ -569,9 +604,13 @@ class OrderProposer:
                 entries[-1][1] += take
             else:
                 entries.append([channel, take])
+        return self._produce(tuple((c, n) for c, n in entries), clock, now)
+
+    def _produce(self, entries: tuple[tuple[int, int], ...], clock: int, now: float) -> Order:
         self._last_seq += 1
-        order = Order(self.epoch, self._last_seq, tuple((c, n) for c, n in entries))
+        order = Order(self.epoch, self._last_seq, entries, clock=clock)  # type: ignore[arg-type]
         self._in_flight.append(order)
+        self._written_at = now
         for channel, count in order.entries:
             self._pending[channel] += count
         return order

@@ -14,6 +14,9 @@ of the tuple, it is implied by the element's position in its batch.
 * ``(PULSE, h, t)``: LiveRobin heartbeat number ``h`` (delimits consumption cycles), written
   by the generator at its wall clock ``t`` (ms; 0: unknown): the processing time of every replica
   that consumes it.
+* ``(CLOCK, t)``: KaZoo, a task with keyed functions: the leader's clock ``t`` (ms) when it wrote
+  the next order, the processing time of that task's replicas from there on (handed out by the
+  orderer, run down the task's chain; never on a channel).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ DATA = 0
 WATERMARK = 1
 END = 2
 PULSE = 3
+CLOCK = 4
 
 MAX_WATERMARK = 2**63 - 1
 MIN_WATERMARK = -(2**63)

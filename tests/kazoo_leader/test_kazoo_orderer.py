@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kazoo_leader.orderer import KazooOrderer
-from kazoo_leader.orders import DATA, END, Order
+from kazoo_leader.orders import CLOCK, CLOCK_CHANNEL, DATA, END, Order
 from merge.queues import InputQueues
 from tests.interleavings import schedule
 
@@ -137,6 +137,39 @@ def test_a_failed_publish_is_written_again_only_while_in_flight():
     log.deliver(0, r)
     drain(r, out)
     assert out == [(0, (DATA, "a"))] and r.republished == 1
+
+
+def test_a_clocked_orderer_stamps_its_wall_clock_and_ticks_while_idle():
+    log = FakeLog()
+    now, wall = [0.0], [1_000.0]
+    r = make_replica(log, [0], clock_tick_s=1.0, clock=lambda: now[0], wall_clock=lambda: wall[0])
+    r.on_leadership(1)
+    drain(r, [])
+    log.deliver(0, r)
+    out: list = []
+    drain(r, out)
+    assert out == [] and log.records == [Order(1, 0)]  # the fence; a second since: nothing yet
+    now[0], wall[0] = 1.0, 1_001.0
+    drain(r, out)
+    assert log.records[-1] == Order(1, 1, clock=1_001_000)
+    log.deliver(0, r)
+    r.queues.put(0, [(DATA, "a")])
+    now[0], wall[0] = 1.2, 1_001.2
+    drain(r, out)
+    assert log.records[-1] == Order(1, 2, ((0, 1),), clock=1_001_200)
+    log.deliver(0, r)
+    drain(r, out)
+    assert out == [(CLOCK_CHANNEL, (CLOCK, 1_001_000)), (CLOCK_CHANNEL, (CLOCK, 1_001_200)), (0, (DATA, "a"))]
+    quiet_log = FakeLog()
+    unclocked = make_replica(quiet_log, [0], clock=lambda: now[0], wall_clock=lambda: wall[0])
+    unclocked.on_leadership(1)
+    drain(unclocked, [])
+    quiet_log.deliver(0, unclocked)
+    now[0] += 5.0
+    drain(unclocked, [])
+    unclocked.queues.put(0, [(DATA, "a")])
+    drain(unclocked, [])
+    assert quiet_log.records == [Order(1, 0), Order(1, 1, ((0, 1),))]  # no tick, no clock
 
 
 def test_the_channel_an_order_waits_for_is_taken_beyond_the_hold_limit():

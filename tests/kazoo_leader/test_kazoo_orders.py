@@ -23,8 +23,8 @@ def d(name: str) -> tuple:
 
 
 def test_element_kinds_match_the_runtime():
-    assert (ko.DATA, ko.WATERMARK, ko.END, ko.PULSE) == (
-        elements.DATA, elements.WATERMARK, elements.END, elements.PULSE)
+    assert (ko.DATA, ko.WATERMARK, ko.END, ko.PULSE, ko.CLOCK) == (
+        elements.DATA, elements.WATERMARK, elements.END, elements.PULSE, elements.CLOCK)
 
 
 class Replica:
@@ -68,6 +68,18 @@ def test_encode_decode_round_trip(order):
     assert Order.decode(bytearray(data)) == order == Order.decode(memoryview(data))
 
 
+def test_a_clock_makes_a_longer_record_and_an_order_without_entries_a_time_only_one_not_a_fence():
+    for order in [Order(3, 17, ((A, 3), (B, 2)), clock=1_700_000_000_123), Order(3, 18, clock=5)]:
+        data = order.encode()
+        assert data[0] == 2 and len(data) == 21 + 8 + 12 * len(order.entries)
+        assert Order.decode(data) == order and Order.decode(data).clock == order.clock
+    assert Order(3, 17, ((A, 3),)).encode()[0] == 1  # without a clock: the first format, as before
+    assert not Order(3, 18, clock=5).is_fence and Order(3, 18).is_fence and Order(3, 18, clock=5).size == 0
+    assert Order(3, 18, clock=5) != Order(3, 18)
+    with pytest.raises(ValueError, match="clock"):
+        Order(0, 0, clock=-1)
+
+
 def test_order_fields_are_validated_and_normalised():
     o = Order(1, 2, [[A, 3], (B, 1)])
     assert o.entries == ((A, 3), (B, 1)) and o.size == 4 and not o.is_fence
@@ -91,6 +103,8 @@ HEADER = struct.Struct(">BqqI")
     (HEADER.pack(1, 0, 0, 0) + b"x", "0 entries need 21"),
     (HEADER.pack(1, 0, 0, 1) + struct.pack(">qI", A, 0), "malformed order record"),
     (HEADER.pack(1, -3, 0, 0), "malformed order record: order epoch"),
+    (HEADER.pack(2, 0, 0, 0), "0 entries need 29"),
+    (HEADER.pack(2, 0, 0, 0) + struct.pack(">q", 0), "needs a clock > 0"),
     (None, "must be bytes"),
     ("fence", "must be bytes"),
 ])
@@ -116,6 +130,39 @@ def test_applier_follows_orders_and_blocks_on_the_named_channel():
         a.push(9, [d("z")])
     with pytest.raises(ValueError):
         OrderApplier([])
+
+
+CLOCK = ko.CLOCK_CHANNEL
+
+
+def clock(t: int) -> tuple:
+    return (CLOCK, (ko.CLOCK, t))
+
+
+def test_each_records_clock_comes_before_its_elements_and_after_the_record_before():
+    a = OrderApplier([A, B])
+    a.on_record(Order(1, 0))
+    a.on_record(Order(1, 1, ((A, 2),), clock=100))
+    a.on_record(Order(1, 2, clock=150))  # time only
+    a.on_record(Order(1, 3, ((A, 1), (B, 1)), clock=140))  # a slower clock: handed out as written
+    assert a.pull() == [clock(100)] and a.blocked_on == A  # its elements are not here yet
+    a.push(A, [d("a1"), d("a2"), d("a3")])
+    assert a.pull() == [(A, d("a1")), (A, d("a2")), clock(150), clock(140), (A, d("a3"))]
+    a.push(B, [d("b1")])
+    assert a.pull() == [(B, d("b1"))] and a.pull() == [] and a.backlog == 0
+    a.on_record(Order(1, 4, clock=200))
+    assert a.pull() == [clock(200)] and a.pull() == []
+
+
+def test_a_records_clock_comes_after_the_checkpoint_that_ends_the_record_before():
+    a = OrderApplier([A], checkpoint_every=1)
+    a.on_record(Order(1, 0, ((A, 1),), clock=100, offset=0))
+    a.on_record(Order(1, 1, clock=150, offset=1))
+    a.on_record(Order(1, 2, ((A, 1),), clock=200, offset=2))
+    a.push(A, [d("a1"), d("a2")])
+    assert a.pull() == [clock(100), (A, d("a1"))] and a.take_checkpoint().offset == 0
+    assert a.pull() == [clock(150)] and a.take_checkpoint().offset == 1  # (its clock is in it)
+    assert a.pull() == [clock(200), (A, d("a2"))] and a.take_checkpoint().offset == 2
 
 
 def test_pull_limit():
@@ -177,7 +224,8 @@ def test_finished_once_every_end_is_applied_through_orders():
 
 def test_proposer_parameters_are_checked():
     a = OrderApplier([A])
-    for kw in [dict(max_batch=0), dict(min_batch=0), dict(min_batch=5, max_batch=4), dict(idle_timeout_s=-1)]:
+    for kw in [dict(max_batch=0), dict(min_batch=0), dict(min_batch=5, max_batch=4), dict(idle_timeout_s=-1),
+               dict(clock_tick_s=-1)]:
         with pytest.raises(ValueError):
             OrderProposer(a, **kw)
     with pytest.raises(KeyError):
@@ -470,6 +518,41 @@ def test_end_is_ordered_like_any_element_and_nothing_past_it():
     assert r.out == [(A, d("a")), (A, END_ELEMENT), (B, END_ELEMENT)]
 
 
+def test_a_clocked_leader_stamps_its_orders_and_writes_time_only_ones_while_nothing_comes():
+    r = Replica([A, B], clock_tick_s=1.0)
+    log: list[bytes] = []
+    log.append(r.proposer.become_leader(1).encode())
+    r.read_log(log)
+    assert r.proposer.wake_at() == 1.0 and r.proposer.next_order(0.5, clock_ms=500) is None
+    tick = r.proposer.next_order(1.0, clock_ms=1000)
+    assert tick == Order(1, 1, clock=1000) and r.proposer.wake_at() is None  # (one in flight)
+    log.append(tick.encode())
+    r.read_log(log)
+    assert r.out == [clock(1000)] and r.proposer.wake_at() == 2.0
+    r.deliver(A, [d("a1")], now=1.5)
+    order = r.proposer.next_order(1.5, clock_ms=1500)
+    assert order == Order(1, 2, ((A, 1),), clock=1500)
+    log.append(order.encode())
+    r.read_log(log)
+    assert r.out[1:] == [clock(1500), (A, d("a1"))]
+    assert r.proposer.next_order(2.0, clock_ms=2000) is None and r.proposer.wake_at() == 2.5
+    assert r.proposer.next_order(2.5, clock_ms=0) is None  # no clock known: nothing to tell
+    r.deliver(A, [END_ELEMENT], now=3.0)
+    r.deliver(B, [END_ELEMENT], now=3.0)
+    log.append(r.proposer.next_order(3.0, clock_ms=3000).encode())
+    r.read_log(log)
+    assert r.applier.finished and r.proposer.wake_at() is None and r.proposer.next_order(9.0, clock_ms=9000) is None
+
+
+def test_an_unclocked_leader_writes_no_clock_and_no_time_only_order():
+    r = Replica([A])
+    log = [r.proposer.become_leader(1).encode()]
+    r.read_log(log)
+    assert r.proposer.wake_at() is None and r.proposer.next_order(5.0, clock_ms=5000) is None
+    r.deliver(A, [d("a1")], now=5.0)
+    assert r.proposer.next_order(5.0, clock_ms=5000) == Order(1, 1, ((A, 1),))
+
+
 # -- property: two replicas, random arrivals, random leader changes ----------------------------
 
 @st.composite
@@ -491,10 +574,13 @@ class Cluster:
     """Two replicas, a shared log, and records published but not yet in the log (they may land
     in any order, late, or never)."""
 
-    def __init__(self, seqs: dict[int, list], rnd: random.Random) -> None:
+    def __init__(self, seqs: dict[int, list], rnd: random.Random, clocked: bool = False) -> None:
         kw = dict(max_batch=rnd.randint(1, 6), min_batch=1, idle_timeout_s=0.002, max_in_flight=rnd.randint(1, 4),
                   pipeline_below=rnd.randint(1, 8))
         kw["min_batch"] = rnd.randint(1, kw["max_batch"])
+        if clocked:  # the leaders stamp their clocks: each replica's (ms) is off by its skew
+            kw["clock_tick_s"] = 0.002
+        self.skew = [rnd.randint(0, 5), rnd.randint(0, 5)] if clocked else [0, 0]
         self.rnd = rnd
         self.replicas = [Replica(seqs, **kw) for _ in range(2)]
         self.arrivals = [schedule(seqs, rnd) for _ in range(2)]
@@ -514,7 +600,7 @@ class Cluster:
 
     def propose(self, i: int) -> None:
         p = self.replicas[i].proposer
-        order = p.next_order(self.now)
+        order = p.next_order(self.now, clock_ms=round(self.now * 1000) + self.skew[i] + 1)
         if order is not None:
             assert p.is_leader and order.epoch == p.epoch  # never an order under an old epoch
             self.pending.append(order)
@@ -581,12 +667,13 @@ class Cluster:
 
 
 @settings(max_examples=500, deadline=None)
-@given(channel_sequences(), st.integers(0, 2**32))
-def test_replicas_consume_the_same_sequence_across_leader_changes(seqs, seed):
+@given(channel_sequences(), st.integers(0, 2**32), st.booleans())
+def test_replicas_consume_the_same_sequence_across_leader_changes(seqs, seed, clocked):
     """A seeded stdlib Random drives the schedule: hypothesis' own randoms and integers favour
-    extreme or small draws, which makes ``choices`` repeat one action and runs short."""
+    extreme or small draws, which makes ``choices`` repeat one action and runs short.  Clocked
+    leaders (each replica's clock skewed) also write time-only orders: the clocks come out alike."""
     rnd = random.Random(seed)
-    cluster = Cluster(seqs, rnd)
+    cluster = Cluster(seqs, rnd, clocked)
     cluster.elect(rnd.randrange(2), others_resign=True)
     for _ in range(rnd.randint(0, 300)):
         cluster.step()
@@ -597,3 +684,67 @@ def test_replicas_consume_the_same_sequence_across_leader_changes(seqs, seed):
         assert per_channel(a, c) == seq  # every element exactly once, FIFO per channel
     for r in cluster.replicas:
         assert r.applier.covered == r.applier.applied == r.applier.received
+    assert bool(per_channel(a, CLOCK)) == clocked
+
+
+@st.composite
+def clocked_logs(draw):
+    """An order log of one epoch over two channels (data orders with or without a clock,
+    time-only orders), and the channels' elements."""
+    entries = draw(st.lists(st.lists(st.tuples(st.sampled_from([A, B]), st.integers(1, 3)), max_size=3),
+                            min_size=1, max_size=12))
+    log = [Order(1, 0, offset=0)]
+    sent = {A: 0, B: 0}
+    for i, runs in enumerate(entries, start=1):
+        clocked = draw(st.booleans()) or not runs
+        log.append(Order(1, i, tuple(runs), offset=i, clock=100 * i if clocked else 0))
+        for c, n in runs:
+            sent[c] += n
+    return log, {c: [d(f"{c}-{k}") for k in range(n)] for c, n in sent.items()}
+
+
+def _consume(applier: OrderApplier, log: list[Order], channels: dict[int, list], rnd: random.Random,
+             ) -> tuple[list, list[tuple[int, ko.ApplierState]]]:
+    """Feed ``log`` and ``channels`` in random pieces, pulling with random limits; the output and
+    each checkpoint taken with the output's length then."""
+    out: list = []
+    checkpoints = []
+    records, pending = list(log), {c: list(els) for c, els in channels.items()}
+    while records or any(pending.values()) or applier.checkpoint_due is not None or applier.backlog:
+        what = rnd.random()
+        if what < 0.3 and records:
+            applier.on_record(records.pop(0))
+        elif what < 0.6 and any(pending.values()):
+            c = rnd.choice([c for c, els in pending.items() if els])
+            k = rnd.randint(1, len(pending[c]))
+            applier.push(c, pending[c][:k])
+            del pending[c][:k]
+        elif applier.checkpoint_due is not None:
+            checkpoints.append((len(out), applier.take_checkpoint()))
+        else:
+            out += applier.pull(rnd.choice([None, 1, 2]))
+    while (more := applier.pull()) or applier.checkpoint_due is not None:
+        out += more
+        if applier.checkpoint_due is not None:
+            checkpoints.append((len(out), applier.take_checkpoint()))
+    return out, checkpoints
+
+
+@settings(max_examples=300, deadline=None)
+@given(clocked_logs(), st.integers(1, 3), st.integers(0, 2**32))
+def test_a_replica_restored_from_any_checkpoint_gets_the_same_clocks_and_elements_after_it(log_and_channels,
+                                                                                         every, seed):
+    log, channels = log_and_channels
+    rnd = random.Random(seed)
+    out, checkpoints = _consume(OrderApplier([A, B], checkpoint_every=every), log, channels, rnd)
+    for c, els in channels.items():
+        assert per_channel(out, c) == els
+    assert per_channel(out, CLOCK) == [(ko.CLOCK, o.clock) for o in log if o.clock]
+    again, _ = _consume(OrderApplier([A, B], checkpoint_every=every), log, channels, random.Random(seed + 1))
+    assert again == out  # the same sequence, however the input came
+    for position, state in checkpoints:
+        restored = OrderApplier([A, B], checkpoint_every=every)
+        restored.restore(state)
+        tail = {c: els[state.applied.get(c, 0):] for c, els in channels.items()}
+        rest, _ = _consume(restored, log[state.offset + 1:], tail, random.Random(seed + 2))
+        assert rest == out[position:]
