@@ -30,8 +30,9 @@ class ReplicaKeys:
         "deterministic merge driven by heartbeat pulses (paper 004, Algorithm 1): both replicas of every "
         "task consume their inputs in the same order, a replica failure causes no pause; records wait for "
         "the next pulse (about half `liverobin.heartbeatPeriod` plus a Kafka round trip). `kazoo`: per "
-        "partition with several input channels, a leader elected in ZooKeeper writes the consumption order "
-        "to a Kafka order log that both replicas follow (needs `zookeeper.connect`); a leader failure "
+        "partition with several input channels or a keyed process function, a leader elected in ZooKeeper "
+        "writes the consumption order, stamped with its clock (processing time), to a Kafka order log that "
+        "both replicas follow (needs `zookeeper.connect`); a leader failure "
         "pauses that partition until a new leader takes over (about `kazoo.sessionTimeout`, or at once "
         "when the driver sees the executor leave).",
         choices=("unordered", "liverobin", "kazoo"),
@@ -125,19 +126,20 @@ class ReplicaKeys:
         "Checkpoint every this many pulses (`liverobin` mode: a pulse is written when a source partition "
         "grew, at most one a period, and once a second while none does, so 100 at the default 10 ms "
         "period is about a checkpoint a second under steady input and one every 100 s when idle) or order "
-        "records (`kazoo` mode, partitions with several inputs). Both replicas checkpoint at the same "
+        "records (`kazoo` mode, partitions with an order log). Both replicas checkpoint at the same "
         "position, so their digests must be equal; a mismatch is reported as a divergence.",
         min=1, max=1_000_000,
     )
     rhino_checkpoint_elements: int = key_field(
         "rhino.checkpointElements", INT, 1_000,
-        "`kazoo` mode: sources and tasks with one input channel (no order log) checkpoint every this many "
+        "`kazoo` mode: sources and partitions with no order log (one input channel, no keyed process "
+        "function) checkpoint every this many "
         "records read or elements consumed (both replicas at the same ones, so their digests compare and "
         "either may ship them); every partition also checkpoints once at its start.", min=1, max=100_000_000,
     )
     rhino_checkpoint_interval_ms: int = key_field(
         "rhino.checkpointInterval", DURATION, 1_000,
-        "`kazoo` mode: besides their count-based checkpoints, sources and tasks with one input channel "
+        "`kazoo` mode: besides their count-based checkpoints, sources and partitions with no order log "
         "also checkpoint before a record whose time (its Kafka timestamp at a source, its event time "
         "downstream) enters a new interval of this length, and partitions with an order log after the "
         "order record holding such a record, so that slow partitions and large orders have recent "

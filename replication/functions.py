@@ -144,11 +144,12 @@ class TimerService:
         return self._event.timers_of(*self._state.key_location())
 
     def register_processing_time_timer(self, ts: int) -> None:
-        """Fire ``on_timer(ts, ctx)`` for the current key at the first pulse of processing time
-        ``ts`` (ms since the epoch) or later; needs ``spark.replication.mode=liverobin``."""
+        """Fire ``on_timer(ts, ctx)`` for the current key at the first pulse (LiveRobin) or order
+        (KaZoo) of processing time ``ts`` (ms since the epoch) or later."""
         if not self.pulses:
             raise TypeError(f"operator {self._operator!r} registers a processing-time timer: processing time "
-                            "comes with LiveRobin's pulses (spark.replication.mode=liverobin)")
+                            "comes with LiveRobin's pulses or KaZoo's orders "
+                            "(spark.replication.mode=liverobin or kazoo)")
         self._register(self._processing, ts)
 
     def delete_processing_time_timer(self, ts: int) -> None:

@@ -82,6 +82,11 @@ class TaskSpec:
     def keyed(self) -> bool:
         return any(n.kind in ("process", "window") for n in self.chain)
 
+    @property
+    def keyed_functions(self) -> bool:
+        """Runs a keyed process function (which may use processing time: timers, TTL)."""
+        return any(n.kind == "process" for n in self.chain)
+
 
 @dataclass
 class PhysicalPlan:
@@ -124,9 +129,11 @@ class PhysicalPlan:
         deterministic without an ordering mode)."""
         return [t for t in self.tasks if any(len(self.input_channels(t.id, p)) > 1 for p in range(t.parallelism))]
 
-    def multi_input_partitions(self) -> list[PartitionId]:
-        """Partitions with more than one input channel (the ones KaZoo orders)."""
-        return [(t.id, p) for t in self.tasks for p in range(t.parallelism) if len(self.input_channels(t.id, p)) > 1]
+    def ordered_partitions(self) -> list[PartitionId]:
+        """The partitions KaZoo orders: those with more than one input channel, and those of
+        keyed functions (their order log carries processing time)."""
+        return [(t.id, p) for t in self.tasks if not t.is_source for p in range(t.parallelism)
+                if t.keyed_functions or len(self.input_channels(t.id, p)) > 1]
 
     def source_partition_ids(self) -> list[PartitionId]:
         return [(t.id, p) for t in self.tasks if t.is_source for p in range(t.parallelism)]

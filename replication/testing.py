@@ -87,7 +87,7 @@ class _Env:
         self.partition, self.parallelism = 0, 1
         self.num_key_groups = NUM_KEY_GROUPS
         self.metrics = InstanceMetrics()
-        self.cfg = _Mode("liverobin" if pulses else "kazoo")
+        self.processing_time = pulses
         self._backend = backend
         self._run = run
 
@@ -99,11 +99,6 @@ class _Env:
         self.metrics.dead_lettered += 1
         self._run.dead_letters.append({"reason": reason, "operator": operator, "origin": origin,
                                        "payload": payload, "payload_kind": payload_kind})
-
-
-@dataclass(frozen=True)
-class _Mode:
-    mode: str
 
 
 class _Collect(SinkBase):
@@ -266,8 +261,8 @@ def run_locally(job: Job, inputs: Mapping[str, Sequence[Any]], *, pulse_every_ms
     """Run ``job`` on ``inputs`` (topic -> records, see the module's docstring) to the end of its
     input: the final watermark fires every window and event-time timer.  ``pulse_every_ms``:
     processing time (timers, TTL) advances with the input's timestamps, by pulses this far
-    apart, and for ``idle_after_ms`` after the last record; None: no pulses (as in KaZoo mode,
-    where processing time is refused).  ``keep_state``: the keyed functions' state per key at
+    apart, and for ``idle_after_ms`` after the last record; None: no processing time (refused,
+    as in ``unordered`` mode).  ``keep_state``: the keyed functions' state per key at
     the end, in :attr:`LocalRun.state`."""
     job.validate()
     check_shippable(job)  # what fails on the cluster fails here

@@ -125,7 +125,8 @@ class StateContext:
             return existing
         if ttl is not None and ttl.time == PROCESSING_TIME and self.processing_sweeps is None:
             raise TypeError(f"state {name!r} of operator {self.operator_uid!r} has a processing-time TTL: "
-                            "processing time comes with LiveRobin's pulses (spark.replication.mode=liverobin)")
+                            "processing time comes with LiveRobin's pulses or KaZoo's orders "
+                            "(spark.replication.mode=liverobin or kazoo)")
         state = kind(self, self.reserve_id(name), name, ttl)
         if isinstance(state, ValueState):
             state.set_default(default)

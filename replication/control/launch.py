@@ -227,7 +227,7 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
                                          f"build); set {key}.ignore=true to start afresh")])
         plan.order_logs_prefix = prefix
         plan.order_logs = {inst: SegmentedLog(cfg.order_log(prefix, *inst))
-                           for inst in plan.multi_input_partitions()}
+                           for inst in plan.ordered_partitions()}
         # (a window's order starts and ends within a run: a resumed run's sources start afresh)
         windows = f"{cfg.order_logs_prefix(job.name)}.{uuid.uuid4().hex[:8]}.windows"
         plan.window_order_logs = {inst: SegmentedLog(cfg.order_log(windows, *inst))

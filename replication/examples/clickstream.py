@@ -4,7 +4,7 @@
   header taken from each result;
 * how many clicks each page got in sliding windows (``window`` with ``slide_ms`` and ``Count``);
 * each user's clicks in batches flushed by processing time (a processing-time timer per user and
-  list state; LiveRobin only): whenever a batch goes out, every click comes out exactly once.
+  list state; ``liverobin`` or ``kazoo`` mode): whenever a batch goes out, every click comes out exactly once.
 
 :func:`add_clickstream` adds them to the clicks' stream (as :func:`~replication.examples.sessions.add_sessions`
 returns it); the ``*_reference`` functions give what each emits.

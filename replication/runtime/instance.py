@@ -107,6 +107,11 @@ class PartitionInstance(ReplicaHandoverPart):
         self._time_bucket: int | None = None  # the latest interval seen (restored with the checkpoint)
 
     # -- environment offered to operators -------------------------------------------------
+    @property
+    def processing_time(self) -> bool:
+        """Whether processing time reaches this instance's operators (timers, TTL): LiveRobin's pulses."""
+        return self.cfg.mode == "liverobin"
+
     def state_backend(self) -> RocksDBStateBackend:
         if self._backend is None:
             self._state_dir.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,11 @@ class Operator:
         """Pulse ``h``, written at processing time ``t`` (ms; 0: unknown)."""
         self.next.on_pulse(h, t)
 
+    def on_processing_time(self, t: int) -> None:
+        """Processing time reaches ``t`` (ms) in this task only (a KaZoo order's clock): it goes
+        down the chain, not over channels."""
+        self.next.on_processing_time(t)
+
     def on_end(self) -> None:
         self.next.on_end()
 
@@ -157,8 +162,8 @@ class ProcessOperator(Operator):
 
         self.timer_queue, self.processing_queue = queue("event_timers"), queue("processing_timers")
         self.state.sweeps = queue("ttl_sweeps")
-        pulses = getattr(getattr(env, "cfg", None), "mode", "liverobin") == "liverobin"
-        if pulses:  # processing time (timers, TTL) comes with the pulses
+        pulses = getattr(env, "processing_time", True)
+        if pulses:  # processing time (timers, TTL) comes with the pulses or the orders' clocks
             self.state.processing_sweeps = queue("ttl_processing_sweeps")
         self.draws = RandomDraws(self.state, name)
         self.ctx = ProcessContext(draws=self.draws)
@@ -201,13 +206,20 @@ class ProcessOperator(Operator):
         self.next.on_watermark(wm)
 
     def on_pulse(self, h: int, t: int = 0) -> None:
+        self._advance_processing_time(t)
+        self.next.on_pulse(h, t)
+
+    def on_processing_time(self, t: int) -> None:
+        self._advance_processing_time(t)
+        self.next.on_processing_time(t)
+
+    def _advance_processing_time(self, t: int) -> None:
         state = self.state
-        if t > state.processing_time:  # the largest pulse time seen: a slower generator's clock does not turn it back
+        if t > state.processing_time:  # the largest time seen: a slower clock does not turn it back
             state.processing_time = t
             if state.processing_sweeps is not None:
                 self._sweep(state.processing_sweeps, t)
             self._fire_queue(self.processing_queue, t, "processing_time")
-        self.next.on_pulse(h, t)
 
     def _fire_timers(self, wm: int) -> None:
         assert self.state.sweeps is not None
@@ -319,6 +331,9 @@ class SinkBase(Operator):
     def on_pulse(self, h: int, t: int = 0) -> None:
         pass
 
+    def on_processing_time(self, t: int) -> None:
+        pass
+
     def side(self, tag: str, rec: tuple) -> None:
         pass  # no stream reads side outputs chained into a sink
 
@@ -422,6 +437,9 @@ class Router(Operator):
         for _, chans, _ in self.edges:
             for ch in chans:
                 ch.emit(element)
+
+    def on_processing_time(self, t: int) -> None:
+        pass  # the downstream tasks have clocks of their own
 
     def on_pulse(self, h: int, t: int = 0) -> None:
         element = pulse(h, t)

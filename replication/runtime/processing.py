@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kazoo_leader.orderer import KazooOrderer
+from kazoo_leader.orders import CLOCK_CHANNEL, ApplierState
 from kazoo_leader.segments import SegmentedLog
 from liverobin import LiveRobinOrderer
 from merge import ArrivalOrderer, InputQueues
@@ -23,6 +24,10 @@ from replication.runtime.instance import IDLE_WAIT_S, PartitionInstance
 from replication.runtime.intake import InputIntake
 from replication.runtime.pulse_actions import PulseActions
 from rhino_state import encode_key, key_group
+
+# KaZoo, keyed functions: with no input, the leader writes an order carrying only its clock this
+# often (as LiveRobin's idle pulses), so processing-time timers and TTL go on firing
+CLOCK_TICK_S = 1.0
 
 
 class ProcessingInstance(PulseActions, PartitionInstance):
@@ -72,6 +77,9 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         self._channel_pulse.update(rt.get("channel_pulse", {}))
         if isinstance(self.orderer, KazooOrderer):
             state = rt["orderer"]
+            if state is None:  # an earlier build's checkpoint, taken with no order log: a log from its start
+                state = ApplierState(0, -1, None, -1, dict(rt["positions"]),
+                                     sorted(set(self.channels) - self._open_channels))
             self.orderer.restore(state)
             log_ = self.intake.order_reader = self.worker.feeds.own_order_log()  # (the shared one started long ago)
             self._publish_order = log_.register(
@@ -99,7 +107,8 @@ class ProcessingInstance(PulseActions, PartitionInstance):
             idle_timeout_s=cfg.kazoo_idle_timeout_ms / 1000, max_in_flight=cfg.kazoo_max_in_flight,
             pipeline_below=cfg.kazoo_pipeline_below,
             hold_limit=max(4 * cfg.channel_batch_size, 2 * cfg.kazoo_max_batch),
-            checkpoint_every=self.checkpoint_every, checkpoint_mark=self._record_enters_new_interval, name=self.name)
+            checkpoint_every=self.checkpoint_every, checkpoint_mark=self._record_enters_new_interval,
+            clock_tick_s=CLOCK_TICK_S if self.task.keyed_functions else 0.0, name=self.name)
         self._order_log = order_log
         if not self.restoring:  # (a restored replica reads the log from its checkpoint on: restore_from)
             reader = self.intake.order_reader = self.worker.feeds.order_log()
@@ -109,6 +118,12 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         self._election_path = f"{self.worker.boot.election_root}/t{self.task.id}p{self.partition}"
         self.worker.feeds.election()
         return orderer
+
+    @property
+    def processing_time(self) -> bool:
+        """LiveRobin's pulses, or the clocks of this partition's KaZoo orders (keyed functions)."""
+        kazoo = isinstance(self.orderer, KazooOrderer) and self.orderer.proposer.clock_tick_s > 0
+        return kazoo or super().processing_time
 
     def request_stop(self) -> None:
         super().request_stop()
@@ -145,14 +160,17 @@ class ProcessingInstance(PulseActions, PartitionInstance):
                 self.metrics.vnode_bytes = (self.measure_request, vnode_bytes(
                     self.state_backend(), self.num_key_groups, self.handovers.num_vnodes))
             runs = self._next_runs()
-            self._elements_ordered += sum(len(elements) for _, elements in runs)
+            self._elements_ordered += sum(len(elements) for channel, elements in runs if channel != CLOCK_CHANNEL)
             self.metrics.queue_batches = self.queues.size()
             if kazoo is not None:
                 self._kazoo_metrics(kazoo)
             if not runs:
                 self.idle()
             for channel, elements in runs:
-                if self.count_every:
+                if channel == CLOCK_CHANNEL:  # the leader's clock when it wrote the next order
+                    for _, t in elements:
+                        self.chain.on_processing_time(t)
+                elif self.count_every:
                     self._consume_counted(channel, elements)
                 else:
                     self._consume(channel, elements)

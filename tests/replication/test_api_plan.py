@@ -348,6 +348,16 @@ def test_fraud_job_plans_to_the_expected_tasks():
     assert plan.task(3).head.spec["fn"].__class__ is FraudRule
 
 
+def test_kazoo_orders_the_partitions_with_several_inputs_and_those_of_keyed_functions():
+    plan = _fraud_plan(eu=1, us=1, default=2)
+    inputs = {t.id: [len(plan.input_channels(t.id, p)) for p in range(t.parallelism)] for t in plan.tasks[2:]}
+    assert inputs == {2: [2], 3: [1, 1], 4: [1, 1]}
+    # the union's two inputs, and the rule's keyed function (its order log carries processing
+    # time); not the window's partitions, with one input each
+    assert plan.ordered_partitions() == [(2, 0), (3, 0), (3, 1)]
+    assert [t.keyed_functions for t in plan.tasks] == [False, False, False, True, False]
+
+
 def test_fraud_job_edges_and_channel_counts():
     plan = _fraud_plan(eu=2, us=2, default=3)
     ins = {t.id: [(i.src_task, i.partitioning) for i in t.inputs] for t in plan.tasks}

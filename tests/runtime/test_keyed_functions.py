@@ -5,18 +5,17 @@ go quiet does not pile up; both survive a restore and move with their keys."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replication.examples.ordered import HashChain, timer_due, verify_chains, verify_side_output
 from replication.functions import KeyedProcessFunction
+from replication.plan import OutputEdge
 from replication.runtime.elements import MAX_WATERMARK
-from replication.runtime.operators import ProcessOperator
-from rhino_state import RocksDBStateBackend, StateTtl, encode_key, key_group
-from tests.runtime.test_operators import FakeEnv, G, chain, rec
+from replication.runtime.operators import MapOperator, ProcessOperator, Router
+from rhino_state import RocksDBStateBackend, RoutingTable, StateTtl, encode_key, key_group
+from tests.runtime.test_operators import FakeChannel, FakeEnv, G, chain, rec
 
 
 class Reminders(KeyedProcessFunction):
@@ -452,19 +451,37 @@ def test_processing_time_timers_fire_at_the_first_pulse_of_their_time_and_surviv
         assert [p for p in out.pulses] == [(5, 1100)]
 
 
+def test_a_kazoo_orders_clock_fires_processing_time_timers_down_the_chain_and_stops_at_the_router(tmp_path):
+    with RocksDBStateBackend(tmp_path / "db") as b:
+        env = FakeEnv(b, routing={7: RoutingTable.uniform(16, 2)})
+        op, passing = ProcessOperator("t", env, Timeout()), MapOperator("m", env, lambda v: v)
+        out = chain(op, passing)
+        op.on_processing_time(1000)
+        op.process(rec("x", key="a", ts=1))  # due at 1050
+        op.on_processing_time(1040)
+        op.on_processing_time(1030)  # a new leader with a slower clock: time never goes back
+        assert out.values == [] and out.clocks == [1000, 1040, 1030] and out.pulses == []
+        op.on_processing_time(1050)
+        assert out.values == [("a", 1050)] and [r[3] for r in out.records] == [1050]
+        chans = [FakeChannel(0), FakeChannel(1)]
+        router = Router("r", env, [(OutputEdge(0, 7, "hash", str, 2), chans)])
+        router.on_processing_time(2000)  # a task's clock is its own: nothing goes to the next task
+        assert all(ch.elements == [] for ch in chans)
+
+
 def test_a_processing_time_ttl_is_refused_without_pulses_when_the_function_opens(tmp_path):
     with RocksDBStateBackend(tmp_path / "db") as b:
         env = FakeEnv(b)
-        env.cfg = SimpleNamespace(mode="kazoo")
+        env.processing_time = False  # (mode unordered)
         with pytest.raises(TypeError, match="state 'count' of operator 's' has a processing-time TTL: processing "
-                                            r"time comes with LiveRobin's pulses \(spark.replication.mode=liverobin\)"):
+                                            r"time comes with LiveRobin's pulses or KaZoo's orders \(spark.replication.mode=liverobin or kazoo\)"):
             ProcessOperator("s", env, Sessions("processing"))
 
 
 def test_processing_time_timers_are_refused_without_pulses_naming_the_mode(tmp_path):
     with RocksDBStateBackend(tmp_path / "db") as b:
         env = FakeEnv(b)
-        env.cfg = SimpleNamespace(mode="kazoo")
+        env.processing_time = False  # (mode unordered)
         op = ProcessOperator("t", env, Timeout())
         chain(op)
         op.process(rec("x", key="a", ts=1))

@@ -123,6 +123,7 @@ class Collect(Operator):
         self.ended = 0
         self.sides: list[tuple[str, tuple]] = []  # side outputs: (tag, record)
         self.pulses: list[tuple[int, int]] = []  # (h, processing time)
+        self.clocks: list[int] = []  # processing times of KaZoo orders
 
     def process(self, rec: tuple) -> None:
         self.records.append(rec)
@@ -138,6 +139,9 @@ class Collect(Operator):
 
     def on_pulse(self, h: int, t: int = 0) -> None:
         self.pulses.append((h, t))
+
+    def on_processing_time(self, t: int) -> None:
+        self.clocks.append(t)
 
     @property
     def values(self) -> list:

@@ -315,7 +315,7 @@ def test_a_kazoo_resume_goes_on_in_the_order_logs_its_cut_names(stack, topic_pre
     fresh = prepare(build_ordered_job(a, b, f"{name}out", name=name), cfg)
     assert fresh.resume is None and fresh.order_logs_prefix.startswith(f"_replication.{name}.orders.")
     assert {log_.prefix for log_ in fresh.order_logs.values()} == {
-        f"{fresh.order_logs_prefix}.t{t}p{p}" for t, p in fresh.multi_input_partitions()}
+        f"{fresh.order_logs_prefix}.t{t}p{p}" for t, p in fresh.ordered_partitions()}
     store = DurableStore(str(checkpoints), name)
     part = _uploaded_part(store, tmp_path)
     run = {"output_prefix": "r0", "epoch_base": 0, "heartbeat_log": None}

@@ -1,10 +1,10 @@
 """The operators of real jobs on real executors with replication: session and sliding windows, a
 lookup join against a table from a compacted topic (read with its metadata), an interval join, a
 window join, a running reduce whose sink sets the Kafka key, timestamp and headers from the
-record, list state with a TTL, and (LiveRobin) processing-time timers.  A replica's executor is
-killed and vnodes of the interval join, the TTL'd state and the timers move while input flows;
-every output equals a plain-Python reference of the same input, record by record, the replicas
-agree, and the TTL'd state is swept empty by the end."""
+record, list state with a TTL, and processing-time timers (LiveRobin's pulses, KaZoo's orders).
+A replica's executor is killed and vnodes of the interval join, the TTL'd state and the timers
+move while input flows; every output equals a plain-Python reference of the same input, record
+by record, the replicas agree, and the TTL'd state is swept empty by the end."""
 
 from __future__ import annotations
 
@@ -54,14 +54,13 @@ def _feed(stack, topics: dict[str, str], orders, payments, clicks, seconds: floa
         time.sleep(seconds / batches)
 
 
-@pytest.mark.parametrize("mode", ["liverobin", pytest.param("kazoo", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
 def test_windows_joins_and_keyed_state_survive_a_kill_and_a_move_with_exact_output(stack, spark, topic_prefix,
                                                                                   mode):
     name = f"{topic_prefix}joins{mode[0]}"
     topics = {t: f"{name}{t}" for t in ("orders", "payments", "customers", "clicks")}
     outs = {t: f"{name}{t}" for t in ("enriched", "paid", "pairs", "sessions", "recent", "running", "pages",
                                       "batches")}
-    timers = mode == "liverobin"  # processing time comes with LiveRobin's pulses
     create_topics(stack.bootstrap_servers, {t: 1 for t in topics.values()})
     table_records, table = customer_table()
     produce(stack.bootstrap_servers, topics["customers"], table_records)
@@ -70,7 +69,7 @@ def test_windows_joins_and_keyed_state_survive_a_kill_and_a_move_with_exact_outp
                    parallelism=2, same_second_topic=outs["pairs"])
     clicks_stream = add_sessions(job, topics["clicks"], outs["sessions"], parallelism=2)
     add_recent_clicks(clicks_stream, outs["recent"], parallelism=2)
-    add_clickstream(clicks_stream, outs["running"], outs["pages"], outs["batches"] if timers else None, parallelism=2)
+    add_clickstream(clicks_stream, outs["running"], outs["pages"], outs["batches"], parallelism=2)
     kazoo = {"spark.replication.zookeeper.connect": stack.zookeeper_connect,
              "spark.replication.kazoo.sessionTimeout": "1s"} if mode == "kazoo" else {}
     handle = run(job, spark=spark, conf={
@@ -91,13 +90,12 @@ def test_windows_joins_and_keyed_state_survive_a_kill_and_a_move_with_exact_outp
         time.sleep(0.8)
         moved = handle.move_vnodes("pay", handle.routing("pay").vnodes_of(0)[:16], 1)
         moved_ttl = handle.move_vnodes("recent", handle.routing("recent").vnodes_of(1)[:16], 0)
-        moved_timers = (handle.move_vnodes("batches", handle.routing("batches").vnodes_of(0)[:16], 1) if timers
-                        else {"state": "completed"})
+        moved_timers = handle.move_vnodes("batches", handle.routing("batches").vnodes_of(0)[:16], 1)
         kill_executor(locate("enrich[0]r0", job=name))
         feeder.join()
-        if timers:  # they fire at pulses, not at the end of the input: every batch out before the drain
-            wait_until(lambda: sum(batched_clicks(read_output(stack, outs["batches"])).values()) >= len(clicks),
-                       60, "every click's batch", poll_s=0.5)
+        # they fire at pulses or orders, not at the end of the input: every batch out before the drain
+        wait_until(lambda: sum(batched_clicks(read_output(stack, outs["batches"])).values()) >= len(clicks),
+                   60, "every click's batch", poll_s=0.5)
         result = handle.drain(timeout=300)
     except BaseException:
         handle.stop()
@@ -123,13 +121,12 @@ def test_windows_joins_and_keyed_state_survive_a_kill_and_a_move_with_exact_outp
         value = json.loads(r.value)
         assert (r.key, r.timestamp, dict(r.headers)["clicks"]) == (
             value["user"].encode(), value["last"], str(value["clicks"]).encode()), r
-    if timers:
-        batches = read_output(stack, outs["batches"])
-        assert batched_clicks(batches) == clicks_counted(clicks)
-        assert all(b["clicks"] == sorted(b["clicks"]) for b in batches)
+    batches = read_output(stack, outs["batches"])
+    assert batched_clicks(batches) == clicks_counted(clicks)
+    assert all(b["clicks"] == sorted(b["clicks"]) for b in batches)
     assert result.metrics.dead_lettered == 0 and result.metrics.late_records == 0
     assert sum("declared dead" in text for _, text in result.events) >= 1, result.events
-    for task in ("pay", "pairs", "sessions", "recent", "running", "pages", *(("batches",) if timers else ())):
+    for task in ("pay", "pairs", "sessions", "recent", "running", "pages", "batches"):
         replicas_agree(result, handle, task=task)
     tid = next(t.id for t in handle.plan.tasks if t.name == "recent")
     ttl_replicas = {f"recent[{p}]r{r}": result.per_instance[f"recent[{p}]r{r}"].state_digest
