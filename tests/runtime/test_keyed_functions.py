@@ -350,17 +350,22 @@ def test_the_state_of_keys_that_go_quiet_expires_so_its_size_stays_flat(backend,
     assert out.records[-1][1] == ("r0-k0", 1, {"p0": 1}, ["p0"])
 
 
-def test_a_processing_time_ttl_expires_between_pulses_never_by_event_time(backend):
+@pytest.mark.parametrize("clock", ["liverobin-pulse", "kazoo-order"])
+def test_a_processing_time_ttl_expires_between_pulses_never_by_event_time(backend, clock):
     op = ProcessOperator("s", FakeEnv(backend), Sessions("processing"))
     out = chain(op)
-    op.on_pulse(1, 1000)
+
+    def advance(h: int, t: int) -> None:
+        op.on_pulse(h, t) if clock == "liverobin-pulse" else op.on_processing_time(t)
+
+    advance(1, 1000)
     op.process(rec("a", key="k", ts=5))  # expires at processing time 1100
     op.on_watermark(10**9)  # event time means nothing to it
     op.process(rec("b", key="k", ts=6))  # written at 1000 too
-    op.on_pulse(2, 1099)
+    advance(2, 1099)
     op.process(rec("c", key="k", ts=7))  # 1199
     assert out.values[-1] == ("k", 3, {"a": 1, "b": 1, "c": 1}, ["a", "b", "c"])
-    op.on_pulse(3, 1100)
+    advance(3, 1100)
     op.process(rec("d", key="k", ts=8))
     # the count was last written at 1099 and lives on; the pages and elements of 1000 are gone
     assert out.values[-1] == ("k", 4, {"c": 1, "d": 1}, ["c", "d"])
