@@ -167,8 +167,9 @@ class ClusterKeys:
         "failureTimeout", DURATION, 2_000,
         "A worker silent for this long (a hung executor) is declared dead (four times this long when more "
         "than half of the workers are silent at once; twice its longest gap between heartbeats in the last minute, "
-        "up to four times this long, when its heartbeats came late lately; ten times when its loss would end the job: it runs the "
-        "last replica of a partition nothing else can restore); its replicas are cut off and fenced, and the "
+        "up to four times this long, when its heartbeats came late lately, and four times until its first "
+        "heartbeat, while it builds its replicas; ten times when its loss would end the job: it runs the last "
+        "replica of a partition nothing else can restore); its replicas are cut off and fenced, and the "
         "surviving replicas carry on. An executor that exits is noticed at once.",
         min=100, max=600_000,
     )

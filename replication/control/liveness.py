@@ -20,6 +20,9 @@ two of them in the last minute: a host short of CPU while state is built, a disk
 process) is given twice its longest such gap, up to the shared timeout: the accrual detectors of
 Cassandra and Akka adapt to the arrival times they see in the same way. A worker that hangs after
 a calm minute is declared at the plain timeout; one that was straining, at most four times later.
+A worker that has not sent its first heartbeat yet is building its replicas (opening their state,
+loading a savepoint, starting its sources on a host where other executors start too): it is given
+the shared timeout as well; a crash meanwhile is still seen at once.
 """
 from __future__ import annotations
 
@@ -97,3 +100,9 @@ class WorkerInfo:
     last_seen: float = 0.0
     standby: bool = False  # relaunched after its executor died: hosts none of its replicas
     late_beats: LateBeats = field(default_factory=LateBeats)
+    heard: bool = False  # its first heartbeat arrived (until then it builds its replicas)
+
+    def patience(self, now: float, timeout_s: float) -> float:
+        """How many plain timeouts this worker's silence must last: the shared factor until its
+        first heartbeat, then :meth:`LateBeats.patience`."""
+        return self.late_beats.patience(now, timeout_s) if self.heard else SHARED_SILENCE_FACTOR

@@ -265,6 +265,7 @@ class JobMaster:
                 return Instructions("evicted")  # declared dead while unresponsive, or an old attempt
             info.late_beats.heard(arrived, arrived - info.last_seen, self.failure_timeout_s)
             info.last_seen = max(info.last_seen, arrived)
+            info.heard = True
             if req.rpc_refused != self.rpc_refused.get(f"worker {w}", 0):
                 self.rpc_refused[f"worker {w}"] = req.rpc_refused
                 self.status_changed()

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from replication.control.liveness import FATAL_SILENCE_FACTOR, silent_workers
+from replication.control.liveness import FATAL_SILENCE_FACTOR, WorkerInfo, silent_workers
 
 if TYPE_CHECKING:
     from replication.control.master import JobMaster
@@ -24,6 +24,15 @@ log = logging.getLogger(__name__)
 # worker is usually seen dead sooner, when its process exits and its watch on the driver ends:
 # both wait for the kernel to tear the JVM down.
 EXECUTOR_POLL_S = 0.5
+
+
+def _waited(info: WorkerInfo, now: float, patience: float) -> str:
+    """Why a worker was given more than one timeout, for its reason of death."""
+    if not info.heard:
+        return " (waited longer: it had not sent its first heartbeat)"
+    if patience > 1:
+        return f" (waited longer: its heartbeats came up to {info.late_beats.worst(now):.1f}s apart lately)"
+    return ""
 
 
 def monitor(master: JobMaster, period_s: float = 0.1, executor_poll_s: float = EXECUTOR_POLL_S) -> None:
@@ -65,13 +74,10 @@ def monitor(master: JobMaster, period_s: float = 0.1, executor_poll_s: float = E
                 m.event(f"worker {w} silent for {silence[w]:.1f}s, but its loss would end the job: "
                         f"declared dead only after {m.failure_timeout_s * FATAL_SILENCE_FACTOR:.1f}s")
             patient_with = fatal
-            patience = {w: m.workers[w].late_beats.patience(now, m.failure_timeout_s) for w in silence}
+            patience = {w: m.workers[w].patience(now, m.failure_timeout_s) for w in silence}
             for w in silent_workers(silence, m.failure_timeout_s, fatal=fatal, patience=patience):
                 if losses.counts(w, m.workers[w]):
-                    worst = m.workers[w].late_beats.worst(now)
-                    strained = f" (waited longer: its heartbeats came up to {worst:.1f}s apart lately)" \
-                        if patience[w] > 1 else ""
-                    losses.declare_dead(w, f"silent for {silence[w]:.1f}s{strained}")
+                    losses.declare_dead(w, f"silent for {silence[w]:.1f}s{_waited(m.workers[w], now, patience[w])}")
             if m.rhino is not None and m.lost and not m.restores.restoring:
                 m.restores.start()
             if m.rhino is not None:

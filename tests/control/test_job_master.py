@@ -38,7 +38,7 @@ def _master(mode: str = "kazoo", rhino: bool = False, workers: int = 3) -> JobMa
     if mode == "kazoo":
         conf["spark.replication.zookeeper.connect"] = "127.0.0.1:2181"
     master = JobMaster(plan, place(plan, workers), workers, ReplicationConfig.from_mapping(conf), "", "app-1")
-    master.workers = {w: WorkerInfo(w, 0, str(w), f"127.0.0.1:{4000 + w}", last_seen=time.monotonic())
+    master.workers = {w: WorkerInfo(w, 0, str(w), f"127.0.0.1:{4000 + w}", last_seen=time.monotonic(), heard=True)
                       for w in range(workers)}
     master.started_at = time.monotonic()
     return master

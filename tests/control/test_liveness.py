@@ -15,6 +15,7 @@ from replication.control.liveness import (
     SHARED_SILENCE_FACTOR,
     STRAIN_WINDOW_S,
     LateBeats,
+    WorkerInfo,
     silent_workers,
 )
 from replication.messages import Heartbeat
@@ -173,6 +174,34 @@ def test_the_job_master_gives_a_worker_whose_heartbeats_came_late_lately_longer(
         order = [w for _, text in master.events for w in (0, 1)
                  if text.startswith(f"worker {w} (executor") and "declared dead" in text]
         assert order == [0, 1]
+    finally:
+        master.end_watching()
+        monitor.join(2)
+
+
+def test_a_worker_is_given_the_shared_timeout_until_its_first_heartbeat():
+    info = WorkerInfo(0, 0, "0", "127.0.0.1:4000", last_seen=10.0)
+    assert info.patience(11.0, 2.0) == SHARED_SILENCE_FACTOR
+    info.heard = True
+    assert info.patience(11.0, 2.0) == 1.0
+
+
+def test_the_job_master_waits_longer_for_a_worker_building_its_replicas_before_its_first_heartbeat():
+    """Between its registration and its first heartbeat a worker builds its replicas (their state,
+    a savepoint's entries, its sources) on a host where other executors start too: silent alone
+    that long, it is declared dead only after the shared timeout, and the reason says why."""
+    master = _master(mode="liverobin", workers=3)
+    master.failure_timeout_s = 0.2
+    master.workers[1].heard = False
+    monitor = threading.Thread(target=watch.monitor, args=(master, 0.02,), daemon=True)
+    try:
+        started = time.monotonic()
+        master.workers[1].last_seen = started
+        monitor.start()
+        _beat_until_declared(master, 1, others=(0, 2), timeout=10)
+        waited = time.monotonic() - started
+        assert list(master.dead) == [1] and "had not sent its first heartbeat" in master.dead[1]
+        assert waited >= master.failure_timeout_s * SHARED_SILENCE_FACTOR  # (a lower bound)
     finally:
         master.end_watching()
         monitor.join(2)
