@@ -4,7 +4,9 @@
   header taken from each result;
 * how many clicks each page got in sliding windows (``window`` with ``slide_ms`` and ``Count``);
 * each user's clicks in batches flushed by processing time (a processing-time timer per user and
-  list state; ``liverobin`` or ``kazoo`` mode): whenever a batch goes out, every click comes out exactly once.
+  list state; ``liverobin`` or ``kazoo`` mode): whenever a batch goes out, every click comes out exactly once;
+* a sample of each user's clicks drawn by ``ctx.random()``: the same sample on both replicas,
+  after a restore or a move, as in a run of the local harness (:func:`sampled_reference`).
 
 :func:`add_clickstream` adds them to the clicks' stream (as :func:`~replication.examples.sessions.add_sessions`
 returns it); the ``*_reference`` functions give what each emits.
@@ -17,11 +19,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from replication.aggregators import Count
-from replication.api import DataStream
+from replication.api import DataStream, Job
 from replication.functions import KeyedProcessFunction
+from replication.testing import run_locally
 
 SLIDING_SIZE_MS, SLIDING_SLIDE_MS = 1200, 300
 FLUSH_AFTER_MS = 200
+SAMPLE_SHARE = 0.25
 
 
 def one_click(click: dict) -> dict:
@@ -53,10 +57,28 @@ class BatchByProcessingTime(KeyedProcessFunction):
         yield {"user": ctx.key, "clicks": times}
 
 
+class SampleClicks(KeyedProcessFunction):
+    """About ``share`` of each user's clicks, each kept or not by a draw of ``ctx.random()``."""
+
+    def __init__(self, share: float = SAMPLE_SHARE) -> None:
+        self.share = share
+
+    def process(self, click: dict, ctx):
+        if ctx.random().random() < self.share:
+            yield click
+
+
+def add_sampled_clicks(clicks: DataStream, out_topic: str, parallelism: int | None = None) -> None:
+    """``clicks -> key_by(user) -> process(SampleClicks) -> sink``."""
+    (clicks.key_by(lambda c: c["user"])
+     .process(SampleClicks(), name="sampled", parallelism=parallelism)
+     .sink(out_topic, serializer="json", key_serializer="str", name="sampled-sink"))
+
+
 def add_clickstream(clicks: DataStream, counts_topic: str, pages_topic: str, batches_topic: str | None,
-                    parallelism: int | None = None) -> None:
+                    parallelism: int | None = None, batch_after_ms: int = FLUSH_AFTER_MS) -> None:
     """The running counts, the sliding page counts and (unless ``batches_topic`` is None) the
-    processing-time batches, each to its topic."""
+    processing-time batches, flushed ``batch_after_ms`` after their first click, each to its topic."""
     (clicks.map(one_click, name="one-click").key_by(lambda c: c["user"])
      .reduce(add_up, name="running", parallelism=parallelism)
      .sink(counts_topic, serializer="json", key_serializer="str", key=lambda r: r["user"],
@@ -67,7 +89,7 @@ def add_clickstream(clicks: DataStream, counts_topic: str, pages_topic: str, bat
      .sink(pages_topic, serializer="json", key_serializer="str", name="pages-sink"))
     if batches_topic is not None:
         (clicks.key_by(lambda c: c["user"])
-         .process(BatchByProcessingTime(), name="batches", parallelism=parallelism)
+         .process(BatchByProcessingTime(batch_after_ms), name="batches", parallelism=parallelism)
          .sink(batches_topic, serializer="json", key_serializer="str", name="batches-sink"))
 
 
@@ -102,3 +124,11 @@ def batched_clicks(batches: Iterable[dict[str, Any]]) -> Counter[tuple[str, int]
 def clicks_counted(clicks: Iterable[dict]) -> Counter[tuple[str, int]]:
     """The (user, time) of every click, counted."""
     return Counter((c["user"], c["ts"]) for c in clicks)
+
+
+def sampled_reference(clicks: Iterable[dict]) -> list[dict]:
+    """The clicks :func:`add_sampled_clicks` keeps: what one failure-free run draws, by the local
+    harness (the draws are seeded by the operator, the user and how often the user drew)."""
+    job = Job("sampled-reference")
+    add_sampled_clicks(job.source("clicks", deserializer="json", timestamp=lambda c: c["ts"]), "sampled")
+    return run_locally(job, {"clicks": list(clicks)}).outputs.get("sampled", [])

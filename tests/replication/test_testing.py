@@ -16,11 +16,13 @@ import replication
 from replication import Job, KeyedProcessFunction, StateTtl
 from replication.api import JobDefinitionError
 from replication.examples.clickstream import (
+    SAMPLE_SHARE,
     add_clickstream,
     batched_clicks,
     clicks_counted,
     pages_reference,
     running_reference,
+    sampled_reference,
 )
 from replication.examples.enrichment import add_enrichment, enrichment_reference, same_second_reference
 from replication.examples.sessions import (
@@ -120,6 +122,17 @@ def test_the_examples_give_their_references():
     left = {name: len(keys) for name, keys in run.state.items()}
     assert left == {"enrich": 27, "running": 8, "pay": 0, "pairs": 0, "recent": 0, "batches": 0}, left
     assert run.state["running"]["u0"] == {"reduced": {"user": "u0", "clicks": 60, "last": clicks[-8]["ts"]}}
+
+
+def test_a_sample_drawn_by_ctx_random_depends_on_each_keys_own_clicks_only():
+    """``ctx.random()`` is seeded by the operator, the key and the key's own history: interleaving
+    other users' clicks differently draws the same sample, which is about the share asked for."""
+    _, _, clicks = order_events(1_000_000)
+    sample = sampled_reference(clicks)
+    by_user = sorted(clicks, key=lambda c: (c["user"], c["ts"]))  # (each user's clicks in their order)
+    assert counted(sampled_reference(by_user)) == counted(sample)
+    assert abs(len(sample) / len(clicks) - SAMPLE_SHARE) < 0.1
+    assert sample == [c for c in clicks if c in sample]  # clicks, not made up; in input order
 
 
 def _upper_by_key(job_name: str) -> Job:
