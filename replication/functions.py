@@ -41,7 +41,7 @@ class RuntimeContext:
     def value_state(self, name: str, default: Any = None, ttl: StateTtl | None = None) -> ValueState:
         """A single value per key; with ``ttl``, gone (the default again) once the watermark passes
         its last write's event time plus the TTL (``StateTtl(ms, time="processing")``: once a pulse
-        passes the processing time of its last write plus the TTL; LiveRobin only)."""
+        or a KaZoo order passes the processing time of its last write plus the TTL)."""
         return self._state.value_state(_user_state_name(name), default, ttl)
 
     def map_state(self, name: str, ttl: StateTtl | None = None) -> MapState:

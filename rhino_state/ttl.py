@@ -38,8 +38,8 @@ EVENT_TIME, PROCESSING_TIME = "event", "processing"
 @dataclass(frozen=True)
 class StateTtl:
     """Keyed state lives ``ttl_ms`` after its last write (ms), by event time (``time="event"``:
-    the watermark expires it) or by processing time (``time="processing"``: the pulses' time
-    expires it; LiveRobin only)."""
+    the watermark expires it) or by processing time (``time="processing"``: the time stamped into
+    LiveRobin's pulses or KaZoo's orders expires it; not in ``unordered`` mode)."""
 
     ttl_ms: int
     time: str = EVENT_TIME

@@ -31,6 +31,7 @@ from replication.examples.sessions import (
     recent_clicks_reference,
     sessions_reference,
 )
+from replication.examples.views import REPEAT_TTL_MS, add_page_views, page_views, views_reference
 from replication.functions import OutputTag
 from replication.testing import Input, run_locally
 from tests.example_inputs import customer_table, order_events
@@ -122,6 +123,24 @@ def test_the_examples_give_their_references():
     left = {name: len(keys) for name, keys in run.state.items()}
     assert left == {"enrich": 27, "running": 8, "pay": 0, "pairs": 0, "recent": 0, "batches": 0}, left
     assert run.state["running"]["u0"] == {"reduced": {"user": "u0", "clicks": 60, "last": clicks[-8]["ts"]}}
+
+
+def test_page_views_drop_repeats_update_late_windows_and_side_out_the_too_late():
+    """The late views arrive after every on-time one (their Kafka timestamp): those within the
+    lateness update their window, the others go to the side output, and the ids expire by
+    processing time (the harness's pulses go on ``idle_after_ms`` past the last record)."""
+    on_time, late = page_views(1_700_000_000_000)
+    job = Job("views")
+    add_page_views(job, "views", "counts", "late")
+    arrival = on_time[-1]["ts"]
+    run = run_locally(job, {"views": [Input(v, timestamp=v["ts"]) for v in on_time]
+                            + [Input(v, timestamp=arrival) for v in late]},
+                      pulse_every_ms=50, idle_after_ms=2 * REPEAT_TTL_MS, keep_state=True)
+    expected, too_late = views_reference(on_time, late)
+    assert Counter((w["key"], w["start"], w["value"]) for w in run.outputs["counts"]) == expected
+    assert run.outputs["late"] == too_late and len(too_late) == 5 and run.dead_letters == []
+    assert sum(n for (_, _, n) in expected) > len({v["id"] for v in on_time})  # (updates counted again)
+    assert run.state == {"unique": {}}  # every id expired and swept
 
 
 def test_a_sample_drawn_by_ctx_random_depends_on_each_keys_own_clicks_only():

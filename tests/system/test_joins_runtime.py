@@ -1,8 +1,9 @@
 """The operators of real jobs on real executors with replication: session and sliding windows, a
 lookup join against a table from a compacted topic (read with its metadata), an interval join, a
 window join, a running reduce whose sink sets the Kafka key, timestamp and headers from the
-record, list state with a TTL, processing-time timers (LiveRobin's pulses, KaZoo's orders) and a sample
-drawn by ``ctx.random()``.
+record, list state with a TTL, processing-time timers (LiveRobin's pulses, KaZoo's orders), a sample
+drawn by ``ctx.random()``; and page views: repeats dropped by a processing-time TTL, tumbling windows
+with allowed lateness and a side output for the too-late views.
 
 A replica's executor is killed and vnodes of every keyed task move while input flows; and the job
 is drained into a savepoint halfway through its input and goes on from it at another parallelism
@@ -39,6 +40,14 @@ from replication.examples.sessions import (
     recent_clicks_reference,
     sessions_reference,
 )
+from replication.examples.views import (
+    REPEAT_TTL_MS,
+    VIEW_WINDOW_MS,
+    add_page_views,
+    page_views,
+    views_reference,
+)
+from rhino_state import encode_key, key_group, vnode_of
 from rhino_state.increments import EMPTY_DIGEST
 from tests.example_inputs import customer_table, order_events
 from tests.ordered_runs import RHINO_MODES, read_output, replicas_agree, wait_until
@@ -134,25 +143,32 @@ def _assert_exact(stack, outs: dict[str, str], orders, payments, clicks, table) 
     assert all(b["clicks"] == sorted(b["clicks"]) for b in batches)
 
 
-def _assert_ttl_swept(result, handle, parallelism: int) -> None:
-    """The TTL'd lists of every live replica of ``recent`` are swept empty by the end."""
-    tid = next(t.id for t in handle.plan.tasks if t.name == "recent")
-    ttl_replicas = {f"recent[{p}]r{r}": result.per_instance[f"recent[{p}]r{r}"].state_digest
+def _assert_ttl_swept(result, handle, parallelism: int, task: str = "recent") -> None:
+    """The TTL'd state of every live replica of ``task`` is swept empty by the end."""
+    tid = next(t.id for t in handle.plan.tasks if t.name == task)
+    ttl_replicas = {f"{task}[{p}]r{r}": result.per_instance[f"{task}[{p}]r{r}"].state_digest
                     for p in range(parallelism) for r in range(2)
                     if handle.placement[(tid, p, r)] not in handle.master.dead}
     assert len(ttl_replicas) >= parallelism and set(ttl_replicas.values()) == {EMPTY_DIGEST}, ttl_replicas
 
 
-def _move_every_keyed_task(handle, first: str, outcome: dict) -> threading.Thread:
-    """Move 16 vnodes of every keyed task to its other partition, ``first`` first with wide
-    margins (1 s to the switch, 3 s to the release), one after the other in a thread; each
-    report, or the error, into ``outcome``."""
+def _move_every_keyed_task(handle, first: str, outcome: dict, tasks=KEYED_TASKS,
+                           keys: dict[str, list[str]] | None = None) -> threading.Thread:
+    """Move 16 vnodes of every keyed task to its other partition (of ``keys[task]``'s vnodes
+    first, if given), ``first`` first with wide margins (1 s to the switch, 3 s to the release),
+    one after the other in a thread; each report, or the error, into ``outcome``."""
+    def vnodes(task: str, origin: int) -> list[int]:
+        table = handle.routing(task)
+        owned = table.vnodes_of(origin)
+        groups = handle.plan.num_key_groups
+        holding = {vnode_of(key_group(encode_key(k), groups), groups, table.num_vnodes) for k in (keys or {}).get(task, [])}
+        return [*[v for v in owned if v in holding], *[v for v in owned if v not in holding]][:16]
+
     def move_all() -> None:
         try:
-            for i, task in enumerate([first] + [t for t in KEYED_TASKS if t != first]):
+            for i, task in enumerate([first] + [t for t in tasks if t != first]):
                 margins = {"margin_s": 1.0, "release_s": 3.0} if task == first else {}
-                outcome[task] = handle.move_vnodes(task, handle.routing(task).vnodes_of(i % 2)[:16], (i + 1) % 2,
-                                                   **margins)
+                outcome[task] = handle.move_vnodes(task, vnodes(task, i % 2), (i + 1) % 2, **margins)
         except Exception as exc:  # noqa: BLE001 - asserted by the caller
             outcome["error"] = exc
 
@@ -257,3 +273,69 @@ def test_every_kind_of_state_goes_on_from_a_savepoint_at_another_parallelism(sta
     for task in KEYED_TASKS:
         replicas_agree(result, handle, task=task)
     _assert_ttl_swept(result, handle, 3)
+
+
+def _produce_views(stack, topic: str, views: list[dict], seconds: float, batches: int = 20) -> None:
+    step = -(-len(views) // batches)
+    for b in range(batches):
+        chunk = views[b * step:(b + 1) * step]
+        if chunk:
+            produce(stack.bootstrap_servers, topic, [(v["page"].encode(), json.dumps(v).encode()) for v in chunk])
+        time.sleep(seconds / batches)
+
+
+@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
+def test_repeats_expired_by_processing_time_and_late_views_survive_a_kill_and_moves(stack, spark, topic_prefix,
+                                                                                   mode):
+    """Page views (``replication/examples/views.py``): repeats dropped by ids kept with a
+    processing-time TTL, counts in tumbling windows with allowed lateness, the too-late views to
+    a side output.  Vnodes of both tasks move and the executor of a replica of the ids is killed
+    while the on-time views flow (Rhino brings it back); once every page's first window has
+    fired, late views come: those within the lateness update their window, the others go to the
+    side output.  Both outputs equal the reference record by record, the replicas agree, and the
+    ids are swept by processing time."""
+    name = f"{topic_prefix}views{mode[0]}"
+    topics = {t: f"{name}{t}" for t in ("views", "counts", "late")}
+    create_topics(stack.bootstrap_servers, {topics["views"]: 1})
+    job = Job(name)
+    add_page_views(job, topics["views"], topics["counts"], topics["late"], parallelism=2)
+    handle = run(job, spark=spark, conf=_conf(stack, mode, rhino=True))
+    moves: dict = {}
+    try:
+        handle.wait_started(120)
+        start = int(time.time() * 1000) // VIEW_WINDOW_MS * VIEW_WINDOW_MS
+        on_time, late = page_views(start)
+        pages = sorted({v["page"] for v in on_time})
+        feeder = threading.Thread(target=_produce_views, args=(stack, topics["views"], on_time, 4.0))
+        feeder.start()
+        time.sleep(0.8)
+        mover = _move_every_keyed_task(handle, "unique", moves, tasks=("unique", "views-per-page"),
+                                       keys={"views-per-page": pages})
+        wait_until(lambda: _committed(handle) or bool(moves), 30, "the move of the ids to commit")
+        assert not moves, f"the first move ended before its commit was seen: {moves}"
+        kill_executor(locate("unique[1]r0", job=name))  # a replica of the move's target
+        feeder.join()
+        mover.join(180)
+        assert not mover.is_alive(), f"moves still under way: {moves}"
+        wait_until(lambda: {w["key"] for w in read_output(stack, topics["counts"]) if w["start"] == start}
+                   == set(pages), 60, "every page's first window to fire")
+        _produce_views(stack, topics["views"], late, 0.0, batches=1)
+        expected, too_late = views_reference(on_time, late)
+        wait_until(lambda: len(read_output(stack, topics["late"])) >= len(too_late), 60, "the too-late views")
+        # processing time passes every id's expiry (REPEAT_TTL_MS after its view, swept within an
+        # eighth more)
+        time.sleep(REPEAT_TTL_MS / 1000 * 1.125 + 2.0)
+        result = handle.drain(timeout=300)
+    except BaseException:
+        handle.stop()
+        raise
+    assert set(moves) == {"unique", "views-per-page"} and all(m["state"] == "completed" for m in moves.values()), moves
+    got = Counter((w["key"], w["start"], w["value"]) for w in read_output(stack, topics["counts"]))
+    assert got == expected
+    assert Counter(json.dumps(v, sort_keys=True) for v in read_output(stack, topics["late"])) == \
+        Counter(json.dumps(v, sort_keys=True) for v in too_late)
+    assert result.metrics.dead_lettered == 0
+    assert sum("declared dead" in text for _, text in result.events) == 1, result.events
+    for task in ("unique", "views-per-page"):
+        replicas_agree(result, handle, task=task)
+        _assert_ttl_swept(result, handle, 2, task=task)
