@@ -1,7 +1,7 @@
 """KaZoo as the orderer of a partition instance: the order log's state machines fed from the input queues.
 
 The instance thread owns the :class:`~kazoo_leader.orders.OrderApplier` and the
-:class:`~kazoo_leader.orders.OrderProposer`; everything else reaches it through a small inbox
+:class:`~kazoo_leader.proposer.OrderProposer`; everything else reaches it through a small inbox
 (the order log's records as they are read or acknowledged, leadership changes from the
 election, failed publishes), each of which wakes the instance through its input queues.  The
 I/O itself (Kafka, ZooKeeper) is at the edges: ``publish`` is handed in, and
@@ -21,7 +21,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from kazoo_leader.orders import ApplierState, Order, OrderApplier, OrderProposer
+from kazoo_leader.orders import ApplierState, Order, OrderApplier
+from kazoo_leader.proposer import OrderProposer
 from merge.queues import InputQueues
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ twin.  :class:`WindowOrder` makes it a KaZoo-ordered instance with two input cha
 
 Every replica consumes both only as the accepted records of the partition's order log say
 (:class:`~kazoo_leader.orders.OrderApplier`); the replica the election names proposes them
-(:class:`~kazoo_leader.orders.OrderProposer`), after a fence of its own for this window.  So a
+(:class:`~kazoo_leader.proposer.OrderProposer`), after a fence of its own for this window.  So a
 record waits one order-log round trip, not a pulse's hold, and fencing and failover are
 KaZoo's: a new leader orders only what no accepted record covers.  Applying the window's last
 pulse ends the stretch at the same element on every replica; the records after it go out in
@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo_leader.orders import DATA, PULSE, Order, OrderApplier, OrderProposer
+from kazoo_leader.orders import DATA, PULSE, Order, OrderApplier
+from kazoo_leader.proposer import OrderProposer
 
 RECORDS = 0
 PULSES = 1

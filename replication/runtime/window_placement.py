@@ -36,7 +36,7 @@ class WindowOrders:
 
     Feed it the log's records (:meth:`on_records`) and the election (:meth:`on_leadership`);
     :meth:`begin` starts a window's order, :meth:`finish` forgets it; publish what :meth:`due`
-    returns.  ``proposer_options``: :class:`~kazoo_leader.orders.OrderProposer`'s."""
+    returns.  ``proposer_options``: :class:`~kazoo_leader.proposer.OrderProposer`'s."""
 
     def __init__(self, **proposer_options: Any) -> None:
         self.epoch: int | None = None  # elected with it (None: a follower)
