@@ -75,10 +75,10 @@ def add_sampled_clicks(clicks: DataStream, out_topic: str, parallelism: int | No
      .sink(out_topic, serializer="json", key_serializer="str", name="sampled-sink"))
 
 
-def add_clickstream(clicks: DataStream, counts_topic: str, pages_topic: str, batches_topic: str | None,
+def add_clickstream(clicks: DataStream, counts_topic: str, pages_topic: str, batches_topic: str,
                     parallelism: int | None = None, batch_after_ms: int = FLUSH_AFTER_MS) -> None:
-    """The running counts, the sliding page counts and (unless ``batches_topic`` is None) the
-    processing-time batches, flushed ``batch_after_ms`` after their first click, each to its topic."""
+    """The running counts, the sliding page counts and the processing-time batches, flushed
+    ``batch_after_ms`` after their first click, each to its topic."""
     (clicks.map(one_click, name="one-click").key_by(lambda c: c["user"])
      .reduce(add_up, name="running", parallelism=parallelism)
      .sink(counts_topic, serializer="json", key_serializer="str", key=lambda r: r["user"],
@@ -87,10 +87,9 @@ def add_clickstream(clicks: DataStream, counts_topic: str, pages_topic: str, bat
     (clicks.key_by(lambda c: c["page"])
      .window(SLIDING_SIZE_MS, Count(), slide_ms=SLIDING_SLIDE_MS, name="pages", parallelism=parallelism)
      .sink(pages_topic, serializer="json", key_serializer="str", name="pages-sink"))
-    if batches_topic is not None:
-        (clicks.key_by(lambda c: c["user"])
-         .process(BatchByProcessingTime(batch_after_ms), name="batches", parallelism=parallelism)
-         .sink(batches_topic, serializer="json", key_serializer="str", name="batches-sink"))
+    (clicks.key_by(lambda c: c["user"])
+     .process(BatchByProcessingTime(batch_after_ms), name="batches", parallelism=parallelism)
+     .sink(batches_topic, serializer="json", key_serializer="str", name="batches-sink"))
 
 
 def running_reference(clicks: Iterable[dict]) -> list[dict]:
