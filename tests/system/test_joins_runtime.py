@@ -284,7 +284,7 @@ def _produce_views(stack, topic: str, views: list[dict], seconds: float, batches
         time.sleep(seconds / batches)
 
 
-@pytest.mark.parametrize("mode", ["liverobin", "kazoo"])
+@pytest.mark.parametrize("mode", ["liverobin", pytest.param("kazoo", marks=pytest.mark.slow)])
 def test_repeats_expired_by_processing_time_and_late_views_survive_a_kill_and_moves(stack, spark, topic_prefix,
                                                                                    mode):
     """Page views (``replication/examples/views.py``): repeats dropped by ids kept with a
