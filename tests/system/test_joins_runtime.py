@@ -67,11 +67,12 @@ def _timeline(orders, payments, clicks) -> list[tuple[str, int, str, dict]]:
 
 
 def _feed(stack, topics: dict[str, str], timeline, seconds: float, batches: int = 20) -> None:
-    """Produce ``timeline`` in order over about ``seconds``, in batches."""
+    """Produce ``timeline`` ((input, event time, key, event) in the order given) to ``topics[input]``
+    over about ``seconds``, in batches."""
     step = -(-len(timeline) // batches)
     for b in range(batches):
         chunk = timeline[b * step:(b + 1) * step]
-        for name in ("orders", "payments", "clicks"):
+        for name in topics:
             recs = [(key.encode(), json.dumps(v).encode()) for n, _, key, v in chunk if n == name]
             if recs:
                 produce(stack.bootstrap_servers, topics[name], recs)
@@ -275,13 +276,9 @@ def test_every_kind_of_state_goes_on_from_a_savepoint_at_another_parallelism(sta
     _assert_ttl_swept(result, handle, 3)
 
 
-def _produce_views(stack, topic: str, views: list[dict], seconds: float, batches: int = 20) -> None:
-    step = -(-len(views) // batches)
-    for b in range(batches):
-        chunk = views[b * step:(b + 1) * step]
-        if chunk:
-            produce(stack.bootstrap_servers, topic, [(v["page"].encode(), json.dumps(v).encode()) for v in chunk])
-        time.sleep(seconds / batches)
+def _views_timeline(views: list[dict]) -> list[tuple[str, int, str, dict]]:
+    """The views as :func:`_feed` takes them, in the order given (late ones stay late)."""
+    return [("views", v["ts"], v["page"], v) for v in views]
 
 
 @pytest.mark.parametrize("mode", ["liverobin", pytest.param("kazoo", marks=pytest.mark.slow)])
@@ -306,7 +303,7 @@ def test_repeats_expired_by_processing_time_and_late_views_survive_a_kill_and_mo
         start = int(time.time() * 1000) // VIEW_WINDOW_MS * VIEW_WINDOW_MS
         on_time, late = page_views(start)
         pages = sorted({v["page"] for v in on_time})
-        feeder = threading.Thread(target=_produce_views, args=(stack, topics["views"], on_time, 4.0))
+        feeder = threading.Thread(target=_feed, args=(stack, topics, _views_timeline(on_time), 4.0))
         feeder.start()
         time.sleep(0.8)
         mover = _move_every_keyed_task(handle, "unique", moves, tasks=("unique", "views-per-page"),
@@ -319,7 +316,7 @@ def test_repeats_expired_by_processing_time_and_late_views_survive_a_kill_and_mo
         assert not mover.is_alive(), f"moves still under way: {moves}"
         wait_until(lambda: {w["key"] for w in read_output(stack, topics["counts"]) if w["start"] == start}
                    == set(pages), 60, "every page's first window to fire")
-        _produce_views(stack, topics["views"], late, 0.0, batches=1)
+        _feed(stack, topics, _views_timeline(late), 0.0, batches=1)
         expected, too_late = views_reference(on_time, late)
         wait_until(lambda: len(read_output(stack, topics["late"])) >= len(too_late), 60, "the too-late views")
         # processing time passes every id's expiry (REPEAT_TTL_MS after its view, swept within an
