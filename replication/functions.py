@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from rhino_state import ListState, MapState, StateContext, StateTtl, ValueState
-from rhino_state.timers import TimerQueue, encode_ts
+from rhino_state.timers import TS_MIN, TimerQueue, encode_ts
 
 RESERVED_PREFIX = "__"  # state names the runtime keeps for itself (timers, random draws)
 
@@ -72,7 +72,7 @@ class ProcessContext:
     def __init__(self, timers: TimerService | None = None, draws: RandomDraws | None = None) -> None:
         self.key: Any = None
         self.timestamp: int = 0
-        self.watermark: int = 0
+        self.watermark: int = TS_MIN  # no event time reached yet, as the instance's and a window's
         self.time_domain: str | None = None
         self.timers = timers
         self._draws = draws

@@ -267,11 +267,12 @@ class TargetGate:
     output sequences.  It is placed after the origin cut, so a replica that reaches it before
     its load finished may wait there without any cycle (the cut no longer depends on it).
 
-    Records of other key groups pass (their state is independent).  An element without a key
-    group (a watermark or an event-time timer tick) is held once anything is held, and then
-    everything after it too, so no held record becomes late because of a watermark that came
-    after it and nothing is reordered across event time.  Pulses are not offered: they are
-    positions, not data, and are forwarded in place."""
+    Only the moved key groups wait: records of other key groups pass (their state is
+    independent), and the gate is offered records only.  Event time goes on for the others; the
+    caller keeps with each held record the watermark it arrived at and processes it at that
+    watermark once let go, and withholds its own output watermark while anything is held, so no
+    held record becomes late and nothing of a moved key is reordered across event time.  Pulses
+    are not offered either: they are positions, not data, and are forwarded in place."""
 
     def __init__(self, handover_id: int, key_groups: Iterable[range | int]) -> None:
         self.handover_id = handover_id
@@ -279,18 +280,13 @@ class TargetGate:
         self.held: list[Any] = []
         self.is_loaded = False
         self.released = False
-        self._barrier = False
 
-    def admit(self, element: Any, key_group: int | None) -> GateDecision:
-        """Offer the next element in consumption order (``key_group`` None: an event-time element)."""
-        if self.released:
+    def admit(self, element: Any, key_group: int) -> GateDecision:
+        """Offer the next record, of ``key_group``, in consumption order."""
+        if self.released or key_group not in self.key_groups:
             return GateDecision(False, (element,))
-        moved = key_group is not None and key_group in self.key_groups
-        if moved or self._barrier or (key_group is None and self.held):
-            self._barrier = self._barrier or key_group is None
-            self.held.append(element)
-            return GateDecision(False, ())
-        return GateDecision(False, (element,))
+        self.held.append(element)
+        return GateDecision(False, ())
 
     def loaded(self) -> None:
         """The moved state is loaded on this replica."""
@@ -309,7 +305,7 @@ class TargetGate:
     def snapshot(self) -> dict[str, Any]:
         """Checkpointable state: a checkpoint taken while holding keeps the held elements."""
         return {"handover_id": self.handover_id, "key_groups": sorted(self.key_groups),
-                "held": list(self.held), "released": self.released, "barrier": self._barrier}
+                "held": list(self.held), "released": self.released}
 
     @classmethod
     def from_snapshot(cls, data: Mapping[str, Any]) -> TargetGate:
@@ -317,7 +313,6 @@ class TargetGate:
         gate = cls(data["handover_id"], data["key_groups"])
         gate.held = list(data["held"])
         gate.released = data["released"]
-        gate._barrier = data["barrier"]
         return gate
 
 

@@ -76,28 +76,43 @@ class TimerQueue:
             heapq.heappop(self._heap)
         return None
 
-    def pop_due(self, limit: int) -> tuple[int, int, bytes] | None:
+    def pop_due(self, limit: int, key_groups: frozenset[int] | None = None) -> tuple[int, int, bytes] | None:
         """Remove and return the next timer at or before ``limit`` as ``(ts, key group, key part)``,
-        in (ts, key group, key part) order; None: none is due."""
+        in (ts, key group, key part) order; None: none is due.  ``key_groups``: of those only."""
+        while True:
+            if key_groups is None:
+                ts = self.next_timestamp()
+                if ts is None or ts > limit:
+                    return None
+                kg = heapq.heappop(self._heap)[1]
+            else:  # a scan of the bounds: their heap entries go stale and are skipped later
+                due = [(t, g) for g, t in self._earliest.items() if t <= limit and g in key_groups]
+                if not due:
+                    return None
+                ts, kg = min(due)
+            taken = self._take(kg, ts)
+            if taken is not None:
+                return taken
+
+    def _take(self, kg: int, bound: int) -> tuple[int, int, bytes] | None:
+        """The earliest timer of ``kg`` if it is at ``bound`` (removed), else None (the bound is
+        raised to it, or dropped with no timer left)."""
         n = len(self.queue_id)
-        while (ts := self.next_timestamp()) is not None and ts <= limit:
-            kg = heapq.heappop(self._heap)[1]
-            first_two = list(islice(self.backend.iter_prefix(kg, self.queue_id), 2))
-            if not first_two:
-                del self._earliest[kg]
-                continue
-            rest = first_two[0][0]
-            found = decode_ts(rest[n : n + 8])
-            if found > ts:  # the bound was low: timers were deleted
-                self._set(kg, found)
-                continue
-            self.backend.delete(kg, rest)
-            if len(first_two) > 1:
-                self._set(kg, decode_ts(first_two[1][0][n : n + 8]))
-            else:
-                del self._earliest[kg]
-            return found, kg, rest[n + 8 :]
-        return None
+        first_two = list(islice(self.backend.iter_prefix(kg, self.queue_id), 2))
+        if not first_two:
+            del self._earliest[kg]
+            return None
+        rest = first_two[0][0]
+        found = decode_ts(rest[n : n + 8])
+        if found > bound:  # the bound was low: timers were deleted
+            self._set(kg, found)
+            return None
+        self.backend.delete(kg, rest)
+        if len(first_two) > 1:
+            self._set(kg, decode_ts(first_two[1][0][n : n + 8]))
+        else:
+            del self._earliest[kg]
+        return found, kg, rest[n + 8 :]
 
     def load(self, key_groups: Iterable[int] | None = None) -> None:
         """Learn the earliest timer of ``key_groups`` (None: every key group) from the backend,

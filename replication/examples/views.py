@@ -24,8 +24,7 @@ from replication.functions import KeyedProcessFunction, OutputTag, StateTtl
 VIEW_WINDOW_MS = 1000
 VIEW_LATENESS_MS = 10_000
 # of processing time: a repeat comes right after its original, but may be processed later (a
-# handover's target holds records, other keys' too once a watermark follows a held one, until its
-# release: 3 s in the tests)
+# handover's target holds the moved keys' records until its release: 3 s in the tests)
 REPEAT_TTL_MS = 10_000
 LATE_VIEWS = OutputTag("late-views")
 

@@ -255,6 +255,7 @@ class PartitionHandovers(_Decisions):
         self.position = 0  # the last pulse forwarded
         self.moved_entries = 0  # state entries cut or loaded here
         self.held_records = 0
+        self.advances: list[int] = []  # the watermarks the chain rose to while records were held
 
     # -- worker thread ------------------------------------------------------------------------
     def arm(self, order: HandoverOrder) -> str:
@@ -381,20 +382,30 @@ class PartitionHandovers(_Decisions):
         the lock: a snapshot of the steps, which the heartbeat thread adds and removes)."""
         return any(s.gate is not None for s in list(self._steps.values()))
 
-    def gate(self, element: Any, key_group: int | None) -> tuple[Any, ...]:
-        """Offer an input element (data with its key group, or None for a watermark) to every
-        target step; what to process now, in order."""
+    def holding(self) -> bool:
+        """Whether a target step holds records now (any thread: a snapshot of the steps)."""
+        return any(s.gate is not None and s.gate.held for s in list(self._steps.values()))
+
+    def watermark_advanced(self, wm: int) -> None:
+        """The chain's watermark rose to ``wm``: kept while records are held, for their replay."""
+        if self.holding():
+            self.advances.append(wm)
+        elif self.advances:
+            self.advances.clear()
+
+    def gate(self, element: Any, key_group: int) -> tuple[Any, ...]:
+        """Offer an input record of ``key_group`` to every target step; what to process now."""
         return _elements(self._through(list(self._steps.values()), ((element, key_group),), count=True))
 
-    def _through(self, steps: list[_Step], items: tuple[tuple[Any, int | None], ...],
-                 count: bool = False) -> tuple[tuple[Any, int | None], ...]:
+    def _through(self, steps: list[_Step], items: tuple[tuple[Any, int], ...],
+                 count: bool = False) -> tuple[tuple[Any, int], ...]:
         """Pass (element, key group) pairs through the gates of ``steps`` in order; the pairs no
         gate holds.  A gate holds the pair itself, so what it lets go later still has its key
         group for the gates after it."""
         for step in steps:
             if step.gate is None:
                 continue
-            nxt: tuple[tuple[Any, int | None], ...] = ()
+            nxt: tuple[tuple[Any, int], ...] = ()
             for item in items:
                 taken = step.gate.admit(item, item[1]).process
                 self.held_records += int(count and not taken)
@@ -402,7 +413,7 @@ class PartitionHandovers(_Decisions):
             items = nxt
         return items
 
-    def _let_go(self, step: _Step, held: tuple[tuple[Any, int | None], ...]) -> tuple[Any, ...]:
+    def _let_go(self, step: _Step, held: tuple[tuple[Any, int], ...]) -> tuple[Any, ...]:
         """What ``step``'s gate let go, through the gates of the steps armed after it: a step
         cancelled before its release pulse can hold the records of a later step over the same key
         groups (the retry of a cancelled step is armed while the cancelled gate is still up), and
@@ -530,6 +541,6 @@ def arm_acks(order: HandoverOrder | CodeOrder, outcomes: Mapping[str, str], rest
     return acks
 
 
-def _elements(items: Iterable[tuple[Any, int | None]]) -> tuple[Any, ...]:
+def _elements(items: Iterable[tuple[Any, int]]) -> tuple[Any, ...]:
     """The elements of (element, key group) pairs."""
     return tuple(element for element, _ in items)

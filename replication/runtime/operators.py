@@ -96,6 +96,12 @@ class Operator:
     def fire_behind(self) -> None:
         """A handover target, after the records it held: fire what moved in already due."""
 
+    def catch_up(self, wm: int, key_groups: frozenset[int]) -> None:
+        """A handover target processing the records it held of ``key_groups``: from here to the
+        next call they see the watermark ``wm`` (at most this operator's own), and what of
+        theirs is due by it fires now, in order, before it goes on down the chain."""
+        self.next.catch_up(wm, key_groups)
+
     def replace_fn(self, fn: Any) -> None:
         """Run ``fn`` instead of the user function from the next element on (operator replacement,
         docs/handover.md); operators without a user function refuse."""
@@ -221,20 +227,26 @@ class ProcessOperator(Operator):
                 self._sweep(state.processing_sweeps, t)
             self._fire_queue(self.processing_queue, t, "processing_time")
 
-    def _fire_timers(self, wm: int) -> None:
+    def catch_up(self, wm: int, key_groups: frozenset[int]) -> None:
+        self.ctx.watermark = wm
+        self._fire_timers(wm, key_groups)
+        self.next.catch_up(wm, key_groups)
+
+    def _fire_timers(self, wm: int, key_groups: frozenset[int] | None = None) -> None:
         assert self.state.sweeps is not None
         self.state.set_time(wm, wm)
-        self._sweep(self.state.sweeps, wm)
-        self._fire_queue(self.timer_queue, wm, "event_time")
+        self._sweep(self.state.sweeps, wm, key_groups)
+        self._fire_queue(self.timer_queue, wm, "event_time", key_groups)
 
-    def _sweep(self, sweeps: TimerQueue, limit: int) -> None:
+    def _sweep(self, sweeps: TimerQueue, limit: int, key_groups: frozenset[int] | None = None) -> None:
         """Delete the state that expired by ``limit`` (before the timers fire: they never see it)."""
-        while (due := sweeps.pop_due(limit)) is not None:
+        while (due := sweeps.pop_due(limit, key_groups)) is not None:
             self.state.sweep(due[1], due[2])
 
-    def _fire_queue(self, queue: TimerQueue, limit: int, domain: str) -> None:
+    def _fire_queue(self, queue: TimerQueue, limit: int, domain: str,
+                    key_groups: frozenset[int] | None = None) -> None:
         ctx, state, wm = self.ctx, self.state, self.ctx.watermark
-        while (due := queue.pop_due(limit)) is not None:
+        while (due := queue.pop_due(limit, key_groups)) is not None:
             ts, _, key_part = due
             key = decode_key(key_part[4:])
             state.set_current_key(key)
@@ -328,6 +340,9 @@ class SinkBase(Operator):
     def on_watermark(self, wm: int) -> None:
         pass
 
+    def catch_up(self, wm: int, key_groups: frozenset[int]) -> None:
+        pass
+
     def on_pulse(self, h: int, t: int = 0) -> None:
         pass
 
@@ -386,6 +401,9 @@ class Router(Operator):
             self._by_tag.setdefault(getattr(slot[0], "tag", None), []).append(slot)
         self.num_key_groups = env.num_key_groups
         self.switches = env.router_switches  # routing tables per keyed destination, switched by handovers
+        # a handover target holding records of moved keys withholds its watermark until they are processed
+        self.handovers = getattr(env, "handovers", None)
+        self._withheld: int | None = None
         # records per vnode of each hash edge's destination (the metrics' ``routed``), and the number
         # of vnodes of that destination
         self._routed = {}
@@ -433,10 +451,23 @@ class Router(Operator):
             self.env.metrics.records_out += 1
 
     def on_watermark(self, wm: int) -> None:
+        if self.handovers is not None and self.handovers.holding():
+            self._withheld = wm  # a held record's output may still come, behind it
+            return
         element = watermark(wm)
         for _, chans, _ in self.edges:
             for ch in chans:
                 ch.emit(element)
+
+    def catch_up(self, wm: int, key_groups: frozenset[int]) -> None:
+        pass  # the watermark of held records, behind the one this chain had: not forwarded
+
+    def forward_withheld(self) -> None:
+        """The records a handover target held are processed: forward the watermark withheld
+        meanwhile, unless another step still holds some."""
+        if self._withheld is not None and not (self.handovers is not None and self.handovers.holding()):
+            wm, self._withheld = self._withheld, None
+            self.on_watermark(wm)
 
     def on_processing_time(self, t: int) -> None:
         pass  # the downstream tasks have clocks of their own

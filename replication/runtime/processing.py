@@ -250,10 +250,10 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         process = chain.process2 if channel in self._second_input else chain.process
         for i, el in enumerate(elements):
             kind = el[0]
-            if gate is not None and kind in (DATA, WATERMARK):  # a handover's target holds the moved key groups
-                kg = key_group(encode_key(el[2]), self.num_key_groups) if kind == DATA else None
-                for ch, held in gate.gate((channel, el), kg):
-                    self._element(ch, held)
+            if gate is not None and kind == DATA:  # a handover's target holds the moved key groups' records
+                kg = key_group(encode_key(el[2]), self.num_key_groups)
+                for ch, passed, _ in gate.gate((channel, el, self._current_wm), kg):
+                    self._element(ch, passed)
                 continue
             if kind == DATA:
                 metrics.records_in += 1
@@ -308,6 +308,8 @@ class ProcessingInstance(PulseActions, PartitionInstance):
         new_wm = min(channel_wm.values())
         if new_wm > self._current_wm:
             self._current_wm = self.metrics.watermark = new_wm
+            if self.handovers is not None:
+                self.handovers.watermark_advanced(new_wm)
             if new_wm < MAX_WATERMARK:
                 self.chain.on_watermark(new_wm)
 

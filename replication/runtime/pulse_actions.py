@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 from replication.runtime.chain import chain_operators
 from replication.runtime.handover_cuts import split_cut
+from replication.runtime.operators import Router
 from rhino_state.cut import entry_bytes
 
 
@@ -35,6 +37,7 @@ class PulseActions:
     handover_ack: Any  # (handover id, epoch, kind, ...): queue an ack for the driver
     state_backend: Any  # (): the replica's RocksDB state
     _element: Any  # (channel, element): one held element into the chain
+    _current_wm: int  # the watermark the chain has
 
     def _replace_operators_at(self, h: int) -> bool:
         """Pulse ``h`` was forwarded: the operator replacements due take effect from the next element.
@@ -100,15 +103,40 @@ class PulseActions:
                     op.state_arrived(arrived)
             else:
                 held = handovers.drop(step)
-            for ch, el in held:
-                self._element(ch, el)
+            replay_held(self.chain, held, frozenset(kg for r in handovers.load_groups(step.order) for kg in r),
+                        handovers.advances, self._current_wm, self._element)
             if decided:
                 for op in chain_operators(self.chain):
                     op.fire_behind()
                 # acked once the held records are processed: its time ends the catch-up
                 self.handover_ack(step.order.handover_id, step.order.epoch, "loaded", entries=step.entries,
                                   times={**step.times(), "held": len(held), "served": int(handovers.serve_through)})
+            for tail in chain_operators(self.chain)[-1:]:
+                if isinstance(tail, Router):
+                    tail.forward_withheld()
         return True
+
+
+def replay_held(chain: Any, held: tuple[tuple[int, tuple, int], ...], key_groups: frozenset[int],
+                advances: list[int], watermark: int, process: Callable[[int, tuple], None]) -> None:
+    """Process the records a handover target held of ``key_groups`` (``(channel, record, the
+    watermark it arrived at)``, in arrival order) as if they had not waited: event time for those
+    key groups goes back to the first one's watermark and rises again through ``advances`` (what
+    the chain's watermark rose to meanwhile) up to ``watermark`` (the chain's now), each record
+    processed at its own, with what of those key groups falls due fired at its place."""
+    if not held:
+        return
+    at = held[0][2]
+    chain.catch_up(at, key_groups)
+    marks = sorted({a for a in (*advances, watermark) if a > at})
+    i = 0
+    for channel, record, wm in held:
+        while i < len(marks) and marks[i] <= wm:
+            chain.catch_up(marks[i], key_groups)
+            i += 1
+        process(channel, record)
+    for mark in marks[i:]:
+        chain.catch_up(mark, key_groups)
 
 
 def _merger(windows: list[Any]) -> Any:

@@ -119,8 +119,14 @@ class _WindowBase(Operator):
         groups = self.env.num_key_groups
         return (lambda kb: key_group(kb, groups) in awaited) if awaited else (lambda kb: False)
 
-    def _fire(self, wm: int) -> None:
-        skip = self._awaited()
+    def catch_up(self, wm: int, key_groups: frozenset[int]) -> None:
+        self.watermark = wm
+        groups, awaited = self.env.num_key_groups, self._awaited()
+        self._fire(wm, lambda kb: awaited(kb) or key_group(kb, groups) not in key_groups)
+        self.next.catch_up(wm, key_groups)
+
+    def _fire(self, wm: int, skip: Callable[[bytes], bool] | None = None) -> None:
+        skip = self._awaited() if skip is None else skip
         for end, _, key, ingest in self.fire_index.pop_due(wm, skip):
             self.state.set_current_key(key)
             self._fire_window(key, end, ingest)

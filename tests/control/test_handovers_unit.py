@@ -23,7 +23,7 @@ from replication.handover_orders import (
 )
 from replication.heartbeat_parts import ReplicaAck
 from replication.plan import plan_job
-from replication.runtime.elements import DATA, WATERMARK
+from replication.runtime.elements import DATA
 from replication.runtime.handover_cuts import TargetCut, chunk_entries, vnode_bytes
 from replication.runtime.handovers import CodeSwitches, PartitionHandovers, arm_acks
 from replication.runtime.processing import ProcessingInstance
@@ -99,12 +99,13 @@ def test_the_target_holds_the_moved_key_groups_and_releases_them_in_order_once_l
     assert ho.arm(_order()) == "armed"
     assert ho.gating  # from the arming on: the commit may reach this replica after the records
     moved1, other, moved2 = (DATA, "x", "k", 1, 0.0, None), (DATA, "y", "j", 2, 0.0, None), (DATA, "z", "k", 3, 0.0, None)
-    wm = (WATERMARK, 5)
-    assert ho.gate((0, moved1), _kg(0)) == ()
-    assert ho.gate((1, other), _kg(5)) == ((1, other),)  # another key group passes
-    assert ho.gate((0, wm), None) == ()  # event time after a held record is held too
-    assert ho.gate((1, moved2), _kg(1, 3)) == ()
-    assert ho.held_records == 3
+    ho.watermark_advanced(4)  # nothing held yet: not kept
+    assert not ho.holding() and ho.gate((0, moved1, 4), _kg(0)) == () and ho.holding()
+    assert ho.gate((1, other, 4), _kg(5)) == ((1, other, 4),)  # another key group passes
+    ho.watermark_advanced(5)  # event time goes on for the others, and is kept for the held ones
+    assert ho.gate((1, other, 5), _kg(5)) == ((1, other, 5),)
+    assert ho.gate((1, moved2, 5), _kg(1, 3)) == ()
+    assert ho.held_records == 2 and ho.advances == [5]
     ho.arm(_order(committed=True))
     assert ho.at_pulse(13) == ([], [])
     cuts, releases = ho.at_pulse(14)
@@ -113,9 +114,11 @@ def test_the_target_holds_the_moved_key_groups_and_releases_them_in_order_once_l
     loader = threading.Thread(target=lambda: ho.state_arrived(7, 0, [(_kg(0), b"k", b"state")]))
     threading.Timer(0.2, loader.start).start()
     held = ho.release(releases[0], backend, lambda: False)  # waits for the state
-    assert held == ((0, moved1), (0, wm), (1, moved2))
+    assert held == ((0, moved1, 4), (1, moved2, 5))  # each with the watermark it arrived at
     assert backend.get(_kg(0), b"k") == b"state"
-    assert not ho.gating and not ho.active
+    assert not ho.gating and not ho.active and not ho.holding()
+    ho.watermark_advanced(6)
+    assert ho.advances == []
 
 
 def test_a_target_that_serves_through_lets_the_moved_records_pass_and_merges_the_moved_state_in(backend):
@@ -127,8 +130,8 @@ def test_a_target_that_serves_through_lets_the_moved_records_pass_and_merges_the
     assert ho.awaited_key_groups() == frozenset()
     assert ho.arm(_order(committed=True)) == "armed"
     assert ho.awaited_key_groups() == frozenset(vnode_key_groups(0, G, V)) | frozenset(vnode_key_groups(1, G, V))
-    moved, wm = (DATA, "x", "k", 1, 0.0, None), (WATERMARK, 5)
-    assert ho.gate((0, moved), _kg(0)) == ((0, moved),) and ho.gate((0, wm), None) == ((0, wm),)
+    moved = (DATA, "x", "k", 1, 0.0, None)
+    assert ho.gate((0, moved, 5), _kg(0)) == ((0, moved, 5),) and not ho.holding()
     assert ho.held_records == 0
     backend.put(_kg(0), b"served", b"2")  # what it built since the switch
     ho.state_arrived(7, 0, [(_kg(0), b"served", b"5"), (_kg(1), b"only-moved", b"1")])
@@ -217,17 +220,17 @@ def test_a_cancelled_steps_gate_lets_a_later_steps_records_go_only_through_that_
     assert ho.arm(retry) == "armed"
     moved1, other, moved2 = (DATA, "x", "k", 1, 0.0, None), (DATA, "y", "j", 2, 0.0, None), (DATA, "z", "k", 3, 0.0, None)
     ho.at_pulse(12)  # the retry's switch: its upstreams route the moved key groups here from now on
-    assert ho.gate((0, moved1), _kg(0)) == ()
-    assert ho.gate((1, other), _kg(5)) == ((1, other),)
+    assert ho.gate((0, moved1, 3), _kg(0)) == ()
+    assert ho.gate((1, other, 3), _kg(5)) == ((1, other, 3),)
     cuts, releases = ho.at_pulse(14)
     assert cuts == [] and [s.order.handover_id for s in releases] == [7]
     assert ho.decided(7, lambda: False) is False
     assert ho.drop(releases[0]) == ()  # the retry's gate takes them: its state is not loaded yet
-    assert ho.gate((1, moved2), _kg(1, 3)) == ()
+    assert ho.gate((1, moved2, 4), _kg(1, 3)) == ()
     cuts, releases = ho.at_pulse(20)
     assert [s.order.handover_id for s in releases] == [8]
     ho.state_arrived(8, 0, [(_kg(0), b"k", b"state")])
-    assert ho.release(releases[0], backend, lambda: False) == ((0, moved1), (1, moved2))
+    assert ho.release(releases[0], backend, lambda: False) == ((0, moved1, 3), (1, moved2, 4))
     assert backend.get(_kg(0), b"k") == b"state"
     assert not ho.gating and not ho.active
 

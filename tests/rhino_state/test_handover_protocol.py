@@ -882,28 +882,26 @@ def test_target_gate_holds_moved_key_groups_until_loaded_and_released():
     gate = TargetGate(4, [range(8, 12)])
     assert gate.admit("a", 1).process == ("a",)
     assert gate.admit("m1", 9).process == ()  # moved: held
-    assert gate.admit("b", 2).process == ("b",)  # other key groups pass
-    assert gate.admit("wm", None).process == ()  # a watermark after a held record is held ...
-    assert gate.admit("c", 3).process == ()  # ... and so is everything after it
+    assert gate.admit("b", 2).process == ("b",)  # other key groups pass, also after a held record
     assert gate.release().wait  # release point reached, state not loaded: wait
     gate.loaded()
     assert gate.admit("m2", 10).process == ()  # loaded but before the release point: still held
+    assert gate.admit("c", 3).process == ("c",)
     snap = gate.snapshot()
     decision = gate.release()
-    assert not decision.wait and decision.process == ("m1", "wm", "c", "m2")
+    assert not decision.wait and decision.process == ("m1", "m2")
     assert gate.admit("m3", 9).process == ("m3",)
     restored = TargetGate.from_snapshot(snap)
-    assert restored.held == ["m1", "wm", "c", "m2"] and not restored.is_loaded
-    assert TargetGate(1, [3]).admit("w", None).process == ("w",)  # nothing held: watermarks pass
+    assert restored.held == ["m1", "m2"] and not restored.is_loaded
 
 
 @FAST
-@given(st.lists(st.tuples(st.integers(0, 15), st.booleans()), max_size=40), st.data())
+@given(st.lists(st.integers(0, 15), max_size=40), st.data())
 def test_target_replicas_loading_at_different_times_produce_the_same_sequence(stream, data):
     """Both target replicas consume the same input and the release point at the same index;
     whenever each finishes loading, the processed sequence is identical, per-key-group order is
-    kept and every element is processed exactly once."""
-    elements = [(i, None if is_wm else kg) for i, (kg, is_wm) in enumerate(stream)]
+    kept, every element is processed exactly once and only the moved key groups wait."""
+    elements = list(enumerate(stream))
     release_at = data.draw(st.integers(0, len(elements)))
 
     def run(loaded_at: int) -> list:
@@ -930,8 +928,7 @@ def test_target_replicas_loading_at_different_times_produce_the_same_sequence(st
     assert sorted(a) == elements
     for kg in range(16):
         assert [e for e in a if e[1] == kg] == [e for e in elements if e[1] == kg]
-    watermarks = [e for e in a if e[1] is None]
-    assert watermarks == [e for e in elements if e[1] is None]
+    assert [e for e in a if not 4 <= e[1] < 8] == [e for e in elements if not 4 <= e[1] < 8]
 
 
 def test_code_switch_changes_the_function_at_the_same_element_on_both_replicas():

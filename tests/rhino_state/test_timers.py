@@ -51,6 +51,19 @@ def test_timers_fire_in_timestamp_key_group_key_order_up_to_the_limit(backend):
     assert q.next_timestamp() is None and list(backend.iter_key_groups(range(G))) == []
 
 
+def test_timers_of_some_key_groups_fire_alone_and_the_others_stay_due(backend):
+    q = TimerQueue(backend, QID, G)
+    for kg, key, ts in [(5, b"b", 20), (3, b"a", 10), (5, b"a", 20), (9, b"z", 5), (5, b"c", 40)]:
+        q.register(kg, part(key), ts)
+    only = []
+    while (due := q.pop_due(30, frozenset({5, 7}))) is not None:
+        only.append(due)
+    assert only == [(20, 5, part(b"a")), (20, 5, part(b"b"))]
+    q.register(5, part(b"d"), 20)  # its bound set again at the value a stale heap entry has
+    assert drain(q, 30) == [(5, 9, part(b"z")), (10, 3, part(b"a")), (20, 5, part(b"d"))]
+    assert drain(q, 40) == [(40, 5, part(b"c"))] and q.next_timestamp() is None
+
+
 def test_a_deleted_timer_does_not_fire_and_a_low_bound_is_corrected(backend):
     q = TimerQueue(backend, QID, G)
     q.register(2, part(b"k"), 5)

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from replication.examples.ordered import HashChain, timer_due, verify_chains, verify_side_output
 from replication.functions import KeyedProcessFunction
 from replication.plan import OutputEdge
-from replication.runtime.elements import MAX_WATERMARK
+from replication.runtime.elements import MAX_WATERMARK, MIN_WATERMARK
 from replication.runtime.operators import MapOperator, ProcessOperator, Router
+from replication.runtime.pulse_actions import replay_held
 from rhino_state import RocksDBStateBackend, RoutingTable, StateTtl, encode_key, key_group
 from tests.runtime.test_operators import FakeChannel, FakeEnv, G, chain, rec
 
@@ -153,6 +154,105 @@ def test_a_moved_key_group_takes_its_timers_along(tmp_path):
         assert target_out.values == [("moved", 10, 1)]
         target.on_watermark(30)
         assert target_out.values == [("moved", 10, 1), ("moved", 30, 1)]
+
+
+class Watcher(KeyedProcessFunction):
+    """Registers the timers a record names ahead of the watermark; every record and timer emits
+    the watermark it saw.  (A timer behind it fires at the next watermark, which for a key a
+    handover target held is its release, not the next one the sources send.)"""
+
+    def open(self, ctx):
+        self.seen = ctx.value_state("seen", 0)
+
+    def process(self, value, ctx):
+        self.seen.update(self.seen.value() + 1)
+        for ts in value:
+            if ts > ctx.watermark:
+                ctx.timers.register_event_time_timer(ts)
+        yield (ctx.key, "record", ctx.watermark, self.seen.value())
+
+    def on_timer(self, timestamp, ctx):
+        yield (ctx.key, "timer", timestamp, ctx.watermark, self.seen.value())
+
+
+WATCHED = ("a", "b", "c", "d", "e", "f")
+held_script = st.lists(st.one_of(
+    st.tuples(st.just("rec"), st.sampled_from(WATCHED), st.lists(st.integers(0, 60), max_size=2)),
+    st.tuples(st.just("wm"), st.integers(0, 60)),
+), max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=held_script, moved=st.sets(st.sampled_from(WATCHED), min_size=1), data=st.data())
+def test_records_a_handover_target_held_are_processed_as_if_they_had_not_waited(tmp_path_factory, steps, moved,
+                                                                                   data):
+    """Keys move from an origin to a target; from the switch to the release the target holds
+    their records (with the watermark each arrived at) while the other keys and the watermark go
+    on.  Replayed at the release, every key's records and timers see the same watermarks, fire
+    in the same places and emit the same as on one operator that had every key all along."""
+    switch = data.draw(st.integers(0, len(steps)))
+    release = data.draw(st.integers(switch, len(steps)))
+    reference, moved_run = _move_while_watching(tmp_path_factory.mktemp("held"), steps, moved, switch, release)
+    for key in WATCHED:
+        assert [v for v in moved_run if v[0] == key] == [v for v in reference if v[0] == key]
+
+
+def test_a_held_keys_timer_fires_at_the_watermark_that_passed_it_while_its_records_waited(tmp_path):
+    steps = [("rec", "a", [5]), ("wm", 10), ("rec", "b", []), ("wm", 20), ("rec", "a", [])]
+    reference, moved_run = _move_while_watching(tmp_path, steps, {"a"}, 0, len(steps))
+    expected = [("a", "record", MIN_WATERMARK, 1), ("a", "timer", 5, 10, 1), ("a", "record", 20, 2)]
+    assert [v for v in reference if v[0] == "a"] == expected
+    assert [v for v in moved_run if v[0] == "a"] == expected
+    assert moved_run[0] == ("b", "record", 10, 1)  # the key not moved did not wait
+
+
+def _move_while_watching(path, steps, moved, switch, release):
+    """``steps`` on one operator (the reference) and on an origin and a target that the keys of
+    ``moved`` leave at step ``switch`` and reach at ``release``; both runs' outputs."""
+    groups = frozenset(key_group(encode_key(k), G) for k in moved)
+    moving = {k for k in WATCHED if key_group(encode_key(k), G) in groups}
+    with RocksDBStateBackend(path / "r") as rb, RocksDBStateBackend(path / "o") as ob, \
+            RocksDBStateBackend(path / "t") as tb:
+        reference, origin, target = (ProcessOperator("w", FakeEnv(b), Watcher()) for b in (rb, ob, tb))
+        reference_out, origin_out, target_out = chain(reference), chain(origin), chain(target)
+        wm, held, advances, cut = MIN_WATERMARK, [], [], []
+        for i in range(len(steps) + 1):
+            if i == switch:  # the origin cuts the moved key groups out (what PartitionHandovers.cut takes)
+                cut = [e for kg in sorted(groups) for e in ob.iter_key_groups(range(kg, kg + 1))]
+                for kg, rest, _ in cut:
+                    ob.delete(kg, rest)
+                origin.state_left(groups)
+            if i == release:  # the target loads them and processes what it held
+                for kg, rest, value in cut:
+                    tb.put(kg, rest, value)
+                target.state_arrived([range(kg, kg + 1) for kg in sorted(groups)])
+                replay_held(target, tuple(held), groups, advances, wm, lambda _, r: target.process(r))
+                target.fire_behind()
+                held = None
+            if i == len(steps):
+                break
+            if steps[i][0] == "wm":
+                if steps[i][1] > wm:
+                    wm = steps[i][1]
+                    for op in (reference, origin, target):
+                        op.on_watermark(wm)
+                    if held:
+                        advances.append(wm)
+                continue
+            _, key, timers = steps[i]
+            r = rec(timers, key=key, ts=0)
+            reference.process(r)
+            if key not in moving:
+                target.process(r)
+            elif i < switch:
+                origin.process(r)
+            elif held is not None:
+                held.append((0, r, wm))
+            else:
+                target.process(r)
+        for op in (reference, origin, target):
+            op.on_watermark(100)
+        return reference_out.values, origin_out.values + target_out.values
 
 
 class Dice(KeyedProcessFunction):

@@ -35,6 +35,7 @@ from replication.runtime.operators import (
     Router,
     SinkOperator,
 )
+from replication.runtime.pulse_actions import replay_held
 from replication.runtime.windows import WindowOperator, serves_through_moves
 from replication.windowing import Windows
 from rhino_state import (
@@ -130,6 +131,9 @@ class Collect(Operator):
 
     def on_watermark(self, wm: int) -> None:
         self.watermarks.append(wm)
+
+    def catch_up(self, wm: int, key_groups: frozenset[int]) -> None:
+        pass  # a chain's tail does not forward a held record's watermark
 
     def on_end(self) -> None:
         self.ended += 1
@@ -425,6 +429,54 @@ def test_a_windows_fire_index_moves_with_its_keys_in_a_handover(tmp_path):
         assert _fired(target_out) == [("moved", 0, 10, (1, 1, 1, 1))]
         target.on_watermark(20)
         assert _fired(target_out)[1:] == [("moved", 10, 20, (2, 2, 1, 1))]
+
+
+def test_a_window_target_judges_and_fires_held_records_at_the_watermark_they_arrived_at(tmp_path):
+    """A handover target replays the records it held of the moved keys each at the watermark it
+    arrived at: one the newer watermark would make late counts, and the moved key's windows fire
+    at the watermark that passed their end while it waited; the other keys' fired on time."""
+    with RocksDBStateBackend(tmp_path / "t") as tb:
+        env = FakeEnv(tb)
+        target, out = _window(env)
+        groups = frozenset({key_group(encode_key("moved"), G)})
+        target.on_watermark(5)
+        held = [(0, rec(1, key="moved", ts=7, ingest=1.0), 5)]
+        target.process(rec(2, key="stays", ts=8, ingest=1.0))
+        target.on_watermark(12)
+        held.append((0, rec(3, key="moved", ts=11, ingest=1.0), 12))
+        target.on_watermark(25)
+        assert _fired(out) == [("stays", 0, 10, (1, 2, 2, 2))]
+        replay_held(target, tuple(held), groups, [12, 25], 25, lambda _, r: target.process(r))
+        target.fire_behind()
+        assert _fired(out)[1:] == [("moved", 0, 10, (1, 1, 1, 1)), ("moved", 10, 20, (1, 3, 3, 3))]
+        assert target.watermark == 25 and env.metrics.late_records == 0 and env.dead_letters == []
+
+
+class Holding:
+    """What a router asks of its instance's handovers: whether a target step holds records."""
+
+    def __init__(self) -> None:
+        self.now = False
+
+    def holding(self) -> bool:
+        return self.now
+
+
+def test_a_router_withholds_its_watermark_while_a_handover_target_holds_records():
+    env = FakeEnv()
+    env.handovers = Holding()
+    chans = [FakeChannel(0)]
+    router = Router("r", env, [(_edge("forward", 3, 1), chans)])
+    router.on_watermark(5)
+    env.handovers.now = True
+    router.on_watermark(8)
+    router.on_watermark(9)
+    router.forward_withheld()  # still holding: nothing yet
+    assert [e[1] for e in chans[0].elements if e[0] == WATERMARK] == [5]
+    env.handovers.now = False
+    router.forward_withheld()
+    router.forward_withheld()  # once
+    assert [e[1] for e in chans[0].elements if e[0] == WATERMARK] == [5, 9]
 
 
 class MergeableStats(Stats):
