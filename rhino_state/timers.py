@@ -121,6 +121,15 @@ class TimerQueue:
         for kg, rest in self.backend.first_in_key_groups(self.queue_id, groups):
             self._set(kg, decode_ts(rest[len(self.queue_id) : len(self.queue_id) + 8]))
 
+    def learn(self, entries: Iterable[tuple[int, bytes, bytes]]) -> None:
+        """Learn the earliest timers of key groups whose whole state just moved in, from its
+        entries ``(key group, rest, value)`` (as :meth:`load` would from the backend, without a
+        seek per key group: a range it gave away before is full of deletions to skip)."""
+        n = len(self.queue_id)
+        for kg, rest, _ in entries:
+            if rest[:n] == self.queue_id:
+                self._lower(kg, decode_ts(rest[n : n + 8]))
+
     def forget(self, key_groups: Iterable[int]) -> None:
         """Stop tracking ``key_groups`` (their state left this partition)."""
         for kg in key_groups:

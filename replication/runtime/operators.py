@@ -90,8 +90,9 @@ class Operator:
     def state_left(self, key_groups: frozenset[int]) -> None:
         """A handover origin cut the keyed state of ``key_groups`` out (it moves elsewhere)."""
 
-    def state_arrived(self, key_groups: Iterable[range]) -> None:
-        """A handover target loaded the keyed state of ``key_groups``, before the records it held."""
+    def state_arrived(self, key_groups: Iterable[range], entries: list[tuple[int, bytes, bytes]] | None = None) -> None:
+        """A handover target loaded the keyed state of ``key_groups`` (all of it: ``entries``, or
+        None to read it back from the backend), before the records it held."""
 
     def fire_behind(self) -> None:
         """A handover target, after the records it held: fire what moved in already due."""
@@ -272,10 +273,13 @@ class ProcessOperator(Operator):
         for queue in self._queues():
             queue.forget(key_groups)
 
-    def state_arrived(self, key_groups: Iterable[range]) -> None:
+    def state_arrived(self, key_groups: Iterable[range], entries: list[tuple[int, bytes, bytes]] | None = None) -> None:
         groups = [kg for r in key_groups for kg in r]
         for queue in self._queues():
-            queue.load(groups)
+            if entries is None:
+                queue.load(groups)
+            else:
+                queue.learn(entries)
 
     def fire_behind(self) -> None:
         self._fire_timers(self.ctx.watermark)

@@ -98,9 +98,9 @@ class PulseActions:
                 for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
                     for op in windows:
                         op.adopt_keys(step.extras[origin].get(op.name, ()))
-                arrived = handovers.load_groups(step.order)
+                arrived, entries = handovers.load_groups(step.order), step.state
                 for op in chain_operators(self.chain):
-                    op.state_arrived(arrived)
+                    op.state_arrived(arrived, entries)
             else:
                 held = handovers.drop(step)
             replay_held(self.chain, held, frozenset(kg for r in handovers.load_groups(step.order) for kg in r),

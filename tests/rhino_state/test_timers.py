@@ -124,3 +124,22 @@ def test_firing_equals_a_sorted_set_model_whatever_is_flushed_or_reloaded(tmp_pa
                 q = TimerQueue(backend, QID, G)
                 q.load()
         assert drain(q, TS_MAX) == sorted(model)
+
+
+def test_learn_takes_the_bounds_of_moved_key_groups_from_their_entries(tmp_path):
+    """A handover target learns the moved key groups' timers from the entries it loaded, as
+    :meth:`TimerQueue.load` would from the backend, and fires them in the same order."""
+    with RocksDBStateBackend(tmp_path / "o") as ob, RocksDBStateBackend(tmp_path / "t") as tb:
+        origin = TimerQueue(ob, QID, G)
+        for kg, key, ts in [(3, b"b", 40), (3, b"a", 20), (9, b"z", 10), (9, b"y", 70)]:
+            origin.register(kg, part(key), ts)
+        ob.put(3, b"OTHR" + b"\x00" * 8, b"v")  # another state's entry is no timer
+        entries = list(ob.iter_key_groups(range(G)))
+        for kg, rest, value in entries:
+            tb.put(kg, rest, value)
+        target = TimerQueue(tb, QID, G)
+        target.register(5, part(b"own"), 30)
+        target.learn(entries)
+        assert target.tracked_key_groups() == [3, 5, 9]
+        assert drain(target, 10**6) == [(10, 9, part(b"z")), (20, 3, part(b"a")), (30, 5, part(b"own")),
+                                        (40, 3, part(b"b")), (70, 9, part(b"y"))]

@@ -225,7 +225,7 @@ def _move_while_watching(path, steps, moved, switch, release):
             if i == release:  # the target loads them and processes what it held
                 for kg, rest, value in cut:
                     tb.put(kg, rest, value)
-                target.state_arrived([range(kg, kg + 1) for kg in sorted(groups)])
+                target.state_arrived([range(kg, kg + 1) for kg in sorted(groups)], cut)
                 replay_held(target, tuple(held), groups, advances, wm, lambda _, r: target.process(r))
                 target.fire_behind()
                 held = None
