@@ -6,7 +6,7 @@ keyed task move between its partitions under load, per mode, operation, strategy
                                        [--rhino] [--checkpoint-every 20] [--kazoo-checkpoint-every 50]
                                        [--checkpoint-elements 200] [--operations move,rescale]
                                        [--also 'modes=liverobin sizes=20MB strategies=fluid' ...]
-                                       [--before 8] [--after 5] [--vnodes 0] [--batch 8] [--keys-per-vnode 1]
+                                       [--before 8] [--after 5] [--settle 2] [--vnodes 0] [--batch 8] [--keys-per-vnode 1]
                                        [--value-bytes 1000] [--margin 0.5] [--release 0.3] [--period 10]
                                        [--warm-up 3] [--no-restart] [--out bench/results/handover]
 
@@ -68,7 +68,8 @@ Measured, per handover job:
   bytes moved: *model* (``bytes_moved``: key + value bytes of the moved keys' state in the job's state
   model at the request, the layout of :mod:`rhino_state.state`), *measured* (``bytes_measured``:
   ``JobHandle.state_bytes_per_vnode``, every partition's RocksDB entries per vnode, key + value, asked for
-  just before each handover request and summed over the vnodes it moved; the smallest and largest moved
+  before each handover request (``--settle`` seconds before it, so that the measurement's
+  own stall is not counted as the handover's) and summed over the vnodes it moved; the smallest and largest moved
   vnode and the whole task's state too), against the state size per vnode; and what the runtime counted:
   *cut* (``bytes_cut``: key + value bytes the origins cut, one replica of each), *shipped*
   (``bytes_shipped``: what one replica of each origin sent over the network to target replicas: a target
@@ -823,6 +824,9 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
                 op.measured = handle.state_bytes_per_vnode(TASK, timeout=30.0)
             except Exception as err:  # noqa: BLE001 - recorded in the row; the handover still runs
                 op.measure_error = f"measuring the state per vnode: {one_line(err, ERROR_CHARS)}"
+            # the measurement reads every partition's state on its thread: let that backlog drain
+            # first, or the handover's first second pays for it
+            time.sleep(args.settle)
             phase["text"] = f"{op.name} ({label})"
             op.requested = time.time()
             try:  # (with a byte cap, the driver measures the state per vnode first)
@@ -1061,6 +1065,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=200.0, help="offered events/s, round robin over the keys")
     ap.add_argument("--before", type=float, default=8.0, help="seconds of load before the handover request")
     ap.add_argument("--after", type=float, default=5.0, help="seconds of load after the handover ended")
+    ap.add_argument("--settle", type=float, default=2.0,
+                    help="seconds of load between the state measurement and the request (its backlog drains)")
     ap.add_argument("--vnodes", type=int, default=0, help="vnodes of partition 0 to move (0: half of them)")
     ap.add_argument("--batch", type=int, default=8, help="vnodes per step of the batched strategy")
     ap.add_argument("--keys-per-vnode", type=int, default=1, help="keys in every vnode")
