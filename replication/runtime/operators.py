@@ -468,8 +468,8 @@ class Router(Operator):
 
     def forward_withheld(self) -> None:
         """The records a handover target held are processed: forward the watermark withheld
-        meanwhile, unless another step still holds some."""
-        if self._withheld is not None and not (self.handovers is not None and self.handovers.holding()):
+        meanwhile (withheld again if another step still holds some)."""
+        if self._withheld is not None:
             wm, self._withheld = self._withheld, None
             self.on_watermark(wm)
 

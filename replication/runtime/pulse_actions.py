@@ -90,6 +90,7 @@ class PulseActions:
             if decided is None:
                 return False
             windows = [op for op in chain_operators(self.chain) if hasattr(op, "adopt_keys")]
+            arrived = handovers.load_groups(step.order)
             if decided:
                 merge = _merger(windows) if handovers.serve_through else None
                 held = handovers.release(step, self.state_backend(), stopping, merge)
@@ -98,13 +99,13 @@ class PulseActions:
                 for origin in sorted(step.extras):  # the moved keys' fire index, before their held records
                     for op in windows:
                         op.adopt_keys(step.extras[origin].get(op.name, ()))
-                arrived, entries = handovers.load_groups(step.order), step.state
+                entries = step.state
                 for op in chain_operators(self.chain):
                     op.state_arrived(arrived, entries)
             else:
                 held = handovers.drop(step)
-            replay_held(self.chain, held, frozenset(kg for r in handovers.load_groups(step.order) for kg in r),
-                        handovers.advances, self._current_wm, self._element)
+            replay_held(self.chain, held, frozenset(kg for r in arrived for kg in r), handovers.advances,
+                        self._current_wm, self._element)
             if decided:
                 for op in chain_operators(self.chain):
                     op.fire_behind()
