@@ -10,7 +10,7 @@ import platform
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,15 +79,18 @@ MakeRecord = Callable[[int], tuple[str, bytes, bytes]]
 
 
 class PacedFeeder(threading.Thread):
-    """Produces ``rate`` records/s until stopped: record ``i`` is ``make(i)``, produced at start + i/rate
-    (idempotent producer, ``acks=all``, ``linger_ms``); ``produced`` counts them, ``started_at`` / ``ended_at`` are the
+    """Produces ``rate`` records/s until stopped: record ``i`` is ``make(i)``, produced at start + i/rate,
+    or with ``burst`` > 1 in bursts of that many back to back every ``burst / rate`` s (idempotent
+    producer, ``acks=all``, ``linger_ms``); ``produced`` counts them, ``started_at`` / ``ended_at`` are the
     wall clock of the start and of the last one; a delivery error is kept in ``error`` and raised by
     :meth:`stop`."""
 
     def __init__(self, bootstrap: str, make: MakeRecord, rate: float, name: str = "paced-feeder",
-                 linger_ms: float = 2) -> None:
+                 linger_ms: float = 2, burst: int = 1) -> None:
         super().__init__(name=name, daemon=True)
-        self.bootstrap, self.make, self.rate, self.linger_ms = bootstrap, make, rate, linger_ms
+        if burst < 1:
+            raise ValueError(f"a burst is at least one record, not {burst}")
+        self.bootstrap, self.make, self.rate, self.linger_ms, self.burst = bootstrap, make, rate, linger_ms, burst
         self.produced = 0
         self.started_at = self.ended_at = 0.0
         self.error: str | None = None
@@ -109,7 +112,7 @@ class PacedFeeder(threading.Thread):
         start = time.monotonic()
         self.started_at = time.time()
         try:
-            while not self._halt.wait(max(0.0, start + self.produced / self.rate - time.monotonic())):
+            while not self._halt.wait(max(0.0, start + self._due(self.produced) - time.monotonic())):
                 topic, key, value = self.make(self.produced)
                 produce_blocking(producer, topic, key=key, value=value, on_delivery=delivered)
                 self.produced += 1
@@ -119,6 +122,10 @@ class PacedFeeder(threading.Thread):
                 self.error = f"{remaining} undelivered, {len(errors)} failed ({errors[:1]})"
         except Exception as exc:  # noqa: BLE001 - reported with the run
             self.error = f"{type(exc).__name__}: {exc}"
+
+    def _due(self, i: int) -> float:
+        """Seconds after the start at which record ``i`` is produced."""
+        return (i - i % self.burst) / self.rate
 
     def stop(self) -> int:
         """Stop producing; the number of records produced (RuntimeError if some were not delivered)."""
@@ -269,6 +276,39 @@ class CostProbe:
                  if s.pid is not None and s.alive and s.name in names}
         app_id = sc.applicationId
         return cls(lambda: spark_process_groups(app_id, driver, stack, driver_python))
+
+
+
+class CostSampler(threading.Thread):
+    """Takes a :class:`CostProbe` snapshot every ``period`` s until stopped, each with its wall clock
+    (``samples``), so that the cores of a stretch of a run are known afterwards (:func:`cores_between`)."""
+
+    def __init__(self, probe: CostProbe, period: float = 1.0) -> None:
+        super().__init__(name="cost-sampler", daemon=True)
+        self.probe, self.period = probe, period
+        self.samples: list[tuple[float, CostSnapshot]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while True:
+            self.samples.append((time.time(), self.probe.snapshot()))
+            if self._halt.wait(self.period):
+                return
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5 * self.period)
+
+
+def cores_between(samples: Sequence[tuple[float, CostSnapshot]], start: float, end: float,
+                  hz: int | None = None) -> dict[str, float]:
+    """Cores used per process group from wall clock ``start`` to ``end``, between the first sample at or
+    after ``start`` and the last one at or before ``end`` ({} unless two such samples exist)."""
+    inside = [s for t, s in samples if start <= t <= end]
+    if len(inside) < 2 or inside[-1].at <= inside[0].at:
+        return {}
+    first, last, hz = inside[0], inside[-1], hz or os.sysconf("SC_CLK_TCK")
+    return {g: (last.ticks.get(g, 0) - first.ticks.get(g, 0)) / hz / (last.at - first.at) for g in last.ticks}
 
 
 # --------------------------------------------------------------------------- max sustainable throughput

@@ -4,11 +4,12 @@ keyed task move between its partitions under load, per mode, operation, strategy
     .venv/bin/python bench/handover.py [--sizes 1MB,20MB] [--strategies all,batched,batched:32:660KB,fluid]
                                        [--rate 200] [--modes liverobin,liverobin+rhino,kazoo,kazoo+rhino]
                                        [--rhino] [--checkpoint-every 20] [--kazoo-checkpoint-every 50]
-                                       [--checkpoint-elements 200] [--operations move,rescale]
+                                       [--checkpoint-elements 200] [--operations move,rescale,none]
                                        [--also 'modes=liverobin sizes=20MB strategies=fluid' ...]
                                        [--before 8] [--after 5] [--settle 2] [--vnodes 0] [--batch 8] [--keys-per-vnode 1]
                                        [--value-bytes 1000] [--margin 0.5] [--release 0.3] [--period 10]
-                                       [--warm-up 3] [--no-restart] [--out bench/results/handover]
+                                       [--warm-up 3] [--linger 2] [--burst 1] [--control-seconds 45] [--no-restart]
+                                       [--out bench/results/handover]
 
     # a short check (one size, 16 vnodes): 80 s on 2 cores
     .venv/bin/python bench/handover.py --sizes 1MB --vnodes 16 --batch 4 --before 6 --after 3 --out /tmp/hov
@@ -40,7 +41,14 @@ load, drain, read the output.  Operations:
 * ``rescale``: the chain task is built with ``max_parallelism=3`` (``parallelism=2``: partition 2 spare),
   ``rescale(chain, 3)`` moves a third of the vnodes from partitions 0 and 1 to partition 2, ``--after``
   seconds of load, then ``rescale(chain, 2)`` moves them back: two rows (``rescale 2->3``, ``rescale 3->2``),
-  one output check for both; ``--vnodes`` does not apply.
+  one output check for both; ``--vnodes`` does not apply;
+* ``none``, the control: the same job and load with no handover, ``--control-seconds`` of load after
+  the settle.  The cost of the embedded broker grows with the age of the source partitions (each batch
+  the load generator writes, ``--linger``, is listed again by every fetch of each reader,
+  docs/embedded-broker.md), so a p99 measured before a handover rises over a run without one: every
+  handover row of the same mode and size gets the control's worst per-second p99 in the same seconds
+  of load (``control_worst_second_p99_ms``) and its own worst over it (``worst_vs_control``), beside
+  ``worst_vs_before`` (worst per-second p99 during over the p99 before).
 
 Measured, per handover job:
 
@@ -80,6 +88,11 @@ Measured, per handover job:
   checkpoint copies instead); with a byte cap, the bytes the driver planned
   (``bytes_planned``).  Per step in ``handover_steps.csv`` too.  The measurement is not part of the
   handover: *before* ends where it starts;
+* cores used (from ``/proc``, sampled every second) before the handover (the same span as the
+  latency before) and during it: by the job's processes in all (executors' JVMs and Python, the
+  driver JVM, the broker and ZooKeeper; ``cores_*``), by the broker (``broker_cores_*``) and by the
+  executors' Python workers (``workers_cores_*``).  The driver's Python runs in this process, with the
+  load generator, and is not counted;
 * Rhino on: checkpoints compared between the two replicas of each partition and divergences (any fails
   the run);
 * exactness: every event once, every chain links up (:func:`verify_chains`), every event read the pad
@@ -115,7 +128,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.common import (  # noqa: E402
+    CPU_GROUPS,
+    CostProbe,
+    CostSampler,
     PacedFeeder,
+    cores_between,
     format_row,
     one_line,
     print_plain_table,
@@ -137,7 +154,8 @@ TASK, SOURCE, SINK = "chain", "source", "chain-sink"
 STRATEGIES = ("all", "batched", "fluid")  # and batched:N[:BYTES] (strategy_of)
 RHINO = "+rhino"  # a mode's suffix: Rhino checkpoints on
 MODES = ("liverobin", "liverobin" + RHINO, "kazoo", "kazoo" + RHINO)
-OPERATIONS = ("move", "rescale")
+OPERATIONS = ("move", "rescale", "none")
+CONTROL = "none"  # the same job and load with no handover: what the seconds cost without one
 RESCALE_UP, RESCALE_DOWN = "rescale 2->3", "rescale 3->2"  # the rows of a rescale run
 ERROR_CHARS = 300  # an error in a row: at most this many characters (bench.common.one_line)
 SOURCE_NAME = "a"  # event ids are "a-<i>" (verify_chains reads the source from the id)
@@ -469,7 +487,9 @@ RUN_COLUMNS = ("mode", "rhino", "operation", "size", "strategy", "state_bytes", 
                "p99_before_ms", "max_before_ms", "moved_p99_before_ms", "moved_max_before_ms",
                "p99_during_ms", "max_during_ms", "moved_p99_during_ms", "moved_max_during_ms", "p99_after_ms",
                "max_after_ms", "moved_p99_after_ms", "moved_max_after_ms", "worst_second_p99_ms",
-               "unmoved_worst_second_p99_ms")
+               "unmoved_worst_second_p99_ms", "requested_at_s", "control_worst_second_p99_ms",
+               "worst_vs_before", "worst_vs_control", *(f"{g}cores_{p}" for g in ("", "broker_", "workers_")
+                                                           for p in ("before", "during")))
 
 
 def measured_columns(sizes: Sequence[int] | None, vnodes: Sequence[int], model_bytes: int) -> dict[str, Any]:
@@ -540,8 +560,9 @@ class Feeder(PacedFeeder):
     """Produces ``rate`` events/s round robin over ``keys`` until stopped: event ``i`` is
     ``{"id": "a-<i>", "key": keys[i % K], "ts": <wall clock ms>}``, keyed by its key."""
 
-    def __init__(self, bootstrap: str, topic: str, keys: Sequence[str], rate: float) -> None:
-        super().__init__(bootstrap, self.event, rate, name="handover-feeder")
+    def __init__(self, bootstrap: str, topic: str, keys: Sequence[str], rate: float, linger_ms: float,
+                 burst: int) -> None:
+        super().__init__(bootstrap, self.event, rate, name="handover-feeder", linger_ms=linger_ms, burst=burst)
         self.topic, self.keys = topic, keys
 
     def event(self, i: int) -> tuple[str, bytes, bytes]:
@@ -706,7 +727,7 @@ class RunResult:
 class RunSpec:
     """One run: a fresh job, its ``operation`` (``move``: one handover; ``rescale``: 2 -> 3 -> 2, two)."""
 
-    operation: str
+    operation: str  # move, rescale (2 -> 3 -> 2, two handovers) or none (the control: no handover)
     mode: str
     size: int
     strategy: str
@@ -734,6 +755,56 @@ class Op:
         if self.vnodes:
             return self.vnodes
         return sorted({v for s in (self.report or {}).get("steps", ()) for v in s["vnodes"]})
+
+
+def first_operation(operation: str) -> str:
+    """The operation column of a run's first row."""
+    return RESCALE_UP if operation == "rescale" else operation
+
+
+def idle_report(seconds: float) -> dict[str, Any]:
+    """The control's "handover": ``seconds`` of load with none, reported as a job of no steps."""
+    time.sleep(seconds)
+    return {"state": "no handover", "seconds": seconds, "steps": [], "entries_moved": 0}
+
+
+def compare_with_control(rows: Sequence[dict[str, Any]], timeline: Sequence[dict[str, Any]]) -> None:
+    """Each handover row's worst per-second p99 over its p99 before (``worst_vs_before``, the ratio issue
+    26 asks about) and over the control run's worst per-second p99 in the same seconds of load
+    (``control_worst_second_p99_ms``, ``worst_vs_control``): the same job, mode, size and rate with no
+    handover, so what the machine and the broker add as the run ages is in both."""
+    def num(value: Any) -> float | None:
+        return None if value in ("", None) else float(value)
+
+    for r in rows:
+        worst, before = num(r.get("worst_second_p99_ms")), num(r.get("p99_before_ms"))
+        r["worst_vs_before"] = worst / before if worst is not None and before else ""
+        control = next((c for c in rows if c["operation"] == CONTROL and c["mode"] == r["mode"]
+                        and c["size"] == r["size"]), None)
+        at, span = num(r.get("requested_at_s")), num(r.get("handover_s"))
+        if r["operation"] == CONTROL or control is None or at is None or span is None:
+            continue
+        shift = at - float(control["requested_at_s"])
+        seconds = range(int(shift // 1), int((shift + span) // 1) + 1)
+        p99 = {int(float(t["second"])): float(t["p99_ms"]) for t in timeline
+               if t["operation"] == CONTROL and t["mode"] == r["mode"] and t["size"] == r["size"]
+               and t["p99_ms"] not in ("", None)}
+        if all(s in p99 for s in seconds):
+            r["control_worst_second_p99_ms"] = max(p99[s] for s in seconds)
+            r["worst_vs_control"] = worst / r["control_worst_second_p99_ms"] if worst is not None else ""
+
+
+def cpu_columns(samples: Sequence[tuple[float, Any]], before: tuple[float, float],
+                during: tuple[float, float]) -> dict[str, float | str]:
+    """Cores used before a handover and during it (wall-clock spans): by the job's processes in all
+    (``CPU_GROUPS``), by the broker, and by the executors' Python workers."""
+    out: dict[str, float | str] = {}
+    for phase, (start, end) in (("before", before), ("during", during)):
+        cores = cores_between(samples, start, end) if start and end else {}
+        out[f"cores_{phase}"] = sum(cores.get(g, 0.0) for g in CPU_GROUPS) if cores else ""
+        out[f"broker_cores_{phase}"] = cores.get("broker", "")
+        out[f"workers_cores_{phase}"] = cores.get("python", "")
+    return out
 
 
 def balanced_on(partitions: Sequence[int]) -> Callable[[Any, list[int]], bool]:
@@ -765,7 +836,8 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     checkpoints = checkpointing(args)
     conf = job_conf(bootstrap, args.period, spec.mode, getattr(ctx.stack, "zookeeper_connect", None), checkpoints)
     model = state_model(spec.size, args, conf)
-    label = strategy_label(spec.strategy, args.batch)
+    control = spec.operation == CONTROL
+    label = "-" if control else strategy_label(spec.strategy, args.batch)
     base = {"mode": spec.mode, "size": f"{spec.size / MB:g}MB", "strategy": label}
     extra: dict[str, Any] = {"rhino": checkpoints.label(spec.mode),
                              "state_bytes": model.total_bytes,
@@ -781,7 +853,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     handle = run(build_handover_job(topic, out, name,
                                     model.entries, model.value_bytes, max_parallelism=3 if rescale else None),
                  spark=ctx.spark, conf=conf)
-    feeder = Feeder(bootstrap, topic, model.keys, args.rate)
+    feeder = Feeder(bootstrap, topic, model.keys, args.rate, args.linger, args.burst)
     strategy = strategy_of(spec.strategy, args.batch)
     timing = {"timeout": 30.0, "margin_s": args.margin, "release_s": args.release, "strategy": strategy}
 
@@ -792,6 +864,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
 
     ticker = Ticker(ctx.status, status_text)
     ticker.start()
+    sampler = CostSampler(CostProbe.for_spark(ctx.spark, getattr(ctx.stack, "run_dir", None)))
     ops: list[Op] = []
     error = failure = None  # the run's own (the job did not start, the load failed, the output unread); the job's
     try:
@@ -800,7 +873,9 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         if (handle.plan.num_key_groups, table.num_vnodes) != (model.num_key_groups, model.num_vnodes):
             raise RuntimeError(f"the job has {handle.plan.num_key_groups} key groups and {table.num_vnodes} "
                                f"vnodes, the model {model.num_key_groups} and {model.num_vnodes}")
-        if rescale:  # a third of the vnodes go to the spare partition, and back
+        if control:  # the load goes on for as long as the handovers of a rescale run, none requested
+            ops = [Op(CONTROL, lambda: idle_report(args.control_seconds), lambda t, moved: True)]
+        elif rescale:  # a third of the vnodes go to the spare partition, and back
             steps = max_steps(spec.strategy, model.num_vnodes // 3 + 1, args.batch)
             timing["timeout"] = 30.0 + 5 * steps
             ops = [Op(RESCALE_UP, lambda: handle.rescale(TASK, 3, **timing), balanced_on([0, 1, 2])),
@@ -812,6 +887,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
             ops = [Op("move", lambda: handle.move_vnodes(TASK, vnodes, 1, **timing),
                       lambda t, moved: all(t.partition_of_vnode(v) == 1 for v in moved), vnodes=vnodes)]
         feeder.start()
+        sampler.start()
         phase["text"] = f"load, handover in {args.before:.0f}s"
         wait_for_state(handle, feeder, len(model.keys), args.before)
         for i, op in enumerate(ops):
@@ -841,6 +917,8 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         error = one_line(err, ERROR_CHARS)
     finally:
         produced, load_error = stop_feeder(feeder)
+        if sampler.is_alive():
+            sampler.stop()
         error = error or load_error
     phase["text"] = "draining"
     checkpoints: dict[str, Any] = {}
@@ -870,7 +948,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     verdict = verify(outputs, feeder.ids, model.entries, failure) if produced else None
     load_end = feeder.ended_at or time.time()
     if not ops:  # the job did not start: one row for the run
-        ops = [Op(RESCALE_UP if rescale else "move", dict, lambda t, m: False)]
+        ops = [Op(first_operation(spec.operation), dict, lambda t, m: False)]
     results = []
     for i, op in enumerate(ops):
         labels = {"mode": spec.mode, "operation": op.name, **{k: v for k, v in base.items() if k != "mode"}}
@@ -895,7 +973,11 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
                        "vnodes_moved": len(vnodes),
                        "measure_s": op.requested - op.measured_at if op.measured_at else "",
                        "error": "; ".join(e for e in (op.error or error, op.measure_error) if e),
-                       "on_target": on_target, "produced": produced}, window)
+                       "on_target": on_target, "produced": produced,
+                       "requested_at_s": op.requested - feeder.started_at if op.requested and feeder.started_at
+                       else "",
+                       **cpu_columns(sampler.samples, (since + (0.0 if i else args.warm_up), op.measured_at),
+                                     (op.requested, op.ended))}, window)
         lo, hi = op.requested - args.before, op.ended + args.after
         timeline = timeline_rows([o for o in obs if lo <= o.produced < hi], op.requested, labels) \
             if op.requested else []
@@ -1003,8 +1085,9 @@ GROUP_KEYS = {"operations": "operations", "operation": "operations", "modes": "m
 
 def run_specs(operations: Sequence[str], modes: Sequence[str], sizes: Sequence[int],
               strategies: Sequence[str]) -> list[RunSpec]:
-    """Every operation x mode x size x strategy, in that order."""
-    return [RunSpec(o, m, z, s) for o in operations for m in modes for z in sizes for s in strategies]
+    """Every operation x mode x size x strategy, in that order (the control once per mode and size)."""
+    return list(dict.fromkeys(RunSpec(o, m, z, strategies[0] if o == CONTROL else s)
+                              for o in operations for m in modes for z in sizes for s in strategies))
 
 
 def parse_group(text: str, args: argparse.Namespace) -> list[RunSpec]:
@@ -1063,6 +1146,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "of operations, modes, sizes, strategies, each defaulting to its flag's value (repeatable), "
                     "e.g. --also 'modes=liverobin sizes=1MB strategies=fluid'")
     ap.add_argument("--rate", type=float, default=200.0, help="offered events/s, round robin over the keys")
+    ap.add_argument("--linger", type=float, default=2.0,
+                    help="the load generator's linger.ms: on the embedded broker every batch it writes costs each "
+                    "reader of the partition a listing of all its batches (docs/embedded-broker.md)")
+    ap.add_argument("--burst", type=int, default=1,
+                    help="events the load generator produces back to back, every burst/rate seconds: fewer "
+                    "batches for the embedded broker to list, no wait added (--linger adds one)")
+    ap.add_argument("--control-seconds", type=float, default=45.0,
+                    help="operation none: seconds of load after the settle with no handover (cover the "
+                    "seconds of the handover rows it is compared with)")
     ap.add_argument("--before", type=float, default=8.0, help="seconds of load before the handover request")
     ap.add_argument("--after", type=float, default=5.0, help="seconds of load after the handover ended")
     ap.add_argument("--settle", type=float, default=2.0,
@@ -1096,7 +1188,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except argparse.ArgumentTypeError as err:
         ap.error(str(err))
     args.runs = list(dict.fromkeys(specs))  # in order, each once
-    for flag in ("batch", "keys_per_vnode", "value_bytes", "period", "checkpoint_every", "kazoo_checkpoint_every",
+    for flag in ("batch", "burst", "keys_per_vnode", "value_bytes", "period", "checkpoint_every", "kazoo_checkpoint_every",
                  "checkpoint_elements"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1")
@@ -1128,7 +1220,7 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
         except Exception as err:  # noqa: BLE001 - e.g. the job could not be planned: a row of its own
             ctx.status.done()
             labels = {"mode": spec.mode, "rhino": checkpointing(ctx.args).label(spec.mode),
-                      "operation": RESCALE_UP if spec.operation == "rescale" else "move",
+                      "operation": first_operation(spec.operation),
                       "size": f"{spec.size / MB:g}MB", "strategy": strategy_label(spec.strategy, ctx.args.batch)}
             done = [RunResult(run_row(labels, None, (0, 0), None, {},
                                       {"error": one_line(err, ERROR_CHARS), "exact": "no"}))]
@@ -1137,6 +1229,7 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
             res.steps += r.steps
             res.timeline += r.timeline
             print("   " + format_row({k: r.row[k] for k in SHOWN}), flush=True)
+        compare_with_control(res.runs, res.timeline)
         if out is not None:
             write_csvs(out, res)
     if ctx.args.restart:
@@ -1153,8 +1246,9 @@ def run_benchmark(ctx: RunContext, res: Results | None = None, out: Path | None 
 
 SHOWN = ("mode", "operation", "size", "strategy", "state", "exact", "handover_s", *PHASE_COLUMNS, "entries_moved",
          "bytes_moved", "bytes_measured", *BYTES_COLUMNS, "bytes_planned", "p99_before_ms", "p99_during_ms",
-         "max_during_ms", "worst_second_p99_ms", "unmoved_worst_second_p99_ms", "moved_max_during_ms", "checkpoints",
-         "divergences")
+         "max_during_ms", "worst_second_p99_ms", "unmoved_worst_second_p99_ms", "moved_max_during_ms",
+         "worst_vs_before", "control_worst_second_p99_ms", "worst_vs_control", "cores_before", "cores_during",
+         "broker_cores_before", "broker_cores_during", "checkpoints", "divergences")
 
 
 def print_tables(res: Results) -> None:
@@ -1272,7 +1366,7 @@ def _plot_bytes(fig: Any, grid: Any, half: int, res: Results) -> None:
     just before the handover (and a byte cap's plan), what the origins cut, sent over the network and the
     targets read from their checkpoint copies; the measured bytes of every step."""
     ax = fig.add_subplot(grid[2, :half + half // 2])
-    runs = [r for r in res.runs if r.get("bytes_moved") not in ("", None)]
+    runs = [r for r in res.runs if r.get("bytes_moved") not in ("", None) and r["operation"] != CONTROL]
     x = range(len(runs))
     bars = (("bytes_moved", "model (moved keys' state)", "#4c72b0"),
             ("bytes_measured", "measured (state_bytes_per_vnode, moved vnodes)", "#55a868"),
@@ -1346,13 +1440,14 @@ def _plot(out: Path, res: Results) -> None:
 
     half = max(len(operations), 2)
     ax = fig.add_subplot(grid[1, :half + half // 2])
-    names = [_short(r) for r in res.runs]
-    bottom = [0.0] * len(res.runs)
+    handovers = [r for r in res.runs if r["operation"] != CONTROL]  # the control's latency only
+    names = [_short(r) for r in handovers]
+    bottom = [0.0] * len(handovers)
     for col, (color, name) in STACKED_PHASES.items():
-        vals = [r.get(col) if r.get(col) not in ("", None) else 0.0 for r in res.runs]
+        vals = [r.get(col) if r.get(col) not in ("", None) else 0.0 for r in handovers]
         ax.bar(range(len(vals)), vals, bottom=bottom, color=color, label=name)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    held = [(i, r["held_max_s"]) for i, r in enumerate(res.runs) if r.get("held_max_s") not in ("", None)]
+    held = [(i, r["held_max_s"]) for i, r in enumerate(handovers) if r.get("held_max_s") not in ("", None)]
     if held:
         ax.plot([i for i, _ in held], [h for _, h in held], linestyle="", marker="_", markersize=16, color="black",
                 label="moved keys' records held (max of its steps)")
@@ -1369,8 +1464,8 @@ def _plot(out: Path, res: Results) -> None:
     ax.legend(fontsize="x-small")
 
     ax = fig.add_subplot(grid[1, half + half // 2:])
-    for key in dict.fromkeys((_mode(r), r["operation"], r["strategy"]) for r in res.runs):
-        pts = [r for r in res.runs if (_mode(r), r["operation"], r["strategy"]) == key and r["handover_s"] != ""]
+    for key in dict.fromkeys((_mode(r), r["operation"], r["strategy"]) for r in handovers):
+        pts = [r for r in handovers if (_mode(r), r["operation"], r["strategy"]) == key and r["handover_s"] != ""]
         style, marker = MODE_STYLE.get(key[0], ("-", "o"))
         ax.plot([r["bytes_per_vnode"] / 1000 for r in pts], [r["handover_s"] for r in pts], linestyle=style,
                 marker=marker, label=" ".join(key))

@@ -6,6 +6,7 @@ CSV rows and the plot (the real runs take minutes: see the module doc)."""
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
+from bench.common import CostSnapshot, PacedFeeder, cores_between  # noqa: E402
 from replication.control.handover_coordinator import HandoverCoordinator  # noqa: E402
 from replication.control.handover_timelines import step_phases  # noqa: E402
 from replication.functions import ProcessContext, RuntimeContext  # noqa: E402
@@ -374,3 +376,64 @@ def test_rows_csv_and_plot(tmp_path):
     assert back.runs[3]["held_max_s"] == 0.4
     (tmp_path / "handover.png").unlink()
     assert hb.main(["--replot", "--out", str(tmp_path)]) == 0 and (tmp_path / "handover.png").stat().st_size > 0
+
+
+def test_the_control_run_once_per_mode_and_size_and_each_row_against_its_seconds():
+    """Operation none runs once per mode and size whatever the strategies; a handover row is compared
+    with the control's per-second p99 in the same seconds of load, shifted by where each was requested."""
+    args = hb.parse_args(["--modes", "kazoo", "--operations", "move,none", "--strategies", "all,batched"])
+    assert args.runs == [hb.RunSpec(o, "kazoo", z, s) for o in ("move", "none") for z in (1_000_000, 20_000_000)
+                         for s in (("all", "batched") if o == "move" else ("all",))]
+    assert [r for r in args.runs if r.operation == "none"] == [hb.RunSpec("none", "kazoo", s, "all") for s in args.sizes]
+    report = hb.idle_report(0.0)
+    assert report["steps"] == [] and report["state"] == "no handover"
+    control = {"mode": "kazoo", "operation": "none", "size": "20MB", "requested_at_s": 10.0, "handover_s": 45.0,
+               "worst_second_p99_ms": 90.0, "p99_before_ms": 30.0}
+    # requested 15.4 s into its load, 2.5 s long: its seconds 0..2 are the control's 5..7
+    move = {"mode": "kazoo", "operation": "move", "size": "20MB", "requested_at_s": 15.4, "handover_s": 2.5,
+            "worst_second_p99_ms": 120.0, "p99_before_ms": 20.0}
+    other = {**move, "mode": "liverobin"}  # no control of its mode
+    late = {**move, "requested_at_s": 60.0}  # past what the control covered
+    timeline = [{"mode": "kazoo", "operation": "none", "size": "20MB", "second": s, "p99_ms": 10.0 * s}
+                for s in range(-3, 50)]
+    rows = [move, control, other, late]
+    hb.compare_with_control(rows, timeline)
+    assert move["control_worst_second_p99_ms"] == pytest.approx(70.0)
+    assert move["worst_vs_control"] == pytest.approx(120 / 70) and move["worst_vs_before"] == pytest.approx(6.0)
+    assert "control_worst_second_p99_ms" not in other and other["worst_vs_before"] == pytest.approx(6.0)
+    assert "control_worst_second_p99_ms" not in late and "worst_vs_control" not in control
+    assert control["worst_vs_before"] == pytest.approx(3.0)
+
+
+def test_a_burst_of_the_load_generator_comes_back_to_back_at_the_same_mean_rate():
+    """With ``--burst N`` the feeder produces N events at once every N/rate s: the same mean rate, fewer
+    batches for the broker; ``--burst 0`` is refused before anything starts."""
+    steady = PacedFeeder("unused:9092", lambda i: ("t", b"k", b"v"), rate=200.0)
+    bursts = PacedFeeder("unused:9092", lambda i: ("t", b"k", b"v"), rate=200.0, burst=10)
+    assert [steady._due(i) for i in (0, 1, 9, 10)] == pytest.approx([0.0, 0.005, 0.045, 0.05])
+    assert [bursts._due(i) for i in (0, 1, 9, 10, 19, 20)] == pytest.approx([0.0, 0.0, 0.0, 0.05, 0.05, 0.1])
+    with pytest.raises(ValueError, match="at least one record"):
+        PacedFeeder("unused:9092", lambda i: ("t", b"k", b"v"), rate=200.0, burst=0)
+    with pytest.raises(SystemExit):
+        hb.parse_args(["--burst", "0"])
+
+
+def test_the_cores_of_a_span_come_from_the_samples_inside_it():
+    """Cores per group between the first and the last sample inside a span; a span with fewer than two
+    samples has none; a handover row gets them before and during it, the job's processes summed."""
+    def snap(at: float, broker: int, python: int) -> CostSnapshot:
+        return CostSnapshot(at, {"broker": broker, "python": python, "executor_jvm": 0, "driver_jvm": 0,
+                                 "zookeeper": 0, "bench": 999}, 0, 0)
+
+    samples = [(1000.0 + t, snap(50.0 + t, 100 * t, 30 * t if t < 5 else 150 + 90 * (t - 5))) for t in range(11)]
+    assert cores_between(samples, 1000.5, 1010.0, hz=100) == pytest.approx(
+        {"broker": 1.0, "python": (150 + 450 - 30) / 100 / 9, "executor_jvm": 0, "driver_jvm": 0,
+         "zookeeper": 0, "bench": 0})
+    assert cores_between(samples, 1004.5, 1005.5, hz=100) == {}
+    columns = hb.cpu_columns(samples, (1000.0, 1005.0), (1005.0, 1010.0))
+    assert columns["broker_cores_before"] == pytest.approx(100 / os.sysconf("SC_CLK_TCK"))
+    assert columns["workers_cores_during"] == pytest.approx(90 / os.sysconf("SC_CLK_TCK"))
+    assert columns["cores_during"] == pytest.approx(190 / os.sysconf("SC_CLK_TCK"))
+    assert hb.cpu_columns(samples, (0.0, 1005.0), (2000.0, 2010.0)) == dict.fromkeys(
+        ("cores_before", "broker_cores_before", "workers_cores_before", "cores_during", "broker_cores_during",
+         "workers_cores_during"), "")
