@@ -144,7 +144,11 @@ class HandoverCoordinator:
             if ack.kind is AckKind.LOADED and rec is not None and not rec.released:
                 self._deferred.append(ack)
                 continue
+            diverged = len(self.manager.divergences)
             outcome = self.manager.ack(ack)
+            for h, (task, partition), (first, other) in self.manager.divergences[diverged:]:
+                events.append(f"handover {h}: the replicas of {self.plan.task(task).name}[{partition}] cut "
+                              f"different state (digests {first[:12]} and {other[:12]})")
             if ack.kind is AckKind.CUT and outcome is AckOutcome.ACCEPTED:
                 if hid not in self._cut_entries:
                     for old in sorted(self._cut_entries)[:-TIMELINES]:  # (kept as long as timelines)

@@ -832,3 +832,19 @@ def test_a_target_keeps_the_cut_it_received_for_its_twin_chunked_as_the_origin_c
     without_rhino.arm(_order(committed=True))
     without_rhino.state_arrived(7, 0, entries)
     assert without_rhino.kept_cuts.received_cut(7, 0, 500) is None  # nothing is restored: nothing kept
+
+
+def test_origin_replicas_that_cut_different_state_are_an_event():
+    """The two replicas of an origin must cut the same state: a digest that differs from its
+    twin's is reported in the job's events, naming the partition."""
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan)
+    order = coord.start_move(chain.id, [0, 1], 1, switch_at=100, release_at=110)
+    coord.on_acks(_acks(order, "armed", sorted(order.upstreams) + [(chain.id, 0), (chain.id, 1)]))
+    coord.on_acks(_acks(order, "switched", sorted(order.upstreams)))
+    first, second = _acks(order, "cut", [(chain.id, 0)], digest="aaaa", entries=3)
+    assert not any("different state" in e for e in coord.on_acks([first]))
+    events = coord.on_acks([replace(second, digest="bbbb")])
+    assert [e for e in events if "different state" in e] == [
+        f"handover {order.handover_id}: the replicas of chain[0] cut different state (digests aaaa and bbbb)"]
