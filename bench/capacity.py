@@ -69,6 +69,7 @@ from bench.common import (  # noqa: E402
     max_sustainable,
     pid_ticks,
     read_csv_rows,
+    snapshot_cores,
     write_csv,
     write_machine,
 )
@@ -189,9 +190,8 @@ def cores(probe: CostProbe, seconds: float) -> tuple[dict[str, float], dict[str,
     before = probe.snapshot()
     time.sleep(seconds)
     after = probe.snapshot()
-    span = after.at - before.at
-    return ({g: (after.ticks.get(g, 0) - before.ticks.get(g, 0)) / HZ / span for g in (*CPU_GROUPS, "bench")},
-            after.processes)
+    used = snapshot_cores(before, after, HZ)
+    return {g: used.get(g, 0.0) for g in (*CPU_GROUPS, "bench")}, after.processes
 
 
 def python_threads(probe: CostProbe) -> tuple[int, int]:

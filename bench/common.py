@@ -278,6 +278,12 @@ class CostProbe:
         return cls(lambda: spark_process_groups(app_id, driver, stack, driver_python))
 
 
+def snapshot_cores(first: CostSnapshot, last: CostSnapshot, hz: float | None = None) -> dict[str, float]:
+    """Cores each process group used between two snapshots (``hz``: clock ticks per second, /proc's)."""
+    hz = hz or os.sysconf("SC_CLK_TCK")
+    span = last.at - first.at
+    return {g: (last.ticks.get(g, 0) - first.ticks.get(g, 0)) / hz / span for g in {**first.ticks, **last.ticks}}
+
 
 class CostSampler(threading.Thread):
     """Takes a :class:`CostProbe` snapshot every ``period`` s until stopped, each with its wall clock
@@ -307,8 +313,7 @@ def cores_between(samples: Sequence[tuple[float, CostSnapshot]], start: float, e
     inside = [s for t, s in samples if start <= t <= end]
     if len(inside) < 2 or inside[-1].at <= inside[0].at:
         return {}
-    first, last, hz = inside[0], inside[-1], hz or os.sysconf("SC_CLK_TCK")
-    return {g: (last.ticks.get(g, 0) - first.ticks.get(g, 0)) / hz / (last.at - first.at) for g in last.ticks}
+    return snapshot_cores(inside[0], inside[-1], hz)
 
 
 # --------------------------------------------------------------------------- max sustainable throughput

@@ -42,7 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import IDLE_SETTLE_S, CostProbe, CostSnapshot, write_csv, write_machine  # noqa: E402
+from bench.common import IDLE_SETTLE_S, CostProbe, CostSnapshot, snapshot_cores, write_csv, write_machine  # noqa: E402
 from bench.ordering import Config, event_makers  # noqa: E402
 from deploy.stack import EmbeddedStack, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
@@ -241,9 +241,8 @@ def wait_sites(stacks: Counter[str], n: int = 12) -> list[tuple[str, int]]:
 
 
 def cores(before: CostSnapshot, after: CostSnapshot) -> dict[str, float]:
-    hz = 100.0
-    dt = after.at - before.at
-    return {g: (after.ticks.get(g, 0) - before.ticks.get(g, 0)) / hz / dt for g in GROUPS}
+    used = snapshot_cores(before, after, 100.0)
+    return {g: used.get(g, 0.0) for g in GROUPS}
 
 
 def window(probe: CostProbe, seconds: float, out: Path, stem: str, profile: bool,

@@ -776,19 +776,21 @@ def compare_with_control(rows: Sequence[dict[str, Any]], timeline: Sequence[dict
     def num(value: Any) -> float | None:
         return None if value in ("", None) else float(value)
 
+    controls = {(c["mode"], c["size"]): c for c in reversed(rows) if c["operation"] == CONTROL}
+    control_p99: dict[tuple[str, str], dict[int, float]] = {}
+    for t in timeline:
+        if t["operation"] == CONTROL and t["p99_ms"] not in ("", None):
+            control_p99.setdefault((t["mode"], t["size"]), {})[int(float(t["second"]))] = float(t["p99_ms"])
     for r in rows:
         worst, before = num(r.get("worst_second_p99_ms")), num(r.get("p99_before_ms"))
         r["worst_vs_before"] = worst / before if worst is not None and before else ""
-        control = next((c for c in rows if c["operation"] == CONTROL and c["mode"] == r["mode"]
-                        and c["size"] == r["size"]), None)
+        control = controls.get((r["mode"], r["size"]))
         at, span = num(r.get("requested_at_s")), num(r.get("handover_s"))
         if r["operation"] == CONTROL or control is None or at is None or span is None:
             continue
         shift = at - float(control["requested_at_s"])
         seconds = range(int(shift // 1), int((shift + span) // 1) + 1)
-        p99 = {int(float(t["second"])): float(t["p99_ms"]) for t in timeline
-               if t["operation"] == CONTROL and t["mode"] == r["mode"] and t["size"] == r["size"]
-               and t["p99_ms"] not in ("", None)}
+        p99 = control_p99.get((r["mode"], r["size"]), {})
         if all(s in p99 for s in seconds):
             r["control_worst_second_p99_ms"] = max(p99[s] for s in seconds)
             r["worst_vs_control"] = worst / r["control_worst_second_p99_ms"] if worst is not None else ""
