@@ -222,6 +222,9 @@ def test_windows_joins_and_keyed_state_survive_a_kill_and_moves_with_exact_outpu
         handle.stop()
         raise
     assert set(moves) == set(KEYED_TASKS) and all(m["state"] == "completed" for m in moves.values()), moves
+    # the restored replicas took the path their twins took: equal checkpoints and equal cuts
+    assert result.divergences == [] and not any("cut different state" in text for _, text in result.events), \
+        (result.divergences, result.events)
     _assert_exact(stack, outs, orders, payments, clicks, table)
     assert result.metrics.dead_lettered == 0 and result.metrics.late_records == 0
     assert sum("declared dead" in text for _, text in result.events) == 1, result.events
@@ -327,6 +330,8 @@ def test_repeats_expired_by_processing_time_and_late_views_survive_a_kill_and_mo
         handle.stop()
         raise
     assert set(moves) == {"unique", "views-per-page"} and all(m["state"] == "completed" for m in moves.values()), moves
+    assert result.divergences == [] and not any("cut different state" in text for _, text in result.events), \
+        (result.divergences, result.events)
     got = Counter((w["key"], w["start"], w["value"]) for w in read_output(stack, topics["counts"]))
     assert got == expected
     assert Counter(json.dumps(v, sort_keys=True) for v in read_output(stack, topics["late"])) == \
