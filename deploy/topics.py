@@ -94,6 +94,13 @@ def list_topics(bootstrap: str, timeout: float = 10.0) -> list[str]:
     return sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout).topics)
 
 
+def delete_topics_containing(bootstrap: str, text: str, timeout: float = 30.0) -> None:
+    """Delete every topic whose name contains ``text`` (a run's or a test's own topics, with those its
+    jobs made: they are named after the job): the embedded broker's every idempotent produce and
+    transaction step costs more with each topic it keeps (docs/embedded-broker.md)."""
+    delete_topics(bootstrap, [t for t in list_topics(bootstrap) if text in t], timeout)
+
+
 def partitions_of(bootstrap: str, topic: str, timeout: float = 10.0) -> Sequence[int]:
     """Partition ids of an existing topic (raises RuntimeError if it does not exist).
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from deploy.topics import delete_topics, list_topics
+from deploy.topics import delete_topics_containing
 
 pytest_plugins = ["deploy.pytest_plugin", "tests.s3_server"]
 
@@ -51,5 +51,4 @@ def topic_prefix(request) -> Iterator[str]:
     prefix = f"t{uuid.uuid4().hex[:8]}-"
     yield prefix
     if "stack" in request.fixturenames:
-        bootstrap = request.getfixturevalue("stack").bootstrap_servers
-        delete_topics(bootstrap, [t for t in list_topics(bootstrap) if prefix in t])
+        delete_topics_containing(request.getfixturevalue("stack").bootstrap_servers, prefix)
