@@ -660,7 +660,7 @@ def test_report_recovery_throughput_and_handover_tables(tmp_path):
     text = report.render(tmp_path, tmp_path / "REPORT.md")
     # an older CSV: its event-derived phases other than the trigger are not this table's phases
     assert ("| LiveRobin | move | 1MB | all at once | 32 / 1 | 0.98 | - | 0.380 | - | - | - | - | 62 / 69 "
-            "| 269 / 290 | - | yes |") in text
+            "| 269 / 290 | - | - → - | yes |") in text
     missing = text.split("## Not measured yet")[1]
     assert "rescale and KaZoo-mode handovers (tested, not benchmarked)" in missing
     assert "handovers with Rhino on (tested, not benchmarked)" in missing
@@ -673,8 +673,9 @@ def test_report_recovery_throughput_and_handover_tables(tmp_path):
          "bytes_cut": 67594, "bytes_shipped": 67594, "bytes_from_store": 0, "bytes_measured": 67600,
          "bytes_per_vnode": 4200.0, "measured_bytes_per_vnode": 4210.0,
          "p99_before_ms": 62.0, "max_before_ms": 69.0, "p99_during_ms": 269.0, "max_during_ms": 290.0,
-         "worst_second_p99_ms": 281.0, "exact": "yes", "entries_match": "yes", "on_target": "yes", "error": "",
-         "outcome": "yes"},
+         "worst_second_p99_ms": 281.0, "worst_vs_before": 4.532, "worst_vs_control": 1.873,
+         "control_worst_second_p99_ms": 150.0, "cores_before": 0.61, "cores_during": 0.72, "exact": "yes",
+         "entries_match": "yes", "on_target": "yes", "error": "", "outcome": "yes"},
         {"mode": "kazoo+rhino", "operation": "move", "size": "100MB", "strategy": "all-at-once", "vnodes_moved": 32,
          "steps": 1, "handover_s": 1.5, **phases, "window_open_s": 0.31, "window_close_s": 0.12,
          "entries_moved": 192, "bytes_moved": 12_500_000, "bytes_cut": 12_500_000, "bytes_shipped": 250_000,
@@ -686,8 +687,14 @@ def test_report_recovery_throughput_and_handover_tables(tmp_path):
          "steps": 11, "handover_s": 12.5, **phases, "window_open_s": 0.31, "trigger_s": 4.1, "window_close_s": 0.12,
          "load_s": "", "entries_moved": 6545, "bytes_moved": 6_630_000,
          "p99_before_ms": 40.0, "max_before_ms": 52.0, "p99_during_ms": 300.0, "max_during_ms": 420.0,
-         "worst_second_p99_ms": 410.0, "exact": "no", "entries_match": "yes", "on_target": "no", "error": "",
-         "outcome": "1 missing, 0 duplicated, 0 unexpected"}], digits=3)  # as bench/handover.py writes it: phases to the ms
+         "worst_second_p99_ms": 410.0, "worst_vs_before": 10.25, "exact": "no", "entries_match": "yes",
+         "on_target": "no", "error": "", "outcome": "1 missing, 0 duplicated, 0 unexpected"},
+        {"mode": "kazoo", "operation": "none", "size": "20MB", "strategy": "-", "vnodes_moved": 0, "steps": 0,
+         "handover_s": 45.0, "bytes_measured": 5_000_000, "bytes_per_vnode": 78_000.0, "p99_before_ms": 29.0,
+         "max_before_ms": 40.0, "p99_during_ms": 35.0, "max_during_ms": 60.0, "worst_second_p99_ms": 55.0,
+         "worst_vs_before": 1.9, "exact": "yes", "entries_match": "yes", "on_target": "yes", "error": "",
+         "outcome": "yes"}],
+        digits=3)  # as bench/handover.py writes it: phases to the ms
     write_csv(tmp_path / "mib" / "mib.csv", [
         {"shape": "MiB 3", "partitions": 1, "rate_a": 500.0, "rate_b": 5.0, "config": "off", "p50_ms": 20.0,
          "p99_ms": 29.0, "exact": "yes"}])
@@ -700,9 +707,10 @@ def test_report_recovery_throughput_and_handover_tables(tmp_path):
             in text)
     assert "| Spark Structured Streaming, trigger 100 ms | 200/s, p99 3,000 |  | >= 200 | no rate tried failed |" in text
     assert ("| LiveRobin | move | 1MB | all at once | 32 / 1 | 0.98 | - | 0.012 | 0.514 | 0.021 | 0.012 | 0.237 "
-            "| 62 / 69 | 269 / 290 | 281 | yes |") in text
+            "| 62 / 69 | 269 / 290 | 281 (4.53x / 1.87x) | 0.61 → 0.72 | yes |") in text
+    assert ("| KaZoo | none (control) | 20MB | - | 0 / 0 | 45.00 |" in text and "| 55 (1.90x / -) | - → - | yes |" in text)
     assert ("| KaZoo | rescale 2→3 | 20MB | batched 8 | 85 / 11 | 12.50 | 0.31 / 0.12 | 4.100 | 0.514 | 0.021 | - "
-            "| 0.237 | 40 / 52 | 300 / 420 | 410 | **no**: 1 missing, 0 duplicated, 0 unexpected; vnodes not on "
+            "| 0.237 | 40 / 52 | 300 / 420 | 410 (10.25x / -) | - → - | **no**: 1 missing, 0 duplicated, 0 unexpected; vnodes not on "
             "the target |") in text
     assert "| KaZoo + Rhino | move | 100MB | all at once | 32 / 1 | 1.50 | 0.31 / 0.12 | 0.012 |" in text
     # bytes: the model, measured and cut; what went over the network, what the targets read locally
@@ -711,6 +719,9 @@ def test_report_recovery_throughput_and_handover_tables(tmp_path):
     assert ("| KaZoo + Rhino | move | 100MB | all at once | 390,000 / - | 32 / 1 | 12,500,000 / - / 12,500,000 "
             "| 250,000 | 12,250,000 | 0.020 |") in text
     assert "| KaZoo | rescale 2→3 | 20MB | batched 8 | 6,630,000 |" not in text  # nothing counted: no bytes row
+    assert "| KaZoo | none (control) | 20MB | - | 78,000" not in text  # the control moves nothing
+    # issue 26's target, over the 20 MB rows with the ratio (the 1 MB and 100 MB ones and the control are not judged)
+    assert "Within it: KaZoo 0 of 1 rows (10.25-10.25x the p99 before)." in text
     missing = text.split("## Not measured yet")[1]
     assert "MiB 3 with the fast source up to 2,000 events/s" in missing
     assert "a successful recovery run on the NEXMark-like query at 20 MB passive" in missing
