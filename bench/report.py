@@ -755,7 +755,8 @@ def render(results: Path, out: Path) -> str:
                   "*none (control)*: the same job and load for 45 s with no handover, at 20 MB, so what the "
                   "machine and the broker add as a run ages is in both). *Cores*: what the job's processes "
                   "(executors' JVMs and Python workers, driver, broker, ZooKeeper) used before the request and "
-                  "during the handover, of 2. Output: every event "
+                  "during the handover, of 2 (sampled each second: *-* for a handover shorter than that). "
+                  "Output: every event "
                   "once, every chain linked, every pad read right, the vnodes where the operation puts them "
                   "(rescale: balanced to within one).", "", *handover, ""]
     if restart := restart_table(results):
