@@ -830,7 +830,7 @@ def max_steps(strategy: str, vnodes: int, batch: int) -> int:
 def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     """A fresh job at ``spec.size`` in ``spec.mode``, under load, then its handover(s) with
     ``spec.strategy`` (see the module doc): one row per handover job."""
-    from deploy.topics import create_topics, delete_topics_containing, read_all
+    from deploy.topics import create_topics, read_all
     from ops.workload import sample_of
     from replication.control.launch import resolve_config, run
 
@@ -945,7 +945,7 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     except Exception as err:  # noqa: BLE001 - no output to verify: recorded
         raw, error = [], error or f"reading the output: {one_line(err, ERROR_CHARS)}"
     ticker.stop()
-    forget_topics(delete_topics_containing, bootstrap, stamp)
+    forget_topics(bootstrap, stamp)
     outputs = [json.loads(r.value) for r in raw]
     sinks = [sample_of(r).sink for r in raw]
     verdict = verify(outputs, feeder.ids, model.entries, failure) if produced else None
@@ -989,12 +989,14 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
     return results
 
 
-def forget_topics(delete: Callable[[str, str], None], bootstrap: str, stamp: str) -> None:
+def forget_topics(bootstrap: str, stamp: str) -> None:
     """Delete a finished run's topics (its input, output and the job's own, all named with ``stamp``):
     each topic the embedded broker keeps makes every later run's produces slower, so runs late in a
     benchmark would measure the runs before them (``bench/results/broker_topics/``)."""
+    from deploy.topics import delete_topics_containing
+
     try:
-        delete(bootstrap, stamp)
+        delete_topics_containing(bootstrap, stamp)
     except Exception as err:  # noqa: BLE001 - the run is measured; the next ones may be slower
         print(f"   (the run's topics were not deleted: {one_line(err, ERROR_CHARS)})", flush=True)
 

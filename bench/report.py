@@ -283,6 +283,7 @@ def nexmark_recovery_table(results: Path) -> list[str]:
 
 
 HANDOVER_STRATEGIES = {"all-at-once": "all at once"}
+HANDOVER_CONTROL = "none"  # bench/handover.py's control run: the same job and load, no handover
 
 
 HANDOVER_MODES = {"liverobin": "LiveRobin", "liverobin+rhino": "LiveRobin + Rhino", "kazoo": "KaZoo",
@@ -302,7 +303,8 @@ def handover_labels(r: dict[str, str]) -> str:
     before modes and operations are LiveRobin moves)."""
     mode = r.get("mode") or "liverobin"
     operation = (r.get("operation") or "move").replace("->", "→")
-    return (f"| {HANDOVER_MODES.get(mode, mode)} | {'none (control)' if operation == 'none' else operation} "
+    return (f"| {HANDOVER_MODES.get(mode, mode)} "
+            f"| {f'{operation} (control)' if operation == HANDOVER_CONTROL else operation} "
             f"| {r['size']} | {HANDOVER_STRATEGIES.get(r['strategy'], r['strategy'])} ")
 
 
@@ -366,7 +368,7 @@ def handover_target_lines(rows: list[dict[str, str]]) -> list[str]:
     the control.  Nothing for a CSV from before the ratio columns."""
     judged: dict[str, list[dict[str, str]]] = {}
     for r in rows:
-        if r.get("size") == "20MB" and r.get("operation") != "none" and r.get("worst_vs_before") not in (None, ""):
+        if r.get("size") == "20MB" and r.get("operation") != HANDOVER_CONTROL and r.get("worst_vs_before") not in (None, ""):
             judged.setdefault(r.get("mode") or "liverobin", []).append(r)
     parts = []
     for mode in ("liverobin", "kazoo"):
@@ -391,7 +393,7 @@ def handover_bytes_table(rows: list[dict[str, str]]) -> list[str]:
     per vnode: the state per vnode (model; measured, mean over every vnode of the task), the bytes moved
     (model, measured, cut by the origins), sent over the network, read from the targets' local checkpoint
     copies, and network ÷ cut."""
-    counted = [r for r in rows if r.get("operation") != "none"
+    counted = [r for r in rows if r.get("operation") != HANDOVER_CONTROL
                and (r.get("bytes_cut") not in (None, "") or r.get("bytes_measured") not in (None, ""))]
     if not counted:
         return []

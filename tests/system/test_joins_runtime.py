@@ -144,6 +144,12 @@ def _assert_exact(stack, outs: dict[str, str], orders, payments, clicks, table) 
     assert all(b["clicks"] == sorted(b["clicks"]) for b in batches)
 
 
+def _assert_no_divergence(result) -> None:
+    """The restored replicas took the path their twins took: equal checkpoints and equal handover cuts."""
+    assert result.divergences == [] and not any("cut different state" in text for _, text in result.events), \
+        (result.divergences, result.events)
+
+
 def _assert_ttl_swept(result, handle, parallelism: int, task: str = "recent") -> None:
     """The TTL'd state of every live replica of ``task`` is swept empty by the end."""
     tid = next(t.id for t in handle.plan.tasks if t.name == task)
@@ -222,9 +228,7 @@ def test_windows_joins_and_keyed_state_survive_a_kill_and_moves_with_exact_outpu
         handle.stop()
         raise
     assert set(moves) == set(KEYED_TASKS) and all(m["state"] == "completed" for m in moves.values()), moves
-    # the restored replicas took the path their twins took: equal checkpoints and equal cuts
-    assert result.divergences == [] and not any("cut different state" in text for _, text in result.events), \
-        (result.divergences, result.events)
+    _assert_no_divergence(result)
     _assert_exact(stack, outs, orders, payments, clicks, table)
     assert result.metrics.dead_lettered == 0 and result.metrics.late_records == 0
     assert sum("declared dead" in text for _, text in result.events) == 1, result.events
@@ -330,8 +334,7 @@ def test_repeats_expired_by_processing_time_and_late_views_survive_a_kill_and_mo
         handle.stop()
         raise
     assert set(moves) == {"unique", "views-per-page"} and all(m["state"] == "completed" for m in moves.values()), moves
-    assert result.divergences == [] and not any("cut different state" in text for _, text in result.events), \
-        (result.divergences, result.events)
+    _assert_no_divergence(result)
     got = Counter((w["key"], w["start"], w["value"]) for w in read_output(stack, topics["counts"]))
     assert got == expected
     assert Counter(json.dumps(v, sort_keys=True) for v in read_output(stack, topics["late"])) == \
