@@ -1,6 +1,6 @@
 """What every benchmark writes besides its own figures: CSV files, the machine record, and the costs of a run
 (CPU seconds per process group and loopback bytes, from ``/proc``); and what several of them share: an error
-on one line, a load generator producing at a fixed rate."""
+on one line, a load generator producing at a fixed rate, deleting a finished run's topics."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from deploy.topics import delete_topics_containing
 
 
 def write_csv(path: Path, rows: list[dict], digits: int = 2) -> None:
@@ -70,6 +72,16 @@ def error_text(err: BaseException) -> str:
 def one_line(err: BaseException, limit: int = 400) -> str:
     """``<type>: <message>`` on one line (:func:`error_text`), at most ``limit`` characters."""
     return f"{type(err).__name__}: {error_text(err)}"[:limit]
+
+
+def forget_topics(bootstrap: str, stamp: str) -> None:
+    """Delete a finished run's topics (its input, output and the job's own, all named with ``stamp``):
+    each topic the embedded broker keeps makes every later run's produces slower, so runs late in a
+    benchmark would measure the runs before them (``bench/results/broker_topics/``)."""
+    try:
+        delete_topics_containing(bootstrap, stamp)
+    except Exception as err:  # noqa: BLE001 - the run is measured; the next ones may be slower
+        print(f"   (the run's topics were not deleted: {one_line(err, 300)})", flush=True)
 
 
 # --------------------------------------------------------------------------- load at a fixed rate

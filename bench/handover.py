@@ -133,6 +133,7 @@ from bench.common import (  # noqa: E402
     CostSampler,
     PacedFeeder,
     cores_between,
+    forget_topics,
     format_row,
     one_line,
     print_plain_table,
@@ -987,18 +988,6 @@ def handover_run(ctx: RunContext, spec: RunSpec) -> list[RunResult]:
         results.append(RunResult(row, step_rows(labels, steps, resolve_config(None, conf).pulse_period_ms,
                                                 op.measured), timeline))
     return results
-
-
-def forget_topics(bootstrap: str, stamp: str) -> None:
-    """Delete a finished run's topics (its input, output and the job's own, all named with ``stamp``):
-    each topic the embedded broker keeps makes every later run's produces slower, so runs late in a
-    benchmark would measure the runs before them (``bench/results/broker_topics/``)."""
-    from deploy.topics import delete_topics_containing
-
-    try:
-        delete_topics_containing(bootstrap, stamp)
-    except Exception as err:  # noqa: BLE001 - the run is measured; the next ones may be slower
-        print(f"   (the run's topics were not deleted: {one_line(err, ERROR_CHARS)})", flush=True)
 
 
 def stop_feeder(feeder: Feeder) -> tuple[int, str | None]:

@@ -74,6 +74,7 @@ from bench.common import (  # noqa: E402
     CostSnapshot,
     cost_columns,
     error_text,
+    forget_topics,
     format_row,
     max_sustainable,
     write_csv,
@@ -389,6 +390,7 @@ def run_ordered(stack: StackEndpoints, spark: Any, config: Config, *, pipeline: 
                                             for r in (0, 1) if f"{p}r{r}" in lost)]
     status.update(f"{config.label} L={pipeline}: reading and verifying the output")
     raw = read_all(bootstrap, out)
+    forget_topics(bootstrap, stamp)
     outputs, samples = [], []
     for r in raw:
         outputs.append(json.loads(r.value))

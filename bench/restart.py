@@ -80,7 +80,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import handover as hb  # noqa: E402
-from bench.common import format_row, one_line, print_plain_table, read_csv_rows, write_csv, write_machine  # noqa: E402
+from bench.common import (  # noqa: E402
+    forget_topics,
+    format_row,
+    one_line,
+    print_plain_table,
+    read_csv_rows,
+    write_csv,
+    write_machine,
+)
 from ops.progress import StatusLine, bar  # noqa: E402
 from ops.workload import percentile  # noqa: E402
 from rhino_state import AllAtOnce  # noqa: E402
@@ -520,9 +528,10 @@ def _read(ctx: RunContext, s: Setup, produced: int) -> tuple[list[dict], list[fl
         return [], [], None
     try:
         outputs, sinks = read_outputs(ctx.stack.bootstrap_servers, s.out)
-        return outputs, sinks, None
     except Exception as err:  # noqa: BLE001 - no output to verify: recorded
         return [], [], f"reading the output: {one_line(err, ERROR_CHARS)}"
+    forget_topics(ctx.stack.bootstrap_servers, s.stamp)
+    return outputs, sinks, None
 
 
 def _verdict(s: Setup, outputs: list[dict], produced: int, failure: str | None) -> dict[str, Any]:

@@ -98,7 +98,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import PacedFeeder, format_row, one_line, write_csv, write_machine  # noqa: E402
+from bench.common import PacedFeeder, forget_topics, format_row, one_line, write_csv, write_machine  # noqa: E402
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
 from ops.chaos import kill_executor, locate  # noqa: E402
@@ -541,7 +541,7 @@ class Run:
     def __init__(self, ctx: RunContext, label: str, workload: AnyWorkload, rhino: bool,
                  replicated: bool = True) -> None:
         self.ctx, self.label, self.workload, self.rhino = ctx, label, workload, rhino
-        stamp = f"{int(time.time() * 1000) % 10**10}"
+        self.stamp = stamp = f"{int(time.time() * 1000) % 10**10}"
         self.topics = {name: f"rh{stamp}-{name}" for name in workload.topics()}
         self.out_topic = f"rh{stamp}-out"
         self.name = f"rhino-{re.sub(r'[^A-Za-z0-9]', '', label)}-{stamp}"
@@ -695,6 +695,7 @@ class Run:
         self.ckpts.stop()
         self.ctx.status.update(f"{self.label}: reading and verifying the output")
         raw = read_all(self.ctx.stack.bootstrap_servers, self.out_topic, max_wait_s=120)
+        forget_topics(self.ctx.stack.bootstrap_servers, self.stamp)
         outputs = []
         for r in raw:
             out = json.loads(r.value)

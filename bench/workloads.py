@@ -52,7 +52,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.common import format_row, one_line, write_csv, write_machine  # noqa: E402
+from bench.common import forget_topics, format_row, one_line, write_csv, write_machine  # noqa: E402
 from bench.ordering import MODES, Config, latency_configs  # noqa: E402
 from deploy.stack import EmbeddedStack, StackEndpoints, require_java17  # noqa: E402
 from deploy.topics import create_topics, read_all  # noqa: E402
@@ -247,6 +247,7 @@ def run_bettercloud(stack: StackEndpoints, spark: Any, config: Config, args: arg
     failure = finish(handle)
     status.update(f"bettercloud {config.label}: reading and verifying the output")
     outputs, samples = read_output(bootstrap, topics.out)
+    forget_topics(bootstrap, s)
     report = verify_bettercloud(outputs, load.parsed[topics.events], load.parsed[topics.controls])
     status.done()
     return WorkloadRun("bettercloud", config, load, samples, report, failure)
@@ -297,6 +298,7 @@ def run_nexmark(stack: StackEndpoints, spark: Any, config: Config, args: argpars
         peak = probe.stop()
     status.update(f"nexmark {config.label}: reading and verifying the output")
     outputs, samples = read_output(bootstrap, topics.out)
+    forget_topics(bootstrap, s)
     persons, auctions = load.parsed[topics.persons], load.parsed[topics.auctions]
     report = verify_nexmark(outputs, persons, auctions, cfg.window_ms)
     status.done()
