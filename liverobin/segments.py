@@ -24,18 +24,12 @@ from dataclasses import dataclass
 
 from liverobin.heartbeats import PulseLog, PulseRecord
 
-__all__ = ["KEEP_BEHIND", "SEGMENT_PULSES", "HeartbeatLog", "LogCursor", "SegmentRetention"]
+__all__ = ["SEGMENT_PULSES", "HeartbeatLog", "LogCursor"]
 
 # Pulses per segment: at the default 10 ms period a new topic every second.  13 readers of a log
 # written 100 times a second kept the embedded broker at 0.3 cores with segments of 100 pulses,
 # 0.7 with 500, and at all of this 2-core machine within 20 s with one topic.
 SEGMENT_PULSES = 100
-
-# Segments kept below the lowest one a reader may still read: a margin, not a rule (readers
-# never go back), so that no off-by-one of a reader's report deletes what it reads.
-KEEP_BEHIND = 2
-# The most segments deleted in one round (a resumed run's log may hold thousands before it).
-DELETE_PER_ROUND = 200
 
 
 @dataclass(frozen=True)
@@ -59,24 +53,6 @@ class HeartbeatLog:
         """The first segment a reader that counted pulse ``h`` (0: none yet) may still read: a
         cursor restored after ``h`` starts in ``h``'s segment."""
         return self.segment_of(h) if h > 0 else 0
-
-
-class SegmentRetention:
-    """Which segments of a log no reader can read any more (pure): those below the first segment
-    still needed, less :data:`KEEP_BEHIND`; each named once, at most :data:`DELETE_PER_ROUND` a
-    call.  A segment is needed from the lowest pulse a reader counted or a restore starts after
-    (the driver's view: :func:`replication.control.retention.log_needed_from`)."""
-
-    def __init__(self, log: HeartbeatLog) -> None:
-        self.log = log
-        self.deleted_below = 0  # segments below this one were named for deletion
-
-    def release(self, needed_from: int) -> list[int]:
-        """The segments to delete now that no reader reads a segment before ``needed_from``."""
-        end = min(needed_from - KEEP_BEHIND, self.deleted_below + DELETE_PER_ROUND)
-        gone = list(range(self.deleted_below, end))
-        self.deleted_below = max(self.deleted_below, end)
-        return gone
 
 
 class LogCursor:

@@ -19,7 +19,7 @@ may run at once and any may die: the heartbeat log decides which pulses count
   committed handover needs the window's pulses (a committed step only rolls forward, and it
   reaches its switch and release pulses only while pulses are written);
 * given ``needed_from`` and ``delete_topics`` (LiveRobin), the watcher deletes the log's segments
-  that no reader can read any more (:class:`liverobin.segments.SegmentRetention`): a log makes a
+  that no reader can read any more (:class:`transport.segment_retention.SegmentRetention`): a log makes a
   topic a second at the default period, and a broker's topics cost it on every request of some
   kinds (docs/embedded-broker.md), a real cluster its metadata.
 """
@@ -35,7 +35,8 @@ from collections.abc import Callable
 
 from liverobin.generator import EAGER_PULSE_EVERY_S, HeartbeatGenerator
 from liverobin.heartbeats import Offsets
-from liverobin.segments import HeartbeatLog, SegmentRetention
+from liverobin.segments import HeartbeatLog
+from transport.segment_retention import SegmentRetention
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class DriverPulses:
         self._seen: deque[tuple[float, int]] = deque()  # (when, the log's largest pulse), by the watcher
         self._needed_from = needed_from
         self._delete_topics = delete_topics
-        self._retention = SegmentRetention(heartbeat_log)
+        self._retention = SegmentRetention()
         self._retained_at = 0.0
 
     # -- generators -----------------------------------------------------------------------------

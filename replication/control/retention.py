@@ -1,7 +1,7 @@
 """Which part of the LiveRobin heartbeat log is still needed: a segment before the pulse every
 live source replica counted, and every restore point (a Rhino checkpoint, the durable store's
 oldest cut) starts after, is read by nobody, and the driver deletes it
-(:class:`liverobin.segments.SegmentRetention`)."""
+(:class:`transport.segment_retention.SegmentRetention`)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from liverobin.heartbeats import PulseLog, PulseRecord
-from liverobin.segments import DELETE_PER_ROUND, KEEP_BEHIND, HeartbeatLog, LogCursor, SegmentRetention
+from liverobin.segments import HeartbeatLog, LogCursor
+from transport.segment_retention import DELETE_PER_ROUND, KEEP_BEHIND, SegmentRetention
 
 T = "payments"
 LOG = HeartbeatLog("hb", per_segment=5)
@@ -115,7 +116,7 @@ def test_resuming_after_the_last_pulse_of_a_segment_starts_the_next_one():
 def test_retention_names_the_segments_below_the_first_one_read_less_a_margin():
     log = HeartbeatLog("hb", per_segment=10)
     assert log.first_read_after(0) == 0 and log.first_read_after(10) == 0 and log.first_read_after(25) == 2
-    keep = SegmentRetention(log)
+    keep = SegmentRetention()
     assert keep.release(log.first_read_after(0)) == []
     assert KEEP_BEHIND == 2 and keep.release(log.first_read_after(55)) == [0, 1, 2]
     assert keep.release(4) == []  # a reader reported lower than before: nothing comes back, nothing goes
@@ -126,7 +127,7 @@ def test_retention_names_the_segments_below_the_first_one_read_less_a_margin():
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 1_000), max_size=30))
 def test_retention_never_names_a_segment_twice_nor_one_a_reader_may_still_read(needed):
-    keep = SegmentRetention(HeartbeatLog("hb"))
+    keep = SegmentRetention()
     named: list[int] = []
     for first_read in needed:
         gone = keep.release(first_read)
