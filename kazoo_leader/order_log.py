@@ -82,6 +82,12 @@ class OrderHandOut:
         """The segment the next record is in."""
         return self._cursor.segment
 
+    @property
+    def position(self) -> int:
+        """The position of the next record to hand out: this replica reads none below it again."""
+        with self._lock:
+            return self._cursor.position
+
     def reading(self) -> tuple[dict[str, int], dict[str, int]]:
         """What to read: topic -> segment, and topic -> the offset to read it from."""
         with self._lock:
@@ -145,7 +151,10 @@ class OrderLog:
         self._wanted = threading.Event()  # input arrived or an order was written since the reader looked
         self._unread: set[tuple[str, tuple]] = set()  # orders written here, not handed out yet (prefix, key)
         self.rewritten = 0  # orders written again, having landed past the end of a full segment
-        self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
+        # (no periodic metadata refresh: it names every topic the producer wrote to, and the embedded
+        # broker creates a topic a metadata request names, so the segments the driver deletes came back)
+        self._producer_conf = {**producer_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 0,
+                               "topic.metadata.refresh.interval.ms": -1}
         self._create_topics = create_topics
         self._logs: dict[str, _Log] = {}  # by prefix
         self._to_make: dict[str, int] = {}  # prefix -> segments up to this one must exist (the writer's thread)
@@ -178,6 +187,10 @@ class OrderLog:
                                 decode)
         self._logs[order_log.prefix] = entry = _Log(order_log, hand_out, on_failed, on_error, pending)
         return lambda order: self._publish(entry, order)
+
+    def position(self, order_log: SegmentedLog) -> int:
+        """Where the replica following ``order_log`` reads on (:attr:`OrderHandOut.position`)."""
+        return self._logs[order_log.prefix].hand_out.position
 
     def start(self) -> None:
         if not self._logs:

@@ -20,7 +20,7 @@ from copy import deepcopy
 from dataclasses import dataclass, field
 from typing import Any
 
-from rhino_state.durable import CutPart, DurableCut, DurableStore
+from rhino_state.durable import CutPart, DurableCut, DurableStore, lower_order_floor
 from rhino_state.manager import CompletedCheckpoint
 from transport.ids import PartitionId
 
@@ -60,7 +60,7 @@ class CutTracker:
         for inst, cid in ids.items():  # a cut never moves back: older uploads are never needed again
             self.uploads[inst] = {c: f for c, f in self.uploads[inst].items() if c >= cid}
         return {inst: CutPart(cid, self.uploads[inst][cid], safe[inst].digest, dict(safe[inst].positions),
-                              dict(safe[inst].outputs)) for inst, cid in ids.items()}
+                              dict(safe[inst].outputs), safe[inst].order_from) for inst, cid in ids.items()}
 
 
 def plan_shape(plan: Any, mode: str) -> dict[str, Any]:
@@ -217,13 +217,14 @@ class DurableCheckpoints:
         # the lowest checkpoint id of the oldest kept cut (None: the store holds none), as of its
         # last write: a resume may go back that far
         self.oldest_kept: int | None = store.oldest_checkpoint()
+        self._floor = store.order_log_floor()  # of the cuts written (KaZoo order logs)
         self.cuts_written = 0
         self.last_written: DurableCut | None = None
         self.last_written_at: float | None = None
         self.write_s = 0.0  # the last cut's write and retention
         self.failures = 0
         self._pending: DurableCut | None = None
-        self._writing = False
+        self._writing: DurableCut | None = None
         self._cond = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="durable-cuts", daemon=True)
@@ -249,10 +250,20 @@ class DurableCheckpoints:
             self._cond.notify_all()
         return True
 
+    def order_log_floor(self) -> dict[PartitionId, int | None]:
+        """Per partition, the lowest position of its KaZoo order log a resume reads from, from a
+        cut kept, queued or being written (None: a cut that does not say, of an earlier build)."""
+        with self._cond:
+            floor = dict(self._floor)
+            cuts = [cut for cut in (self._pending, self._writing) if cut is not None]
+        for cut in cuts:
+            lower_order_floor(floor, cut)
+        return floor
+
     def flush(self, timeout: float) -> bool:
         """Wait until the cut queued last is written; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending is None and not self._writing, timeout)
+            return self._cond.wait_for(lambda: self._pending is None and self._writing is None, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         self.flush(timeout)
@@ -281,13 +292,13 @@ class DurableCheckpoints:
                     self._cond.wait(pause)
                     continue
                 cut, self._pending = self._pending, None
-                self._writing = True
+                self._writing = cut
             written_at = time.monotonic()
             try:
                 self._write(cut)
             finally:
                 with self._cond:
-                    self._writing = False
+                    self._writing = None
                     self._cond.notify_all()
 
     def _write(self, cut: DurableCut) -> None:
@@ -296,6 +307,9 @@ class DurableCheckpoints:
             self.store.write_cut(cut)
             deleted = self.store.retain(self.retain)
             self.oldest_kept = self.store.oldest_checkpoint()
+            floor = self.store.order_log_floor()
+            with self._cond:
+                self._floor = floor
         except Exception as exc:  # noqa: BLE001 - the next cut tries again; the older ones stay valid
             self.failures += 1
             text = f"durable checkpoints: cut {cut.number} not written to {self.store.where}: {exc}"

@@ -81,13 +81,27 @@ class WriterRoles:
 
 @wire.record
 @dataclass(frozen=True)
+class CheckpointCompleted:
+    """A checkpoint the chain of its partition's group acknowledged, as its shipper saw it."""
+
+    task: int
+    partition: int
+    checkpoint_id: int
+    positions: dict[int, int]  # input channel -> next seq a restore from it needs
+    digest: str
+    holders: list[str]  # addresses of the workers that hold it
+    outputs: dict[int, int]  # output channel -> next seq at it
+    order_from: int | None = None  # KaZoo: where a restore from it reads the partition's order log on
+
+
+@wire.record
+@dataclass(frozen=True)
 class CheckpointReport:
-    """Checkpoints taken (task, partition, replica, id, digest), completed (task, partition, id,
-    positions, digest, holders, output seqs) and uploaded to the durable store (task, partition,
-    id, file) since the last report."""
+    """Checkpoints taken (task, partition, replica, id, digest), completed and uploaded to the
+    durable store (task, partition, id, file) since the last report."""
 
     taken: list[tuple] = field(default_factory=list)
-    completed: list[tuple] = field(default_factory=list)
+    completed: list[CheckpointCompleted] = field(default_factory=list)
     durable: list[tuple] = field(default_factory=list)
 
 

@@ -68,6 +68,8 @@ class InstanceMetrics:
     orders_published: int = 0  # by this replica, as leader
     elected_at: float = 0.0  # wall time this replica last became leader
     first_order_at: float = 0.0  # wall time the first order of that leadership was read back
+    # where this replica reads its order log on (a KaZoo source: its window order log); -1: it reads none
+    order_log_at: int = -1
     finished: bool = False
     role: str = ""  # sinks of replicated jobs: writer | standby
     sink_committed_seq: int = -1

@@ -46,7 +46,7 @@ from rhino_state.replica_store import ReplicaStore
 from transport.ids import PartitionId
 
 __all__ = ["CUT_FORMAT", "CutPart", "DamagedCheckpointError", "DurableCut", "DurableStore", "UploadedIncrement",
-           "file_system", "open_whole", "without_credentials"]
+           "file_system", "lower_order_floor", "open_whole", "without_credentials"]
 
 CUT_FORMAT = 2  # 2: values of states with a TTL carry rhino_state.ttl.TTL_MARK
 CHUNK = 4 * 1024 * 1024
@@ -94,6 +94,7 @@ class CutPart:
     digest: str
     positions: dict[int, int] = field(default_factory=dict)  # input channel -> next seq it needs
     outputs: dict[int, int] = field(default_factory=dict)  # output channel -> next seq at the checkpoint
+    order_from: int | None = None  # KaZoo: where a restore from it reads the order log on (None: not known)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ class DurableCut:
                 "plan": self.plan, "run": self.run, "sinks": self.sinks,
                 "parts": {f"{t}-{p}": {"checkpoint_id": c.checkpoint_id, "file": c.file, "digest": c.digest,
                                        "positions": {str(k): v for k, v in sorted(c.positions.items())},
-                                       "outputs": {str(k): v for k, v in sorted(c.outputs.items())}}
+                                       "outputs": {str(k): v for k, v in sorted(c.outputs.items())},
+                                       **({} if c.order_from is None else {"order_from": c.order_from})}
                           for (t, p), c in sorted(self.parts.items())}}
 
     @classmethod
@@ -125,9 +127,18 @@ class DurableCut:
             t, p = (int(x) for x in name.split("-"))
             parts[(t, p)] = CutPart(int(c["checkpoint_id"]), c["file"], c["digest"],
                                     {int(k): int(v) for k, v in c["positions"].items()},
-                                    {int(k): int(v) for k, v in c["outputs"].items()})
+                                    {int(k): int(v) for k, v in c["outputs"].items()},
+                                    int(c["order_from"]) if c.get("order_from") is not None else None)
         return cls(int(body["number"]), body["job"], parts, dict(body["plan"]), dict(body["run"]),
                    {k: list(v) for k, v in body["sinks"].items()}, float(body["written_at"]))
+
+
+def lower_order_floor(floor: dict[PartitionId, int | None], cut: DurableCut) -> None:
+    """Lower ``floor`` (partition -> the lowest KaZoo order-log position a resume reads from; None:
+    not known) to where a resume from ``cut`` reads."""
+    for inst, part in cut.parts.items():
+        known = floor.get(inst, part.order_from)
+        floor[inst] = None if known is None or part.order_from is None else min(known, part.order_from)
 
 
 def file_system(where: str) -> tuple[pafs.FileSystem, str]:
@@ -373,6 +384,18 @@ class DurableStore:
                 continue
             return min((part.checkpoint_id for part in cut.parts.values()), default=None)
         return None
+
+    def order_log_floor(self) -> dict[PartitionId, int | None]:
+        """Per partition, the lowest order-log position a resume from any cut that reads starts
+        from (None where a cut does not say: one of an earlier build)."""
+        floor: dict[PartitionId, int | None] = {}
+        for number in self.cut_numbers():
+            try:
+                cut = self._cuts_read.get(number) or self.read_cut(number)
+            except DamagedCheckpointError:
+                continue
+            lower_order_floor(floor, cut)
+        return floor
 
     def retain(self, keep: int) -> tuple[int, int]:
         """Delete all but the newest ``keep`` cuts, and the increments of each partition older than

@@ -109,16 +109,18 @@ class ReplicationManager(RestorePlanning):
     # -- events ------------------------------------------------------------------------------
     def checkpoint_completed(self, inst: PartitionId, checkpoint_id: int, positions: Mapping[int, int],
                              digest: str = "", now: float = 0.0, holders: Iterable[int] | None = None,
-                             outputs: Mapping[int, int] | None = None, durable_file: str = "") -> bool:
+                             outputs: Mapping[int, int] | None = None, durable_file: str = "",
+                             order_from: int | None = None) -> bool:
         """The chain's tail acknowledged ``checkpoint_id`` of ``inst``; ``holders``: the members of
         the chain it went along (default: the current group).  ``durable_file``: it is the
-        checkpoint of the durable cut a run resumed from (no worker needs to hold it).  False if
-        it is not newer."""
+        checkpoint of the durable cut a run resumed from (no worker needs to hold it).
+        ``order_from``: where a restore from it reads the order log on.  False if it is not newer."""
         known = self.completed.get(inst)
         if known is not None and checkpoint_id <= known.checkpoint_id:
             return False
         held = frozenset(self.groups.get(inst, ()) if holders is None else holders) - self.dead
-        cp = CompletedCheckpoint(checkpoint_id, dict(positions), held, digest, now, dict(outputs or {}), durable_file)
+        cp = CompletedCheckpoint(checkpoint_id, dict(positions), held, digest, now, dict(outputs or {}), durable_file,
+                                 order_from)
         self.completed[inst] = cp
         self.history.setdefault(inst, []).append(cp)
         self._recompute_safe()
@@ -205,6 +207,13 @@ class ReplicationManager(RestorePlanning):
         point (None: keep everything)."""
         cut = self.restore_point(inst)
         return None if cut is None else cut.positions
+
+    def kept(self, inst: PartitionId) -> list[CompletedCheckpoint]:
+        """Every checkpoint of ``inst`` a restore may still start from: its history, the latest
+        completed one, the safe one and one a rollback is pinned to."""
+        found = [*self.history.get(inst, ()),
+                 *(cp for table in (self.completed, self.safe, self.pinned) if (cp := table.get(inst)) is not None)]
+        return list({cp.checkpoint_id: cp for cp in found}.values())
 
     def retain_from(self, inst: PartitionId) -> int | None:
         """The oldest checkpoint id of ``inst`` group members must keep a snapshot of."""

@@ -29,6 +29,9 @@ class CompletedCheckpoint:
     # the file of its increment in the durable store, when it is a checkpoint of the cut a run
     # resumed from: any free worker can build it from there, whichever workers die
     durable_file: str = ""
+    # KaZoo: where a restore from it reads the partition's order log on (None: not known, e.g. the
+    # cut of an earlier build): the driver keeps the log from there while it keeps the checkpoint
+    order_from: int | None = None
 
 
 @dataclass(frozen=True)

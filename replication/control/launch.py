@@ -21,6 +21,7 @@ from replication.config import PREFIX, ConfigError, ReplicationConfig, follow_sp
 from replication.control.elections import ElectionJanitor
 from replication.control.handle import JobHandle
 from replication.control.master import JobMaster
+from replication.control.order_retention import OrderLogRetention
 from replication.control.watch import monitor
 from replication.durability import (
     DurableCheckpoints,
@@ -48,6 +49,7 @@ from transport import rpc
 from transport.frames import FrameServer
 from transport.kafka_io import (
     KafkaUnavailable,
+    TopicMaker,
     admin_client,
     end_offsets_by_fetch,
     ensure_topics,
@@ -316,6 +318,9 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     elections = ElectionJanitor(cfg.zookeeper_connect, election_root, master, cfg.zookeeper_digest) \
         if election_root else None
     threading.Thread(target=monitor, args=(master,), name=f"monitor-{job.name}", daemon=True).start()
+    if plan.order_logs or plan.window_order_logs:  # KaZoo: what no reader needs is deleted while the job runs
+        OrderLogRetention(master, {**plan.order_logs, **plan.window_order_logs},
+                          TopicMaker(cfg.kafka_admin_config()).delete).start()
     server = rpc.serve({"Register": rpc.typed(master.register, Register),
                         "Finished": rpc.typed(master.finished, WorkerFinished),
                         "MoveVnodes": rpc.typed(master.move, HandoverRequest)},

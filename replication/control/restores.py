@@ -99,7 +99,8 @@ class Restores:
         assert self.rhino is not None
         for inst, part in sorted(cut.parts.items()):
             self.rhino.checkpoint_completed(inst, part.checkpoint_id, part.positions, part.digest, now=time.time(),
-                                            holders=(), outputs=part.outputs, durable_file=part.file)
+                                            holders=(), outputs=part.outputs, durable_file=part.file,
+                                            order_from=part.order_from)
 
     def on_report(self, worker: int, part: CheckpointReport | None) -> None:
         """Digests of the checkpoints a worker's replicas took (the two replicas of a partition must
@@ -116,10 +117,11 @@ class Restores:
         workers_at = {info.address: w for w, info in self.master.workers.items()}
         if report.completed:
             self.master.status_changed()  # the status view shows each partition's last checkpoint
-        for t, p, cid, positions, digest, chain, outputs in report.completed:
-            holders = [workers_at[a] for a in chain if a in workers_at]
-            self.rhino.checkpoint_completed((t, p), cid, positions, digest, now=time.time(), holders=holders,
-                                            outputs=outputs)
+        for done in report.completed:
+            holders = [workers_at[a] for a in done.holders if a in workers_at]
+            self.rhino.checkpoint_completed((done.task, done.partition), done.checkpoint_id, done.positions,
+                                            done.digest, now=time.time(), holders=holders, outputs=done.outputs,
+                                            order_from=done.order_from)
         if report.completed and self.master.handovers is not None and self.master.handovers.history:
             rhino = self.rhino
             self.master.handovers.prune(lambda inst: cp.checkpoint_id if (cp := rhino.restore_point(inst)) else None)

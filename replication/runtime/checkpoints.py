@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from replication.heartbeat_parts import CHECKPOINTS, CheckpointReport, CheckpointView
+from replication.heartbeat_parts import CHECKPOINTS, CheckpointCompleted, CheckpointReport, CheckpointView
 from rhino_state.durable import DurableStore, UploadedIncrement
 from rhino_state.fetch import CheckpointExporter, fetch_checkpoint
 from rhino_state.increments import IncrementMeta
@@ -69,7 +69,9 @@ class WorkerCheckpoints:
         self._taken: list[tuple[int, int, int, int, str]] = []  # (task, part, replica, id, digest)
         self._completed: list[tuple[int, int, int, dict[int, int], str, list[str], dict[int, int]]] = []
         # (positions, output seqs) of the checkpoints in flight
-        self._positions: dict[tuple[PartitionId, int], tuple[dict[int, int], dict[int, int]]] = {}
+        # (instance, checkpoint id) -> what the driver learns of it once it completes: input and
+        # output positions, and where a restore from it reads the order log on (KaZoo)
+        self._positions: dict[tuple[PartitionId, int], tuple[dict[int, int], dict[int, int], int | None]] = {}
         self._full_next: set[PartitionId] = set()  # took over shipping: the next checkpoint is a full one
         self._groups: dict[PartitionId, list[str]] = {}  # the instances this worker ships, and their groups
         self._known_completed: dict[PartitionId, int] = {}
@@ -97,7 +99,7 @@ class WorkerCheckpoints:
 
     # -- origin ------------------------------------------------------------------------------
     def take(self, inst: Any, checkpoint_id: int, runtime: bytes, positions: Mapping[int, int],
-             outputs: Mapping[int, int]) -> tuple[IncrementMeta, bool]:
+             outputs: Mapping[int, int], order_from: int | None = None) -> tuple[IncrementMeta, bool]:
         """Checkpoint ``inst``'s state now; returns its meta and whether it was handed to the
         shipper (only the shipping replica's are, only while its group has members, and not one
         a rolled-back replica regenerates)."""
@@ -120,7 +122,7 @@ class WorkerCheckpoints:
         meta = inst.state_backend().checkpoint(checkpoint_id, path, runtime=runtime, full=full)
         with self._lock:
             self._taken.append((*key, inst.replica, checkpoint_id, meta.digest))
-            self._positions[(key, checkpoint_id)] = (dict(positions), dict(outputs))
+            self._positions[(key, checkpoint_id)] = (dict(positions), dict(outputs), order_from)
             if key in self._groups and not shipping and not regenerated:
                 self._full_next.add(key)
         if not shipping:  # the twin ships (this one only reports its digest), or nobody to ship to
@@ -170,10 +172,11 @@ class WorkerCheckpoints:
         """``chain``: the members that hold it (the group may have changed since); this worker too."""
         holders = list(chain) + ([self.address] if self._holds_own(meta) else [])
         with self._lock:
-            positions, outputs = self._positions.pop((meta.instance, meta.checkpoint_id), ({}, {}))
+            positions, outputs, order_from = self._positions.pop((meta.instance, meta.checkpoint_id), ({}, {}, None))
             for old in [k for k in self._positions if k[0] == meta.instance and k[1] < meta.checkpoint_id]:
                 del self._positions[old]
-            self._completed.append((*meta.instance, meta.checkpoint_id, positions, meta.digest, holders, outputs))
+            self._completed.append(CheckpointCompleted(*meta.instance, meta.checkpoint_id, positions, meta.digest,
+                                                       holders, outputs, order_from))
 
     def _on_uploaded(self, uploaded: UploadedIncrement) -> None:
         with self._lock:

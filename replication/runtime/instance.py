@@ -168,7 +168,8 @@ class PartitionInstance(ReplicaHandoverPart):
         runtime["code"] = dict(self.code)
         runtime["dead_letters"] = self.dead_letters.out.checkpoint_state() if self.dead_letters is not None else -1
         meta, shipped = self.worker.checkpoints.take(self, checkpoint_id, pickle.dumps(runtime, protocol=5),
-                                                     runtime.get("positions", {}), runtime["outputs"])
+                                                     runtime.get("positions", {}), runtime["outputs"],
+                                                     runtime.get("order_from"))
         m = self.metrics
         m.checkpoints_taken += 1
         m.checkpoint_id, m.checkpoint_digest = checkpoint_id, meta.digest

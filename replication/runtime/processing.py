@@ -235,13 +235,17 @@ class ProcessingInstance(PulseActions, PartitionInstance):
             "positions": dict(self._consumed) if positions is None else positions,
             "channel_wm": dict(self._channel_wm),
             "open": sorted(self._open_channels), "current_wm": self._current_wm, "pulse": self._forwarded_pulse,
-            "channel_pulse": dict(self._channel_pulse), "orderer": orderer_state})
+            "channel_pulse": dict(self._channel_pulse), "orderer": orderer_state,
+            # where a restore from it reads the order log on (the driver keeps the log from there)
+            "order_from": orderer_state.offset + 1 if isinstance(orderer_state, ApplierState) else None})
 
     def _kazoo_metrics(self, kazoo: KazooOrderer) -> None:
         m = self.metrics
         m.leader, m.orders_accepted, m.orders_published = kazoo.is_leader, kazoo.applier.accepted, kazoo.published
         m.order_epoch = -1 if kazoo.epoch is None else kazoo.epoch
         m.elected_at, m.first_order_at = kazoo.elected_at, kazoo.first_order_at
+        if self.intake.order_reader is not None:
+            m.order_log_at = self.intake.order_reader.position(self._order_log)
 
     def _consume(self, channel: int, elements: list) -> None:
         """Run ``elements`` of ``channel`` through the chain; watermarks: the minimum over channels."""

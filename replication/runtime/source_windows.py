@@ -155,6 +155,8 @@ class KazooWindows:
         metrics.leader = orders.epoch is not None  # (of the partition's window order)
         metrics.order_epoch = -1 if orders.current is None or orders.current.applier.epoch is None \
             else orders.current.applier.epoch
+        if self._order_reader is not None:
+            metrics.order_log_at = self._order_reader.position(self._window_log)
 
     def _hold(self, window: int) -> WindowPlacer:
         """Start holding for ``window`` (announced open) at this replica's position and report it."""

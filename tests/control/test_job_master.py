@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 
+from kazoo_leader.segments import SEGMENT_ORDERS, SegmentedLog
 from replication.config import ReplicationConfig
 from replication.control.liveness import WorkerInfo
 from replication.control.master import JobMaster
+from replication.control.order_retention import OrderLogRetention, order_log_needed_from
 from replication.control.retention import log_needed_from
 from replication.control.status_view import job_status
 from replication.examples.ordered import build_ordered_job
@@ -278,6 +280,61 @@ def test_the_heartbeat_log_is_read_from_the_lowest_pulse_a_live_source_replica_c
     assert log_needed_from(master) == min(pulses[r] for r in alive)
     master.metrics[master.replica_label(*alive[0])] = InstanceMetrics(pulse=100, finished=True)
     assert log_needed_from(master) == min(pulses[r] for r in alive[1:])  # (a drained one reads no more)
+
+
+def _report_order_logs(master: JobMaster, at: dict[tuple[int, int, int], int]) -> None:
+    for replica, position in at.items():
+        _beat(master, master.placement[replica], metrics={master.replica_label(*replica): InstanceMetrics(
+            order_log_at=position)})
+
+
+def test_a_kazoo_order_log_is_kept_from_where_its_slowest_live_replica_reads():
+    master = _master(mode="kazoo", rhino=False, workers=3)
+    r0, r1 = _replicas(master, "chain")[:2]
+    inst = r0[:2]
+    assert order_log_needed_from(master, inst) is None  # no replica reported yet
+    _report_order_logs(master, {r0: 2500})
+    assert order_log_needed_from(master, inst) is None  # one has not
+    _report_order_logs(master, {r1: 1500})
+    assert order_log_needed_from(master, inst) == 1500
+    with master.locked():  # its worker dies: nobody restores it (no Rhino), nobody reads for it
+        master.declare_dead(master.placement[r1], "killed")
+    assert order_log_needed_from(master, inst) == 2500
+
+
+def test_with_rhino_a_kazoo_order_log_is_kept_from_the_oldest_checkpoint_a_restore_may_use():
+    """A restore reads the order log on from its checkpoint's ``order_from``: the log is kept from
+    the lowest of the checkpoints the driver keeps, and whole while none completed yet or one does
+    not say (an earlier build's)."""
+    master = _master(mode="kazoo", rhino=True, workers=4)
+    rhino = master.rhino
+    r0, r1 = _replicas(master, "chain")[:2]
+    inst = r0[:2]
+    _report_order_logs(master, {r0: 5000, r1: 5200})
+    assert order_log_needed_from(master, inst) is None  # no checkpoint completed yet
+    rhino.checkpoint_completed(inst, 40, {}, holders=rhino.groups[inst], order_from=1200)
+    assert order_log_needed_from(master, inst) == 1200
+    rhino.checkpoint_completed(inst, 80, {}, holders=rhino.groups[inst], order_from=3400)
+    assert order_log_needed_from(master, inst) == min(cp.order_from for cp in rhino.kept(inst))
+    with master.locked():  # lost: restored from a checkpoint the driver keeps, not from where it was
+        master.declare_dead(master.placement[r0], "killed")
+    assert order_log_needed_from(master, inst) == min(cp.order_from for cp in rhino.kept(inst))
+    rhino.checkpoint_completed(inst, 120, {}, holders=rhino.groups[inst])  # (no order_from: kept whole)
+    assert order_log_needed_from(master, inst) is None
+
+
+def test_the_order_logs_lose_only_the_segments_below_the_one_still_read_less_a_margin():
+    needed: dict[tuple[int, int], int | None] = {(2, 0): None, (2, 1): 2 * SEGMENT_ORDERS + 5}
+    deleted: list[str] = []
+    logs = {inst: SegmentedLog(f"o.t{inst[0]}p{inst[1]}") for inst in needed}
+    retention = OrderLogRetention(_master(), logs, deleted.extend, needed_from=lambda master, inst: needed[inst])
+    retention.round()
+    assert deleted == []  # (2, 1) is read from segment 2: nothing below it beyond the margin
+    needed.update({(2, 0): 4 * SEGMENT_ORDERS, (2, 1): 5 * SEGMENT_ORDERS - 1})
+    retention.round()
+    assert deleted == ["o.t2p0.0", "o.t2p0.1", "o.t2p1.0", "o.t2p1.1"]
+    retention.round()
+    assert len(deleted) == 4 == retention.deleted  # each once
 
 
 def test_with_rhino_the_heartbeat_log_is_kept_from_the_oldest_source_checkpoint_a_restore_may_use():

@@ -34,6 +34,16 @@ def test_an_acknowledged_order_next_in_the_log_is_handed_out_at_once_and_not_aga
     assert hand_out.reading()[1] == {"o.0": 2}
 
 
+def test_the_position_read_on_from_follows_what_was_handed_out_across_segments() -> None:
+    """What a replica reports to the driver, which keeps its order log from there on."""
+    hand_out, _ = _hand_out(SegmentedLog("o", per_segment=2), start=1)
+    assert hand_out.position == 1
+    hand_out.read([(0, 1, _order(1)), (1, 0, _order(2))])
+    assert hand_out.position == 3 and hand_out.segment == 1
+    hand_out.acknowledged(1, 1, _order(3))
+    assert hand_out.position == 4 and hand_out.segment == 2
+
+
 def test_an_acknowledged_order_after_an_unread_record_waits_for_the_reader() -> None:
     hand_out, got = _hand_out(SegmentedLog("o", per_segment=10))
     # another writer's record (a deposed leader's) landed at offset 0 and is not read yet

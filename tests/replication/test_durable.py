@@ -445,3 +445,29 @@ def test_with_parallelism_copies_the_job_and_leaves_it_as_it_was():
     assert next(n for n in job.nodes if n.name == "chain").parallelism == 3
     assert [n.name for n in old.nodes] == [n.name for n in job.nodes]
     assert all(e.source in old.nodes for n in old.nodes for e in n.inputs)  # edges point into the copy
+
+
+def test_a_cut_says_where_a_resume_reads_each_order_log_from_and_the_driver_keeps_the_lowest(tmp_path):
+    """A cut keeps each partition's order-log position (KaZoo) through its body; the store's floor
+    is the lowest position over the cuts that read, None for a partition a cut does not say it of
+    (a cut of an earlier build), and the driver counts the cut it has queued or is writing too."""
+    a, b = (2, 0), (2, 1)
+    cut = DurableCut(1, "job", {a: CutPart(5, "f5", "d", {1: 5}, {2: 5}, order_from=1200),
+                                b: CutPart(7, "g7", "d", {1: 7}, {2: 7})})
+    assert DurableCut.from_body(json.loads(json.dumps(cut.body()))) == cut
+    store = DurableStore(str(tmp_path / "store"), "job")
+    store.write_cut(cut)
+    store.write_cut(dataclasses.replace(cut, number=2, parts={a: CutPart(9, "f9", "d", order_from=3400),
+                                                              b: CutPart(9, "g9", "d", order_from=50)}))
+    assert store.order_log_floor() == {a: 1200, b: None}
+    durable = DurableCheckpoints(store, plan={}, run={}, retain=1)
+    try:
+        assert durable.order_log_floor() == {a: 1200, b: None}
+        durable.uploaded([(*a, 11, "f11"), (*b, 11, "g11")])
+        safe = {a: dataclasses.replace(_cp(11), order_from=900), b: dataclasses.replace(_cp(11), order_from=60)}
+        assert durable.consider(safe, [a, b], {})  # queued, then written: it counts from the start
+        assert durable.order_log_floor() == {a: 900, b: None}
+        assert durable.flush(10) and store.cut_numbers() == [1, 2, 3]
+        assert store.read_cut(3).parts[a].order_from == 900 and durable.order_log_floor() == {a: 900, b: None}
+    finally:
+        durable.close()

@@ -70,7 +70,7 @@ def test_the_shipper_holds_what_it_ships_and_serves_it_once_its_group_is_gone(tm
             assert time.monotonic() < deadline, completed
             completed += (origin.report() or CheckpointReport()).completed
             time.sleep(0.01)
-        assert [(c[2], sorted(c[5])) for c in completed] == [(cid, sorted([member_address, origin_address]))
+        assert [(c.checkpoint_id, sorted(c.holders)) for c in completed] == [(cid, sorted([member_address, origin_address]))
                                                              for cid in (1, 2)]
         member.close()
         member_server.stop(0)

@@ -14,6 +14,7 @@ from replication.handover_orders import HandoverOrder
 from replication.heartbeat_parts import (
     CHECKPOINTS,
     STATE_MEASUREMENT,
+    CheckpointCompleted,
     CheckpointReport,
     Drops,
     MeasureRequests,
@@ -154,7 +155,8 @@ def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
     worker.checkpoints._lock, worker.checkpoints._taken, worker.checkpoints._completed = threading.Lock(), [], []
     worker.checkpoints._uploaded = [(2, 0, 3500, "000000003500-ab")]  # durable checkpoints: uploads too
     worker.checkpoints._taken.append((2, 0, 0, 3500, "d1"))
-    worker.checkpoints._completed.append((2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7}))
+    done = CheckpointCompleted(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7}, order_from=12)
+    worker.checkpoints._completed.append(done)
     link = _link(worker)
     master = link.beats = _Unreachable()
     assert link.heartbeat(with_metrics=False) is None
@@ -163,7 +165,7 @@ def test_checkpoint_reports_of_a_failed_heartbeat_go_with_the_next_one():
     assert link.heartbeat(with_metrics=False).command == "run"
     assert master.sent[0].parts[CHECKPOINTS] == CheckpointReport(
         taken=[(2, 0, 0, 3500, "d1"), (2, 0, 0, 3550, "d2")],
-        completed=[(2, 0, 3500, {4: 10}, "d1", ["w1"], {5: 7})], durable=[(2, 0, 3500, "000000003500-ab")])
+        completed=[done], durable=[(2, 0, 3500, "000000003500-ab")])
 
 
 def test_a_replica_restored_here_reports_its_progress_with_every_heartbeat_for_a_while():

@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from deploy.topics import read_all
+from deploy.topics import list_topics, read_all
 from kazoo_leader.orders import Order
 from ops.chaos import kill_executor, locate, pause_executor, resume_executor
 from replication import run
@@ -25,11 +25,14 @@ from replication.examples.ordered import build_ordered_job, verify_chains, verif
 from tests.ordered_runs import (
     SIDE_EVERY,
     TIMER_MS,
+    feed,
     preproduce,
     read_output,
     replicas_agree,
+    rhino_conf,
     source_topics,
     start_under_load,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -98,6 +101,48 @@ def test_order_logs_are_per_partition_andreplicas_agree(stack, spark, topic_pref
         m = result.per_instance[f"chain[{p}]r0"]
         assert sum(o.size for o in orders) >= m.records_in + 2
     assert result.metrics.gaps == 0
+
+
+@pytest.mark.parametrize("rhino", [False, True], ids=["replicas", "replicas+rhino"])
+def test_the_order_log_segments_no_reader_needs_are_deleted_while_the_job_runs(stack, spark, topic_prefix, rhino):
+    """An order per element (``kazoo.maxBatch`` 1) and 5,000 records a topic waiting: each chain
+    partition's order log passes a segment of 1,000 orders every few seconds.  Once both replicas,
+    and with Rhino every checkpoint a restore may use, read three segments past one, the driver
+    deletes it.  With Rhino an executor is killed then and more input follows: its replicas are
+    restored from checkpoints and read their logs on from there.  The output is exact, the
+    replicas agree, and the segments left of a log are its newest, none missing between."""
+    a, b = source_topics(stack, topic_prefix)
+    ids = preproduce(stack, a, b, 5000)
+    name = f"{topic_prefix}kzseg"
+    conf = _conf(stack, **{"spark.replication.kazoo.maxBatch": "1"})
+    if rhino:
+        conf.update(rhino_conf(stack, "kazoo"))
+    handle = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark, conf=conf)
+    handle.wait_started(120)
+    chain = next(t.id for t in handle.plan.tasks if t.name == "chain")
+    logs = [handle.plan.order_logs[(chain, p)] for p in (0, 1)]
+
+    def segments(log_) -> list[int]:
+        return sorted(int(rest) for t in list_topics(stack.bootstrap_servers)
+                      if t.startswith(f"{log_.prefix}.") and (rest := t[len(log_.prefix) + 1:]).isdigit())
+
+    wait_until(lambda: any(segments(log_)[:1] >= [2] for log_ in logs), 120, "the first two segments to be deleted",
+               detail=lambda: {log_.prefix: segments(log_) for log_ in logs}, poll_s=0.5)
+    if rhino:
+        kill_executor(locate("chain[0]r0", job=name))
+        feed(stack, a, b, ids, rounds=20, first_round=100)
+    result = handle.drain(timeout=300)
+    assert result.status == "finished", result.failure
+    report = verify_chains(read_output(stack, f"{name}out"), ids)
+    assert report.exact, report
+    assert replicas_agree(result, handle) == 2
+    if rhino:
+        assert any("chain[0]r0 restored on worker" in text for _, text in result.events), result.events
+    for log_, p in zip(logs, (0, 1), strict=True):
+        left = segments(log_)
+        assert left == list(range(left[0], left[-1] + 1)), left
+        read_to = max(result.per_instance[f"chain[{p}]r{r}"].order_log_at for r in (0, 1))
+        assert left[-1] >= log_.segment_of(read_to), (left, read_to)
 
 
 def _run_under_load(stack, spark, name, victim_of=None, fault=kill_executor, timer_ms=None, side_every=None):
