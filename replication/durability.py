@@ -3,8 +3,10 @@
 Workers upload the increments their shipping replicas take (``rhino_state.uploader``) and report
 each upload.  :class:`CutTracker` (pure) keeps those reports and, given the Rhino manager's
 consistent cut (every partition's *safe* checkpoint), says when a new cut can be written: every
-partition has a safe checkpoint, each of them is uploaded, and the set differs from the last cut
-written.  :class:`DurableCheckpoints` writes such cuts in a thread of its own (the newest one
+partition has a safe checkpoint, each of them is uploaded, the set differs from the last cut
+written, and no handover lies between them (each of its participants' checkpoints was taken after
+it acted on it: a resume arms no handover again, and plans the next ones from the routing the cut
+records).  :class:`DurableCheckpoints` writes such cuts in a thread of its own (the newest one
 pending; an older pending one is superseded), then applies retention; the heartbeat handler that
 feeds it never waits for the file system.
 """
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rhino_state.durable import CutPart, DurableCut, DurableStore, lower_order_floor
+from rhino_state.keys import RoutingTable
 from rhino_state.manager import CompletedCheckpoint
 from transport.ids import PartitionId
 
@@ -44,17 +47,18 @@ class CutTracker:
     def uploaded(self, inst: PartitionId, checkpoint_id: int, file: str) -> None:
         self.uploads.setdefault(inst, {})[checkpoint_id] = file
 
-    def next_cut(self, safe: Mapping[PartitionId, CompletedCheckpoint],
-                 instances: Iterable[PartitionId]) -> dict[PartitionId, CutPart] | None:
+    def next_cut(self, safe: Mapping[PartitionId, CompletedCheckpoint], instances: Iterable[PartitionId],
+                 clean: Callable[[Mapping[PartitionId, int]], bool] | None = None) -> dict[PartitionId, CutPart] | None:
         """The parts of a new cut, or None: a partition without a safe checkpoint, one whose safe
-        checkpoint is not uploaded (yet), or the same cut as the last one."""
+        checkpoint is not uploaded (yet), the same cut as the last one, or (``clean(ids)`` false)
+        checkpoints a resume could not go on from as they are (a handover between them)."""
         ids = {}
         for inst in instances:
             cp = safe.get(inst)
             if cp is None or cp.checkpoint_id not in self.uploads.get(inst, {}):
                 return None
             ids[inst] = cp.checkpoint_id
-        if not ids or ids == self.last:
+        if not ids or ids == self.last or (clean is not None and not clean(ids)):
             return None
         self.last = ids
         for inst, cid in ids.items():  # a cut never moves back: older uploads are never needed again
@@ -156,15 +160,19 @@ class ResumePoint:
 # A resumed run's election epochs start this far above the run before's (a ZooKeeper sequence
 # number, which the epoch of a run's elections is, stays far below it)
 EPOCH_STRIDE = 1 << 32
+# How far apart the pulse-window ids of consecutive runs start (a run opens fewer windows than that)
+WINDOW_STRIDE = 1 << 32
 
 
 def run_lineage(resume: ResumePoint | None, run_id: str) -> dict[str, Any]:
     """What a run keeps of the run it resumes: its outputs' ids (the sinks' writers scan for what the
-    old run wrote under them) and an election epoch base above every epoch its order logs hold."""
+    old run wrote under them), an election epoch base above every epoch its order logs hold, and a
+    KaZoo pulse-window base above every window its heartbeat log holds."""
     if resume is None:
-        return {"output_prefix": run_id, "epoch_base": 0}
+        return {"output_prefix": run_id, "epoch_base": 0, "window_base": 0}
     before = resume.cut.run
-    return {"output_prefix": before["output_prefix"], "epoch_base": int(before["epoch_base"]) + EPOCH_STRIDE}
+    return {"output_prefix": before["output_prefix"], "epoch_base": int(before["epoch_base"]) + EPOCH_STRIDE,
+            "window_base": int(before.get("window_base", 0)) + WINDOW_STRIDE}
 
 
 def resume_point(store: DurableStore, shape: Mapping[str, Any], *, ignore: bool,
@@ -236,15 +244,19 @@ class DurableCheckpoints:
             self.tracker.uploaded((t, p), cid, file)
 
     def consider(self, safe: Mapping[PartitionId, CompletedCheckpoint], instances: Iterable[PartitionId],
-                 sinks: Mapping[tuple[int, int, str], list[int]]) -> bool:
-        """Queue a new cut if the consistent cut moved and is uploaded; whether one was queued."""
-        parts = self.tracker.next_cut(safe, instances)
+                 sinks: Mapping[tuple[int, int, str], list[int]], routing: Mapping[int, RoutingTable] | None = None,
+                 clean: Callable[[Mapping[PartitionId, int]], bool] | None = None) -> bool:
+        """Queue a new cut if the consistent cut moved, is uploaded and (``clean``) lies past every
+        handover, with the keyed tasks' ``routing`` its checkpoints route with (a resume plans the
+        next handovers from it); whether one was queued."""
+        parts = self.tracker.next_cut(safe, instances, clean)
         if parts is None:
             return False
         committed = {f"{t}-{p}-{kind}": [entry[2], entry[3]] for (t, p, kind), entry in sorted(sinks.items())}
+        run = {**self.run, "pulse": self.pulse(),
+               "routing": {str(task): table.to_dict() for task, table in sorted((routing or {}).items())}}
         with self._cond:
-            cut = DurableCut(self.next_number, self.store.job, parts, self.plan, {**self.run, "pulse": self.pulse()},
-                             committed, time.time())
+            cut = DurableCut(self.next_number, self.store.job, parts, self.plan, run, committed, time.time())
             self.next_number += 1
             self._pending = cut
             self._cond.notify_all()

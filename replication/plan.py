@@ -109,8 +109,10 @@ class PhysicalPlan:
     order_logs: dict[PartitionId, SegmentedLog] = field(default_factory=dict)
     order_logs_prefix: str | None = None  # what this run's order logs are named after
     # KaZoo: the order log of every source partition, where its leader places the pulses of the
-    # handovers' pulse windows (replication.runtime.window_placement); each run's own, read from its start
+    # handovers' pulse windows (replication.runtime.window_placement); read from its start (a resumed
+    # run goes on in the run before's, its restored sources from their checkpoints)
     window_order_logs: dict[PartitionId, SegmentedLog] = field(default_factory=dict)
+    window_order_logs_prefix: str | None = None
     # a savepoint this run starts from: (directory, its _meta.json), set by the driver
     savepoint: tuple[str, dict] | None = None
     resume: ResumePoint | None = None  # the durable cut this run goes on from, set by the driver

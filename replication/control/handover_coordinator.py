@@ -7,7 +7,7 @@ timeline and the release margin a task's steps learn are :mod:`.handover_timelin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -238,6 +238,22 @@ class HandoverCoordinator:
     def retained(self) -> list[int]:
         """The handovers whose cuts the origins keep: those in progress and those retained."""
         return sorted([*self.orders, *self.history])
+
+    def cut_is_clean(self, ids: Mapping[PartitionId, int]) -> bool:
+        """Whether checkpoints ``ids`` (a durable cut's) lie past every handover: none committed is
+        under way, and each participant of every retained one took its checkpoint after it acted on
+        it (as :meth:`prune` counts).  A run resumed from them arms no handover again."""
+        if any(o.committed and not o.cancelled for o in self.orders.values()):
+            return False
+        for hid, order in self.history.items():
+            acted = self._acted_after.get(hid, {})
+            if not all(inst in acted and inst in ids and ids[inst] > acted[inst] for inst in self._participants(order)):
+                return False
+        return True
+
+    def tables(self) -> dict[int, Any]:
+        """Each keyed task's routing table, with the handovers committed so far."""
+        return dict(self.manager.tables)
 
     def prune(self, restore_point: Callable[[PartitionId], int | None]) -> list[int]:
         """Forget the retained orders every participant's restore point (the id of the checkpoint

@@ -216,8 +216,7 @@ class HandoverSteps:
         sources = [(t, p, r) for (t, p, r) in self.placement if self.plan.task(t).is_source]
         with master.locked():
             windows = master.windows
-            last = windows.word
-            window, pulsed = (last.window + 1, last.last_pulsed) if last else (1, 0)
+            window, pulsed = windows.next_window()
             windows.word = WindowWord(window, True, False, pulsed)
             master.status_changed()
             master.ring_workers()  # (every record waits from a replica's hold to the window's first pulse)

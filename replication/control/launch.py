@@ -45,6 +45,7 @@ from replication.spark_cluster import (
     warm_up,
 )
 from rhino_state.durable import DurableStore, without_credentials
+from rhino_state.keys import RoutingTable
 from transport import rpc
 from transport.frames import FrameServer
 from transport.kafka_io import (
@@ -144,6 +145,17 @@ def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: s
         _from_savepoint(plan, replace(cfg, restore_from=between))
 
 
+def _resumed_routing(plan: PhysicalPlan) -> None:
+    """A resumed run routes as the checkpoints of its cut do (handovers of the runs before moved
+    vnodes; a cut lies past every handover): the driver plans the next handovers from there."""
+    if plan.resume is None:
+        return
+    for key, data in plan.resume.cut.run.get("routing", {}).items():
+        table, current = RoutingTable.from_dict(data), plan.routing.get(int(key))
+        if current is not None and (table.parallelism, table.num_vnodes) == (current.parallelism, current.num_vnodes):
+            plan.routing[int(key)] = table
+
+
 def check_unordered(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
     """Replication in ``unordered`` mode: a task with several input channels would diverge between
     its replicas; refused, unless ``unordered.allowDivergence`` (then a warning names them)."""
@@ -207,6 +219,7 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         _from_savepoint(plan, cfg)
     if cfg.checkpoint_dir is not None:
         _from_checkpoint_dir(plan, cfg, job.name)
+        _resumed_routing(plan)
     _replicated(plan, cfg, partitions)
     if cfg.mode in ("liverobin", "kazoo"):  # KaZoo: pulses only in the windows a handover opens
         # this run's own segments (liverobin.segments): generators make the later ones exist; a resumed
@@ -230,8 +243,11 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         plan.order_logs_prefix = prefix
         plan.order_logs = {inst: SegmentedLog(cfg.order_log(prefix, *inst))
                            for inst in plan.ordered_partitions()}
-        # (a window's order starts and ends within a run: a resumed run's sources start afresh)
-        windows = f"{cfg.order_logs_prefix(job.name)}.{uuid.uuid4().hex[:8]}.windows"
+        # the sources' pulse-window order logs too: a restored source may place a window of the run
+        # before from the heartbeat log, as its twin did, and reads that window's order from there
+        resumed = plan.resume.cut.run.get("window_order_logs") if plan.resume is not None else None
+        windows = resumed or f"{cfg.order_logs_prefix(job.name)}.{uuid.uuid4().hex[:8]}.windows"
+        plan.window_order_logs_prefix = windows
         plan.window_order_logs = {inst: SegmentedLog(cfg.order_log(windows, *inst))
                                   for inst in plan.source_partition_ids()}
         ensure_topics(admin, {log_.topic(n): 1 for logs in (plan.order_logs, plan.window_order_logs)
@@ -299,6 +315,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     election_root = f"/replication/{job.name}/{run_id}" if plan.order_logs or plan.window_order_logs else None
     lineage = run_lineage(plan.resume, run_id)
+    master.windows.base = lineage["window_base"]
     if cfg.checkpoint_dir is not None:
         if plan.resume is not None:
             master.resume_outputs(plan.resume.cut.sinks)
@@ -310,7 +327,7 @@ def run(job: Job, *, spark: Any = None, conf: Mapping[str, Any] | None = None) -
             DurableStore(cfg.checkpoint_dir, job.name), plan=plan_shape(plan, cfg.mode), retain=cfg.checkpoint_dir_retain,
             run={**lineage, "run_id": run_id,
                  "heartbeat_log": plan.heartbeat_log.prefix if plan.heartbeat_log is not None else None,
-                 "order_logs": plan.order_logs_prefix},
+                 "order_logs": plan.order_logs_prefix, "window_order_logs": plan.window_order_logs_prefix},
             on_event=master.note)
         between = rescale_savepoint_dir(cfg.checkpoint_dir, job.name)
         if plan.savepoint is not None and savepoints.canonical(plan.savepoint[0]) == between:

@@ -28,6 +28,17 @@ class PulseWindows:
         self.master = master
         self.word: WindowWord | None = None
         self.holding: dict[ReplicaId, tuple[int, dict[int, int]]] = {}
+        # this run's windows are numbered from base + 1: a resumed run's above every window of the
+        # runs before (their pulses are in the heartbeat log it reads on, and its restored sources
+        # have handled some); replicas ignore a window not above those they handled
+        self.base = 0
+
+    def next_window(self) -> tuple[int, int | None]:
+        """The id of the window to open next, and the latest window up to it whose pulses were
+        written, as far as this driver knows (None: not said, in a resumed run)."""
+        if self.word is not None:
+            return self.word.window + 1, self.word.last_pulsed
+        return self.base + 1, (None if self.base else 0)
 
     def held(self, replica: ReplicaId) -> int:
         """The window ``replica`` last said it holds for (0: none)."""

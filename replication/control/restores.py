@@ -127,7 +127,10 @@ class Restores:
             self.master.handovers.prune(lambda inst: cp.checkpoint_id if (cp := rhino.restore_point(inst)) else None)
         if self.master.durable is not None:
             self.master.durable.uploaded(report.durable)
-            self.master.durable.consider(self.rhino.safe, self.rhino.instances(), self.master.outputs.roles)
+            handovers = self.master.handovers
+            self.master.durable.consider(self.rhino.safe, self.rhino.instances(), self.master.outputs.roles,
+                                         self.master.plan.routing if handovers is None else handovers.tables(),
+                                         None if handovers is None else handovers.cut_is_clean)
 
     def start(self) -> None:
         """Restore every lost replica for which a live worker holds a completed checkpoint (one

@@ -96,7 +96,11 @@ class SourceInstance(KazooWindows, PartitionInstance):
             reader.start()
         if self._windows is not None:  # (the shared order log reader started long ago)
             order_log = self.worker.feeds.own_order_log()
-            self._follow_window_log(order_log, rt.get("order_from", 0))
+            # a checkpoint of an earlier build, or of a run that had window order logs of its own,
+            # placed its windows in another log: this one is read from its start (the records of
+            # windows the checkpoint had handled are dropped)
+            same_log = rt.get("window_log") == self._window_log.prefix
+            self._follow_window_log(order_log, rt.get("order_from", 0) if same_log else 0)
             order_log.start()
         return rt
 
@@ -281,7 +285,8 @@ class SourceInstance(KazooWindows, PartitionInstance):
                                              "emitted_wm": self.watermarks.emitted, "pulse": pulse, "read": self._read,
                                              "pulse_placed": placed,
                                              "windows": None if self._windows is None else self._windows.state(),
-                                             "order_from": 0 if orders is None else orders.resume_from})
+                                             "order_from": 0 if orders is None else orders.resume_from,
+                                             "window_log": None if orders is None else self._window_log.prefix})
 
     # -- LiveRobin: pulses at positions read from the heartbeat log ---------------------------
     def _pulse_placer(self) -> PulsePlacer | None:

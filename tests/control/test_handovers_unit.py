@@ -279,6 +279,29 @@ def _complete(coord: HandoverCoordinator, order: HandoverOrder, task: int, entri
     return events + coord.on_acks(_acks(order, "loaded", targets))
 
 
+def test_a_durable_cut_lies_past_every_handover_each_participant_checkpointed_after_acting_on():
+    """A resume from a cut arms no handover again: none committed is under way, and every
+    participant of a retained one took its checkpoint in the cut after it switched, cut or loaded."""
+    plan = _plan()
+    chain = next(t for t in plan.tasks if t.name == "chain")
+    coord = HandoverCoordinator(plan, retain=True)
+    order = coord.start_move(chain.id, [0, 1], 1, switch_at=100, release_at=110)
+    upstreams, origin, target = sorted(order.upstreams), (chain.id, 0), (chain.id, 1)
+    before = dict.fromkeys([*upstreams, origin, target], 5)
+    assert coord.cut_is_clean(before)  # not committed: nobody acts on it before
+    coord.on_acks(_acks(order, "armed", [*upstreams, origin, target], checkpoint=5))
+    assert not coord.cut_is_clean(before)  # committed and under way
+    coord.on_acks(_acks(order, "switched", upstreams, checkpoint=7))
+    coord.on_acks(_acks(order, "cut", [origin], digest="d", entries=3, checkpoint=8))
+    coord.on_acks(_acks(order, "loaded", [target], checkpoint=9))
+    assert coord.view() == [] and order.handover_id in coord.history
+    after = {**dict.fromkeys(upstreams, 8), origin: 9, target: 10}
+    assert coord.cut_is_clean(after)
+    assert not coord.cut_is_clean({**after, target: 9})  # the target's checkpoint from before it loaded
+    assert not coord.cut_is_clean({**after, upstreams[0]: 7})  # an upstream's from before it switched
+    assert coord.tables()[chain.id].vnodes_of(1)[:2] == (0, 1)
+
+
 def test_the_coordinator_rescales_onto_a_spare_partition_and_back():
     plan = _plan(max_parallelism=3)
     chain = next(t for t in plan.tasks if t.name == "chain")

@@ -11,6 +11,7 @@ from replication.control.master import JobMaster
 from replication.control.order_retention import OrderLogRetention, order_log_needed_from
 from replication.control.retention import log_needed_from
 from replication.control.status_view import job_status
+from replication.durability import WINDOW_STRIDE, ResumePoint, run_lineage
 from replication.examples.ordered import build_ordered_job
 from replication.heartbeat_parts import CutOffs, DrainPositions, OutputProgress
 from replication.messages import (
@@ -25,6 +26,7 @@ from replication.messages import (
 )
 from replication.metrics import InstanceMetrics
 from replication.plan import place, plan_job
+from rhino_state.durable import DurableCut
 from rhino_state.manager import CompletedCheckpoint, RestorePlan
 from tests.ordered_runs import wait_until
 
@@ -321,6 +323,17 @@ def test_with_rhino_a_kazoo_order_log_is_kept_from_the_oldest_checkpoint_a_resto
     assert order_log_needed_from(master, inst) == min(cp.order_from for cp in rhino.kept(inst))
     rhino.checkpoint_completed(inst, 120, {}, holders=rhino.groups[inst])  # (no order_from: kept whole)
     assert order_log_needed_from(master, inst) is None
+
+
+def test_a_resumed_run_numbers_its_pulse_windows_above_those_of_the_runs_before():
+    """Its restored sources handled windows of the run before (whose pulses are in the heartbeat
+    log it goes on in): a window numbered among those would never be held for."""
+    master = _master(mode="kazoo")
+    assert master.windows.next_window() == (1, 0)
+    cut = DurableCut(3, "jm", {}, run={"output_prefix": "p", "epoch_base": 0, "window_base": WINDOW_STRIDE})
+    master.windows.base = run_lineage(ResumePoint("dir", cut), "run-2")["window_base"]
+    assert master.windows.next_window() == (2 * WINDOW_STRIDE + 1, None)  # (which of those had pulses: not said)
+    assert run_lineage(None, "run-1")["window_base"] == 0
 
 
 def test_the_order_logs_lose_only_the_segments_below_the_one_still_read_less_a_margin():

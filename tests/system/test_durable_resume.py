@@ -25,6 +25,7 @@ from replication import run, savepoint
 from replication.durability import rescale_savepoint_dir
 from replication.examples.ordered import build_ordered_job, verify_chains
 from rhino_state.durable import DurableStore
+from rhino_state.keys import RoutingTable
 from tests.ordered_runs import (
     fed_without_pause,
     replicas_sharing_worker,
@@ -107,11 +108,11 @@ def _outputs(stack, topic: str) -> list[dict]:
 
 def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, everything: bool,
                         replicated: bool = True, damage=None, parallelism: int = 2, checkpoints: str | None = None,
-                        second_conf: dict[str, str] | None = None, in_second_run=None):
+                        second_conf: dict[str, str] | None = None, in_first_run=None, in_second_run=None):
     """Run the job under load until its directory (``checkpoints``, by default one in ``tmp_path``)
-    holds two cuts, kill it, (``damage`` the directory), start it again (the chain task at
-    ``parallelism``, ``second_conf`` added; ``in_second_run(handle)`` once it started); returns
-    (result, fed ids, the cut resumed from, cuts before)."""
+    holds two cuts (``in_first_run()`` after the first), kill it, (``damage`` the directory), start
+    it again (the chain task at ``parallelism``, ``second_conf`` added; ``in_second_run(handle)``
+    once it started); returns (result, fed ids, the cut resumed from, cuts before)."""
     a, b = source_topics(stack, name)
     checkpoints = checkpoints or str(tmp_path / "checkpoints")
     conf = _conf(stack, mode, checkpoints, replicated)
@@ -122,6 +123,8 @@ def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, e
             # a cut with state in it, and another after it
             _wait(lambda: _latest_consumed(store) >= 150 or proc.poll() is not None, 240, "a cut with state")
             assert proc.poll() is None, logfile.read_text()[-4000:]
+            if in_first_run is not None:
+                in_first_run()
             first = max(store.cut_numbers())
             _wait(lambda: max(store.cut_numbers()) > first or proc.poll() is not None, 120, "one more cut")
             assert proc.poll() is None, logfile.read_text()[-4000:]
@@ -183,6 +186,40 @@ def test_a_job_goes_on_exactly_once_after_its_driver_is_killed(request, stack, s
     result, ids, cut, before = _killed_and_resumed(stack, spark, tmp_path, name, mode, everything=False,
                                                    replicated=replicated, checkpoints=checkpoints)
     assert cut.number == before[-1] and _consumed(cut) >= 100, cut
+    _check(stack, name, result, ids)
+
+
+def _cli(tmp_path: Path, *args: str, timeout: float = 120) -> str:
+    """``replication <args>`` (the operator's command line) on this machine; its output."""
+    done = subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("mode", ["kazoo", pytest.param("liverobin", marks=pytest.mark.slow)])
+def test_a_job_resumed_after_a_handover_routes_as_its_cut_and_hands_over_again(stack, spark, topic_prefix, tmp_path,
+                                                                               mode):
+    """The first run moves vnodes (``replication move``), and its driver is killed after a cut
+    that followed.  A cut lies past every handover (each participant checkpointed after acting on
+    it), and says how the keyed task routes: the resumed run plans from there, so it moves vnodes
+    back (KaZoo: in a pulse window numbered above the first run's, which its restored sources had
+    handled), and the output is exact.  Before, the resumed driver planned from the job's
+    initial routing and a cut could fall between a handover's participants: the output held
+    duplicates and broken chains, and the second move never switched."""
+    name = f"{topic_prefix}dkhov{mode[0]}"
+
+    def move_away() -> None:
+        _cli(tmp_path, "move", name, "chain", "0-3", "1")
+
+    def move_back(handle) -> None:
+        report = handle.move_vnodes("chain", handle.routing("chain").vnodes_of(1)[:4], 0, timeout=60)
+        assert report["state"] == "completed", report
+
+    result, ids, cut, _ = _killed_and_resumed(stack, spark, tmp_path, name, mode, everything=False,
+                                              in_first_run=move_away, in_second_run=move_back)
+    chain = cut.plan["tasks"]["chain"]["id"]
+    assert RoutingTable.from_dict(cut.run["routing"][str(chain)]).vnodes_of(1)[:4] == (0, 1, 2, 3), cut.run
     _check(stack, name, result, ids)
 
 
