@@ -10,6 +10,7 @@ break the chains in the output; :func:`verify_chains` checks that from the outpu
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import time
@@ -19,8 +20,10 @@ import pytest
 
 from deploy.topics import list_topics, read_all
 from kazoo_leader.orders import Order
+from kazoo_leader.segments import SegmentedLog
 from ops.chaos import kill_executor, locate, pause_executor, resume_executor
 from replication import run
+from replication.control import launch
 from replication.examples.ordered import build_ordered_job, verify_chains, verify_side_output
 from tests.ordered_runs import (
     SIDE_EVERY,
@@ -104,15 +107,18 @@ def test_order_logs_are_per_partition_andreplicas_agree(stack, spark, topic_pref
 
 
 @pytest.mark.parametrize("rhino", [False, True], ids=["replicas", "replicas+rhino"])
-def test_the_order_log_segments_no_reader_needs_are_deleted_while_the_job_runs(stack, spark, topic_prefix, rhino):
-    """An order per element (``kazoo.maxBatch`` 1) and 5,000 records a topic waiting: each chain
-    partition's order log passes a segment of 1,000 orders every few seconds.  Once both replicas,
-    and with Rhino every checkpoint a restore may use, read three segments past one, the driver
-    deletes it.  With Rhino an executor is killed then and more input follows: its replicas are
-    restored from checkpoints and read their logs on from there.  The output is exact, the
-    replicas agree, and the segments left of a log are its newest, none missing between."""
+def test_the_order_log_segments_no_reader_needs_are_deleted_while_the_job_runs(stack, spark, topic_prefix, rhino,
+                                                                               monkeypatch):
+    """Segments of 100 orders, an order per element (``kazoo.maxBatch`` 1), 600 records a topic
+    waiting and a trickle of input throughout (with Rhino it moves the checkpoints, and the oldest
+    one a restore may use, on).  Once both replicas, and with Rhino every checkpoint a restore may
+    use, read three segments past one, the driver deletes it.  With Rhino an executor is killed
+    then, and input follows: its replicas are restored from checkpoints and read their logs on
+    from there.  The output is exact, the replicas agree, and the segments left of a log are its
+    newest, none missing between."""
+    monkeypatch.setattr(launch, "SegmentedLog", functools.partial(SegmentedLog, per_segment=100))
     a, b = source_topics(stack, topic_prefix)
-    ids = preproduce(stack, a, b, 5000)
+    ids = preproduce(stack, a, b, 600)
     name = f"{topic_prefix}kzseg"
     conf = _conf(stack, **{"spark.replication.kazoo.maxBatch": "1"})
     if rhino:
@@ -126,14 +132,29 @@ def test_the_order_log_segments_no_reader_needs_are_deleted_while_the_job_runs(s
         return sorted(int(rest) for t in list_topics(stack.bootstrap_servers)
                       if t.startswith(f"{log_.prefix}.") and (rest := t[len(log_.prefix) + 1:]).isdigit())
 
-    wait_until(lambda: any(segments(log_)[:1] >= [2] for log_ in logs), 120, "the first two segments to be deleted",
-               detail=lambda: {log_.prefix: segments(log_) for log_ in logs}, poll_s=0.5)
-    if rhino:
-        kill_executor(locate("chain[0]r0", job=name))
-        feed(stack, a, b, ids, rounds=20, first_round=100)
+    fed: list[str] = []
+    stop = threading.Event()
+
+    def trickle() -> None:
+        first = 400  # (feed's ids after preproduce's)
+        while not stop.is_set():
+            feed(stack, a, b, fed, rounds=2, per_round=10, first_round=first)
+            first += 2
+
+    feeder = threading.Thread(target=trickle, name="trickle")
+    feeder.start()
+    try:
+        wait_until(lambda: any(segments(log_)[:1] >= [2] for log_ in logs), 120, "the first two segments to be "
+                   "deleted", detail=lambda: {log_.prefix: segments(log_) for log_ in logs}, poll_s=0.5)
+        if rhino:
+            kill_executor(locate("chain[0]r0", job=name))
+            time.sleep(3)
+    finally:
+        stop.set()
+        feeder.join()
     result = handle.drain(timeout=300)
     assert result.status == "finished", result.failure
-    report = verify_chains(read_output(stack, f"{name}out"), ids)
+    report = verify_chains(read_output(stack, f"{name}out"), ids + fed)
     assert report.exact, report
     assert replicas_agree(result, handle) == 2
     if rhino:
