@@ -67,10 +67,9 @@ class WorkerCheckpoints:
         self.exporter = CheckpointExporter(self.store, root / "exports")
         self._lock = threading.Lock()
         self._taken: list[tuple[int, int, int, int, str]] = []  # (task, part, replica, id, digest)
-        self._completed: list[tuple[int, int, int, dict[int, int], str, list[str], dict[int, int]]] = []
-        # (positions, output seqs) of the checkpoints in flight
-        # (instance, checkpoint id) -> what the driver learns of it once it completes: input and
-        # output positions, and where a restore from it reads the order log on (KaZoo)
+        self._completed: list[CheckpointCompleted] = []
+        # a checkpoint in flight (instance, id) -> what the driver learns of it once it completes:
+        # input and output positions, and where a restore from it reads the order log on (KaZoo)
         self._positions: dict[tuple[PartitionId, int], tuple[dict[int, int], dict[int, int], int | None]] = {}
         self._full_next: set[PartitionId] = set()  # took over shipping: the next checkpoint is a full one
         self._groups: dict[PartitionId, list[str]] = {}  # the instances this worker ships, and their groups
