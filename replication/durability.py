@@ -43,12 +43,15 @@ class CutTracker:
 
     uploads: dict[PartitionId, dict[int, str]] = field(default_factory=dict)  # checkpoint id -> file stem
     last: dict[PartitionId, int] | None = None
+    # since when (wall clock) every new consistent cut fell between a handover's participants
+    held_since: float | None = None
 
     def uploaded(self, inst: PartitionId, checkpoint_id: int, file: str) -> None:
         self.uploads.setdefault(inst, {})[checkpoint_id] = file
 
     def next_cut(self, safe: Mapping[PartitionId, CompletedCheckpoint], instances: Iterable[PartitionId],
-                 clean: Callable[[Mapping[PartitionId, int]], bool] | None = None) -> dict[PartitionId, CutPart] | None:
+                 clean: Callable[[Mapping[PartitionId, int]], bool] | None = None,
+                 now: float = 0.0) -> dict[PartitionId, CutPart] | None:
         """The parts of a new cut, or None: a partition without a safe checkpoint, one whose safe
         checkpoint is not uploaded (yet), the same cut as the last one, or (``clean(ids)`` false)
         checkpoints a resume could not go on from as they are (a handover between them)."""
@@ -58,9 +61,12 @@ class CutTracker:
             if cp is None or cp.checkpoint_id not in self.uploads.get(inst, {}):
                 return None
             ids[inst] = cp.checkpoint_id
-        if not ids or ids == self.last or (clean is not None and not clean(ids)):
+        if not ids or ids == self.last:
             return None
-        self.last = ids
+        if clean is not None and not clean(ids):
+            self.held_since = now if self.held_since is None else self.held_since
+            return None
+        self.last, self.held_since = ids, None
         for inst, cid in ids.items():  # a cut never moves back: older uploads are never needed again
             self.uploads[inst] = {c: f for c, f in self.uploads[inst].items() if c >= cid}
         return {inst: CutPart(cid, self.uploads[inst][cid], safe[inst].digest, dict(safe[inst].positions),
@@ -249,7 +255,7 @@ class DurableCheckpoints:
         """Queue a new cut if the consistent cut moved, is uploaded and (``clean``) lies past every
         handover, with the keyed tasks' ``routing`` its checkpoints route with (a resume plans the
         next handovers from it); whether one was queued."""
-        parts = self.tracker.next_cut(safe, instances, clean)
+        parts = self.tracker.next_cut(safe, instances, clean, now=time.time())
         if parts is None:
             return False
         committed = {f"{t}-{p}-{kind}": [entry[2], entry[3]] for (t, p, kind), entry in sorted(sinks.items())}
@@ -289,7 +295,8 @@ class DurableCheckpoints:
         return {"uri": self.store.where, "cuts_written": self.cuts_written, "failures": self.failures,
                 "last_cut": None if last is None else last.number, "last_cut_at": self.last_written_at,
                 "last_cut_checkpoints": None if last is None else
-                {f"{t}-{p}": part.checkpoint_id for (t, p), part in sorted(last.parts.items())}}
+                {f"{t}-{p}": part.checkpoint_id for (t, p), part in sorted(last.parts.items())},
+                "held_by_handover_since": self.tracker.held_since}
 
     def _run(self) -> None:
         written_at = -CUT_EVERY_S

@@ -257,7 +257,10 @@ def format_status(status: dict[str, Any], now: float | None = None) -> str:
         out.append(f"durable checkpoints in {durable.get('uri')}: " + (
             f"cut {last} written {_ago(durable.get('last_cut_at'), now)}" if last is not None else "no cut written yet")
             + f", {durable.get('cuts_written', 0)} this run" + (
-                f", {durable['failures']} failed writes" if durable.get("failures") else ""))
+                f", {durable['failures']} failed writes" if durable.get("failures") else "") + (
+                f"; no newer cut until a handover's participants checkpoint after it (waiting "
+                f"{max(0.0, now - held):.1f} s)" if isinstance(held := durable.get("held_by_handover_since"), (int, float))
+                else ""))
     divergences = status.get("divergences") or []
     compared = status.get("checkpoints_compared")
     out.append(f"divergences: {len(divergences) or 'none'}"

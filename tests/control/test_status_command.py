@@ -225,4 +225,7 @@ def test_the_checkpoint_directory_and_its_last_cut_are_shown() -> None:
             in format_status(status, now=NOW).splitlines())
     none_yet = {**status, "durable": {"uri": "/cp", "cuts_written": 0, "failures": 0, "last_cut": None}}
     assert "durable checkpoints in /cp: no cut written yet, 0 this run" in format_status(none_yet, now=NOW)
+    held = {**status, "durable": {**status["durable"], "failures": 0, "held_by_handover_since": NOW - 7.0}}
+    assert ("durable checkpoints in s3://bucket/cp: cut 40 written 2.0 s ago, 12 this run; no newer cut until a "
+            "handover's participants checkpoint after it (waiting 7.0 s)") in format_status(held, now=NOW).splitlines()
     assert "durable checkpoints" not in format_status(_status(), now=NOW)

@@ -289,9 +289,13 @@ def test_a_cut_is_handed_out_once_every_safe_checkpoint_is_uploaded_and_only_whe
     assert 6 not in tracker.uploads[b]  # below the cut: never needed again
     tracker.uploaded(a, 8, "f8")
     seen = []
-    assert tracker.next_cut({a: _cp(8), b: _cp(7)}, [a, b], clean=lambda ids: seen.append(ids) or False) is None
-    assert seen == [{a: 8, b: 7}]  # a handover between them: not a cut, asked again later
+    assert tracker.next_cut({a: _cp(8), b: _cp(7)}, [a, b], clean=lambda ids: seen.append(ids) or False,
+                            now=100.0) is None
+    assert tracker.next_cut({a: _cp(8), b: _cp(7)}, [a, b], clean=lambda ids: seen.append(ids) or False,
+                            now=101.0) is None
+    assert seen == [{a: 8, b: 7}] * 2 and tracker.held_since == 100.0  # a handover between them: asked again
     assert tracker.next_cut({a: _cp(8), b: _cp(7)}, [a, b], clean=lambda ids: True)[a].file == "f8"
+    assert tracker.held_since is None
 
 
 def test_the_driver_writes_cuts_in_the_background_and_applies_retention(tmp_path, origin, durable_dir):
