@@ -29,6 +29,7 @@ from rhino_state import (
     RescaleRequest,
 )
 from rhino_state.handover import Strategy
+from rhino_state.keys import RoutingTable
 from transport.ids import PartitionId, ReplicaId
 
 
@@ -251,7 +252,7 @@ class HandoverCoordinator:
                 return False
         return True
 
-    def tables(self) -> dict[int, Any]:
+    def tables(self) -> dict[int, RoutingTable]:
         """Each keyed task's routing table, with the handovers committed so far."""
         return dict(self.manager.tables)
 

@@ -62,10 +62,10 @@ def order_log_needed_from(master: JobMaster, inst: PartitionId) -> int | None:
     if durable is not None:
         floor = durable.order_log_floor()
         if inst in floor:
-            kept = floor[inst]
-            if kept is None:
+            resumes_from = floor[inst]
+            if resumes_from is None:
                 return None
-            needed.append(kept)
+            needed.append(resumes_from)
     return min(needed, default=None)
 
 
