@@ -50,7 +50,9 @@ class _Buffered(CoProcessFunction):
 class IntervalJoin(_Buffered):
     """Every pair (first, second) of one key with ``first.ts + lower <= second.ts <= first.ts +
     upper`` gives ``fn(first, second)``, once, when the later of the two arrives.  A record is
-    kept until the watermark passes the last time a partner could have."""
+    kept until the watermark passes the last time a partner could have.  A record behind the
+    watermark is late (partners it should meet may be dropped already): dead-lettered, not
+    joined with whatever is left."""
 
     def __init__(self, lower_ms: int, upper_ms: int, fn: JoinFn) -> None:
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lower_ms, upper_ms)) or lower_ms > upper_ms:
@@ -59,14 +61,14 @@ class IntervalJoin(_Buffered):
         self.lower, self.upper = lower_ms, upper_ms
 
     def process1(self, value: Any, ctx: ProcessContext) -> Iterable[Any]:
-        ts = ctx.timestamp
+        ts = _on_time(ctx)
         self._keep(0, ts, value)
         ctx.timers.register_event_time_timer(ts + self.upper + 1)
         return [self.fn(value, other) for other_ts, _, other in self._kept(1)
                 if ts + self.lower <= other_ts <= ts + self.upper]
 
     def process2(self, value: Any, ctx: ProcessContext) -> Iterable[Any]:
-        ts = ctx.timestamp
+        ts = _on_time(ctx)
         self._keep(1, ts, value)
         ctx.timers.register_event_time_timer(ts - self.lower + 1)
         return [self.fn(other, value) for other_ts, _, other in self._kept(0)
@@ -76,6 +78,15 @@ class IntervalJoin(_Buffered):
         for (side, ts, n), _ in list(self.buffer.items()):
             if (ts + self.upper + 1 if side == 0 else ts - self.lower + 1) <= timestamp:
                 self._dropped(side, ts, n)
+
+
+def _on_time(ctx: ProcessContext) -> int:
+    """The record's event time; a ValueError (the record is dead-lettered) if it is behind the
+    watermark: a partner kept until the watermark passed its last chance may be gone."""
+    if ctx.timestamp < ctx.watermark:
+        raise ValueError(f"late: event time {ctx.timestamp} is behind the watermark {ctx.watermark} "
+                         "(partners it could meet may be dropped already)")
+    return ctx.timestamp
 
 
 class WindowJoin(_Buffered):

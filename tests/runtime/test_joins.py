@@ -107,6 +107,18 @@ def test_a_window_join_dead_letters_a_record_for_a_window_already_joined(backend
     assert len(op.env.dead_letters) == 1 and "late" in op.env.dead_letters[0]["reason"]
 
 
+def test_an_interval_join_dead_letters_a_record_behind_the_watermark(backend):
+    """b2 at 5 would meet a1 (at 1, within [0, 5]), but the watermark 7 dropped a1 already: b2 is
+    late, dead-lettered with the reason instead of silently meeting nothing; b3 at the watermark
+    is on time."""
+    out, op = feed(backend, IntervalJoin(0, 5, lambda a, b: (a, b)),
+                   [("a", "k", 1, "a1"), ("b", "k", 2, "b1"), ("wm", 7), ("b", "k", 5, "b2"), ("a", "k", 7, "a3"),
+                    ("b", "k", 7, "b3")])
+    assert out.values == [("a1", "b1"), ("a3", "b3")]
+    assert len(op.env.dead_letters) == 1 and "late: event time 5 is behind the watermark 7" in \
+        op.env.dead_letters[0]["reason"]
+
+
 def test_a_lookup_join_sees_the_latest_row_and_a_tombstone_deletes_it(backend):
     def row(key, value):
         return KafkaRecord(value=value, key=key, headers=(), timestamp=0, topic="t", partition=0, offset=0)
