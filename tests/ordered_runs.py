@@ -7,6 +7,7 @@ import contextlib
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 
 from confluent_kafka import Producer
@@ -159,6 +160,37 @@ def where_missing(stack, name: str, missing: list[str]) -> str:
     ends = ", ".join(f"[{p}] last offset {high[p]}, last committed {committed.get(p, -1)}" for p in sorted(high))
     return "; ".join(f"{i}: input {found.get(i, 'absent')}, output {out.get(i, 'absent')}"
                      for i in sorted(wanted)) + f"; output partitions: {ends}"
+
+
+def output_difference(stack, topic: str, expected: list[dict], events=()) -> str:
+    """Empty if ``topic`` holds exactly ``expected`` (as a ``read_committed`` reader sees it, by
+    count); else what differs and where it could have gone: the missing and extra records, whether
+    a reader on another client (kafka-python, which reads aborted and open transactions too) finds
+    the missing ones and with which writer headers, the gaps in each sink partition's output seqs
+    (a gap: lost in the output's writing; none: never produced), and the job's events that tell
+    who wrote and what moved."""
+    def as_text(record: dict) -> str:
+        return json.dumps(record, sort_keys=True)
+
+    committed = read_all(stack.bootstrap_servers, topic)
+    got = Counter(as_text(json.loads(r.value)) for r in committed)
+    want = Counter(as_text(r) for r in expected)
+    if got == want:
+        return ""
+    missing, extra = sorted((want - got).elements()), sorted((got - want).elements())
+    raw = {as_text(json.loads(r.value)): {k: v.decode() for k, v in r.headers or () if k in ("rsink", "rseq", "rwriter")}
+           for r in read_topic(stack.bootstrap_servers, topic)}
+    seqs: dict[str, set[int]] = {}
+    for r in committed:
+        h = {k: v.decode() for k, v in r.headers or ()}
+        seqs.setdefault(h.get("rsink", "?"), set()).add(int(h.get("rseq", -1)))
+    gaps = "; ".join(f"{sink}: seqs {min(s)}..{max(s)}, gaps {sorted(set(range(min(s), max(s) + 1)) - s)[:10]}"
+                     for sink, s in sorted(seqs.items()))
+    told = [text for _, text in events
+            if any(w in text for w in ("declared dead", "restored", "rolled back", "relaunched", "handover job", "writ"))]
+    return (f"{topic}: {len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}; the missing as any "
+            f"reader sees them: {[raw.get(m, 'absent') for m in missing[:5]]}; output seqs: {gaps}; "
+            f"events: {told[-20:]}")
 
 
 def latencies_s(stack, name: str) -> list[tuple[float, float]]:
