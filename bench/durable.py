@@ -56,7 +56,7 @@ if str(REPO) not in sys.path:
 
 from bench import handover as hb  # noqa: E402
 from bench import restart as rs  # noqa: E402
-from bench.common import format_row, one_line, print_plain_table, write_csv, write_machine  # noqa: E402
+from bench.common import forget_topics, format_row, one_line, print_plain_table, write_csv, write_machine  # noqa: E402
 
 MB = 1 << 20
 INSTANCE = (1, 0)
@@ -223,6 +223,7 @@ def resume_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespa
             error = error or f"reading the output: {one_line(err, 300)}"
     verdict = hb.verify(outputs, feeder.ids, model.entries, failure) if produced else None
     shutil.rmtree(checkpoints, ignore_errors=True)
+    forget_topics(bootstrap, stamp)
 
     def span(a: str, b: str) -> float | str:
         return round(marks[b] - marks[a], 3) if a in marks and b in marks else ""
@@ -377,6 +378,7 @@ def sss_row(stack: Any, sessions: Sessions, size: int, args: argparse.Namespace,
         sink_times.stop.set()
         sink_times.thread.join(5)
         shutil.rmtree(checkpoint, ignore_errors=True)
+        forget_topics(bootstrap, stamp)
     row.update(records=len(sink_times.times), error=error)
     print(format_row(row), flush=True)
     return row
