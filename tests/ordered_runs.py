@@ -193,22 +193,6 @@ def output_difference(stack, topic: str, expected: list[dict], events=()) -> str
             f"events: {told[-20:]}")
 
 
-def latencies_s(stack, name: str) -> list[tuple[float, float]]:
-    """(produced at, sink time - produced at) of every output record of the job on ``<name>a`` /
-    ``<name>b`` -> ``<name>out``: the sink's ``sink_ts`` header minus the input record's Kafka
-    create time, both wall clock on this machine."""
-    produced = {json.loads(r.value)["id"]: r.timestamp / 1000
-                for t in (f"{name}a", f"{name}b") for r in read_all(stack.bootstrap_servers, t)}
-    out = []
-    for r in read_all(stack.bootstrap_servers, f"{name}out"):
-        record = json.loads(r.value)
-        if "id" not in record:
-            continue  # a timer's record: no input record of its own
-        at = produced[record["id"]]
-        out.append((at, float(dict(r.headers or ())["sink_ts"]) - at))
-    return out
-
-
 def replicas_agree(result, handle, task: str = "chain") -> int:
     """Digest equality of both replicas of every partition whose two replicas survived; returns
     how many partitions were compared."""
