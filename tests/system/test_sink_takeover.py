@@ -3,6 +3,11 @@ the middle of a transaction, a standby that takes over, and the zombie that trie
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -118,6 +123,61 @@ def test_takeover_after_a_writer_dies_mid_transaction_writes_every_record_once(s
     # a fenced writer never reopens at its own epoch, even if told again
     writer.control(0, 0, -1, -1)
     assert not writer.out.writer
+
+
+# A writer process: the output's writer at epoch 0, writing seq i as the value i until it is killed.
+_WRITER = """
+import sys, time
+from replication.config import ReplicationConfig
+from replication.runtime.exactly_once import ExactlyOnceOutput
+bootstrap, topic, output_id = sys.argv[1:4]
+cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": bootstrap})
+out = ExactlyOnceOutput("writer", cfg, 0, output_id, topic, 0, linger_s=0.02)
+out.control(0, 0, -1, -1)
+i = 0
+while True:
+    out.append(str(i).encode(), None, [])
+    out.on_idle()
+    i += 1
+    if i % 50 == 0:
+        print(i, flush=True)
+    time.sleep(0.0002)
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_writer_process_killed_mid_stream_leaves_every_record_once_after_the_takeover(stack, topic_prefix, seed):
+    """The writer is a process SIGKILLed at a random moment of a stream of transactions, with
+    batches in flight; the standby, told nothing of its commits, takes over.  What landed has
+    no gap (the scan's highest seq is a floor of everything below it), and the output holds
+    every seq exactly once, as a ``read_committed`` reader sees it."""
+    topic, output_id = f"{topic_prefix}out{seed}", f"{topic_prefix}run:{seed}:0"
+    create_topics(stack.bootstrap_servers, {topic: 1})
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, stack.bootstrap_servers, topic, output_id],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        written = 0
+        stop_at = random.Random(seed).randrange(300, 3000)
+        while written < stop_at:
+            line = writer.stdout.readline()
+            assert line, f"the writer process ended by itself (exit {writer.poll()})"
+            written = int(line)
+    finally:
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait()
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers})
+    standby = exactly_once.ExactlyOnceOutput("standby", cfg, 1, output_id, topic, 0, linger_s=0.02)
+    standby.control(0, 0, -1, -1)
+    total = written + 2000  # past anything the writer can have produced
+    for i in range(total):
+        standby.append(str(i).encode(), None, [])
+    standby.control(1, 1, -1, -1)  # the driver promotes the standby (epoch 1)
+    _until_writer(standby)
+    standby.finish(lambda: None)
+
+    seqs = [int(r.value) for r in read_all(stack.bootstrap_servers, topic)]
+    assert sorted(seqs) == list(range(total)), (len(seqs), sorted(set(range(total)) - set(seqs))[:10])
+    assert seqs == sorted(seqs)  # and in order
 
 
 def _transactional(stack, name: str) -> Producer:
