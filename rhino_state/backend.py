@@ -222,18 +222,33 @@ class RocksDBStateBackend:
 
     def first_in_key_groups(self, prefix: bytes, key_groups: Iterable[int]) -> Iterator[tuple[int, bytes]]:
         """``(key_group, rest)`` of the first live key whose rest starts with ``prefix`` in each of
-        ``key_groups`` that has one, in the order given.  Flushes first, then seeks one RocksDB
-        iterator once per key group: a cheap way to find which of many key groups hold a kind of
-        state."""
+        ``key_groups`` that has one, by ascending key group.  Flushes first, then walks one RocksDB
+        iterator up the key groups: it seeks only where the key it stands on lies below the next
+        group's prefix and skips the groups below that key's, so key groups without state cost
+        nothing (a restore asks for all of them)."""
         self.flush()
+        groups = key_groups if isinstance(key_groups, range) and key_groups.step == 1 else sorted(set(key_groups))
         db = self._open_db()
         it = db.iter(ReadOptions())
         found = []
-        for kg in key_groups:
-            lower = _kg_prefix(kg) + prefix
-            it.seek(lower)
-            if it.valid() and (key := it.key()).startswith(lower):
-                found.append((kg, key[2:]))
+        at = b""  # the key the iterator stands on: the first one at or after its last seek
+        i, n = 0, len(groups)
+        while i < n:
+            kg = groups[i]
+            lower = kg.to_bytes(2, "big") + prefix
+            if at < lower:
+                it.seek(lower)
+                if not it.valid():
+                    break  # no key at or after it: none in this key group or any later one
+                at = it.key()
+            if at.startswith(lower):
+                found.append((kg, at[2:]))
+                i += 1
+                continue
+            i += 1  # nothing of ``prefix`` in this group: go on at the group of the key stood on
+            at_group = int.from_bytes(at[:2], "big")
+            if i < n and groups[i] < at_group:
+                i = bisect_left(groups, at_group, i)
         del it  # release the RocksDB iterator before yielding
         return iter(found)
 

@@ -101,6 +101,30 @@ def test_backend_behaves_like_a_dict(operations: list[tuple[Any, ...]], cache_ma
             assert reopened.dirty_count == 0
 
 
+@slow_settings
+@given(st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=3), st.booleans()), max_size=40),
+       st.binary(max_size=2), st.one_of(st.none(), st.lists(st.integers(0, 45), max_size=30)), st.booleans())
+def test_first_in_key_groups_equals_a_seek_per_key_group(entries: list[tuple[int, bytes, bool]], prefix: bytes,
+                                                        asked: list[int] | None, flush_between: bool) -> None:
+    """The first live key of ``prefix`` in each key group asked (all of them: None), whatever lies
+    in the groups between, deleted, flushed or still dirty: what a seek per group finds."""
+    with tmp_dir() as d, RocksDBStateBackend(d / "db") as backend:
+        model: dict[tuple[int, bytes], bytes] = {}
+        for i, (kg, rest, delete) in enumerate(entries):
+            if delete:
+                backend.delete(kg, rest)
+                model.pop((kg, rest), None)
+            else:
+                backend.put(kg, rest, b"v")
+                model[kg, rest] = b"v"
+            if flush_between and i % 3 == 0:
+                backend.flush()
+        groups = range(48) if asked is None else asked
+        expected = [(kg, min(r for g, r in model if g == kg and r.startswith(prefix)))
+                    for kg in sorted(set(groups)) if any(g == kg and r.startswith(prefix) for g, r in model)]
+        assert list(backend.first_in_key_groups(prefix, groups)) == expected
+
+
 def test_iteration_merges_many_dirty_and_stored_entries(tmp_path: Path) -> None:
     """More entries than one RocksDB read chunk, with dirty overwrites and deletes interleaved."""
     model = {}
