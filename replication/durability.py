@@ -251,16 +251,19 @@ class DurableCheckpoints:
 
     def consider(self, safe: Mapping[PartitionId, CompletedCheckpoint], instances: Iterable[PartitionId],
                  sinks: Mapping[tuple[int, int, str], list[int]], routing: Mapping[int, RoutingTable] | None = None,
-                 clean: Callable[[Mapping[PartitionId, int]], bool] | None = None) -> bool:
+                 clean: Callable[[Mapping[PartitionId, int]], bool] | None = None,
+                 code_versions: Mapping[tuple[int, str], int] | None = None) -> bool:
         """Queue a new cut if the consistent cut moved, is uploaded and (``clean``) lies past every
         handover, with the keyed tasks' ``routing`` its checkpoints route with (a resume plans the
-        next handovers from it); whether one was queued."""
+        next handovers from it) and the ``code_versions`` of the operators replaced so far (their
+        functions are in the checkpoints); whether one was queued."""
         parts = self.tracker.next_cut(safe, instances, clean, now=time.time())
         if parts is None:
             return False
         committed = {f"{t}-{p}-{kind}": [entry[2], entry[3]] for (t, p, kind), entry in sorted(sinks.items())}
         run = {**self.run, "pulse": self.pulse(),
-               "routing": {str(task): table.to_dict() for task, table in sorted((routing or {}).items())}}
+               "routing": {str(task): table.to_dict() for task, table in sorted((routing or {}).items())},
+               "code_versions": [[task, op, version] for (task, op), version in sorted((code_versions or {}).items())]}
         with self._cond:
             cut = DurableCut(self.next_number, self.store.job, parts, self.plan, run, committed, time.time())
             self.next_number += 1

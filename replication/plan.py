@@ -116,6 +116,9 @@ class PhysicalPlan:
     # a savepoint this run starts from: (directory, its _meta.json), set by the driver
     savepoint: tuple[str, dict] | None = None
     resume: ResumePoint | None = None  # the durable cut this run goes on from, set by the driver
+    # (task id, operator) -> the version its function was replaced to by the runs this one resumes
+    # (its checkpoints hold the function): the next replacement counts on from there
+    code_versions: dict[tuple[int, str], int] = field(default_factory=dict)
 
     def source_topics(self) -> dict[str, list[int]]:
         """Every source topic with the Kafka partitions the job reads of it."""

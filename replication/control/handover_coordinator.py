@@ -47,6 +47,7 @@ class HandoverCoordinator:
         self.plan = plan
         self.manager = HandoverManager(plan.routing, upstreams, replicas=plan.replicas,
                                        max_bytes_in_flight=max_bytes_in_flight)
+        self.manager.code_versions.update(plan.code_versions)  # a resumed run's replaced operators
         self.orders: dict[int, HandoverOrder | CodeOrder] = {}
         self._cut_entries: dict[int, dict[int, int]] = {}  # handover id -> origin partition -> entries cut
         self._deferred: list[HandoverAck] = []  # LOADED acks that came before the release was placed

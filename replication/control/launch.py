@@ -145,15 +145,19 @@ def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: s
         _from_savepoint(plan, replace(cfg, restore_from=between))
 
 
-def _resumed_routing(plan: PhysicalPlan) -> None:
+def _resumed_handovers(plan: PhysicalPlan) -> None:
     """A resumed run routes as the checkpoints of its cut do (handovers of the runs before moved
-    vnodes; a cut lies past every handover): the driver plans the next handovers from there."""
+    vnodes; a cut lies past every handover): the driver plans the next handovers from there.  Its
+    replaced operators run the function their checkpoints hold; their next replacement counts its
+    version on from the cut's."""
     if plan.resume is None:
         return
     for key, data in plan.resume.cut.run.get("routing", {}).items():
         table, current = RoutingTable.from_dict(data), plan.routing.get(int(key))
         if current is not None and (table.parallelism, table.num_vnodes) == (current.parallelism, current.num_vnodes):
             plan.routing[int(key)] = table
+    for task, operator, version in plan.resume.cut.run.get("code_versions", []):
+        plan.code_versions[(int(task), str(operator))] = int(version)
 
 
 def check_unordered(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
@@ -219,7 +223,7 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
         _from_savepoint(plan, cfg)
     if cfg.checkpoint_dir is not None:
         _from_checkpoint_dir(plan, cfg, job.name)
-        _resumed_routing(plan)
+        _resumed_handovers(plan)
     _replicated(plan, cfg, partitions)
     if cfg.mode in ("liverobin", "kazoo"):  # KaZoo: pulses only in the windows a handover opens
         # this run's own segments (liverobin.segments): generators make the later ones exist; a resumed

@@ -128,9 +128,11 @@ class Restores:
         if self.master.durable is not None:
             self.master.durable.uploaded(report.durable)
             handovers = self.master.handovers
+            plan = self.master.plan
             self.master.durable.consider(self.rhino.safe, self.rhino.instances(), self.master.outputs.roles,
-                                         self.master.plan.routing if handovers is None else handovers.tables(),
-                                         None if handovers is None else handovers.cut_is_clean)
+                                         plan.routing if handovers is None else handovers.tables(),
+                                         None if handovers is None else handovers.cut_is_clean,
+                                         plan.code_versions if handovers is None else handovers.manager.code_versions)
 
     def start(self) -> None:
         """Restore every lost replica for which a live worker holds a completed checkpoint (one

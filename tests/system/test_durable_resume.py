@@ -23,7 +23,7 @@ from ops.chaos import kill_executor, locate
 from ops.soak_check import read_topic
 from replication import run, savepoint
 from replication.durability import rescale_savepoint_dir
-from replication.examples.ordered import build_ordered_job, verify_chains
+from replication.examples.ordered import HashChain, build_ordered_job, verify_chains
 from rhino_state.durable import DurableStore
 from rhino_state.keys import RoutingTable
 from tests.ordered_runs import (
@@ -221,6 +221,62 @@ def test_a_job_resumed_after_a_handover_routes_as_its_cut_and_hands_over_again(s
     chain = cut.plan["tasks"]["chain"]["id"]
     assert RoutingTable.from_dict(cut.run["routing"][str(chain)]).vnodes_of(1)[:4] == (0, 1, 2, 3), cut.run
     _check(stack, name, result, ids)
+
+
+def test_an_operator_replaced_at_runtime_keeps_its_new_function_across_a_resume(stack, spark, topic_prefix,
+                                                                                tmp_path):
+    """The first run replaces the chain function by a salted version, a cut follows, and the run
+    ends.  The second run is started with the job's original function: every partition restores
+    its checkpoint, which holds the replacement, so every record of the second run is salted and
+    the chains link up across both runs (the new version kept the state).  Its own replacement
+    is version 2: the cut says which version the operator runs."""
+    name = f"{topic_prefix}dkcode"
+    a, b = source_topics(stack, name)
+    checkpoints = str(tmp_path / "checkpoints")
+    conf = _conf(stack, "liverobin", checkpoints)
+    store = DurableStore(checkpoints, name)
+    with fed_without_pause(stack, a, b) as ids:
+        first = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark, conf=conf)
+        try:
+            first.wait_started(120)
+            _wait(lambda: _latest_consumed(store) >= 150, 120, "a cut with state")
+            report = first.replace_operator("chain", "chain", HashChain(salt="v2|"))
+            assert report["state"] == "completed", report
+            # a cut queued before the commit may be written after it: the cut says what it holds
+            _wait(lambda: store.read_cut(max(store.cut_numbers())).run.get("code_versions"), 120,
+                  "a cut after the replacement")
+        finally:
+            first.stop()
+        cut = store.read_cut(max(store.cut_numbers()))
+        chain = cut.plan["tasks"]["chain"]["id"]
+        assert cut.run["code_versions"] == [[chain, "chain", 1]], cut.run
+        first_run_n: dict[str, int] = {}
+        for rec in _outputs(stack, f"{name}out"):
+            first_run_n[rec["key"]] = max(first_run_n.get(rec["key"], 0), rec["n"])
+        second = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark, conf=conf)
+        try:
+            second.wait_started(120)
+            assert second.plan.resume is not None and second.plan.resume.cut.number >= cut.number
+            time.sleep(1)  # the second run under load a while
+            again = second.replace_operator("chain", "chain", HashChain(salt="v3|"))
+            assert again["state"] == "completed" and again["version"] == 2, again
+            time.sleep(1)
+        except BaseException:
+            second.stop()
+            raise
+    result = second.drain(timeout=300)
+    _check(stack, name, result, ids)
+    outputs = _outputs(stack, f"{name}out")
+    by_key: dict[str, list[dict]] = {}
+    for rec in outputs:
+        by_key.setdefault(rec["key"], []).append(rec)
+    versions = {"": 0, "v2|": 2, "v3|": 3}
+    for recs in by_key.values():  # per key: each version from some element on, never an older one again
+        salts = [versions[rec.get("salt", "")] for rec in sorted(recs, key=lambda r: r["n"])]
+        assert salts == sorted(salts), salts
+    second_run = [rec for rec in outputs if rec["n"] > first_run_n.get(rec["key"], 0) and "timer" not in rec]
+    assert second_run and all(rec.get("salt") in ("v2|", "v3|") for rec in second_run), second_run[:5]
+    assert any(rec.get("salt") == "v3|" for rec in second_run)
 
 
 @pytest.mark.slow
