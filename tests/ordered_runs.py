@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime
 
 from confluent_kafka import Producer
 
@@ -16,6 +17,7 @@ from deploy.topics import create_topics, produce, read_all
 from ops.soak_check import read_topic
 from replication import run
 from replication.examples.ordered import build_ordered_job, make_events
+from replication.spark_cluster import spark_work_dir
 from transport.kafka_io import produce_blocking
 
 START_TS = 1_700_000_000_000
@@ -191,6 +193,27 @@ def output_difference(stack, topic: str, expected: list[dict], events=()) -> str
     return (f"{topic}: {len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}; the missing as any "
             f"reader sees them: {[raw.get(m, 'absent') for m in missing[:5]]}; output seqs: {gaps}; "
             f"events: {told[-20:]}")
+
+
+WRITER_LOG_MARKS = ("took over as writer", "lost its producer", "scanning ")
+
+
+def writer_log_lines(spark, since: float, limit: int = 40) -> list[str]:
+    """For a failed check: what the executors of the tests' Spark application logged about
+    exactly-once writers (takeovers with the seq their scan found and the records they kept,
+    fenced writers) from wall-clock ``since`` on, oldest first."""
+    found = []
+    for stderr in (spark_work_dir() / spark.sparkContext.applicationId).glob("*/stderr"):
+        for line in stderr.read_text(errors="replace").splitlines():
+            if not any(mark in line for mark in WRITER_LOG_MARKS):
+                continue
+            try:
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            if at >= since:
+                found.append((at, f"executor {stderr.parent.name}: {line[24:][:300]}"))
+    return [text for _, text in sorted(found)[-limit:]]
 
 
 def replicas_agree(result, handle, task: str = "chain") -> int:

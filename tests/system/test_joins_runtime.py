@@ -50,7 +50,14 @@ from replication.examples.views import (
 from rhino_state import encode_key, key_group, vnode_of
 from rhino_state.increments import EMPTY_DIGEST
 from tests.example_inputs import customer_table, order_events
-from tests.ordered_runs import RHINO_MODES, output_difference, read_output, replicas_agree, wait_until
+from tests.ordered_runs import (
+    RHINO_MODES,
+    output_difference,
+    read_output,
+    replicas_agree,
+    wait_until,
+    writer_log_lines,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -117,9 +124,11 @@ def _every_batch_out(stack, outs: dict[str, str], clicks) -> None:
                60, "every click's batch", poll_s=0.5)
 
 
-def _assert_exact(stack, outs: dict[str, str], orders, payments, clicks, table, events=()) -> None:
+def _assert_exact(stack, outs: dict[str, str], orders, payments, clicks, table, events=(),
+                  writer_logs=lambda: []) -> None:
     """Every output topic against its plain-Python reference of the whole input (``events``: the
-    job's, to say where a record went if one differs)."""
+    job's, and ``writer_logs()``: what its writers logged, to say where a record went if one
+    differs)."""
     enriched, paid = enrichment_reference(orders, payments, table)
 
     def as_counter(records):
@@ -128,7 +137,8 @@ def _assert_exact(stack, outs: dict[str, str], orders, payments, clicks, table, 
     for topic, expected in (("enriched", enriched), ("paid", paid), ("sessions", sessions_reference(clicks)),
                             ("recent", recent_clicks_reference(clicks)),
                             ("pairs", same_second_reference(orders, payments))):
-        assert not (difference := output_difference(stack, outs[topic], expected, events)), difference
+        difference = output_difference(stack, outs[topic], expected, events)
+        assert not difference, f"{difference}; writers: {writer_logs()}"
     pages = [(w["key"], w["start"], w["value"]) for w in read_output(stack, outs["pages"])]
     assert len(pages) == len({(k, s) for k, s, _ in pages}) and {(k, s): n for k, s, n in pages} == pages_reference(clicks)
     running = read_all(stack.bootstrap_servers, outs["running"])
@@ -204,6 +214,7 @@ def _committed(handle) -> bool:
 def test_windows_joins_and_keyed_state_survive_a_kill_and_moves_with_exact_output(stack, spark, topic_prefix,
                                                                                   mode, moved_first):
     name = f"{topic_prefix}joins{mode[0]}"
+    started = time.time()
     topics, outs, table_records, table = _topics(stack, name)
     job = _joins_job(name, topics, outs, parallelism=2)
     handle = run(job, spark=spark, conf=_conf(stack, mode, rhino=True))  # the lost replica comes back
@@ -236,7 +247,8 @@ def test_windows_joins_and_keyed_state_survive_a_kill_and_moves_with_exact_outpu
     assert set(moves) == set(KEYED_TASKS) and all(m["state"] == "completed" for m in moves.values()), moves
     _assert_no_divergence(result)
     assert result.metrics.dead_lettered == 0 and result.metrics.late_records == 0, _dead_letters(stack, name)
-    _assert_exact(stack, outs, orders, payments, clicks, table, result.events)
+    _assert_exact(stack, outs, orders, payments, clicks, table, result.events,
+                  lambda: writer_log_lines(spark, started))
     assert sum("declared dead" in text for _, text in result.events) == 1, result.events
     for task in KEYED_TASKS:
         replicas_agree(result, handle, task=task)
