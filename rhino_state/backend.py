@@ -235,7 +235,7 @@ class RocksDBStateBackend:
         i, n = 0, len(groups)
         while i < n:
             kg = groups[i]
-            lower = kg.to_bytes(2, "big") + prefix
+            lower = _kg_prefix(kg) + prefix
             if at < lower:
                 it.seek(lower)
                 if not it.valid():
