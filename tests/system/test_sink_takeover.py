@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import Producer
 
 from deploy.topics import create_topics, read_all
+from ops.soak_check import read_topic
 from replication.config import ReplicationConfig
 from replication.metrics import InstanceMetrics
 from replication.runtime import exactly_once
@@ -168,7 +169,10 @@ def test_a_writer_process_killed_mid_stream_leaves_every_record_once_after_the_t
     cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": stack.bootstrap_servers})
     standby = exactly_once.ExactlyOnceOutput("standby", cfg, 1, output_id, topic, 0, linger_s=0.02)
     standby.control(0, 0, -1, -1)
-    total = written + 2000  # past anything the writer can have produced
+    # past anything the writer produced: what landed (any reader of this broker sees it; a batch
+    # the broker has yet to take is a few records), whatever the pipe still held unread
+    landed = max((int(r.value) for r in read_topic(stack.bootstrap_servers, topic, quiet_s=0.5)), default=-1)
+    total = max(written, landed + 1) + 2000
     for i in range(total):
         standby.append(str(i).encode(), None, [])
     standby.control(1, 1, -1, -1)  # the driver promotes the standby (epoch 1)
