@@ -115,6 +115,9 @@ class PhysicalPlan:
     window_order_logs_prefix: str | None = None
     # a savepoint this run starts from: (directory, its _meta.json), set by the driver
     savepoint: tuple[str, dict] | None = None
+    # whether the operators replaced at runtime in the run that wrote the savepoint keep their
+    # functions here (a durable resume's savepoint), instead of running the job's own
+    savepoint_code: bool = False
     resume: ResumePoint | None = None  # the durable cut this run goes on from, set by the driver
     # (task id, operator) -> the version its function was replaced to by the runs this one resumes
     # (its checkpoints hold the function): the next replacement counts on from there

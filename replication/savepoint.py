@@ -9,17 +9,21 @@ it holds to ``DIR/<task>/p<partition>-r<replica>.pkl``:
 
 * a source: the next offset of each Kafka partition, its event-time high marks and the watermark
   it emitted;
-* a processing replica: its keyed state (every RocksDB entry: key group, key, value) and its
-  operators' state outside keyed state (watermarks, a window's fire index).
+* a processing replica: its keyed state (every RocksDB entry: key group, key, value), its
+  operators' state outside keyed state (watermarks, a window's fire index) and the functions that
+  replaced its operators at runtime (cloudpickled).
 
 The driver then checks that every partition of every task wrote one (either replica) and writes
-``DIR/_meta.json`` last: a savepoint without it is incomplete.
+``DIR/_meta.json`` last: a savepoint without it is incomplete.  The meta names the operators replaced
+at runtime and their versions.
 
 Restored by a new run with ``spark.replication.restoreFrom=DIR``: checked before anything starts
 (:func:`check`), the sources start at the saved offsets, and each partition of a keyed task loads
 the entries of the key groups it owns under the new plan, from every old partition's file (key
 groups are stable: same key, same group, whatever the parallelism), and the fire-index entries of
-its keys.  No I/O but files here; the runtime calls these functions at the edges.  Every file is
+its keys.  A new run takes the job's own functions, except from the savepoint a durable resume at
+another parallelism goes through, which goes on with the replaced ones as any durable resume does
+(:func:`replaced_code`).  No I/O but files here; the runtime calls these functions at the edges.  Every file is
 written whole or not at all (a rename on a path, a completed upload on an object store).
 """
 
@@ -98,10 +102,13 @@ def missing_parts(root: Where, tasks: Mapping[str, int], replicas: int) -> list[
 
 
 def write_meta(root: Where, *, job: str, num_key_groups: int, tasks: Mapping[str, int],
-               sources: Iterable[str], keyed: Iterable[str]) -> None:
-    """Mark the savepoint complete: written last, once every part is there."""
+               sources: Iterable[str], keyed: Iterable[str],
+               code_versions: Mapping[tuple[str, str], int] | None = None) -> None:
+    """Mark the savepoint complete: written last, once every part is there.  ``code_versions``:
+    (task, operator) -> the version its function was replaced to at runtime."""
     meta = {"format": FORMAT, "job": job, "num_key_groups": num_key_groups, "tasks": dict(tasks),
-            "sources": sorted(sources), "keyed": sorted(keyed), "created": time.time()}
+            "sources": sorted(sources), "keyed": sorted(keyed), "created": time.time(),
+            "code_versions": [[task, op, v] for (task, op), v in sorted((code_versions or {}).items())]}
     fs, base = _opened(root)
     with open_whole(fs, f"{base}/{META}") as out:
         out.write(json.dumps(meta, indent=1).encode())
@@ -184,14 +191,27 @@ def source_offsets(root: Where, task: str, partitions: int, replicas: int = 2) -
 
 
 def keyed_entries(root: Where, task: str, old_partitions: int,
-                  owns: Callable[[int], bool]) -> tuple[list[tuple[int, bytes, bytes]], dict[str, list]]:
-    """Every old partition's entries of the key groups ``owns`` accepts, and per operator the
-    old partitions' operator state (each old partition's snapshot, in partition order)."""
+                  owns: Callable[[int], bool]) -> tuple[list[tuple[int, bytes, bytes]], dict[str, list], dict[str, bytes]]:
+    """Every old partition's entries of the key groups ``owns`` accepts, per operator the old
+    partitions' operator state (each old partition's snapshot, in partition order), and the
+    functions that replaced operators at runtime (operator -> cloudpickled function)."""
     entries: list[tuple[int, bytes, bytes]] = []
     operators: dict[str, list] = {}
+    code: dict[str, bytes] = {}
     for p in range(old_partitions):
         part = read_partition(root, task, p)
         entries += [e for e in part["entries"] if owns(e[0])]
         for name, snapshot in part["operators"].items():
             operators.setdefault(name, []).append(snapshot)
-    return entries, operators
+        code.update(part.get("code", {}))  # the same in every partition: all switch at one pulse
+    return entries, operators, code
+
+
+def replaced_code(root: Where, meta: Mapping[str, Any], task: str) -> dict[str, bytes]:
+    """The functions that replaced operators of ``task``, a task without keyed state, at runtime
+    (operator -> cloudpickled function; a keyed task's come with :func:`keyed_entries`): from its
+    first partition's part, as every partition switched at the same pulse; empty when the meta
+    names none of ``task``'s operators."""
+    if not any(name == task for name, _, _ in meta.get("code_versions", [])):
+        return {}
+    return dict(read_partition(root, task, 0).get("code", {}))

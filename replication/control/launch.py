@@ -76,9 +76,11 @@ class ControlServers:
         self.calls.stop(grace=grace)
 
 
-def _from_savepoint(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
+def _from_savepoint(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: str) -> None:
     """Check the savepoint against the plan (ConfigError naming the key otherwise) and start the
-    sources where it ends."""
+    sources where it ends.  The operators replaced at runtime in the run that wrote it keep their
+    functions if it is the savepoint of a durable resume at another parallelism (as any durable
+    resume does); from any other savepoint the job's own functions run, and a warning names them."""
     key = PREFIX + "restoreFrom"
     root = cfg.restore_from
     try:
@@ -94,6 +96,16 @@ def _from_savepoint(plan: PhysicalPlan, cfg: ReplicationConfig) -> None:
         if t.is_source and t.name in meta["sources"]:
             plan.source_start_offsets[t.id] = savepoints.source_offsets(root, t.name, t.parallelism)
     plan.savepoint = (root, meta)
+    replaced = {(task, op): version for task, op, version in meta.get("code_versions", [])}
+    plan.savepoint_code = cfg.checkpoint_dir is not None and \
+        savepoints.canonical(root) == rescale_savepoint_dir(cfg.checkpoint_dir, job_name)
+    if plan.savepoint_code:
+        ids = {t.name: t.id for t in plan.tasks}
+        plan.code_versions.update({(ids[task], op): version for (task, op), version in replaced.items() if task in ids})
+    elif replaced:
+        log.warning("savepoint %s: this run starts with the job's own functions; replaced at runtime in the run "
+                    "that wrote it were %s", without_credentials(root),
+                    ", ".join(f"operator {op!r} of task {task!r} (version {v})" for (task, op), v in sorted(replaced.items())))
 
 
 def _resume_then_rescale(job: Job, spark: Any, conf: Mapping[str, Any] | None, cfg: ReplicationConfig,
@@ -142,7 +154,7 @@ def _from_checkpoint_dir(plan: PhysicalPlan, cfg: ReplicationConfig, job_name: s
         # a resume at another parallelism drained into it, and its second run wrote no cut yet
         log.warning("durable checkpoints: no cut since a resume at another parallelism; starting from its "
                     "savepoint %s", without_credentials(between))
-        _from_savepoint(plan, replace(cfg, restore_from=between))
+        _from_savepoint(plan, replace(cfg, restore_from=between), job_name)
 
 
 def _resumed_handovers(plan: PhysicalPlan) -> None:
@@ -220,7 +232,7 @@ def prepare(job: Job, cfg: ReplicationConfig) -> PhysicalPlan:
                 cfg.kafka_consumer_config(group_id=f"replication-{job.name}-start"), task.head.spec["topic"],
                 range(partitions[task.head.spec["topic"]]))
     if cfg.restore_from is not None:
-        _from_savepoint(plan, cfg)
+        _from_savepoint(plan, cfg, job.name)
     if cfg.checkpoint_dir is not None:
         _from_checkpoint_dir(plan, cfg, job.name)
         _resumed_handovers(plan)

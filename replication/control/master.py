@@ -222,6 +222,11 @@ class JobMaster:
         with self._cond:
             self.event(text)
 
+    def code_versions(self) -> Mapping[tuple[int, str], int]:
+        """(task id, operator) -> the version its function was replaced to at runtime, in this run
+        or the runs it resumes."""
+        return self.plan.code_versions if self.handovers is None else self.handovers.manager.code_versions
+
     def resume_outputs(self, committed: Mapping[str, list[int]]) -> None:
         """A resumed run: see :meth:`OutputRoles.resume`."""
         self.outputs.resume(committed)

@@ -132,7 +132,7 @@ class Restores:
             self.master.durable.consider(self.rhino.safe, self.rhino.instances(), self.master.outputs.roles,
                                          plan.routing if handovers is None else handovers.tables(),
                                          None if handovers is None else handovers.cut_is_clean,
-                                         plan.code_versions if handovers is None else handovers.manager.code_versions)
+                                         self.master.code_versions())
 
     def start(self) -> None:
         """Restore every lost replica for which a live worker holds a completed checkpoint (one

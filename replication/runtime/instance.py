@@ -142,8 +142,13 @@ class PartitionInstance(ReplicaHandoverPart):
         if rt is not None:
             for op, snap in zip(chain_operators(self.chain), rt["operators"], strict=True):
                 op.restore(snap)
-                if op.name in self.code:
-                    op.replace_fn(pickle.loads(self.code[op.name]))
+            self._run_replaced_code()
+
+    def _run_replaced_code(self) -> None:
+        """The operators replaced at runtime (``self.code``) run their replacing functions."""
+        for op in chain_operators(self.chain):
+            if op.name in self.code:
+                op.replace_fn(pickle.loads(self.code[op.name]))
 
     def _new_interval(self, ts: int) -> bool:
         """Whether record time ``ts`` (ms) enters a later checkpoint interval than any seen before;
@@ -286,26 +291,31 @@ class PartitionInstance(ReplicaHandoverPart):
 
     # -- savepoints (replication.savepoint) ------------------------------------------------
     def savepoint_content(self) -> dict[str, Any]:
-        """What this replica leaves to the next run, once drained: its keyed state and its
-        operators' state outside it."""
+        """What this replica leaves to the next run, once drained: its keyed state, its operators'
+        state outside it, and the functions that replaced its operators at runtime."""
         entries = []
         if self._backend is not None:
             self._backend.flush()
             entries = list(self._backend.iter_key_groups(range(self.num_key_groups)))
-        return {"entries": entries, "operators": {op.name: op.snapshot() for op in chain_operators(self.chain)}}
+        return {"entries": entries, "operators": {op.name: op.snapshot() for op in chain_operators(self.chain)},
+                "code": dict(self.code)}
 
     def _load_savepoint(self, root: str, meta: dict[str, Any]) -> None:
         """A new run: the key groups this partition owns now, from every partition of the run that
-        wrote the savepoint, and its operators' state."""
+        wrote the savepoint, and its operators' state; and, from a durable resume's savepoint
+        (``plan.savepoint_code``), the functions that replaced its operators at runtime."""
         name = self.task.name
         table = self.worker.plan.routing.get(self.task.id)
         if name not in meta["keyed"] or table is None:
+            if self.worker.plan.savepoint_code:
+                self.code = savepoint.replaced_code(root, meta, name)
+                self._run_replaced_code()
             return
 
         def owns(kg: int) -> bool:
             return table.partition_of_key_group(kg, self.num_key_groups) == self.partition
 
-        entries, operators = savepoint.keyed_entries(root, name, meta["tasks"][name], owns)
+        entries, operators, code = savepoint.keyed_entries(root, name, meta["tasks"][name], owns)
         backend = self.state_backend()
         for kg, rest, value in entries:
             backend.put(kg, rest, value)
@@ -313,6 +323,9 @@ class PartitionInstance(ReplicaHandoverPart):
         for op in chain_operators(self.chain):
             if op.name in operators:
                 op.restore_savepoint(operators[op.name], owns)
+        if self.worker.plan.savepoint_code:
+            self.code = code
+            self._run_replaced_code()
         self.metrics.savepoint_entries = len(entries)
 
     def request_stop(self) -> None:

@@ -45,8 +45,9 @@ def test_a_savepoint_is_complete_only_with_its_meta_and_every_partition_part(dur
     assert sp.is_complete(root)
     # the furthest replica of a source: the downstream consumed its longer sequence
     assert sp.source_offsets(root, "src", 1) == {0: 10}
-    entries, operators = sp.keyed_entries(root, "chain", 2, lambda kg: kg != 2)
-    assert entries == [(1, b"a", b"1"), (3, b"k", b"v")] and operators == {"chain": [7]}
+    entries, operators, code = sp.keyed_entries(root, "chain", 2, lambda kg: kg != 2)
+    assert entries == [(1, b"a", b"1"), (3, b"k", b"v")] and operators == {"chain": [7]} and code == {}
+    assert meta["code_versions"] == [] and sp.replaced_code(root, meta, "chain") == {}
     ok = {"src": ("source", 1), "chain": ("keyed", 3)}
     assert sp.check(str(root), meta, num_key_groups=4, tasks=ok, key="K") == []
     problems = sp.check(str(root), meta, num_key_groups=8, tasks={"src": ("source", 2), "other": ("keyed", 2)},
@@ -57,6 +58,25 @@ def test_a_savepoint_is_complete_only_with_its_meta_and_every_partition_part(dur
     assert all("test-secret" not in p for p in problems)  # a URI's credentials are not shown
     sp.delete(root)
     assert not sp.holds_anything(root) and not sp.is_complete(root)
+
+
+def test_a_savepoint_carries_the_functions_that_replaced_operators_and_their_versions(tmp_path):
+    """Parts hold each replica's replaced functions, the meta names the operators and versions; a
+    keyed task's come with its entries, another task's from its first part (parts of an earlier
+    build hold none)."""
+    root = tmp_path / "sp"
+    fn = b"cloudpickled v2"
+    for p in range(2):
+        sp.write_replica(root, "chain", p, 0, {"entries": [(p, b"k", b"v")], "operators": {}, "code": {"chain": fn}})
+        sp.write_replica(root, "enrich", p, 0, {"entries": [], "operators": {}, "code": {"tag": b"v3"}})
+        sp.write_replica(root, "plain", p, 0, {"entries": [], "operators": {}})
+    sp.write_meta(root, job="j", num_key_groups=4, tasks={"chain": 2, "enrich": 2, "plain": 2}, sources=[],
+                  keyed=["chain"], code_versions={("enrich", "tag"): 3, ("chain", "chain"): 2})
+    meta = sp.read_meta(root)
+    assert meta["code_versions"] == [["chain", "chain", 2], ["enrich", "tag", 3]]
+    assert sp.keyed_entries(root, "chain", 2, lambda kg: True)[2] == {"chain": fn}
+    assert sp.replaced_code(root, meta, "enrich") == {"tag": b"v3"}
+    assert sp.replaced_code(root, meta, "plain") == {}
 
 
 def test_a_window_takes_the_fire_index_of_the_keys_it_owns_now_and_the_lowest_watermark():

@@ -16,12 +16,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ops.chaos import kill_executor, locate
 from ops.soak_check import read_topic
 from replication import run, savepoint
+from replication.config import ConfigError, ReplicationConfig
+from replication.control.launch import prepare
 from replication.durability import rescale_savepoint_dir
 from replication.examples.ordered import HashChain, build_ordered_job, verify_chains
 from rhino_state.durable import DurableStore
@@ -223,14 +226,17 @@ def test_a_job_resumed_after_a_handover_routes_as_its_cut_and_hands_over_again(s
     _check(stack, name, result, ids)
 
 
+@pytest.mark.parametrize("parallelism", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_an_operator_replaced_at_runtime_keeps_its_new_function_across_a_resume(stack, spark, topic_prefix,
-                                                                                tmp_path):
+                                                                                tmp_path, parallelism):
     """The first run replaces the chain function by a salted version, a cut follows, and the run
     ends.  The second run is started with the job's original function: every partition restores
     its checkpoint, which holds the replacement, so every record of the second run is salted and
     the chains link up across both runs (the new version kept the state).  Its own replacement
-    is version 2: the cut says which version the operator runs."""
-    name = f"{topic_prefix}dkcode"
+    is version 2: the cut says which version the operator runs.  Started with the chain on 3
+    partitions, the second run goes through a savepoint (resumed at 2, drained, started at 3
+    from it), which carries the function and its version as well."""
+    name = f"{topic_prefix}dkcode{parallelism}"
     a, b = source_topics(stack, name)
     checkpoints = str(tmp_path / "checkpoints")
     conf = _conf(stack, "liverobin", checkpoints)
@@ -253,10 +259,14 @@ def test_an_operator_replaced_at_runtime_keeps_its_new_function_across_a_resume(
         first_run_n: dict[str, int] = {}
         for rec in _outputs(stack, f"{name}out"):
             first_run_n[rec["key"]] = max(first_run_n.get(rec["key"], 0), rec["n"])
-        second = run(build_ordered_job(a, b, f"{name}out", name=name), spark=spark, conf=conf)
+        second = run(build_ordered_job(a, b, f"{name}out", name=name, parallelism=parallelism), spark=spark,
+                     conf=conf)
         try:
             second.wait_started(120)
-            assert second.plan.resume is not None and second.plan.resume.cut.number >= cut.number
+            if parallelism == 2:
+                assert second.plan.resume is not None and second.plan.resume.cut.number >= cut.number
+            else:
+                assert second.plan.savepoint_code and second.plan.savepoint is not None, second.plan.savepoint
             time.sleep(1)  # the second run under load a while
             again = second.replace_operator("chain", "chain", HashChain(salt="v3|"))
             assert again["state"] == "completed" and again["version"] == 2, again
@@ -361,8 +371,6 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
     """Checked by ``prepare`` (no Spark): other key groups are refused in one line naming the key;
     another parallelism is a resume at the checkpoints' first; with ``checkpointDir.ignore=true``
     the job starts empty and the old checkpoints are gone."""
-    from replication.config import ConfigError, ReplicationConfig
-    from replication.control.launch import prepare
     from replication.durability import plan_shape
     from rhino_state.durable import DurableCut
 
@@ -396,8 +404,6 @@ def test_a_job_that_does_not_fit_its_checkpoints_is_refused_before_it_starts(sta
 def test_a_kazoo_resume_goes_on_in_the_order_logs_its_cut_names(stack, topic_prefix, tmp_path):
     """Checked by ``prepare`` (no Spark): a KaZoo job resumed from a cut follows the order logs of
     the run that wrote it; a cut that names none (an earlier build's) is refused in one line."""
-    from replication.config import ConfigError, ReplicationConfig
-    from replication.control.launch import prepare
     from replication.durability import plan_shape
     from rhino_state.durable import DurableCut
 
@@ -445,15 +451,9 @@ def test_a_job_killed_at_one_parallelism_goes_on_exactly_once_at_another(request
     assert not savepoint.holds_anything(rescale_savepoint_dir(checkpoints, name))
 
 
-def test_a_start_between_a_rescaling_resume_and_its_first_cut_goes_on_from_its_savepoint(stack, topic_prefix,
-                                                                                          tmp_path):
-    """Checked by ``prepare`` (no Spark): the job's checkpoints were deleted once the savepoint of a
-    resume at another parallelism was complete; until the new run writes a cut, a new start goes on
-    from that savepoint; ``checkpointDir.ignore=true`` deletes it too."""
-    from replication.config import ReplicationConfig
-    from replication.control.launch import prepare
-
-    name = f"{topic_prefix}dsp"
+def _a_rescale_savepoint(stack, name: str, tmp_path: Path) -> tuple[Any, ReplicationConfig, Path, Path]:
+    """The job (chain on 3), its config, checkpoint directory and the savepoint beside it of a resume
+    at another parallelism, with its sources' parts written and no meta yet."""
     a, b = source_topics(stack, name)
     checkpoints = tmp_path / "checkpoints"
     between = checkpoints / f"{name}.rescale-savepoint"
@@ -461,11 +461,47 @@ def test_a_start_between_a_rescaling_resume_and_its_first_cut_goes_on_from_its_s
         for p in range(2):
             savepoint.write_replica(between, task, p, 0, {"offsets": {p: 40 + p}, "max_ts": {}, "emitted_wm": 0})
     cfg = ReplicationConfig.from_mapping(_conf(stack, "liverobin", checkpoints))
-    job = build_ordered_job(a, b, f"{name}out", name=name, parallelism=3)
-    assert prepare(job, cfg).savepoint is None  # no meta file: not a complete savepoint
+    return build_ordered_job(a, b, f"{name}out", name=name, parallelism=3), cfg, checkpoints, between
+
+
+def _complete(between: Path, name: str, cfg: ReplicationConfig, **code_versions: int) -> None:
+    """Write the meta of the savepoint of :func:`_a_rescale_savepoint` (``code_versions``: the
+    chain task's replaced operators)."""
     savepoint.write_meta(between, job=name, num_key_groups=cfg.state_key_groups,
                          tasks={"source-a": 2, "source-b": 2, "chain": 2}, sources=["source-a", "source-b"],
-                         keyed=["chain"])
+                         keyed=["chain"], code_versions={("chain", op): v for op, v in code_versions.items()})
+
+
+def test_only_a_durable_resume_s_savepoint_keeps_the_functions_replaced_at_runtime(stack, topic_prefix, tmp_path,
+                                                                                    caplog):
+    """Checked by ``prepare`` (no Spark): the savepoint a resume at another parallelism goes
+    through runs the replaced functions and counts their versions on, as the resume would have;
+    the same savepoint given as ``restoreFrom`` to a job without those checkpoints is an upgrade
+    path: the job's own functions run, the versions start over, and a warning names them."""
+    name = f"{topic_prefix}dspc"
+    job, cfg, _, between = _a_rescale_savepoint(stack, name, tmp_path)
+    _complete(between, name, cfg, chain=2)
+    plan = prepare(job, cfg)
+    chain = next(t.id for t in plan.tasks if t.name == "chain")
+    assert plan.savepoint is not None and plan.savepoint_code and plan.code_versions == {(chain, "chain"): 2}
+    upgrade = ReplicationConfig.from_mapping({**rhino_conf(stack, "liverobin", True),
+                                              "spark.replication.restoreFrom": str(between)})
+    with caplog.at_level("WARNING", logger="replication.control.launch"):
+        plan = prepare(job, upgrade)
+    assert plan.savepoint is not None and not plan.savepoint_code and plan.code_versions == {}
+    assert "starts with the job's own functions" in caplog.text and "operator 'chain' of task 'chain' (version 2)" \
+        in caplog.text, caplog.text
+
+
+def test_a_start_between_a_rescaling_resume_and_its_first_cut_goes_on_from_its_savepoint(stack, topic_prefix,
+                                                                                          tmp_path):
+    """Checked by ``prepare`` (no Spark): the job's checkpoints were deleted once the savepoint of a
+    resume at another parallelism was complete; until the new run writes a cut, a new start goes on
+    from that savepoint; ``checkpointDir.ignore=true`` deletes it too."""
+    name = f"{topic_prefix}dsp"
+    job, cfg, checkpoints, between = _a_rescale_savepoint(stack, name, tmp_path)
+    assert prepare(job, cfg).savepoint is None  # no meta file: not a complete savepoint
+    _complete(between, name, cfg)
     plan = prepare(job, cfg)
     assert plan.resume is None and plan.savepoint is not None and plan.savepoint[0] == str(between)
     source_a = next(t.id for t in plan.tasks if t.name == "source-a")
