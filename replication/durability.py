@@ -327,9 +327,9 @@ class DurableCheckpoints:
         started = time.monotonic()
         try:
             self.store.write_cut(cut)
-            deleted = self.store.retain(self.retain)
-            self.oldest_kept = self.store.oldest_checkpoint()
-            floor = self.store.order_log_floor()
+            retained = self.store.retain(self.retain)  # the one listing of the cuts per cut written
+            self.oldest_kept = self.store.oldest_checkpoint(retained.left)
+            floor = self.store.order_log_floor(retained.left)
             with self._cond:
                 self._floor = floor
         except Exception as exc:  # noqa: BLE001 - the next cut tries again; the older ones stay valid
@@ -344,4 +344,4 @@ class DurableCheckpoints:
             self.on_first_cut()
         self.write_s = time.monotonic() - started
         log.info("durable checkpoints: cut %d written (%d partitions) in %.3fs; retention deleted %d cuts, %d files",
-                 cut.number, len(cut.parts), self.write_s, *deleted)
+                 cut.number, len(cut.parts), self.write_s, retained.cuts, retained.files)

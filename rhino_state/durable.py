@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyarrow import fs as pafs
 
@@ -52,6 +52,13 @@ CUT_FORMAT = 2  # 2: values of states with a TTL carry rhino_state.ttl.TTL_MARK
 CHUNK = 4 * 1024 * 1024
 _INCREMENT_RE = re.compile(r"(\d{12})-([0-9a-f]+)\.json")
 _CUT_RE = re.compile(r"(\d{12})\.json")
+
+
+class Retained(NamedTuple):
+    """What :meth:`DurableStore.retain` did: cuts and increment files deleted, and the cuts left."""
+    cuts: int
+    files: int
+    left: list[int]
 
 
 class DamagedCheckpointError(Exception):
@@ -374,10 +381,11 @@ class DurableStore:
         self.fs.delete_dir_contents(self.root, missing_dir_ok=True)
 
     # -- retention -------------------------------------------------------------------------------
-    def oldest_checkpoint(self) -> int | None:
+    def oldest_checkpoint(self, numbers: list[int] | None = None) -> int | None:
         """The lowest checkpoint id of any partition in the oldest cut that reads (None: no cut
-        reads): nothing a resume from a kept cut restores is older."""
-        for number in self.cut_numbers():
+        reads): nothing a resume from a kept cut restores is older.  ``numbers``: the cuts there
+        are, if known (else listed)."""
+        for number in self.cut_numbers() if numbers is None else numbers:
             try:
                 cut = self._cuts_read.get(number) or self.read_cut(number)
             except DamagedCheckpointError:
@@ -385,11 +393,12 @@ class DurableStore:
             return min((part.checkpoint_id for part in cut.parts.values()), default=None)
         return None
 
-    def order_log_floor(self) -> dict[PartitionId, int | None]:
+    def order_log_floor(self, numbers: list[int] | None = None) -> dict[PartitionId, int | None]:
         """Per partition, the lowest order-log position a resume from any cut that reads starts
-        from (None where a cut does not say: one of an earlier build)."""
+        from (None where a cut does not say: one of an earlier build).  ``numbers``: the cuts
+        there are, if known (else listed)."""
         floor: dict[PartitionId, int | None] = {}
-        for number in self.cut_numbers():
+        for number in self.cut_numbers() if numbers is None else numbers:
             try:
                 cut = self._cuts_read.get(number) or self.read_cut(number)
             except DamagedCheckpointError:
@@ -397,11 +406,11 @@ class DurableStore:
             lower_order_floor(floor, cut)
         return floor
 
-    def retain(self, keep: int) -> tuple[int, int]:
+    def retain(self, keep: int) -> Retained:
         """Delete all but the newest ``keep`` cuts, and the increments of each partition older than
         the oldest chain a kept cut needs (a later cut's chain starts at or after it: a new chain
-        starts with a full snapshot newer than every completed checkpoint).  Returns (cuts, files)
-        deleted.  A cut that does not read is never the oldest kept one."""
+        starts with a full snapshot newer than every completed checkpoint).  Returns the cuts and
+        files deleted and the cuts left.  A cut that does not read is never the oldest kept one."""
         numbers = self.cut_numbers()
         kept = numbers[-keep:] if keep > 0 else []
         floor: dict[PartitionId, int] = {}
@@ -418,7 +427,7 @@ class DurableStore:
                 continue
         self._cuts_read = {n: c for n, c in self._cuts_read.items() if n in readable}
         if not readable:
-            return 0, 0  # nothing to keep in its place: delete nothing
+            return Retained(0, 0, numbers)  # nothing to keep in its place: delete nothing
         cuts = [n for n in numbers if n < readable[0]]
         for number in cuts:
             self.fs.delete_file(f"{self.root}/cuts/{number:012d}.json")
@@ -435,7 +444,7 @@ class DurableStore:
                 if m and int(m[1]) < lowest:
                     self.fs.delete_file(info.path)
                     files += 1
-        return len(cuts), files
+        return Retained(len(cuts), files, [n for n in numbers if n >= readable[0]])
 
     def instances(self) -> list[PartitionId]:
         infos = self.fs.get_file_info(pafs.FileSelector(f"{self.root}/increments", allow_not_found=True))

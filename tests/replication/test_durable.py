@@ -189,7 +189,7 @@ def test_retention_keeps_every_increment_a_kept_or_later_cut_needs(tmp_path, ori
     for n, cid in enumerate([20, 30, 50, 60], start=1):
         _cut(store, n, files, origin, cid)
     assert store.oldest_checkpoint() == 20
-    assert store.retain(2) == (2, 6)  # cuts 1, 2; ids 10-30 (payload + meta each)
+    assert store.retain(2) == (2, 6, [3, 4])  # cuts 1, 2; ids 10-30 (payload + meta each)
     assert store.cut_numbers() == [3, 4]
     assert store.oldest_checkpoint() == 50  # how far back a resume may go (a LiveRobin log is kept from there)
     assert store.uploaded(INSTANCE) == [files[c] for c in (40, 50, 60, 70)]
@@ -304,13 +304,17 @@ def test_the_driver_writes_cuts_in_the_background_and_applies_retention(tmp_path
     events = []
     durable = DurableCheckpoints(store, plan={"mode": "liverobin"}, run={"output_prefix": "r", "epoch_base": 0},
                                  retain=1, on_event=events.append)
+    listed = []
+    list_cuts = store.cut_numbers
+    store.cut_numbers = lambda: listed.append(1) or list_cuts()  # one listing per cut written (S3: a LIST)
     try:
         durable.uploaded([(*INSTANCE, cid, f) for cid, f in files.items()])
         sinks = {(2, 0, "out"): [0, 0, 12, 345]}
         for cid in (1, 2, 3):
             assert durable.consider({INSTANCE: _cp(cid, origin.metas[cid].digest)}, [INSTANCE], sinks)
             assert durable.flush(10)
-        assert store.cut_numbers() == [3] and durable.cuts_written == 3 and not events
+            assert len(listed) == cid and durable.oldest_kept == cid
+        assert list_cuts() == [3] and durable.cuts_written == 3 and not events
         cut = store.read_cut(3)
         assert cut.sinks == {"2-0-out": [12, 345]} and cut.parts[INSTANCE].checkpoint_id == 3
         assert durable.status()["last_cut"] == 3
