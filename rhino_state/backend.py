@@ -39,8 +39,9 @@ from __future__ import annotations
 import os
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from heapq import merge
+from typing import Any
 
 from rocksdict import Options, Rdict, ReadOptions, WriteBatch
 
@@ -107,6 +108,32 @@ def _db_range(open_db: Callable[[], Rdict], lower: bytes, upper: bytes | None) -
         if len(chunk) < _ITER_CHUNK:
             return
         seek = chunk[-1][0] + b"\x00"
+
+
+def _first_in_each_group(it: Any, prefix: bytes, groups: Sequence[int]) -> list[tuple[int, bytes]]:
+    """With RocksDB iterator ``it``: ``(key_group, rest)`` of the first key under ``prefix`` in each
+    of the ascending ``groups`` that has one.  It seeks only where the key it stands on lies below
+    the next group's prefix, and skips the groups below that key's."""
+    found = []
+    at = b""  # the key the iterator stands on: the first one at or after its last seek
+    i, n = 0, len(groups)
+    while i < n:
+        kg = groups[i]
+        lower = _kg_prefix(kg) + prefix
+        if at < lower:
+            it.seek(lower)
+            if not it.valid():
+                break  # no key at or after it: none in this key group or any later one
+            at = it.key()
+        if at.startswith(lower):
+            found.append((kg, at[2:]))
+            i += 1
+            continue
+        i += 1  # nothing of ``prefix`` in this group: go on at the group of the key stood on
+        at_group = int.from_bytes(at[:2], "big")
+        if i < n and groups[i] < at_group:
+            i = bisect_left(groups, at_group, i)
+    return found
 
 
 class RocksDBStateBackend:
@@ -223,34 +250,11 @@ class RocksDBStateBackend:
     def first_in_key_groups(self, prefix: bytes, key_groups: Iterable[int]) -> Iterator[tuple[int, bytes]]:
         """``(key_group, rest)`` of the first live key whose rest starts with ``prefix`` in each of
         ``key_groups`` that has one, by ascending key group.  Flushes first, then walks one RocksDB
-        iterator up the key groups: it seeks only where the key it stands on lies below the next
-        group's prefix and skips the groups below that key's, so key groups without state cost
+        iterator up the key groups (:func:`_first_in_each_group`), so key groups without state cost
         nothing (a restore asks for all of them)."""
         self.flush()
         groups = key_groups if isinstance(key_groups, range) and key_groups.step == 1 else sorted(set(key_groups))
-        db = self._open_db()
-        it = db.iter(ReadOptions())
-        found = []
-        at = b""  # the key the iterator stands on: the first one at or after its last seek
-        i, n = 0, len(groups)
-        while i < n:
-            kg = groups[i]
-            lower = _kg_prefix(kg) + prefix
-            if at < lower:
-                it.seek(lower)
-                if not it.valid():
-                    break  # no key at or after it: none in this key group or any later one
-                at = it.key()
-            if at.startswith(lower):
-                found.append((kg, at[2:]))
-                i += 1
-                continue
-            i += 1  # nothing of ``prefix`` in this group: go on at the group of the key stood on
-            at_group = int.from_bytes(at[:2], "big")
-            if i < n and groups[i] < at_group:
-                i = bisect_left(groups, at_group, i)
-        del it  # release the RocksDB iterator before yielding
-        return iter(found)
+        return iter(_first_in_each_group(self._open_db().iter(ReadOptions()), prefix, groups))
 
     def _sorted_dirty_keys(self) -> list[bytes]:
         if self._dirty_sorted is None:

@@ -301,12 +301,10 @@ class JobHandle:
         if result.status != "finished" or missing:
             raise JobFailedError(f"savepoint {without_credentials(root)} incomplete (job {result.status}; no part from "
                                  f"{', '.join(missing) or 'none missing'}): it cannot be restored from")
-        names = {t.id: t.name for t in self.plan.tasks}
         savepoints.write_meta(root, job=self.job.name, num_key_groups=self.plan.num_key_groups, tasks=tasks,
                               sources=[t.name for t in self.plan.tasks if t.is_source],
                               keyed=[t.name for t in self.plan.tasks if t.id in self.plan.routing],
-                              code_versions={(names[task], op): version
-                                             for (task, op), version in self.master.code_versions().items()})
+                              code_versions={(self.plan.task(t).name, op): v for (t, op), v in self.master.code_versions().items()})
         self.master.event(f"savepoint {without_credentials(root)} complete")
 
     def stop(self, timeout: float | None = None) -> JobResult:

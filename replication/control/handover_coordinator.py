@@ -33,19 +33,24 @@ from rhino_state.keys import RoutingTable
 from transport.ids import PartitionId, ReplicaId
 
 
+def hash_upstreams(plan: Any) -> dict[int, list[PartitionId]]:
+    """Keyed task -> the partitions that send it records by key (its handovers' upstreams)."""
+    upstreams: dict[int, list[PartitionId]] = {t: [] for t in plan.routing}
+    for task in plan.tasks:
+        for edge in task.outputs:
+            if edge.partitioning == "hash" and edge.dst_task in upstreams:
+                upstreams[edge.dst_task] += [(task.id, p) for p in range(task.parallelism)]
+    return upstreams
+
+
 class HandoverCoordinator:
     """Driver side: the :class:`HandoverManager`, the orders every worker is shown, and the acks the
     workers send back (the job master calls it under its lock; no I/O here)."""
 
     def __init__(self, plan: Any, retain: bool = False, max_bytes_in_flight: int | None = None,
                  period_s: float = 0.01) -> None:
-        upstreams: dict[int, list[PartitionId]] = {t: [] for t in plan.routing}
-        for task in plan.tasks:
-            for edge in task.outputs:
-                if edge.partitioning == "hash" and edge.dst_task in upstreams:
-                    upstreams[edge.dst_task] += [(task.id, p) for p in range(task.parallelism)]
         self.plan = plan
-        self.manager = HandoverManager(plan.routing, upstreams, replicas=plan.replicas,
+        self.manager = HandoverManager(plan.routing, hash_upstreams(plan), replicas=plan.replicas,
                                        max_bytes_in_flight=max_bytes_in_flight)
         self.manager.code_versions.update(plan.code_versions)  # a resumed run's replaced operators
         self.orders: dict[int, HandoverOrder | CodeOrder] = {}
