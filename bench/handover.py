@@ -1281,8 +1281,10 @@ def write_csvs(out: Path, res: Results) -> None:
 def write_results(out: Path, res: Results) -> None:
     """The CSV files, ``machine.txt`` and the plot under ``out``."""
     write_csvs(out, res)
-    if res.runs:
+    if any(r.get("p99_before_ms") not in ("", None) for r in res.runs):
         _plot(out, res)
+    elif res.runs:
+        print(f"no run measured any latency (see the error column of {out / 'handover.csv'}): no handover.png")
 
 
 def run_name(row: dict[str, Any]) -> str:

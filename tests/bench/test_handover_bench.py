@@ -437,3 +437,11 @@ def test_the_cores_of_a_span_come_from_the_samples_inside_it():
     assert hb.cpu_columns(samples, (0.0, 1005.0), (2000.0, 2010.0)) == dict.fromkeys(
         ("cores_before", "broker_cores_before", "workers_cores_before", "cores_during", "broker_cores_during",
          "workers_cores_during"), "")
+
+
+def test_a_bench_whose_every_run_failed_writes_its_rows_and_draws_nothing(tmp_path, capsys):
+    labels = {"mode": "kazoo", "operation": "move", "size": "1MB", "strategy": "all-at-once"}
+    failed = hb.run_row(labels, None, (0, 0), None, {}, {"error": "NameError: x", "exact": "no"})
+    hb.write_results(tmp_path, hb.Results(runs=[failed]))
+    assert [r["error"] for r in csv.DictReader((tmp_path / "handover.csv").open())] == ["NameError: x"]
+    assert not (tmp_path / "handover.png").exists() and "no run measured any latency" in capsys.readouterr().out
