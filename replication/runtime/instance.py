@@ -304,18 +304,21 @@ class PartitionInstance(ReplicaHandoverPart):
         """A new run: the key groups this partition owns now, from every partition of the run that
         wrote the savepoint, and its operators' state; and, from a durable resume's savepoint
         (``plan.savepoint_code``), the functions that replaced its operators at runtime."""
-        name = self.task.name
         table = self.worker.plan.routing.get(self.task.id)
-        if name not in meta["keyed"] or table is None:
-            if self.worker.plan.savepoint_code:
-                self.code = savepoint.replaced_code(root, meta, name)
-                self._run_replaced_code()
-            return
+        if self.task.name in meta["keyed"] and table is not None:
+            code = self._load_keyed_savepoint(root, meta, table)
+        else:
+            code = savepoint.replaced_code(root, meta, self.task.name) if self.worker.plan.savepoint_code else {}
+        if self.worker.plan.savepoint_code:
+            self.code = code
+            self._run_replaced_code()
 
+    def _load_keyed_savepoint(self, root: str, meta: dict[str, Any], table: Any) -> dict[str, bytes]:
+        """The state of the key groups it owns under ``table``; returns the parts' replaced functions."""
         def owns(kg: int) -> bool:
             return table.partition_of_key_group(kg, self.num_key_groups) == self.partition
 
-        entries, operators, code = savepoint.keyed_entries(root, name, meta["tasks"][name], owns)
+        entries, operators, code = savepoint.keyed_entries(root, self.task.name, meta["tasks"][self.task.name], owns)
         backend = self.state_backend()
         for kg, rest, value in entries:
             backend.put(kg, rest, value)
@@ -323,10 +326,8 @@ class PartitionInstance(ReplicaHandoverPart):
         for op in chain_operators(self.chain):
             if op.name in operators:
                 op.restore_savepoint(operators[op.name], owns)
-        if self.worker.plan.savepoint_code:
-            self.code = code
-            self._run_replaced_code()
         self.metrics.savepoint_entries = len(entries)
+        return code
 
     def request_stop(self) -> None:
         self.stop_requested.set()
