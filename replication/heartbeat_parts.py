@@ -62,11 +62,13 @@ class ServiceSet(Generic[S]):
 @wire.record
 @dataclass(frozen=True)
 class OutputProgress:
-    """What each exactly-once output of the worker's replicas committed: (seq, offset); and the
-    outputs whose writer a newer producer fenced: (task, partition, replica, kind) -> its epoch."""
+    """What each exactly-once output of the worker's replicas committed: (seq, offset); the
+    outputs whose writer a newer producer fenced: (task, partition, replica, kind) -> its epoch;
+    and those whose writer produced past every seq the output held when it took over."""
 
     committed: dict[OutputKey, tuple[int, int]] = field(default_factory=dict)
     fenced: dict[tuple[int, int, int, str], int] = field(default_factory=dict)
+    regenerated: frozenset[OutputKey] = frozenset()
 
 
 @wire.record

@@ -162,7 +162,7 @@ class HandoverSteps:
         if pulses is None:
             raise ValueError(f"{what} switches at a pulse: it needs spark.replication.mode=liverobin or kazoo")
         if self.cfg.mode == "kazoo":
-            window = self._open_pulse_window(what)
+            window = self._open_pulse_window(what, timeout)
         else:
             window = None
             if not pulses.live():
@@ -208,13 +208,14 @@ class HandoverSteps:
                 master.pause(0.1)
                 waited += 1
 
-    def _open_pulse_window(self, what: str, hold_timeout: float = 15.0) -> int:
+    def _open_pulse_window(self, what: str, timeout: float, hold_timeout: float = 15.0) -> int:
         """KaZoo: tell every source replica to hold its records, and once all live ones do, have
         a windowed generator write pulses from their positions on (liverobin.heartbeats); the
-        window's id."""
+        window's id.  A resumed run first regenerates what the run before wrote (``timeout``)."""
         master = self.master
         sources = [(t, p, r) for (t, p, r) in self.placement if self.plan.task(t).is_source]
         with master.locked():
+            self._await_regenerated(what, timeout)
             windows = master.windows
             window, pulsed = windows.next_window()
             windows.word = WindowWord(window, True, False, pulsed)
@@ -244,6 +245,26 @@ class HandoverSteps:
         assert self.pulses is not None
         self.pulses.open_window(window, floor)
         return window
+
+    def _await_regenerated(self, what: str, timeout: float) -> None:
+        """A resumed run opens no window before each exactly-once output is written past what the
+        run before wrote (caller holds the master's lock).  Until then its sources replay records
+        whose results that run wrote, and the outputs skip what they hold by seq: a window's
+        pulses among those records would route and order them otherwise than the first time,
+        and the outputs would lose some results and write others twice.  (LiveRobin needs no
+        wait: a record goes out only below a pulse of the log, and new pulses lie beyond it.)"""
+        master = self.master
+        behind = master.outputs.regenerating
+        if not behind:
+            return
+        master.event(f"{what}: waits until the resumed run has written again what the run before wrote "
+                     f"({', '.join(master.outputs.labels(behind))})")
+        done = master.wait_for(lambda: master.failure is not None or not master.outputs.regenerating, timeout)
+        if master.failure is not None:
+            raise JobFailedError(f"job failed before {what}: {master.failure}")
+        if not done:
+            raise TimeoutError(f"{what}: the resumed run has not written again what the run before wrote within "
+                               f"{timeout:g}s ({', '.join(master.outputs.labels(master.outputs.regenerating))})")
 
     def _close_pulse_window(self, window: int) -> None:
         assert self.pulses is not None

@@ -5,7 +5,8 @@ An output is a sink partition (kind ``"out"``) or, in a replicated or checkpoint
 partition's dead letters (``"dlq"``): written once, by one replica, fenced like a sink. A role
 passes to the twin when its writer is lost, to a restored replica when both were, and back to
 a writer a late takeover fenced; each change raises the epoch, so the new writer's producer
-fences the old one and scans the output for what it committed.
+fences the old one and scans the output for what it committed.  In a resumed run the table also
+says which outputs are not yet written past what the run before wrote (:attr:`OutputRoles.regenerating`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class OutputRoles:
             for p in range(t.parallelism)}
         if exactly_once:
             self.roles.update({(t.id, p, "dlq"): [0, 0, -1, -1] for t in plan.tasks for p in range(t.parallelism)})
+        # a resumed run: the outputs whose writer has not yet produced every seq the run before wrote
+        self.regenerating: set[OutputKey] = set()
 
     def resume(self, committed: Mapping[str, list[int]]) -> None:
         """A resumed run: the first writer of every output takes over from the run before (epoch 1
@@ -39,6 +42,7 @@ class OutputRoles:
         for (t, p, kind), role in self.roles.items():
             seq, offset = committed.get(f"{t}-{p}-{kind}", (-1, -1))
             self.roles[(t, p, kind)] = [role[0], 1, seq, offset]
+        self.regenerating = set(self.roles)
 
     def label(self, t: int, p: int, r: int, kind: str) -> str:
         """An output of a replica, for the events: its sink or its dead letters."""
@@ -88,6 +92,18 @@ class OutputRoles:
             if role is not None:
                 role[2], role[3] = max(role[2], seq), max(role[3], offset)
 
+    def regenerated(self, keys: Collection[OutputKey]) -> bool:
+        """The writers of ``keys`` produced past what their outputs held when they took over;
+        True if that leaves no output regenerating."""
+        if not self.regenerating or not keys:
+            return False
+        self.regenerating.difference_update(keys)
+        return not self.regenerating
+
+    def labels(self, keys: Collection[OutputKey]) -> list[str]:
+        """Outputs by name (sink ``chain-sink[0]``, ``dead letters of union-2[1]``), for messages."""
+        return [self.label(t, p, self.roles[(t, p, kind)][0], kind) for t, p, kind in sorted(keys)]
+
     def view(self) -> dict[OutputKey, tuple[int, int, int, int]]:
         """The roles as the workers get them in their instructions."""
         return {key: tuple(role) for key, role in self.roles.items()}  # type: ignore[misc]
@@ -107,6 +123,8 @@ class OutputService:
             return
         m = self.master
         m.outputs.progress(part.committed)
+        if m.outputs.regenerated(part.regenerated):
+            m.wake()  # (a KaZoo handover of a resumed run waits for it)
         for (t, p, r, kind), epoch in part.fenced.items():
             text = m.outputs.fenced((t, p, r), kind, epoch, m.lost)
             if text is not None:

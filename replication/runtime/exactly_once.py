@@ -281,6 +281,7 @@ class ExactlyOnceOutput:
         self.commit_s = 0.0  # how long commits take, lately
         self.committed_seq = -1
         self.committed_offset = -1
+        self.held_at_takeover = -1  # the highest seq the output held when this replica took over
         self._offset_seen = -1
         self._linger_s = linger_s
         self._on_role = on_role or (lambda role: None)
@@ -428,6 +429,12 @@ class ExactlyOnceOutput:
             self._spare = Producer(self._producer_conf())
 
     @property
+    def regenerated(self) -> bool:
+        """This replica writes, and has produced every seq the output held when it took over: what
+        it produces from now on is new (a resumed run's output past what the run before wrote)."""
+        return self.writer and self.seq >= self.held_at_takeover
+
+    @property
     def taking_over(self) -> bool:
         """A takeover as writer is in progress (fencing the old writer, scanning the output)."""
         return self._takeover is not None
@@ -492,6 +499,7 @@ class ExactlyOnceOutput:
                     takeover.read_to[0] if takeover.read_to else "?", len(self.buffer), takeover.fenced_s,
                     takeover.scanned_s, time.monotonic() - takeover.started)
         self._committed(takeover.written, self.committed_offset)
+        self.held_at_takeover = self.committed_seq
         self._start_writing(takeover.producer)
 
     def _start_writing(self, producer: Producer) -> None:
@@ -550,3 +558,8 @@ class WritesExactlyOnce:
     def fenced_at(self) -> int:
         """The epoch this replica wrote at when it was fenced, or -1 (see ExactlyOnceOutput)."""
         return self.out.fenced_at
+
+    @property
+    def regenerated(self) -> bool:
+        """See :attr:`ExactlyOnceOutput.regenerated`."""
+        return self.out.regenerated

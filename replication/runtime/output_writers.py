@@ -1,8 +1,9 @@
 """The exactly-once outputs' writers as the worker's control-plane service.
 
 Every exactly-once output of a hosted replica (its sink, its dead letters) reports how far it
-committed and whether a newer producer fenced it (:class:`OutputProgress`); the driver names the
-writer of each, with its epoch (:class:`WriterRoles`), which the replicas take when it changed.
+committed, whether a newer producer fenced it and whether its writer is past what the output held
+when it took over (:class:`OutputProgress`); the driver names the writer of each, with its epoch
+(:class:`WriterRoles`), which the replicas take when it changed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class OutputWriters:
         fenced = {(t, p, inst.replica, w.kind): w.fenced_at for (t, p), inst in hosted
                   for w in inst.writers if w.fenced_at >= 0}
         committed = _committed(hosted)
-        return OutputProgress(committed, fenced) if committed or fenced else None
+        regenerated = frozenset((t, p, w.kind) for (t, p), inst in hosted for w in inst.writers if w.regenerated)
+        return OutputProgress(committed, fenced, regenerated) if committed or fenced else None
 
     def settle(self, part: OutputProgress, delivered: bool) -> None:
         """(Each report says everything: a lost one is made good by the next.)"""

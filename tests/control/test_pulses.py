@@ -15,9 +15,10 @@ from liverobin.segments import HeartbeatLog
 from replication import JobHandle
 from replication.config import ReplicationConfig
 from replication.control.master import JobMaster
+from replication.control.outputs import OutputService
 from replication.control.pulses import DriverPulses, switch_pulse
 from replication.examples.ordered import build_ordered_job
-from replication.heartbeat_parts import ReplicaAck
+from replication.heartbeat_parts import OutputProgress, ReplicaAck
 from replication.plan import place, plan_job
 from rhino_state import Batched
 
@@ -293,6 +294,53 @@ def test_a_job_past_its_deadline_stops_between_steps_and_says_how_far_it_got():
     finally:
         mover.join(10)
         handle.pulses.close()
+
+
+def _regenerated(handle: JobHandle, keys) -> None:
+    """A worker reports the writers of ``keys`` past what their outputs held when they took over."""
+    with handle.master.locked():
+        OutputService(handle.master).on_report(0, OutputProgress(regenerated=frozenset(keys)))
+
+
+def test_a_resumed_kazoo_run_opens_no_window_before_its_outputs_are_past_what_the_run_before_wrote():
+    """A resumed run's sources first replay records whose results the run before wrote, which the
+    outputs skip by seq; a window's pulses among them would route and order them otherwise, and
+    the outputs would lose some results and write others twice.  So the window waits until every
+    exactly-once output's writer has produced past what its output held."""
+    handle, factory = _handle()
+    master = handle.master
+    with master.locked():
+        master.outputs.resume({})
+        outputs = sorted(master.outputs.roles)
+    assert outputs, "the job has exactly-once outputs"
+    outcome: dict = {}
+    mover = _move_in_thread(outcome, lambda: handle.move_vnodes("chain", [0, 1], 1, timeout=30, margin_s=0.1))
+    try:
+        _until(lambda: any("has written again what the run before wrote" in t for _, t in master.events))
+        _regenerated(handle, outputs[1:])
+        time.sleep(0.2)  # (the handover thread would have opened the window by now)
+        assert master.windows.word is None and not any(gen.opened for gen in factory.made), master.events
+        _regenerated(handle, outputs[:1])
+        hid = _first_step(handle)  # the window opens, the sources hold, the step goes out
+        for kind, role in (("armed", "upstream"), ("armed", "origin"), ("armed", "target"), ("switched", "upstream"),
+                           ("cut", "origin"), ("loaded", "target")):
+            _ack(handle, kind, role, hid)
+        mover.join(10)
+        assert outcome.get("report", {}).get("state") == "completed", outcome
+    finally:
+        mover.join(10)
+        handle.pulses.close()
+
+
+def test_a_resumed_kazoo_run_whose_outputs_stay_behind_refuses_a_handover_naming_them():
+    handle, factory = _handle()
+    with handle.master.locked():
+        handle.master.outputs.resume({})
+        keys = [key for key in handle.master.outputs.roles if key[2] == "dlq"]
+    _regenerated(handle, keys)
+    with pytest.raises(TimeoutError, match=r"not written again what the run before wrote within 0.3s \(sink chain-sink"):
+        handle.move_vnodes("chain", [0, 1], 1, timeout=0.3, margin_s=0.1)
+    assert not any(gen.opened for gen in factory.made) and handle.master.windows.word is None
 
 
 def test_a_job_stopped_while_a_committed_step_waits_for_its_pulses_ends_the_wait():

@@ -382,6 +382,34 @@ def test_a_replica_taking_over_goes_on_while_its_scan_runs(monkeypatch):
     assert out.committed_seq == 6 and not out.buffer
 
 
+def test_a_writer_that_took_over_says_once_it_produced_past_what_the_output_held(monkeypatch):
+    """What a resumed run waits for before it opens a KaZoo window: its outputs' writers have
+    produced every seq the run before wrote (the scan found), so what follows is new."""
+    from replication.runtime import exactly_once
+
+    monkeypatch.setattr(exactly_once, "max_written_seq", lambda *a, **k: 3)  # the run before wrote seqs <= 3
+    monkeypatch.setattr(exactly_once, "Producer", TransactionalProducer)
+    cfg = ReplicationConfig.from_mapping({"spark.replication.kafka.bootstrapServers": "127.0.0.1:1"})
+    standby = ExactlyOnceOutput("sink[0]r1", cfg, 1, "run:1:0", "out", 0, 0.001)
+    out = ExactlyOnceOutput("sink[0]r0", cfg, 0, "run:1:0", "out", 0, 0.001)
+    for output in (out, standby):
+        output.restore_state(0)  # from the cut: seq 0 assigned, and committed
+        output.control(0, 1, 0, 10)  # a resumed run: replica 0 takes over
+    assert out._takeover is None or out._takeover.done.wait(5)  # (the scan may be done already)
+    regenerated = []
+    for i in range(1, 6):
+        for output in (out, standby):
+            output.append(b"%d" % i, None, [])
+        regenerated.append(out.regenerated)
+    assert regenerated == [False, False, True, True, True]  # seq 3 is the last the run before wrote
+    assert not standby.regenerated  # (its writer says so)
+    out._maybe_commit(force=True)
+    assert out.producer.values == [b"4", b"5"]
+    first = ExactlyOnceOutput("sink[1]r0", cfg, 0, "run:1:1", "out", 1, 0.001)
+    first.control(0, 0, -1, -1)  # the first writer of a run not resumed: nothing was written before it
+    assert first.regenerated
+
+
 def test_a_takeover_superseded_before_its_scan_ended_does_not_write(monkeypatch):
     from replication.runtime import exactly_once
 

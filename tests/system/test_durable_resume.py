@@ -111,14 +111,16 @@ def _outputs(stack, topic: str) -> list[dict]:
 
 def _killed_and_resumed(stack, spark, tmp_path: Path, name: str, mode: str, *, everything: bool,
                         replicated: bool = True, damage=None, parallelism: int = 2, checkpoints: str | None = None,
-                        second_conf: dict[str, str] | None = None, in_first_run=None, in_second_run=None):
+                        conf_extra: dict[str, str] | None = None, second_conf: dict[str, str] | None = None,
+                        in_first_run=None, in_second_run=None):
     """Run the job under load until its directory (``checkpoints``, by default one in ``tmp_path``)
     holds two cuts (``in_first_run()`` after the first), kill it, (``damage`` the directory), start
     it again (the chain task at ``parallelism``, ``second_conf`` added; ``in_second_run(handle)``
-    once it started); returns (result, fed ids, the cut resumed from, cuts before)."""
+    once it started); ``conf_extra``: for both runs.  Returns (result, fed ids, the cut resumed
+    from, cuts before)."""
     a, b = source_topics(stack, name)
     checkpoints = checkpoints or str(tmp_path / "checkpoints")
-    conf = _conf(stack, mode, checkpoints, replicated)
+    conf = {**_conf(stack, mode, checkpoints, replicated), **(conf_extra or {})}
     store = DurableStore(checkpoints, name)
     with fed_without_pause(stack, a, b) as ids:
         proc, logfile = _first_run(stack, tmp_path, name, a, b, conf, executors=3 if replicated else 2)
@@ -203,24 +205,42 @@ def _cli(tmp_path: Path, *args: str, timeout: float = 120) -> str:
 @pytest.mark.parametrize("mode", ["kazoo", pytest.param("liverobin", marks=pytest.mark.slow)])
 def test_a_job_resumed_after_a_handover_routes_as_its_cut_and_hands_over_again(stack, spark, topic_prefix, tmp_path,
                                                                                mode):
-    """The first run moves vnodes (``replication move``), and its driver is killed after a cut
-    that followed.  A cut lies past every handover (each participant checkpointed after acting on
-    it), and says how the keyed task routes: the resumed run plans from there, so it moves vnodes
-    back (KaZoo: in a pulse window numbered above the first run's, which its restored sources had
-    handled), and the output is exact.  Before, the resumed driver planned from the job's
-    initial routing and a cut could fall between a handover's participants: the output held
-    duplicates and broken chains, and the second move never switched."""
+    """The first run moves vnodes (``replication move``), runs on past a cut that followed, and
+    its driver is killed; the cut is the one the second run resumes from (the newer ones are
+    deleted), so that run first replays what the first one wrote over 15 s.  A cut lies past
+    every handover (each participant checkpointed after acting on it), and says how the keyed
+    task routes: the resumed run plans from there, so it moves vnodes back (KaZoo: in a pulse
+    window numbered above the first run's, which its restored sources had handled), and the
+    output is exact.  Before, the resumed driver planned from the job's initial routing and a
+    cut could fall between a handover's participants: the output held duplicates and broken
+    chains, and the second move never switched.  And a KaZoo window opened during the replay:
+    its pulses fell among records whose results the first run had written, so they were ordered
+    otherwise the second time, and the outputs, which skip by seq what they hold, lost some
+    results and wrote others twice (a window now waits until the outputs are past the replay)."""
     name = f"{topic_prefix}dkhov{mode[0]}"
+    store = DurableStore(str(tmp_path / "checkpoints"), name)
+    resume_from: list[int] = []
 
     def move_away() -> None:
         _cli(tmp_path, "move", name, "chain", "0-3", "1")
+        before = max(store.cut_numbers())
+        _wait(lambda: max(store.cut_numbers()) > before, 60, "a cut after the move")
+        resume_from.append(max(store.cut_numbers()))
+        time.sleep(15)  # what the first run writes past that cut, the second replays
+
+    def back_to(store_: DurableStore) -> None:
+        for number in store_.cut_numbers():
+            if number > resume_from[0]:
+                store_.fs.delete_file(f"{store_.root}/cuts/{number:012d}.json")
 
     def move_back(handle) -> None:
         report = handle.move_vnodes("chain", handle.routing("chain").vnodes_of(1)[:4], 0, timeout=60)
         assert report["state"] == "completed", report
 
-    result, ids, cut, _ = _killed_and_resumed(stack, spark, tmp_path, name, mode, everything=False,
+    result, ids, cut, _ = _killed_and_resumed(stack, spark, tmp_path, name, mode, everything=False, damage=back_to,
+                                              conf_extra={"spark.replication.checkpointDir.retain": "100"},
                                               in_first_run=move_away, in_second_run=move_back)
+    assert cut.number == resume_from[0], (cut.number, resume_from)
     chain = cut.plan["tasks"]["chain"]["id"]
     assert RoutingTable.from_dict(cut.run["routing"][str(chain)]).vnodes_of(1)[:4] == (0, 1, 2, 3), cut.run
     _check(stack, name, result, ids)
