@@ -106,7 +106,8 @@ def test_order_logs_are_per_partition_andreplicas_agree(stack, spark, topic_pref
     assert result.metrics.gaps == 0
 
 
-@pytest.mark.parametrize("rhino", [False, True], ids=["replicas", "replicas+rhino"])
+@pytest.mark.parametrize("rhino", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["replicas", "replicas+rhino"])
 def test_the_order_log_segments_no_reader_needs_are_deleted_while_the_job_runs(stack, spark, topic_prefix, rhino,
                                                                                monkeypatch):
     """Segments of 100 orders, an order per element (``kazoo.maxBatch`` 1), 600 records a topic
