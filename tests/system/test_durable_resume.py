@@ -233,8 +233,8 @@ def test_a_job_resumed_after_a_handover_routes_as_its_cut_and_hands_over_again(s
             if number > resume_from[0]:
                 store_.fs.delete_file(f"{store_.root}/cuts/{number:012d}.json")
 
-    def move_back(handle) -> None:
-        report = handle.move_vnodes("chain", handle.routing("chain").vnodes_of(1)[:4], 0, timeout=60)
+    def move_back(handle) -> None:  # (KaZoo: the timeout includes the wait for the replay)
+        report = handle.move_vnodes("chain", handle.routing("chain").vnodes_of(1)[:4], 0, timeout=120)
         assert report["state"] == "completed", report
 
     result, ids, cut, _ = _killed_and_resumed(stack, spark, tmp_path, name, mode, everything=False, damage=back_to,
