@@ -230,10 +230,14 @@ class DurableStore:
         body = cut.body()
         body["sha256"] = hashlib.sha256(_canonical(body)).hexdigest()
         self.fs.create_dir(f"{self.root}/cuts", recursive=True)
-        path = f"{self.root}/cuts/{cut.number:012d}.json"
+        path = self.cut_path(cut.number)
         with self._output(path) as out:
             out.write(_canonical(body))
         return path
+
+    def cut_path(self, number: int) -> str:
+        """Where cut ``number`` is (or would be) written."""
+        return f"{self.root}/cuts/{number:012d}.json"
 
     def _output(self, path: str) -> _Whole:
         return open_whole(self.fs, path)
@@ -246,7 +250,7 @@ class DurableStore:
     def read_cut(self, number: int) -> DurableCut:
         """Cut ``number``, its checksum verified (:class:`DamagedCheckpointError` otherwise)."""
         try:
-            body = json.loads(self._read(f"{self.root}/cuts/{number:012d}.json"))
+            body = json.loads(self._read(self.cut_path(number)))
         except (OSError, ValueError) as exc:
             raise DamagedCheckpointError(f"cut {number}: unreadable ({exc})") from None
         if not isinstance(body, dict):
@@ -430,7 +434,7 @@ class DurableStore:
             return Retained(0, 0, numbers)  # nothing to keep in its place: delete nothing
         cuts = [n for n in numbers if n < readable[0]]
         for number in cuts:
-            self.fs.delete_file(f"{self.root}/cuts/{number:012d}.json")
+            self.fs.delete_file(self.cut_path(number))
         files = 0
         for inst, lowest in floor.items():
             if self._retained.get(inst) == lowest:

@@ -110,7 +110,7 @@ def test_a_damaged_latest_cut_is_reported_and_the_one_before_is_used(tmp_path, o
     first = _cut(store, 1, files, origin, 2)
     _cut(store, 2, files, origin, 4)
     inc_dir = f"{store.root}/increments/t2-p0"
-    cut_path = f"{store.root}/cuts/{2:012d}.json"
+    cut_path = store.cut_path(2)
     if damage == "truncate payload":
         path = f"{inc_dir}/{files[4]}.inc"
         _replace(store, path, _read(store, path)[:-5])

@@ -231,7 +231,7 @@ def test_a_job_resumed_after_a_handover_routes_as_its_cut_and_hands_over_again(s
     def back_to(store_: DurableStore) -> None:
         for number in store_.cut_numbers():
             if number > resume_from[0]:
-                store_.fs.delete_file(f"{store_.root}/cuts/{number:012d}.json")
+                store_.fs.delete_file(store_.cut_path(number))
 
     def move_back(handle) -> None:  # (KaZoo: the timeout includes the wait for the replay)
         report = handle.move_vnodes("chain", handle.routing("chain").vnodes_of(1)[:4], 0, timeout=120)
